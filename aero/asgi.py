@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from approvals.routing import websocket_urlpatterns as approval_sockets  # noqa: E402
+from diagnosis.routing import websocket_urlpatterns as session_sockets  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(session_sockets + approval_sockets))
+        ),
+    }
+)
+
+if settings.AERO_JOB_BACKEND == "embedded":
+    # Embedded mode: start the in-process worker now, so sessions a restart interrupted
+    # are picked up by the reconciler without waiting for the next request.
+    from diagnosis.jobs import embedded_worker
+
+    embedded_worker()

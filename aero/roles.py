@@ -1,0 +1,78 @@
+"""Roles and access helpers. Roles are Django groups; a superuser holds every role."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.models import AnonymousUser, Group
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+
+ADMIN = "admin"
+OPERATOR = "operator"
+APPROVER = "approver"
+AUDITOR = "auditor"
+ALL_ROLES = (ADMIN, OPERATOR, APPROVER, AUDITOR)
+
+# Who may do what. Auditors are read-only everywhere.
+VIEW_SESSIONS = (ADMIN, OPERATOR, APPROVER, AUDITOR)
+RUN_SESSIONS = (ADMIN, OPERATOR)
+DECIDE_APPROVALS = (ADMIN, APPROVER)
+MANAGE_AIRPORT = (ADMIN, OPERATOR)
+
+UserLike = Any  # AbstractBaseUser | AnonymousUser; kept loose for channels' scope["user"]
+
+
+def user_roles(user: UserLike) -> frozenset[str]:
+    if user is None or isinstance(user, AnonymousUser) or not user.is_authenticated:
+        return frozenset()
+    if not user.is_active:
+        return frozenset()
+    if user.is_superuser:
+        return frozenset(ALL_ROLES)
+    cached = getattr(user, "_aero_roles", None)
+    if cached is None:
+        cached = frozenset(user.groups.filter(name__in=ALL_ROLES).values_list("name", flat=True))
+        user._aero_roles = cached
+    return cached
+
+
+def has_role(user: UserLike, roles: tuple[str, ...]) -> bool:
+    return bool(user_roles(user) & set(roles))
+
+
+def ensure_role_groups() -> None:
+    for name in ALL_ROLES:
+        Group.objects.get_or_create(name=name)
+
+
+def role_required(
+    roles: tuple[str, ...],
+) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """Anonymous users go to the login page; a signed-in user without the role gets 403."""
+
+    def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
+            if not has_role(request.user, roles):
+                raise PermissionDenied("Your role does not allow this.")
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorator
+
+
+def roles_context(request: HttpRequest) -> dict[str, Any]:
+    roles = user_roles(getattr(request, "user", None))
+    return {
+        "user_roles": sorted(roles),
+        "can_run": bool(roles & set(RUN_SESSIONS)),
+        "can_decide": bool(roles & set(DECIDE_APPROVALS)),
+        "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
+    }

@@ -1,0 +1,201 @@
+"""AERO settings: everything comes from the environment, with an embedded default.
+
+Embedded default (nothing set): SQLite file, in-process job worker, in-memory channel
+layer, offline LLM provider. Production: DATABASE_URL (PostgreSQL) + REDIS_URL (django-rq
+workers and channels_redis).
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
+
+from aero.env import env_bool, env_choice, env_float, env_int, env_list, env_str
+
+# Generic admin/queryset classes (ModelAdmin[Model]) at run time, as the type stubs see them.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("AERO_DATA_DIR", str(BASE_DIR / "var")))
+
+
+def _secret_key() -> str:
+    configured = env_str("AERO_SECRET_KEY")
+    if configured:
+        return configured
+    # Embedded mode keeps a generated key on disk so logins survive a restart.
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("AERO_DEBUG", False)
+ALLOWED_HOSTS = env_list("AERO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("AERO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "django_rq",
+    "aero",
+    "scenarios_admin",
+    "diagnosis",
+    "approvals",
+    "replay",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "aero.urls"
+ASGI_APPLICATION = "aero.asgi.application"
+WSGI_APPLICATION = "aero.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "aero.roles.roles_context",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+else:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(DATA_DIR / "aero.sqlite3"),
+            # The embedded worker thread and web requests write concurrently: wait for
+            # the lock instead of failing, and use WAL so readers never block writers.
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+DB_VENDOR = "postgresql" if DATABASE_URL.startswith(("postgres", "postgis")) else "sqlite"
+if DATABASE_URL and DB_VENDOR != "postgresql":
+    raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL (or be unset for SQLite)")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- redis, jobs, channels ------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+AERO_JOB_BACKEND = env_choice(
+    "AERO_JOB_BACKEND", "rq" if REDIS_URL else "embedded", ("embedded", "rq", "inline")
+)
+if AERO_JOB_BACKEND == "rq" and not REDIS_URL:
+    raise ImproperlyConfigured("AERO_JOB_BACKEND=rq needs REDIS_URL")
+AERO_EMBEDDED_WORKERS = env_int("AERO_EMBEDDED_WORKERS", 2, minimum=1)
+# A job holds a lease on its session; a lease older than this is considered abandoned
+# (worker killed) and the reconciler re-enqueues the session.
+AERO_LEASE_SECONDS = env_int("AERO_LEASE_SECONDS", 120, minimum=5)
+AERO_RECONCILE_SECONDS = env_int("AERO_RECONCILE_SECONDS", 30, minimum=1)
+AERO_JOB_ATTEMPTS = env_int("AERO_JOB_ATTEMPTS", 3, minimum=1)
+AERO_JOB_BACKOFF = env_float("AERO_JOB_BACKOFF", 1.0)  # seconds x attempt, between retries
+AERO_QUEUE = env_str("AERO_QUEUE", "aero")
+AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
+
+RQ_QUEUES = {
+    AERO_QUEUE: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 600},
+}
+
+if REDIS_URL:
+    # The pub/sub layer reconnects after a Redis restart (the core layer closes every
+    # consumer with 1011); redis-py 8 caps the async pool at 100 connections.
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "max_connections": 2000}],
+                "prefix": AERO_CHANNEL_PREFIX,
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- agent ----------------------------------------------------------------------------
+AERO_ENRICHMENT_TIMEOUT = env_float("AERO_ENRICHMENT_TIMEOUT", 2.0)
+AERO_LLM_RETRIES = env_int("AERO_LLM_RETRIES", 3, minimum=1)
+AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
+AERO_CHECKPOINT_SQLITE = Path(
+    env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
+)
+AERO_ENCRYPTION_KEY = env_str("AERO_ENCRYPTION_KEY")
+
+# --- approvals ------------------------------------------------------------------------
+# Deadlines per risk class; an expired approval becomes a manual to-do, never approved.
+AERO_APPROVAL_TIMEOUT_MINUTES = {
+    "R1": env_int("AERO_TIMEOUT_R1_MINUTES", 15, minimum=1),
+    "R2": env_int("AERO_TIMEOUT_R2_MINUTES", 10, minimum=1),
+    "R3": env_int("AERO_TIMEOUT_R3_MINUTES", 5, minimum=1),
+}
+# Two-person rule: R2/R3 need two different approvers, neither the session's creator.
+AERO_TWO_PERSON_RULE = env_bool("AERO_TWO_PERSON_RULE", False)
+
+# --- auth, i18n, static ---------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "diagnosis:session-list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en"
+TIME_ZONE = env_str("AERO_TIME_ZONE", "Asia/Shanghai")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+# Finders serve from STATICFILES_DIRS when collectstatic has not run (tests, dev).
+WHITENOISE_USE_FINDERS = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "aero": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
+        "diagnosis": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
+    },
+}

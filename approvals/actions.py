@@ -1,0 +1,258 @@
+"""Decisions on approvals (diagnosis tech plan §5.5).
+
+R1: one approval. R2: an approval, then a separate confirmation of the exact action.
+R3: a confirmation with a written reason. With the two-person rule (settings) R2 and R3
+take two different approvers, neither of them the session's creator. A rejection always
+needs a reason. Every decision is single-use, bound to the digest it was shown with,
+and audited. A timeout never approves: it becomes a manual to-do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from aero.models import audit
+from approvals.models import (
+    Approval,
+    ApprovalStatus,
+    ManualTodo,
+    action_digest_of,
+    state_digest_of,
+)
+from approvals.push import notify_queue
+from diagnosis.actions import ActionError, do_apply_decision
+from diagnosis.events import append_event, lock_session
+
+APPROVE = "approve"
+CONFIRM = "confirm"
+REJECT = "reject"
+DECISIONS = (APPROVE, CONFIRM, REJECT)
+
+
+def do_decide(
+    approval_id: int,
+    user: Any,
+    decision: str,
+    reason: str = "",
+    *,
+    digest: str | None = None,
+    producer: str = "web",
+) -> Approval:
+    """Record one decision step. Locks the session row, then the approval row, so double
+    clicks and concurrent approvers produce exactly one recorded decision per step: the
+    step must match the approval's state (a second "approve" is not a confirmation)."""
+    reason = (reason or "").strip()
+    if decision not in DECISIONS:
+        raise ActionError("Unknown decision: choose approve, confirm or reject.")
+    with transaction.atomic():
+        approval = Approval.objects.select_related("tool_call").get(pk=approval_id)
+        session = lock_session(approval.session_id)
+        approval = (
+            Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)
+        )
+        _check_still_valid(approval, session, digest)
+        if decision == REJECT:
+            if not reason:
+                raise ActionError("A rejection needs a reason.")
+            return _finish(approval, user, ApprovalStatus.REJECTED, reason, producer)
+        _check_approver(approval, session, user, decision)
+        if (
+            approval.risk_class == "R3"
+            and not reason
+            and (decision == CONFIRM or not approval.needs_two_steps())
+        ):
+            raise ActionError("An R3 action needs a written reason to be confirmed.")
+        if decision == APPROVE and approval.needs_two_steps():
+            approval.status = ApprovalStatus.CONFIRMING
+            approval.first_approved_by = user
+            approval.first_approved_at = timezone.now()
+            approval.save(update_fields=["status", "first_approved_by", "first_approved_at"])
+            append_event(
+                session.pk,
+                "approval.first_approved",
+                {
+                    "tool_call": approval.tool_call_id,
+                    "tool_name": approval.action_name,
+                    "args": approval.tool_call.request_payload,
+                    "by": user.get_username(),
+                    "risk_level": approval.risk_class,
+                    "reason": reason,
+                },
+                producer=producer,
+            )
+            audit(
+                "approval.first_approved",
+                obj=approval,
+                actor=user,
+                session_id=session.pk,
+                detail={
+                    "tool": approval.action_name,
+                    "args": approval.tool_call.request_payload,
+                    "risk_class": approval.risk_class,
+                    "reason": reason,
+                    "digest": approval.digest,
+                },
+            )
+            notify_queue()
+            return approval
+        return _finish(approval, user, ApprovalStatus.APPROVED, reason, producer)
+
+
+def _check_still_valid(approval: Approval, session: Any, digest: str | None) -> None:
+    if not approval.is_open:
+        raise ActionError(
+            f"This action was already {approval.get_status_display().lower()}; "
+            "your decision was not recorded."
+        )
+    if session.is_ended:
+        raise ActionError(
+            f"The session is {session.get_status_display().lower()}; "
+            "nothing can be decided in it any more."
+        )
+    if action_digest_of(approval.tool_call) != approval.action_digest:
+        raise ActionError("The action's arguments changed after it was requested; refused.")
+    if state_digest_of(session) != approval.state_digest:
+        raise ActionError(
+            "The session's state moved on since this was requested "
+            "(fields, risk or impact changed); refused."
+        )
+    if digest is not None and digest != approval.digest:
+        raise ActionError("This request is not the one you were shown; reload and decide again.")
+
+
+def _check_approver(approval: Approval, session: Any, user: Any, decision: str) -> None:
+    two_steps = approval.needs_two_steps()
+    if decision == CONFIRM and approval.status != ApprovalStatus.CONFIRMING:
+        raise ActionError("There is nothing to confirm yet: approve first.")
+    if decision == APPROVE and approval.status == ApprovalStatus.CONFIRMING:
+        raise ActionError("This action is already approved once; confirm it explicitly.")
+    if decision == APPROVE and two_steps is False and approval.status != ApprovalStatus.PENDING:
+        raise ActionError("This action is not pending.")
+    if settings.AERO_TWO_PERSON_RULE and approval.risk_class in ("R2", "R3"):
+        if user.pk == session.created_by_id:
+            raise ActionError(
+                "Two-person rule: the session's creator cannot approve R2/R3 actions."
+            )
+        if decision == CONFIRM and approval.first_approved_by_id == user.pk:
+            raise ActionError("Two-person rule: a different approver must confirm.")
+
+
+def _finish(approval: Approval, user: Any, status: str, reason: str, producer: str) -> Approval:
+    approval.status = status
+    approval.approver = user
+    approval.reason = reason
+    approval.decided_at = timezone.now()
+    approval.save(update_fields=["status", "approver", "reason", "decided_at"])
+    do_apply_decision(approval.tool_call_id, user, status, reason, producer=producer)
+    audit(
+        f"approval.{status}",
+        obj=approval,
+        actor=user,
+        session_id=approval.session_id,
+        detail={
+            "tool": approval.action_name,
+            "args": approval.tool_call.request_payload,
+            "risk_class": approval.risk_class,
+            "reason": reason,
+            "digest": approval.digest,
+        },
+    )
+    notify_queue()
+    return approval
+
+
+# --- timeouts -------------------------------------------------------------------------
+
+
+def sweep_expired_approvals() -> int:
+    """Turn every open approval past its deadline into `timeout` plus a manual to-do.
+    Never approves. Returns how many it handled."""
+    handled = 0
+    for approval_id in list(Approval.objects.expired().values_list("pk", flat=True)):
+        try:
+            if do_timeout(approval_id):
+                handled += 1
+        except ActionError:
+            continue  # decided or ended meanwhile
+    return handled
+
+
+def do_timeout(approval_id: int) -> bool:
+    """Locks the session row, then the approval row."""
+    with transaction.atomic():
+        approval = Approval.objects.select_related("tool_call").get(pk=approval_id)
+        session = lock_session(approval.session_id)
+        approval = Approval.objects.select_for_update().get(pk=approval_id)
+        if not approval.is_open or approval.deadline is None or approval.deadline > timezone.now():
+            return False
+        approval.status = ApprovalStatus.TIMEOUT
+        approval.decided_at = timezone.now()
+        approval.save(update_fields=["status", "decided_at"])
+        args = ", ".join(f"{k}={v}" for k, v in approval.tool_call.request_payload.items())
+        todo = ManualTodo.objects.create(
+            approval=approval,
+            session_id=session.pk,
+            title=f"{approval.action_name} ({args}) was not decided in time: handle it by hand",
+        )
+        if not session.is_ended:
+            do_apply_decision(
+                approval.tool_call_id,
+                None,
+                "timeout",
+                "no decision before the deadline",
+                producer="sweeper",
+                extra={"todo": todo.pk},
+            )
+        audit(
+            "approval.timeout",
+            obj=approval,
+            actor_label="sweeper",
+            session_id=session.pk,
+            detail={
+                "tool": approval.action_name,
+                "risk_class": approval.risk_class,
+                "deadline": approval.deadline.isoformat(),
+                "todo": todo.pk,
+                "digest": approval.digest,
+            },
+        )
+        notify_queue()
+    return True
+
+
+def do_resolve_todo(todo_id: int, user: Any, note: str) -> ManualTodo:
+    """Locks the to-do row."""
+    note = (note or "").strip()
+    if not note:
+        raise ActionError("Say what was done (a note is required).")
+    with transaction.atomic():
+        todo = ManualTodo.objects.select_for_update().get(pk=todo_id)
+        if todo.resolved_at is not None:
+            raise ActionError("This to-do was already resolved.")
+        todo.resolved_at = timezone.now()
+        todo.resolved_by = user
+        todo.note = note
+        todo.save(update_fields=["resolved_at", "resolved_by", "note"])
+        append_event(
+            todo.session_id,
+            "timeline.appended",
+            {
+                "kind": "todo_resolved",
+                "todo": todo.pk,
+                "title": todo.title,
+                "by": user.get_username(),
+                "note": note,
+            },
+            producer="web",
+        )
+        audit(
+            "todo.resolved",
+            obj=todo,
+            actor=user,
+            session_id=todo.session_id,
+            detail={"title": todo.title, "note": note},
+        )
+    return todo

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class ApprovalsConfig(AppConfig):
+    name = "approvals"
+    verbose_name = "Approvals"
+
+    def ready(self) -> None:
+        from approvals import receivers  # noqa: F401  (connects the approval_required hook)
+        from approvals.actions import sweep_expired_approvals
+        from diagnosis.maintenance import register
+
+        register("sweep-expired-approvals", sweep_expired_approvals)

@@ -1,0 +1,181 @@
+"""Headless incident runs for scripts: the same job path as the web, run in this process."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connection
+from django.db.migrations.executor import MigrationExecutor
+
+from aero.roles import APPROVER, OPERATOR, ensure_role_groups
+from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
+from approvals.models import OPEN_STATUSES, Approval, ApprovalStatus
+from diagnosis.actions import ActionError, do_answer, do_create_session
+from diagnosis.jobs import advance_session
+from diagnosis.models import Event, Session, SessionStatus, ToolCall
+from diagnosis.reporting import decision_of
+from scenarios_admin.models import Scenario
+
+CLI_USER = "cli"
+
+
+class Command(BaseCommand):
+    help = "Run incident sessions from the command line."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        run = sub.add_parser("run", help="Run one session to its end or its first unanswered wait.")
+        run.add_argument("--scenario", required=True, help="Scenario slug, e.g. oil_spill.")
+        run.add_argument("--message", required=True, help="The incident description.")
+        run.add_argument(
+            "--answer",
+            action="append",
+            default=[],
+            help="An answer to the agent's next question (repeatable, in order).",
+        )
+        run.add_argument(
+            "--decide",
+            choices=[APPROVE, REJECT],
+            help="Decide every approval (both confirmations where two are needed).",
+        )
+        run.add_argument("--reason", default="", help="Reason recorded with the decisions.")
+        run.add_argument("--json", action="store_true", help="Print one JSON object.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        _require_migrated()
+        # Jobs run here, in this process, through the same advance_session as workers.
+        settings.AERO_JOB_BACKEND = "inline"
+        scenario = Scenario.objects.filter(slug=options["scenario"]).first()
+        if scenario is None:
+            known = ", ".join(Scenario.objects.values_list("slug", flat=True)) or "none loaded"
+            raise CommandError(f"unknown scenario {options['scenario']!r} (known: {known})")
+        if options["decide"] and not options["reason"].strip():
+            # Rejections and R3 confirmations need a written reason; say where it came from.
+            options["reason"] = {APPROVE: "approved", REJECT: "rejected"}[
+                options["decide"]
+            ] + " from the command line"
+        user = _cli_user()
+        try:
+            session = do_create_session(user, scenario, options["message"], producer="cli")
+            self._drive(
+                session, user, list(options["answer"]), options["decide"], options["reason"]
+            )
+        except ActionError as exc:
+            raise CommandError(str(exc)) from exc
+        session.refresh_from_db()
+        result = summarize(session)
+        if options["json"]:
+            self.stdout.write(json.dumps(result, ensure_ascii=False, sort_keys=True))
+        else:
+            self._print(result)
+
+    def _drive(
+        self, session: Session, user: Any, answers: list[str], decide: str | None, reason: str
+    ) -> None:
+        while True:
+            advance_session(str(session.pk))  # a no-op if the on-commit job already ran
+            session.refresh_from_db()
+            if session.status != SessionStatus.WAITING_USER:
+                return
+            if session.snapshot.get("question"):
+                if not answers:
+                    return
+                do_answer(session.pk, user, answers.pop(0), producer="cli")
+                continue
+            pending = list(Approval.objects.filter(session=session, status__in=OPEN_STATUSES))
+            if not pending or decide is None:
+                return
+            for approval in pending:
+                while approval.is_open:
+                    step = decide
+                    if decide == APPROVE and approval.status == ApprovalStatus.CONFIRMING:
+                        step = CONFIRM  # the second, explicit confirmation of an R2
+                    approval = do_decide(approval.pk, user, step, reason, producer="cli")
+
+    def _print(self, result: dict[str, Any]) -> None:
+        self.stdout.write(f"session {result['session']}: {result['status']}")
+        for question in result["questions"]:
+            self.stdout.write(f"  asked: {question}")
+        for name, value in result["fields"].items():
+            self.stdout.write(f"  {name} = {value}")
+        if result["risk"]:
+            risk = result["risk"]
+            self.stdout.write(f"  risk {risk['level']} {risk['score']} ({risk['rule']})")
+        for action in result["actions"]:
+            self.stdout.write(
+                f"  {action['risk_class']} {action['tool']} {action['args']} -> "
+                f"{action['decision']}/{action['status']}"
+            )
+        if result["report_markdown"]:
+            self.stdout.write("")
+            self.stdout.write(result["report_markdown"])
+
+
+def _require_migrated() -> None:
+    try:
+        executor = MigrationExecutor(connection)
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except DatabaseError as exc:
+        raise CommandError(f"database unavailable: {exc}".splitlines()[0]) from exc
+    if plan:
+        raise CommandError(
+            "the database is not migrated: run `make run` once "
+            "(or `python manage.py migrate && python manage.py load_builtin`)"
+        )
+
+
+def _cli_user() -> Any:
+    ensure_role_groups()
+    user, created = get_user_model().objects.get_or_create(
+        username=CLI_USER, defaults={"first_name": "Command line"}
+    )
+    if created:
+        user.set_unusable_password()
+        user.save()
+    from django.contrib.auth.models import Group
+
+    user.groups.add(*Group.objects.filter(name__in=[OPERATOR, APPROVER]))
+    return user
+
+
+def summarize(session: Session) -> dict[str, Any]:
+    snapshot = session.snapshot
+    impact = snapshot.get("impact") or {}
+    risk = snapshot.get("risk")
+    report = getattr(session, "report", None)
+    return {
+        "session": str(session.pk),
+        "status": session.status,
+        "fields": snapshot.get("fields", {}),
+        "questions": [
+            e.payload["text"]
+            for e in Event.objects.filter(session=session, type="agent.question").order_by("seq")
+        ],
+        "risk": {"rule": risk["rule"], "level": risk["level"], "score": risk["score"]}
+        if risk
+        else None,
+        "impact": {
+            key: impact[key]
+            for key in ("radius", "isolated_nodes", "taxiways", "runways", "stands", "flights")
+        }
+        if impact
+        else None,
+        "actions": [
+            {
+                "tool": c.tool_name,
+                "args": c.request_payload,
+                "risk_class": c.risk_class,
+                "decision": decision_of(c),
+                "status": c.status,
+            }
+            for c in ToolCall.objects.filter(session=session, is_action=True).order_by(
+                "position", "id"
+            )
+        ],
+        "report_markdown": report.markdown if report else "",
+        "events": Event.objects.filter(session=session).count(),
+    }

@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from approvals import views
+
+app_name = "approvals"
+
+urlpatterns = [
+    path("", views.approval_queue, name="queue"),
+    path("<int:approval_id>/decide/", views.approval_decide, name="decide"),
+    path("todos/", views.todo_list, name="todo-list"),
+    path("todos/<int:todo_id>/resolve/", views.todo_resolve, name="todo-resolve"),
+]

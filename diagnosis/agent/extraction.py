@@ -1,0 +1,224 @@
+"""Deterministic field extraction with the scenario's synonyms (the offline provider).
+
+Matching is case-insensitive. Longer synonyms claim their span first, so "stopped
+leaking" is never read as the engine being "stopped" and "未关车" never as "关车".
+Latin synonyms must stand as whole words; Chinese ones match anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from scenarios_admin.airport import RUNWAY_DESIGNATOR, AirportGraph
+
+CJK = re.compile(r"[\u3400-\u9fff]")
+# Airline code (2 chars, at least one letter) + 1-4 digits: CA1234, 3U8888, 9C8521.
+FLIGHT_NO = re.compile(
+    r"(?<![A-Za-z0-9])((?:[A-Za-z][A-Za-z0-9]|[0-9][A-Za-z])[0-9]{1,4})(?![0-9A-Za-z])"
+)
+# Aircraft types (A320, B737-800, C919, E190) fit the flight number format: never a flight.
+AIRCRAFT_TYPE = re.compile(r"^(?:A[23][0-9]{2}|B7[0-9]{2}|C9[0-9]{2}|E1[0-9]{2})$")
+NUMBER = r"(\d+(?:\.\d+)?)"
+
+YES = ("是", "是的", "对", "有", "yes", "y", "true", "affirmative")
+NO = ("否", "不是", "没有", "无", "no", "n", "false", "negative")
+
+
+@dataclass(frozen=True)
+class Extraction:
+    value: Any
+    evidence: str
+
+
+def detect_language(text: str) -> str:
+    return "zh" if CJK.search(text) else "en"
+
+
+def extract_fields(
+    definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None = None
+) -> dict[str, Extraction]:
+    """Every field value the text states. `asked` is the field the agent just asked for:
+    a bare answer ("105", "yes") is read as that field."""
+    fields: dict[str, dict[str, Any]] = definition["fields"]
+    found: dict[str, Extraction] = {}
+    lowered = text.lower()
+
+    claimed: list[tuple[int, int]] = []
+    candidates: list[
+        tuple[int, int, str, Any, str, bool]
+    ] = []  # len, start, field, value, syn, weak
+    for name, spec in fields.items():
+        if spec["type"] not in ("enum", "bool"):
+            continue
+        for raw_value, value_spec in spec.get("values", {}).items():
+            value: Any = _coerce(spec["type"], raw_value)
+            for weak, synonyms in (
+                (False, value_spec.get("synonyms", [])),
+                (True, value_spec.get("fallback", [])),
+            ):
+                for synonym in synonyms:
+                    for start in _occurrences(lowered, str(synonym).lower()):
+                        candidates.append((len(synonym), start, name, value, synonym, weak))
+    # Longest synonym first; on equal length the later mention wins (corrections). Weak
+    # (fallback) synonyms come last: they never take a span from a named value
+    # ("液压油料泄漏" names hydraulic fluid, not an unspecified 油料泄漏).
+    candidates.sort(key=lambda c: (c[5], -c[0], -c[1]))
+    chosen: dict[str, tuple[int, Extraction]] = {}
+    weak_hits: dict[str, Extraction] = {}
+    for length, start, name, value, synonym, weak in candidates:
+        span = (start, start + length)
+        if any(span[0] < end and begin < span[1] for begin, end in claimed):
+            continue
+        claimed.append(span)
+        if weak:
+            weak_hits.setdefault(name, Extraction(value, synonym))
+            continue
+        if name not in chosen or chosen[name][0] < length:
+            chosen[name] = (length, Extraction(value, synonym))
+    for name, (_, extraction) in chosen.items():
+        found[name] = extraction
+    for name, extraction in weak_hits.items():
+        found.setdefault(name, extraction)
+
+    for name, spec in fields.items():
+        if spec["type"] == "enum" and "measure" in spec and name not in found:
+            measured = _measure(spec["measure"], lowered)
+            if measured:
+                found[name] = measured
+        elif spec["type"] == "flight_no":
+            flight = _flight_no(text, graph, _measured_spans(fields, text))
+            if flight:
+                found[name] = flight
+        elif spec["type"] == "position":
+            position = _position(
+                text, graph, spec.get("kinds", ["stand", "taxiway", "runway"]), bare=True
+            )
+            if position:
+                found[name] = position
+        elif spec["type"] == "number" and asked == name:
+            match = re.search(NUMBER, text)
+            if match:
+                found[name] = Extraction(float(match.group(1)), match.group(0))
+        elif spec["type"] == "text" and asked == name and text.strip():
+            found[name] = Extraction(text.strip(), "answer")
+
+    if asked and asked not in found and fields.get(asked, {}).get("type") == "bool":
+        answer = lowered.strip(" 。.!！,，")
+        if answer in YES:
+            found[asked] = Extraction(True, answer)
+        elif answer in NO:
+            found[asked] = Extraction(False, answer)
+    return found
+
+
+def _coerce(field_type: str, raw: str) -> Any:
+    if field_type == "bool":
+        return str(raw).lower() == "true"
+    return raw
+
+
+def _occurrences(haystack: str, needle: str) -> list[int]:
+    if not needle:
+        return []
+    if CJK.search(needle):
+        pattern = re.escape(needle)
+    else:
+        pattern = r"(?<![a-z0-9])" + re.escape(needle) + r"(?![a-z0-9])"
+    return [m.start() for m in re.finditer(pattern, haystack)]
+
+
+def _measure_pattern(measure: dict[str, Any]) -> str:
+    units = "|".join(re.escape(u.lower()) for u in sorted(measure["units"], key=len, reverse=True))
+    return NUMBER + r"\s*(?:" + units + r")"
+
+
+def _measured_spans(fields: dict[str, dict[str, Any]], text: str) -> list[tuple[int, int]]:
+    """Where the text states a measurement ("6m2"), which no flight number overlaps."""
+    return [
+        match.span()
+        for spec in fields.values()
+        if "measure" in spec
+        for match in re.finditer(_measure_pattern(spec["measure"]), text, flags=re.IGNORECASE)
+    ]
+
+
+def _measure(measure: dict[str, Any], lowered: str) -> Extraction | None:
+    match = re.search(_measure_pattern(measure), lowered)
+    if not match:
+        return None
+    amount = float(match.group(1))
+    for band in measure["bands"]:
+        if "above" in band and not amount > band["above"]:
+            continue
+        if "at_least" in band and not amount >= band["at_least"]:
+            continue
+        return Extraction(band["value"], match.group(0))
+    return None
+
+
+def _flight_no(
+    text: str, graph: AirportGraph, ignore: list[tuple[int, int]] | None = None
+) -> Extraction | None:
+    matches = [
+        m.group(1).upper()
+        for m in FLIGHT_NO.finditer(text)
+        if not any(m.start() < end and start < m.end() for start, end in ignore or [])
+        and not AIRCRAFT_TYPE.match(m.group(1).upper())
+    ]
+    # Node ids such as "A10" or "R0624" look like flight numbers; prefer a known flight,
+    # then anything that is not a node of the airport.
+    for candidate in matches:
+        if candidate in graph.flights:
+            return Extraction(candidate, candidate)
+    for candidate in matches:
+        if candidate not in graph.nodes:
+            return Extraction(candidate, candidate)
+    return None
+
+
+def _position(text: str, graph: AirportGraph, kinds: list[str], *, bare: bool) -> Extraction | None:
+    """Explicit forms first (105机位, 机位105, 105号机位, stand 105, 滑行道B2, B2滑行道,
+    taxiway B2, 跑道06/24, runway 06/24), then a bare id that names a node."""
+    token = r"([A-Za-z]?\d{1,4}[A-Za-z]?)"
+    patterns: list[tuple[str, str]] = []
+    if "stand" in kinds:
+        patterns += [
+            (r"机位\s*" + token, "stand"),
+            (token + r"\s*号?\s*机位", "stand"),
+            (r"(?<![a-z])stand\s*(?:no\.?\s*)?" + token, "stand"),
+            (r"(?<![a-z])gate\s*" + token, "stand"),
+        ]
+    if "taxiway" in kinds:
+        patterns += [
+            (r"滑行道\s*" + token, "taxiway"),
+            (token + r"\s*滑行道", "taxiway"),
+            (r"(?<![a-z])taxiway\s*" + token, "taxiway"),
+        ]
+    if "runway" in kinds:
+        designator = r"(\d{2}[LCR]?\s*/\s*\d{2}[LCR]?)"
+        patterns += [
+            (r"跑道\s*" + designator, "runway"),
+            (designator + r"\s*跑道", "runway"),
+            (r"(?<![a-z])(?:runway|rwy)\s*" + designator, "runway"),
+        ]
+    for pattern, kind in patterns:
+        for match in re.finditer(pattern, text, flags=re.IGNORECASE):
+            ref = re.sub(r"\s+", "", match.group(1)).upper()
+            node = graph.resolve(ref)
+            if node is not None and node.kind == kind:
+                return Extraction(ref, match.group(0).strip())
+    if not bare:
+        return None
+    for match in re.finditer(
+        r"(?<![A-Za-z0-9/])([A-Za-z]?\d{1,4}(?:/\d{2})?)(?![0-9A-Za-z/])", text
+    ):
+        ref = match.group(1).upper()
+        node = graph.resolve(ref)
+        if node is None or node.kind not in kinds:
+            continue
+        if node.kind == "runway" and not RUNWAY_DESIGNATOR.match(ref):
+            continue  # a raw runway node id is not how people name a runway
+        return Extraction(ref, match.group(0))
+    return None

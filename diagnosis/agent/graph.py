@@ -1,0 +1,653 @@
+"""The incident agent: input parser -> reasoning -> tool executor -> compliance validator
+-> output generator, with the ask-the-user and approval waits as interrupts.
+
+Nodes return partial state updates. A node that interrupts re-runs from its first line
+on resume, so the waiting nodes do nothing but interrupt; everything with an effect is
+keyed (events by key, tool calls by idempotency key) and is safe to repeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from django.db import transaction
+from django.utils import timezone
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+from langgraph.types import interrupt
+
+from diagnosis.agent import fsm, policy
+from diagnosis.agent.extraction import Extraction
+from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
+from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.tools import (
+    ENRICHMENT_SOURCES,
+    ToolContext,
+    get_or_create_call,
+    run_action,
+    run_deterministic,
+    run_enrichment,
+)
+from diagnosis.events import add_usage, append_event, append_event_once
+from diagnosis.models import (
+    AgentRun,
+    Event,
+    LLMCall,
+    Session,
+    SessionStatus,
+    ToolCall,
+    ToolCallStatus,
+)
+from diagnosis.reporting import render_report
+from diagnosis.signals import approval_required
+
+
+class NodeFn(Protocol):
+    def __call__(self, state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]: ...
+
+
+class SessionCanceled(Exception):
+    pass
+
+
+def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
+    """Run a node as a child AgentRun with agent.node_* events, and stop if canceled."""
+
+    def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
+        # No functools.wraps: LangGraph reads the signature to inject `runtime`.
+        def wrapper(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+            ctx = runtime.context
+            status = Session.objects.filter(pk=ctx.session_id).values_list("status", flat=True)
+            if status.first() == SessionStatus.CANCELED:
+                raise SessionCanceled()
+            run = AgentRun.objects.create(
+                session_id=ctx.session_id,
+                parent=ctx.root_run,
+                agent_name=name,
+                input_snapshot={"fsm": state.get("fsm", "")},
+            )
+            append_event(
+                ctx.session_id,
+                "agent.node_started",
+                {"node": name, "run": run.pk},
+                producer=ctx.producer,
+                run=run,
+            )
+            try:
+                update = fn(state, ctx, run)
+            except Exception as exc:
+                if isinstance(exc, SessionCanceled) or type(exc).__name__ == "GraphInterrupt":
+                    AgentRun.objects.filter(pk=run.pk).update(
+                        status="interrupted", ended_at=timezone.now()
+                    )
+                    raise
+                AgentRun.objects.filter(pk=run.pk).update(status="failed", ended_at=timezone.now())
+                append_event(
+                    ctx.session_id,
+                    "agent.node_failed",
+                    {"node": name, "run": run.pk, "error": f"{type(exc).__name__}: {exc}"},
+                    producer=ctx.producer,
+                    run=run,
+                )
+                raise
+            summary = update.pop("_summary", "")
+            AgentRun.objects.filter(pk=run.pk).update(
+                status="completed", ended_at=timezone.now(), output_summary={"summary": summary}
+            )
+            append_event(
+                ctx.session_id,
+                "agent.node_completed",
+                {"node": name, "run": run.pk, "summary": summary},
+                producer=ctx.producer,
+                run=run,
+            )
+            return update
+
+        wrapper.__name__ = fn.__name__
+        return wrapper
+
+    return decorator
+
+
+# --- input parser ---------------------------------------------------------------------
+
+
+@recorded("input_parser")
+def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    definition = ctx.definition
+    fields = dict(state.get("fields") or {})
+    evidence = dict(state.get("evidence") or {})
+    consumed = state.get("consumed_seq", 0)
+    asked = (state.get("question") or {}).get("field")
+    messages = Event.objects.filter(
+        session_id=ctx.session_id, type="user.message", seq__gt=consumed
+    ).order_by("seq")
+    changed: dict[str, Any] = {}
+    for message in messages:
+        text = message.payload.get("text", "")
+
+        def extract(provider: Provider, text: str = text) -> tuple[dict[str, Extraction], Usage]:
+            return provider.extract(definition, text, ctx.graph, asked)
+
+        found = call_with_fallback(
+            ctx.providers, "extract", extract, _recorder(ctx, run), _fallback_recorder(ctx, run)
+        )
+        for name, extraction in found.items():
+            fields[name] = extraction.value
+            evidence[name] = extraction.evidence
+            changed[name] = extraction.value
+        consumed = message.seq
+    for name, spec in definition["fields"].items():
+        if fields.get(name) is None and spec.get("default") is not None:
+            fields[name] = spec["default"]
+            evidence[name] = "default"
+            changed[name] = spec["default"]
+    missing = policy.missing_p1(definition, fields)
+    append_event(
+        ctx.session_id,
+        "fields.extracted",
+        {
+            "changed": changed,
+            "evidence": {k: evidence[k] for k in changed},
+            "missing": missing,
+            "through_seq": consumed,
+        },
+        producer=ctx.producer,
+        run=run,
+        snapshot={"fields": fields, "evidence": evidence, "missing": missing, "question": None},
+    )
+    summary = f"{len(changed)} field(s) recognised" + (
+        f", missing {', '.join(missing)}" if missing else ""
+    )
+    return {
+        "fields": fields,
+        "evidence": evidence,
+        "consumed_seq": consumed,
+        "question": None,
+        "_summary": summary,
+    }
+
+
+def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
+    def record(attempt: Attempt) -> None:
+        LLMCall.objects.create(
+            session_id=ctx.session_id,
+            agent_run=run,
+            provider=attempt.provider,
+            model=attempt.model,
+            purpose=attempt.purpose,
+            status=attempt.status,
+            tokens_in=attempt.usage.tokens_in,
+            tokens_out=attempt.usage.tokens_out,
+            cost=attempt.usage.cost,
+            latency_ms=attempt.latency_ms,
+            error=attempt.error,
+        )
+        if attempt.usage.tokens_in or attempt.usage.tokens_out:
+            add_usage(
+                ctx.session_id,
+                attempt.usage.tokens_in,
+                attempt.usage.tokens_out,
+                attempt.usage.cost,
+            )
+        append_event(
+            ctx.session_id,
+            "llm.call",
+            {
+                "provider": attempt.provider,
+                "model": attempt.model,
+                "purpose": attempt.purpose,
+                "status": attempt.status,
+                "tokens_in": attempt.usage.tokens_in,
+                "tokens_out": attempt.usage.tokens_out,
+                "cost": str(attempt.usage.cost),
+                "latency_ms": attempt.latency_ms,
+                "error": attempt.error,
+            },
+            producer=ctx.producer,
+            run=run,
+        )
+
+    return record
+
+
+def _fallback_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[str, str, str], None]:
+    def on_fallback(failed: str, next_provider: str, error: str) -> None:
+        append_event(
+            ctx.session_id,
+            "llm.fallback",
+            {"from": failed, "to": next_provider, "error": error},
+            producer=ctx.producer,
+            run=run,
+        )
+
+    return on_fallback
+
+
+# --- reasoning ------------------------------------------------------------------------
+
+
+def action_calls(session_id: Any) -> list[ToolCall]:
+    return list(
+        ToolCall.objects.filter(session_id=session_id, is_action=True).order_by("position", "id")
+    )
+
+
+def facts_of(
+    state: AgentState, ctx: AgentContext, actions: list[ToolCall] | None = None
+) -> fsm.Facts:
+    actions = action_calls(ctx.session_id) if actions is None else actions
+    settled = state.get("actions_planned", False) and all(
+        a.status
+        in (
+            ToolCallStatus.COMPLETED,
+            ToolCallStatus.FAILED,
+            ToolCallStatus.REJECTED,
+            ToolCallStatus.TIMEOUT,
+        )
+        for a in actions
+    )
+    return fsm.Facts(
+        p1_complete=not policy.missing_p1(ctx.definition, state.get("fields") or {}),
+        risk_assessed=bool(state.get("risk")),
+        impact_analyzed=bool(state.get("impact")),
+        actions_settled=settled,
+        reported=bool(state.get("reported")),
+    )
+
+
+def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+    """The deterministic planner: the next step from what is known. Always compliant."""
+    definition = ctx.definition
+    fields = state.get("fields") or {}
+    missing = policy.missing_p1(definition, fields)
+    if missing:
+        return {"step": "ask", "field": missing[0]}
+    if state.get("enrichment") is None:
+        return {"step": "call", "calls": enrichment_calls(definition, fields)}
+    if not state.get("risk"):
+        return {
+            "step": "call",
+            "calls": [{"call_id": "assess_risk", "tool": "assess_risk", "args": {}}],
+        }
+    if not state.get("impact"):
+        return {
+            "step": "call",
+            "calls": [{"call_id": "analyze_impact", "tool": "analyze_impact", "args": {}}],
+        }
+    if not state.get("actions_planned"):
+        proposals = policy.required_actions(
+            definition, fields, ctx.graph, state["risk"] or {}, state["impact"] or {}
+        )
+        for position, proposal in enumerate(proposals):
+            proposal["position"] = position
+            proposal["mode"] = "propose"
+        return {"step": "call", "calls": proposals}
+    actions = action_calls(ctx.session_id)
+    approved = [a for a in actions if a.status == ToolCallStatus.APPROVED]
+    if approved:
+        return {
+            "step": "call",
+            "calls": [
+                {
+                    "call_id": a.call_id,
+                    "tool": a.tool_name,
+                    "args": a.request_payload,
+                    "risk_class": a.risk_class,
+                    "is_action": True,
+                    "mode": "execute",
+                }
+                for a in approved
+            ],
+        }
+    if any(a.status == ToolCallStatus.AWAITING_APPROVAL for a in actions):
+        return {"step": "await"}
+    return {"step": "finish"}
+
+
+def enrichment_calls(definition: dict[str, Any], fields: dict[str, Any]) -> list[dict[str, Any]]:
+    # field_order, not dict order: PostgreSQL's jsonb does not keep key order.
+    by_type: dict[str, str] = {}
+    for name in definition["field_order"]:
+        by_type.setdefault(definition["fields"][name]["type"], name)
+    calls = []
+    flight_field = by_type.get("flight_no")
+    if flight_field and fields.get(flight_field):
+        for tool in ("lookup_aircraft_info", "lookup_flight_plan"):
+            calls.append(
+                {"call_id": tool, "tool": tool, "args": {"flight_no": fields[flight_field]}}
+            )
+    start = definition["impact"]["start"]
+    if fields.get(start):
+        calls.append(
+            {
+                "call_id": "lookup_stand_location",
+                "tool": "lookup_stand_location",
+                "args": {"position": fields[start]},
+            }
+        )
+    return calls
+
+
+# Tests replace this to script an agent that misbehaves; production always plans offline
+# (safety-critical sequencing is policy, not model output).
+PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": offline_plan}
+
+
+@recorded("reasoning")
+def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    note_unexecuted_actions(ctx, run)
+    plan = PLANNER["plan"](state, ctx)
+    update: dict[str, Any] = {"plan": plan, "refusals": []}
+    if plan["step"] == "ask":
+        field = plan["field"]
+        asked = list(state.get("asked") or [])
+        spec = ctx.definition["fields"][field]
+        lang = state.get("language", "en")
+        text = spec["ask"][lang]
+        if field in asked:
+            text = _retry_hint(spec, lang) + text
+        asked.append(field)
+        question = {"field": field, "text": text, "key": f"q{len(asked)}"}
+        append_event_once(
+            ctx.session_id,
+            "agent.question",
+            question["key"],
+            {"field": field, "label": spec["label"][lang], "text": text},
+            producer=ctx.producer,
+            run=run,
+            snapshot={"question": question},
+        )
+        update.update(asked=asked, question=question)
+        update["_summary"] = f"ask for {field}"
+    elif plan["step"] == "call":
+        update["_summary"] = "call " + ", ".join(c["tool"] for c in plan["calls"])
+    else:
+        update["_summary"] = plan["step"]
+    return update
+
+
+def note_unexecuted_actions(ctx: AgentContext, run: AgentRun) -> None:
+    """A rejected or timed-out action goes back to the agent with its reason: it carries
+    on without it (the report records it) and says so on the timeline, once."""
+    for call in action_calls(ctx.session_id):
+        if call.status not in (ToolCallStatus.REJECTED, ToolCallStatus.TIMEOUT):
+            continue
+        outcome = "rejected" if call.status == ToolCallStatus.REJECTED else "timed out"
+        append_event_once(
+            ctx.session_id,
+            "agent.note",
+            f"unexecuted:{call.pk}",
+            {
+                "tool_call": call.pk,
+                "tool_name": call.tool_name,
+                "args": call.request_payload,
+                "outcome": outcome,
+                "reason": call.decision_reason,
+                "text": f"Continuing without {call.tool_name} ({outcome}: "
+                f"{call.decision_reason or 'no reason given'}); the report records it"
+                + ("; a manual to-do was opened." if outcome == "timed out" else "."),
+            },
+            producer=ctx.producer,
+            run=run,
+        )
+
+
+def _retry_hint(spec: dict[str, Any], lang: str) -> str:
+    values = spec.get("values") or {}
+    names = " / ".join(v.get("label", {}).get(lang, k) for k, v in values.items()) if values else ""
+    if lang == "zh":
+        return "未能识别您的回答。" + (f"可选：{names}。" if names else "")
+    return "I could not recognise that answer. " + (f"Options: {names}. " if names else "")
+
+
+def route_after_reasoning(
+    state: AgentState,
+) -> Literal["ask_user", "tool_executor", "await_approval", "compliance_validator"]:
+    step = state["plan"]["step"]
+    if step == "ask":
+        return "ask_user"
+    if step == "call":
+        return "tool_executor"
+    if step == "await":
+        return "await_approval"
+    return "compliance_validator"
+
+
+# --- waits (interrupts) ---------------------------------------------------------------
+
+
+def ask_user(state: AgentState) -> dict[str, Any]:
+    question = state.get("question") or {}
+    interrupt({"kind": "question", "field": question.get("field"), "key": question.get("key")})
+    return {}
+
+
+def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+    waiting = [
+        a.pk
+        for a in action_calls(runtime.context.session_id)
+        if a.status == ToolCallStatus.AWAITING_APPROVAL
+    ]
+    if waiting:
+        interrupt({"kind": "approval", "tool_calls": waiting})
+    return {}
+
+
+# --- tool executor --------------------------------------------------------------------
+
+
+@recorded("tool_executor")
+def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    definition = ctx.definition
+    tctx = ToolContext(ctx.session_id, ctx.graph, run, ctx.producer)
+    calls = state["plan"].get("calls", [])
+    update: dict[str, Any] = {}
+    refusals: list[dict[str, Any]] = []
+    facts = facts_of(state, ctx)
+
+    lookups = [c for c in calls if c["tool"] in ENRICHMENT_SOURCES]
+    if lookups:
+        enrichment = run_enrichment(tctx, lookups)
+        update["enrichment"] = enrichment
+        append_event(
+            ctx.session_id,
+            "timeline.appended",
+            {
+                "kind": "enrichment",
+                "degraded": enrichment["degraded"],
+                "sources": sorted(k for k in enrichment if k != "degraded"),
+            },
+            producer=ctx.producer,
+            run=run,
+            snapshot={"enrichment": enrichment},
+        )
+
+    fields = state.get("fields") or {}
+    for call in calls:
+        tool = call["tool"]
+        if tool in ENRICHMENT_SOURCES:
+            continue
+        violation = fsm.check_step(definition, facts, tool)
+        if violation:
+            refusals.append({"call_id": call["call_id"], "tool": tool, "violation": violation})
+            continue
+        if tool == "assess_risk":
+            risk = run_deterministic(
+                tctx,
+                {**call, "args": {"fields": fields}},
+                lambda: policy.assess_risk(
+                    definition, policy.with_defaults(definition, fields), ctx.graph
+                ),
+            )
+            update["risk"] = risk
+            append_event(
+                ctx.session_id,
+                "risk.assessed",
+                risk,
+                producer=ctx.producer,
+                run=run,
+                snapshot={"risk": risk},
+            )
+            facts = fsm.Facts(facts.p1_complete, True, False, False, False)
+        elif tool == "analyze_impact":
+            level: str = (update.get("risk") or state.get("risk") or {})["level"]
+
+            def analyze(level: str = level) -> dict[str, Any]:
+                return policy.analyze_impact(definition, fields, ctx.graph, level)
+
+            impact = run_deterministic(
+                tctx,
+                {
+                    **call,
+                    "args": {"start": fields.get(definition["impact"]["start"]), "level": level},
+                },
+                analyze,
+            )
+            update["impact"] = impact
+            append_event(
+                ctx.session_id,
+                "impact.analyzed",
+                impact,
+                producer=ctx.producer,
+                run=run,
+                snapshot={"impact": impact},
+            )
+            facts = fsm.Facts(facts.p1_complete, True, True, False, False)
+        elif call.get("mode") == "execute":
+            tool_call = ToolCall.objects.get(session_id=ctx.session_id, call_id=call["call_id"])
+            run_action(tctx, tool_call.pk)
+        else:
+            propose_action(tctx, call)
+    if any(c.get("mode") == "propose" for c in calls) and not refusals:
+        update["actions_planned"] = True
+    update["refusals"] = refusals
+    update["_summary"] = f"{len(calls) - len(refusals)} call(s) handled" + (
+        f", {len(refusals)} refused" if refusals else ""
+    )
+    return update
+
+
+def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
+    with transaction.atomic():
+        tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED)
+        if tool_call.status != ToolCallStatus.PROPOSED:
+            return  # proposed before this re-run: already decided or executed
+        if tool_call.risk_class == "R0":
+            pass  # executes below, outside the proposal transaction
+        else:
+            tool_call.status = ToolCallStatus.AWAITING_APPROVAL
+            tool_call.save(update_fields=["status"])
+            approval_required.send(sender=ToolCall, tool_call=tool_call)
+            append_event_once(
+                tctx.session_id,
+                "approval.required",
+                f"approval:{tool_call.pk}",
+                {
+                    "tool_call": tool_call.pk,
+                    "tool_name": tool_call.tool_name,
+                    "args": tool_call.request_payload,
+                    "risk_level": tool_call.risk_class,
+                },
+                producer=tctx.producer,
+                run=tctx.run,
+            )
+            return
+    run_action(tctx, tool_call.pk)
+
+
+# --- compliance validator -------------------------------------------------------------
+
+
+@recorded("compliance_validator")
+def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    corrections = list(state.get("corrections") or [])
+    for refusal in state.get("refusals") or []:
+        corrections.append(refusal["violation"])
+        append_event(ctx.session_id, "fsm.violation", refusal, producer=ctx.producer, run=run)
+    facts = facts_of(state, ctx)
+    finishing = state["plan"]["step"] == "finish"
+    if finishing and not facts.actions_settled:
+        violation = {
+            "tool": "write_report",
+            "violation": fsm.check_step(ctx.definition, facts, "write_report")
+            or "report requested with required actions undecided",
+        }
+        corrections.append(violation["violation"])
+        append_event(ctx.session_id, "fsm.violation", violation, producer=ctx.producer, run=run)
+        finishing = False
+    current = fsm.state_name(ctx.definition, fsm.state_index(facts))
+    previous = state.get("fsm") or fsm.state_name(ctx.definition, 0)
+    if current != previous:
+        append_event(
+            ctx.session_id,
+            "fsm.transition",
+            {"from": previous, "to": current},
+            producer=ctx.producer,
+            run=run,
+            snapshot={"fsm": current},
+        )
+    plan = dict(state["plan"])
+    plan["approved_finish"] = finishing
+    return {
+        "fsm": current,
+        "corrections": corrections,
+        "refusals": [],
+        "plan": plan,
+        "_summary": f"state {current}",
+    }
+
+
+def route_after_validation(state: AgentState) -> Literal["output_generator", "reasoning"]:
+    return "output_generator" if state["plan"].get("approved_finish") else "reasoning"
+
+
+# --- output generator -----------------------------------------------------------------
+
+
+@recorded("output_generator")
+def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    facts = facts_of(state, ctx)
+    violation = fsm.check_step(ctx.definition, facts, "write_report")
+    if violation:
+        raise RuntimeError(violation)  # the validator routes here only when settled
+    markdown = render_report(ctx.session_id, ctx.definition, dict(state))
+    done = fsm.state_name(ctx.definition, fsm.state_index(fsm.Facts(True, True, True, True, True)))
+    append_event(
+        ctx.session_id,
+        "report.ready",
+        {"length": len(markdown)},
+        producer=ctx.producer,
+        run=run,
+        snapshot={"report": True},
+    )
+    append_event(
+        ctx.session_id,
+        "fsm.transition",
+        {"from": state.get("fsm"), "to": done},
+        producer=ctx.producer,
+        run=run,
+        snapshot={"fsm": done},
+    )
+    return {"reported": True, "fsm": done, "_summary": "report written"}
+
+
+def build_graph() -> StateGraph[AgentState, AgentContext, AgentState, AgentState]:
+    builder = StateGraph(AgentState, context_schema=AgentContext)
+    builder.add_node("input_parser", input_parser)
+    builder.add_node("reasoning", reasoning)
+    builder.add_node("ask_user", ask_user)
+    builder.add_node("tool_executor", tool_executor)
+    builder.add_node("await_approval", await_approval)
+    builder.add_node("compliance_validator", compliance_validator)
+    builder.add_node("output_generator", output_generator)
+    builder.add_edge(START, "input_parser")
+    builder.add_edge("input_parser", "reasoning")
+    builder.add_conditional_edges("reasoning", route_after_reasoning)
+    builder.add_edge("ask_user", "input_parser")
+    builder.add_edge("tool_executor", "compliance_validator")
+    builder.add_edge("await_approval", "reasoning")
+    builder.add_conditional_edges("compliance_validator", route_after_validation)
+    builder.add_edge("output_generator", END)
+    return builder

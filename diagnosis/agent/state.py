@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from diagnosis.agent.providers import Provider
+from diagnosis.models import AgentRun
+from scenarios_admin.airport import AirportGraph
+
+
+class AgentState(TypedDict, total=False):
+    session_id: str
+    language: str
+    consumed_seq: int  # last user.message seq the input parser has read
+    fields: dict[str, Any]
+    evidence: dict[str, str]
+    asked: list[str]  # fields asked about, in order (a field may repeat)
+    question: dict[str, Any] | None
+    enrichment: dict[str, Any] | None
+    risk: dict[str, Any] | None
+    impact: dict[str, Any] | None
+    actions_planned: bool
+    plan: dict[str, Any]
+    refusals: list[dict[str, Any]]
+    corrections: list[str]
+    fsm: str
+    reported: bool
+
+
+@dataclass
+class AgentContext:
+    session_id: Any
+    definition: dict[str, Any]
+    graph: AirportGraph
+    providers: list[Provider]
+    root_run: AgentRun
+    producer: str
+    scenario_name: dict[str, str] = field(default_factory=dict)

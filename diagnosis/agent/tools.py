@@ -1,0 +1,337 @@
+"""Tools the agent calls. Deterministic tools never call an LLM. Every call is a ToolCall
+keyed by an idempotency key (session + call id): a completed call is reused, never re-run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import connections, transaction
+from django.utils import timezone
+
+from diagnosis.events import append_event
+from diagnosis.models import AgentRun, Restriction, ToolCall, ToolCallStatus
+from scenarios_admin.airport import AirportGraph, natural_sorted
+from scenarios_admin.definition import ACTION_TOOLS
+from scenarios_admin.models import Flight, Topology
+
+
+@dataclass
+class ToolContext:
+    session_id: Any
+    graph: AirportGraph
+    run: AgentRun | None
+    producer: str
+
+
+class ToolFailure(Exception):
+    pass
+
+
+def idempotency_key(session_id: Any, call_id: str) -> str:
+    return f"{session_id}:{call_id}"
+
+
+def get_or_create_call(
+    ctx: ToolContext, call: dict[str, Any], status: str
+) -> tuple[ToolCall, bool]:
+    return ToolCall.objects.get_or_create(
+        idempotency_key=idempotency_key(ctx.session_id, call["call_id"]),
+        defaults={
+            "session_id": ctx.session_id,
+            "agent_run": ctx.run,
+            "call_id": call["call_id"],
+            "tool_name": call["tool"],
+            "risk_class": call.get("risk_class", "R0"),
+            "is_action": call.get("is_action", False),
+            "request_payload": call.get("args", {}),
+            "status": status,
+            "position": call.get("position", 0),
+        },
+    )
+
+
+# --- enrichment lookups (parallel, each with its own timeout) -----------------------
+
+
+def _active_topology() -> Topology:
+    topology = Topology.objects.filter(is_active=True).first()
+    if topology is None:
+        raise ToolFailure("no active airport topology")
+    return topology
+
+
+def lookup_aircraft_info(args: dict[str, Any]) -> dict[str, Any]:
+    flight = Flight.objects.filter(topology=_active_topology(), flight_no=args["flight_no"]).first()
+    if flight is None:
+        raise ToolFailure(f"flight {args['flight_no']} is not in the flight information system")
+    return {
+        "flight_no": flight.flight_no,
+        "airline": flight.airline,
+        "aircraft": flight.aircraft,
+        "registration": flight.registration,
+    }
+
+
+def lookup_flight_plan(args: dict[str, Any]) -> dict[str, Any]:
+    flight = (
+        Flight.objects.filter(topology=_active_topology(), flight_no=args["flight_no"])
+        .select_related("stand")
+        .first()
+    )
+    if flight is None:
+        raise ToolFailure(f"no flight plan for {args['flight_no']}")
+    return {
+        "flight_no": flight.flight_no,
+        "std": flight.std.strftime("%H:%M"),
+        "destination": flight.destination,
+        "pax": flight.pax,
+        "stand": flight.stand.node_id if flight.stand else "",
+    }
+
+
+def lookup_stand_location(args: dict[str, Any]) -> dict[str, Any]:
+    topology = _active_topology()
+    ref = str(args["position"])
+    node = topology.nodes.filter(node_id=ref.upper()).first()
+    if node is None:
+        runway = topology.runways.filter(designator=ref).select_related("reference_node").first()
+        node = runway.reference_node if runway else None
+    if node is None:
+        raise ToolFailure(f"{ref} is not a position of {topology.icao}")
+    neighbours = [
+        *topology.edges.filter(source=node).values_list("target__node_id", flat=True),
+        *topology.edges.filter(target=node).values_list("source__node_id", flat=True),
+    ]
+    return {
+        "node_id": node.node_id,
+        "kind": node.kind,
+        "taxiway": node.taxiway,
+        "runway": node.runway,
+        "neighbours": natural_sorted(neighbours),
+    }
+
+
+ENRICHMENT_SOURCES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "lookup_aircraft_info": lookup_aircraft_info,
+    "lookup_flight_plan": lookup_flight_plan,
+    "lookup_stand_location": lookup_stand_location,
+}
+# Where each source's answer lands in the enrichment (report templates use these names).
+ENRICHMENT_KEYS = {
+    "lookup_aircraft_info": "aircraft",
+    "lookup_flight_plan": "flight_plan",
+    "lookup_stand_location": "stand_location",
+}
+
+
+def _in_thread(
+    source: Callable[[dict[str, Any]], dict[str, Any]], args: dict[str, Any]
+) -> dict[str, Any]:
+    try:
+        return source(args)
+    finally:
+        # Worker threads open their own database connections: close them here.
+        connections.close_all()
+
+
+def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run the lookups in parallel. A failing or slow source is recorded and degrades:
+    the result lists it under `degraded` and the agent goes on without it."""
+    results: dict[str, Any] = {"degraded": []}
+    pending: list[tuple[dict[str, Any], ToolCall]] = []
+    for call in calls:
+        tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
+        if tool_call.status == ToolCallStatus.COMPLETED:
+            results[ENRICHMENT_KEYS[call["tool"]]] = tool_call.response_payload
+        elif tool_call.status == ToolCallStatus.FAILED:
+            results["degraded"].append({"source": call["tool"], "error": tool_call.error})
+        else:
+            _started(ctx, tool_call)
+            pending.append((call, tool_call))
+    if not pending:
+        return results
+    timeout = settings.AERO_ENRICHMENT_TIMEOUT
+    pool = ThreadPoolExecutor(max_workers=len(pending), thread_name_prefix="aero-lookup")
+    started = time.monotonic()
+    futures = [
+        (call, tool_call, pool.submit(_in_thread, ENRICHMENT_SOURCES[call["tool"]], call["args"]))
+        for call, tool_call in pending
+    ]
+    for call, tool_call, future in futures:
+        remaining = max(0.0, timeout - (time.monotonic() - started))
+        try:
+            response = future.result(timeout=remaining)
+        except FutureTimeout:
+            error = f"timed out after {timeout:g} s"
+            _finished(ctx, tool_call, started, error=error)
+            results["degraded"].append({"source": call["tool"], "error": error})
+        except Exception as exc:  # a broken source degrades, it never blocks the agent
+            error = str(exc) or type(exc).__name__
+            _finished(ctx, tool_call, started, error=error)
+            results["degraded"].append({"source": call["tool"], "error": error})
+        else:
+            _finished(ctx, tool_call, started, response=response)
+            results[ENRICHMENT_KEYS[call["tool"]]] = response
+    # Never wait for a slow source: its thread finishes on its own.
+    pool.shutdown(wait=False, cancel_futures=True)
+    return results
+
+
+# --- deterministic analysis tools -----------------------------------------------------
+
+
+def run_deterministic(
+    ctx: ToolContext, call: dict[str, Any], compute: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
+    if tool_call.status == ToolCallStatus.COMPLETED:
+        return tool_call.response_payload
+    _started(ctx, tool_call)
+    started = time.monotonic()
+    try:
+        response = compute()
+    except Exception as exc:
+        _finished(ctx, tool_call, started, error=str(exc))
+        raise ToolFailure(f"{call['tool']} failed: {exc}") from exc
+    _finished(ctx, tool_call, started, response=response)
+    return response
+
+
+# --- response actions -----------------------------------------------------------------
+
+
+def _restrict(
+    kind: str, known: bool, target: str
+) -> Callable[[ToolContext, ToolCall], dict[str, Any]]:
+    def execute(ctx: ToolContext, tool_call: ToolCall) -> dict[str, Any]:
+        if not known:
+            raise ToolFailure(f"{target} is not a {kind} of {ctx.graph.icao}")
+        Restriction.objects.create(
+            kind=kind, target=target, session_id=ctx.session_id, tool_call=tool_call
+        )
+        label = dict(Restriction.Kind.choices)[kind]
+        return {"summary": f"{label}: {target}", "restriction": {"kind": kind, "target": target}}
+
+    return execute
+
+
+def _dispatch(what: str) -> Callable[[ToolContext, ToolCall], dict[str, Any]]:
+    def execute(ctx: ToolContext, tool_call: ToolCall) -> dict[str, Any]:
+        where = ", ".join(
+            f"{k} {v}" for k, v in tool_call.request_payload.items() if k != "message"
+        )
+        reference = f"{what.split()[0].upper()}-{tool_call.pk:05d}"
+        return {"summary": f"{what} ({where})" if where else what, "reference": reference}
+
+    return execute
+
+
+def execute_action(ctx: ToolContext, tool_call: ToolCall) -> dict[str, Any]:
+    args = tool_call.request_payload
+    graph = ctx.graph
+    name = tool_call.tool_name
+    if name == "close_taxiway":
+        taxiways = {n.taxiway for n in graph.nodes.values() if n.taxiway}
+        return _restrict("taxiway", args["taxiway"] in taxiways, args["taxiway"])(ctx, tool_call)
+    if name == "close_runway":
+        return _restrict("runway", args["runway"] in graph.runways, args["runway"])(ctx, tool_call)
+    if name == "suspend_stand_operations":
+        node = graph.nodes.get(args["stand"])
+        known = node is not None and node.kind == "stand"
+        return _restrict("stand", known, args["stand"])(ctx, tool_call)
+    if name == "notify_atc":
+        response = _dispatch("ATC notified")(ctx, tool_call)
+        response["message"] = args.get("message", "")
+        return response
+    descriptions = {
+        "dispatch_cleanup_crew": "Cleanup crew dispatched",
+        "request_fire_standby": "Fire and rescue on standby",
+        "runway_inspection": "Runway inspection ordered",
+        "fod_sweep": "FOD sweep ordered",
+        "tow_aircraft": "Tow requested",
+    }
+    if name not in descriptions or name not in ACTION_TOOLS:
+        raise ToolFailure(f"unknown action tool {name}")
+    return _dispatch(descriptions[name])(ctx, tool_call)
+
+
+def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
+    """Execute an approved (or R0) action exactly once: the row lock, the effect and the
+    completed status commit together, so a retried job finds it completed."""
+    with transaction.atomic():
+        tool_call = ToolCall.objects.select_for_update().get(pk=tool_call_id)
+        if tool_call.status not in (ToolCallStatus.APPROVED, ToolCallStatus.PROPOSED):
+            return tool_call
+        _started(ctx, tool_call)
+        started = time.monotonic()
+        try:
+            with transaction.atomic():
+                response = execute_action(ctx, tool_call)
+        except ToolFailure as exc:
+            _finished(ctx, tool_call, started, error=str(exc))
+        else:
+            _finished(ctx, tool_call, started, response=response)
+    return tool_call
+
+
+# --- recording ------------------------------------------------------------------------
+
+
+def _started(ctx: ToolContext, tool_call: ToolCall) -> None:
+    tool_call.attempts += 1
+    tool_call.status = ToolCallStatus.RUNNING
+    tool_call.agent_run = ctx.run
+    tool_call.save(update_fields=["attempts", "status", "agent_run"])
+    append_event(
+        ctx.session_id,
+        "tool.call_started",
+        {
+            "call_id": tool_call.call_id,
+            "tool_name": tool_call.tool_name,
+            "args": tool_call.request_payload,
+            "risk_level": tool_call.risk_class,
+            "agent_run_id": ctx.run.pk if ctx.run else None,
+        },
+        producer=ctx.producer,
+        run=ctx.run,
+    )
+
+
+def _finished(
+    ctx: ToolContext,
+    tool_call: ToolCall,
+    started: float,
+    *,
+    response: dict[str, Any] | None = None,
+    error: str = "",
+) -> None:
+    tool_call.duration_ms = int((time.monotonic() - started) * 1000)
+    tool_call.completed_at = timezone.now()
+    tool_call.status = ToolCallStatus.FAILED if error else ToolCallStatus.COMPLETED
+    tool_call.response_payload = response or {}
+    tool_call.error = error
+    tool_call.save(
+        update_fields=["duration_ms", "completed_at", "status", "response_payload", "error"]
+    )
+    append_event(
+        ctx.session_id,
+        "tool.call_failed" if error else "tool.call_completed",
+        {
+            "call_id": tool_call.call_id,
+            "tool_name": tool_call.tool_name,
+            "args": tool_call.request_payload,
+            "risk_level": tool_call.risk_class,
+            "duration_ms": tool_call.duration_ms,
+            "response": response or {},
+            "error": error,
+            "agent_run_id": ctx.run.pk if ctx.run else None,
+        },
+        producer=ctx.producer,
+        run=ctx.run,
+    )

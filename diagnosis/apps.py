@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class DiagnosisConfig(AppConfig):
+    name = "diagnosis"
+    verbose_name = "Incident sessions"
+
+    def ready(self) -> None:
+        from diagnosis.jobs import requeue_stalled_sessions
+        from diagnosis.maintenance import register
+
+        register("requeue-stalled-sessions", requeue_stalled_sessions)
+
+        # scenarios_admin may not import this app: the runtime that can run a scenario's
+        # example cases registers the publish-time self-check with it.
+        from diagnosis.selfcheck import publish_check as run_self_check
+        from scenarios_admin.signals import publish_check
+
+        publish_check.connect(run_self_check, dispatch_uid="diagnosis.selfcheck")

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from django import forms
+
+from diagnosis.actions import MAX_MESSAGE
+from scenarios_admin.models import Scenario
+
+
+class NewSessionForm(forms.Form):
+    scenario = forms.ModelChoiceField(
+        queryset=Scenario.objects.filter(is_active=True, versions__isnull=False).distinct(),
+        empty_label=None,
+    )
+    message = forms.CharField(
+        widget=forms.Textarea(
+            attrs={
+                "rows": 4,
+                "placeholder": (
+                    "Describe the incident in Chinese or English, "
+                    "e.g. CA1234 在105机位燃油泄漏，发动机仍在运转"
+                ),
+            }
+        ),
+        max_length=MAX_MESSAGE,
+        strip=True,
+        error_messages={"required": "Please describe the incident: the message is empty."},
+    )
+
+
+class AnswerForm(forms.Form):
+    message = forms.CharField(
+        max_length=MAX_MESSAGE,
+        strip=True,
+        error_messages={"required": "Please type an answer: the message is empty."},
+    )
+
+
+class LiftForm(forms.Form):
+    note = forms.CharField(
+        max_length=300,
+        strip=True,
+        error_messages={"required": "Say why the restriction is lifted (a note is required)."},
+    )

@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from typing import Any
+
+import django_rq
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
+
+from diagnosis.worker import AeroWorker
+
+
+class Command(BaseCommand):
+    help = "Run an AERO background worker (django-rq) on the AERO queue. Start as many as you like."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--burst", action="store_true", help="Exit when the queue is empty.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.REDIS_URL:
+            raise CommandError(
+                "REDIS_URL is not set: embedded mode runs jobs inside the web process"
+            )
+        queue = django_rq.get_queue(settings.AERO_QUEUE)
+        worker = AeroWorker([queue], connection=queue.connection)
+        connections.close_all()  # children fork from here
+        worker.work(burst=options["burst"])

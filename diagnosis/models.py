@@ -1,0 +1,306 @@
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from scenarios_admin.models import Scenario, ScenarioVersion
+
+
+class SessionStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    WAITING_USER = "waiting_user", "Waiting for people"
+    RETRYING = "retrying", "Retrying"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELED = "canceled", "Canceled"
+
+
+ENDED_STATUSES = frozenset({SessionStatus.COMPLETED, SessionStatus.FAILED, SessionStatus.CANCELED})
+
+# The session state machine (diagnosis tech plan §5.3). A decision or an answer puts a
+# waiting session back in the queue; a failed session may be retried by hand.
+SESSION_TRANSITIONS: dict[str, frozenset[str]] = {
+    # A resumed job may find the session still waiting (nothing new to resume with).
+    SessionStatus.QUEUED: frozenset({"running", "waiting_user", "canceled", "failed"}),
+    SessionStatus.RUNNING: frozenset(
+        {"waiting_user", "retrying", "completed", "failed", "canceled", "queued"}
+    ),
+    SessionStatus.WAITING_USER: frozenset({"queued", "running", "canceled", "failed"}),
+    SessionStatus.RETRYING: frozenset({"running", "failed", "canceled", "queued"}),
+    SessionStatus.FAILED: frozenset({"queued"}),
+    SessionStatus.COMPLETED: frozenset(),
+    SessionStatus.CANCELED: frozenset(),
+}
+
+
+class SessionQuerySet(models.QuerySet["Session"]):
+    def visible(self) -> SessionQuerySet:
+        return self.filter(deleted_at__isnull=True)
+
+
+class Session(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    scenario = models.ForeignKey(Scenario, on_delete=models.PROTECT, related_name="sessions")
+    scenario_version = models.ForeignKey(
+        ScenarioVersion, on_delete=models.PROTECT, related_name="sessions"
+    )
+    title = models.CharField(max_length=200)
+    language = models.CharField(max_length=2, default="en")
+    status = models.CharField(
+        max_length=16, choices=SessionStatus.choices, default=SessionStatus.QUEUED
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="incident_sessions"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    # Event sequence allocation: the last seq handed out (locked row, no gaps).
+    last_seq = models.PositiveBigIntegerField(default=0)
+    # What the agent currently knows (fields, risk, impact, enrichment, fsm, question):
+    # a materialised view of the event log for pages and the CLI.
+    snapshot = models.JSONField(default=dict)
+    # One job at a time per session: a lease in the database, not Redis.
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    job_attempts = models.PositiveSmallIntegerField(default=0)
+    failure = models.TextField(blank=True)
+
+    objects = SessionQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # session list filtered by status, newest first
+            models.Index(fields=["status", "-created_at"], name="session_status_created_idx"),
+            # history by scenario (problem type), newest first
+            models.Index(fields=["scenario", "-created_at"], name="session_scenario_created_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in SessionStatus]),
+                name="session_status_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.title
+
+    @property
+    def is_ended(self) -> bool:
+        return self.status in ENDED_STATUSES
+
+    @property
+    def group_name(self) -> str:
+        return f"session-{self.pk.hex}"
+
+    def can_transition(self, to: str) -> bool:
+        return to == self.status or to in SESSION_TRANSITIONS[self.status]
+
+
+class AgentRun(models.Model):
+    """One job's run of the agent (root) and each node execution under it (children)."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="runs")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    agent_name = models.CharField(max_length=64)
+    mode = models.CharField(max_length=16, default="react")
+    status = models.CharField(max_length=16, default="running")
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    input_snapshot = models.JSONField(default=dict)
+    output_summary = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        indexes = [
+            # agent tree of a session
+            models.Index(fields=["session", "parent", "status"], name="run_session_parent_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_name} ({self.status})"
+
+
+class ToolCallStatus(models.TextChoices):
+    PROPOSED = "proposed", "Proposed"
+    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    TIMEOUT = "timeout", "Timed out"
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    REFUSED = "refused", "Refused by compliance"
+
+
+class ToolCall(models.Model):
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls")
+    agent_run = models.ForeignKey(
+        AgentRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="tool_calls"
+    )
+    call_id = models.CharField(max_length=120, help_text="Stable id within the session.")
+    tool_name = models.CharField(max_length=64)
+    risk_class = models.CharField(max_length=2, default="R0")
+    is_action = models.BooleanField(default=False)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    request_payload = models.JSONField(default=dict)
+    response_payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=20, choices=ToolCallStatus.choices)
+    decision_reason = models.TextField(blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    position = models.PositiveSmallIntegerField(default=0, help_text="Order among actions.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            # session page: a session's tool calls, newest first
+            models.Index(fields=["session", "-created_at"], name="toolcall_session_created_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session", "call_id"], name="toolcall_session_call_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(risk_class__in=["R0", "R1", "R2", "R3"]),
+                name="toolcall_risk_class_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name}({self.request_payload})"
+
+    @property
+    def is_decided(self) -> bool:
+        return self.status not in (ToolCallStatus.PROPOSED, ToolCallStatus.AWAITING_APPROVAL)
+
+
+class LLMCall(models.Model):
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="llm_calls")
+    agent_run = models.ForeignKey(
+        AgentRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="llm_calls"
+    )
+    provider = models.CharField(max_length=80)
+    model = models.CharField(max_length=120)
+    purpose = models.CharField(max_length=32)
+    status = models.CharField(max_length=16, default="ok")
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    latency_ms = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.provider}/{self.model} {self.purpose}"
+
+
+class Event(models.Model):
+    """The spine: every state change of a session, with a per-session gap-free seq."""
+
+    id = models.BigAutoField(primary_key=True)
+    event_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=48)
+    ts = models.DateTimeField(auto_now_add=True)
+    payload = models.JSONField(default=dict)
+    trace_id = models.CharField(max_length=32, blank=True)
+    producer = models.CharField(max_length=64)
+    run = models.ForeignKey(
+        AgentRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [
+            # timeline pages and catch-up read "events of a session after seq N"
+            models.UniqueConstraint(fields=["session", "seq"], name="event_session_seq_unique"),
+        ]
+        indexes = [models.Index(fields=["ts"], name="event_ts_idx")]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.type}"
+
+    def as_envelope(self) -> dict[str, Any]:
+        return {
+            "event_id": str(self.event_id),
+            "session_id": str(self.session_id),
+            "type": self.type,
+            "ts": self.ts.isoformat(),
+            "seq": self.seq,
+            "payload": self.payload,
+        }
+
+
+class Report(models.Model):
+    session = models.OneToOneField(Session, on_delete=models.CASCADE, related_name="report")
+    language = models.CharField(max_length=2)
+    markdown = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"Report for {self.session_id}"
+
+
+class Restriction(models.Model):
+    """An operational closure or suspension an executed action put on the airport."""
+
+    class Kind(models.TextChoices):
+        RUNWAY = "runway", "Runway closed"
+        TAXIWAY = "taxiway", "Taxiway closed"
+        STAND = "stand", "Stand operations suspended"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    target = models.CharField(max_length=32)
+    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="restrictions")
+    tool_call = models.OneToOneField(ToolCall, on_delete=models.PROTECT, related_name="restriction")
+    created_at = models.DateTimeField(auto_now_add=True)
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lifted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    lift_note = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["kind", "target", "-created_at"]
+        indexes = [
+            # status board: active restrictions
+            models.Index(
+                fields=["kind", "target"],
+                condition=Q(lifted_at__isnull=True),
+                name="restriction_active_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()}: {self.target}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.lifted_at is None

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from diagnosis import views
+
+app_name = "diagnosis"
+
+urlpatterns = [
+    path("sessions/", views.session_list, name="session-list"),
+    path("sessions/new/", views.session_create, name="session-create"),
+    path("sessions/<uuid:session_id>/", views.session_detail, name="session-detail"),
+    path("sessions/<uuid:session_id>/answer/", views.session_answer, name="session-answer"),
+    path("sessions/<uuid:session_id>/cancel/", views.session_cancel, name="session-cancel"),
+    path("sessions/<uuid:session_id>/retry/", views.session_retry, name="session-retry"),
+    path("sessions/<uuid:session_id>/events/", views.session_events, name="session-events"),
+    path("sessions/<uuid:session_id>/report.md", views.session_report, name="session-report"),
+    path("airport/", views.airport_board, name="airport-board"),
+    path(
+        "airport/restrictions/<int:restriction_id>/lift/",
+        views.restriction_lift,
+        name="restriction-lift",
+    ),
+]

@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from aero.http import HtmxHttpRequest
+from aero.roles import MANAGE_AIRPORT, RUN_SESSIONS, VIEW_SESSIONS, has_role, role_required
+from diagnosis import actions, presenters
+from diagnosis.forms import AnswerForm, LiftForm, NewSessionForm
+from diagnosis.models import Report, Restriction, Session, SessionStatus
+from scenarios_admin.airport import load_active_graph
+
+
+def get_session_for_user(request: HtmxHttpRequest, session_id: UUID) -> Session:
+    """404 for unknown or deleted sessions; 403 for users whose role may not see them."""
+    session = get_object_or_404(
+        Session.objects.visible().select_related("scenario", "scenario_version", "created_by"),
+        pk=session_id,
+    )
+    if not has_role(request.user, VIEW_SESSIONS):
+        raise PermissionDenied("Your role does not allow viewing sessions.")
+    return session
+
+
+@require_GET
+@role_required(VIEW_SESSIONS)
+def session_list(request: HtmxHttpRequest) -> HttpResponse:
+    sessions = Session.objects.visible().select_related("scenario", "created_by")
+    status = request.GET.get("status", "")
+    if status:
+        sessions = sessions.filter(status=status)
+    return render(
+        request,
+        "diagnosis/session_list.html",
+        {
+            "sessions": sessions[:100],
+            "form": NewSessionForm(),
+            "status": status,
+            "status_choices": SessionStatus.choices,
+        },
+    )
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def session_create(request: HtmxHttpRequest) -> HttpResponse:
+    form = NewSessionForm(request.POST)
+    if form.is_valid():
+        try:
+            session = actions.do_create_session(
+                request.user, form.cleaned_data["scenario"], form.cleaned_data["message"]
+            )
+        except actions.ActionError as exc:
+            form.add_error(None, str(exc))
+        else:
+            return redirect("diagnosis:session-detail", session_id=session.pk)
+    sessions = Session.objects.visible().select_related("scenario", "created_by")[:100]
+    return render(
+        request,
+        "diagnosis/session_list.html",
+        {"sessions": sessions, "form": form, "status": "", "status_choices": SessionStatus.choices},
+        status=400,
+    )
+
+
+@require_GET
+@role_required(VIEW_SESSIONS)
+def session_detail(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    session = get_session_for_user(request, session_id)
+    context = presenters.session_context(session, request.user)
+    context["events"] = presenters.latest_events(session)
+    context["answer_form"] = AnswerForm()
+    return render(request, "diagnosis/session_detail.html", context)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def session_answer(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    session = get_session_for_user(request, session_id)
+    form = AnswerForm(request.POST)
+    error = ""
+    if form.is_valid():
+        try:
+            actions.do_answer(session.pk, request.user, form.cleaned_data["message"])
+        except actions.ActionError as exc:
+            error = str(exc)
+    else:
+        error = str(form.errors["message"][0])
+    return _back(request, session, error, "#session-composer", form)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def session_cancel(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    session = get_session_for_user(request, session_id)
+    error = ""
+    try:
+        actions.do_cancel(session.pk, request.user, request.POST.get("reason", "").strip())
+    except actions.ActionError as exc:
+        error = str(exc)
+    return _back(request, session, error)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def session_retry(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    session = get_session_for_user(request, session_id)
+    error = ""
+    try:
+        actions.do_retry(session.pk, request.user)
+    except actions.ActionError as exc:
+        error = str(exc)
+    return _back(request, session, error)
+
+
+def _back(
+    request: HtmxHttpRequest, session: Session, error: str, partial: str = "", form: Any = None
+) -> HttpResponse:
+    """After a POST: htmx gets the re-rendered partial (with the error); a plain form
+    post is redirected back to the page with the error as a message."""
+    if request.htmx and partial:
+        session.refresh_from_db()
+        context = presenters.session_context(session, request.user)
+        context["answer_form"] = form if (error and form is not None) else AnswerForm()
+        context["composer_error"] = error
+        return render(
+            request,
+            "diagnosis/session_detail.html" + partial,
+            context,
+            status=400 if error else 200,
+        )
+    if error:
+        messages.error(request, error)
+    return redirect("diagnosis:session-detail", session_id=session.pk)
+
+
+@require_GET
+@role_required(VIEW_SESSIONS)
+def session_events(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """The whole timeline, 200 events a page (keyset by seq): readable without JS."""
+    session = get_session_for_user(request, session_id)
+    try:
+        after = max(0, int(request.GET.get("after", "0")))
+    except ValueError:
+        after = 0
+    events = presenters.timeline(session, after=after)
+    template = "diagnosis/session_events.html"
+    if request.htmx:
+        template += "#timeline-events"
+    return render(
+        request,
+        template,
+        {
+            "session": session,
+            "events": events,
+            "after": after,
+            "next_after": events[-1].seq if len(events) == presenters.TIMELINE_PAGE else None,
+        },
+    )
+
+
+@require_GET
+@role_required(VIEW_SESSIONS)
+def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    session = get_session_for_user(request, session_id)
+    report = Report.objects.filter(session=session).first()
+    if report is None:
+        raise Http404("This session has no report yet.")
+    response = HttpResponse(report.markdown, content_type="text/markdown; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="aero-report-{session.pk}.md"'
+    return response
+
+
+@require_GET
+@role_required(VIEW_SESSIONS)
+def airport_board(request: HtmxHttpRequest) -> HttpResponse:
+    graph = load_active_graph()
+    active = list(Restriction.objects.filter(lifted_at__isnull=True).select_related("session"))
+    lifted = (
+        Restriction.objects.filter(lifted_at__isnull=False)
+        .select_related("session", "lifted_by")
+        .order_by("-lifted_at")[:20]
+    )
+    return render(
+        request,
+        "diagnosis/airport_board.html",
+        {
+            "board": presenters.airport_board(graph, active),
+            "map": presenters.impact_map(graph, None, active),
+            "recently_lifted": lifted,
+            "form": LiftForm(),
+            "can_manage_airport": has_role(request.user, MANAGE_AIRPORT),
+        },
+    )
+
+
+@require_POST
+@role_required(MANAGE_AIRPORT)
+def restriction_lift(request: HtmxHttpRequest, restriction_id: int) -> HttpResponse:
+    restriction = get_object_or_404(Restriction, pk=restriction_id)
+    form = LiftForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, str(form.errors["note"][0]))
+        return redirect("diagnosis:airport-board")
+    try:
+        actions.do_lift_restriction(restriction.pk, request.user, form.cleaned_data["note"])
+    except actions.ActionError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"{restriction} lifted.")
+    return redirect("diagnosis:airport-board")

@@ -1,0 +1,783 @@
+from __future__ import annotations
+
+import difflib
+import io
+import zipfile
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import F, OuterRef, QuerySet, Subquery
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+
+from aero.models import audit
+from scenarios_admin.actions import (
+    NothingToPublish,
+    ScenarioError,
+    do_import,
+    do_publish,
+    draft_status,
+    export_text,
+    run_publish_checks,
+)
+from scenarios_admin.admin_forms import (
+    CheckedInlineFormSet,
+    CrossCheck,
+    EdgeForm,
+    FieldValueForm,
+    FlightForm,
+    RiskRuleForm,
+    RunwayForm,
+    ScenarioActionForm,
+    ScenarioExampleForm,
+    ScenarioFieldForm,
+    ScenarioForm,
+    TopologyForm,
+    validate_scenario,
+    validate_topology,
+)
+from scenarios_admin.draft import assemble, renumber
+from scenarios_admin.models import (
+    FieldValue,
+    Flight,
+    ProviderConfig,
+    RiskRule,
+    Runway,
+    Scenario,
+    ScenarioAction,
+    ScenarioExample,
+    ScenarioField,
+    ScenarioVersion,
+    SpreadRadius,
+    Topology,
+    TopologyEdge,
+    TopologyNode,
+)
+from scenarios_admin.probe import probe
+from scenarios_admin.topology import data_of, topology_issues, topology_map
+from scenarios_admin.yamlio import dump_definition
+
+# --- scenarios: the draft, edited as rows -------------------------------------------------
+
+
+class FieldInline(admin.StackedInline[ScenarioField, Scenario]):
+    model = ScenarioField
+    form = ScenarioFieldForm
+    formset = CheckedInlineFormSet
+    extra = 0
+    verbose_name_plural = "Fields (the checklist: P1 fields are asked for before risk assessment)"
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    ("position", "name", "type", "priority"),
+                    ("label_zh", "label_en"),
+                    ("ask_zh", "ask_en"),
+                    "kinds",
+                    ("default", "measure_units", "measure_bands"),
+                ]
+            },
+        )
+    ]
+
+
+class ValueInline(admin.TabularInline[FieldValue, Scenario]):
+    model = FieldValue
+    form = FieldValueForm
+    formset = CheckedInlineFormSet
+    extra = 0
+    fields = ["position", "field", "value", "label_zh", "label_en", "synonyms", "fallback"]
+    verbose_name_plural = "Values of enum and bool fields, with the synonyms the extractor reads"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[FieldValue]:
+        field_position = ScenarioField.objects.filter(
+            scenario=OuterRef("scenario"), name=OuterRef("field")
+        ).values("position")[:1]
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(field_position=Subquery(field_position))
+            .order_by(F("field_position").asc(nulls_last=True), "field", "position", "id")
+        )
+
+
+class RuleInline(admin.TabularInline[RiskRule, Scenario]):
+    model = RiskRule
+    form = RiskRuleForm
+    formset = CheckedInlineFormSet
+    extra = 0
+    fields = ["position", "rule_id", "condition", "level", "score"]
+    verbose_name_plural = "Risk rules (first match wins; the last one has an empty condition)"
+
+
+class RadiusInline(admin.TabularInline[SpreadRadius, Scenario]):
+    model = SpreadRadius
+    formset = CheckedInlineFormSet
+    extra = 0
+    fields = ["key_value", "level", "hops"]
+    verbose_name_plural = "Spread radius (hops of the impact analysis, by value and level)"
+
+
+class ActionInline(admin.TabularInline[ScenarioAction, Scenario]):
+    model = ScenarioAction
+    form = ScenarioActionForm
+    formset = CheckedInlineFormSet
+    extra = 0
+    fields = ["position", "tool", "risk_class", "condition", "for_each", "args"]
+    verbose_name_plural = "Required actions (proposed in this order when their condition holds)"
+
+
+class ExampleInline(admin.TabularInline[ScenarioExample, Scenario]):
+    model = ScenarioExample
+    form = ScenarioExampleForm
+    formset = CheckedInlineFormSet
+    extra = 0
+    fields = ["position", "text", "expected_fields", "rule", "level", "actions"]
+    verbose_name_plural = "Example cases (the self-check: all must pass before publishing)"
+
+
+class ScenarioVersionInline(admin.TabularInline[ScenarioVersion, Scenario]):
+    model = ScenarioVersion
+    fields = ("number", "published_at", "published_by", "note", "links")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    verbose_name_plural = "Published versions (immutable; sessions pin the one they start with)"
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="")
+    def links(self, obj: ScenarioVersion) -> str:
+        return version_links(obj)
+
+
+def version_links(version: ScenarioVersion) -> str:
+    diff = reverse("admin:scenarios_admin_scenario_diff", args=[version.scenario_id])
+    export = reverse("admin:scenarios_admin_scenario_export", args=[version.scenario_id])
+    if version.number > 1:
+        return format_html(
+            '<a href="{}?a={}&amp;b={}">changes since v{}</a> · <a href="{}?version={}">YAML</a>',
+            diff,
+            version.number - 1,
+            version.number,
+            version.number - 1,
+            export,
+            version.number,
+        )
+    return format_html('<a href="{}?version={}">YAML</a>', export, version.number)
+
+
+class PublishForm(forms.Form):
+    note = forms.CharField(
+        max_length=200, required=False, help_text="What changed (shown in the version list)."
+    )
+
+
+class ImportForm(forms.Form):
+    file = forms.FileField(help_text="One scenario as exported (UTF-8 YAML).")
+    publish = forms.BooleanField(
+        required=False, help_text="Publish it too (after validation and the self-check)."
+    )
+    note = forms.CharField(max_length=200, required=False)
+
+
+@admin.register(Scenario)
+class ScenarioAdmin(admin.ModelAdmin[Scenario]):
+    """A scenario's draft is edited here; publishing freezes it as a numbered version."""
+
+    form = ScenarioForm
+    list_display = ["slug", "name_en", "name_zh", "kind", "is_active", "latest", "draft"]
+    list_filter = ["kind", "is_active"]
+    search_fields = ["slug", "name_en", "name_zh"]
+    actions = ["export_yaml"]
+    inlines = [
+        FieldInline,
+        ValueInline,
+        RuleInline,
+        RadiusInline,
+        ActionInline,
+        ExampleInline,
+        ScenarioVersionInline,
+    ]
+    fieldsets = [
+        (None, {"fields": ["slug", ("name_zh", "name_en"), "kind", "is_active"]}),
+        ("LLM providers", {"classes": ["collapse"], "fields": ["system_prompt"]}),
+        ("Impact analysis", {"fields": [("impact_start", "radius_key", "default_radius")]}),
+        (
+            "Compliance state machine",
+            {
+                "description": "The six states a session passes through, in order. The "
+                "agent may only assess risk once all P1 fields are known, propose actions "
+                "after the impact analysis, and report once every action is decided.",
+                "fields": [("state_1", "state_2", "state_3"), ("state_4", "state_5", "state_6")],
+            },
+        ),
+        ("Report template", {"fields": ["report_template_zh", "report_template_en"]}),
+    ]
+
+    @admin.display(description="Published")
+    def latest(self, obj: Scenario) -> str:
+        version = obj.latest_version()
+        return f"v{version.number}" if version else "—"
+
+    @admin.display(description="Draft")
+    def draft(self, obj: Scenario) -> str:
+        return draft_status_text(obj, short=True)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # The slug names the scenario in every published version and session.
+        return ["slug"] if obj is not None else []
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        check = CrossCheck.of(request, validate_scenario)
+        return type(form.__name__, (form,), {"cross_check": check})
+
+    def get_formset_kwargs(
+        self, request: HttpRequest, obj: Any, inline: Any, prefix: str
+    ) -> dict[str, Any]:
+        kwargs = super().get_formset_kwargs(request, obj, inline, prefix)
+        if issubclass(inline.formset, CheckedInlineFormSet):
+            kwargs["cross_check"] = CrossCheck.of(request, validate_scenario)
+        return kwargs
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        renumber(form.instance)
+        latest, changed = draft_status(form.instance)
+        if changed:
+            serving = f"version {latest.number}" if latest else "no version (never published)"
+            self.message_user(
+                request,
+                f"Draft saved. New sessions keep using {serving} until you publish.",
+                messages.INFO,
+            )
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        check: CrossCheck | None = getattr(request, "_aero_cross_check", None)
+        context["draft_issues"] = check.summary if check is not None else []
+        if obj is not None:
+            context["draft_status"] = draft_status_text(obj)
+            context["can_publish"] = self._can_publish(request, obj)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _can_publish(self, request: HttpRequest, obj: Scenario) -> bool:
+        return self.has_change_permission(request, obj) and request.user.has_perm(
+            "scenarios_admin.add_scenarioversion"
+        )
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("import/", view(self.import_view), name="scenarios_admin_scenario_import"),
+            path(
+                "<path:object_id>/publish/",
+                view(self.publish_view),
+                name="scenarios_admin_scenario_publish",
+            ),
+            path(
+                "<path:object_id>/diff/", view(self.diff_view), name="scenarios_admin_scenario_diff"
+            ),
+            path(
+                "<path:object_id>/export/",
+                view(self.export_view),
+                name="scenarios_admin_scenario_export",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _scenario(self, request: HttpRequest, object_id: str) -> Scenario:
+        scenario = self.get_object(request, object_id)
+        if scenario is None:
+            raise Http404("No such scenario.")
+        return scenario
+
+    def _page(self, request: HttpRequest, template: str, **context: Any) -> TemplateResponse:
+        return TemplateResponse(
+            request,
+            f"admin/scenarios_admin/scenario/{template}",
+            {**self.admin_site.each_context(request), "opts": self.opts, **context},
+        )
+
+    def publish_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        scenario = self._scenario(request, object_id)
+        if not self._can_publish(request, scenario):
+            raise PermissionDenied
+        change_url = reverse("admin:scenarios_admin_scenario_change", args=[scenario.pk])
+        form = PublishForm(request.POST or None)
+        refused: ScenarioError | None = None
+        if request.method == "POST" and form.is_valid():
+            try:
+                version = do_publish(scenario, user=request.user, note=form.cleaned_data["note"])
+            except NothingToPublish as exc:
+                self.message_user(request, exc.message, messages.WARNING)
+                return HttpResponseRedirect(change_url)
+            except ScenarioError as exc:
+                refused = exc
+            else:
+                self.message_user(
+                    request,
+                    f"Published {scenario.slug} version {version.number}. New sessions use it "
+                    "now; sessions already running keep the version they started with.",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(change_url)
+        definition, issues = assemble(scenario)
+        failures = [] if issues else run_publish_checks(definition)
+        latest = scenario.latest_version()
+        diff = (
+            []
+            if issues
+            else _diff(latest, "draft", latest_yaml(latest), dump_definition(definition))
+        )
+        return self._page(
+            request,
+            "publish.html",
+            title=f"Publish {scenario.slug}",
+            original=scenario,
+            form=form,
+            refused=refused,
+            issues=[str(i) for i in issues],
+            failures=failures,
+            latest=latest,
+            diff=diff,
+            unchanged=not issues and latest is not None and not any(diff),
+            cases=len(definition.get("examples", [])),
+        )
+
+    def diff_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        scenario = self._scenario(request, object_id)
+        if not self.has_view_permission(request, scenario):
+            raise PermissionDenied
+        numbers = list(scenario.versions.order_by("number").values_list("number", flat=True))
+        choices = [str(n) for n in numbers] + ["draft"]
+        _, changed = draft_status(scenario)
+        default_b = "draft" if changed or not numbers else str(numbers[-1])
+        default_a = (
+            str(numbers[-1])
+            if changed and numbers
+            else (str(numbers[-2]) if len(numbers) > 1 else choices[0])
+        )
+        a = request.GET.get("a", default_a)
+        b = request.GET.get("b", default_b)
+        if a not in choices or b not in choices:
+            raise Http404("No such version.")
+        texts = {}
+        problems: list[str] = []
+        for side in (a, b):
+            try:
+                texts[side] = (
+                    export_text(scenario, None, draft=True)
+                    if side == "draft"
+                    else (export_text(scenario, int(side)))
+                )
+            except ScenarioError as exc:
+                texts[side] = ""
+                problems = exc.problems
+        return self._page(
+            request,
+            "diff.html",
+            title=f"Compare versions of {scenario.slug}",
+            original=scenario,
+            choices=choices,
+            a=a,
+            b=b,
+            problems=problems,
+            diff=_diff_lines(_label(a), _label(b), texts[a], texts[b]),
+        )
+
+    def export_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        scenario = self._scenario(request, object_id)
+        if not self.has_view_permission(request, scenario):
+            raise PermissionDenied
+        version = request.GET.get("version")
+        try:
+            text = export_text(
+                scenario,
+                int(version) if version and version.isdigit() else None,
+                draft="draft" in request.GET,
+            )
+        except ScenarioError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+            return HttpResponseRedirect(
+                reverse("admin:scenarios_admin_scenario_change", args=[scenario.pk])
+            )
+        return yaml_response({f"{scenario.slug}.yaml": text})
+
+    @admin.action(description="Export selected scenarios as YAML", permissions=["view"])
+    def export_yaml(self, request: HttpRequest, queryset: QuerySet[Scenario]) -> HttpResponse:
+        files = {}
+        for scenario in queryset.order_by("slug"):
+            # The newest published version; a never-published scenario exports its draft.
+            draft = scenario.latest_version() is None
+            try:
+                files[f"{scenario.slug}.yaml"] = export_text(scenario, draft=draft)
+            except ScenarioError as exc:
+                self.message_user(request, f"{scenario.slug}: {exc.message}", messages.ERROR)
+                return HttpResponseRedirect(request.get_full_path())
+        return yaml_response(files)
+
+    def import_view(self, request: HttpRequest) -> HttpResponse:
+        if not (self.has_add_permission(request) and self.has_change_permission(request)):
+            raise PermissionDenied
+        form = ImportForm(request.POST or None, request.FILES or None)
+        refused: ScenarioError | None = None
+        if request.method == "POST" and form.is_valid():
+            upload = form.cleaned_data["file"]
+            publish = form.cleaned_data["publish"]
+            if publish and not request.user.has_perm("scenarios_admin.add_scenarioversion"):
+                raise PermissionDenied
+            try:
+                text = upload.read().decode("utf-8")
+            except UnicodeDecodeError:
+                refused = ScenarioError("The file is not UTF-8 text. Nothing was changed.")
+            else:
+                try:
+                    result = do_import(
+                        text,
+                        source=upload.name,
+                        user=request.user,
+                        publish=publish,
+                        note=form.cleaned_data["note"],
+                    )
+                except ScenarioError as exc:
+                    refused = exc
+                else:
+                    verb = "created" if result.created else "replaced"
+                    done = f"Imported {result.scenario.slug}: draft {verb}"
+                    if result.version is not None:
+                        done += f", published version {result.version.number}"
+                    elif result.unchanged:
+                        done += ", unchanged from the newest version"
+                    self.message_user(request, done + ".", messages.SUCCESS)
+                    return HttpResponseRedirect(
+                        reverse("admin:scenarios_admin_scenario_change", args=[result.scenario.pk])
+                    )
+        return self._page(
+            request, "import.html", title="Import a scenario", form=form, refused=refused
+        )
+
+
+def latest_yaml(version: ScenarioVersion | None) -> str:
+    return dump_definition(version.definition) if version is not None else ""
+
+
+def _label(side: str) -> str:
+    return "draft" if side == "draft" else f"v{side}"
+
+
+def _diff(
+    latest: ScenarioVersion | None, side: str, before: str, after: str
+) -> list[dict[str, str]]:
+    return _diff_lines(
+        f"v{latest.number}" if latest else "(nothing published)", side, before, after
+    )
+
+
+def _diff_lines(a: str, b: str, before: str, after: str) -> list[dict[str, str]]:
+    lines = difflib.unified_diff(
+        before.splitlines(), after.splitlines(), fromfile=a, tofile=b, lineterm="", n=3
+    )
+    kinds = {"+": "added", "-": "removed", "@": "hunk"}
+    return [
+        {
+            "text": line,
+            "kind": "file" if line.startswith(("+++", "---")) else kinds.get(line[:1], ""),
+        }
+        for line in lines
+    ]
+
+
+def yaml_response(files: dict[str, str]) -> HttpResponse:
+    """One scenario: its .yaml file; several: a zip with one file per scenario."""
+    if len(files) == 1:
+        ((name, text),) = files.items()
+        response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    response = HttpResponse(buffer.getvalue(), content_type="application/zip")
+    response["Content-Disposition"] = 'attachment; filename="scenarios.zip"'
+    return response
+
+
+def draft_status_text(scenario: Scenario, *, short: bool = False) -> str:
+    latest, changed = draft_status(scenario)
+    if latest is None:
+        return "never published" if short else "This scenario has never been published."
+    if not changed:
+        return (
+            f"= v{latest.number}"
+            if short
+            else (f"The draft is the same as version {latest.number}, which new sessions use.")
+        )
+    return (
+        "unpublished changes"
+        if short
+        else (
+            f"The draft has changes that are not published: new sessions use version "
+            f"{latest.number} until you publish."
+        )
+    )
+
+
+@admin.register(ScenarioVersion)
+class ScenarioVersionAdmin(admin.ModelAdmin[ScenarioVersion]):
+    """Published versions are immutable: shown, never edited."""
+
+    list_display = ["scenario", "number", "published_at", "published_by", "note"]
+    list_filter = ["scenario"]
+    readonly_fields = [
+        "scenario",
+        "number",
+        "published_at",
+        "published_by",
+        "note",
+        "checksum",
+        "links",
+        "as_yaml",
+    ]
+    exclude = ["definition"]
+
+    @admin.display(description="Compare and download")
+    def links(self, obj: ScenarioVersion) -> str:
+        return version_links(obj)
+
+    @admin.display(description="Definition (YAML)")
+    def as_yaml(self, obj: ScenarioVersion) -> str:
+        return format_html("<pre>{}</pre>", dump_definition(obj.definition))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+# --- airport topology --------------------------------------------------------------------
+
+
+class TopologyNodeInline(admin.TabularInline[TopologyNode, Topology]):
+    model = TopologyNode
+    formset = CheckedInlineFormSet
+    fields = ["node_id", "kind", "runway", "x", "y"]
+    extra = 0
+    verbose_name_plural = "Nodes (stands, taxiway nodes, runway nodes; x/y place them on the map)"
+
+
+class TopologyEdgeInline(admin.TabularInline[TopologyEdge, Topology]):
+    model = TopologyEdge
+    form = EdgeForm
+    formset = CheckedInlineFormSet
+    fields = ["source_id", "target_id"]
+    extra = 0
+    verbose_name_plural = "Edges (undirected; name the two nodes)"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TopologyEdge]:
+        return super().get_queryset(request).select_related("source", "target").order_by("id")
+
+
+class RunwayInline(admin.TabularInline[Runway, Topology]):
+    model = Runway
+    form = RunwayForm
+    formset = CheckedInlineFormSet
+    fields = ["designator", "reference_id"]
+    extra = 0
+    verbose_name_plural = "Runways and their reference nodes"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Runway]:
+        return super().get_queryset(request).select_related("reference_node")
+
+
+class FlightInline(admin.TabularInline[Flight, Topology]):
+    model = Flight
+    form = FlightForm
+    formset = CheckedInlineFormSet
+    fields = [
+        "flight_no",
+        "airline",
+        "aircraft",
+        "registration",
+        "stand_id",
+        "std",
+        "destination",
+        "pax",
+    ]
+    extra = 0
+    verbose_name_plural = "Flights (the flight information the agent looks up)"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Flight]:
+        return super().get_queryset(request).select_related("stand")
+
+
+@admin.register(Topology)
+class TopologyAdmin(admin.ModelAdmin[Topology]):
+    """The airport graph, edited and validated as a whole (no dangling edges, duplicate
+    ids or unreachable nodes), and drawn as the map the session pages show."""
+
+    form = TopologyForm
+    list_display = ["icao", "name", "is_active", "updated_at"]
+    inlines = [TopologyNodeInline, TopologyEdgeInline, RunwayInline, FlightInline]
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        check = CrossCheck.of(request, validate_topology)
+        return type(form.__name__, (form,), {"cross_check": check})
+
+    def get_formset_kwargs(
+        self, request: HttpRequest, obj: Any, inline: Any, prefix: str
+    ) -> dict[str, Any]:
+        kwargs = super().get_formset_kwargs(request, obj, inline, prefix)
+        kwargs["cross_check"] = CrossCheck.of(request, validate_topology)
+        return kwargs
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """Nodes first (edges, runways and flights name them), node deletions last, after
+        the rows that named them were saved or deleted."""
+        form.save_m2m()
+        nodes, *others = formsets
+        nodes.save(commit=False)
+        for node in [*nodes.new_objects, *(obj for obj, _ in nodes.changed_objects)]:
+            node.save()
+        for formset in others:
+            self.save_formset(request, form, formset, change)
+        for node in nodes.deleted_objects:
+            node.delete()
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        check: CrossCheck | None = getattr(request, "_aero_cross_check", None)
+        context["graph_issues"] = check.summary if check is not None else []
+        if obj is not None and obj.pk:
+            context["map"] = topology_map(obj)
+            context["saved_issues"] = [str(i) for i in topology_issues(data_of(obj))]
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+class FlightAdminForm(forms.ModelForm[Flight]):
+    class Meta:
+        model = Flight
+        fields = [
+            "topology",
+            "flight_no",
+            "airline",
+            "aircraft",
+            "registration",
+            "stand",
+            "std",
+            "destination",
+            "pax",
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        stand, topology = cleaned.get("stand"), cleaned.get("topology")
+        if stand is None or topology is None:
+            return cleaned
+        if stand.kind != "stand" or stand.topology_id != topology.pk:
+            self.add_error("stand", f"{stand.node_id} is not a stand of {topology}.")
+        return cleaned
+
+
+@admin.register(Flight)
+class FlightAdmin(admin.ModelAdmin[Flight]):
+    form = FlightAdminForm
+    list_display = ["flight_no", "airline", "aircraft", "stand", "std", "destination", "pax"]
+    list_filter = ["topology", "airline"]
+    search_fields = ["flight_no", "registration"]
+
+
+class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
+    # Write-only: the stored key is never rendered back; leave empty to keep it.
+    api_key = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Write only. Leave empty to keep the current key.",
+    )
+    clear_api_key = forms.BooleanField(required=False, help_text="Remove the stored key.")
+
+    class Meta:
+        model = ProviderConfig
+        fields = [
+            "name",
+            "kind",
+            "base_url",
+            "model",
+            "price_input_per_1k",
+            "price_output_per_1k",
+            "timeout_seconds",
+            "retries",
+            "priority",
+            "enabled",
+        ]
+
+    def save(self, commit: bool = True) -> ProviderConfig:
+        config = super().save(commit=False)
+        if self.cleaned_data.get("clear_api_key"):
+            config.set_api_key("")
+        elif self.cleaned_data.get("api_key"):
+            config.set_api_key(self.cleaned_data["api_key"])
+        if commit:
+            config.save()
+        return config
+
+
+@admin.register(ProviderConfig)
+class ProviderConfigAdmin(admin.ModelAdmin[ProviderConfig]):
+    form = ProviderConfigForm
+    list_display = ["name", "kind", "model", "base_url", "priority", "enabled", "has_key"]
+    list_filter = ["kind", "enabled"]
+    actions = ["test_connection"]
+
+    @admin.display(boolean=True, description="API key set")
+    def has_key(self, obj: ProviderConfig) -> bool:
+        return bool(obj.api_key_encrypted)
+
+    @admin.action(description="Test connection (one tiny chat completion)", permissions=["change"])
+    def test_connection(self, request: HttpRequest, queryset: QuerySet[ProviderConfig]) -> None:
+        for config in queryset.order_by("priority", "name"):
+            result = probe(config)
+            audit(
+                "provider.tested",
+                obj=config,
+                actor=request.user,
+                detail={"ok": result.ok, "message": result.message},
+            )
+            level = messages.SUCCESS if result.ok else messages.ERROR
+            outcome = "OK" if result.ok else "failed"
+            self.message_user(request, f"{config.name}: {outcome}: {result.message}", level)

@@ -1,0 +1,550 @@
+"""Forms of the scenario and topology admin, and the cross-check that validates a change
+form with all its inline rows as one document before anything is saved."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest
+
+from scenarios_admin.definition import ACTION_TOOLS, IMPACT_LISTS, NODE_KINDS, Issue
+from scenarios_admin.draft import ROWS, SCENARIO_COLUMNS, Draft, check_draft, split_list
+from scenarios_admin.models import Scenario
+
+COMPLIANCE_LABELS = (
+    "1. start",
+    "2. all P1 fields known",
+    "3. risk assessed",
+    "4. impact analysed",
+    "5. actions decided",
+    "6. reported",
+)
+
+
+# --- the cross-check ----------------------------------------------------------------------
+
+
+class CrossCheck:
+    """Validates a change form and its inline formsets together, once each has validated
+    its own rows. The admin passes one CrossCheck per request to the form and to every
+    checked formset; the first formset to clean runs it (Django validates the form, then
+    the formsets in order, then saves only if all are valid). Errors land on the rows and
+    columns they concern, and a summary is kept for the top of the page."""
+
+    def __init__(self, validate: Callable[[CrossCheck], list[str]]) -> None:
+        self.validate = validate
+        self.form: forms.ModelForm[Any] | None = None
+        self.formsets: list[CheckedInlineFormSet] = []
+        self.summary: list[str] = []
+        self._state = "new"
+
+    @classmethod
+    def of(cls, request: HttpRequest, validate: Callable[[CrossCheck], list[str]]) -> CrossCheck:
+        check: CrossCheck | None = getattr(request, "_aero_cross_check", None)
+        if check is None:
+            check = cls(validate)
+            request._aero_cross_check = check  # type: ignore[attr-defined]
+        return check
+
+    def formset(self, model: type[Any]) -> CheckedInlineFormSet | None:
+        return next((fs for fs in self.formsets if fs.model is model), None)
+
+    def run(self) -> None:
+        if self._state != "new":
+            return
+        self._state = "running"
+        try:
+            # Row-level errors first: the document is only checked when every row is valid.
+            rows_valid = all([fs.is_valid() for fs in self.formsets])
+            if self.form is None or not self.form.is_valid() or not rows_valid:
+                return
+            self.summary = self.validate(self)
+        finally:
+            self._state = "done"
+        if self.summary:
+            raise ValidationError(
+                f"Nothing was saved: {len(self.summary)} problem(s), listed at the top of the "
+                "page and marked on their rows."
+            )
+
+
+class CheckedInlineFormSet(BaseInlineFormSet):
+    def __init__(self, *args: Any, cross_check: CrossCheck | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cross_check = cross_check
+        if cross_check is not None:
+            cross_check.formsets.append(self)
+
+    def clean(self) -> None:
+        super().clean()
+        if self.cross_check is not None:
+            self.cross_check.run()
+
+    def live_forms(self) -> list[forms.ModelForm[Any]]:
+        """The rows the save would keep, in their display order (position, then as listed)."""
+        live = [
+            form
+            for form in self.forms
+            if not (self.can_delete and form.cleaned_data.get("DELETE", False))
+            and (form.instance.pk is not None or form.has_changed())
+        ]
+        if "position" in self.form.base_fields:
+            indexed = list(enumerate(live))
+            indexed.sort(
+                key=lambda pair: (
+                    pair[1].cleaned_data.get("position") is None,
+                    pair[1].cleaned_data.get("position") or 0,
+                    pair[0],
+                )
+            )
+            live = [form for _, form in indexed]
+        return live
+
+
+# --- scenario draft -----------------------------------------------------------------------
+
+
+class DraftForm(forms.ModelForm[Any]):
+    """Browsers submit textarea line breaks as CRLF; the draft keeps LF, so saving a page
+    without changes leaves the draft exactly as it was."""
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        for name, value in cleaned.items():
+            if isinstance(value, str):
+                cleaned[name] = value.replace("\r\n", "\n")
+        return cleaned
+
+
+class KindsField(forms.MultipleChoiceField):
+    """Node kinds as checkboxes, stored as "stand, taxiway"."""
+
+    widget = forms.CheckboxSelectMultiple
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.pop("max_length", None)
+        kwargs.pop("empty_value", None)
+        super().__init__(choices=[(k, k) for k in NODE_KINDS], required=False, **kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        return split_list(value) if isinstance(value, str) else value
+
+    def clean(self, value: Any) -> str:
+        return ", ".join(super().clean(value))
+
+    def has_changed(self, initial: Any, data: Any) -> bool:
+        before = split_list(initial) if isinstance(initial, str) else list(initial or [])
+        return set(before) != set(data or [])
+
+
+class ScenarioFieldForm(DraftForm):
+    kinds = KindsField(help_text="Position fields: node kinds accepted (none ticked: all).")
+
+    class Meta:
+        widgets = {
+            "ask_zh": forms.Textarea(attrs={"rows": 2, "cols": 50}),
+            "ask_en": forms.Textarea(attrs={"rows": 2, "cols": 50}),
+        }
+
+
+class FieldValueForm(DraftForm):
+    class Meta:
+        widgets = {
+            "synonyms": forms.Textarea(attrs={"rows": 2, "cols": 40}),
+            "fallback": forms.Textarea(attrs={"rows": 1, "cols": 20}),
+            "field": forms.TextInput(attrs={"size": 16}),
+            "value": forms.TextInput(attrs={"size": 14}),
+        }
+
+
+class RiskRuleForm(DraftForm):
+    class Meta:
+        widgets = {"condition": forms.TextInput(attrs={"size": 70})}
+
+
+class ScenarioActionForm(DraftForm):
+    tool = forms.ChoiceField(choices=[("", "---------"), *[(t, t) for t in sorted(ACTION_TOOLS)]])
+    for_each = forms.ChoiceField(
+        choices=[("", "(once)"), *[(f"impact.{n}", f"each of impact.{n}") for n in IMPACT_LISTS]],
+        required=False,
+        help_text="One action per item of an impact list ({item} in the arguments).",
+    )
+
+    class Meta:
+        widgets = {
+            "condition": forms.TextInput(attrs={"size": 40}),
+            "args": forms.Textarea(attrs={"rows": 2, "cols": 50}),
+        }
+
+
+class ScenarioExampleForm(DraftForm):
+    class Meta:
+        widgets = {
+            "text": forms.Textarea(attrs={"rows": 2, "cols": 40}),
+            "expected_fields": forms.Textarea(attrs={"rows": 2, "cols": 40}),
+            "actions": forms.Textarea(attrs={"rows": 2, "cols": 30}),
+            "rule": forms.TextInput(attrs={"size": 8}),
+        }
+
+
+def _state_field(number: int) -> forms.CharField:
+    return forms.CharField(
+        label=COMPLIANCE_LABELS[number - 1],
+        max_length=40,
+        widget=forms.TextInput(attrs={"size": 18}),
+    )
+
+
+class ScenarioForm(DraftForm):
+    """The scenario's own fields, with the six compliance states as six inputs."""
+
+    cross_check: CrossCheck | None = None
+    state_1 = _state_field(1)
+    state_2 = _state_field(2)
+    state_3 = _state_field(3)
+    state_4 = _state_field(4)
+    state_5 = _state_field(5)
+    state_6 = _state_field(6)
+
+    class Meta:
+        model = Scenario
+        fields = [
+            "slug",
+            "name_zh",
+            "name_en",
+            "kind",
+            "is_active",
+            "system_prompt",
+            "impact_start",
+            "radius_key",
+            "default_radius",
+            "report_template_zh",
+            "report_template_en",
+        ]
+        widgets = {
+            "system_prompt": forms.Textarea(attrs={"rows": 5, "cols": 100}),
+            "report_template_zh": forms.Textarea(attrs={"rows": 16, "cols": 100}),
+            "report_template_en": forms.Textarea(attrs={"rows": 16, "cols": 100}),
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in ("system_prompt", "report_template_zh", "report_template_en"):
+            field = self.fields.get(name)
+            if isinstance(field, forms.CharField):
+                field.strip = False  # a template's final newline is part of it
+        states = list(self.instance.compliance_states or [])
+        for i in range(len(COMPLIANCE_LABELS)):
+            if i < len(states):
+                self.fields[f"state_{i + 1}"].initial = states[i]
+        if self.cross_check is not None:
+            self.cross_check.form = self
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        self.instance.compliance_states = [
+            str(cleaned.get(f"state_{i + 1}", "")).strip() for i in range(len(COMPLIANCE_LABELS))
+        ]
+        return cleaned
+
+
+# Where a path of the definition is edited: (draft part, column) per leading key.
+FIELD_COLUMNS = {
+    "label.zh": "label_zh",
+    "label.en": "label_en",
+    "label": "label_zh",
+    "ask.zh": "ask_zh",
+    "ask.en": "ask_en",
+    "type": "type",
+    "priority": "priority",
+    "kinds": "kinds",
+    "default": "default",
+    "measure.units": "measure_units",
+    "measure.bands": "measure_bands",
+    "measure": "measure_bands",
+}
+VALUE_COLUMNS = {"label": "label_zh", "synonyms": "synonyms", "fallback": "fallback"}
+RULE_COLUMNS = {"id": "rule_id", "when": "condition", "level": "level", "score": "score"}
+ACTION_COLUMNS = {
+    "tool": "tool",
+    "risk_class": "risk_class",
+    "when": "condition",
+    "for_each": "for_each",
+    "args": "args",
+}
+EXAMPLE_COLUMNS = {
+    "text": "text",
+    "fields": "expected_fields",
+    "rule": "rule",
+    "level": "level",
+    "actions": "actions",
+}
+SCENARIO_PATHS = {
+    "slug": "slug",
+    "name.zh": "name_zh",
+    "name.en": "name_en",
+    "kind": "kind",
+    "system_prompt": "system_prompt",
+    "impact.start": "impact_start",
+    "impact.radius_key": "radius_key",
+    "impact.default_radius": "default_radius",
+    "compliance.states": "state_1",
+    "report_template.zh": "report_template_zh",
+    "report_template.en": "report_template_en",
+}
+_INDEXED = re.compile(r"^(risk_rules|actions|examples)\[(\d+)\](?:\.(.*))?$")
+
+
+def _column(rest: str, columns: dict[str, str]) -> str | None:
+    for prefix in sorted(columns, key=len, reverse=True):
+        if rest == prefix or rest.startswith((prefix + ".", prefix + "[")):
+            return columns[prefix]
+    return None
+
+
+def _place(
+    form: forms.BaseForm, column: str | None, message: str, label: str, verbose: str = ""
+) -> str:
+    if column is not None and column in form.fields:
+        form.add_error(column, message)
+        verbose = verbose or str(form.fields[column].label or column)
+        return f"{label}, {verbose.lower()}: {message}"
+    form.add_error(None, message)
+    return f"{label}: {message}"
+
+
+def validate_scenario(check: CrossCheck) -> list[str]:
+    """The draft the page describes, checked as a whole (scenarios_admin.draft.check_draft)."""
+    form = check.form
+    assert form is not None
+    draft = Draft({column: getattr(form.instance, column) for column in SCENARIO_COLUMNS})
+    live: dict[str, list[forms.ModelForm[Any]]] = {}
+    for part, (model, columns) in ROWS.items():
+        formset = check.formset(model)
+        live[part] = formset.live_forms() if formset is not None else []
+        for row_form in live[part]:
+            draft.part(part).append({c: row_form.cleaned_data.get(c) for c in columns})
+    _, issues = check_draft(draft)
+
+    fields = {f.cleaned_data["name"]: f for f in live["fields"]}
+    values = {(f.cleaned_data["field"], f.cleaned_data["value"]): f for f in live["values"]}
+    radii = {(f.cleaned_data["key_value"], f.cleaned_data["level"]): f for f in live["radii"]}
+    indexed = {
+        "risk_rules": live["rules"],
+        "actions": live["actions"],
+        "examples": live["examples"],
+    }
+    summary = []
+    for issue in issues:
+        summary.append(
+            _place_issue(issue, form, fields, values, radii, indexed)
+            or _place(form, None, issue.message, f"Scenario, {issue.path}")
+        )
+    return summary
+
+
+def _place_issue(
+    issue: Issue,
+    form: forms.BaseForm,
+    fields: dict[str, forms.ModelForm[Any]],
+    values: dict[tuple[str, str], forms.ModelForm[Any]],
+    radii: dict[tuple[str, str], forms.ModelForm[Any]],
+    indexed: dict[str, list[forms.ModelForm[Any]]],
+) -> str | None:
+    path, message = issue.path, issue.message
+    if path in SCENARIO_PATHS or any(path.startswith(p + ".") for p in SCENARIO_PATHS):
+        key = next(p for p in sorted(SCENARIO_PATHS, key=len, reverse=True) if path.startswith(p))
+        verbose = "compliance states" if key == "compliance.states" else ""
+        return _place(form, SCENARIO_PATHS[key], message, "Scenario", verbose)
+    match = _INDEXED.match(path)
+    if match:
+        part, index, rest = match.group(1), int(match.group(2)), match.group(3) or ""
+        rows = indexed[part]
+        if index < len(rows):
+            row = rows[index]
+            if part == "risk_rules":
+                label = f"Risk rule {row.cleaned_data['rule_id']} (row {index + 1})"
+                return _place(row, _column(rest, RULE_COLUMNS), message, label)
+            if part == "actions":
+                label = f"Action {row.cleaned_data['tool']} (row {index + 1})"
+                return _place(row, _column(rest, ACTION_COLUMNS), message, label)
+            label = f"Example {index + 1}"
+            return _place(row, _column(rest, EXAMPLE_COLUMNS), message, label)
+        return None
+    if path.startswith("fields."):
+        name, _, rest = path[len("fields.") :].partition(".")
+        if rest.startswith("values."):
+            value, _, value_rest = rest[len("values.") :].partition(".")
+            value_row = values.get((name, value))
+            if value_row is not None:
+                label = f"Value {value} of field {name}"
+                return _place(value_row, _column(value_rest, VALUE_COLUMNS), message, label)
+        field_row = fields.get(name)
+        if field_row is not None:
+            return _place(field_row, _column(rest, FIELD_COLUMNS), message, f"Field {name}")
+        return None
+    if path.startswith("impact.radius"):
+        suffix = path[len("impact.radius.") :] if path.startswith("impact.radius.") else ""
+        for (value, level), row in radii.items():
+            row_path = f"{value}.{level}" if value else level
+            if suffix and (row_path == suffix or row_path.startswith(suffix + ".")):
+                column = "hops" if row_path == suffix else "key_value"
+                return _place(row, column, message, "Spread radius")
+        return _place(form, "radius_key", message, "Spread radius")
+    return None
+
+
+# --- topology ------------------------------------------------------------------------------
+
+
+class NodeRefForm(forms.ModelForm[Any]):
+    """A row that names nodes by id (text), so nodes added in the same save can be used.
+    The ids are turned into references when the row is saved, after the nodes."""
+
+    node_refs: dict[str, str] = {}  # form field -> model foreign key
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, fk in self.node_refs.items():
+            node = getattr(self.instance, fk, None) if self.instance.pk else None
+            if node is not None:
+                self.initial[name] = node.node_id
+
+    def save(self, commit: bool = True) -> Any:
+        from scenarios_admin.models import TopologyNode
+
+        for name, fk in self.node_refs.items():
+            node_id = self.cleaned_data.get(name) or ""
+            node = (
+                TopologyNode.objects.get(topology=self.instance.topology, node_id=node_id)
+                if node_id
+                else None
+            )
+            setattr(self.instance, fk, node)
+        return super().save(commit)
+
+
+class EdgeForm(NodeRefForm):
+    node_refs = {"source_id": "source", "target_id": "target"}
+    source_id = forms.CharField(label="from node", max_length=32)
+    target_id = forms.CharField(label="to node", max_length=32)
+
+    class Meta:
+        fields: list[str] = []
+
+
+class RunwayForm(NodeRefForm):
+    node_refs = {"reference_id": "reference_node"}
+    reference_id = forms.CharField(
+        label="reference node",
+        max_length=32,
+        help_text="Where a runway-wide impact analysis starts (one of its nodes).",
+    )
+
+    class Meta:
+        fields = ["designator"]
+
+
+class FlightForm(NodeRefForm):
+    node_refs = {"stand_id": "stand"}
+    stand_id = forms.CharField(label="stand", max_length=32, required=False)
+
+    class Meta:
+        fields = ["flight_no", "airline", "aircraft", "registration", "std", "destination", "pax"]
+
+
+class TopologyForm(forms.ModelForm[Any]):
+    cross_check: CrossCheck | None = None
+
+    class Meta:
+        fields = ["icao", "name", "is_active"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.cross_check is not None:
+            self.cross_check.form = self
+
+    def clean_is_active(self) -> bool:
+        from scenarios_admin.models import Topology
+
+        active = bool(self.cleaned_data.get("is_active"))
+        other = Topology.objects.filter(is_active=True).exclude(pk=self.instance.pk).first()
+        if active and other is not None:
+            raise ValidationError(
+                f"Only one topology is active (the agent's impact analysis uses it): "
+                f"deactivate {other.icao} first."
+            )
+        return active
+
+
+def validate_topology(check: CrossCheck) -> list[str]:
+    """The graph the page describes (nodes, edges, runways, flights) checked as a whole."""
+    from scenarios_admin.models import Flight, Runway, TopologyEdge, TopologyNode
+    from scenarios_admin.topology import TopologyData, topology_issues
+
+    def rows(model: type[Any]) -> list[forms.ModelForm[Any]]:
+        formset = check.formset(model)
+        return formset.live_forms() if formset is not None else []
+
+    nodes, edges, runways, flights = (
+        rows(TopologyNode),
+        rows(TopologyEdge),
+        rows(Runway),
+        rows(Flight),
+    )
+    # A renamed node keeps its edges, runway and flights: rows that still name it by its
+    # old id follow it.
+    new_ids = {f.cleaned_data["node_id"] for f in nodes}
+    renamed = {
+        f.initial["node_id"]: f.cleaned_data["node_id"]
+        for f in nodes
+        if f.instance.pk and f.initial.get("node_id") not in (None, f.cleaned_data["node_id"])
+    }
+    for row in (*edges, *runways, *flights):
+        for name in row.node_refs:  # type: ignore[attr-defined]
+            node_id = row.cleaned_data.get(name) or ""
+            if node_id not in new_ids and node_id in renamed:
+                row.cleaned_data[name] = renamed[node_id]
+    data = TopologyData(
+        nodes=[
+            {
+                "node_id": f.cleaned_data["node_id"],
+                "kind": f.cleaned_data["kind"],
+                "runway": f.cleaned_data.get("runway") or "",
+            }
+            for f in nodes
+        ],
+        edges=[(f.cleaned_data["source_id"], f.cleaned_data["target_id"]) for f in edges],
+        runways=[(f.cleaned_data["designator"], f.cleaned_data["reference_id"]) for f in runways],
+        flights=[
+            (f.cleaned_data["flight_no"], f.cleaned_data.get("stand_id") or "") for f in flights
+        ],
+    )
+    parts: dict[str, tuple[str, list[forms.ModelForm[Any]]]] = {
+        "nodes": ("Node", nodes),
+        "edges": ("Edge", edges),
+        "runways": ("Runway", runways),
+        "flights": ("Flight", flights),
+    }
+    form = check.form
+    assert form is not None
+    summary = []
+    for issue in topology_issues(data):
+        match = _INDEXED_TOPOLOGY.match(issue.path)
+        if match and match.group(1) in parts:
+            label, part_rows = parts[match.group(1)]
+            index = int(match.group(2))
+            summary.append(
+                _place(part_rows[index], None, issue.message, f"{label} row {index + 1}")
+            )
+        else:
+            summary.append(_place(form, None, issue.message, "Topology"))
+    return summary
+
+
+_INDEXED_TOPOLOGY = re.compile(r"^(nodes|edges|runways|flights)\[(\d+)\]$")

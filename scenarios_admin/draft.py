@@ -1,0 +1,485 @@
+"""A scenario's draft (the rows admins edit) and the definition (the JSON document the
+agent runs) are two forms of the same thing:
+
+    definition_from_draft(draft_from_definition(d)) == normalize(d) == d   for a valid,
+                                                                          normal d
+
+A Draft holds plain row dicts, so the admin (from its forms), the YAML import (from a
+file) and the database (`draft_of` / `save_draft`) all go through the same two functions
+and the same validation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+
+from scenarios_admin.conditions import ConditionSyntaxError, condition_text, parse_condition
+from scenarios_admin.definition import (
+    ACTION_TOOLS,
+    LIST_SEPARATORS,
+    Issue,
+    definition_issues,
+)
+from scenarios_admin.models import (
+    FieldValue,
+    RiskRule,
+    Scenario,
+    ScenarioAction,
+    ScenarioExample,
+    ScenarioField,
+    SpreadRadius,
+)
+
+SCENARIO_COLUMNS = (
+    "slug",
+    "name_zh",
+    "name_en",
+    "kind",
+    "system_prompt",
+    "impact_start",
+    "radius_key",
+    "default_radius",
+    "compliance_states",
+    "report_template_zh",
+    "report_template_en",
+)
+FIELD_COLUMNS = (
+    "name",
+    "label_zh",
+    "label_en",
+    "type",
+    "priority",
+    "ask_zh",
+    "ask_en",
+    "kinds",
+    "default",
+    "measure_units",
+    "measure_bands",
+)
+VALUE_COLUMNS = ("field", "value", "label_zh", "label_en", "synonyms", "fallback")
+RULE_COLUMNS = ("rule_id", "condition", "level", "score")
+RADIUS_COLUMNS = ("key_value", "level", "hops")
+ACTION_COLUMNS = ("tool", "risk_class", "condition", "for_each", "args")
+EXAMPLE_COLUMNS = ("text", "expected_fields", "rule", "level", "actions")
+
+# Draft part -> (model, columns). Order matters: it is the order rows are written in.
+ROWS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
+    "fields": (ScenarioField, FIELD_COLUMNS),
+    "values": (FieldValue, VALUE_COLUMNS),
+    "rules": (RiskRule, RULE_COLUMNS),
+    "radii": (SpreadRadius, RADIUS_COLUMNS),
+    "actions": (ScenarioAction, ACTION_COLUMNS),
+    "examples": (ScenarioExample, EXAMPLE_COLUMNS),
+}
+
+_BAND = re.compile(r"^([A-Za-z0-9_]+)\s*(?:(>=|>)\s*(-?\d+(?:\.\d+)?))?$")
+_ARG = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*=(.*)$")
+
+
+@dataclass
+class Draft:
+    scenario: dict[str, Any]
+    fields: list[dict[str, Any]] = field(default_factory=list)
+    values: list[dict[str, Any]] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    radii: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+
+    def part(self, name: str) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = getattr(self, name)
+        return rows
+
+
+# --- database -------------------------------------------------------------------------
+
+
+def draft_of(scenario: Scenario) -> Draft:
+    draft = Draft({column: getattr(scenario, column) for column in SCENARIO_COLUMNS})
+    for part, (model, columns) in ROWS.items():
+        rows = model.objects.filter(scenario=scenario)
+        if _has_position(model):
+            rows = rows.order_by(F("position").asc(nulls_last=True), "id")
+        else:
+            rows = rows.order_by("id")
+        draft.part(part).extend(rows.values(*columns))
+    return draft
+
+
+@transaction.atomic
+def save_draft(scenario: Scenario, draft: Draft) -> None:
+    """Replace the scenario's draft (the slug never changes)."""
+    for column in SCENARIO_COLUMNS:
+        if column != "slug":
+            setattr(scenario, column, draft.scenario[column])
+    scenario.save()
+    for part, (model, columns) in ROWS.items():
+        model.objects.filter(scenario=scenario).delete()
+        has_position = _has_position(model)
+        model.objects.bulk_create(
+            model(
+                scenario=scenario,
+                **({"position": (i + 1) * 10} if has_position else {}),
+                **{c: row[c] for c in columns},
+            )
+            for i, row in enumerate(draft.part(part))
+        )
+
+
+def _has_position(model: type[Any]) -> bool:
+    return any(f.name == "position" for f in model._meta.fields)
+
+
+def renumber(scenario: Scenario) -> None:
+    """Positions 10, 20, 30, ... in the current order (rows without one go last), so an
+    admin can slot a row in between with 15."""
+    for model, _ in ROWS.values():
+        if not _has_position(model):
+            continue
+        rows = list(model.objects.filter(scenario=scenario))
+        rows.sort(key=lambda r: (r.position is None, r.position or 0, r.pk))
+        for i, row in enumerate(rows):
+            row.position = (i + 1) * 10
+        model.objects.bulk_update(rows, ["position"])
+
+
+def assemble(scenario: Scenario) -> tuple[dict[str, Any], list[Issue]]:
+    """The scenario's draft as a definition, with every problem (assembly and schema)."""
+    return check_draft(draft_of(scenario))
+
+
+def check_draft(draft: Draft) -> tuple[dict[str, Any], list[Issue]]:
+    definition, issues = definition_from_draft(draft)
+    # A part that could not be read (a condition with a syntax error) stands in as a
+    # placeholder; what the schema says about that placeholder would only confuse.
+    broken = [issue.path for issue in issues]
+    for issue in definition_issues(definition):
+        if not any(issue.path == p or issue.path.startswith((p + ".", p + "[")) for p in broken):
+            issues.append(issue)
+    return definition, issues
+
+
+def normalize(definition: dict[str, Any]) -> dict[str, Any]:
+    """The definition as the draft rows would produce it (for a valid definition: the
+    same content, with optional empty parts dropped and `system_prompt`/`examples` set)."""
+    normal, _ = definition_from_draft(draft_from_definition(definition))
+    return normal
+
+
+# --- rows -> definition -----------------------------------------------------------------
+
+
+def split_list(text: str) -> list[str]:
+    return [word.strip() for word in LIST_SEPARATORS.split(text or "") if word.strip()]
+
+
+def _condition(text: str, path: str, issues: list[Issue]) -> dict[str, Any]:
+    try:
+        return parse_condition(text or "")
+    except ConditionSyntaxError as exc:
+        issues.append(Issue(path, f"cannot read {text!r}: {exc}"))
+        return {"?": text}
+
+
+def _bands(text: str, path: str, issues: list[Issue]) -> list[dict[str, Any]]:
+    bands: list[dict[str, Any]] = []
+    for entry in split_list(text):
+        match = _BAND.match(entry)
+        if not match:
+            issues.append(Issue(path, f"cannot read {entry!r}: write VALUE>N, VALUE>=N or VALUE"))
+            continue
+        value, operator, number = match.groups()
+        band: dict[str, Any] = {}
+        if operator:
+            band["above" if operator == ">" else "at_least"] = _number(number)
+        band["value"] = value
+        bands.append(band)
+    return bands
+
+
+def _number(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _texts(zh: str, en: str) -> dict[str, str]:
+    return {"zh": zh, "en": en}
+
+
+def definition_from_draft(draft: Draft) -> tuple[dict[str, Any], list[Issue]]:
+    """The definition the rows describe, and what could not be read from them (paths as
+    in the definition). Schema validation is separate (definition_issues)."""
+    issues: list[Issue] = []
+    s = draft.scenario
+    fields: dict[str, dict[str, Any]] = {}
+    for row in draft.fields:
+        name = row["name"]
+        path = f"fields.{name}"
+        if name in fields:
+            issues.append(Issue(path, "the field is listed twice"))
+            continue
+        spec: dict[str, Any] = {
+            "label": _texts(row["label_zh"], row["label_en"]),
+            "type": row["type"],
+            "priority": row["priority"],
+        }
+        if row["ask_zh"] or row["ask_en"]:
+            spec["ask"] = _texts(row["ask_zh"], row["ask_en"])
+        if row["kinds"]:
+            spec["kinds"] = split_list(row["kinds"])
+        if row["default"]:
+            spec["default"] = row["default"]
+        if row["measure_units"] or row["measure_bands"]:
+            spec["measure"] = {
+                "units": split_list(row["measure_units"]),
+                "bands": _bands(row["measure_bands"], f"{path}.measure.bands", issues),
+            }
+        fields[name] = spec
+    for row in draft.values:
+        path = f"fields.{row['field']}.values.{row['value']}"
+        owner = fields.get(row["field"])
+        if owner is None:
+            issues.append(Issue(path, f"{row['field']!r} is not a field of this scenario"))
+            continue
+        values = owner.setdefault("values", {})
+        if row["value"] in values:
+            issues.append(Issue(path, "the value is listed twice"))
+            continue
+        value_spec: dict[str, Any] = {}
+        if row["label_zh"] or row["label_en"]:
+            value_spec["label"] = _texts(row["label_zh"], row["label_en"])
+        value_spec["synonyms"] = split_list(row["synonyms"])
+        if split_list(row["fallback"]):
+            value_spec["fallback"] = split_list(row["fallback"])
+        values[row["value"]] = value_spec
+
+    rules = [
+        {
+            "id": row["rule_id"],
+            "when": _condition(row["condition"], f"risk_rules[{i}].when", issues),
+            "level": row["level"],
+            "score": row["score"],
+        }
+        for i, row in enumerate(draft.rules)
+    ]
+
+    impact: dict[str, Any] = {"start": s["impact_start"]}
+    key_field = s["radius_key"]
+    if key_field:
+        impact["radius_key"] = key_field
+    radius: dict[str, Any] = {}
+    for row in draft.radii:
+        value, level = row["key_value"], row["level"]
+        if key_field and not value:
+            issues.append(Issue("impact.radius", f"a row without a value of {key_field}"))
+            continue
+        if not key_field and value:
+            issues.append(
+                Issue(
+                    f"impact.radius.{value}",
+                    "a row names a value but the radius depends on no field: choose the "
+                    "field or leave the value empty",
+                )
+            )
+            continue
+        table = radius.setdefault(value, {}) if key_field else radius
+        if level in table:
+            where = f"impact.radius.{value}.{level}" if key_field else f"impact.radius.{level}"
+            issues.append(Issue(where, "listed twice"))
+            continue
+        table[level] = row["hops"]
+    impact["radius"] = radius
+    impact["default_radius"] = s["default_radius"]
+
+    actions = []
+    for i, row in enumerate(draft.actions):
+        action: dict[str, Any] = {"tool": row["tool"], "risk_class": row["risk_class"]}
+        if row["for_each"]:
+            action["for_each"] = row["for_each"]
+        action["when"] = _condition(row["condition"], f"actions[{i}].when", issues)
+        action["args"] = _args(row["args"], f"actions[{i}].args", issues)
+        actions.append(action)
+
+    examples = [
+        {
+            "text": row["text"],
+            "fields": _expected(row["expected_fields"], fields, f"examples[{i}].fields", issues),
+            "rule": row["rule"],
+            "level": row["level"],
+            "actions": split_list(row["actions"]),
+        }
+        for i, row in enumerate(draft.examples)
+    ]
+
+    definition = {
+        "slug": s["slug"],
+        "name": _texts(s["name_zh"], s["name_en"]),
+        "kind": s["kind"],
+        "system_prompt": s["system_prompt"],
+        "field_order": list(fields),
+        "fields": fields,
+        "risk_rules": rules,
+        "impact": impact,
+        "actions": actions,
+        "compliance": {"states": list(s["compliance_states"] or [])},
+        "report_template": _texts(s["report_template_zh"], s["report_template_en"]),
+        "examples": examples,
+    }
+    return definition, issues
+
+
+def _args(text: str, path: str, issues: list[Issue]) -> dict[str, str]:
+    args: dict[str, str] = {}
+    for number, line in enumerate((text or "").splitlines(), start=1):
+        if not line.strip():
+            continue
+        match = _ARG.match(line)
+        if not match:
+            issues.append(Issue(path, f"line {number}: {line.strip()!r} is not name=value"))
+            continue
+        name, value = match.group(1), match.group(2).strip()
+        if name in args:
+            issues.append(Issue(f"{path}.{name}", "given twice"))
+        args[name] = value
+    return args
+
+
+def _expected(
+    text: str, fields: dict[str, dict[str, Any]], path: str, issues: list[Issue]
+) -> dict[str, Any]:
+    expected: dict[str, Any] = {}
+    for entry in split_list(text):
+        name, equals, raw = entry.partition("=")
+        name, raw = name.strip(), raw.strip()
+        if not equals or not name:
+            issues.append(Issue(path, f"cannot read {entry!r}: write field=value"))
+            continue
+        field_type = fields.get(name, {}).get("type")
+        value: Any = raw
+        if field_type == "bool" and raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        elif field_type == "number":
+            try:
+                value = _number(raw)
+            except ValueError:
+                value = raw
+        expected[name] = value
+    return expected
+
+
+# --- definition -> rows -----------------------------------------------------------------
+
+
+def draft_from_definition(definition: dict[str, Any]) -> Draft:
+    """The rows a (valid) definition is edited as."""
+    impact = definition["impact"]
+    templates = definition["report_template"]
+    draft = Draft(
+        {
+            "slug": definition["slug"],
+            "name_zh": definition["name"]["zh"],
+            "name_en": definition["name"]["en"],
+            "kind": definition["kind"],
+            "system_prompt": definition.get("system_prompt", ""),
+            "impact_start": impact["start"],
+            "radius_key": impact.get("radius_key", ""),
+            "default_radius": impact.get("default_radius", 1),
+            "compliance_states": list(definition["compliance"]["states"]),
+            "report_template_zh": templates["zh"],
+            "report_template_en": templates["en"],
+        }
+    )
+    for name in definition["field_order"]:
+        spec = definition["fields"][name]
+        ask = spec.get("ask", {})
+        measure = spec.get("measure", {})
+        draft.fields.append(
+            {
+                "name": name,
+                "label_zh": spec["label"]["zh"],
+                "label_en": spec["label"]["en"],
+                "type": spec["type"],
+                "priority": spec["priority"],
+                "ask_zh": ask.get("zh", ""),
+                "ask_en": ask.get("en", ""),
+                "kinds": ", ".join(spec.get("kinds", [])),
+                "default": spec.get("default", ""),
+                "measure_units": ", ".join(measure.get("units", [])),
+                "measure_bands": ", ".join(_band_text(b) for b in measure.get("bands", [])),
+            }
+        )
+        for value, value_spec in (spec.get("values") or {}).items():
+            label = value_spec.get("label", {})
+            draft.values.append(
+                {
+                    "field": name,
+                    "value": value,
+                    "label_zh": label.get("zh", ""),
+                    "label_en": label.get("en", ""),
+                    "synonyms": ", ".join(value_spec.get("synonyms", [])),
+                    "fallback": ", ".join(value_spec.get("fallback", [])),
+                }
+            )
+    for rule in definition["risk_rules"]:
+        draft.rules.append(
+            {
+                "rule_id": rule["id"],
+                "condition": condition_text(rule.get("when", {})),
+                "level": rule["level"],
+                "score": rule["score"],
+            }
+        )
+    if impact.get("radius_key"):
+        for value, by_level in impact.get("radius", {}).items():
+            for level, hops in by_level.items():
+                draft.radii.append({"key_value": value, "level": level, "hops": hops})
+    else:
+        for level, hops in impact.get("radius", {}).items():
+            draft.radii.append({"key_value": "", "level": level, "hops": hops})
+    for action in definition["actions"]:
+        args = action.get("args", {})
+        names = [a for a in ACTION_TOOLS.get(action["tool"], ()) if a in args]
+        names += [a for a in args if a not in names]
+        draft.actions.append(
+            {
+                "tool": action["tool"],
+                "risk_class": action["risk_class"],
+                "condition": condition_text(action.get("when", {})),
+                "for_each": action.get("for_each", ""),
+                "args": "\n".join(f"{name}={args[name]}" for name in names),
+            }
+        )
+    for example in definition.get("examples", []):
+        draft.examples.append(
+            {
+                "text": example["text"],
+                "expected_fields": ", ".join(
+                    f"{name}={_scalar_text(value)}" for name, value in example["fields"].items()
+                ),
+                "rule": example["rule"],
+                "level": example["level"],
+                "actions": ", ".join(example["actions"]),
+            }
+        )
+    return draft
+
+
+def _band_text(band: dict[str, Any]) -> str:
+    if "above" in band:
+        return f"{band['value']}>{band['above']}"
+    if "at_least" in band:
+        return f"{band['value']}>={band['at_least']}"
+    return str(band["value"])
+
+
+def _scalar_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

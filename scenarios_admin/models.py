@@ -1,0 +1,435 @@
+from __future__ import annotations
+
+import hashlib
+import json
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from aero import crypto
+
+
+class ScenarioKind(models.TextChoices):
+    APRON = "apron", "Apron emergency"
+    DIAGNOSIS = "diagnosis", "IT problem diagnosis"
+
+
+class Scenario(models.Model):
+    """A scenario and its draft: the fields below and the draft rows (ScenarioField,
+    FieldValue, RiskRule, SpreadRadius, ScenarioAction, ScenarioExample) are what admins
+    edit. Sessions never read the draft: they run a published ScenarioVersion."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name_zh = models.CharField("name (zh)", max_length=120)
+    name_en = models.CharField("name (en)", max_length=120)
+    kind = models.CharField(max_length=16, choices=ScenarioKind.choices)
+    is_active = models.BooleanField(default=True, help_text="Offered for new sessions.")
+    system_prompt = models.TextField(
+        blank=True, help_text="Instructions for LLM providers (the offline provider ignores it)."
+    )
+    impact_start = models.CharField(
+        "impact starts at",
+        max_length=64,
+        blank=True,
+        help_text="The position field whose node starts the impact analysis.",
+    )
+    radius_key = models.CharField(
+        "radius depends on",
+        max_length=64,
+        blank=True,
+        help_text="An enum field whose value selects the spread radius row; empty: by level only.",
+    )
+    default_radius = models.PositiveSmallIntegerField(
+        default=1, help_text="Hops when no spread radius row matches."
+    )
+    compliance_states = models.JSONField(default=list, blank=True)
+    report_template_zh = models.TextField("report template (zh)", blank=True)
+    report_template_en = models.TextField("report template (en)", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return f"{self.name_en} / {self.name_zh}"
+
+    def latest_version(self) -> ScenarioVersion | None:
+        return self.versions.order_by("-number").first()
+
+    def has_draft(self) -> bool:
+        return self.draft_fields.exists()
+
+
+class FieldType(models.TextChoices):
+    FLIGHT_NO = "flight_no", "flight number"
+    POSITION = "position", "position (airport node)"
+    ENUM = "enum", "one of listed values"
+    BOOL = "bool", "yes / no"
+    TEXT = "text", "free text"
+    NUMBER = "number", "number"
+
+
+class Priority(models.TextChoices):
+    P1 = "P1", "P1 (required before risk assessment)"
+    P2 = "P2", "P2 (optional)"
+
+
+class Level(models.TextChoices):
+    HIGH = "HIGH", "HIGH"
+    MEDIUM = "MEDIUM", "MEDIUM"
+    LOW = "LOW", "LOW"
+
+
+class RiskClass(models.TextChoices):
+    R0 = "R0", "R0 (automatic, recorded)"
+    R1 = "R1", "R1 (one confirmation)"
+    R2 = "R2", "R2 (confirmed twice)"
+    R3 = "R3", "R3 (forced confirmation with a reason)"
+
+
+POSITION_HELP = "Order; lower first. Leave empty to add at the end."
+LIST_HELP = "Separated by commas or one per line."
+
+
+class DraftRow(models.Model):
+    """A row of a scenario's draft. Rows are ordered by position (then id)."""
+
+    position = models.PositiveIntegerField(null=True, blank=True, help_text=POSITION_HELP)
+
+    class Meta:
+        abstract = True
+
+
+class ScenarioField(DraftRow):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_fields")
+    name = models.CharField(max_length=64, help_text="e.g. fluid_type (lower case, _).")
+    label_zh = models.CharField("label (zh)", max_length=120)
+    label_en = models.CharField("label (en)", max_length=120)
+    type = models.CharField(max_length=16, choices=FieldType.choices)
+    priority = models.CharField(max_length=2, choices=Priority.choices)
+    ask_zh = models.TextField("ask prompt (zh)", blank=True)
+    ask_en = models.TextField("ask prompt (en)", blank=True)
+    kinds = models.CharField(
+        max_length=64, blank=True, help_text="Position fields: node kinds accepted (empty: all)."
+    )
+    default = models.CharField(max_length=64, blank=True, help_text="Enum fields: value if absent.")
+    measure_units = models.CharField(
+        max_length=300, blank=True, help_text="Enum fields read from a quantity: its units."
+    )
+    measure_bands = models.CharField(
+        max_length=300, blank=True, help_text="e.g. LARGE>5, MEDIUM>=1, SMALL (first match)."
+    )
+
+    class Meta:
+        ordering = ["scenario", "position", "id"]
+        verbose_name = "field"
+        constraints = [
+            models.UniqueConstraint(fields=["scenario", "name"], name="scenario_field_name_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class FieldValue(DraftRow):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_values")
+    field = models.CharField(max_length=64, help_text="The enum or bool field (its name).")
+    value = models.CharField(max_length=64, help_text="e.g. FUEL; bool fields: true and false.")
+    label_zh = models.CharField("label (zh)", max_length=120, blank=True)
+    label_en = models.CharField("label (en)", max_length=120, blank=True)
+    synonyms = models.TextField(
+        blank=True, help_text="Words the offline extractor recognises. " + LIST_HELP
+    )
+    fallback = models.TextField(
+        blank=True, help_text="Used only when no other value of the field is named. " + LIST_HELP
+    )
+
+    class Meta:
+        ordering = ["scenario", "field", "position", "id"]
+        verbose_name = "field value"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scenario", "field", "value"], name="scenario_field_value_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value}"
+
+
+class RiskRule(DraftRow):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_rules")
+    rule_id = models.CharField("id", max_length=32)
+    condition = models.TextField(
+        blank=True,
+        help_text="e.g. fluid_type=FUEL, continuous=true · phase=TAKEOFF_ROLL|CLIMB · "
+        "phase!=STAND · a=1 OR b=2. Empty: always.",
+    )
+    level = models.CharField(max_length=8, choices=Level.choices)
+    score = models.PositiveSmallIntegerField(help_text="0-100")
+
+    class Meta:
+        ordering = ["scenario", "position", "id"]
+        verbose_name = "risk rule"
+        constraints = [
+            models.UniqueConstraint(fields=["scenario", "rule_id"], name="scenario_rule_id_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return self.rule_id
+
+
+class SpreadRadius(models.Model):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_radii")
+    key_value = models.CharField(
+        "value", max_length=64, blank=True, help_text="Value of the 'radius depends on' field."
+    )
+    level = models.CharField(max_length=8, choices=Level.choices)
+    hops = models.PositiveSmallIntegerField()
+
+    class Meta:
+        ordering = ["scenario", "key_value", "id"]
+        verbose_name = "spread radius"
+        verbose_name_plural = "spread radius table"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scenario", "key_value", "level"], name="scenario_radius_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key_value} {self.level}: {self.hops}"
+
+
+class ScenarioAction(DraftRow):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_actions")
+    tool = models.CharField(max_length=64)
+    risk_class = models.CharField(max_length=2, choices=RiskClass.choices)
+    condition = models.TextField(
+        blank=True, help_text="As for risk rules, plus level=HIGH and impact.runways=non_empty."
+    )
+    for_each = models.CharField(
+        max_length=32, blank=True, help_text="One action per item of an impact list."
+    )
+    args = models.TextField(
+        blank=True,
+        help_text="One name=value per line; {fields.position}, {risk.level}, {item} are filled in.",
+    )
+
+    class Meta:
+        ordering = ["scenario", "position", "id"]
+        verbose_name = "required action"
+
+    def __str__(self) -> str:
+        return self.tool
+
+
+class ScenarioExample(DraftRow):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_examples")
+    text = models.TextField(help_text="What an operator would write.")
+    expected_fields = models.TextField(
+        help_text="e.g. flight_no=CA1234, position=105, continuous=true"
+    )
+    rule = models.CharField(max_length=32)
+    level = models.CharField(max_length=8, choices=Level.choices)
+    actions = models.TextField(help_text="Action tools expected, in order. " + LIST_HELP)
+
+    class Meta:
+        ordering = ["scenario", "position", "id"]
+        verbose_name = "example case"
+
+    def __str__(self) -> str:
+        return self.text[:60]
+
+
+class ScenarioVersion(models.Model):
+    """An immutable published definition. Sessions pin one; edits publish a new one."""
+
+    scenario = models.ForeignKey(Scenario, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    definition = models.JSONField()
+    checksum = models.CharField(max_length=64, editable=False)
+    published_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    published_at = models.DateTimeField(auto_now_add=True)
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["scenario", "-number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scenario", "number"], name="scenario_version_number_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scenario.slug} v{self.number}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise PermissionError("a published scenario version is immutable")
+        self.checksum = self.checksum_of(self.definition)
+        super().save(*args, **kwargs)
+
+    @staticmethod
+    def checksum_of(definition: dict[str, Any]) -> str:
+        canonical = json.dumps(definition, sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class NodeKind(models.TextChoices):
+    STAND = "stand", "Stand"
+    TAXIWAY = "taxiway", "Taxiway"
+    RUNWAY = "runway", "Runway"
+
+
+class Topology(models.Model):
+    """An airport graph. Exactly one is active: the agent's impact analysis uses it."""
+
+    icao = models.CharField(max_length=8, unique=True)
+    name = models.CharField(max_length=120)
+    is_active = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "topologies"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_active"], condition=Q(is_active=True), name="topology_single_active"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.icao} {self.name}"
+
+
+class TopologyNode(models.Model):
+    topology = models.ForeignKey(Topology, on_delete=models.CASCADE, related_name="nodes")
+    node_id = models.CharField(max_length=32)
+    kind = models.CharField(max_length=16, choices=NodeKind.choices)
+    runway = models.CharField(
+        max_length=16, blank=True, help_text="Runway designator (runway nodes)."
+    )
+    x = models.PositiveIntegerField(default=0, help_text="Map position (SVG units).")
+    y = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["topology", "node_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["topology", "node_id"], name="topology_node_id_unique"),
+            models.CheckConstraint(
+                condition=Q(kind="runway", runway__gt="") | (~Q(kind="runway") & Q(runway="")),
+                name="topology_node_runway_only_on_runway_nodes",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.node_id
+
+    @property
+    def taxiway(self) -> str:
+        # A taxiway node's taxiway is its letter prefix (A3 -> "A").
+        return self.node_id.rstrip("0123456789") if self.kind == NodeKind.TAXIWAY else ""
+
+
+class TopologyEdge(models.Model):
+    topology = models.ForeignKey(Topology, on_delete=models.CASCADE, related_name="edges")
+    source = models.ForeignKey(TopologyNode, on_delete=models.CASCADE, related_name="+")
+    target = models.ForeignKey(TopologyNode, on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["topology", "source", "target"], name="topology_edge_unique"
+            ),
+            models.CheckConstraint(
+                condition=~Q(source=models.F("target")), name="topology_edge_no_self_loop"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_id} - {self.target_id}"
+
+
+class Runway(models.Model):
+    topology = models.ForeignKey(Topology, on_delete=models.CASCADE, related_name="runways")
+    designator = models.CharField(max_length=16)
+    reference_node = models.ForeignKey(TopologyNode, on_delete=models.PROTECT, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["topology", "designator"], name="runway_designator_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.designator
+
+
+class Flight(models.Model):
+    topology = models.ForeignKey(Topology, on_delete=models.CASCADE, related_name="flights")
+    flight_no = models.CharField(max_length=8)
+    airline = models.CharField(max_length=80)
+    aircraft = models.CharField(max_length=40)
+    registration = models.CharField(max_length=16)
+    stand = models.ForeignKey(
+        TopologyNode, null=True, blank=True, on_delete=models.SET_NULL, related_name="flights"
+    )
+    std = models.TimeField(help_text="Scheduled time of departure (local).")
+    destination = models.CharField(max_length=4)
+    pax = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["std", "flight_no"]
+        constraints = [
+            models.UniqueConstraint(fields=["topology", "flight_no"], name="flight_no_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return self.flight_no
+
+
+class ProviderKind(models.TextChoices):
+    OFFLINE = "offline", "Offline (deterministic)"
+    OPENAI = "openai", "OpenAI-compatible"
+
+
+class ProviderConfig(models.Model):
+    """An LLM provider. Enabled providers are tried by priority; offline is the last resort."""
+
+    name = models.CharField(max_length=80, unique=True)
+    kind = models.CharField(max_length=16, choices=ProviderKind.choices)
+    base_url = models.URLField(blank=True)
+    model = models.CharField(max_length=120, blank=True)
+    api_key_encrypted = models.TextField(blank=True, editable=False)
+    price_input_per_1k = models.DecimalField(max_digits=10, decimal_places=6, default=Decimal(0))
+    price_output_per_1k = models.DecimalField(max_digits=10, decimal_places=6, default=Decimal(0))
+    timeout_seconds = models.FloatField(default=30.0)
+    retries = models.PositiveSmallIntegerField(default=3)
+    priority = models.PositiveSmallIntegerField(default=100, help_text="Lower is tried first.")
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["priority", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind="offline") | (Q(base_url__gt="") & Q(model__gt="")),
+                name="provider_openai_needs_url_and_model",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def set_api_key(self, plaintext: str) -> None:
+        self.api_key_encrypted = crypto.encrypt(plaintext) if plaintext else ""
+
+    def api_key(self) -> str:
+        return crypto.decrypt(self.api_key_encrypted) if self.api_key_encrypted else ""

@@ -1,0 +1,272 @@
+"""Scenario definitions as YAML files: one file per scenario, in a canonical form.
+
+A definition stored in PostgreSQL (jsonb) keeps no key order, so the order of every
+mapping in the file is defined here, never taken from the stored document: fixed keys in
+the order below, fields in `field_order`, condition keys by field order, enum values
+alphabetically (bool: true, false), radius levels HIGH, MEDIUM, LOW. The same definition
+therefore always gives the same bytes, and `dump(load(dump(d))) == dump(d)`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from scenarios_admin.definition import (
+    ACTION_KEYS,
+    ACTION_TOOLS,
+    EXAMPLE_KEYS,
+    IMPACT_KEYS,
+    IMPACT_LISTS,
+    LANGUAGES,
+    LEVELS,
+    RULE_KEYS,
+    TOP_KEYS,
+    VALUE_KEYS,
+    Issue,
+)
+
+FIELD_KEY_ORDER = ("label", "type", "kinds", "priority", "ask", "default", "values", "measure")
+BAND_KEY_ORDER = ("above", "at_least", "value")
+
+
+@dataclass(frozen=True)
+class LocatedIssue:
+    """A problem of a YAML file: its line (when known), its path and what is wrong."""
+
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line else ""
+        return f"{where}{self.path}: {self.message}"
+
+
+class _Dumper(yaml.SafeDumper):
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        # Indent list items under their key (the default puts "- " at the key's column).
+        super().increase_indent(flow, False)
+
+
+def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    # Multi-line text (templates, prompts) as a literal block; PyYAML falls back to a
+    # quoted scalar where a block cannot hold the text exactly.
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+def _flow(items: list[Any]) -> bool:
+    """Short collections of plain values on one line ({zh: 燃油, en: Fuel}, a condition
+    such as {phase: [TAKEOFF_ROLL, CLIMB], debris: true}); everything else as blocks."""
+    length = 0
+    for item in items:
+        if isinstance(item, dict):
+            return False
+        parts = item if isinstance(item, list) else [item]
+        for part in parts:
+            if isinstance(part, dict | list) or (isinstance(part, str) and "\n" in part):
+                return False
+            length += len(str(part)) + 2
+    return length <= 72
+
+
+def _represent_dict(dumper: yaml.SafeDumper, data: dict[Any, Any]) -> yaml.MappingNode:
+    flow = _flow([*data.keys(), *data.values()]) or not data
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.SequenceNode:
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=_flow(data))
+
+
+_Dumper.add_representer(str, _represent_str)
+_Dumper.add_representer(dict, _represent_dict)
+_Dumper.add_representer(list, _represent_list)
+
+
+def dump_definition(definition: dict[str, Any]) -> str:
+    return yaml.dump(
+        canonical(definition),
+        Dumper=_Dumper,
+        allow_unicode=True,
+        sort_keys=False,
+        width=100,
+    )
+
+
+def canonical(definition: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a valid definition with every mapping in canonical key order."""
+    fields = definition["fields"]
+    order = list(definition["field_order"])
+    out: dict[str, Any] = {}
+    for key in TOP_KEYS:
+        if key not in definition:
+            continue
+        value = definition[key]
+        if key in ("name", "report_template"):
+            value = _ordered(value, LANGUAGES)
+        elif key == "fields":
+            value = {name: _field(value[name]) for name in order}
+        elif key == "risk_rules":
+            value = [_rule(rule, order) for rule in value]
+        elif key == "impact":
+            value = _impact(value, fields)
+        elif key == "actions":
+            value = [_action(action, order) for action in value]
+        elif key == "examples":
+            value = [_example(example, order) for example in value]
+        out[key] = value
+    return out
+
+
+def _ordered(mapping: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    known = {k: mapping[k] for k in keys if k in mapping}
+    return known | {k: v for k, v in mapping.items() if k not in known}
+
+
+def _value_order(spec: dict[str, Any]) -> list[str]:
+    values = list(spec.get("values") or {})
+    if spec.get("type") == "bool":
+        return [v for v in ("true", "false") if v in values]
+    return sorted(values)
+
+
+def _field(spec: dict[str, Any]) -> dict[str, Any]:
+    out = _ordered(spec, FIELD_KEY_ORDER)
+    for key in ("label", "ask"):
+        if key in out:
+            out[key] = _ordered(out[key], LANGUAGES)
+    if "values" in out:
+        out["values"] = {value: _value(out["values"][value]) for value in _value_order(spec)}
+    if "measure" in out:
+        measure = _ordered(out["measure"], ("units", "bands"))
+        measure["bands"] = [_ordered(band, BAND_KEY_ORDER) for band in measure.get("bands", [])]
+        out["measure"] = measure
+    return out
+
+
+def _value(spec: dict[str, Any]) -> dict[str, Any]:
+    out = _ordered(spec, VALUE_KEYS)
+    if "label" in out:
+        out["label"] = _ordered(out["label"], LANGUAGES)
+    return out
+
+
+def _when(when: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    def rank(key: str) -> tuple[int, int, str]:
+        name, _, attribute = key.partition(".")
+        if name in order:
+            return (0, order.index(name) * 2 + (1 if attribute else 0), key)
+        if key == "level":
+            return (1, 0, key)
+        if name == "impact":
+            position = IMPACT_LISTS.index(attribute) if attribute in IMPACT_LISTS else 99
+            return (2, position, key)
+        if key == "any":
+            return (4, 0, key)
+        return (3, 0, key)
+
+    out: dict[str, Any] = {}
+    for key in sorted(when, key=rank):
+        value = when[key]
+        out[key] = [_when(branch, order) for branch in value] if key == "any" else value
+    return out
+
+
+def _rule(rule: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    out = _ordered(rule, RULE_KEYS)
+    if "when" in out:
+        out["when"] = _when(out["when"], order)
+    return out
+
+
+def _impact(impact: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    out = _ordered(impact, IMPACT_KEYS)
+    radius = out.get("radius", {})
+    if out.get("radius_key"):
+        key_spec = fields.get(out["radius_key"], {})
+        values = [v for v in _value_order(key_spec) if v in radius]
+        values += sorted(v for v in radius if v not in values)
+        out["radius"] = {v: _ordered(radius[v], LEVELS) for v in values}
+    else:
+        out["radius"] = _ordered(radius, LEVELS)
+    return out
+
+
+def _action(action: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    out = _ordered(action, ACTION_KEYS)
+    if "when" in out:
+        out["when"] = _when(out["when"], order)
+    if "args" in out:
+        out["args"] = _ordered(out["args"], ACTION_TOOLS.get(action.get("tool", ""), ()))
+    return out
+
+
+def _example(example: dict[str, Any], order: list[str]) -> dict[str, Any]:
+    out = _ordered(example, EXAMPLE_KEYS)
+    if "fields" in out:
+        out["fields"] = _ordered(out["fields"], tuple(order))
+    return out
+
+
+# --- reading --------------------------------------------------------------------------
+
+
+def load_yaml(text: str) -> tuple[Any, list[LocatedIssue]]:
+    """The document and, if it cannot be read, why (with the line)."""
+    try:
+        return yaml.safe_load(text), []
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        column = f", column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "cannot be read"
+        return None, [LocatedIssue(line, "(file)", f"not valid YAML{column}: {problem}")]
+    except yaml.YAMLError as exc:
+        return None, [LocatedIssue(None, "(file)", f"not valid YAML: {exc}")]
+
+
+def line_index(text: str) -> dict[str, int]:
+    """Path ("risk_rules[3].when.fluid") -> line number, for every key and list item."""
+    lines: dict[str, int] = {}
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return lines
+
+    def walk(node: yaml.Node, path: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                child = f"{path}.{key}" if path else key
+                lines[child] = key_node.start_mark.line + 1
+                walk(value_node, child)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                child = f"{path}[{i}]"
+                lines[child] = item.start_mark.line + 1
+                walk(item, child)
+
+    if root is not None:
+        walk(root, "")
+    return lines
+
+
+_LAST_PART = re.compile(r"(\.[^.\[\]]+|\[\d+\])$")
+
+
+def locate(issues: list[Issue], text: str) -> list[LocatedIssue]:
+    """Each issue with the line of its path (or of the nearest enclosing part) in `text`."""
+    lines = line_index(text)
+    located = []
+    for issue in issues:
+        path = issue.path
+        while path and path not in lines:
+            shorter = _LAST_PART.sub("", path)
+            path = "" if shorter == path else shorter
+        located.append(LocatedIssue(lines.get(path), issue.path, issue.message))
+    return located

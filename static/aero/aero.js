@@ -1,0 +1,58 @@
+/* AERO page behaviour. Everything here is progressive enhancement: pages work without it. */
+(function () {
+  "use strict";
+
+  function lastSeq() {
+    var items = document.querySelectorAll("#timeline-list > li[data-seq]");
+    return items.length ? items[items.length - 1].getAttribute("data-seq") : null;
+  }
+
+  function install() {
+    if (!window.htmx) { return; }
+    // The ws extension reconnects to the URL it was given; ask for what we have not seen
+    // yet instead, so a reconnect neither repeats nor loses events.
+    htmx.createWebSocket = function (url) {
+      var target = new URL(url, window.location.href);
+      var seq = lastSeq();
+      if (seq !== null) { target.searchParams.set("last_seq", seq); }
+      var composer = document.getElementById("session-composer");
+      if (composer) { target.searchParams.set("composer", composer.getAttribute("data-key") || ""); }
+      return new WebSocket(target.toString(), []);
+    };
+    // A pushed fragment may replace a form someone is typing in (a reason for a
+    // decision): keep what was typed across the swap.
+    var kept = {};
+    document.body.addEventListener("htmx:wsBeforeMessage", function () {
+      kept = {};
+      document.querySelectorAll("input[data-keep]").forEach(function (el) {
+        if (el.id && el.value) { kept[el.id] = el.value; }
+      });
+    });
+    document.body.addEventListener("htmx:wsAfterMessage", function () {
+      Object.keys(kept).forEach(function (id) {
+        var el = document.getElementById(id);
+        if (el && !el.value) { el.value = kept[id]; }
+      });
+      var list = document.getElementById("timeline-list");
+      if (list) { list.scrollTop = list.scrollHeight; }
+    });
+  }
+
+  // Deadlines count down in place; the server-rendered text stands without JS.
+  function tickDeadlines() {
+    var now = Date.now();
+    document.querySelectorAll("[data-deadline]").forEach(function (el) {
+      var deadline = Date.parse(el.getAttribute("data-deadline"));
+      if (isNaN(deadline)) { return; }
+      var minutes = Math.max(0, Math.round((deadline - now) / 60000));
+      el.textContent = minutes > 0 ? "times out in " + minutes + " min" : "deadline passed: becoming a manual to-do";
+    });
+  }
+  setInterval(tickDeadlines, 30000);
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", install);
+  } else {
+    install();
+  }
+})();

@@ -1,0 +1,37 @@
+"""Browser tests drive Debian's Chromium (never a downloaded build) through Playwright."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.contrib.auth.models import User
+from django.test import Client
+from playwright.sync_api import Browser, Page, expect
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def sign_in(browser: Browser, base: str, user: User) -> Page:
+    """A browser context with the user's session cookie (the login form has its own tests;
+    the server process hashes passwords differently from the test process)."""
+    client = Client()
+    client.force_login(user)
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_cookies(
+        [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": base}]
+    )
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    page.goto(base + "/sessions/")
+    expect(page.locator(".who")).to_contain_text(user.get_username())
+    return page

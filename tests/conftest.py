@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.db import connection
+from playwright.sync_api import Browser, sync_playwright
+
+from aero.roles import ALL_ROLES, ensure_role_groups
+from scenarios_admin.builtin import load_builtin_data
+from tests import browser_helpers
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.settings import REQUIRE_SERVICES, SERVICES_UP
+
+    if SERVICES_UP or REQUIRE_SERVICES:
+        return
+    skip = pytest.mark.skip(
+        reason="PostgreSQL/Redis not reachable (set AERO_REQUIRE_SERVICES=1 to fail)"
+    )
+    for item in items:
+        if "services" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
+    # The test flush TRUNCATEs every table; the audit log refuses that everywhere except
+    # in a database that opted in (see aero migration 0002).
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f'ALTER DATABASE "{connection.settings_dict["NAME"]}" '
+                    "SET aero.allow_audit_truncate = 'on'"
+                )
+            connection.close()
+    yield
+
+
+@pytest.fixture
+def builtin(transactional_db: None) -> None:
+    """The built-in airport and scenarios, committed (jobs and other processes see them)."""
+    load_builtin_data()
+    ensure_role_groups()
+
+
+@pytest.fixture
+def make_user(db: None) -> Callable[..., User]:
+    def make(username: str, *roles: str, password: str = "pw-for-tests") -> User:
+        assert all(role in ALL_ROLES for role in roles)
+        ensure_role_groups()
+        user = User.objects.create_user(username=username, password=password)
+        user.groups.add(*Group.objects.filter(name__in=roles))
+        return user
+
+    return make
+
+
+# Personas for the view tests: alice operates, bob approves, carol audits, dave has no role.
+@pytest.fixture
+def alice(make_user: Callable[..., User]) -> User:
+    return make_user("alice", "operator")
+
+
+@pytest.fixture
+def bob(make_user: Callable[..., User]) -> User:
+    return make_user("bob", "approver")
+
+
+@pytest.fixture
+def carol(make_user: Callable[..., User]) -> User:
+    return make_user("carol", "auditor")
+
+
+@pytest.fixture
+def dave(make_user: Callable[..., User]) -> User:
+    return make_user("dave")
+
+
+@pytest.fixture
+def db_url() -> str:
+    """A DATABASE_URL for subprocesses that points at the test database."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL")
+    return test_db_url()
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return str(settings.REDIS_URL)
+
+
+def test_db_url() -> str:
+    params = connection.settings_dict
+    return (
+        f"postgres://{params['USER'] or 'postgres'}@{params['HOST'] or '127.0.0.1'}:"
+        f"{params['PORT'] or 5432}/{params['NAME']}"
+    )
+
+
+@pytest.fixture(scope="session")
+def asgi_server(
+    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """daphne serving AERO (HTTP + WebSocket) in a subprocess, on the test database, with
+    channels_redis and the embedded job worker inside it."""
+    from tests.servers import daphne
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the ASGI server tests need PostgreSQL")
+    log = tmp_path_factory.mktemp("daphne") / "daphne.log"
+    with daphne(test_db_url(), str(settings.REDIS_URL), log, AERO_JOB_BACKEND="embedded") as base:
+        yield base
+    # The server's connections may outlive it by a moment; the test database must be
+    # droppable at the end of the run.
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+@pytest.fixture
+def clean_queue() -> Iterator[None]:
+    import django_rq
+
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    queue.empty()  # this run's queue only: other runs may share the Redis database
+    yield
+    queue.empty()
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("Debian chromium is not installed (scripts/install-browser.sh)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, args=browser_helpers.CHROMIUM_ARGS
+        )
+        yield browser
+        browser.close()

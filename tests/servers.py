@@ -1,0 +1,98 @@
+"""Real servers for the tests: daphne (ASGI: HTTP + WebSocket) and RQ workers, each in a
+subprocess against the test database and the tests' own Redis database."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def service_env(db_url: str, redis_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "aero.settings",
+            "DATABASE_URL": db_url,
+            "REDIS_URL": redis_url,
+            "AERO_SECRET_KEY": os.environ["AERO_SECRET_KEY"],
+            "AERO_CHANNEL_PREFIX": os.environ["AERO_CHANNEL_PREFIX"],
+            "AERO_QUEUE": os.environ["AERO_QUEUE"],
+            "AERO_DATA_DIR": str(ROOT / "var" / "test"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def daphne(db_url: str, redis_url: str, log: Path, **extra: str) -> Iterator[str]:
+    port = free_port()
+    env = service_env(db_url, redis_url, **extra)
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [
+                str(Path(PYTHON).parent / "daphne"),
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "aero.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_until_up(base + "/healthz", process, log)
+            yield base
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"daphne exited early:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"daphne did not come up:\n{log.read_text()[-3000:]}")
+
+
+def run_worker_burst(db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:
+    """One `manage.py aero_worker --burst` process: runs what is queued, then exits."""
+    return subprocess.run(
+        [PYTHON, "manage.py", "aero_worker", "--burst"],
+        cwd=ROOT,
+        env=service_env(db_url, redis_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -1,0 +1,57 @@
+"""Test settings: PostgreSQL + Redis on this machine, a Redis database of the tests' own
+(so a running dev worker cannot steal their jobs) and jobs run inline on commit.
+
+Without AERO_REQUIRE_SERVICES=1 and with PostgreSQL unreachable, the suite falls back to
+SQLite and the tests marked `services` are skipped; CI sets AERO_REQUIRE_SERVICES=1.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+
+os.environ.setdefault("AERO_SECRET_KEY", "aero-tests-not-secret")
+# Playwright's sync API leaves an event loop in the main thread; the ORM calls around it
+# are still plain synchronous test code.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+REQUIRE_SERVICES = os.environ.get("AERO_REQUIRE_SERVICES") == "1"
+TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/aero")
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _postgres_up(url: str) -> bool:
+    maintenance_db = urlsplit(url)._replace(path="/postgres").geturl()
+    try:
+        psycopg.connect(maintenance_db, connect_timeout=2).close()
+    except psycopg.Error:
+        return False
+    return True
+
+
+SERVICES_UP = _postgres_up(TEST_DATABASE_URL)
+if SERVICES_UP or REQUIRE_SERVICES:
+    os.environ["DATABASE_URL"] = TEST_DATABASE_URL
+else:
+    os.environ.pop("DATABASE_URL", None)
+os.environ["REDIS_URL"] = TEST_REDIS_URL
+os.environ["AERO_JOB_BACKEND"] = "inline"
+# Parallel runs (CI and a developer, several checkouts) share Redis database 15: each run
+# gets its own queue and channel prefix, named after its test database.
+TEST_DB_NAME = os.environ.get("AERO_TEST_DB", "test_aero")
+os.environ["AERO_CHANNEL_PREFIX"] = f"aero-{TEST_DB_NAME}"
+os.environ["AERO_QUEUE"] = f"aero-{TEST_DB_NAME}"
+os.environ.setdefault("AERO_DATA_DIR", str(Path(__file__).resolve().parent.parent / "var" / "test"))
+
+from aero.settings import *  # noqa: E402,F403
+
+AERO_LLM_BACKOFF = 0.01
+AERO_JOB_BACKOFF = 0.0
+AERO_ENRICHMENT_TIMEOUT = 1.0
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Parallel runs on one machine (several checkouts, CI and a developer) need their own
+# test database; the name also reaches subprocesses through DATABASE_URL.
+DATABASES["default"]["TEST"] = {"NAME": TEST_DB_NAME}  # noqa: F405

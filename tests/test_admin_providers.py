@@ -1,0 +1,205 @@
+"""Provider configs in admin: the API key is write-only and encrypted with the key from
+the environment; "Test connection" calls the configured OpenAI-compatible endpoint (a
+fake one on 127.0.0.1 here) and reports success or the exact error."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.contrib.messages import get_messages
+from django.test import Client
+from pytest_django.fixtures import Settings
+
+from aero.models import AuditLog
+from scenarios_admin.models import ProviderConfig
+from tests.admin_helpers import admin_client, staff_with
+from tests.servers import free_port
+
+pytestmark = pytest.mark.services
+CHANGELIST = "/admin/scenarios_admin/providerconfig/"
+
+
+@dataclass
+class Endpoint:
+    url: str
+    status: int = 200
+    body: str = ""
+    hang: bool = False
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+@pytest.fixture
+def endpoint() -> Iterator[Endpoint]:
+    state = Endpoint(url="")
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            state.requests.append(
+                {"path": self.path, "body": body, "auth": self.headers.get("Authorization")}
+            )
+            if state.hang:
+                state.release.wait(10)
+                return
+            data = state.body.encode()
+            self.send_response(state.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield state
+    state.release.set()
+    server.shutdown()
+
+
+def completion(model: str) -> str:
+    return json.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13},
+        }
+    )
+
+
+@pytest.fixture
+def root(db: None) -> Client:
+    return admin_client(User.objects.create_superuser("root", password="pw-for-tests"))
+
+
+def provider(base_url: str, *, key: str = "sk-test-123", timeout: float = 5) -> ProviderConfig:
+    config = ProviderConfig(
+        name="fake", kind="openai", base_url=base_url, model="fake-1", timeout_seconds=timeout
+    )
+    config.set_api_key(key)
+    config.save()
+    return config
+
+
+def press_test_connection(client: Client, *configs: ProviderConfig) -> list[str]:
+    response = client.post(
+        CHANGELIST,
+        {"action": "test_connection", "_selected_action": [c.pk for c in configs]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def test_a_working_endpoint(root: Client, endpoint: Endpoint) -> None:
+    endpoint.body = completion("fake-1-0613")
+    config = provider(endpoint.url)
+    assert 'value="test_connection"' in root.get(CHANGELIST).content.decode()
+
+    [message] = press_test_connection(root, config)
+
+    assert message.startswith("fake: OK: model fake-1-0613 answered in ")
+    assert message.endswith(" ms, 12 + 1 tokens")
+    [request] = endpoint.requests
+    assert request["path"] == "/v1/chat/completions"
+    assert request["auth"] == "Bearer sk-test-123"
+    assert request["body"]["model"] == "fake-1"
+    entry = AuditLog.objects.get(action="provider.tested")
+    assert (entry.actor_label, entry.object_id, entry.detail["ok"]) == (
+        "root",
+        str(config.pk),
+        True,
+    )
+
+
+def test_a_rejected_key_reports_the_endpoints_answer(root: Client, endpoint: Endpoint) -> None:
+    endpoint.status = 401
+    endpoint.body = json.dumps(
+        {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}
+    )
+
+    assert press_test_connection(root, provider(endpoint.url)) == [
+        f"fake: failed: HTTP 401 from {endpoint.url}/chat/completions: "
+        '{"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}'
+    ]
+    assert AuditLog.objects.get(action="provider.tested").detail["ok"] is False
+
+
+def test_nothing_listening(root: Client) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+
+    [message] = press_test_connection(root, provider(url))
+
+    assert message.startswith(f"fake: failed: ConnectError calling {url}/chat/completions: ")
+    assert "refused" in message
+
+
+def test_a_slow_endpoint_times_out_after_the_configured_timeout(
+    root: Client, endpoint: Endpoint
+) -> None:
+    endpoint.hang = True
+
+    assert press_test_connection(root, provider(endpoint.url, timeout=0.3)) == [
+        f"fake: failed: ReadTimeout calling {endpoint.url}/chat/completions: timed out"
+    ]
+
+
+def test_an_endpoint_that_is_not_openai_compatible(root: Client, endpoint: Endpoint) -> None:
+    endpoint.body = json.dumps({"status": "healthy"})
+
+    assert press_test_connection(root, provider(endpoint.url)) == [
+        f"fake: failed: {endpoint.url}/chat/completions did not answer like an "
+        'OpenAI-compatible chat completion: {"status": "healthy"}'
+    ]
+
+
+def test_the_offline_provider_needs_no_connection(root: Client) -> None:
+    offline = ProviderConfig.objects.create(name="local", kind="offline")
+    assert press_test_connection(root, offline) == [
+        "local: OK: the offline provider needs no connection"
+    ]
+
+
+def test_the_key_is_encrypted_with_the_environments_key(
+    root: Client, endpoint: Endpoint, settings: Settings
+) -> None:
+    settings.AERO_ENCRYPTION_KEY = "key-one"
+    config = provider(endpoint.url, key="sk-very-secret")
+    assert "sk-very-secret" not in config.api_key_encrypted
+    page = root.get(f"{CHANGELIST}{config.pk}/change/").content.decode()
+    assert "sk-very-secret" not in page and config.api_key_encrypted not in page
+
+    settings.AERO_ENCRYPTION_KEY = "key-two"  # the environment's key changed
+
+    assert press_test_connection(root, config) == [
+        "fake: failed: the stored API key: secret cannot be decrypted with the configured key"
+    ]
+    assert endpoint.requests == []
+
+
+def test_only_admins_who_may_change_providers_test_them(
+    db: None, endpoint: Endpoint, make_user: Callable[..., User]
+) -> None:
+    config = provider(endpoint.url)
+    olga = admin_client(make_user("olga", "operator"))
+    refused = olga.post(CHANGELIST, {"action": "test_connection", "_selected_action": [config.pk]})
+    assert refused.status_code == 302 and refused["Location"].startswith("/admin/login/")
+
+    viewer = admin_client(staff_with("vic", "view_providerconfig"))
+    assert 'value="test_connection"' not in viewer.get(CHANGELIST).content.decode()
+    press_test_connection(viewer, config)
+    assert endpoint.requests == []
+    assert not AuditLog.objects.filter(action="provider.tested").exists()

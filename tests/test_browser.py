@@ -1,0 +1,169 @@
+"""The main flow in a real browser (Debian Chromium through Playwright) against daphne:
+an operator opens an incident and answers the agent; an approver decides every action;
+the operator's page shows the decisions and the report without a reload."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Browser, Page, expect
+
+from diagnosis.models import Restriction, Session
+from tests.browser_helpers import ARTIFACTS, sign_in
+
+pytestmark = [pytest.mark.services, pytest.mark.browser]
+
+
+def test_create_answer_approve_and_read_the_report(
+    builtin: None,
+    asgi_server: str,
+    browser: Browser,
+    make_user: Callable[..., User],
+    request: pytest.FixtureRequest,
+) -> None:
+    olga = make_user("olga", "operator")
+    abel = make_user("abel", "approver")
+    operator = sign_in(browser, asgi_server, olga)
+    approver: Page | None = None
+    try:
+        operator.select_option("#id_scenario", label="Apron fluid spill / 机坪漏油")
+        operator.fill("#id_message", "105机位燃油泄漏")
+        operator.click("text=Open session")
+        question = operator.get_by_test_id("question")
+        expect(question).to_contain_text("航班号")
+        operator.fill("#answer-input", "CA1234")
+        operator.click("text=Answer")
+        expect(question).to_contain_text("发动机")  # arrived over the WebSocket
+        operator.fill("#answer-input", "发动机运转")
+        operator.click("text=Answer")
+        expect(question).to_contain_text("持续")
+        operator.fill("#answer-input", "还在持续漏")
+        operator.click("text=Answer")
+        expect(operator.get_by_test_id("risk")).to_contain_text("OS-01")
+        expect(operator.locator("#session-actions tbody tr")).to_have_count(6)
+        expect(operator.get_by_test_id("session-status")).to_have_text("Waiting for people")
+        # The operator sees the pending actions but cannot decide them.
+        expect(operator.locator("#session-actions form.decide")).to_have_count(0)
+
+        approver = sign_in(browser, asgi_server, abel)
+        approver.goto(operator.url)
+        decide = approver.locator("#session-actions form.decide")
+        expect(decide).to_have_count(5)
+        for _ in range(8):  # 2 x R1 once, 3 x R2 twice (approve, then confirm)
+            if decide.count() == 0:
+                break
+            form = decide.first
+            approval_id = form.get_attribute("data-approval")
+            button = form.locator("button.primary")
+            label = button.inner_text()
+            form.locator("input[name=reason]").fill("crew on scene confirms")
+            button.click()
+            # Wait until this step is recorded: the form is gone or asks for the next step.
+            approver.wait_for_function(
+                "([id, label]) => { const b = document.querySelector("
+                '`form[data-approval="${id}"] button.primary`);'
+                " return !b || b.innerText !== label; }",
+                arg=[approval_id, label],
+            )
+        expect(decide).to_have_count(0)
+
+        # No reload on the operator's side: decisions and the report were pushed.
+        expect(operator.get_by_test_id("session-status")).to_have_text("Completed")
+        report = operator.get_by_test_id("report")
+        expect(report).to_contain_text("OS-01")
+        expect(report).to_contain_text("HU7601")
+        expect(operator.locator("#timeline-list")).to_contain_text("abel approved")
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        operator.screenshot(
+            path=str(ARTIFACTS / f"{request.node.name}-operator.png"), full_page=True
+        )
+        if approver is not None:
+            approver.screenshot(
+                path=str(ARTIFACTS / f"{request.node.name}-approver.png"), full_page=True
+            )
+        raise
+
+    session = Session.objects.get()
+    assert session.status == "completed"
+    closed = sorted(Restriction.objects.values_list("kind", "target"))
+    assert closed == [("stand", "105"), ("taxiway", "A"), ("taxiway", "B")]
+
+
+def test_approver_queue_updates_live_and_operator_sees_decisions(
+    builtin: None,
+    asgi_server: str,
+    browser: Browser,
+    make_user: Callable[..., User],
+    request: pytest.FixtureRequest,
+) -> None:
+    olga = make_user("olga", "operator")
+    abel = make_user("abel", "approver")
+    approver = sign_in(browser, asgi_server, abel)
+    operator = sign_in(browser, asgi_server, olga)
+    try:
+        approver.goto(asgi_server + "/approvals/")
+        expect(approver.get_by_test_id("queue-empty")).to_be_visible()
+
+        operator.select_option("#id_scenario", label="Apron fluid spill / 机坪漏油")
+        operator.fill(
+            "#id_message",
+            "MU5678 stand 101 hydraulic leak, engines off, no longer leaking, about 2 m2",
+        )
+        operator.click("text=Open session")
+        expect(operator.get_by_test_id("session-status")).to_have_text("Waiting for people")
+
+        items = approver.locator("#approval-queue article.queue-item")
+        expect(items).to_have_count(2)  # arrived without a reload: R2 taxiway A, R1 crew
+        expect(items.first).to_have_attribute("data-risk", "R2")
+        expect(items.first).to_contain_text("taxiway=A")
+
+        # R2 first: approve, then confirm the exact action.
+        items.first.locator("button[value=approve]").click()
+        expect(items.first.locator("button[value=confirm]")).to_be_visible()
+        items.first.locator("button[value=confirm]").click()
+        expect(items).to_have_count(1)
+        items.first.locator("input[name=reason]").fill("no crew free, airline handles it")
+        items.first.locator("button[value=reject]").click()
+        expect(approver.get_by_test_id("queue-empty")).to_be_visible()
+
+        timeline = operator.locator("#timeline-list")
+        expect(timeline).to_contain_text("abel approved close_taxiway")
+        expect(timeline).to_contain_text("abel rejected dispatch_cleanup_crew")
+        expect(timeline).to_contain_text("no crew free")
+        expect(operator.get_by_test_id("session-status")).to_have_text("Completed")
+        expect(operator.get_by_test_id("report")).to_contain_text("rejected")
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        operator.screenshot(
+            path=str(ARTIFACTS / f"{request.node.name}-operator.png"), full_page=True
+        )
+        approver.screenshot(
+            path=str(ARTIFACTS / f"{request.node.name}-approver.png"), full_page=True
+        )
+        raise
+
+
+def test_a_typed_reason_survives_a_pushed_update(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    from approvals.actions import APPROVE, do_decide
+    from tests.web_helpers import approval_for as approval
+    from tests.web_helpers import waiting_session
+
+    session = waiting_session(make_user("olga", "operator"))
+    abel, bea = make_user("abel", "approver"), make_user("bea", "approver")
+    page = sign_in(browser, asgi_server, abel)
+    page.goto(f"{asgi_server}/sessions/{session.pk}/")
+    closure = approval(session, "close_taxiway", taxiway="B")
+    reason = page.locator(f'form[data-approval="{closure.pk}"] input[name=reason]')
+    reason.fill("taxiway B is upwind and dry")
+
+    crew = approval(session, "dispatch_cleanup_crew")
+    do_decide(crew.pk, bea, APPROVE)  # another approver: the actions panel is pushed again
+
+    expect(page.locator("#timeline-list")).to_contain_text("bea approved dispatch_cleanup_crew")
+    expect(page.locator(f"#action-{crew.tool_call_id}")).to_contain_text("Completed")
+    expect(reason).to_have_value("taxiway B is upwind and dry")

@@ -1,0 +1,265 @@
+"""The offline extractor reads oil_spill incident reports the way an operator writes them."""
+
+# Chinese incident reports use full-width punctuation on purpose.
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from diagnosis.agent.extraction import CJK, detect_language, extract_fields
+from tests.builtin_data import demo_graph, oil_spill
+
+
+def extract(text: str, asked: str | None = None) -> dict[str, Any]:
+    return {
+        name: found.value
+        for name, found in extract_fields(oil_spill(), text, demo_graph(), asked).items()
+    }
+
+
+def synonym_cases() -> list[Any]:
+    """Every synonym (and fallback) of every enum/bool field of the shipped definition, so
+    a synonym added to the data later is covered without touching this file."""
+    cases = []
+    for name, spec in oil_spill()["fields"].items():
+        if spec["type"] not in ("enum", "bool"):
+            continue
+        for raw, value_spec in spec["values"].items():
+            expected = raw == "true" if spec["type"] == "bool" else raw
+            for synonym in [*value_spec.get("synonyms", []), *value_spec.get("fallback", [])]:
+                cases.append(
+                    pytest.param(name, str(synonym), expected, id=f"{name}={raw}:{synonym}")
+                )
+    return cases
+
+
+SYNONYMS = synonym_cases()
+
+
+def test_every_enum_and_bool_field_has_synonyms_to_test() -> None:
+    fields = {case.values[0] for case in SYNONYMS}
+    assert fields == {"fluid_type", "engine_status", "continuous", "leak_size"}
+    assert any(CJK.search(case.values[1]) for case in SYNONYMS)
+    assert any(not CJK.search(case.values[1]) for case in SYNONYMS)
+
+
+@pytest.mark.parametrize(("field", "synonym", "expected"), SYNONYMS)
+def test_synonym_alone(field: str, synonym: str, expected: Any) -> None:
+    assert extract(synonym)[field] == expected
+
+
+@pytest.mark.parametrize(("field", "synonym", "expected"), SYNONYMS)
+def test_synonym_in_a_sentence_of_its_language(field: str, synonym: str, expected: Any) -> None:
+    if CJK.search(synonym):
+        sentence = f"现场报告：{synonym}，请尽快处理。"
+        assert detect_language(sentence) == "zh"
+    else:
+        # Case-insensitive: operators type in capitals too.
+        sentence = f"Report from the apron: {synonym.upper()}, please respond."
+        assert detect_language(sentence) == "en"
+    assert extract(sentence)[field] == expected
+
+
+# --- overlapping synonyms --------------------------------------------------------------
+
+
+def test_stopped_leaking_is_about_the_leak_not_the_engine() -> None:
+    found = extract("Hydraulic leak at stand 101, stopped leaking")
+    assert found["continuous"] is False
+    assert "engine_status" not in found
+
+
+def test_engine_running_and_leak_stopped_together() -> None:
+    found = extract("engine running, stopped leaking")
+    assert found["engine_status"] == "RUNNING"
+    assert found["continuous"] is False
+
+
+def test_not_shut_down_is_running() -> None:
+    assert extract("105机位燃油泄漏，飞机未关车")["engine_status"] == "RUNNING"
+
+
+def test_stopped_running_is_stopped() -> None:
+    assert extract("发动机已停止运转")["engine_status"] == "STOPPED"
+
+
+def test_unspecified_fluid_leak_is_fuel() -> None:
+    assert extract("105机位油料泄漏")["fluid_type"] == "FUEL"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("105机位油料泄漏，是液压油", "HYDRAULIC"),
+        ("液压油料泄漏", "HYDRAULIC"),
+        ("润滑油料泄漏", "OIL"),
+        ("机油料泄漏", "OIL"),
+        ("油料泄漏, hydraulic fluid", "HYDRAULIC"),
+    ],
+)
+def test_unspecified_fluid_leak_gives_way_to_a_named_fluid(text: str, expected: str) -> None:
+    assert extract(text)["fluid_type"] == expected
+
+
+def test_a_later_mention_of_the_same_length_wins() -> None:
+    # "持续" then a correction "不再" (both two characters).
+    assert extract("刚才还持续，现在不再")["continuous"] is False
+
+
+# --- leak size from an area ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("6平方米", "LARGE"),
+        ("6 m2", "LARGE"),
+        ("6 sqm", "LARGE"),
+        ("6m2", "LARGE"),
+        ("5.5 square meters", "LARGE"),
+        ("exactly 5 m2", "MEDIUM"),
+        ("5平方米", "MEDIUM"),
+        ("about 2 m2", "MEDIUM"),
+        ("1 m2", "MEDIUM"),
+        ("0.5 m²", "SMALL"),
+        ("0.9 平米", "SMALL"),
+    ],
+)
+def test_leak_size_from_area(text: str, expected: str) -> None:
+    assert extract(text)["leak_size"] == expected
+
+
+def test_an_area_is_not_a_flight_number() -> None:
+    assert "flight_no" not in extract("fuel leak about 6m2")
+
+
+def test_leak_size_is_not_invented() -> None:
+    assert "leak_size" not in extract("CA1234 在105机位燃油泄漏")
+
+
+# --- flight numbers -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("CA1234 在105机位燃油泄漏", "CA1234"),
+        ("3U8888 reports a leak", "3U8888"),
+        ("航班9C8521漏油", "9C8521"),
+        ("ca1234 stand 105", "CA1234"),
+        ("XY123 at stand 105", "XY123"),  # well-formed, even if not in today's schedule
+        ("A320 at stand 105, flight CA1234", "CA1234"),
+    ],
+)
+def test_flight_number(text: str, expected: str) -> None:
+    assert extract(text)["flight_no"] == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["A320", "A320 at stand 105 leaking fuel", "B737-800 机型", "滑行道B2", "taxiway A3"]
+)
+def test_aircraft_types_and_node_ids_are_not_flight_numbers(text: str) -> None:
+    assert "flight_no" not in extract(text)
+
+
+# --- positions ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("105", "105"),
+        ("105机位", "105"),
+        ("机位105", "105"),
+        ("105号机位", "105"),
+        ("stand 105", "105"),
+        ("Stand 105", "105"),
+        ("滑行道B2", "B2"),
+        ("B2滑行道", "B2"),
+        ("taxiway B2", "B2"),
+        ("taxiway b2", "B2"),
+        ("CA1234 在105机位燃油泄漏", "105"),
+    ],
+)
+def test_position(text: str, expected: str) -> None:
+    assert extract(text)["position"] == expected
+
+
+@pytest.mark.parametrize("text", ["stand 999", "999机位", "taxiway Z9"])
+def test_unknown_position_is_not_extracted(text: str) -> None:
+    assert "position" not in extract(text)
+
+
+# --- bare answers to a question ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ("yes", True),
+        ("Yes.", True),
+        ("是", True),
+        ("是的", True),
+        ("有", True),
+        ("no", False),
+        ("No", False),
+        ("否", False),
+        ("否。", False),
+        ("没有", False),
+    ],
+)
+def test_bare_yes_no_answers_the_asked_bool_field(answer: str, expected: bool) -> None:
+    assert extract(answer, asked="continuous") == {"continuous": expected}
+
+
+@pytest.mark.parametrize("answer", ["yes", "是"])
+def test_bare_yes_means_nothing_unless_a_bool_field_was_asked(answer: str) -> None:
+    assert extract(answer) == {}
+    assert extract(answer, asked="engine_status") == {}
+
+
+@pytest.mark.parametrize("answer", ["嗯", "maybe", "not sure"])
+def test_an_unclear_answer_sets_nothing(answer: str) -> None:
+    assert extract(answer, asked="continuous") == {}
+
+
+def test_a_synonym_wins_over_a_bare_answer() -> None:
+    assert extract("已止住", asked="continuous") == {"continuous": False}
+
+
+# --- language -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏", "zh"),
+        ("MU5678 stand 101 hydraulic leak, engines off, no longer leaking, about 2 m2", "en"),
+        ("stand 105 漏油", "zh"),
+        ("CA1234 105", "en"),
+    ],
+)
+def test_detect_language(text: str, expected: str) -> None:
+    assert detect_language(text) == expected
+
+
+def test_worked_examples_read_completely() -> None:
+    assert extract("CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏") == {
+        "flight_no": "CA1234",
+        "position": "105",
+        "fluid_type": "FUEL",
+        "engine_status": "RUNNING",
+        "continuous": True,
+    }
+    assert extract(
+        "MU5678 stand 101 hydraulic leak, engines off, no longer leaking, about 2 m2"
+    ) == {
+        "flight_no": "MU5678",
+        "position": "101",
+        "fluid_type": "HYDRAULIC",
+        "engine_status": "STOPPED",
+        "continuous": False,
+        "leak_size": "MEDIUM",
+    }

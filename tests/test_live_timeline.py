@@ -1,0 +1,131 @@
+"""The live timeline over a real WebSocket against daphne in another process: pushed
+events arrive, a reconnect with last_seq loses nothing and repeats nothing, and the
+socket refuses whoever may not watch."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from diagnosis.actions import do_answer, do_create_session
+from diagnosis.models import Session
+from scenarios_admin.models import Scenario
+
+pytestmark = pytest.mark.services
+SEQ = re.compile(r'data-seq="(\d+)"')
+
+
+def cookie_for(user: User) -> str:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+def ws_url(base: str, session: Session, last_seq: int | None = None) -> str:
+    url = base.replace("http://", "ws://") + f"/ws/sessions/{session.pk}/"
+    return url if last_seq is None else f"{url}?last_seq={last_seq}"
+
+
+def open_socket(
+    base: str, session: Session, user: User, last_seq: int | None = None
+) -> ClientConnection:
+    return connect(
+        ws_url(base, session, last_seq),
+        open_timeout=10,
+        additional_headers={"Cookie": cookie_for(user), "Origin": base},
+    )
+
+
+def receive_until(
+    ws: ClientConnection, done: Callable[[list[int], str], bool], timeout: float = 15
+) -> tuple[list[int], str]:
+    seqs: list[int] = []
+    html = ""
+    while not done(seqs, html):
+        message = ws.recv(timeout=timeout)
+        assert isinstance(message, str)
+        html += message
+        seqs += [int(s) for s in SEQ.findall(message)]
+    return seqs, html
+
+
+def new_session(user: User, text: str) -> Session:
+    session = do_create_session(user, Scenario.objects.get(slug="oil_spill"), text)
+    session.refresh_from_db()
+    return session
+
+
+def test_pushed_events_arrive_and_reconnect_catches_up(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "105机位燃油泄漏")  # asks for the flight first
+    assert session.status == "waiting_user"
+    first_batch = session.last_seq
+
+    with open_socket(asgi_server, session, operator, last_seq=0) as ws:
+        seqs, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= first_batch)
+        assert seqs == list(range(1, first_batch + 1))
+        assert "请提供涉事航班号" in html  # the question, rendered for this viewer
+
+        do_answer(session.pk, operator, "CA1234")  # the job runs here; daphne only pushes
+        session.refresh_from_db()
+        assert session.last_seq > first_batch
+        seqs, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
+        assert seqs == list(range(first_batch + 1, session.last_seq + 1))
+        assert re.search(r'<section id="session-composer"[^>]*hx-swap-oob="true"', html)
+        assert "发动机目前是否仍在运转" in html  # the next question reached the page live
+        seen = session.last_seq
+
+    # While nobody watches, the session moves on.
+    do_answer(session.pk, operator, "发动机运转，还在持续漏")
+    session.refresh_from_db()
+    assert session.last_seq > seen
+
+    with open_socket(asgi_server, session, operator, last_seq=seen) as ws:
+        seqs, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
+        assert seqs == list(range(seen + 1, session.last_seq + 1))  # nothing lost, nothing twice
+        assert "Approval needed" in html
+
+
+def test_auditor_may_watch_but_gets_no_decision_forms(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    operator = make_user("olga", "operator")
+    auditor = make_user("aude", "auditor")
+    session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+    with open_socket(asgi_server, session, auditor, last_seq=0) as ws:
+        _, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
+    assert "Approval needed" in html
+    assert "Approve (1 of 2)" not in html and 'name="decision"' not in html
+
+
+def test_socket_refuses_anonymous_roleless_and_missing_origin(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    operator = make_user("olga", "operator")
+    nobody = make_user("nemo")
+    session = new_session(operator, "105机位燃油泄漏")
+    url = ws_url(asgi_server, session, 0)
+
+    def refused(headers: dict[str, Any]) -> bool:
+        try:
+            with connect(url, open_timeout=10, additional_headers=headers) as ws:
+                ws.recv(timeout=5)
+        except InvalidStatus:
+            return True
+        except Exception:
+            return True  # closed right after the handshake
+        return False
+
+    assert refused({"Origin": asgi_server})  # anonymous
+    assert refused({"Origin": asgi_server, "Cookie": cookie_for(nobody)})  # no role
+    assert refused({"Cookie": cookie_for(operator)})  # no Origin header
+    assert refused({"Origin": "http://evil.example", "Cookie": cookie_for(operator)})
