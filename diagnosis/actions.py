@@ -96,6 +96,9 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
                 "answers": session.snapshot["question"].get("key"),
             },
             producer=producer,
+            # Answered: the page stops asking at once and a second answer is refused,
+            # instead of both waiting for the job to pick the first one up.
+            snapshot={"question": None},
         )
         set_status(session.pk, SessionStatus.QUEUED, producer=producer, strict=False)
         enqueue_advance(session.pk)

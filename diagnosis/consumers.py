@@ -31,25 +31,30 @@ def render_updates(
     user: Any, session_id: Any, after: int, composer_key: str | None = None
 ) -> tuple[str, int, str | None]:
     """HTML with hx-swap-oob fragments for the events after `after` (at most one batch)
-    and the panels they change, plus the composer's key. Returns ("", after, key) when
-    there is nothing new.
+    and the panels they change, plus the key of the composer the page now shows.
+    Returns ("", after, key) when there is nothing new.
 
-    The composer (the answer box) is re-sent only when what it asks changes: replacing it
-    on every status event would wipe what the operator is typing."""
-    events = list(
-        Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:BATCH]
-    )
-    if not events:
-        return "", after, composer_key
+    The session row is read first and only events up to its last_seq are sent: panels
+    and timeline then describe the same moment, even while a job keeps appending.
+    The composer (the answer box) is sent exactly when its key changes, whatever the
+    events were: replacing it on every status event would wipe what the operator is
+    typing, and tying it to event types missed a question committed between two reads."""
     session = Session.objects.select_related("scenario", "scenario_version", "created_by").get(
         pk=session_id
     )
+    events = list(
+        Event.objects.filter(
+            session_id=session_id, seq__gt=after, seq__lte=session.last_seq
+        ).order_by("seq")[:BATCH]
+    )
+    if not events:
+        return "", after, composer_key
     panels: set[str] = set()
     for event in events:
         panels |= presenters.PANELS_BY_EVENT.get(event.type, set())
     new_key = presenters.composer_key(session)
-    if new_key == composer_key:
-        panels.discard("session-composer")
+    if new_key != composer_key:
+        panels.add("session-composer")
     context = presenters.session_context(session, user) if panels else {}
     parts = [render_to_string("diagnosis/_timeline_append.html", {"events": events})]
     for panel in sorted(panels):

@@ -14,12 +14,12 @@ from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sor
 
 TIMELINE_PAGE = 200  # rendering dominates: ~20 ms for 200 rows on this machine
 
-# Which panels an event type changes (the consumer re-renders only those).
+# Which panels an event type changes (the consumer re-renders only those). The composer
+# is not here: the consumer re-sends it whenever its composer_key changes.
 PANELS_BY_EVENT = {
-    "session.status_changed": {"session-status", "session-composer", "session-actions"},
-    "fields.extracted": {"session-facts", "session-composer"},
-    "agent.question": {"session-facts", "session-composer"},
-    "user.message": {"session-composer"},
+    "session.status_changed": {"session-status", "session-actions"},
+    "fields.extracted": {"session-facts"},
+    "agent.question": {"session-facts"},
     "risk.assessed": {"session-facts"},
     "impact.analyzed": {"session-facts"},
     "fsm.transition": {"session-facts"},

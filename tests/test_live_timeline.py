@@ -15,6 +15,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from diagnosis.actions import do_answer, do_create_session
+from diagnosis.consumers import render_updates
+from diagnosis.events import append_event
 from diagnosis.models import Session
 from scenarios_admin.models import Scenario
 
@@ -93,6 +95,47 @@ def test_pushed_events_arrive_and_reconnect_catches_up(
         seqs, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
         assert seqs == list(range(seen + 1, session.last_seq + 1))  # nothing lost, nothing twice
         assert "Approval needed" in html
+
+
+COMPOSER = re.compile(r'<section id="session-composer"[^>]*data-key="([^"]*)"')
+
+
+@pytest.mark.services
+def test_the_composer_follows_the_session_whatever_events_a_batch_holds(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    """A question can be committed between the consumer's reads: its batch may hold only
+    events that change no panel. The answer box must still follow, and the consumer must
+    remember only what it really sent."""
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "105机位燃油泄漏")
+    assert session.snapshot["question"]["field"] == "flight_no"
+
+    # The page still shows "working" and the only new event is a note.
+    append_event(session.pk, "agent.note", {"text": "still here"}, producer="test")
+    html, seq, key = render_updates(operator, session.pk, session.last_seq, "working:")
+    assert seq == session.last_seq + 1
+    assert COMPOSER.findall(html) == [key] and key.startswith("asking:")
+    assert "请提供涉事航班号" in html
+
+    # Once sent, a later event does not replace it (that would wipe a typed answer).
+    append_event(session.pk, "agent.note", {"text": "still here"}, producer="test")
+    html, seq, same_key = render_updates(operator, session.pk, seq, key)
+    assert seq == session.last_seq + 2 and same_key == key
+    assert COMPOSER.findall(html) == []
+
+    # The answer closes the question: the very next push says the agent is working.
+    do_answer_without_job(session, operator, "CA1234")
+    html, _, key = render_updates(operator, session.pk, seq, key)
+    assert COMPOSER.findall(html) == ["working:"]
+    assert "The agent is working" in html
+
+
+def do_answer_without_job(session: Session, user: User, text: str) -> None:
+    from unittest import mock
+
+    with mock.patch("diagnosis.actions.enqueue_advance"):
+        do_answer(session.pk, user, text)
 
 
 def test_auditor_may_watch_but_gets_no_decision_forms(

@@ -431,6 +431,30 @@ def test_htmx_answer_returns_the_composer_partial(alice: User, asking: Session) 
 
 
 @pytest.mark.services
+def test_a_second_answer_before_the_agent_resumes_is_refused(
+    alice: User, asking: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No job runs between the two posts: the agent has not picked up the first answer.
+    monkeypatch.setattr("diagnosis.actions.enqueue_advance", lambda session_id: None)
+    client = login(alice)
+    first = client.post(
+        url("session-answer", asking.pk), {"message": "stand 105"}, headers={"HX-Request": "true"}
+    )
+    second = client.post(
+        url("session-answer", asking.pk), {"message": "stand 106"}, headers={"HX-Request": "true"}
+    )
+
+    assert first.status_code == 200
+    assert "The agent is working" in first.content.decode()  # the question is gone at once
+    assert second.status_code == 400
+    assert "there is nothing to answer" in second.content.decode()
+    texts = [
+        e.payload["text"] for e in Event.objects.filter(session=asking, type="user.message")
+    ]
+    assert texts[1:] == ["stand 105"]
+
+
+@pytest.mark.services
 @pytest.mark.parametrize("htmx", [False, True])
 def test_empty_answer_is_refused(alice: User, asking: Session, htmx: bool) -> None:
     headers = {"HX-Request": "true"} if htmx else {}
