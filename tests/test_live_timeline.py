@@ -115,7 +115,8 @@ def test_the_composer_follows_the_session_whatever_events_a_batch_holds(
     append_event(session.pk, "agent.note", {"text": "still here"}, producer="test")
     html, seq, key = render_updates(operator, session.pk, session.last_seq, "working:")
     assert seq == session.last_seq + 1
-    assert COMPOSER.findall(html) == [key] and key.startswith("asking:")
+    assert key is not None and key.startswith("asking:")
+    assert COMPOSER.findall(html) == [key]
     assert "请提供涉事航班号" in html
 
     # Once sent, a later event does not replace it (that would wipe a typed answer).

@@ -448,9 +448,7 @@ def test_a_second_answer_before_the_agent_resumes_is_refused(
     assert "The agent is working" in first.content.decode()  # the question is gone at once
     assert second.status_code == 400
     assert "there is nothing to answer" in second.content.decode()
-    texts = [
-        e.payload["text"] for e in Event.objects.filter(session=asking, type="user.message")
-    ]
+    texts = [e.payload["text"] for e in Event.objects.filter(session=asking, type="user.message")]
     assert texts[1:] == ["stand 105"]
 
 
