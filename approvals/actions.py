@@ -83,20 +83,7 @@ def do_decide(
                 },
                 producer=producer,
             )
-            audit(
-                "approval.first_approved",
-                obj=approval,
-                actor=user,
-                session_id=session.pk,
-                detail={
-                    "tool": approval.action_name,
-                    "args": approval.tool_call.request_payload,
-                    "risk_class": approval.risk_class,
-                    "reason": reason,
-                    "digest": approval.digest,
-                },
-            )
-            notify_queue()
+            _audit_decision("approval.first_approved", approval, user, reason)
             return approval
         return _finish(approval, user, ApprovalStatus.APPROVED, reason, producer)
 
@@ -147,8 +134,14 @@ def _finish(approval: Approval, user: Any, status: str, reason: str, producer: s
     approval.decided_at = timezone.now()
     approval.save(update_fields=["status", "approver", "reason", "decided_at"])
     do_apply_decision(approval.tool_call_id, user, status, reason, producer=producer)
+    _audit_decision(f"approval.{status}", approval, user, reason)
+    return approval
+
+
+def _audit_decision(action: str, approval: Approval, user: Any, reason: str) -> None:
+    """Who decided what, when, why, and on exactly which request (its digest)."""
     audit(
-        f"approval.{status}",
+        action,
         obj=approval,
         actor=user,
         session_id=approval.session_id,
@@ -161,7 +154,6 @@ def _finish(approval: Approval, user: Any, status: str, reason: str, producer: s
         },
     )
     notify_queue()
-    return approval
 
 
 # --- timeouts -------------------------------------------------------------------------

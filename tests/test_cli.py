@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -13,7 +12,9 @@ from django.core.management.base import CommandError
 
 from approvals.models import Approval, ApprovalStatus
 from diagnosis.models import Restriction, Session
+from tests import scenario_helpers
 from tests.builtin_data import oil_spill
+from tests.scenario_helpers import action_table
 
 EXAMPLE_ONE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
 EXAMPLE_TWO = "MU5678 stand 101 hydraulic leak, engines off, no longer leaking, about 2 m2"
@@ -22,25 +23,7 @@ pytestmark = pytest.mark.services
 
 
 def run_incident(capsys: pytest.CaptureFixture[str], message: str, *options: str) -> dict[str, Any]:
-    capsys.readouterr()  # drop anything printed before
-    call_command(
-        "incident", "run", "--scenario", "oil_spill", "--message", message, *options, "--json"
-    )
-    result: dict[str, Any] = json.loads(capsys.readouterr().out)
-    return result
-
-
-def action_table(result: dict[str, Any]) -> list[tuple[str, dict[str, str], str, str, str]]:
-    return [
-        (
-            a["tool"],
-            {k: v for k, v in a["args"].items() if k != "message"},
-            a["risk_class"],
-            a["decision"],
-            a["status"],
-        )
-        for a in result["actions"]
-    ]
+    return scenario_helpers.run_incident(capsys, "oil_spill", message, *options)
 
 
 def ask(field: str, language: str) -> str:
