@@ -93,12 +93,13 @@ class AirportGraph:
         }
 
 
-def _natural_key(value: str) -> tuple[int, str, int]:
-    # "A10" after "A9"; plain numbers (stands) before letters.
-    match = re.match(r"^([A-Za-z-]*)(\d*)(.*)$", value)
-    assert match is not None
-    prefix, digits, rest = match.groups()
-    return (1 if prefix else 0, prefix + rest, int(digits) if digits else -1)
+def _natural_key(value: str) -> tuple[tuple[int, int | str], ...]:
+    # Digit runs compare as numbers, chunk by chunk: "A10" after "A9", "R0624-3" before
+    # "R1836-1". A digit chunk sorts before a letter chunk, so stands ("101") come first.
+    return tuple(
+        (0, int(chunk)) if chunk.isdigit() else (1, chunk)
+        for chunk in re.findall(r"\d+|\D+", value)
+    )
 
 
 def natural_sorted(values: list[str]) -> list[str]:

@@ -228,8 +228,8 @@ def test_a_runway_reference_node_is_replaced_before_it_is_deleted(root: Client) 
     assert Runway.objects.get(designator="18/36").reference_node.node_id == "R1836-1"
     assert load_active_graph().impact("R1836-1", 1)["isolated_nodes"] == [
         "D2",
-        "R1836-1",
         "R0624-3",
+        "R1836-1",
     ]
 
 

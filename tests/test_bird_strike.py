@@ -106,13 +106,13 @@ def test_spread_radius_by_level(fields: dict[str, Any], radius: int) -> None:
 def test_impact_starts_at_the_struck_runways_reference_node() -> None:
     _, impact, _ = plan(SLUG, {"engine_ingestion": True, "phase": "CLIMB", "runway": "06/24"})
     assert impact["start"] == "R0624-2"
-    assert impact["isolated_nodes"] == ["C1", "C2", "R0624-1", "R0624-2", "R1836-2", "R0624-3"]
+    assert impact["isolated_nodes"] == ["C1", "C2", "R0624-1", "R0624-2", "R0624-3", "R1836-2"]
     assert impact["runways"] == ["06/24", "18/36"]
     assert impact["taxiways"] == ["C"]
 
     _, impact, _ = plan(SLUG, {"bird_size": "LARGE", "runway": "18/36"})
     assert impact["start"] == "R1836-2"
-    assert impact["isolated_nodes"] == ["R1836-1", "R1836-2", "R0624-3"]
+    assert impact["isolated_nodes"] == ["R0624-3", "R1836-1", "R1836-2"]
 
 
 # --- required actions ---------------------------------------------------------------------
@@ -167,7 +167,7 @@ def test_atc_is_told_the_flight_phase_runway_and_rule() -> None:
     message = policy.required_actions(definition, fields, graph, risk, impact)[0]["args"]["message"]
     assert message == (
         "Bird strike, flight CA1234 (CLIMB) on runway 06/24: risk HIGH (BS-01), "
-        "isolate C1, C2, R0624-1, R0624-2, R1836-2, R0624-3"
+        "isolate C1, C2, R0624-1, R0624-2, R0624-3, R1836-2"
     )
 
 
@@ -234,7 +234,7 @@ def test_engine_ingestion_on_takeoff_end_to_end(
     assert result["risk"] == {"rule": "BS-01", "level": "HIGH", "score": 90}
     assert result["impact"] == {
         "radius": 2,
-        "isolated_nodes": ["C1", "C2", "R0624-1", "R0624-2", "R1836-2", "R0624-3"],
+        "isolated_nodes": ["C1", "C2", "R0624-1", "R0624-2", "R0624-3", "R1836-2"],
         "taxiways": ["C"],
         "runways": ["06/24", "18/36"],
         "stands": [],

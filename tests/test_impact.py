@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scenarios_admin.airport import AirportGraph, load_active_graph
+from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
 from scenarios_admin.builtin import load_builtin_data
 from tests.builtin_data import demo_graph
 
@@ -91,3 +91,18 @@ def test_the_seed_file_graph_used_by_the_pure_tests_is_the_loaded_graph(
     assert from_file.adjacency == airport.adjacency
     assert from_file.runways == airport.runways
     assert from_file.flights == airport.flights
+
+
+def test_node_lists_read_in_natural_order() -> None:
+    # Stands (plain numbers) first, then letters; digit runs compare as numbers.
+    nodes = ["R1836-1", "A10", "R0624-3", "B1", "A9", "1010", "102", "R0624-10"]
+    assert natural_sorted(nodes) == [
+        "102",
+        "1010",
+        "A9",
+        "A10",
+        "B1",
+        "R0624-3",
+        "R0624-10",
+        "R1836-1",
+    ]

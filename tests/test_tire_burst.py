@@ -209,8 +209,8 @@ def test_debris_at_takeoff_end_to_end(builtin: None, capsys: pytest.CaptureFixtu
         "C2",
         "R0624-1",
         "R0624-2",
-        "R1836-2",
         "R0624-3",
+        "R1836-2",
     ]
     assert action_table(result) == [
         ("notify_atc", {}, "R0", "auto", "completed"),
