@@ -158,6 +158,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def value_order(spec: dict[str, Any]) -> list[str]:
+    """A field's values in one stable order wherever they are listed (prompts, hints,
+    YAML): PostgreSQL's jsonb does not keep the authored key order, so none is kept."""
+    values = list(spec.get("values") or {})
+    if spec.get("type") == "bool":
+        return [v for v in ("true", "false") if v in values]
+    return sorted(values)
+
+
 def _values_of(spec: Any) -> dict[str, Any]:
     values = spec.get("values") if isinstance(spec, dict) else None
     return values if isinstance(values, dict) else {}

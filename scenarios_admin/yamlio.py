@@ -27,6 +27,7 @@ from scenarios_admin.definition import (
     TOP_KEYS,
     VALUE_KEYS,
     Issue,
+    value_order,
 )
 
 FIELD_KEY_ORDER = ("label", "type", "kinds", "priority", "ask", "default", "values", "measure")
@@ -128,20 +129,13 @@ def _ordered(mapping: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     return known | {k: v for k, v in mapping.items() if k not in known}
 
 
-def _value_order(spec: dict[str, Any]) -> list[str]:
-    values = list(spec.get("values") or {})
-    if spec.get("type") == "bool":
-        return [v for v in ("true", "false") if v in values]
-    return sorted(values)
-
-
 def _field(spec: dict[str, Any]) -> dict[str, Any]:
     out = _ordered(spec, FIELD_KEY_ORDER)
     for key in ("label", "ask"):
         if key in out:
             out[key] = _ordered(out[key], LANGUAGES)
     if "values" in out:
-        out["values"] = {value: _value(out["values"][value]) for value in _value_order(spec)}
+        out["values"] = {value: _value(out["values"][value]) for value in value_order(spec)}
     if "measure" in out:
         measure = _ordered(out["measure"], ("units", "bands"))
         measure["bands"] = [_ordered(band, BAND_KEY_ORDER) for band in measure.get("bands", [])]
@@ -189,7 +183,7 @@ def _impact(impact: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     radius = out.get("radius", {})
     if out.get("radius_key"):
         key_spec = fields.get(out["radius_key"], {})
-        values = [v for v in _value_order(key_spec) if v in radius]
+        values = [v for v in value_order(key_spec) if v in radius]
         values += sorted(v for v in radius if v not in values)
         out["radius"] = {v: _ordered(radius[v], LEVELS) for v in values}
     else:

@@ -41,6 +41,7 @@ from diagnosis.models import (
 )
 from diagnosis.reporting import render_report
 from diagnosis.signals import approval_required
+from scenarios_admin.definition import value_order
 
 
 class NodeFn(Protocol):
@@ -396,7 +397,7 @@ def note_unexecuted_actions(ctx: AgentContext, run: AgentRun) -> None:
 
 def _retry_hint(spec: dict[str, Any], lang: str) -> str:
     values = spec.get("values") or {}
-    names = " / ".join(v.get("label", {}).get(lang, k) for k, v in values.items()) if values else ""
+    names = " / ".join(values[k].get("label", {}).get(lang, k) for k in value_order(spec))
     if lang == "zh":
         return "未能识别您的回答。" + (f"可选：{names}。" if names else "")
     return "I could not recognise that answer. " + (f"Options: {names}. " if names else "")

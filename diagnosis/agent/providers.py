@@ -15,6 +15,7 @@ from django.conf import settings
 
 from diagnosis.agent.extraction import Extraction, extract_fields
 from scenarios_admin.airport import AirportGraph
+from scenarios_admin.definition import value_order
 from scenarios_admin.models import ProviderConfig, ProviderKind
 
 logger = logging.getLogger("diagnosis.providers")
@@ -93,13 +94,14 @@ class OpenAICompatibleProvider:
     def extract(
         self, definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None
     ) -> tuple[dict[str, Extraction], Usage]:
+        fields = definition["fields"]
         schema = {
             name: (
-                {"type": spec["type"], "values": list(spec.get("values", {}))}
-                if spec.get("values")
-                else {"type": spec["type"]}
+                {"type": fields[name]["type"], "values": value_order(fields[name])}
+                if fields[name].get("values")
+                else {"type": fields[name]["type"]}
             )
-            for name, spec in definition["fields"].items()
+            for name in definition["field_order"]
         }
         system = (
             definition.get("system_prompt", "")

@@ -150,7 +150,12 @@ def summarize(session: Session) -> dict[str, Any]:
     return {
         "session": str(session.pk),
         "status": session.status,
-        "fields": snapshot.get("fields", {}),
+        # In the scenario's field order (jsonb keeps its own key order).
+        "fields": {
+            name: snapshot["fields"][name]
+            for name in session.scenario_version.definition["field_order"]
+            if name in snapshot.get("fields", {})
+        },
         "questions": [
             e.payload["text"]
             for e in Event.objects.filter(session=session, type="agent.question").order_by("seq")
