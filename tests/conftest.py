@@ -8,7 +8,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, expect, sync_playwright
 
 from aero.roles import ALL_ROLES, ensure_role_groups
 from scenarios_admin.builtin import load_builtin_data
@@ -141,6 +141,9 @@ def browser() -> Iterator[Browser]:
     executable = shutil.which("chromium")
     if executable is None:
         pytest.fail("Debian chromium is not installed (scripts/install-browser.sh)")
+    # Assertions wait for pushed updates; a loaded CI machine needs more than 5 s. This is a
+    # limit on waiting, not a speed check (benchmarks measure speed).
+    expect.set_options(timeout=15_000)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=executable, args=browser_helpers.CHROMIUM_ARGS
