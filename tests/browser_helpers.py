@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from django.contrib.auth.models import User
@@ -21,12 +22,14 @@ CHROMIUM_ARGS = [
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
-def sign_in(browser: Browser, base: str, user: User) -> Page:
+def sign_in(browser: Browser, base: str, user: User, *, javascript: bool = True) -> Page:
     """A browser context with the user's session cookie (the login form has its own tests;
     the server process hashes passwords differently from the test process)."""
     client = Client()
     client.force_login(user)
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(
+        viewport={"width": 1400, "height": 1000}, java_script_enabled=javascript
+    )
     context.add_cookies(
         [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": base}]
     )
@@ -35,3 +38,13 @@ def sign_in(browser: Browser, base: str, user: User) -> Page:
     page.goto(base + "/sessions/")
     expect(page.locator(".who")).to_contain_text(user.get_username())
     return page
+
+
+def reload_until(page: Page, done: Callable[[], bool], attempts: int = 40) -> None:
+    """Without JavaScript nothing is pushed: a person reloads until the page shows it."""
+    for _ in range(attempts):
+        if done():
+            return
+        page.wait_for_timeout(250)
+        page.reload()
+    raise AssertionError(f"{page.url} never showed what was expected")

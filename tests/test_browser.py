@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Browser, Page, expect
 
 from diagnosis.models import Restriction, Session
-from tests.browser_helpers import ARTIFACTS, sign_in
+from tests.browser_helpers import ARTIFACTS, reload_until, sign_in
 
 pytestmark = [pytest.mark.services, pytest.mark.browser]
 
@@ -167,3 +167,51 @@ def test_a_typed_reason_survives_a_pushed_update(
     expect(page.locator("#timeline-list")).to_contain_text("bea approved dispatch_cleanup_crew")
     expect(page.locator(f"#action-{crew.tool_call_id}")).to_contain_text("Completed")
     expect(reason).to_have_value("taxiway B is upwind and dry")
+
+
+def test_the_main_flow_works_without_javascript(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    """Plain forms and reloads: create, answer, decide every action, read the report."""
+    operator = sign_in(browser, asgi_server, make_user("olga", "operator"), javascript=False)
+    approver = sign_in(browser, asgi_server, make_user("abel", "approver"), javascript=False)
+
+    operator.select_option("#id_scenario", label="Apron fluid spill / 机坪漏油")
+    operator.fill("#id_message", "MU5678 stand 101 hydraulic leak, engines off")
+    with operator.expect_navigation():
+        operator.click("text=Open session")
+    question = operator.get_by_test_id("question")
+    reload_until(operator, lambda: question.count() == 1)
+    expect(question).to_contain_text("leaking")
+    operator.fill("#answer-input", "no")
+    with operator.expect_navigation():
+        operator.click("text=Answer")
+
+    waiting = operator.locator("#session-actions tr.action-awaiting_approval")
+    status = operator.get_by_test_id("session-status")
+    reload_until(
+        operator,
+        lambda: status.inner_text().strip() == "Waiting for people" and waiting.count() == 2,
+    )
+
+    approver.goto(operator.url)
+    forms = approver.locator("#session-actions form.decide")
+    for _ in range(4):  # R2 taxiway A: approve, then confirm; R1 crew: approve
+        if forms.count() == 0:
+            break
+        forms.first.locator("input[name=reason]").fill("crew on scene confirms")
+        with approver.expect_navigation():  # a plain POST, redirected back to the page
+            forms.first.locator("button.primary").click()
+    expect(forms).to_have_count(0)
+    expect(approver.locator("#timeline-list")).to_contain_text("abel approved close_taxiway")
+
+    reload_until(operator, lambda: status.inner_text().strip() == "Completed")
+    expect(operator.get_by_test_id("report")).to_contain_text("MU5678")
+    operator.goto(asgi_server + "/airport/")
+    taxiway_a = operator.locator('#board-taxiways tr[data-target="A"]')
+    expect(taxiway_a).to_have_class("closed")
+    taxiway_a.locator("input[name=note]").fill("spill cleaned, taxiway inspected")
+    with operator.expect_navigation():
+        taxiway_a.locator("text=Lift").click()
+    expect(taxiway_a).to_have_class("open")
+    expect(operator.locator("body")).to_contain_text("spill cleaned, taxiway inspected")
