@@ -83,7 +83,7 @@ def do_decide(
                 },
                 producer=producer,
             )
-            _audit_decision("approval.first_approved", approval, user, reason)
+            _audit_and_notify("approval.first_approved", approval, user, reason)
             return approval
         return _finish(approval, user, ApprovalStatus.APPROVED, reason, producer)
 
@@ -134,12 +134,13 @@ def _finish(approval: Approval, user: Any, status: str, reason: str, producer: s
     approval.decided_at = timezone.now()
     approval.save(update_fields=["status", "approver", "reason", "decided_at"])
     do_apply_decision(approval.tool_call_id, user, status, reason, producer=producer)
-    _audit_decision(f"approval.{status}", approval, user, reason)
+    _audit_and_notify(f"approval.{status}", approval, user, reason)
     return approval
 
 
-def _audit_decision(action: str, approval: Approval, user: Any, reason: str) -> None:
-    """Who decided what, when, why, and on exactly which request (its digest)."""
+def _audit_and_notify(action: str, approval: Approval, user: Any, reason: str) -> None:
+    """Audit who decided what, when, why, on exactly which request (its digest); then
+    tell open queue pages to re-read (after commit)."""
     audit(
         action,
         obj=approval,

@@ -102,7 +102,7 @@ COMPOSER = re.compile(r'<section id="session-composer"[^>]*data-key="([^"]*)"')
 
 @pytest.mark.services
 def test_the_composer_follows_the_session_whatever_events_a_batch_holds(
-    builtin: None, make_user: Callable[..., User]
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A question can be committed between the consumer's reads: its batch may hold only
     events that change no panel. The answer box must still follow, and the consumer must
@@ -126,17 +126,11 @@ def test_the_composer_follows_the_session_whatever_events_a_batch_holds(
     assert COMPOSER.findall(html) == []
 
     # The answer closes the question: the very next push says the agent is working.
-    do_answer_without_job(session, operator, "CA1234")
+    monkeypatch.setattr("diagnosis.actions.enqueue_advance", lambda session_id: None)
+    do_answer(session.pk, operator, "CA1234")  # no job runs: the agent has not resumed
     html, _, key = render_updates(operator, session.pk, seq, key)
     assert COMPOSER.findall(html) == ["working:"]
     assert "The agent is working" in html
-
-
-def do_answer_without_job(session: Session, user: User, text: str) -> None:
-    from unittest import mock
-
-    with mock.patch("diagnosis.actions.enqueue_advance"):
-        do_answer(session.pk, user, text)
 
 
 def test_auditor_may_watch_but_gets_no_decision_forms(

@@ -94,15 +94,12 @@ class OpenAICompatibleProvider:
     def extract(
         self, definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None
     ) -> tuple[dict[str, Extraction], Usage]:
-        fields = definition["fields"]
-        schema = {
-            name: (
-                {"type": fields[name]["type"], "values": value_order(fields[name])}
-                if fields[name].get("values")
-                else {"type": fields[name]["type"]}
-            )
-            for name in definition["field_order"]
-        }
+        schema: dict[str, dict[str, Any]] = {}
+        for name in definition["field_order"]:
+            spec = definition["fields"][name]
+            schema[name] = {"type": spec["type"]}
+            if spec.get("values"):
+                schema[name]["values"] = value_order(spec)
         system = (
             definition.get("system_prompt", "")
             + "\nExtract the incident fields stated in the operator's message. Reply with one "

@@ -144,6 +144,7 @@ def _cli_user() -> Any:
 
 def summarize(session: Session) -> dict[str, Any]:
     snapshot = session.snapshot
+    fields = snapshot.get("fields", {})
     impact = snapshot.get("impact") or {}
     risk = snapshot.get("risk")
     report = getattr(session, "report", None)
@@ -152,9 +153,9 @@ def summarize(session: Session) -> dict[str, Any]:
         "status": session.status,
         # In the scenario's field order (jsonb keeps its own key order).
         "fields": {
-            name: snapshot["fields"][name]
+            name: fields[name]
             for name in session.scenario_version.definition["field_order"]
-            if name in snapshot.get("fields", {})
+            if name in fields
         },
         "questions": [
             e.payload["text"]
