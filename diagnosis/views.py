@@ -191,7 +191,7 @@ def airport_board(request: HtmxHttpRequest) -> HttpResponse:
         request,
         "diagnosis/airport_board.html",
         {
-            "board": presenters.airport_board(graph, active),
+            "board": presenters.airport_board(graph, active, presenters.pending_lifts()),
             "map": presenters.impact_map(graph, None, active),
             "recently_lifted": lifted,
             "form": LiftForm(),
@@ -209,9 +209,13 @@ def restriction_lift(request: HtmxHttpRequest, restriction_id: int) -> HttpRespo
         messages.error(request, str(form.errors["note"][0]))
         return redirect("diagnosis:airport-board")
     try:
-        actions.do_lift_restriction(restriction.pk, request.user, form.cleaned_data["note"])
+        actions.do_request_lift(restriction.pk, request.user, form.cleaned_data["note"])
     except actions.ActionError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"{restriction} lifted.")
+        messages.success(
+            request,
+            f"Lift of {restriction} requested: it stays in force until an approver "
+            "approves and confirms the lift (R2).",
+        )
     return redirect("diagnosis:airport-board")
