@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from aero.http import HtmxHttpRequest
+from aero.models import audit
 from aero.roles import MANAGE_AIRPORT, RUN_SESSIONS, VIEW_SESSIONS, has_role, role_required
 from diagnosis import actions, presenters
 from diagnosis.forms import AnswerForm, LiftForm, NewSessionForm
@@ -172,6 +173,13 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     report = Report.objects.filter(session=session).first()
     if report is None:
         raise Http404("This session has no report yet.")
+    audit(
+        "report.exported",
+        obj=report,
+        actor=request.user,
+        session_id=session.pk,
+        detail={"format": "markdown", "characters": len(report.markdown)},
+    )
     response = HttpResponse(report.markdown, content_type="text/markdown; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="aero-report-{session.pk}.md"'
     return response
