@@ -75,4 +75,5 @@ def roles_context(request: HttpRequest) -> dict[str, Any]:
         "can_run": bool(roles & set(RUN_SESSIONS)),
         "can_decide": bool(roles & set(DECIDE_APPROVALS)),
         "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
+        "can_view_history": bool(roles & set(VIEW_SESSIONS)),
     }
