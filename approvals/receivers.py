@@ -11,9 +11,11 @@ from diagnosis.signals import approval_required
 
 
 @receiver(approval_required)
-def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> None:
+def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str, Any]:
+    """Open the approval; what it was opened with goes into the `approval.required`
+    event (the sender logs it in the same transaction)."""
     state = state_digest_of(tool_call.session)
-    _, created = Approval.objects.get_or_create(
+    approval, created = Approval.objects.get_or_create(
         tool_call=tool_call,
         defaults={
             "session_id": tool_call.session_id,
@@ -27,3 +29,8 @@ def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> None:
     )
     if created:
         notify_queue()
+    return {
+        "approval": approval.pk,
+        "digest": approval.digest,
+        "deadline": approval.deadline.isoformat() if approval.deadline else None,
+    }

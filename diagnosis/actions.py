@@ -3,6 +3,7 @@ go out after commit (append_event), never from model signals."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -56,6 +57,8 @@ def do_create_session(
                 "scenario": scenario.slug,
                 "version": version.number,
                 "created_by": user.get_username(),
+                "title": session.title,
+                "language": session.language,
             },
             producer=producer,
         )
@@ -95,10 +98,10 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
                 "author": user.get_username(),
                 "answers": session.snapshot["question"].get("key"),
             },
+            # Answered ("answers" closes the question in the snapshot): the page stops
+            # asking at once and a second answer is refused, instead of both waiting for
+            # the job to pick the first one up.
             producer=producer,
-            # Answered: the page stops asking at once and a second answer is refused,
-            # instead of both waiting for the job to pick the first one up.
-            snapshot={"question": None},
         )
         set_status(session.pk, SessionStatus.QUEUED, producer=producer, strict=False)
         enqueue_advance(session.pk)
@@ -144,6 +147,7 @@ OUTCOMES = {
     "approved": ToolCallStatus.APPROVED,
     "rejected": ToolCallStatus.REJECTED,
     "timeout": ToolCallStatus.TIMEOUT,
+    "canceled": ToolCallStatus.CANCELED,
 }
 
 
@@ -155,21 +159,27 @@ def do_apply_decision(
     *,
     producer: str = "web",
     extra: dict[str, Any] | None = None,
+    at: datetime | None = None,
+    ended_ok: bool = False,
 ) -> ToolCall:
-    """Record the final outcome of an awaiting tool call (approved, rejected, or timed out
-    into a manual to-do) and queue a resume. Locks the session row, then the tool call.
-    The approvals app calls this once its policy is met; nothing else decides."""
+    """Record the final outcome of an awaiting tool call (approved, rejected, timed out
+    into a manual to-do, or canceled with its session) and queue a resume. Locks the
+    session row, then the tool call. The approvals app calls this once its policy is met;
+    nothing else decides. `at` is the decision time the Approval row also stores (one
+    time for both). `ended_ok` lets a timeout or a cancel close the call of a session that
+    has ended (it is logged; nothing is resumed)."""
+    at = at or timezone.now()
     with transaction.atomic():
         tool_call = ToolCall.objects.get(pk=tool_call_id)
         session = lock_session(tool_call.session_id)
         tool_call = ToolCall.objects.select_for_update().get(pk=tool_call_id)
         if tool_call.status != ToolCallStatus.AWAITING_APPROVAL:
             raise ActionError("This action has already been decided.")
-        if session.is_ended:
+        if session.is_ended and not ended_ok:
             raise ActionError(f"This session is {session.get_status_display().lower()}.")
         tool_call.status = OUTCOMES[outcome]
         tool_call.decided_by = user
-        tool_call.decided_at = timezone.now()
+        tool_call.decided_at = at
         tool_call.decision_reason = reason
         tool_call.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
         append_event(
@@ -177,15 +187,19 @@ def do_apply_decision(
             f"approval.{outcome}",
             {
                 "tool_call": tool_call.pk,
+                "call_id": tool_call.call_id,
                 "tool_name": tool_call.tool_name,
                 "args": tool_call.request_payload,
                 "risk_level": tool_call.risk_class,
                 "by": user.get_username() if user else "system",
+                "at": at.isoformat(),
                 "reason": reason,
                 **(extra or {}),
             },
             producer=producer,
         )
+        if session.is_ended:
+            return tool_call
         if session.status == SessionStatus.WAITING_USER:
             set_status(session.pk, SessionStatus.QUEUED, producer=producer)
         enqueue_advance(session.pk)

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from diagnosis.fold import reduce_snapshot
 from diagnosis.models import ENDED_STATUSES, AgentRun, Event, Session, SessionStatus
 from diagnosis.push import notify_session
 
@@ -47,22 +48,24 @@ def append_event(
     *,
     producer: str,
     run: AgentRun | None = None,
-    snapshot: dict[str, Any] | None = None,
 ) -> Event:
-    """Append one event. Locks the session row (seq has no gaps); `snapshot` entries are
-    merged into Session.snapshot in the same transaction. The push goes out on commit."""
+    """Append one event. Locks the session row (seq has no gaps); the snapshot the event
+    implies (`reduce_snapshot`, the fold's own rule) is stored in the same transaction.
+    The push goes out on commit."""
+    payload = payload or {}
     with transaction.atomic():
         session = lock_session(session_id)
         seq = session.last_seq + 1
         updates: dict[str, Any] = {"last_seq": seq, "updated_at": timezone.now()}
-        if snapshot:
-            updates["snapshot"] = {**session.snapshot, **snapshot}
+        snapshot = reduce_snapshot(session.snapshot, type, payload)
+        if snapshot is not None:
+            updates["snapshot"] = snapshot
         Session.objects.filter(pk=session.pk).update(**updates)
         event = Event.objects.create(
             session_id=session.pk,
             seq=seq,
             type=type,
-            payload=payload or {},
+            payload=payload,
             producer=producer,
             run=run,
             trace_id=current_trace_id(),

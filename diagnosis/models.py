@@ -146,6 +146,7 @@ class ToolCallStatus(models.TextChoices):
     COMPLETED = "completed", "Completed"
     FAILED = "failed", "Failed"
     REFUSED = "refused", "Refused by compliance"
+    CANCELED = "canceled", "Canceled with the session"
 
 
 class ToolCall(models.Model):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import markdown as md
+from django.db import transaction
 from django.template import Context, Engine
 from django.utils import timezone
 
-from diagnosis.models import Report, Session, ToolCall
+from diagnosis.events import append_event
+from diagnosis.models import AgentRun, Report, Session, ToolCall
 
 DECISIONS = {
     "en": {
@@ -95,7 +98,11 @@ def display_value(spec: dict[str, Any], value: Any, language: str) -> str:
     return str(value)
 
 
-def render_report(session_id: Any, definition: dict[str, Any], state: dict[str, Any]) -> str:
+def render_report(
+    session_id: Any, definition: dict[str, Any], state: dict[str, Any], preface: str = ""
+) -> tuple[str, str]:
+    """The report's Markdown and its language. `preface` (Markdown) goes under the title:
+    a canceled session's report says so first."""
     session = Session.objects.select_related("created_by", "scenario_version").get(pk=session_id)
     language = session.language if session.language in definition["report_template"] else "en"
     context = {
@@ -121,9 +128,46 @@ def render_report(session_id: Any, definition: dict[str, Any], state: dict[str, 
     # Markdown, not HTML: no autoescaping here; the HTML view strips raw HTML instead.
     template = Engine(autoescape=False).from_string(definition["report_template"][language])
     text = template.render(Context(context)).strip() + "\n"
-    Report.objects.update_or_create(
-        session_id=session_id, defaults={"markdown": text, "language": language}
-    )
+    if preface and text.startswith("#"):
+        title, _, rest = text.partition("\n")
+        text = f"{title}\n\n{preface.strip()}\n{rest}"
+    elif preface:
+        text = f"{preface.strip()}\n\n{text}"
+    return text, language
+
+
+def report_sha256(markdown: str) -> str:
+    return hashlib.sha256(markdown.encode("utf-8")).hexdigest()
+
+
+def write_report(
+    session_id: Any,
+    definition: dict[str, Any],
+    state: dict[str, Any],
+    *,
+    producer: str,
+    run: AgentRun | None = None,
+    preface: str = "",
+) -> str:
+    """Render the report, store it and log its full text and hash in one transaction:
+    the `report.ready` event is the record, the Report row its projection."""
+    text, language = render_report(session_id, definition, state, preface)
+    with transaction.atomic():
+        Report.objects.update_or_create(
+            session_id=session_id, defaults={"markdown": text, "language": language}
+        )
+        append_event(
+            session_id,
+            "report.ready",
+            {
+                "markdown": text,
+                "sha256": report_sha256(text),
+                "language": language,
+                "length": len(text),
+            },
+            producer=producer,
+            run=run,
+        )
     return text
 
 

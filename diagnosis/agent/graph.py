@@ -39,7 +39,7 @@ from diagnosis.models import (
     ToolCall,
     ToolCallStatus,
 )
-from diagnosis.reporting import render_report
+from diagnosis.reporting import write_report
 from diagnosis.signals import approval_required
 from scenarios_admin.definition import value_order
 
@@ -156,7 +156,6 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         },
         producer=ctx.producer,
         run=run,
-        snapshot={"fields": fields, "evidence": evidence, "missing": missing, "question": None},
     )
     summary = f"{len(changed)} field(s) recognised" + (
         f", missing {', '.join(missing)}" if missing else ""
@@ -358,7 +357,6 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
             {"field": field, "label": spec["label"][lang], "text": text},
             producer=ctx.producer,
             run=run,
-            snapshot={"question": question},
         )
         update.update(asked=asked, question=question)
         update["_summary"] = f"ask for {field}"
@@ -459,10 +457,10 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
                 "kind": "enrichment",
                 "degraded": enrichment["degraded"],
                 "sources": sorted(k for k in enrichment if k != "degraded"),
+                "enrichment": enrichment,
             },
             producer=ctx.producer,
             run=run,
-            snapshot={"enrichment": enrichment},
         )
 
     fields = state.get("fields") or {}
@@ -489,7 +487,6 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
                 risk,
                 producer=ctx.producer,
                 run=run,
-                snapshot={"risk": risk},
             )
             facts = fsm.Facts(facts.p1_complete, True, False, False, False)
         elif tool == "analyze_impact":
@@ -513,7 +510,6 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
                 impact,
                 producer=ctx.producer,
                 run=run,
-                snapshot={"impact": impact},
             )
             facts = fsm.Facts(facts.p1_complete, True, True, False, False)
         elif call.get("mode") == "execute":
@@ -540,16 +536,23 @@ def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
         else:
             tool_call.status = ToolCallStatus.AWAITING_APPROVAL
             tool_call.save(update_fields=["status"])
-            approval_required.send(sender=ToolCall, tool_call=tool_call)
+            opened: dict[str, Any] = {}
+            for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call):
+                if isinstance(response, dict):
+                    opened.update(response)
             append_event_once(
                 tctx.session_id,
                 "approval.required",
                 f"approval:{tool_call.pk}",
                 {
                     "tool_call": tool_call.pk,
+                    "call_id": tool_call.call_id,
                     "tool_name": tool_call.tool_name,
                     "args": tool_call.request_payload,
                     "risk_level": tool_call.risk_class,
+                    "is_action": tool_call.is_action,
+                    "position": tool_call.position,
+                    **opened,
                 },
                 producer=tctx.producer,
                 run=tctx.run,
@@ -587,7 +590,6 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
             {"from": previous, "to": current},
             producer=ctx.producer,
             run=run,
-            snapshot={"fsm": current},
         )
     plan = dict(state["plan"])
     plan["approved_finish"] = finishing
@@ -613,23 +615,14 @@ def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dic
     violation = fsm.check_step(ctx.definition, facts, "write_report")
     if violation:
         raise RuntimeError(violation)  # the validator routes here only when settled
-    markdown = render_report(ctx.session_id, ctx.definition, dict(state))
+    write_report(ctx.session_id, ctx.definition, dict(state), producer=ctx.producer, run=run)
     done = fsm.state_name(ctx.definition, fsm.state_index(fsm.Facts(True, True, True, True, True)))
-    append_event(
-        ctx.session_id,
-        "report.ready",
-        {"length": len(markdown)},
-        producer=ctx.producer,
-        run=run,
-        snapshot={"report": True},
-    )
     append_event(
         ctx.session_id,
         "fsm.transition",
         {"from": state.get("fsm"), "to": done},
         producer=ctx.producer,
         run=run,
-        snapshot={"fsm": done},
     )
     return {"reported": True, "fsm": done, "_summary": "report written"}
 
