@@ -12,9 +12,9 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from diagnosis.fold import FoldState, fold_events
 from diagnosis.models import Event, Session
 from replay import masking, presenters
-from replay.interim_fold import FoldState, fold_events
 
 Progress = Callable[[int, int], None]
 PROGRESS_EVERY = 1000
@@ -89,28 +89,28 @@ def usage_rows(events: list[Event]) -> list[dict[str, Any]]:
     return sorted(by_model.values(), key=lambda r: (r["provider"], r["model"]))
 
 
-def follow_ups(state: FoldState, actions: list[dict[str, Any]]) -> list[str]:
+def follow_ups(state: FoldState) -> list[str]:
     """What someone still has to do, derived from the log alone."""
     items = []
-    for row in actions:
-        approval, call = row["approval"], row["call"]
-        name = (approval or call or {}).get("tool_name", "")
-        status = approval["status"] if approval else ""
+    for call in state.actions:
+        approval = state.approvals.get(call.call_id)
+        status = approval.status if approval else ""
         if status == "rejected":
-            items.append(f"{name} was rejected: decide on an alternative measure.")
-        elif status == "timed out":
-            items.append(f"{name} timed out without approval: complete its manual to-do.")
-        elif status in ("pending", "approved once"):
-            items.append(f"{name} still awaits a decision.")
-        if call and call["status"] == "failed":
-            items.append(f"{name} failed: check it was carried out by hand.")
-    for restriction in presenters.closures(state):
-        items.append(
-            f"{restriction.get_kind_display()} {restriction.target}: lift it once clear."
-        )
-    question = state.question
-    if question:
-        items.append(f"Unanswered question: {question['text']}")
+            items.append(f"{call.tool_name} was rejected: decide on another measure.")
+        elif status == "timeout":
+            items.append(f"{call.tool_name} timed out unapproved: complete its manual to-do.")
+        elif status == "canceled":
+            items.append(f"{call.tool_name} was never decided (session canceled): check it.")
+        elif approval is not None and approval.is_open:
+            items.append(f"{call.tool_name} still awaits a decision.")
+        if call.status == "failed":
+            items.append(f"{call.tool_name} failed: check it was carried out by hand.")
+    for restriction in state.restrictions:
+        if restriction.lifted_seq is None:
+            items.append(f"{restriction.kind} {restriction.target} is closed: lift it once clear.")
+    for question in state.questions:
+        if question.answered_seq is None:
+            items.append(f"Unanswered question: {question.text}")
     if state.status not in ("completed", "canceled", "failed"):
         items.append(f"The session was still {state.status} when exported.")
     return items
@@ -132,12 +132,11 @@ def render_export(
             chunk = []
             if progress:
                 progress(len(events), total)
-    state = fold_events(chunk, state)
+    state = fold_events(chunk, state)  # an empty log folds to the initial state
     events.extend(chunk)
     if progress:
         progress(len(events), total)
 
-    actions = presenters.action_rows(state, masked)
     chronology = []
     for event in events:
         payload, _ = presenters.shown_payload(event, masked)
@@ -154,9 +153,10 @@ def render_export(
         "state": state,
         "fields": presenters.field_rows(session, state),
         "evidence": presenters.evidence_calls(state, masked),
-        "actions": actions,
+        "actions": presenters.action_rows(state, masked),
+        "questions": presenters.question_rows(state),
         "usage": usage_rows(events),
-        "follow_ups": follow_ups(state, actions),
+        "follow_ups": follow_ups(state),
         "chronology": chronology,
         "masked": masked,
         "exported_by": user.get_username(),

@@ -86,7 +86,7 @@ def mask_call(call: dict[str, Any], event_type: str) -> dict[str, Any]:
     masked = dict(call)
     if "args" in keys:
         masked["args"] = MASKED
-    if "response" in keys and masked.get("result") is not None:
+    if "response" in keys and masked.get("result"):
         masked["result"] = MASKED
     if "error" in keys and masked.get("error"):
         masked["error"] = MASKED

@@ -4,7 +4,6 @@ player visits, never what the fold sees)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,12 +11,12 @@ from typing import Any
 from django.core.cache import caches
 from django.db.models import Count, Q, QuerySet
 
+from diagnosis.fold import ApprovalState, FoldState, ToolCallState, fold_events
 from diagnosis.models import AgentRun, Event, Restriction, Session
 from diagnosis.presenters import impact_map
 from diagnosis.reporting import display_value
 from replay import masking
 from replay.forms import EVENT_GROUPS
-from replay.interim_fold import FoldState, fold_events
 from scenarios_admin.airport import AirportGraph
 
 CHECKPOINT_EVERY = 1000  # a step folds at most this many events after a cached state
@@ -194,46 +193,50 @@ def field_rows(session: Session, state: FoldState) -> list[dict[str, Any]]:
     return rows
 
 
-def action_rows(state: FoldState, masked: bool) -> list[dict[str, Any]]:
-    """Every action that needed people (with its decisions), then the automatic ones."""
-    rows: list[dict[str, Any]] = []
-    executed = {
-        (c["tool_name"], json.dumps(c["args"], sort_keys=True)): c
-        for c in state.tool_calls.values()
-        if c["call_id"].startswith("action:")
+def call_row(call: ToolCallState, approval: ApprovalState | None, masked: bool) -> dict[str, Any]:
+    """A tool call (and its approval) as the page and the export show it."""
+    row: dict[str, Any] = {
+        "call_id": call.call_id,
+        "tool_name": call.tool_name,
+        "args": call.args,
+        "risk_class": call.risk_class,
+        "status": call.status,
+        "result": call.response or None,
+        "error": call.error,
+        "completed_at": call.completed_at,
+        "duration_ms": call.duration_ms,
+        "approval": approval,
+        "decisions": approval.decisions if approval else [],
+        "masked": False,
     }
-    for key, approval in state.approvals.items():
-        call = executed.pop(
-            (approval["tool_name"], json.dumps(approval["args"], sort_keys=True)), None
-        )
-        rows.append({"approval": approval, "call": call, "key": key})
-    for call in executed.values():
-        rows.append({"approval": None, "call": call, "key": call["call_id"]})
-    if masked:
-        for row in rows:
-            if row["approval"]:
-                row["approval"] = masking.mask_call(row["approval"], "approval.required")
-            if row["call"]:
-                row["call"] = masking.mask_call(row["call"], "tool.call_completed")
-    return rows
+    return masking.mask_call(row, "tool.call_completed") if masked else row
+
+
+def action_rows(state: FoldState, masked: bool) -> list[dict[str, Any]]:
+    """The response actions in proposal order, each with its decisions."""
+    return [call_row(c, state.approvals.get(c.call_id), masked) for c in state.actions]
 
 
 def evidence_calls(state: FoldState, masked: bool) -> list[dict[str, Any]]:
-    calls = sorted(state.tool_calls.values(), key=lambda c: c["seq"])
-    if masked:
-        return [masking.mask_call(c, "tool.call_completed") for c in calls]
-    return calls
+    """Every tool call, lookups and actions, in the order they were first logged."""
+    return [call_row(c, state.approvals.get(c.call_id), masked) for c in state.tool_calls.values()]
+
+
+def question_rows(state: FoldState) -> list[dict[str, Any]]:
+    return [
+        {"question": q, "answers": [m for m in state.messages if m.answers == q.key]}
+        for q in state.questions
+    ]
 
 
 def closures(state: FoldState) -> list[Restriction]:
-    """Closures this session had imposed by then (unsaved rows, for the map only)."""
-    found = []
-    for call in state.tool_calls.values():
-        result = call.get("result")
-        if call["status"] == "completed" and isinstance(result, dict) and result.get("restriction"):
-            restriction = result["restriction"]
-            found.append(Restriction(kind=restriction["kind"], target=restriction["target"]))
-    return found
+    """Closures this session imposed and had not lifted by then (unsaved rows, for the
+    map only)."""
+    return [
+        Restriction(kind=r.kind, target=r.target)
+        for r in state.restrictions
+        if r.lifted_seq is None
+    ]
 
 
 def shown_payload(event: Event, masked: bool) -> tuple[dict[str, Any], list[str]]:

@@ -85,9 +85,8 @@ def replay_context(
         "evidence": presenters.evidence_calls(state, masked),
         "map": presenters.impact_map_at(load_active_graph(), state),
         "impact": state.impact,
-        "report_html": markdown_to_html(state.report["markdown"])
-        if state.report and state.report.get("markdown")
-        else "",
+        "questions": presenters.question_rows(state),
+        "report_html": markdown_to_html(state.report.markdown) if state.report else "",
         "nav": nav,
         "links": links,
         "events": window,

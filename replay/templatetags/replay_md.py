@@ -16,7 +16,10 @@ register.filter("md_block", md_block)
 
 @register.filter
 def md_args(value: Any) -> str:
-    """Tool arguments as `k=v; …` text (or the masked marker as it is)."""
+    """Tool arguments or results as `k=v; …` text (a result's summary when it has one; the
+    masked marker as it is)."""
+    if isinstance(value, dict) and value.get("summary"):
+        return md_cell(value["summary"])
     if isinstance(value, dict):
         return md_cell("; ".join(f"{k}={v}" for k, v in value.items()))
     return md_cell(value)
