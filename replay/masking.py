@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from aero.roles import ADMIN, APPROVER, OPERATOR, user_roles
 
 MASKED = "masked"
+_EMPTY: tuple[Any, ...] = (None, "", {}, [])
 # Roles that see these payloads on the live pages anyway; masking them here hides nothing.
 UNMASKED_ROLES = frozenset({ADMIN, OPERATOR, APPROVER})
 
@@ -66,7 +67,8 @@ def masked_keys(event_type: str, payload: dict[str, Any]) -> list[str]:
             continue
         if rule.risk_classes and risk not in rule.risk_classes:
             continue
-        keys.extend(k for k in rule.fields if k in payload and k not in keys)
+        # An empty value hides nothing: it stays as it is.
+        keys.extend(k for k in rule.fields if payload.get(k) not in _EMPTY and k not in keys)
     return keys
 
 
