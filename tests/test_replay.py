@@ -5,12 +5,14 @@ root is a superuser."""
 
 from __future__ import annotations
 
+import hashlib
 import html
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import markdown
 import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
@@ -19,15 +21,18 @@ from django.urls import reverse
 from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries, Settings
 
+from aero.models import AuditLog
 from aero.roles import ensure_role_groups
 from approvals.actions import do_decide
 from diagnosis.events import append_event
-from diagnosis.models import AgentRun, Event, Session
-from replay import presenters
+from diagnosis.models import AgentRun, Event, Report, Session
+from replay import export as export_module
+from replay import jobs, presenters
 from scenarios_admin.builtin import load_builtin_data
 from tests.web_helpers import (
     NO_POSITION,
     STAND_FUEL_LEAK,
+    TAXIWAY_FUEL_LEAK,
     approval_for,
     approve_everything,
     login,
@@ -70,7 +75,8 @@ def world(django_db_setup: None, django_db_blocker: Any) -> Iterator[dict[str, A
         for i in range(300):
             append_event(long.pk, "agent.note", {"text": f"note {i}"}, producer="test")
         long.refresh_from_db()
-        yield {**people, "finished": session, "long": long}
+        taxiway = make_session(people["alice"], TAXIWAY_FUEL_LEAK)
+        yield {**people, "finished": session, "long": long, "taxiway": taxiway}
         call_command("flush", interactive=False, verbosity=0)
 
 
@@ -406,3 +412,199 @@ def test_checkpoints_give_the_same_state_as_a_full_fold(
             expected.status,
         )
         assert folded.tool_calls.keys() == expected.tool_calls.keys()
+
+
+# --- export ---------------------------------------------------------------------------------
+
+
+def export(client: Client, session: Session) -> Any:
+    return client.post(reverse("replay:replay-export", args=[session.pk]))
+
+
+def test_a_small_export_downloads_at_once_and_is_audited(finished: Session, root: User) -> None:
+    response = export(login(root), finished)
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/markdown; charset=utf-8"
+    assert f"aero-session-{finished.pk}.md" in response["Content-Disposition"]
+    text = response.content.decode()
+    for heading in (
+        "## 1. Session",
+        "## 2. Conclusion",
+        "## 3. Evidence chain",
+        "## 4. Approval record",
+        "## 5. Tokens and cost",
+        "## 6. Recommended follow-ups",
+        "## 7. Chronology",
+    ):
+        assert heading in text
+    assert "Risk **HIGH** (score 95) by rule OS\\-01" in text
+    assert "| close\\_taxiway | R2 | taxiway=A | approved | bob |" in text
+    assert "request\\_fire\\_standby was rejected" in text  # a follow-up
+    assert f"| {finished.last_seq} |" in text  # the chronology reaches the last event
+    entry = AuditLog.objects.get(action="session.exported", session_id=finished.pk)
+    assert entry.actor == root
+    assert entry.detail["sha256"] == hashlib.sha256(response.content).hexdigest()
+    assert entry.detail["mode"] == "direct" and entry.detail["masked"] is False
+
+
+def test_user_text_cannot_inject_links_or_break_tables(finished: Session, root: User) -> None:
+    text = export(login(root), finished).content.decode()
+    row = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("| request") and "| rejected |" in line
+    )
+    assert "no \\[x\\]\\(javascript:1\\) \\| ok" in row
+    html_text = markdown.markdown(text, extensions=["tables"])
+    assert 'href="javascript' not in html_text
+    # The row keeps its 7 cells: the `|` in the reason did not split one.
+    rejected = next(
+        r for r in html_text.split("<tr>") if "<td>rejected</td>" in r and "javascript" in r
+    )
+    assert rejected.count("<td>") == 7
+
+
+def test_an_auditors_export_is_masked(finished: Session, carol: User) -> None:
+    text = export(login(carol), finished).content.decode()
+    assert "| close\\_taxiway | R2 | masked | approved | bob |" in text
+    assert "Taxiway closed: A" not in text
+    assert "high\\-risk payloads masked" in text or "high-risk payloads masked" in text
+    assert AuditLog.objects.get(action="session.exported", actor=carol).detail["masked"] is True
+
+
+def test_a_large_export_runs_in_the_background_with_progress(
+    finished: Session,
+    carol: User,
+    settings: Settings,
+    django_capture_on_commit_callbacks: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings.AERO_REPLAY_EXPORT_INLINE_EVENTS = 10
+    client = login(carol)
+    seen: list[tuple[int, int]] = []
+    real_progress = export_module.PROGRESS_EVERY
+    monkeypatch.setattr(export_module, "PROGRESS_EVERY", 50)
+    original = jobs._save
+
+    def spy(job: jobs.ExportJob) -> None:
+        seen.append((job.done, job.total))
+        original(job)
+
+    monkeypatch.setattr(jobs, "_save", spy)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = export(client, finished)
+    assert response.status_code == 302
+    status_url = response["Location"]
+    queued = client.get(status_url)
+    assert (
+        "0 of" in queued.content.decode()
+        and 'hx-trigger="load delay:1s"' in queued.content.decode()
+    )
+    for callback in callbacks:
+        callback()  # the inline backend runs the job here
+    assert real_progress == 1000
+    assert len([s for s in seen if 0 < s[0] < finished.last_seq]) >= 2  # progress moved
+    done = client.get(status_url).content.decode()
+    assert 'data-testid="download"' in done
+    assert not AuditLog.objects.filter(action="session.exported").exists()  # not yet out
+    download = client.get(status_url + "download/")
+    assert download.status_code == 200 and b"## 7. Chronology" in download.content
+    entry = AuditLog.objects.get(action="session.exported", actor=carol)
+    assert entry.detail["mode"] == "background"
+    # Someone else's export is not there for them.
+    assert login(User.objects.get(username="bob")).get(status_url).status_code == 404
+
+
+def test_export_status_access(carol: User, dave: User) -> None:
+    url = reverse("replay:export-status", args=["0" * 32])
+    assert Client().get(url).status_code == 302
+    assert login(dave).get(url).status_code == 403
+    assert login(carol).get(url).status_code == 404
+    download = reverse("replay:export-download", args=["0" * 32])
+    assert Client().get(download).status_code == 302
+    assert login(dave).get(download).status_code == 403
+    assert login(carol).get(download).status_code == 404
+
+
+# --- history --------------------------------------------------------------------------------
+
+
+def history(client: Client, **params: Any) -> Any:
+    return client.get(reverse("replay:history"), params)
+
+
+def found(response: Any) -> list[Session]:
+    return [row["session"] for row in response.context["rows"]]
+
+
+def test_history_access(carol: User, dave: User) -> None:
+    url = reverse("replay:history")
+    assert Client().get(url)["Location"] == login_url(url)
+    assert login(dave).get(url).status_code == 403
+    assert login(carol).get(url).status_code == 200
+
+
+def test_history_filters(world: dict[str, Any], carol: User) -> None:
+    client = login(carol)
+    finished, long, taxiway = world["finished"], world["long"], world["taxiway"]
+    assert set(found(history(client))) == {finished, long, taxiway}
+    assert found(history(client, flight="mu5678")) == [taxiway]
+    assert set(found(history(client, flight="CA1234"))) == {finished, long}
+    assert found(history(client, position="105")) == [finished]
+    assert found(history(client, status="completed")) == [finished]
+    assert found(history(client, risk="HIGH", flight="CA1234")) == [finished]
+    assert found(history(client, scenario="bird_strike")) == []
+    assert set(found(history(client, creator="alice"))) == {finished, long, taxiway}
+    today = timezone.localdate()
+    assert len(found(history(client, since=today.isoformat(), until=today.isoformat()))) == 3
+    assert found(history(client, until=(today - timedelta(days=1)).isoformat())) == []
+    page = history(client, flight="MU5678").content.decode()
+    assert reverse("replay:replay-step", args=[taxiway.pk]) in page
+    assert reverse("diagnosis:session-detail", args=[taxiway.pk]) in page
+
+
+def test_history_free_text_matches_chinese_answers_and_reports(
+    world: dict[str, Any], carol: User
+) -> None:
+    client = login(carol)
+    assert found(history(client, q="发动机仍在运转")) == [world["finished"]]  # inside a word
+    assert found(history(client, q="滑行道C1")) == [world["taxiway"]]
+    assert found(history(client, q="fuel leak")) == [world["long"]]
+    assert found(history(client, q="leaking")) == [world["long"]]  # full text: stemmed
+    report_word = Report.objects.get(session=world["finished"]).markdown.split()[1]
+    assert world["finished"] in found(history(client, q=report_word))
+    assert found(history(client, q="%")) == []  # LIKE wildcards are text
+
+
+def test_history_excludes_deleted_sessions(world: dict[str, Any], carol: User) -> None:
+    Session.objects.filter(pk=world["long"].pk).update(deleted_at=timezone.now())  # rolled back
+    assert world["long"] not in found(history(login(carol)))
+
+
+def test_history_keyset_pages_and_sorting(
+    world: dict[str, Any], carol: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replay import history as history_module
+
+    monkeypatch.setattr(history_module, "PAGE", 2)
+    client = login(carol)
+    first = history(client)
+    assert found(first) == [world["taxiway"], world["long"]]
+    cursor = first.context["next_link"]
+    assert cursor
+    second = client.get(reverse("replay:history") + cursor)
+    assert found(second) == [world["finished"]] and not second.context["next_link"]
+    oldest = history(client, sort="created")
+    assert found(oldest) == [world["finished"], world["long"]]
+    assert history(client, cursor="garbage").status_code == 400
+    assert history(client, creator="nobody").status_code == 400
+
+
+def test_history_query_count(
+    world: dict[str, Any], carol: User, django_assert_max_num_queries: DjangoAssertNumQueries
+) -> None:
+    client = login(carol)
+    history(client)
+    with django_assert_max_num_queries(6):
+        response = history(client, q="燃油", risk="HIGH")
+    assert response.status_code == 200
