@@ -4,12 +4,13 @@ player visits, never what the fold sees)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.core.cache import caches
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Max, Min, Q, QuerySet
 
 from diagnosis.fold import ApprovalState, FoldState, ToolCallState, fold_events
 from diagnosis.models import AgentRun, Event, Restriction, Session
@@ -17,7 +18,8 @@ from diagnosis.presenters import impact_map
 from diagnosis.reporting import display_value
 from replay import masking
 from replay.forms import EVENT_GROUPS
-from scenarios_admin.airport import AirportGraph
+from scenarios_admin.airport import AirportGraph, load_active_graph, load_graph
+from scenarios_admin.models import Topology
 
 CHECKPOINT_EVERY = 1000  # a step folds at most this many events after a cached state
 LIST_BEFORE = 20  # events listed before the current step
@@ -101,11 +103,12 @@ def _seq(events: QuerySet[Event]) -> int | None:
 def navigation(session: Session, filters: Filters, seq: int) -> dict[str, int | None]:
     """first / previous / next / last among the steps the filters select."""
     events = filtered(session, filters)
+    ends = events.aggregate(first=Min("seq"), last=Max("seq"))
     return {
-        "first": _seq(events.order_by("seq")),
+        "first": ends["first"],
         "previous": _seq(events.filter(seq__lt=seq).order_by("-seq")),
         "next": _seq(events.filter(seq__gt=seq).order_by("seq")),
-        "last": _seq(events.order_by("-seq")),
+        "last": ends["last"],
     }
 
 
@@ -153,13 +156,18 @@ def state_at(session: Session, seq: int) -> FoldState:
     every CHECKPOINT_EVERY-th seq is cached and a step folds at most that many events."""
     cache = caches["replay"]
     marks = list(range(seq - seq % CHECKPOINT_EVERY, 0, -CHECKPOINT_EVERY))
-    found = cache.get_many([_checkpoint_key(session, m) for m in marks]) if marks else {}
     start, state = 0, None
-    for mark in marks:
-        cached = found.get(_checkpoint_key(session, mark))
-        if cached is not None:
-            start, state = mark, cached
-            break
+    # The nearest checkpoint is there but on a first visit: one read, and only then more.
+    nearest = cache.get(_checkpoint_key(session, marks[0])) if marks else None
+    if nearest is not None:
+        start, state = marks[0], nearest
+    elif len(marks) > 1:
+        found = cache.get_many([_checkpoint_key(session, m) for m in marks[1:]])
+        for mark in marks[1:]:
+            cached = found.get(_checkpoint_key(session, mark))
+            if cached is not None:
+                start, state = mark, cached
+                break
     events = Event.objects.filter(session=session, seq__gt=start, seq__lte=seq).order_by("seq")
     pending: list[Event] = []
     for event in events.iterator(chunk_size=2000):
@@ -243,6 +251,26 @@ def shown_payload(event: Event, masked: bool) -> tuple[dict[str, Any], list[str]
     if not masked:
         return event.payload, []
     return masking.mask_payload(event.type, event.payload)
+
+
+_graphs: dict[tuple[int, Any], tuple[float, AirportGraph]] = {}
+GRAPH_MAX_AGE = 60.0
+
+
+def airport_graph() -> AirportGraph:
+    """The active airport graph, kept per process while its topology row is unchanged (and
+    at most a minute): a replay step costs one query for it instead of five."""
+    topology = Topology.objects.filter(is_active=True).only("pk", "updated_at").first()
+    if topology is None:
+        return load_active_graph()
+    key = (topology.pk, topology.updated_at)
+    cached = _graphs.get(key)
+    if cached is not None and time.monotonic() - cached[0] < GRAPH_MAX_AGE:
+        return cached[1]
+    graph = load_graph(topology)
+    _graphs.clear()
+    _graphs[key] = (time.monotonic(), graph)
+    return graph
 
 
 def impact_map_at(graph: AirportGraph, state: FoldState) -> dict[str, Any]:

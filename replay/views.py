@@ -17,7 +17,6 @@ from diagnosis.reporting import markdown_to_html
 from replay import history, jobs, masking, presenters
 from replay.export import render_export
 from replay.forms import EVENT_GROUPS, HISTORY_SORTS, HistoryForm, ReplayForm
-from scenarios_admin.airport import load_active_graph
 
 
 def get_replay_session(session_id: UUID) -> Session:
@@ -83,7 +82,7 @@ def replay_context(
         "fields": presenters.field_rows(session, state),
         "actions": presenters.action_rows(state, masked),
         "evidence": presenters.evidence_calls(state, masked),
-        "map": presenters.impact_map_at(load_active_graph(), state),
+        "map": presenters.impact_map_at(presenters.airport_graph(), state),
         "impact": state.impact,
         "questions": presenters.question_rows(state),
         "report_html": markdown_to_html(state.report.markdown) if state.report else "",

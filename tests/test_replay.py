@@ -387,7 +387,7 @@ def test_the_step_page_query_count_does_not_grow_with_the_log(
     session = world["long"]
     client = login(carol)
     step(client, session, seq=2)  # warm the session's caches (roles, graph)
-    with django_assert_max_num_queries(18):  # 5 of them load the airport graph
+    with django_assert_max_num_queries(13):
         response = step(client, session, seq=session.last_seq - 10)
     assert response.status_code == 200
     # 20 before the step, the step and the 10 after it.
