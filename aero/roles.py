@@ -22,6 +22,7 @@ VIEW_SESSIONS = (ADMIN, OPERATOR, APPROVER, AUDITOR)
 RUN_SESSIONS = (ADMIN, OPERATOR)
 DECIDE_APPROVALS = (ADMIN, APPROVER)
 MANAGE_AIRPORT = (ADMIN, OPERATOR)
+DELETE_SESSIONS = (ADMIN,)
 
 UserLike = Any  # AbstractBaseUser | AnonymousUser; kept loose for channels' scope["user"]
 

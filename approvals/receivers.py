@@ -3,11 +3,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.dispatch import receiver
+from django.utils import timezone
 
-from approvals.models import Approval, action_digest_of, state_digest_of
+from approvals.models import Approval, ApprovalStatus, action_digest_of, state_digest_of
 from approvals.push import notify_queue
-from diagnosis.models import ToolCall
-from diagnosis.signals import approval_required
+from diagnosis.actions import do_apply_decision
+from diagnosis.models import Session, ToolCall
+from diagnosis.signals import approval_required, session_closing
 
 
 @receiver(approval_required)
@@ -34,3 +36,32 @@ def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str
         "digest": approval.digest,
         "deadline": approval.deadline.isoformat() if approval.deadline else None,
     }
+
+
+@receiver(session_closing)
+def close_open_approvals(
+    sender: Any, session: Session, user: Any, reason: str, **kwargs: Any
+) -> dict[str, Any]:
+    """A canceled or deleted session's open approvals close with it, each with an
+    `approval.canceled` event: nobody can decide them and the sweeper never turns them
+    into to-dos. The caller holds the session row lock and audits the closing with the
+    ids returned."""
+    closed: list[int] = []
+    for approval in Approval.objects.select_for_update().filter(session=session).open():
+        approval.status = ApprovalStatus.CANCELED
+        approval.reason = reason
+        approval.decided_at = timezone.now()
+        approval.save(update_fields=["status", "reason", "decided_at"])
+        do_apply_decision(
+            approval.tool_call_id,
+            user,
+            "canceled",
+            reason,
+            producer="web",
+            at=approval.decided_at,
+            ended_ok=True,
+        )
+        closed.append(approval.pk)
+    if closed:
+        notify_queue()
+    return {"approvals_closed": closed}

@@ -14,9 +14,12 @@ from diagnosis.agent.extraction import detect_language
 from diagnosis.events import append_event, lock_session, set_status
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.reporting import write_report
+from diagnosis.signals import session_closing
 from scenarios_admin.models import Scenario
 
 MAX_MESSAGE = 4000
+MAX_REASON = 500
 
 
 class ActionError(Exception):
@@ -107,30 +110,102 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
         enqueue_advance(session.pk)
 
 
+CANCELED_PREFACE = {
+    "en": "> **Canceled** by {by} before the response was complete: {reason}. Actions "
+    "still awaiting a decision were closed undecided and were not executed.",
+    "zh": "> **会话已取消**（{by}），处置未完成：{reason}。尚待审批的处置措施已关闭，未执行。",
+}
+
+
 def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
+    """Cancel a session: its status, its open approvals (closed with events, out of the
+    queue, never swept into to-dos) and a report of what was done, in one transaction.
+    Locks the session row, then the approval rows."""
+    reason = (reason or "").strip()
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_ended:
             raise ActionError(f"This session is already {session.get_status_display().lower()}.")
+        why = reason or f"canceled by {user.get_username()}"
         set_status(
+            session.pk, SessionStatus.CANCELED, producer="web", reason=why, by=user.get_username()
+        )
+        closed = closed_by_receivers(session, user, why)
+        session.refresh_from_db(fields=["snapshot"])
+        definition = session.scenario_version.definition
+        preface = CANCELED_PREFACE.get(session.language, CANCELED_PREFACE["en"])
+        write_report(
             session.pk,
-            SessionStatus.CANCELED,
+            definition,
+            session.snapshot,
             producer="web",
-            reason=reason or f"canceled by {user.get_username()}",
+            preface=preface.format(by=user.get_username(), reason=why),
         )
         audit(
             "session.canceled",
             obj=session,
             actor=user,
             session_id=session.pk,
-            detail={"reason": reason},
+            detail={"reason": reason, "approvals_closed": closed},
         )
+
+
+def closed_by_receivers(session: Session, user: Any, reason: str) -> list[int]:
+    """Send session_closing (the approvals app closes the open approvals, with events);
+    returns the ids of the approvals closed, for the audit entry."""
+    closed: list[int] = []
+    for _, response in session_closing.send(
+        sender=Session, session=session, user=user, reason=reason
+    ):
+        if isinstance(response, dict):
+            closed.extend(response.get("approvals_closed", []))
+    return closed
+
+
+def do_delete_session(session_id: Any, user: Any, reason: str) -> Session:
+    """Soft-delete a session (admins): it leaves every list, keeps its events and audit
+    entries and stays replayable. A session still running is canceled first (its open
+    approvals close with events, a report is written). Locks the session row."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ActionError("Say why the session is deleted (a reason is required).")
+    if len(reason) > MAX_REASON:
+        raise ActionError(
+            f"The reason is too long ({len(reason)} characters, at most {MAX_REASON})."
+        )
+    with transaction.atomic():
+        session = lock_session(session_id)
+        if session.is_deleted:
+            raise ActionError("This session was already deleted.")
+        if not session.is_ended:
+            do_cancel(session.pk, user, f"deleted: {reason}")
+        # A failed session may still hold open approvals: close them too.
+        closed = closed_by_receivers(session, user, f"deleted: {reason}")
+        at = timezone.now()
+        Session.objects.filter(pk=session.pk).update(deleted_at=at, deleted_by=user)
+        append_event(
+            session.pk,
+            "session.deleted",
+            {"by": user.get_username(), "at": at.isoformat(), "reason": reason},
+            producer="web",
+        )
+        audit(
+            "session.deleted",
+            obj=session,
+            actor=user,
+            session_id=session.pk,
+            detail={"reason": reason, "status": session.status, "approvals_closed": closed},
+        )
+    session.refresh_from_db()
+    return session
 
 
 def do_retry(session_id: Any, user: Any) -> None:
     """Re-queue a failed session: the agent resumes from its last checkpoint."""
     with transaction.atomic():
         session = lock_session(session_id)
+        if session.is_deleted:
+            raise ActionError("This session was deleted.")
         if session.status != SessionStatus.FAILED:
             raise ActionError("Only a failed session can be retried.")
         set_status(

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django import forms
 
-from diagnosis.actions import MAX_MESSAGE
+from diagnosis.actions import MAX_MESSAGE, MAX_REASON
 from scenarios_admin.models import Scenario
 
 
@@ -40,4 +40,17 @@ class LiftForm(forms.Form):
         max_length=300,
         strip=True,
         error_messages={"required": "Say why the restriction is lifted (a note is required)."},
+    )
+
+
+class DeleteSessionForm(forms.Form):
+    reason = forms.CharField(
+        max_length=MAX_REASON,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        error_messages={"required": "Say why the session is deleted (a reason is required)."},
+    )
+    confirm = forms.BooleanField(
+        label="I understand: the session leaves every list and cannot be restored here.",
+        error_messages={"required": "Tick the box to confirm the delete."},
     )

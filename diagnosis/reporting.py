@@ -10,7 +10,7 @@ from django.db import transaction
 from django.template import Context, Engine
 from django.utils import timezone
 
-from diagnosis.events import append_event
+from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Report, Session, ToolCall
 
 DECISIONS = {
@@ -19,6 +19,7 @@ DECISIONS = {
         "approved": "approved",
         "rejected": "rejected",
         "timeout": "timed out (manual to-do)",
+        "canceled": "closed undecided (session canceled)",
         "pending": "pending",
     },
     "zh": {
@@ -26,6 +27,7 @@ DECISIONS = {
         "approved": "已批准",
         "rejected": "已拒绝",
         "timeout": "超时（转人工）",
+        "canceled": "未决关闭（会话已取消）",
         "pending": "待审批",
     },
 }
@@ -65,7 +67,7 @@ def decision_of(call: ToolCall) -> str:
         return "auto"
     if call.status in ("awaiting_approval", "proposed"):
         return "pending"
-    if call.status in ("rejected", "timeout"):
+    if call.status in ("rejected", "timeout", "canceled"):
         return call.status
     return "approved"
 
@@ -153,10 +155,8 @@ def write_report(
     the `report.ready` event is the record, the Report row its projection."""
     text, language = render_report(session_id, definition, state, preface)
     with transaction.atomic():
-        Report.objects.update_or_create(
-            session_id=session_id, defaults={"markdown": text, "language": language}
-        )
-        append_event(
+        # Keyed inside a graph step: a re-run keeps the report the first run logged.
+        event, new = append_step_event(
             session_id,
             "report.ready",
             {
@@ -168,7 +168,11 @@ def write_report(
             producer=producer,
             run=run,
         )
-    return text
+        if new:
+            Report.objects.update_or_create(
+                session_id=session_id, defaults={"markdown": text, "language": language}
+            )
+    return str(event.payload["markdown"])
 
 
 def markdown_to_html(text: str) -> str:

@@ -146,14 +146,15 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
     results: dict[str, Any] = {"degraded": []}
     pending: list[tuple[dict[str, Any], ToolCall]] = []
     for call in calls:
-        tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
-        if tool_call.status == ToolCallStatus.COMPLETED:
-            results[ENRICHMENT_KEYS[call["tool"]]] = tool_call.response_payload
-        elif tool_call.status == ToolCallStatus.FAILED:
-            results["degraded"].append({"source": call["tool"], "error": tool_call.error})
-        else:
-            _started(ctx, tool_call)
-            pending.append((call, tool_call))
+        with transaction.atomic():  # the row and its tool.call_started event together
+            tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
+            if tool_call.status == ToolCallStatus.COMPLETED:
+                results[ENRICHMENT_KEYS[call["tool"]]] = tool_call.response_payload
+            elif tool_call.status == ToolCallStatus.FAILED:
+                results["degraded"].append({"source": call["tool"], "error": tool_call.error})
+            else:
+                _started(ctx, tool_call)
+                pending.append((call, tool_call))
     if not pending:
         return results
     timeout = settings.AERO_ENRICHMENT_TIMEOUT
@@ -189,10 +190,11 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
 def run_deterministic(
     ctx: ToolContext, call: dict[str, Any], compute: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
-    tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
-    if tool_call.status == ToolCallStatus.COMPLETED:
-        return tool_call.response_payload
-    _started(ctx, tool_call)
+    with transaction.atomic():  # the row and its tool.call_started event together
+        tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
+        if tool_call.status == ToolCallStatus.COMPLETED:
+            return tool_call.response_payload
+        _started(ctx, tool_call)
     started = time.monotonic()
     try:
         response = compute()
