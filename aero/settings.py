@@ -174,6 +174,8 @@ except ValueError as exc:
     raise ImproperlyConfigured(f"AERO_REPLAY_MASK is not JSON: {exc}") from None
 # Sessions with more events than this export in the background, with visible progress.
 AERO_REPLAY_EXPORT_INLINE_EVENTS = env_int("AERO_REPLAY_EXPORT_INLINE_EVENTS", 5000, minimum=0)
+# Replay pages verify the hash chain inline up to this many events, on demand above it.
+AERO_REPLAY_CHAIN_INLINE_EVENTS = env_int("AERO_REPLAY_CHAIN_INLINE_EVENTS", 2000, minimum=0)
 
 AERO_ENRICHMENT_TIMEOUT = env_float("AERO_ENRICHMENT_TIMEOUT", 2.0)
 AERO_LLM_RETRIES = env_int("AERO_LLM_RETRIES", 3, minimum=1)

@@ -12,6 +12,7 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from diagnosis.chain import check_events
 from diagnosis.fold import FoldState, fold_events
 from diagnosis.models import Event, Session
 from replay import masking, presenters
@@ -148,7 +149,10 @@ def render_export(
                 "summary": summarize(event.type, payload),
             }
         )
+    # The chain is checked over the very rows exported: the head printed is theirs.
+    chain = check_events(session.pk, events, session.last_seq, session.chain_head)
     context = {
+        "chain": chain,
         "session": session,
         "state": state,
         "fields": presenters.field_rows(session, state),

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from aero.http import HtmxHttpRequest
 from aero.roles import ADMIN, VIEW_SESSIONS, has_role, role_required
+from diagnosis.chain import verify_chain
 from diagnosis.models import Event, Session
 from diagnosis.reporting import markdown_to_html
 from replay import history, jobs, masking, presenters
@@ -22,7 +23,8 @@ from replay.forms import EVENT_GROUPS, HISTORY_SORTS, HistoryForm, ReplayForm
 def get_replay_session(session_id: UUID) -> Session:
     """Replay shows deleted sessions too (marked deleted): the log is kept for audit."""
     return get_object_or_404(
-        Session.objects.select_related("scenario", "scenario_version", "created_by"), pk=session_id
+        Session.objects.select_related("scenario", "scenario_version", "created_by", "deleted_by"),
+        pk=session_id,
     )
 
 
@@ -133,7 +135,21 @@ def replay_step(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     template = "replay/step.html"
     if request.htmx and not request.htmx.boosted:
         template += "#replay-body"
+    elif session.last_seq <= settings.AERO_REPLAY_CHAIN_INLINE_EVENTS:
+        # Small logs are verified with the page; a long one loads the check on its own.
+        context["chain"] = verify_chain(session.pk)
     return render(request, template, context)
+
+
+@require_GET
+@role_required(VIEW_SESSIONS)
+def replay_chain(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """The session's hash chain, verified now (it reads every event: its own request)."""
+    session = get_replay_session(session_id)
+    template = "replay/chain.html"
+    if request.htmx:
+        template += "#chain-state"
+    return render(request, template, {"session": session, "chain": verify_chain(session.pk)})
 
 
 @require_GET

@@ -16,6 +16,7 @@ import markdown
 import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -24,6 +25,8 @@ from pytest_django import DjangoAssertNumQueries, Settings
 from aero.models import AuditLog
 from aero.roles import ensure_role_groups
 from approvals.actions import do_decide
+from diagnosis.actions import do_delete_session
+from diagnosis.chain import verify_chain
 from diagnosis.events import append_event
 from diagnosis.models import AgentRun, Event, Report, Session
 from replay import export as export_module
@@ -295,11 +298,55 @@ def test_htmx_requests_get_the_player_fragment(finished: Session, carol: User) -
     assert "<html" not in page
 
 
-def test_a_deleted_session_still_replays_marked_deleted(finished: Session, carol: User) -> None:
-    Session.objects.filter(pk=finished.pk).update(deleted_at=timezone.now())  # rolled back
+def test_a_deleted_session_still_replays_marked_deleted(
+    finished: Session, carol: User, root: User
+) -> None:
+    do_delete_session(finished.pk, root, "duplicate")  # rolled back after the test
     response = step(login(carol), finished)
     assert response.status_code == 200
-    assert 'data-testid="deleted"' in response.content.decode()
+    page = response.content.decode()
+    assert 'data-testid="deleted"' in page and "by root" in page
+    last = step(login(carol), finished, seq=finished.last_seq + 1)
+    assert last.context["current"].type == "session.deleted"
+
+
+# --- the hash chain -------------------------------------------------------------------------
+
+
+def test_the_replay_page_shows_the_verified_chain(finished: Session, carol: User) -> None:
+    page = step(login(carol), finished).content.decode()
+    head = verify_chain(finished.pk).head
+    assert f'<code data-testid="chain-head">{head}</code>' in page
+    assert "Hash chain verified" in page
+
+
+def test_an_edited_event_shows_as_a_broken_chain(finished: Session, carol: User) -> None:
+    seq = seq_of(finished, "risk.assessed")
+    with connection.cursor() as cursor:  # rolled back after the test
+        cursor.execute(
+            "UPDATE diagnosis_event SET payload = jsonb_set(payload, '{level}', '\"LOW\"') "
+            "WHERE session_id = %s AND seq = %s",
+            [finished.pk, seq],
+        )
+    page = step(login(carol), finished).content.decode()
+    assert f"Hash chain broken at seq {seq}" in page
+    text = export(login(carol), finished).content.decode()
+    assert "**The chain does not verify**" in text and f"first bad seq {seq}" in text
+
+
+def test_a_long_log_verifies_its_chain_on_its_own_request(
+    finished: Session, carol: User, dave: User, settings: Settings
+) -> None:
+    settings.AERO_REPLAY_CHAIN_INLINE_EVENTS = 10
+    page = step(login(carol), finished).content.decode()
+    chain_url = reverse("replay:replay-chain", args=[finished.pk])
+    assert f'hx-get="{chain_url}" hx-trigger="load"' in page and "chain-head" not in page
+    fragment = login(carol).get(chain_url, HTTP_HX_REQUEST="true").content.decode()
+    assert fragment.startswith('<div id="chain-state"') and "Hash chain verified" in fragment
+    assert Client().get(chain_url).status_code == 302
+    assert login(dave).get(chain_url).status_code == 403
+    unknown = reverse("replay:replay-chain", args=[uuid.uuid4()])
+    assert login(carol).get(unknown).status_code == 404
 
 
 # --- payloads and masking -----------------------------------------------------------------
@@ -387,7 +434,7 @@ def test_the_step_page_query_count_does_not_grow_with_the_log(
     session = world["long"]
     client = login(carol)
     step(client, session, seq=2)  # warm the session's caches (roles, graph)
-    with django_assert_max_num_queries(13):
+    with django_assert_max_num_queries(15):  # 2 verify the chain
         response = step(client, session, seq=session.last_seq - 10)
     assert response.status_code == 200
     # 20 before the step, the step and the 10 after it.
@@ -441,6 +488,8 @@ def test_a_small_export_downloads_at_once_and_is_audited(finished: Session, root
     assert "| close\\_taxiway | R2 | taxiway=A | approved | bob |" in text
     assert "request\\_fire\\_standby was rejected" in text  # a follow-up
     assert f"| {finished.last_seq} |" in text  # the chronology reaches the last event
+    head = verify_chain(finished.pk).head
+    assert f"Chain head: `{head}`" in text and "## 8. Hash chain" in text
     entry = AuditLog.objects.get(action="session.exported", session_id=finished.pk)
     assert entry.actor == root
     assert entry.detail["sha256"] == hashlib.sha256(response.content).hexdigest()
