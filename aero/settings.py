@@ -93,7 +93,15 @@ TEMPLATES = [
 # --- database -------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    # Persistent connections, checked before reuse: a new PostgreSQL connection per
+    # request or consumer pull cost ~11% of the ASGI process (see docs/decisions.md, ADR 81).
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL,
+            conn_max_age=env_int("AERO_DB_CONN_MAX_AGE", 300, minimum=0),
+            conn_health_checks=True,
+        )
+    }
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {

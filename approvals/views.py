@@ -19,7 +19,10 @@ from diagnosis.actions import ActionError
 @role_required(DECIDE_APPROVALS)
 def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
     context = presenters.queue_context(
-        request.user, request.GET.get("risk", ""), request.GET.get("scenario", "")
+        request.user,
+        request.GET.get("risk", ""),
+        request.GET.get("scenario", ""),
+        request.GET.get("after", ""),
     )
     template = "approvals/queue.html"
     if request.htmx:

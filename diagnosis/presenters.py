@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
-from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, has_role
+from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, user_roles
 from diagnosis.models import Event, Report, Restriction, Session, ToolCall
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
@@ -50,8 +50,17 @@ def composer_key(session: Session) -> str:
     return f"{state}:{question.get('key', '')}"
 
 
+def flags_for_roles(roles: frozenset[str]) -> dict[str, bool]:
+    """What a viewer may do on the page follows from their roles alone (never from who
+    they are), so every viewer with the same roles can be sent the same fragment."""
+    return {
+        "can_run": bool(roles & set(RUN_SESSIONS)),
+        "can_decide": bool(roles & set(DECIDE_APPROVALS)),
+    }
+
+
 def viewer_flags(user: Any) -> dict[str, bool]:
-    return {"can_run": has_role(user, RUN_SESSIONS), "can_decide": has_role(user, DECIDE_APPROVALS)}
+    return flags_for_roles(user_roles(user))
 
 
 def field_rows(session: Session) -> list[dict[str, Any]]:
@@ -164,7 +173,10 @@ def airport_board(
     }
 
 
-def session_context(session: Session, user: Any) -> dict[str, Any]:
+def session_context(
+    session: Session, user: Any, *, roles: frozenset[str] | None = None
+) -> dict[str, Any]:
+    """`roles` instead of `user`: the live consumer renders for a role set, not a person."""
     graph = load_active_graph()
     snapshot = session.snapshot
     restrictions = list(Restriction.objects.filter(lifted_at__isnull=True))
@@ -185,7 +197,7 @@ def session_context(session: Session, user: Any) -> dict[str, Any]:
         "report_html": markdown_to_html(report.markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
-        **viewer_flags(user),
+        **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),
     }
 
 
