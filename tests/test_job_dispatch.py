@@ -12,6 +12,7 @@ import django_rq
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
+from rq.job import JobStatus
 
 from diagnosis import jobs
 from diagnosis.actions import do_create_session
@@ -84,7 +85,7 @@ def test_a_finished_job_frees_the_id_for_the_next_one(rq_session: Session, setti
     job = queue.fetch_job(jobs.job_id(rq_session.pk))
     assert job is not None
     queue.remove(job.id)
-    job.set_status("finished")
+    job.set_status(JobStatus.FINISHED)
     assert jobs.dispatch(rq_session.pk) is True
     assert queued(settings) == [jobs.job_id(rq_session.pk)]
 
