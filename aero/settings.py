@@ -85,6 +85,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "aero.roles.roles_context",
+                "aero.live.live_context",
             ],
         },
     },
@@ -139,6 +140,10 @@ AERO_JOB_ATTEMPTS = env_int("AERO_JOB_ATTEMPTS", 3, minimum=1)
 AERO_JOB_BACKOFF = env_float("AERO_JOB_BACKOFF", 1.0)  # seconds x attempt, between retries
 AERO_QUEUE = env_str("AERO_QUEUE", "aero")
 AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
+# Where pages open their WebSockets when HTTP and WebSockets are served by different
+# processes (scripts/run.sh in production: gunicorn for HTTP, daphne for WebSockets),
+# e.g. "ws://127.0.0.1:8001". Empty: the page's own origin.
+AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
 
 RQ_QUEUES = {
     AERO_QUEUE: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 600},

@@ -90,9 +90,24 @@ def queue_context(
     }
 
 
-def todo_context() -> dict[str, Any]:
-    todos = ManualTodo.objects.select_related("session", "resolved_by", "approval")
+TODO_PAGE = 100
+
+
+def todo_context(after: str = "") -> dict[str, Any]:
+    """Open to-dos newest first, a page at a time (keyset on id, which grows with
+    created_at), and the 50 most recently resolved."""
+    open_todos = ManualTodo.objects.filter(resolved_at__isnull=True).select_related("session")
+    if after.isdigit():
+        open_todos = open_todos.filter(pk__lt=int(after))
+    page = list(open_todos.order_by("-pk")[: TODO_PAGE + 1])
+    resolved = (
+        ManualTodo.objects.filter(resolved_at__isnull=False)
+        .select_related("session", "resolved_by")
+        .order_by("-resolved_at")[:50]
+    )
     return {
-        "open": [t for t in todos if t.is_open],
-        "resolved": [t for t in todos if not t.is_open][:50],
+        "open": page[:TODO_PAGE],
+        "after": after if after.isdigit() else "",
+        "next_after": str(page[TODO_PAGE - 1].pk) if len(page) > TODO_PAGE else "",
+        "resolved": list(resolved),
     }

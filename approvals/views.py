@@ -76,7 +76,9 @@ def approval_decide(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
 @role_required(RUN_SESSIONS)
 def todo_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(
-        request, "approvals/todos.html", {**presenters.todo_context(), "form": ResolveTodoForm()}
+        request,
+        "approvals/todos.html",
+        {**presenters.todo_context(request.GET.get("after", "")), "form": ResolveTodoForm()},
     )
 
 
