@@ -86,6 +86,7 @@ def render_updates(
     session = (
         Session.objects.visible()
         .select_related("scenario", "scenario_version", "created_by")
+        .defer("scenario_version__definition")  # parsed once per process (presenters)
         .filter(pk=session_id)
         .first()
     )

@@ -13,6 +13,7 @@ from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, user_roles
 from diagnosis.models import Event, Report, Restriction, Session, ToolCall
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
+from scenarios_admin.models import ScenarioVersion
 
 TIMELINE_PAGE = 200  # rendering dominates: ~20 ms for 200 rows on this machine
 SESSION_PAGE = 100
@@ -66,8 +67,28 @@ def viewer_flags(user: Any) -> dict[str, bool]:
     return flags_for_roles(user_roles(user))
 
 
+# Published versions never change (ScenarioVersion.save refuses), so each process reads
+# and parses a definition once; a publish makes a new version, hence a new key.
+_definitions: dict[tuple[int, str], dict[str, Any]] = {}
+
+
+def version_definition(session: Session) -> dict[str, Any]:
+    """The session's scenario definition. Callers may defer the (large) definition
+    column when they select the version; it is then loaded once per process."""
+    version = session.scenario_version
+    key = (version.pk, version.checksum)
+    found = _definitions.get(key)
+    if found is None:
+        if "definition" in version.get_deferred_fields():
+            found = ScenarioVersion.objects.values_list("definition", flat=True).get(pk=version.pk)
+        else:
+            found = version.definition
+        _definitions[key] = found
+    return found
+
+
 def field_rows(session: Session) -> list[dict[str, Any]]:
-    definition = session.scenario_version.definition
+    definition = version_definition(session)
     fields = session.snapshot.get("fields", {})
     evidence = session.snapshot.get("evidence", {})
     language = session.language
@@ -186,7 +207,7 @@ def session_context(
     report = Report.objects.filter(session=session).first()
     return {
         "session": session,
-        "definition": session.scenario_version.definition,
+        "definition": version_definition(session),
         "snapshot": snapshot,
         "fields": field_rows(session),
         "question": snapshot.get("question"),
