@@ -12,6 +12,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.template.loader import render_to_string
 
+from aero import metrics
 from aero.roles import VIEW_SESSIONS, has_role
 from diagnosis import presenters
 from diagnosis.models import Event, Session
@@ -87,6 +88,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.composer_key = query.get("composer", [None])[0]
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        metrics.ws_connected("page", self.sent_seq)
         await self.flush()  # catch up on everything after last_seq
 
     async def disconnect(self, code: int) -> None:
@@ -110,5 +112,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
             )
             if not html:
                 return
+            metrics.events_sent("page", seq - self.sent_seq)
             self.sent_seq, self.composer_key = seq, key
             await self.send(text_data=html)
