@@ -98,8 +98,9 @@ def create_session(
     def create() -> tuple[int, dict[str, Any]]:
         scenario = Scenario.objects.filter(slug=payload.problem_type, is_active=True).first()
         if scenario is None:
+            # 404: the body is well-formed, the scenario it names does not exist.
             raise ApiError(
-                422, "unknown_problem_type", f"No active scenario {payload.problem_type!r}."
+                404, "unknown_problem_type", f"No active scenario {payload.problem_type!r}."
             )
         try:
             session = actions.do_create_session(

@@ -23,7 +23,9 @@ def call(
     body: Any = None,
     headers: dict[str, str] | None = None,
 ) -> Any:
-    extra: dict[str, Any] = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
+    extra: dict[str, Any] = {
+        f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()
+    }
     if token is not None:
         extra["HTTP_AUTHORIZATION"] = f"Bearer {token}"
     client = Client()

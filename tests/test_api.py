@@ -216,7 +216,7 @@ def test_a_refused_create_does_not_burn_the_key(builtin: None, alice: User) -> N
     token = token_for(alice)
     key = {"Idempotency-Key": "retry-me"}
     refused = call("POST", SESSIONS, token, {"problem_type": "nope", "description": "x"}, key)
-    assert refused.status_code == 422
+    assert refused.status_code == 404
     assert refused.json()["code"] == "unknown_problem_type"
     ok = call("POST", SESSIONS, token, {"problem_type": "oil_spill", "description": "x"}, key)
     assert ok.status_code == 201
