@@ -81,7 +81,11 @@ def do_ingest(alert: Alert, user: Any) -> Observation:
         return _record(alert, verdict, config, user)
     with transaction.atomic():
         group, _ = AlertGroup.objects.get_or_create(group_key=verdict.group_key)
-        group = AlertGroup.objects.select_for_update().select_related("session").get(pk=group.pk)
+        group = (
+            AlertGroup.objects.select_for_update(of=("self",))
+            .select_related("session")
+            .get(pk=group.pk)
+        )
         session = group.session
         if session is not None and (session.is_ended or session.deleted_at is not None):
             session = None
