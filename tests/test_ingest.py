@@ -214,7 +214,7 @@ def test_a_watched_file_reloads_by_stamp_and_hash(
 
 
 def post(path: str, body: Any, credential: str | None = SECRET) -> Any:
-    headers = {"HTTP_AUTHORIZATION": f"Bearer {credential}"} if credential else {}
+    headers: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {credential}"} if credential else {}
     return Client().post(path, json.dumps(body), content_type="application/json", **headers)
 
 
