@@ -73,6 +73,9 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
         viewer, code = await database_sync_to_async(authenticate)(raw, self.session_id)
         if viewer is None:
             metrics.ws_refused(STREAM)
+            # Accept, then close with a code that says why (4401: no valid token, 4403: no
+            # access): a refused handshake would only tell an API client "403".
+            await self.accept()
             await self.close(code=code)
             return
         self.viewer = viewer
