@@ -8,7 +8,7 @@ from uuid import UUID
 
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
-from ninja import Header, NinjaAPI, Query, Router
+from ninja import Header, NinjaAPI, Query, Router, Status
 from ninja.openapi.docs import Swagger
 
 from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_SESSIONS
@@ -115,7 +115,7 @@ def create_session(
     )
     if replayed:
         request.idempotent_replay = True  # type: ignore[attr-defined]
-    return status, response
+    return Status(status, response)
 
 
 @sessions.get("/{session_id}", auth=READ, response={200: schemas.SessionOut, **READ_ERRORS})

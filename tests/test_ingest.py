@@ -248,7 +248,7 @@ def am_alert(status: str = "firing", stand: str = "105", fingerprint: str = "a1b
 
 @pytest.mark.services
 def test_one_session_per_group_repeats_and_resolved_do_not_open_more(
-    gate_rules: GateRule, settings: Any
+    gate_rules: GateRule, settings: Any, admin_client: Client
 ) -> None:
     settings.AERO_INGEST_SECRET = SECRET
 
@@ -287,6 +287,8 @@ def test_one_session_per_group_repeats_and_resolved_do_not_open_more(
     dropped = Observation.objects.get(decision="drop")
     assert dropped.labels == {} and dropped.annotations == {}, "a drop keeps no content"
     assert AuditLog.objects.filter(action="ingest.delivered", session_id=session.pk).count() == 3
+    page = admin_client.get(f"/sessions/{session.pk}/")
+    assert "Alert <code>FuelLeak</code> resolved</span> from alertmanager" in page.content.decode()
 
 
 @pytest.mark.services
