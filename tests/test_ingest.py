@@ -5,12 +5,14 @@ reload."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 
 from aero.models import AuditLog
@@ -372,3 +374,65 @@ def test_the_secret_is_off_when_unset_and_bad_payloads_get_json_errors(
     )
     assert not_json.status_code == 400 and not_json.json()["code"] == "bad_json"
     assert Observation.objects.count() == 0
+
+
+@pytest.mark.services
+def test_the_read_path_takes_no_lock(gate_rules: GateRule) -> None:
+    first = provider.current()
+    assert provider._reloading.acquire(timeout=1)  # a reload in progress elsewhere
+    try:
+        done = threading.Event()
+        seen: list[Any] = []
+
+        def read() -> None:
+            seen.append(provider.current())
+            done.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert done.wait(timeout=10), "a reader waited for the reload lock"
+        reader.join()
+        assert seen == [first]
+    finally:
+        provider._reloading.release()
+
+
+@pytest.mark.services
+def test_concurrent_deliveries_of_one_group_open_one_session(
+    gate_rules: GateRule, settings: Any
+) -> None:
+    settings.AERO_INGEST_SECRET = SECRET
+    barrier = threading.Barrier(3)
+    results: list[Any] = []
+
+    def deliver(fingerprint: str) -> None:
+        try:
+            barrier.wait(timeout=10)
+            body = v4("firing", am_alert(fingerprint=fingerprint))
+            results.append(post("/ingest/alertmanager", body).json()["decisions"][0])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver, args=(f"fp{i}",)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert Session.objects.count() == 1
+    assert {r["decision"] for r in results} == {"deliver"}
+    assert {r["session_id"] for r in results} == {str(Session.objects.get().pk)}
+    assert sum(r["reason"].endswith("opened a session") for r in results) == 1
+
+
+@pytest.mark.services
+def test_a_sunk_alert_costs_few_queries(
+    gate_rules: GateRule, settings: Any, django_assert_max_num_queries: Any
+) -> None:
+    settings.AERO_INGEST_SECRET = SECRET
+    body = {"alerts": [{"labels": {"alertname": "FuelLeak", "stand": "9", "severity": "warning"}}]}
+    post("/ingest/alerts", {"alerts": [{"labels": {"alertname": "Warm-up"}}]})  # ingest user
+    # the ingest user, the gate revision (once a second), the dedup lookup, the record
+    with django_assert_max_num_queries(4):
+        decision = post("/ingest/alerts", body).json()["decisions"][0]
+    assert decision["decision"] == "sink"
