@@ -51,6 +51,22 @@ class SessionOut(Schema):
     has_report: bool
 
 
+class SessionSummary(Schema):
+    id: UUID
+    title: str
+    status: str
+    problem_type: str
+    created_by: str
+    created_at: datetime
+    ended_at: datetime | None
+    last_seq: int
+
+
+class SessionPage(Schema):
+    sessions: list[SessionSummary]
+    next_offset: int | None = Field(..., description="Pass as offset for the next page.")
+
+
 class CancelIn(Schema):
     reason: Reason = ""
 

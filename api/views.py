@@ -3,7 +3,7 @@ actions as the pages: the API adds authentication, JSON and idempotency, never p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from django.db.models import Count, Q
@@ -21,10 +21,11 @@ from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import OPEN_STATUSES, Approval
 from diagnosis import actions
 from diagnosis.actions import ActionError
-from diagnosis.models import AgentRun, Event, Session
+from diagnosis.models import AgentRun, Event, Session, SessionStatus
 from scenarios_admin.models import Scenario
 
-TIMELINE_MAX = 200  # rendering is not involved, but one page stays one small query
+TIMELINE_MAX = 200
+LIST_MAX = 100  # rendering is not involved, but one page stays one small query
 
 api = NinjaAPI(
     title="AERO API",
@@ -116,6 +117,39 @@ def create_session(
     if replayed:
         request.idempotent_replay = True  # type: ignore[attr-defined]
     return Status(status, response)
+
+
+@sessions.get("", auth=READ, response={200: schemas.SessionPage, **READ_ERRORS})
+def list_sessions(
+    request: HttpRequest,
+    status: Literal["", *SessionStatus.values] = "",  # type: ignore[valid-type]
+    problem_type: str = Query("", max_length=64),
+    limit: int = Query(50, ge=1, le=LIST_MAX),
+    offset: int = Query(0, ge=0, le=10_000),
+) -> Any:
+    """Sessions newest first, as on the sessions page (deleted ones excluded)."""
+    sessions = Session.objects.visible().select_related("scenario", "created_by")
+    if status:
+        sessions = sessions.filter(status=status)
+    if problem_type:
+        sessions = sessions.filter(scenario__slug=problem_type)
+    page = list(sessions.order_by("-created_at", "id")[offset : offset + limit + 1])
+    return {
+        "sessions": [
+            {
+                "id": s.pk,
+                "title": s.title,
+                "status": s.status,
+                "problem_type": s.scenario.slug,
+                "created_by": s.created_by.get_username(),
+                "created_at": s.created_at,
+                "ended_at": s.ended_at,
+                "last_seq": s.last_seq,
+            }
+            for s in page[:limit]
+        ],
+        "next_offset": offset + limit if len(page) > limit else None,
+    }
 
 
 @sessions.get("/{session_id}", auth=READ, response={200: schemas.SessionOut, **READ_ERRORS})

@@ -3,6 +3,7 @@ agent tree, and approvals decided through the same policy as the pages."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.utils import timezone
 
 from aero.models import AuditLog
@@ -74,7 +76,7 @@ def test_every_endpoint_refuses_a_missing_bad_revoked_or_expired_token(
         admin, "expired", expires_at=timezone.now() - timedelta(minutes=1)
     )
     operations = _operations()
-    assert len(operations) == 12
+    assert len(operations) == 13
     for method, path in operations:
         for token in (None, "aero_not-a-token", revoked_raw, expired_raw):
             response = call(method, _concrete(path), token)
@@ -92,7 +94,14 @@ def test_inactive_users_tokens_stop_working(db: None, alice: User) -> None:
     assert call("GET", f"{SESSIONS}/{uuid.uuid4()}", token).status_code == 401
 
 
-READS = {"get_session", "timeline", "agent_tree", "pending_approvals", "get_approval"}
+READS = {
+    "list_sessions",
+    "get_session",
+    "timeline",
+    "agent_tree",
+    "pending_approvals",
+    "get_approval",
+}
 RUNS = {"create_session", "cancel_session", "resume_session", "answer_session"}
 DECIDES = {"approve", "confirm", "reject"}
 # Which operations each role may reach (anything else is a 403).
@@ -286,6 +295,52 @@ def test_snapshot_timeline_pages_and_agent_tree(
     root = tree["runs"][0]
     assert root["children"], "node runs under the job's run"
     assert {child["agent_name"] for child in root["children"]} >= {"reasoning"}
+
+
+def test_list_sessions_newest_first_with_filters(builtin: None, alice: User, carol: User) -> None:
+    token = token_for(alice)
+    ids = [
+        call(
+            "POST", SESSIONS, token, {"problem_type": "oil_spill", "description": NO_POSITION}
+        ).json()["session_id"]
+        for _ in range(3)
+    ]
+    call("POST", f"{SESSIONS}/{ids[0]}/cancel", token, {})
+    Session.objects.filter(pk=ids[1]).update(deleted_at=timezone.now())
+    reader = token_for(carol)
+
+    first = call("GET", f"{SESSIONS}?limit=1", reader).json()
+    assert [s["id"] for s in first["sessions"]] == [ids[2]] and first["next_offset"] == 1
+    rest = call("GET", f"{SESSIONS}?limit=1&offset=1", reader).json()
+    assert [s["id"] for s in rest["sessions"]] == [ids[0]] and rest["next_offset"] is None
+    canceled = call("GET", f"{SESSIONS}?status=canceled", reader).json()["sessions"]
+    assert [s["id"] for s in canceled] == [ids[0]]
+    assert call("GET", f"{SESSIONS}?problem_type=bird_strike", reader).json()["sessions"] == []
+    assert call("GET", f"{SESSIONS}?status=lost", reader).status_code == 422
+
+
+def test_concurrent_creates_with_one_key_open_one_session(builtin: None, alice: User) -> None:
+    token = token_for(alice)
+    body = {"problem_type": "oil_spill", "description": NO_POSITION}
+    barrier = threading.Barrier(3)
+    responses: list[Any] = []
+
+    def create() -> None:
+        try:
+            barrier.wait(timeout=10)
+            responses.append(call("POST", SESSIONS, token, body, {"Idempotency-Key": "race"}))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=create) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert [r.status_code for r in responses] == [201, 201, 201]
+    assert len({r.json()["session_id"] for r in responses}) == 1
+    assert Session.objects.count() == 1
 
 
 def test_deleted_sessions_are_not_found(builtin: None, alice: User) -> None:
