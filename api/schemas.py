@@ -9,17 +9,26 @@ from uuid import UUID
 from ninja import Field, Schema
 from pydantic import StringConstraints
 
-from diagnosis.actions import MAX_MESSAGE
+from aero.text import MAX_MESSAGE, MAX_REASON
 
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL cannot store U+0000 in text
+SLUG = r"^[-a-zA-Z0-9_]+$"
 Text = Annotated[
-    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_MESSAGE)
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_MESSAGE, pattern=NO_NUL),
 ]
-Reason = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)]
+Reason = Annotated[
+    str, StringConstraints(strip_whitespace=True, max_length=MAX_REASON, pattern=NO_NUL)
+]
 
 
 class SessionIn(Schema):
     problem_type: str = Field(
-        ..., max_length=64, description="Scenario slug, e.g. oil_spill.", examples=["oil_spill"]
+        ...,
+        max_length=64,
+        pattern=SLUG,
+        description="Scenario slug, e.g. oil_spill.",
+        examples=["oil_spill"],
     )
     description: Text = Field(..., description="The incident as a person would report it.")
 
@@ -135,4 +144,9 @@ class DecisionIn(Schema):
 
 class RejectIn(Schema):
     digest: str = Field(..., min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
-    reason: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
+    reason: Annotated[
+        str,
+        StringConstraints(
+            strip_whitespace=True, min_length=1, max_length=MAX_REASON, pattern=NO_NUL
+        ),
+    ]

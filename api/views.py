@@ -123,7 +123,7 @@ def create_session(
 def list_sessions(
     request: HttpRequest,
     status: Literal["", *SessionStatus.values] = "",  # type: ignore[valid-type]
-    problem_type: str = Query("", max_length=64),
+    problem_type: str = Query("", max_length=64, pattern=r"^[-a-zA-Z0-9_]*$"),
     limit: int = Query(50, ge=1, le=LIST_MAX),
     offset: int = Query(0, ge=0, le=10_000),
 ) -> Any:

@@ -13,7 +13,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from aero.models import audit
-from diagnosis.actions import MAX_MESSAGE, ActionError, do_create_session
+from aero.text import MAX_MESSAGE
+from diagnosis.actions import ActionError, do_create_session
 from diagnosis.events import append_event
 from diagnosis.models import Session
 from ingest.config import GateSnapshot, provider

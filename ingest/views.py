@@ -54,6 +54,16 @@ def _caller(request: HttpRequest) -> tuple[Any, JsonResponse | None]:
     return token.user, None
 
 
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def _ingest(
     request: HttpRequest, schema: type[BaseModel], convert: Callable[[Any], list[Alert]]
 ) -> JsonResponse:
@@ -64,6 +74,12 @@ def _ingest(
         body = json.loads(request.body or b"null")
     except (ValueError, UnicodeDecodeError):
         return _error(400, "bad_json", "The body is not JSON.")
+    if _has_nul(body):
+        return _error(
+            422,
+            "invalid_input",
+            "The alert holds a NUL character (U+0000), which cannot be stored.",
+        )
     try:
         payload = schema.model_validate(body)
     except ValidationError as exc:

@@ -373,6 +373,8 @@ def test_the_secret_is_off_when_unset_and_bad_payloads_get_json_errors(
         HTTP_AUTHORIZATION=f"Bearer {SECRET}",
     )
     assert not_json.status_code == 400 and not_json.json()["code"] == "bad_json"
+    nul = post("/ingest/alerts", {"alerts": [{"labels": {"alertname": "Fuel\u0000Leak"}}]})
+    assert nul.status_code == 422 and "NUL" in nul.json()["message"]
     assert Observation.objects.count() == 0
 
 
