@@ -7,18 +7,27 @@ from typing import Any
 
 from approvals.models import Approval, ApprovalStatus
 from diagnosis.models import AgentRun, Event, Session
+from replay import masking
 
 
 def viewer_roles(viewer: Any) -> frozenset[str]:
     return frozenset(getattr(viewer, "api_roles", frozenset()))
 
 
+def masks(roles: frozenset[str]) -> bool:
+    """Read-only viewers (auditors) get the replay pages' masked view
+    (replay.masking: AERO_REPLAY_MASK); operating roles see payloads in full, as on the
+    live pages."""
+    return not (roles & masking.UNMASKED_ROLES)
+
+
 def visible_payload(event: Event, roles: frozenset[str]) -> dict[str, Any]:
-    """The payload as this viewer may see it: the same rule as the session pages, which
-    today show every event in full to every role that may view the session (secrets
-    never enter the log: provider errors are scrubbed before they are recorded). Kept in
-    one place so a masking rule added for the pages is added here too."""
-    return event.payload
+    """The payload as this viewer may see it, by the replay pages' rules: one place for
+    the REST timeline and the WebSocket stream."""
+    if not masks(roles):
+        return event.payload
+    payload, _ = masking.mask_payload(event.type, event.payload)
+    return payload
 
 
 def envelope(event: Event, viewer: Any) -> dict[str, Any]:
@@ -80,7 +89,7 @@ def run_tree(runs: list[AgentRun]) -> list[dict[str, Any]]:
     return roots
 
 
-def approval_out(approval: Approval) -> dict[str, Any]:
+def approval_out(approval: Approval, roles: frozenset[str] | None = None) -> dict[str, Any]:
     if approval.status == ApprovalStatus.PENDING:
         next_step = "approve"
     elif approval.status == ApprovalStatus.CONFIRMING:
@@ -92,7 +101,7 @@ def approval_out(approval: Approval) -> dict[str, Any]:
         "session_id": approval.session_id,
         "tool_call_id": approval.tool_call_id,
         "action": approval.action_name,
-        "args": approval.tool_call.request_payload,
+        "args": _args(approval, roles),
         "risk_class": approval.risk_class,
         "status": approval.status,
         "digest": approval.digest,
@@ -105,3 +114,13 @@ def approval_out(approval: Approval) -> dict[str, Any]:
         "approver": approval.approver.get_username() if approval.approver else None,
         "reason": approval.reason,
     }
+
+
+def _args(approval: Approval, roles: frozenset[str] | None) -> Any:
+    args = approval.tool_call.request_payload
+    if roles is None or not masks(roles):
+        return args
+    masked, _ = masking.mask_payload(
+        "approval.required", {"risk_level": approval.risk_class, "args": args}
+    )
+    return masked["args"]

@@ -123,7 +123,9 @@ class ApprovalOut(Schema):
     session_id: UUID
     tool_call_id: int
     action: str
-    args: dict[str, Any]
+    args: dict[str, Any] | Literal["masked"] = Field(
+        ..., description='"masked" for read-only viewers when the replay mask policy hides it.'
+    )
     risk_class: Literal["R1", "R2", "R3"]
     status: str
     digest: str = Field(

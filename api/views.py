@@ -15,8 +15,9 @@ from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_SESSIONS
 from api import schemas
 from api.auth import TokenAuth
 from api.errors import READ_ERRORS, WRITE_ERRORS, ApiError, ErrorOut, install_handlers
+from api.history import router as history_router
 from api.idempotency import request_hash, run_once
-from api.presenters import approval_out, envelope, run_tree, session_out
+from api.presenters import approval_out, envelope, run_tree, session_out, viewer_roles
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import OPEN_STATUSES, Approval
 from diagnosis import actions
@@ -238,7 +239,7 @@ def pending_approvals(request: HttpRequest, session_id: UUID) -> Any:
         .select_related("tool_call", "first_approved_by", "approver")
         .order_by("created_at", "id")
     )
-    return [approval_out(approval) for approval in pending]
+    return [approval_out(approval, viewer_roles(request)) for approval in pending]
 
 
 # --- approvals ------------------------------------------------------------------------
@@ -267,7 +268,7 @@ def get_approval(request: HttpRequest, approval_id: int) -> Any:
     )
     if approval is None:
         raise ApiError(404, "not_found", f"No approval {approval_id}.")
-    return approval_out(approval)
+    return approval_out(approval, viewer_roles(request))
 
 
 @approvals.post(
@@ -296,6 +297,7 @@ def reject(request: HttpRequest, approval_id: int, payload: schemas.RejectIn) ->
 
 api.add_router("/diagnosis-sessions", sessions)
 api.add_router("/approvals", approvals)
+api.add_router("", history_router)
 
 
 def not_found(request: HttpRequest, unknown: str = "") -> HttpResponse:

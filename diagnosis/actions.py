@@ -3,17 +3,23 @@ go out after commit (append_event), never from model signals."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
 from diagnosis.agent.extraction import detect_language
-from diagnosis.events import append_event, lock_session, set_status
+from diagnosis.events import append_event, append_event_once, lock_session, set_status
+from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.reporting import md_escape, write_report
+from diagnosis.signals import approval_required, session_closing
+from scenarios_admin.definition import LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
 
 
@@ -63,6 +69,8 @@ def do_create_session(
                 "scenario": scenario.slug,
                 "version": version.number,
                 "created_by": user.get_username(),
+                "title": session.title,
+                "language": session.language,
             },
             producer=producer,
         )
@@ -102,40 +110,110 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
                 "author": user.get_username(),
                 "answers": session.snapshot["question"].get("key"),
             },
+            # Answered ("answers" closes the question in the snapshot): the page stops
+            # asking at once and a second answer is refused, instead of both waiting for
+            # the job to pick the first one up.
             producer=producer,
-            # Answered: the page stops asking at once and a second answer is refused,
-            # instead of both waiting for the job to pick the first one up.
-            snapshot={"question": None},
         )
         set_status(session.pk, SessionStatus.QUEUED, producer=producer, strict=False)
         enqueue_advance(session.pk)
 
 
+CANCELED_PREFACE = {
+    "en": "> **Canceled** by {by} before the response was complete: {reason}. Actions "
+    "still awaiting a decision were closed undecided and were not executed.",
+    "zh": "> **会话已取消**（{by}），处置未完成：{reason}。尚待审批的处置措施已关闭，未执行。",
+}
+
+
 def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
+    """Cancel a session: its status, its open approvals (closed with events, out of the
+    queue, never swept into to-dos) and a report of what was done, in one transaction.
+    Locks the session row, then the approval rows."""
     reason = checked_text(reason, limit=MAX_REASON, what="reason")
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_ended:
             raise ActionError(f"This session is already {session.get_status_display().lower()}.")
+        why = reason or f"canceled by {user.get_username()}"
         set_status(
+            session.pk, SessionStatus.CANCELED, producer="web", reason=why, by=user.get_username()
+        )
+        closed = closed_by_receivers(session, user, why)
+        session.refresh_from_db(fields=["snapshot"])
+        definition = session.scenario_version.definition
+        preface = CANCELED_PREFACE.get(session.language, CANCELED_PREFACE["en"])
+        write_report(
             session.pk,
-            SessionStatus.CANCELED,
+            definition,
+            session.snapshot,
             producer="web",
-            reason=reason or f"canceled by {user.get_username()}",
+            preface=preface.format(by=md_escape(user.get_username()), reason=md_escape(why)),
         )
         audit(
             "session.canceled",
             obj=session,
             actor=user,
             session_id=session.pk,
-            detail={"reason": reason},
+            detail={"reason": reason, "approvals_closed": closed},
         )
+
+
+def closed_by_receivers(session: Session, user: Any, reason: str) -> list[int]:
+    """Send session_closing (the approvals app closes the open approvals, with events);
+    returns the ids of the approvals closed, for the audit entry."""
+    closed: list[int] = []
+    for _, response in session_closing.send(
+        sender=Session, session=session, user=user, reason=reason
+    ):
+        if isinstance(response, dict):
+            closed.extend(response.get("approvals_closed", []))
+    return closed
+
+
+def do_delete_session(session_id: Any, user: Any, reason: str) -> Session:
+    """Soft-delete a session (admins): it leaves every list, keeps its events and audit
+    entries and stays replayable. A session still running is canceled first (its open
+    approvals close with events, a report is written). Locks the session row."""
+    reason = checked_text(
+        reason,
+        limit=MAX_REASON,
+        what="reason",
+        required="Say why the session is deleted (a reason is required).",
+    )
+    with transaction.atomic():
+        session = lock_session(session_id)
+        if session.is_deleted:
+            raise ActionError("This session was already deleted.")
+        if not session.is_ended:
+            do_cancel(session.pk, user, f"deleted: {reason}")
+        # A failed session may still hold open approvals: close them too.
+        closed = closed_by_receivers(session, user, f"deleted: {reason}")
+        at = timezone.now()
+        Session.objects.filter(pk=session.pk).update(deleted_at=at, deleted_by=user)
+        append_event(
+            session.pk,
+            "session.deleted",
+            {"by": user.get_username(), "at": at.isoformat(), "reason": reason},
+            producer="web",
+        )
+        audit(
+            "session.deleted",
+            obj=session,
+            actor=user,
+            session_id=session.pk,
+            detail={"reason": reason, "status": session.status, "approvals_closed": closed},
+        )
+    session.refresh_from_db()
+    return session
 
 
 def do_retry(session_id: Any, user: Any) -> None:
     """Re-queue a failed session: the agent resumes from its last checkpoint."""
     with transaction.atomic():
         session = lock_session(session_id)
+        if session.is_deleted:
+            raise ActionError("This session was deleted.")
         if session.status != SessionStatus.FAILED:
             raise ActionError("Only a failed session can be retried.")
         set_status(
@@ -152,6 +230,7 @@ OUTCOMES = {
     "approved": ToolCallStatus.APPROVED,
     "rejected": ToolCallStatus.REJECTED,
     "timeout": ToolCallStatus.TIMEOUT,
+    "canceled": ToolCallStatus.CANCELED,
 }
 
 
@@ -163,21 +242,30 @@ def do_apply_decision(
     *,
     producer: str = "web",
     extra: dict[str, Any] | None = None,
+    at: datetime | None = None,
+    ended_ok: bool = False,
 ) -> ToolCall:
-    """Record the final outcome of an awaiting tool call (approved, rejected, or timed out
-    into a manual to-do) and queue a resume. Locks the session row, then the tool call.
-    The approvals app calls this once its policy is met; nothing else decides."""
+    """Record the final outcome of an awaiting tool call (approved, rejected, timed out
+    into a manual to-do, or canceled with its session) and queue a resume. Locks the
+    session row, then the tool call. The approvals app calls this once its policy is met;
+    nothing else decides. `at` is the decision time the Approval row also stores (one
+    time for both). `ended_ok` lets a timeout or a cancel close the call of a session that
+    has ended (it is logged; nothing is resumed)."""
+    at = at or timezone.now()
     with transaction.atomic():
         tool_call = ToolCall.objects.get(pk=tool_call_id)
         session = lock_session(tool_call.session_id)
         tool_call = ToolCall.objects.select_for_update().get(pk=tool_call_id)
         if tool_call.status != ToolCallStatus.AWAITING_APPROVAL:
             raise ActionError("This action has already been decided.")
-        if session.is_ended:
+        if tool_call.tool_name == LIFT_TOOL:
+            # Not the agent's: nothing to resume, and the session may have ended.
+            return _apply_lift_decision(tool_call, user, outcome, reason, producer)
+        if session.is_ended and not ended_ok:
             raise ActionError(f"This session is {session.get_status_display().lower()}.")
         tool_call.status = OUTCOMES[outcome]
         tool_call.decided_by = user
-        tool_call.decided_at = timezone.now()
+        tool_call.decided_at = at
         tool_call.decision_reason = reason
         tool_call.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
         append_event(
@@ -185,23 +273,41 @@ def do_apply_decision(
             f"approval.{outcome}",
             {
                 "tool_call": tool_call.pk,
+                "call_id": tool_call.call_id,
                 "tool_name": tool_call.tool_name,
                 "args": tool_call.request_payload,
                 "risk_level": tool_call.risk_class,
                 "by": user.get_username() if user else "system",
+                "at": at.isoformat(),
                 "reason": reason,
                 **(extra or {}),
             },
             producer=producer,
         )
+        if session.is_ended:
+            return tool_call
         if session.status == SessionStatus.WAITING_USER:
             set_status(session.pk, SessionStatus.QUEUED, producer=producer)
         enqueue_advance(session.pk)
     return tool_call
 
 
-def do_lift_restriction(restriction_id: int, user: Any, note: str) -> Restriction:
-    """Lift a closure or suspension. Locks the restriction row."""
+# --- lifting a closure: an R2 action of its own ---------------------------------------
+
+
+def lift_calls(restriction: Restriction) -> Any:
+    return ToolCall.objects.filter(
+        session_id=restriction.session_id,
+        tool_name=LIFT_TOOL,
+        request_payload__restriction=restriction.pk,
+    )
+
+
+def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
+    """Ask for a closure or suspension to be lifted. Lifting is an action like closing:
+    R2 (its floor), in the approval queue, bound to a digest, decided by an approver who
+    is not the requester, audited. Locks the restriction's session row, then the
+    restriction row; one open request per restriction."""
     note = checked_text(
         note,
         limit=MAX_LIFT_NOTE,
@@ -209,30 +315,163 @@ def do_lift_restriction(restriction_id: int, user: Any, note: str) -> Restrictio
         required="Say why the restriction is lifted (a note is required).",
     )
     with transaction.atomic():
+        restriction = Restriction.objects.get(pk=restriction_id)
+        lock_session(restriction.session_id)
         restriction = Restriction.objects.select_for_update().get(pk=restriction_id)
         if restriction.lifted_at is not None:
             raise ActionError(f"{restriction} was already lifted.")
-        restriction.lifted_at = timezone.now()
-        restriction.lifted_by = user
-        restriction.lift_note = note
-        restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
-        append_event(
-            restriction.session_id,
-            "timeline.appended",
-            {
-                "kind": "restriction_lifted",
-                "restriction": restriction.kind,
+        earlier = lift_calls(restriction)
+        if earlier.filter(status=ToolCallStatus.AWAITING_APPROVAL).exists():
+            raise ActionError(f"A lift of {restriction} already waits for an approver.")
+        call_id = f"lift:{restriction.pk}:{earlier.count() + 1}"
+        tool_call = ToolCall.objects.create(
+            session_id=restriction.session_id,
+            call_id=call_id,
+            idempotency_key=f"{restriction.session_id}:{call_id}",
+            tool_name=LIFT_TOOL,
+            risk_class=risk_floor(LIFT_TOOL),
+            # Not one of the agent's planned actions: the agent neither waits for it
+            # nor reports it; the queue and the timeline show it.
+            is_action=False,
+            request_payload={
+                "restriction": restriction.pk,
+                "kind": restriction.kind,
                 "target": restriction.target,
-                "by": user.get_username(),
                 "note": note,
+                "requested_by": user.get_username(),
+            },
+            status=ToolCallStatus.AWAITING_APPROVAL,
+        )
+        opened: dict[str, Any] = {}
+        for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call):
+            if isinstance(response, dict):
+                opened.update(response)
+        append_event_once(
+            restriction.session_id,
+            "approval.required",
+            f"approval:{tool_call.pk}",
+            {
+                "tool_call": tool_call.pk,
+                "call_id": tool_call.call_id,
+                "tool_name": tool_call.tool_name,
+                "args": tool_call.request_payload,
+                "risk_level": tool_call.risk_class,
+                "is_action": tool_call.is_action,
+                **opened,
             },
             producer="web",
         )
         audit(
-            "restriction.lifted",
+            "restriction.lift_requested",
             obj=restriction,
             actor=user,
             session_id=restriction.session_id,
-            detail={"kind": restriction.kind, "target": restriction.target, "note": note},
+            detail={
+                "kind": restriction.kind,
+                "target": restriction.target,
+                "note": note,
+                "tool_call": tool_call.pk,
+            },
         )
-    return restriction
+    return tool_call
+
+
+def touched_sessions(restriction: Restriction) -> list[Any]:
+    """The sessions whose live map showed the restriction: every session not ended
+    before it was put in force (they list the airport's restrictions in force), and the
+    session that put it in force. Ordered by id, the order their rows are locked in."""
+    ids = set(
+        Session.objects.filter(
+            Q(ended_at__isnull=True) | Q(ended_at__gte=restriction.created_at)
+        ).values_list("pk", flat=True)
+    )
+    ids.add(restriction.session_id)
+    return sorted(ids, key=str)
+
+
+def _apply_lift_decision(
+    tool_call: ToolCall, user: Any, outcome: str, reason: str, producer: str
+) -> ToolCall:
+    """The decided lift: recorded in the requesting session; approved, it lifts the
+    restriction (after the policy check at execution time) with an event in every
+    session that showed it. The caller holds the session and call row locks."""
+    tool_call.status = OUTCOMES[outcome]
+    tool_call.decided_by = user
+    tool_call.decided_at = timezone.now()
+    tool_call.decision_reason = reason
+    tool_call.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
+    append_event(
+        tool_call.session_id,
+        f"approval.{outcome}",
+        {
+            "tool_call": tool_call.pk,
+            "tool_name": tool_call.tool_name,
+            "args": tool_call.request_payload,
+            "risk_level": tool_call.risk_class,
+            "by": user.get_username() if user else "system",
+            "reason": reason,
+        },
+        producer=producer,
+    )
+    if outcome != "approved":
+        return tool_call
+    problems = execution_problems(tool_call)
+    if problems:
+        refuse_execution(tool_call, problems, producer=producer)
+        return tool_call
+    restriction = Restriction.objects.select_for_update().get(
+        pk=tool_call.request_payload["restriction"]
+    )
+    if restriction.lifted_at is not None:
+        raise ActionError(f"{restriction} was already lifted.")
+    note = tool_call.request_payload["note"]
+    restriction.lifted_at = timezone.now()
+    restriction.lifted_by = user
+    restriction.lift_note = note
+    restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
+    summary = f"{restriction} lifted"
+    tool_call.status = ToolCallStatus.COMPLETED
+    tool_call.completed_at = restriction.lifted_at
+    tool_call.response_payload = {"summary": summary}
+    tool_call.save(update_fields=["status", "completed_at", "response_payload"])
+    append_event(
+        tool_call.session_id,
+        "tool.call_completed",
+        {
+            "call_id": tool_call.call_id,
+            "tool_name": tool_call.tool_name,
+            "args": tool_call.request_payload,
+            "risk_level": tool_call.risk_class,
+            "duration_ms": 0,
+            "response": tool_call.response_payload,
+            "error": "",
+            "agent_run_id": None,
+        },
+        producer=producer,
+    )
+    payload = {
+        "kind": "restriction_lifted",
+        "restriction": restriction.kind,
+        "target": restriction.target,
+        "by": user.get_username(),
+        "requested_by": tool_call.request_payload["requested_by"],
+        "note": note,
+        "origin_session": str(tool_call.session_id),
+        "tool_call": tool_call.pk,
+    }
+    for session_id in touched_sessions(restriction):
+        append_event(session_id, "timeline.appended", payload, producer=producer)
+    audit(
+        "restriction.lifted",
+        obj=restriction,
+        actor=user,
+        session_id=restriction.session_id,
+        detail={
+            "kind": restriction.kind,
+            "target": restriction.target,
+            "note": note,
+            "requested_by": tool_call.request_payload["requested_by"],
+            "tool_call": tool_call.pk,
+        },
+    )
+    return tool_call

@@ -38,8 +38,10 @@ def _operations() -> list[tuple[str, str]]:
 
 
 def _concrete(path: str, session_id: Any = None, approval_id: int = 1) -> str:
-    return path.replace("{session_id}", str(session_id or uuid.uuid4())).replace(
-        "{approval_id}", str(approval_id)
+    return (
+        path.replace("{session_id}", str(session_id or uuid.uuid4()))
+        .replace("{approval_id}", str(approval_id))
+        .replace("{job_id}", uuid.uuid4().hex)
     )
 
 
@@ -76,7 +78,7 @@ def test_every_endpoint_refuses_a_missing_bad_revoked_or_expired_token(
         admin, "expired", expires_at=timezone.now() - timedelta(minutes=1)
     )
     operations = _operations()
-    assert len(operations) == 13
+    assert len(operations) == 16
     for method, path in operations:
         for token in (None, "aero_not-a-token", revoked_raw, expired_raw):
             response = call(method, _concrete(path), token)
@@ -96,6 +98,9 @@ def test_inactive_users_tokens_stop_working(db: None, alice: User) -> None:
 
 READS = {
     "list_sessions",
+    "search",
+    "export_markdown",
+    "export_job",
     "get_session",
     "timeline",
     "agent_tree",
@@ -125,7 +130,7 @@ def test_role_matrix_for_every_endpoint(
     schema = api.get_openapi_schema()
     for path, item in schema["paths"].items():
         for method, operation in item.items():
-            name = operation["operationId"].removeprefix("api_views_")
+            name = operation["operationId"].removeprefix("api_views_").removeprefix("api_history_")
             response = call(method.upper(), _concrete(path), token, {"x": 1})
             if name in ALLOWED[role]:
                 assert response.status_code != 403, (role, name, response.json())
@@ -453,3 +458,57 @@ def test_unknown_approval_is_a_json_404(db: None, bob: User) -> None:
         "POST", "/api/v1/approvals/999999/approve", token_for(bob), {"digest": "a" * 64}
     )
     assert response.status_code == 404 and response.json()["code"] == "not_found"
+
+
+# --- history, export, masking --------------------------------------------------------
+
+
+def test_history_search_and_the_masked_export(
+    builtin: None, alice: User, bob: User, carol: User
+) -> None:
+    session = waiting_session(alice, STAND_FUEL_LEAK)
+    auditor = token_for(carol)
+
+    found = call("GET", "/api/v1/history?flight=ca1234&problem_type=oil_spill", auditor).json()
+    assert [s["id"] for s in found["sessions"]] == [str(session.pk)]
+    assert found["sessions"][0]["position"] == "105"
+    assert call("GET", "/api/v1/history?creator=nobody", auditor).json()["sessions"] == []
+    assert call("GET", "/api/v1/history?cursor=garbage", auditor).status_code == 404
+
+    export = call("POST", f"{SESSIONS}/{session.pk}/replay/export-md", auditor)
+    assert export.status_code == 200
+    assert export["Content-Type"].startswith("text/markdown")
+    text = export.content.decode()
+    assert str(session.pk) in text
+    entry = AuditLog.objects.get(action="session.exported")
+    assert entry.actor == carol and entry.detail["masked"] is True
+    assert entry.detail["mode"] == "api"
+
+    # an auditor sees R2 arguments masked, as on the replay pages; an approver does not
+    r2 = approval_for(session, "suspend_stand_operations")
+    assert call("GET", f"/api/v1/approvals/{r2.pk}", auditor).json()["args"] == "masked"
+    assert call("GET", f"/api/v1/approvals/{r2.pk}", token_for(bob)).json()["args"] == {
+        "stand": "105"
+    }
+    events = call("GET", f"{SESSIONS}/{session.pk}/timeline?limit=200", auditor).json()["events"]
+    required = [e for e in events if e["type"] == "approval.required"]
+    assert {e["payload"]["risk_level"] for e in required} >= {"R1", "R2"}
+    for event in required:
+        masked = event["payload"]["args"] == "masked"
+        assert masked == (event["payload"]["risk_level"] in ("R2", "R3"))
+
+
+def test_large_exports_run_in_the_background(
+    builtin: None, alice: User, carol: User, settings: Any
+) -> None:
+    settings.AERO_REPLAY_EXPORT_INLINE_EVENTS = 1
+    session = waiting_session(alice)
+    token = token_for(alice)
+    started = call("POST", f"{SESSIONS}/{session.pk}/replay/export-md", token)
+    assert started.status_code == 202
+    job_id = started.json()["job_id"]
+    # the export ran after commit (inline jobs in tests); someone else cannot fetch it
+    assert call("GET", f"/api/v1/exports/{job_id}", token_for(carol)).status_code == 404
+    done = call("GET", f"/api/v1/exports/{job_id}", token)
+    assert done.status_code == 200 and str(session.pk) in done.content.decode()
+    assert AuditLog.objects.filter(action="session.exported", actor=alice).exists()

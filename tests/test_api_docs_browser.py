@@ -30,7 +30,7 @@ def test_swagger_ui_renders_every_operation(
     )
     page.goto(f"{asgi_server}/api/v1/docs")
 
-    expect(page.locator(".opblock")).to_have_count(13)
+    expect(page.locator(".opblock")).to_have_count(16)
     expect(page.locator(".opblock-summary-path").first).to_contain_text("/api/v1/")
     expect(page.get_by_text("AERO API").first).to_be_visible()
     assert outside == []

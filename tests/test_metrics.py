@@ -66,7 +66,7 @@ def test_every_family_after_one_session(
         while json.loads(ws.recv(timeout=15))["seq"] < session.last_seq:
             pass
     approval = approval_for(session, "dispatch_cleanup_crew")
-    do_decide(approval.pk, approver, "approve", "crew on the way")
+    do_decide(approval.pk, approver, "approve", "crew on the way", digest=approval.digest)
     assert call("GET", f"/api/v1/diagnosis-sessions/{session.pk}", token).status_code == 200
     GateRule.objects.create(name="all", matchers={}, action="sink")
     Client().post(
