@@ -40,8 +40,12 @@ def test_create_use_and_revoke_a_token_on_the_page(db: None, alice: User) -> Non
     assert revoked.status_code == 302
     assert call("GET", "/api/v1/approvals/1", raw).status_code == 401
     assert "revoked" in client.get("/api/tokens/").content.decode()
-    actions = list(AuditLog.objects.order_by("id").values_list("action", flat=True))
-    assert actions[:1] == ["api_token.created"] and "api_token.revoked" in actions
+    actions = list(
+        AuditLog.objects.filter(action__startswith="api_token.")
+        .order_by("id")
+        .values_list("action", flat=True)
+    )
+    assert actions == ["api_token.created", "api_token.revoked"]
 
 
 def test_roles_offered_are_the_users_own(db: None, make_user: Callable[..., User]) -> None:
