@@ -194,6 +194,11 @@ def test_fallback_retry_and_rerun_never_duplicate_events_or_tokens(
     session = make_session(people["olga"])
     assert session.status == "failed"
     assert_projections_match(session)
+    # Each crashed step rolled back whole: no model call, usage or extraction is left.
+    crashed = Event.objects.filter(session=session)
+    assert not crashed.filter(type__in=["llm.call", "llm.fallback", "fields.extracted"]).exists()
+    assert not LLMCall.objects.filter(session=session).exists()
+    assert crashed.filter(type="agent.node_failed").count() == settings.AERO_JOB_ATTEMPTS
 
     do_retry(session.pk, people["olga"])
     state = assert_projections_match(session)

@@ -516,7 +516,9 @@ def test_cancel_ends_the_session(alice: User, waiting: Session) -> None:
     waiting.refresh_from_db()
     assert waiting.status == SessionStatus.CANCELED
     entry = AuditLog.objects.get(action="session.canceled", session_id=waiting.pk)
-    assert entry.actor == alice and entry.detail == {"reason": "false alarm"}
+    closed = sorted(waiting.approvals.values_list("pk", flat=True))
+    assert entry.actor == alice and entry.detail["reason"] == "false alarm"
+    assert sorted(entry.detail["approvals_closed"]) == closed  # all were open
     page = client.get(url("session-detail", waiting.pk)).content.decode()
     assert "This session is canceled." in page
     assert "Cancel session" not in page
