@@ -436,7 +436,8 @@ def _apply_lift_decision(
     tool_call.status = ToolCallStatus.COMPLETED
     tool_call.completed_at = restriction.lifted_at
     tool_call.response_payload = {"summary": summary}
-    tool_call.save(update_fields=["status", "completed_at", "response_payload"])
+    tool_call.duration_ms = 0  # as its event says: the lift is one database write
+    tool_call.save(update_fields=["status", "completed_at", "response_payload", "duration_ms"])
     append_event(
         tool_call.session_id,
         "tool.call_completed",
