@@ -43,6 +43,15 @@ def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str
     }
 
 
+@receiver(execution_check)
+def check_decision(sender: Any, tool_call: ToolCall, **kwargs: Any) -> list[str]:
+    """Defence in depth at execution time: what must be true of the decision behind
+    an approved call, whatever its row says."""
+    from approvals.policy import decision_problems
+
+    return decision_problems(tool_call)
+
+
 @receiver(session_closing)
 def close_open_approvals(
     sender: Any, session: Session, user: Any, reason: str, **kwargs: Any
@@ -70,12 +79,3 @@ def close_open_approvals(
     if closed:
         notify_queue()
     return {"approvals_closed": closed}
-
-
-@receiver(execution_check)
-def check_decision(sender: Any, tool_call: ToolCall, **kwargs: Any) -> list[str]:
-    """Defence in depth at execution time: what must be true of the decision behind
-    an approved call, whatever its row says."""
-    from approvals.policy import decision_problems
-
-    return decision_problems(tool_call)
