@@ -108,6 +108,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "django.template.context_processors.csp",
                 "aero.roles.roles_context",
+                "aero.live.live_context",
             ],
         },
     },
@@ -116,7 +117,15 @@ TEMPLATES = [
 # --- database -------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    # Persistent connections, checked before reuse: a new PostgreSQL connection per
+    # request or consumer pull cost ~11% of the ASGI process (see docs/decisions.md, ADR 81).
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL,
+            conn_max_age=env_int("AERO_DB_CONN_MAX_AGE", 300, minimum=0),
+            conn_health_checks=True,
+        )
+    }
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -154,6 +163,10 @@ AERO_JOB_ATTEMPTS = env_int("AERO_JOB_ATTEMPTS", 3, minimum=1)
 AERO_JOB_BACKOFF = env_float("AERO_JOB_BACKOFF", 1.0)  # seconds x attempt, between retries
 AERO_QUEUE = env_str("AERO_QUEUE", "aero")
 AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
+# Where pages open their WebSockets when HTTP and WebSockets are served by different
+# processes (scripts/run.sh in production: gunicorn for HTTP, daphne for WebSockets),
+# e.g. "ws://127.0.0.1:8001". Empty: the page's own origin.
+AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
 
 RQ_QUEUES = {
     AERO_QUEUE: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 600},

@@ -41,6 +41,9 @@ def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[No
                 )
             connection.close()
     yield
+    from diagnosis.jobs import close_agent_runtime
+
+    close_agent_runtime()  # its own connection to the test database, which is dropped next
 
 
 @pytest.fixture
