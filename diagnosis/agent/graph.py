@@ -31,11 +31,13 @@ from diagnosis.agent.tools import (
     run_enrichment,
 )
 from diagnosis.events import (
+    EventBatch,
     add_usage,
     append_event,
     append_event_once,
     append_keyed,
     append_step_event,
+    event_batch,
     step_scope,
 )
 from diagnosis.models import (
@@ -62,8 +64,12 @@ class SessionCanceled(Exception):
 
 def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
     """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
-    The node's events are keyed by its graph step (StepScope): a re-run of the step
-    reuses its AgentRun and writes no event twice."""
+
+    One graph step is one transaction (ADR 55): the node's rows and its events (queued
+    by event_batch, written at the end under one lock) commit together or not at all; a
+    crash mid-step leaves nothing half-written and a failure is logged on its own. The
+    events are keyed by the step's task (StepScope): if the step committed but its
+    checkpoint did not, the re-run writes nothing twice."""
 
     def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
         # No functools.wraps: LangGraph reads the signature to inject `runtime`.
@@ -73,48 +79,55 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
             if status.first() == SessionStatus.CANCELED:
                 raise SessionCanceled()
             with step_scope(_task_key(runtime, name)) as scope:
-                run = _start_node(ctx, scope.key("agent.node_started"), name, state)
                 try:
-                    update = fn(state, ctx, run)
-                except Exception as exc:
-                    if isinstance(exc, SessionCanceled) or type(exc).__name__ == "GraphInterrupt":
+                    with transaction.atomic(), event_batch(ctx.session_id) as batch:
+                        run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
+                        update = fn(state, ctx, run)
+                        summary = update.pop("_summary", "")
                         AgentRun.objects.filter(pk=run.pk).update(
-                            status="interrupted", ended_at=timezone.now()
+                            status="completed",
+                            ended_at=timezone.now(),
+                            output_summary={"summary": summary},
                         )
-                        raise
-                    with transaction.atomic():
-                        AgentRun.objects.filter(pk=run.pk).update(
-                            status="failed", ended_at=timezone.now()
-                        )
-                        # Not keyed: a second failure of the step is a new fact.
-                        append_event(
+                        append_step_event(
                             ctx.session_id,
-                            "agent.node_failed",
-                            {"node": name, "run": run.pk, "error": f"{type(exc).__name__}: {exc}"},
+                            "agent.node_completed",
+                            {"node": name, "run": run.pk, "summary": summary},
                             producer=ctx.producer,
                             run=run,
                         )
+                except Exception as exc:
+                    if isinstance(exc, SessionCanceled) or type(exc).__name__ == "GraphInterrupt":
+                        raise
+                    _record_failure(ctx, name, state, exc)
                     raise
-                summary = update.pop("_summary", "")
-                with transaction.atomic():
-                    AgentRun.objects.filter(pk=run.pk).update(
-                        status="completed",
-                        ended_at=timezone.now(),
-                        output_summary={"summary": summary},
-                    )
-                    append_step_event(
-                        ctx.session_id,
-                        "agent.node_completed",
-                        {"node": name, "run": run.pk, "summary": summary},
-                        producer=ctx.producer,
-                        run=run,
-                    )
-                return update
+            return update
 
         wrapper.__name__ = fn.__name__
         return wrapper
 
     return decorator
+
+
+def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Exception) -> None:
+    """The step rolled back; its failure is a fact of its own (not keyed: a second
+    failure of the step is a new one)."""
+    with transaction.atomic():
+        run = AgentRun.objects.create(
+            session_id=ctx.session_id,
+            parent=ctx.root_run,
+            agent_name=name,
+            status="failed",
+            ended_at=timezone.now(),
+            input_snapshot={"fsm": state.get("fsm", "")},
+        )
+        append_event(
+            ctx.session_id,
+            "agent.node_failed",
+            {"node": name, "run": run.pk, "error": f"{type(exc).__name__}: {exc}"},
+            producer=ctx.producer,
+            run=run,
+        )
 
 
 def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
@@ -126,28 +139,28 @@ def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
     return f"step:{get_config()['metadata']['langgraph_step']}:{name}"
 
 
-def _start_node(ctx: AgentContext, key: str, name: str, state: AgentState) -> AgentRun:
-    with transaction.atomic():
-        started = (
-            Event.objects.filter(session_id=ctx.session_id, key=key).select_related("run").first()
-        )
-        if started is not None and started.run is not None:
-            AgentRun.objects.filter(pk=started.run.pk).update(status="running", ended_at=None)
-            return started.run
-        run = AgentRun.objects.create(
-            session_id=ctx.session_id,
-            parent=ctx.root_run,
-            agent_name=name,
-            input_snapshot={"fsm": state.get("fsm", "")},
-        )
-        append_keyed(
-            ctx.session_id,
-            "agent.node_started",
-            key,
-            {"node": name, "run": run.pk},
-            producer=ctx.producer,
-            run=run,
-        )
+def _start_node(
+    ctx: AgentContext, batch: EventBatch, key: str, name: str, state: AgentState
+) -> AgentRun:
+    started = batch.find(key)
+    if started is not None and started.run_id is not None:
+        # The step committed before (its checkpoint did not): carry on with its run.
+        AgentRun.objects.filter(pk=started.run_id).update(status="running", ended_at=None)
+        return AgentRun(pk=started.run_id, session_id=ctx.session_id, agent_name=name)
+    run = AgentRun.objects.create(
+        session_id=ctx.session_id,
+        parent=ctx.root_run,
+        agent_name=name,
+        input_snapshot={"fsm": state.get("fsm", "")},
+    )
+    append_keyed(
+        ctx.session_id,
+        "agent.node_started",
+        key,
+        {"node": name, "run": run.pk},
+        producer=ctx.producer,
+        run=run,
+    )
     return run
 
 
