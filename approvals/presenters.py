@@ -36,7 +36,9 @@ def queue_context(
     of the last approval of the previous page, so a page costs the same however deep.
     `roles` instead of `user`: the live consumer renders for a role set."""
     risk, scenario = clean_filters(risk, scenario)
-    approvals = Approval.objects.open()
+    # A deleted session's approvals were closed when it was deleted; the filter keeps the
+    # queue clean even for rows written before that rule.
+    approvals = Approval.objects.open().filter(session__deleted_at__isnull=True)
     if risk:
         approvals = approvals.filter(risk_class=risk)
     if scenario:
@@ -96,13 +98,15 @@ TODO_PAGE = 100
 def todo_context(after: str = "") -> dict[str, Any]:
     """Open to-dos newest first, a page at a time (keyset on id, which grows with
     created_at), and the 50 most recently resolved."""
-    open_todos = ManualTodo.objects.filter(resolved_at__isnull=True).select_related("session")
+    open_todos = ManualTodo.objects.filter(
+        resolved_at__isnull=True, session__deleted_at__isnull=True
+    ).select_related("session", "approval")
     if after.isdigit():
         open_todos = open_todos.filter(pk__lt=int(after))
     page = list(open_todos.order_by("-pk")[: TODO_PAGE + 1])
     resolved = (
-        ManualTodo.objects.filter(resolved_at__isnull=False)
-        .select_related("session", "resolved_by")
+        ManualTodo.objects.filter(resolved_at__isnull=False, session__deleted_at__isnull=True)
+        .select_related("session", "resolved_by", "approval")
         .order_by("-resolved_at")[:50]
     )
     return {

@@ -9,7 +9,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import Q
 
-from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, user_roles
+from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, user_roles
 from diagnosis.models import Event, Report, Restriction, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
@@ -34,6 +34,8 @@ PANELS_BY_EVENT = {
     "approval.approved": {"session-actions"},
     "approval.rejected": {"session-actions"},
     "approval.timeout": {"session-actions"},
+    "approval.canceled": {"session-actions"},
+    "session.deleted": {"session-status", "session-actions"},
     "agent.note": set(),
     "tool.call_completed": {"session-actions", "session-facts"},
     "tool.call_failed": {"session-actions"},
@@ -62,6 +64,7 @@ def flags_for_roles(roles: frozenset[str]) -> dict[str, bool]:
     return {
         "can_run": bool(roles & set(RUN_SESSIONS)),
         "can_decide": bool(roles & set(DECIDE_APPROVALS)),
+        "can_delete": bool(roles & set(DELETE_SESSIONS)),
     }
 
 
