@@ -24,6 +24,7 @@ worker: install
 
 test: install
 	scripts/install-browser.sh
+	scripts/install-system-deps.sh
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: install

@@ -8,6 +8,7 @@ workers and channels_redis).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -53,11 +54,14 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "django_rq",
+    "ninja",
     "aero",
     "scenarios_admin",
     "diagnosis",
     "approvals",
     "replay",
+    "ingest",
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -72,6 +76,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "api.middleware.ApiAuditMiddleware",
 ]
 
 # Content Security Policy on every response (admin included): scripts and styles only
@@ -259,5 +264,30 @@ LOGGING = {
     "loggers": {
         "aero": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
         "diagnosis": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
+        "ingest": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
+        "api": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
     },
 }
+
+# --- API, ingest, metrics -------------------------------------------------------------
+# Idempotency keys of POST /api/v1/diagnosis-sessions are honoured this long.
+AERO_IDEMPOTENCY_HOURS = env_int("AERO_IDEMPOTENCY_HOURS", 24, minimum=1)
+# A token's last_used_at is written at most this often (one UPDATE per call otherwise).
+AERO_TOKEN_TOUCH_SECONDS = env_int("AERO_TOKEN_TOUCH_SECONDS", 60, minimum=0)
+# Alert sources without an API token send this shared secret (header X-Aero-Ingest-Secret or
+# ?secret=); empty disables the secret, tokens still work.
+AERO_INGEST_SECRET = env_str("AERO_INGEST_SECRET")
+# Sessions opened by alerts that came in with the shared secret belong to this user.
+AERO_INGEST_USERNAME = env_str("AERO_INGEST_USERNAME", "alertmanager")
+# Optional YAML file of gate rules, watched by stamp (mtime_ns + size) and hash.
+AERO_GATE_FILE = env_str("AERO_GATE_FILE")
+# /metrics: a bearer token, or a client address from this list (loopback by default).
+AERO_METRICS_TOKEN = env_str("AERO_METRICS_TOKEN")
+AERO_METRICS_ALLOWED_IPS = env_list("AERO_METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
+# prometheus-client's multi-process mode (daphne, rq workers and their forked jobs write
+# their own files here; /metrics sums them). It must be set before prometheus_client is
+# imported, which no module does before settings load.
+PROMETHEUS_MULTIPROC_DIR = Path(
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(DATA_DIR / "metrics"))
+)
+PROMETHEUS_MULTIPROC_DIR.mkdir(parents=True, exist_ok=True)

@@ -97,15 +97,14 @@ TODO_PAGE = 100
 
 def todo_context(after: str = "") -> dict[str, Any]:
     """Open to-dos newest first, a page at a time (keyset on id, which grows with
-    created_at), and the 50 most recently resolved."""
-    open_todos = ManualTodo.objects.filter(
-        resolved_at__isnull=True, session__deleted_at__isnull=True
-    ).select_related("session", "approval")
+    created_at), and the 50 most recently resolved. Deleted sessions' to-dos are gone."""
+    todos = ManualTodo.objects.filter(session__deleted_at__isnull=True)
+    open_todos = todos.filter(resolved_at__isnull=True).select_related("session", "approval")
     if after.isdigit():
         open_todos = open_todos.filter(pk__lt=int(after))
     page = list(open_todos.order_by("-pk")[: TODO_PAGE + 1])
     resolved = (
-        ManualTodo.objects.filter(resolved_at__isnull=False, session__deleted_at__isnull=True)
+        todos.filter(resolved_at__isnull=False)
         .select_related("session", "resolved_by", "approval")
         .order_by("-resolved_at")[:50]
     )

@@ -24,6 +24,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.contrib.auth import get_user_model
 from django.template.loader import render_to_string
 
+from aero import metrics
 from aero.roles import ALL_ROLES, VIEW_SESSIONS
 from diagnosis import presenters
 from diagnosis.models import Event, Session
@@ -235,6 +236,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.group = session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        metrics.ws_connected("page", self.sent_seq)
         await self.flush()  # catch up on everything after last_seq
 
     async def allowed(self) -> frozenset[str] | None:
@@ -275,6 +277,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 return
             if not update.html:
                 return
+            metrics.events_sent("page", update.seq - self.sent_seq)
             self.sent_seq, self.composer_key = update.seq, update.composer_key
             await self.send(text_data=update.html)
 

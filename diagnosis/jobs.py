@@ -28,6 +28,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
+from aero import metrics
 from diagnosis.agent.graph import SessionCanceled, build_graph
 from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.state import AgentContext
@@ -363,6 +364,7 @@ def _sqlite_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
 # --- the job --------------------------------------------------------------------------
 
 
+@metrics.timed_job
 def advance_session(session_id: str) -> str:
     """Advance the session as far as the inputs in the database allow. Idempotent: a
     duplicate or late job finds nothing to do. Returns the status it left."""

@@ -20,6 +20,10 @@ $PY manage.py load_builtin
 $PY manage.py seed_demo
 $PY manage.py collectstatic --noinput -v0
 
+# Prometheus multi-process files describe processes of this run only: start empty.
+METRICS_DIR=${PROMETHEUS_MULTIPROC_DIR:-${AERO_DATA_DIR:-var}/metrics}
+mkdir -p "$METRICS_DIR" && rm -f "$METRICS_DIR"/*.db
+
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT INT TERM
