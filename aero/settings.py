@@ -83,7 +83,7 @@ MIDDLEWARE = [
 # from our own static files (htmx is vendored and configured in base.html to need no
 # eval and no inline style), no inline handlers, no plugins, no framing, forms post
 # only here. A template that truly needs an inline block uses {% csp_nonce_attr %}.
-SECURE_CSP = {
+SECURE_CSP: dict[str, list[str]] = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF, CSP.NONCE],
     "style-src": [CSP.SELF, CSP.NONCE],
@@ -172,6 +172,8 @@ AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
 # processes (scripts/run.sh in production: gunicorn for HTTP, daphne for WebSockets),
 # e.g. "ws://127.0.0.1:8001". Empty: the page's own origin.
 AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
+if AERO_WS_URL:
+    SECURE_CSP["connect-src"] = [CSP.SELF, AERO_WS_URL]  # the sockets' own origin
 
 RQ_QUEUES = {
     AERO_QUEUE: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 600},
