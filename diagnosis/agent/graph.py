@@ -17,7 +17,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from diagnosis.agent import fsm, policy
+from diagnosis.agent import fsm, grounding, policy, prompts
 from diagnosis.agent.extraction import Extraction
 from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
 from diagnosis.agent.state import AgentContext, AgentState
@@ -124,7 +124,9 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     messages = Event.objects.filter(
         session_id=ctx.session_id, type="user.message", seq__gt=consumed
     ).order_by("seq")
+    pending = dict(state.get("unconfirmed") or {})
     changed: dict[str, Any] = {}
+    unconfirmed: dict[str, Any] = {}
     for message in messages:
         text = message.payload.get("text", "")
 
@@ -134,10 +136,16 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         found = call_with_fallback(
             ctx.providers, "extract", extract, _recorder(ctx, run), _fallback_recorder(ctx, run)
         )
-        for name, extraction in found.items():
-            fields[name] = extraction.value
-            evidence[name] = extraction.evidence
-            changed[name] = extraction.value
+        for name, extraction in grounding.settle(definition, found, pending, asked, text):
+            if extraction.confirmed:
+                fields[name] = extraction.value
+                evidence[name] = extraction.evidence
+                changed[name] = extraction.value
+                pending.pop(name, None)
+            elif fields.get(name) is None:
+                # Read without evidence of its own: the operator confirms it first.
+                pending[name] = {"value": extraction.value, "evidence": extraction.evidence}
+                unconfirmed[name] = pending[name]
         consumed = message.seq
     for name, spec in definition["fields"].items():
         if fields.get(name) is None and spec.get("default") is not None:
@@ -152,11 +160,18 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             "changed": changed,
             "evidence": {k: evidence[k] for k in changed},
             "missing": missing,
+            "unconfirmed": unconfirmed,
             "through_seq": consumed,
         },
         producer=ctx.producer,
         run=run,
-        snapshot={"fields": fields, "evidence": evidence, "missing": missing, "question": None},
+        snapshot={
+            "fields": fields,
+            "evidence": evidence,
+            "missing": missing,
+            "unconfirmed": pending,
+            "question": None,
+        },
     )
     summary = f"{len(changed)} field(s) recognised" + (
         f", missing {', '.join(missing)}" if missing else ""
@@ -166,6 +181,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         "evidence": evidence,
         "consumed_seq": consumed,
         "question": None,
+        "unconfirmed": pending,
         "_summary": summary,
     }
 
@@ -205,6 +221,7 @@ def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
                 "cost": str(attempt.usage.cost),
                 "latency_ms": attempt.latency_ms,
                 "error": attempt.error,
+                "attempt": attempt.attempt,
             },
             producer=ctx.producer,
             run=run,
@@ -347,7 +364,10 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
         spec = ctx.definition["fields"][field]
         lang = state.get("language", "en")
         text = spec["ask"][lang]
-        if field in asked:
+        candidate = (state.get("unconfirmed") or {}).get(field)
+        if candidate is not None:
+            text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
+        elif field in asked:
             text = _retry_hint(spec, lang) + text
         asked.append(field)
         question = {"field": field, "text": text, "key": f"q{len(asked)}"}
