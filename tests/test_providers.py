@@ -39,6 +39,13 @@ EXAMPLE_ONE_REPLY = {
 }
 
 
+@pytest.fixture(autouse=True)
+def extraction_only(settings: Any) -> None:
+    """These tests are about extraction calls; the model's reasoning steps (ReAct) are
+    tests/test_react.py's."""
+    settings.AERO_LLM_REACT = False
+
+
 @pytest.fixture
 def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The backoff waits the chain asked for, without sleeping."""

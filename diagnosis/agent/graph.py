@@ -348,9 +348,17 @@ def enrichment_calls(definition: dict[str, Any], fields: dict[str, Any]) -> list
     return calls
 
 
-# Tests replace this to script an agent that misbehaves; production always plans offline
-# (safety-critical sequencing is policy, not model output).
-PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": offline_plan}
+def default_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+    """With a real provider the model picks the calls (diagnosis.agent.react), checked by
+    the policy; the step that runs is always the policy's (safety-critical sequencing is
+    policy, not model output). Offline: the deterministic planner alone."""
+    from diagnosis.agent.react import react_plan
+
+    return react_plan(state, ctx, offline_plan)
+
+
+# Tests replace this to script an agent that misbehaves.
+PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": default_plan}
 
 
 @recorded("reasoning")
