@@ -9,28 +9,35 @@ from django.db import transaction
 from django.utils import timezone
 
 from aero.models import audit
+from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
 from diagnosis.agent.extraction import detect_language
 from diagnosis.events import append_event, lock_session, set_status
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
 from scenarios_admin.models import Scenario
 
-MAX_MESSAGE = 4000
-
 
 class ActionError(Exception):
     """A refused action; the message is shown to the user as it is."""
 
 
+def checked_text(text: str | None, *, limit: int, what: str, required: str = "") -> str:
+    """aero.text.check_text for do_* functions: a refusal is an ActionError. Every text a
+    person gives is checked here too, not only in the form (the CLI and later callers
+    have no form), and refused, never cut."""
+    try:
+        return check_text(text, limit=limit, what=what, required=required)
+    except TextRefused as exc:
+        raise ActionError(str(exc)) from None
+
+
 def clean_text(text: str) -> str:
-    text = (text or "").strip()
-    if not text:
-        raise ActionError("Please describe the incident: the message is empty.")
-    if len(text) > MAX_MESSAGE:
-        raise ActionError(
-            f"The message is too long ({len(text)} characters, at most {MAX_MESSAGE})."
-        )
-    return text
+    return checked_text(
+        text,
+        limit=MAX_MESSAGE,
+        what="message",
+        required="Please describe the incident: the message is empty.",
+    )
 
 
 def do_create_session(
@@ -105,6 +112,7 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
 
 
 def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
+    reason = checked_text(reason, limit=MAX_REASON, what="reason")
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_ended:
@@ -194,16 +202,19 @@ def do_apply_decision(
 
 def do_lift_restriction(restriction_id: int, user: Any, note: str) -> Restriction:
     """Lift a closure or suspension. Locks the restriction row."""
-    note = (note or "").strip()
-    if not note:
-        raise ActionError("Say why the restriction is lifted (a note is required).")
+    note = checked_text(
+        note,
+        limit=MAX_LIFT_NOTE,
+        what="note",
+        required="Say why the restriction is lifted (a note is required).",
+    )
     with transaction.atomic():
         restriction = Restriction.objects.select_for_update().get(pk=restriction_id)
         if restriction.lifted_at is not None:
             raise ActionError(f"{restriction} was already lifted.")
         restriction.lifted_at = timezone.now()
         restriction.lifted_by = user
-        restriction.lift_note = note[:300]
+        restriction.lift_note = note
         restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
         append_event(
             restriction.session_id,
