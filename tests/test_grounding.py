@@ -192,3 +192,9 @@ def test_the_worked_example_still_needs_no_question(
     assert session.snapshot["evidence"]["continuous"] == "持续"
     assert session.snapshot["risk"]["rule"] == "OS-01" and session.snapshot["risk"]["score"] == 95
     assert not Event.objects.filter(session=session, type="agent.question").exists()
+
+
+def test_a_denied_reading_of_an_enum_is_dropped_and_asked_plainly() -> None:
+    pending = {"engine_status": {"value": "RUNNING", "evidence": "运转"}}
+    assert settle(oil_spill(), {}, pending, "engine_status", "不是") == []
+    assert pending == {}

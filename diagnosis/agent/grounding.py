@@ -136,13 +136,16 @@ def settle(
 ) -> list[tuple[str, Extraction]]:
     """What one message establishes, in order: the answer to a confirmation question
     first (a bare yes/no about the pending value), then every reading; unconfirmed P2
-    readings are dropped (only P1 fields are worth a question)."""
+    readings are dropped (only P1 fields are worth a question). A pending reading the
+    operator denied is removed from `pending`: the field is then asked plainly."""
     fields: dict[str, dict[str, Any]] = definition["fields"]
     found = dict(found)
     if asked and asked in pending:
         answer = confirmation_answer(fields[asked], pending[asked]["value"], text)
         if answer is not None:
             found[asked] = answer
+        elif text.lower().strip(" 。.!！,，") in NO:
+            del pending[asked]
     return [
         (name, extraction)
         for name, extraction in found.items()

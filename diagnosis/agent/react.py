@@ -243,7 +243,12 @@ def choose(
     choice = Choice(reference, text=str(reply.content or ""))
     if any(p["repairable"] for p in problems):
         # One repair turn: the model sees what was wrong with its arguments.
+        # Every call of the reply gets its tool message (the API requires one per id).
         messages.append(reply)
+        for call in valid:
+            messages.append(
+                ToolMessage("accepted: not run yet", tool_call_id=call.get("id") or "valid")
+            )
         for problem in problems:
             messages.append(
                 ToolMessage(
