@@ -238,6 +238,35 @@ def test_which_http_errors_are_retried(
     assert hops[0][:2] == ("fake", "offline")
 
 
+def test_no_wait_runs_past_half_the_lease(
+    fake_llm: FakeLLMServer, waits: list[float], settings: Any
+) -> None:
+    """A Retry-After longer than what is left of the lease's budget is not waited for:
+    the chain moves on at once (the job would lose its lease while sleeping)."""
+    settings.AERO_LEASE_SECONDS = 20  # attempts may start within the first 10 s
+    fake_llm.set_script({"rules": [{"fault": "429", "retry_after": 15}]})  # < lease, > half
+    config = ProviderConfig(
+        pk=2, name="slow", kind="openai", base_url=fake_llm.url, model="fake-1", retries=3
+    )
+    config.updated_at = timezone.now()
+    recorded: list[providers.Attempt] = []
+    hops: list[tuple[str, str, str]] = []
+
+    def call(p: providers.Provider) -> tuple[Any, providers.Usage]:
+        return p.extract(oil_spill(), EXAMPLE_ONE, demo_graph(), None)
+
+    providers.call_with_fallback(
+        [providers.OpenAICompatibleProvider(config), providers.OfflineProvider()],
+        "extract",
+        call,
+        recorded.append,
+        lambda *hop: hops.append(hop),
+    )
+    assert waits == []
+    assert [(a.provider, a.status) for a in recorded] == [("slow", "error"), ("offline", "ok")]
+    assert hops[0][:2] == ("slow", "offline") and "HTTP 429" in hops[0][2]
+
+
 def test_outage_of_every_real_provider_falls_back_to_offline_on_the_timeline(
     builtin: None,
     fake_llm: FakeLLMServer,
