@@ -290,3 +290,8 @@ def test_the_command_refuses_a_bad_script(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "latency" in result.stderr
+
+
+def test_the_shipped_demo_script_is_valid() -> None:
+    script = Script.load(ROOT / "scripts" / "fake_llm" / "demo.yaml")
+    assert script.rules[0].fault == "429" and script.models == ["fake-1"]
