@@ -12,8 +12,10 @@ import pytest
 from django.contrib.auth.models import User
 
 from diagnosis.actions import do_answer, do_create_session
+from diagnosis.agent.extraction import extract_fields
 from diagnosis.agent.grounding import Claim, confirmation_answer, find_quote, ground, settle
 from diagnosis.models import Event, Session
+from scenarios_admin.builtin import DATA_DIR, read_yaml
 from scenarios_admin.models import Scenario
 from tests.builtin_data import demo_graph, oil_spill
 
@@ -23,6 +25,20 @@ def grounded(text: str, claims: dict[str, Claim]) -> dict[str, tuple[Any, bool]]
         name: (found.value, found.confirmed)
         for name, found in ground(oil_spill(), text, demo_graph(), claims).items()
     }
+
+
+# --- the offline extractor keeps today's behaviour on every example case ----------------
+
+
+@pytest.mark.parametrize(
+    "path", sorted((DATA_DIR / "scenarios").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_every_example_case_reads_with_nothing_to_confirm(path: Any) -> None:
+    """Grounding adds questions only where a reading is ambiguous; no shipped example is."""
+    definition = read_yaml(path)
+    for example in definition["examples"]:
+        found = extract_fields(definition, example["text"], demo_graph())
+        assert [name for name, e in found.items() if not e.confirmed] == [], example["text"]
 
 
 # --- the model's values ---------------------------------------------------------------
