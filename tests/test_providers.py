@@ -133,7 +133,14 @@ def test_invented_values_are_confirmed_not_used(
     assert snapshot["fields"]["leak_size"] == "UNKNOWN"  # "HUGE" is no value; no invention
     for name in ("flight_no", "position", "engine_status", "continuous"):
         assert snapshot["fields"].get(name) is None, name
-    assert set(snapshot["unconfirmed"]) == {"flight_no", "position", "engine_status", "continuous"}
+    extracted = Event.objects.filter(session=session, type="fields.extracted").last()
+    assert extracted is not None
+    assert set(extracted.payload["pending"]) == {
+        "flight_no",
+        "position",
+        "engine_status",
+        "continuous",
+    }
     assert not snapshot.get("risk")
     assert not Event.objects.filter(session=session, type="risk.assessed").exists()
     question = snapshot["question"]

@@ -19,6 +19,7 @@ When every real provider fails, the offline provider "chooses" the policy's own 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -388,4 +389,6 @@ def _step_key(state: AgentState, reference: dict[str, Any]) -> str:
         bool(state.get("actions_planned")),
     ]
     calls = ",".join(c.get("call_id", c["tool"]) for c in reference.get("calls", []))
-    return f"{''.join('1' if d else '0' for d in done)}:{reference['step']}:{calls}"
+    step = f"{''.join('1' if d else '0' for d in done)}:{reference['step']}:{calls}"
+    # Event keys are short (varchar): a digest of the step, not the step spelled out.
+    return hashlib.sha256(step.encode()).hexdigest()[:24]
