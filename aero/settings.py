@@ -222,6 +222,9 @@ AERO_REPLAY_CHAIN_INLINE_EVENTS = env_int("AERO_REPLAY_CHAIN_INLINE_EVENTS", 200
 AERO_ENRICHMENT_TIMEOUT = env_float("AERO_ENRICHMENT_TIMEOUT", 2.0)
 AERO_LLM_RETRIES = env_int("AERO_LLM_RETRIES", 3, minimum=1)
 AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
+# With a real provider configured, the model picks the reasoning node's calls (ReAct),
+# checked by the compliance policy; off: the deterministic planner alone.
+AERO_LLM_REACT = env_bool("AERO_LLM_REACT", True)
 AERO_CHECKPOINT_SQLITE = Path(
     env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
 )

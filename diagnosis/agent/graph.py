@@ -18,7 +18,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from diagnosis.agent import fsm, policy
+from diagnosis.agent import fsm, grounding, policy, prompts
 from diagnosis.agent.extraction import Extraction
 from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
 from diagnosis.agent.state import AgentContext, AgentState
@@ -177,7 +177,9 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     messages = Event.objects.filter(
         session_id=ctx.session_id, type="user.message", seq__gt=consumed
     ).order_by("seq")
+    pending = dict(state.get("unconfirmed") or {})
     changed: dict[str, Any] = {}
+    unconfirmed: dict[str, Any] = {}
     for message in messages:
         text = message.payload.get("text", "")
 
@@ -187,10 +189,16 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         found = call_with_fallback(
             ctx.providers, "extract", extract, _recorder(ctx, run), _fallback_recorder(ctx, run)
         )
-        for name, extraction in found.items():
-            fields[name] = extraction.value
-            evidence[name] = extraction.evidence
-            changed[name] = extraction.value
+        for name, extraction in grounding.settle(definition, found, pending, asked, text):
+            if extraction.confirmed:
+                fields[name] = extraction.value
+                evidence[name] = extraction.evidence
+                changed[name] = extraction.value
+                pending.pop(name, None)
+            elif fields.get(name) is None:
+                # Read without evidence of its own: the operator confirms it first.
+                pending[name] = {"value": extraction.value, "evidence": extraction.evidence}
+                unconfirmed[name] = pending[name]
         consumed = message.seq
     for name, spec in definition["fields"].items():
         if fields.get(name) is None and spec.get("default") is not None:
@@ -205,6 +213,8 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             "changed": changed,
             "evidence": {k: evidence[k] for k in changed},
             "missing": missing,
+            "unconfirmed": unconfirmed,  # read in these messages, to be confirmed
+            "pending": pending,  # every value awaiting the operator's confirmation
             "through_seq": consumed,
         },
         producer=ctx.producer,
@@ -218,6 +228,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         "evidence": evidence,
         "consumed_seq": consumed,
         "question": None,
+        "unconfirmed": pending,
         "_summary": summary,
     }
 
@@ -239,6 +250,7 @@ def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
                     "cost": str(usage.cost),
                     "latency_ms": attempt.latency_ms,
                     "error": attempt.error,
+                    "attempt": attempt.attempt,
                 },
                 producer=ctx.producer,
                 run=run,
@@ -383,9 +395,17 @@ def enrichment_calls(definition: dict[str, Any], fields: dict[str, Any]) -> list
     return calls
 
 
-# Tests replace this to script an agent that misbehaves; production always plans offline
-# (safety-critical sequencing is policy, not model output).
-PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": offline_plan}
+def default_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+    """With a real provider the model picks the calls (diagnosis.agent.react), checked by
+    the policy; the step that runs is always the policy's (safety-critical sequencing is
+    policy, not model output). Offline: the deterministic planner alone."""
+    from diagnosis.agent.react import react_plan
+
+    return react_plan(state, ctx, offline_plan)
+
+
+# Tests replace this to script an agent that misbehaves.
+PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": default_plan}
 
 
 @recorded("reasoning")
@@ -399,7 +419,10 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
         spec = ctx.definition["fields"][field]
         lang = state.get("language", "en")
         text = spec["ask"][lang]
-        if field in asked:
+        candidate = (state.get("unconfirmed") or {}).get(field)
+        if candidate is not None:
+            text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
+        elif field in asked:
             text = _retry_hint(spec, lang) + text
         asked.append(field)
         question = {"field": field, "text": text, "key": f"q{len(asked)}"}
