@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from aero.models import audit
+from aero.text import MAX_NOTE, MAX_REASON
 from approvals.models import (
     Approval,
     ApprovalStatus,
@@ -23,7 +24,7 @@ from approvals.models import (
     state_digest_for,
 )
 from approvals.push import notify_queue
-from diagnosis.actions import ActionError, do_apply_decision
+from diagnosis.actions import ActionError, checked_text, do_apply_decision
 from diagnosis.events import append_event, lock_session
 
 APPROVE = "approve"
@@ -46,7 +47,7 @@ def do_decide(
     step must match the approval's state (a second "approve" is not a confirmation).
     `digest` is the request the decider was shown; a missing one is refused, never
     skipped."""
-    reason = (reason or "").strip()
+    reason = checked_text(reason, limit=MAX_REASON, what="reason")
     if decision not in DECISIONS:
         raise ActionError("Unknown decision: choose approve, confirm or reject.")
     with transaction.atomic():
@@ -233,9 +234,9 @@ def do_timeout(approval_id: int) -> bool:
 
 def do_resolve_todo(todo_id: int, user: Any, note: str) -> ManualTodo:
     """Locks the to-do row."""
-    note = (note or "").strip()
-    if not note:
-        raise ActionError("Say what was done (a note is required).")
+    note = checked_text(
+        note, limit=MAX_NOTE, what="note", required="Say what was done (a note is required)."
+    )
     with transaction.atomic():
         todo = ManualTodo.objects.select_for_update().get(pk=todo_id)
         if todo.resolved_at is not None:

@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from aero.models import audit
+from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
 from diagnosis.agent.extraction import detect_language
 from diagnosis.events import append_event, append_event_once, lock_session, set_status
 from diagnosis.execution import execution_problems, refuse_execution
@@ -19,23 +20,28 @@ from diagnosis.signals import approval_required
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
 
-MAX_MESSAGE = 4000
-MAX_LIFT_NOTE = 300  # Restriction.lift_note
-
 
 class ActionError(Exception):
     """A refused action; the message is shown to the user as it is."""
 
 
+def checked_text(text: str | None, *, limit: int, what: str, required: str = "") -> str:
+    """aero.text.check_text for do_* functions: a refusal is an ActionError. Every text a
+    person gives is checked here too, not only in the form (the CLI and later callers
+    have no form), and refused, never cut."""
+    try:
+        return check_text(text, limit=limit, what=what, required=required)
+    except TextRefused as exc:
+        raise ActionError(str(exc)) from None
+
+
 def clean_text(text: str) -> str:
-    text = (text or "").strip()
-    if not text:
-        raise ActionError("Please describe the incident: the message is empty.")
-    if len(text) > MAX_MESSAGE:
-        raise ActionError(
-            f"The message is too long ({len(text)} characters, at most {MAX_MESSAGE})."
-        )
-    return text
+    return checked_text(
+        text,
+        limit=MAX_MESSAGE,
+        what="message",
+        required="Please describe the incident: the message is empty.",
+    )
 
 
 def do_create_session(
@@ -110,6 +116,7 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
 
 
 def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
+    reason = checked_text(reason, limit=MAX_REASON, what="reason")
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_ended:
@@ -216,13 +223,12 @@ def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
     R2 (its floor), in the approval queue, bound to a digest, decided by an approver who
     is not the requester, audited. Locks the restriction's session row, then the
     restriction row; one open request per restriction."""
-    note = (note or "").strip()
-    if not note:
-        raise ActionError("Say why the restriction is lifted (a note is required).")
-    if len(note) > MAX_LIFT_NOTE:
-        raise ActionError(
-            f"The note is too long ({len(note)} characters, at most {MAX_LIFT_NOTE})."
-        )
+    note = checked_text(
+        note,
+        limit=MAX_LIFT_NOTE,
+        what="note",
+        required="Say why the restriction is lifted (a note is required).",
+    )
     with transaction.atomic():
         restriction = Restriction.objects.get(pk=restriction_id)
         lock_session(restriction.session_id)

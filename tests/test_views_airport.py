@@ -299,7 +299,7 @@ def test_a_lift_request_needs_a_note_of_bounded_length(
     response = login(alice).post(lift_url(closure), {"note": note}, follow=True)
 
     expected = (
-        "Ensure this value has at most 300 characters (it has 301)."
+        "The note is too long: 301 characters, at most 300 characters"
         if note.strip()
         else "Say why the restriction is lifted (a note is required)."
     )
