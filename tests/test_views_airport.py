@@ -220,9 +220,11 @@ def test_an_approved_lift_reaches_every_session_that_showed_the_closure(
     client = login(alice)
     board = client.get(BOARD).content.decode()
     assert 'class="open" data-target="A"' in board
-    assert "by bob (approved): cleaned and inspected" in board
+    assert "by bob (approved): <bdi>cleaned and inspected</bdi>" in board
     other = client.get(reverse("diagnosis:session-detail", args=[live.pk])).content.decode()
-    assert "Taxiway A lifted (requested by alice, approved by bob): cleaned and inspected" in other
+    assert (
+        "Taxiway A lifted (requested by alice, approved by bob): <bdi>cleaned and inspected</bdi>"
+    ) in other
 
 
 @pytest.mark.services
