@@ -57,12 +57,20 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "diagnosis:session-retry": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-events": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-report": ("GET", row(LOGIN, 200, 200, 200, 200)),
+    "diagnosis:session-delete": ("GET", row(LOGIN, 403, 403, 403, 200)),
     "diagnosis:airport-board": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:restriction-lift": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "approvals:queue": ("GET", row(LOGIN, 403, 200, 403, 200)),
     "approvals:decide": ("POST", row(LOGIN, 403, 302, 403, 302)),
     "approvals:todo-list": ("GET", row(LOGIN, 200, 403, 403, 200)),
     "approvals:todo-resolve": ("POST", row(LOGIN, 302, 403, 403, 302)),
+    "replay:history": ("GET", row(LOGIN, 200, 200, 200, 200)),
+    "replay:replay-step": ("GET", row(LOGIN, 200, 200, 200, 200)),
+    "replay:replay-event": ("GET", row(LOGIN, 200, 200, 200, 200)),
+    "replay:replay-chain": ("GET", row(LOGIN, 200, 200, 200, 200)),
+    "replay:replay-export": ("POST", row(LOGIN, 200, 200, 200, 200)),
+    "replay:export-status": ("GET", row(LOGIN, 404, 404, 404, 404)),  # no such job
+    "replay:export-download": ("GET", row(LOGIN, 404, 404, 404, 404)),
 }
 
 # Admin pages as the admin sees them, by kind (the end of the URL name).
@@ -221,6 +229,8 @@ def world(builtin: None, make_user: Callable[..., User]) -> dict[str, Any]:
             "approval_id": crew.pk,
             "todo_id": todo.pk,
             "restriction_id": restriction.pk,
+            "seq": 1,
+            "job_id": "no-such-job",
         },
         "session": session,
     }

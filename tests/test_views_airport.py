@@ -224,7 +224,8 @@ def test_an_approved_lift_reaches_every_session_that_showed_the_closure(
     other = client.get(reverse("diagnosis:session-detail", args=[live.pk])).content.decode()
     assert (
         "Taxiway A lifted (requested by alice, approved by bob): <bdi>cleaned and inspected</bdi>"
-    ) in other
+        in other
+    )
 
 
 @pytest.mark.services
@@ -301,7 +302,7 @@ def test_a_lift_request_needs_a_note_of_bounded_length(
     response = login(alice).post(lift_url(closure), {"note": note}, follow=True)
 
     expected = (
-        "The note is too long: 301 characters, at most 300 characters"
+        "The note is too long: 301 characters, at most 300 characters."
         if note.strip()
         else "Say why the restriction is lifted (a note is required)."
     )
