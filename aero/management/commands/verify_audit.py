@@ -15,7 +15,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         entries = AuditLog.objects.order_by("id").values(*audit_chain.FIELDS).iterator(2000)
-        report = audit_chain.verify(entries)
+        try:
+            report = audit_chain.verify(entries)
+        finally:
+            # Stopping at a bad entry leaves the server-side cursor open: close it now,
+            # inside the transaction that opened it, not whenever it is collected.
+            entries.close()
         if not report.ok:
             raise CommandError(
                 f"audit chain broken at entry {report.first_bad_id}: {report.problem} "
