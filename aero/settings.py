@@ -229,6 +229,9 @@ AERO_CHECKPOINT_SQLITE = Path(
     env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
 )
 AERO_ENCRYPTION_KEY = env_str("AERO_ENCRYPTION_KEY")
+# The key of the audit log's HMAC chain (aero.audit_chain). Without it, one derived from
+# SECRET_KEY: every process of a deployment must share it, or verify_audit fails.
+AERO_AUDIT_KEY = env_str("AERO_AUDIT_KEY")
 
 # --- approvals ------------------------------------------------------------------------
 # Deadlines per risk class; an expired approval becomes a manual to-do, never approved.

@@ -390,6 +390,15 @@ def touched_sessions(restriction: Restriction) -> list[Any]:
     return sorted(ids, key=str)
 
 
+def lock_lift_sessions(tool_call: ToolCall) -> None:
+    """Lock, in id order, every session a lift will write to, before anything else of the
+    decision: its audit entry takes the audit chain's lock, and every other path takes
+    session rows before that lock, never after (no deadlock)."""
+    restriction = Restriction.objects.get(pk=tool_call.request_payload["restriction"])
+    for session_id in touched_sessions(restriction):
+        lock_session(session_id)
+
+
 def _apply_lift_decision(
     tool_call: ToolCall, user: Any, outcome: str, reason: str, producer: str, at: datetime
 ) -> ToolCall:
