@@ -8,6 +8,7 @@ workers and channels_redis).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import dj_database_url
@@ -22,21 +23,62 @@ django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("AERO_DATA_DIR", str(BASE_DIR / "var")))
+DATABASE_URL = env_str("DATABASE_URL")
+# Production mode: PostgreSQL, possibly several hosts. Every secret must then come from
+# the environment (one host's generated file would not be another's).
+PRODUCTION = bool(DATABASE_URL)
+
+
+def _required_in_production(name: str, purpose: str) -> None:
+    raise ImproperlyConfigured(
+        f"{name} must be set in production mode (DATABASE_URL is set): {purpose}. "
+        "See the README's Security section."
+    )
+
+
+def _generated(file_name: str, make: Callable[[], str]) -> str:
+    # Embedded mode keeps generated secrets on disk so logins and stored keys survive a
+    # restart; the file is readable by its owner only.
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    path = DATA_DIR / file_name
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(make())
+    return path.read_text().strip()
 
 
 def _secret_key() -> str:
     configured = env_str("AERO_SECRET_KEY")
     if configured:
         return configured
-    # Embedded mode keeps a generated key on disk so logins survive a restart.
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-    key_file = DATA_DIR / "secret_key"
-    if not key_file.exists():
-        key_file.write_text(secrets.token_urlsafe(50))
-    return key_file.read_text().strip()
+    if PRODUCTION:
+        _required_in_production("AERO_SECRET_KEY", "it signs sessions and CSRF tokens")
+    return _generated("secret_key", lambda: secrets.token_urlsafe(50))
+
+
+def _encryption_keys(secret_key: str) -> list[str]:
+    """AERO_ENCRYPTION_KEYS: comma-separated, the first encrypts, all decrypt (rotation:
+    README). AERO_ENCRYPTION_KEY, the older single key, still counts."""
+    keys = env_list("AERO_ENCRYPTION_KEYS", []) or env_list("AERO_ENCRYPTION_KEY", [])
+    if keys:
+        return keys
+    if PRODUCTION:
+        _required_in_production(
+            "AERO_ENCRYPTION_KEYS",
+            "it encrypts provider API keys, and every web and worker host must use the same "
+            "keys (generate one with: python -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())')",
+        )
+    from cryptography.fernet import Fernet
+
+    generated = _generated("encryption_keys", lambda: Fernet.generate_key().decode())
+    # Secrets stored before the keys file existed were encrypted with a key derived from
+    # SECRET_KEY: it still decrypts them (decrypt only) until `rotate_keys` re-encrypts.
+    return [*[k.strip() for k in generated.split(",") if k.strip()], secret_key]
 
 
 SECRET_KEY = _secret_key()
+AERO_ENCRYPTION_KEYS = _encryption_keys(SECRET_KEY)
 DEBUG = env_bool("AERO_DEBUG", False)
 ALLOWED_HOSTS = env_list("AERO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("AERO_CSRF_TRUSTED_ORIGINS", [])
@@ -112,7 +154,6 @@ TEMPLATES = [
 ]
 
 # --- database -------------------------------------------------------------------------
-DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
 else:
@@ -179,7 +220,6 @@ AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
 AERO_CHECKPOINT_SQLITE = Path(
     env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
 )
-AERO_ENCRYPTION_KEY = env_str("AERO_ENCRYPTION_KEY")
 
 # --- approvals ------------------------------------------------------------------------
 # Deadlines per risk class; an expired approval becomes a manual to-do, never approved.
@@ -214,7 +254,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact": {"()": "aero.redact.RedactingFilter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact"],
+        }
+    },
     "loggers": {
         "aero": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
         "diagnosis": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},

@@ -13,12 +13,17 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
+from aero.redact import redact_error
 from diagnosis.agent.extraction import Extraction, extract_fields
 from scenarios_admin.airport import AirportGraph
 from scenarios_admin.definition import value_order
 from scenarios_admin.models import ProviderConfig, ProviderKind
 
 logger = logging.getLogger("diagnosis.providers")
+
+
+class ProviderError(Exception):
+    """A provider call failed; the message is already redacted."""
 
 
 @dataclass
@@ -82,7 +87,14 @@ class OpenAICompatibleProvider:
             max_retries=0,  # the chain retries, with backoff and a record of each attempt
             temperature=0,
         )
-        reply = client.invoke([("system", system), ("human", user)])
+        try:
+            reply = client.invoke([("system", system), ("human", user)])
+        except Exception as exc:
+            # The error may quote the key (a rejected key often is): only a redacted,
+            # bounded text goes on to the LLM call row, the events, the audit log and logs.
+            raise ProviderError(
+                redact_error(f"{type(exc).__name__}: {exc}", [self.config.api_key()])
+            ) from None
         meta = getattr(reply, "usage_metadata", None) or {}
         usage = Usage(int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0)))
         usage.cost = (
@@ -165,7 +177,7 @@ def call_with_fallback[T](
             try:
                 value, usage = call(provider)
             except Exception as exc:  # any provider failure degrades to the next one
-                last_error = f"{type(exc).__name__}: {exc}"
+                last_error = redact_error(f"{type(exc).__name__}: {exc}")
                 record(
                     Attempt(
                         provider.name,
