@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -94,6 +95,7 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "django_rq",
+    "axes",
     "aero",
     "scenarios_admin",
     "diagnosis",
@@ -112,6 +114,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a locked-out sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 # Content Security Policy on every response (admin included): scripts and styles only
@@ -230,6 +234,48 @@ AERO_APPROVAL_TIMEOUT_MINUTES = {
 }
 # Two-person rule: R2/R3 need two different approvers, neither the session's creator.
 AERO_TWO_PERSON_RULE = env_bool("AERO_TWO_PERSON_RULE", False)
+
+# --- HTTPS, cookies, sessions ---------------------------------------------------------
+# On by default in production mode, so `manage.py check --deploy` is clean; AERO_HTTPS=0
+# serves plain http (local runs on PostgreSQL). Behind a TLS-terminating proxy set
+# AERO_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO (only if the proxy sets or strips that
+# header: a client could otherwise claim https).
+AERO_HTTPS = env_bool("AERO_HTTPS", PRODUCTION)
+SECURE_SSL_REDIRECT = AERO_HTTPS
+SESSION_COOKIE_SECURE = AERO_HTTPS
+CSRF_COOKIE_SECURE = AERO_HTTPS
+SECURE_HSTS_SECONDS = env_int("AERO_HSTS_SECONDS", 31_536_000, minimum=0) if AERO_HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("AERO_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("AERO_HSTS_PRELOAD", True)
+_proxy_header = env_str("AERO_PROXY_SSL_HEADER")
+if _proxy_header:
+    SECURE_PROXY_SSL_HEADER = (_proxy_header, "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+# Idle expiry: each request renews the session, AERO_SESSION_IDLE_MINUTES without one ends it.
+SESSION_COOKIE_AGE = env_int("AERO_SESSION_IDLE_MINUTES", 120, minimum=1) * 60
+SESSION_SAVE_EVERY_REQUEST = True
+
+# --- sign-in rate limit (django-axes) --------------------------------------------------
+# AERO_LOGIN_FAILURE_LIMIT failed sign-ins for one username, or from one address, lock
+# that username or address out for AERO_LOGIN_LOCKOUT_MINUTES (each counted on its own).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("AERO_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AERO_LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "aero.views.locked_out"
+# The client address: REMOTE_ADDR, unless AERO_PROXY_COUNT proxies in front set
+# X-Forwarded-For (trusting it without a proxy would let a client pick its address).
+AXES_IPWARE_PROXY_COUNT = env_int("AERO_PROXY_COUNT", 0, minimum=0) or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
+)
 
 # --- auth, i18n, static ---------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

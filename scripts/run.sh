@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start AERO at http://127.0.0.1:8000: migrate, load the built-in data, create the demo
-# users, then serve. With DATABASE_URL + REDIS_URL set it runs on PostgreSQL + Redis and
-# starts AERO_WORKERS django-rq workers (default 1) next to the web server.
+# users (embedded mode only), then serve. With DATABASE_URL + REDIS_URL set it runs on
+# PostgreSQL + Redis and starts AERO_WORKERS django-rq workers (default 1) next to the web
+# server; production mode never creates demo users (`manage.py seed_demo` still can).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -10,7 +11,11 @@ PORT=${AERO_PORT:-8000}
 
 $PY manage.py migrate --noinput -v0
 $PY manage.py load_builtin
-$PY manage.py seed_demo
+if [ -z "${DATABASE_URL:-}" ]; then
+  $PY manage.py seed_demo
+else
+  echo "Production mode: no demo users are created (create an admin: .venv/bin/python manage.py createsuperuser)"
+fi
 $PY manage.py collectstatic --noinput -v0
 
 pids=()
