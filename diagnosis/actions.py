@@ -6,14 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
 from diagnosis.agent.extraction import detect_language
-from diagnosis.events import append_event, lock_session, set_status
+from diagnosis.events import append_event, append_event_once, lock_session, set_status
+from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.signals import approval_required
+from scenarios_admin.definition import LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
 
 
@@ -173,6 +177,9 @@ def do_apply_decision(
         tool_call = ToolCall.objects.select_for_update().get(pk=tool_call_id)
         if tool_call.status != ToolCallStatus.AWAITING_APPROVAL:
             raise ActionError("This action has already been decided.")
+        if tool_call.tool_name == LIFT_TOOL:
+            # Not the agent's: nothing to resume, and the session may have ended.
+            return _apply_lift_decision(tool_call, user, outcome, reason, producer)
         if session.is_ended:
             raise ActionError(f"This session is {session.get_status_display().lower()}.")
         tool_call.status = OUTCOMES[outcome]
@@ -200,8 +207,22 @@ def do_apply_decision(
     return tool_call
 
 
-def do_lift_restriction(restriction_id: int, user: Any, note: str) -> Restriction:
-    """Lift a closure or suspension. Locks the restriction row."""
+# --- lifting a closure: an R2 action of its own ---------------------------------------
+
+
+def lift_calls(restriction: Restriction) -> Any:
+    return ToolCall.objects.filter(
+        session_id=restriction.session_id,
+        tool_name=LIFT_TOOL,
+        request_payload__restriction=restriction.pk,
+    )
+
+
+def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
+    """Ask for a closure or suspension to be lifted. Lifting is an action like closing:
+    R2 (its floor), in the approval queue, bound to a digest, decided by an approver who
+    is not the requester, audited. Locks the restriction's session row, then the
+    restriction row; one open request per restriction."""
     note = checked_text(
         note,
         limit=MAX_LIFT_NOTE,
@@ -209,30 +230,157 @@ def do_lift_restriction(restriction_id: int, user: Any, note: str) -> Restrictio
         required="Say why the restriction is lifted (a note is required).",
     )
     with transaction.atomic():
+        restriction = Restriction.objects.get(pk=restriction_id)
+        lock_session(restriction.session_id)
         restriction = Restriction.objects.select_for_update().get(pk=restriction_id)
         if restriction.lifted_at is not None:
             raise ActionError(f"{restriction} was already lifted.")
-        restriction.lifted_at = timezone.now()
-        restriction.lifted_by = user
-        restriction.lift_note = note
-        restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
-        append_event(
-            restriction.session_id,
-            "timeline.appended",
-            {
-                "kind": "restriction_lifted",
-                "restriction": restriction.kind,
+        earlier = lift_calls(restriction)
+        if earlier.filter(status=ToolCallStatus.AWAITING_APPROVAL).exists():
+            raise ActionError(f"A lift of {restriction} already waits for an approver.")
+        call_id = f"lift:{restriction.pk}:{earlier.count() + 1}"
+        tool_call = ToolCall.objects.create(
+            session_id=restriction.session_id,
+            call_id=call_id,
+            idempotency_key=f"{restriction.session_id}:{call_id}",
+            tool_name=LIFT_TOOL,
+            risk_class=risk_floor(LIFT_TOOL),
+            # Not one of the agent's planned actions: the agent neither waits for it
+            # nor reports it; the queue and the timeline show it.
+            is_action=False,
+            request_payload={
+                "restriction": restriction.pk,
+                "kind": restriction.kind,
                 "target": restriction.target,
-                "by": user.get_username(),
                 "note": note,
+                "requested_by": user.get_username(),
+            },
+            status=ToolCallStatus.AWAITING_APPROVAL,
+        )
+        approval_required.send(sender=ToolCall, tool_call=tool_call)
+        append_event_once(
+            restriction.session_id,
+            "approval.required",
+            f"approval:{tool_call.pk}",
+            {
+                "tool_call": tool_call.pk,
+                "tool_name": tool_call.tool_name,
+                "args": tool_call.request_payload,
+                "risk_level": tool_call.risk_class,
             },
             producer="web",
         )
         audit(
-            "restriction.lifted",
+            "restriction.lift_requested",
             obj=restriction,
             actor=user,
             session_id=restriction.session_id,
-            detail={"kind": restriction.kind, "target": restriction.target, "note": note},
+            detail={
+                "kind": restriction.kind,
+                "target": restriction.target,
+                "note": note,
+                "tool_call": tool_call.pk,
+            },
         )
-    return restriction
+    return tool_call
+
+
+def touched_sessions(restriction: Restriction) -> list[Any]:
+    """The sessions whose live map showed the restriction: every session not ended
+    before it was put in force (they list the airport's restrictions in force), and the
+    session that put it in force. Ordered by id, the order their rows are locked in."""
+    ids = set(
+        Session.objects.filter(
+            Q(ended_at__isnull=True) | Q(ended_at__gte=restriction.created_at)
+        ).values_list("pk", flat=True)
+    )
+    ids.add(restriction.session_id)
+    return sorted(ids, key=str)
+
+
+def _apply_lift_decision(
+    tool_call: ToolCall, user: Any, outcome: str, reason: str, producer: str
+) -> ToolCall:
+    """The decided lift: recorded in the requesting session; approved, it lifts the
+    restriction (after the policy check at execution time) with an event in every
+    session that showed it. The caller holds the session and call row locks."""
+    tool_call.status = OUTCOMES[outcome]
+    tool_call.decided_by = user
+    tool_call.decided_at = timezone.now()
+    tool_call.decision_reason = reason
+    tool_call.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
+    append_event(
+        tool_call.session_id,
+        f"approval.{outcome}",
+        {
+            "tool_call": tool_call.pk,
+            "tool_name": tool_call.tool_name,
+            "args": tool_call.request_payload,
+            "risk_level": tool_call.risk_class,
+            "by": user.get_username() if user else "system",
+            "reason": reason,
+        },
+        producer=producer,
+    )
+    if outcome != "approved":
+        return tool_call
+    problems = execution_problems(tool_call)
+    if problems:
+        refuse_execution(tool_call, problems, producer=producer)
+        return tool_call
+    restriction = Restriction.objects.select_for_update().get(
+        pk=tool_call.request_payload["restriction"]
+    )
+    if restriction.lifted_at is not None:
+        raise ActionError(f"{restriction} was already lifted.")
+    note = tool_call.request_payload["note"]
+    restriction.lifted_at = timezone.now()
+    restriction.lifted_by = user
+    restriction.lift_note = note
+    restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
+    summary = f"{restriction} lifted"
+    tool_call.status = ToolCallStatus.COMPLETED
+    tool_call.completed_at = restriction.lifted_at
+    tool_call.response_payload = {"summary": summary}
+    tool_call.save(update_fields=["status", "completed_at", "response_payload"])
+    append_event(
+        tool_call.session_id,
+        "tool.call_completed",
+        {
+            "call_id": tool_call.call_id,
+            "tool_name": tool_call.tool_name,
+            "args": tool_call.request_payload,
+            "risk_level": tool_call.risk_class,
+            "duration_ms": 0,
+            "response": tool_call.response_payload,
+            "error": "",
+            "agent_run_id": None,
+        },
+        producer=producer,
+    )
+    payload = {
+        "kind": "restriction_lifted",
+        "restriction": restriction.kind,
+        "target": restriction.target,
+        "by": user.get_username(),
+        "requested_by": tool_call.request_payload["requested_by"],
+        "note": note,
+        "origin_session": str(tool_call.session_id),
+        "tool_call": tool_call.pk,
+    }
+    for session_id in touched_sessions(restriction):
+        append_event(session_id, "timeline.appended", payload, producer=producer)
+    audit(
+        "restriction.lifted",
+        obj=restriction,
+        actor=user,
+        session_id=restriction.session_id,
+        detail={
+            "kind": restriction.kind,
+            "target": restriction.target,
+            "note": note,
+            "requested_by": tool_call.request_payload["requested_by"],
+            "tool_call": tool_call.pk,
+        },
+    )
+    return tool_call

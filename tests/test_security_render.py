@@ -21,6 +21,7 @@ from diagnosis.reporting import markdown_to_html, md_cell, md_escape
 from scenarios_admin.models import Scenario
 from scenarios_admin.yamlio import load_yaml
 from tests import hostile
+from tests.test_views_airport import approve_lift
 from tests.web_helpers import (
     NO_POSITION,
     STAND_FUEL_LEAK,
@@ -254,6 +255,8 @@ def test_hostile_cancel_lift_and_todo_notes_render_inert(
     restriction = Restriction.objects.filter(session=session).first()
     assert restriction is not None
     client.post(f"/airport/restrictions/{restriction.pk}/lift/", {"note": HOSTILE_SHORT})
+    # Lifting is an R2 action: the note shows once an approver has decided it.
+    approve_lift(restriction, bob)
     restriction.refresh_from_db()
     assert restriction.lift_note == HOSTILE_SHORT
     short = HOSTILE_SHORT.split(" ")
