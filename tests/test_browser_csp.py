@@ -18,11 +18,12 @@ from playwright.sync_api import Browser, Page, expect
 
 from approvals.actions import do_decide, sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
-from diagnosis.actions import do_lift_restriction
+from diagnosis.actions import do_request_lift
 from diagnosis.models import Restriction, Session
 from scenarios_admin.models import Flight, ProviderConfig, Scenario, Topology
 from tests.browser_helpers import ARTIFACTS, sign_in
 from tests.hostile import INERT
+from tests.test_views_airport import approve_lift
 from tests.web_helpers import NO_POSITION, approve_everything, make_session, waiting_session
 
 pytestmark = [pytest.mark.services, pytest.mark.browser]
@@ -81,13 +82,18 @@ def hostile_data(olga: User, abel: User) -> dict[str, Any]:
     sweep_expired_approvals()
     first = Approval.objects.filter(session=done, status="pending").order_by("pk").first()
     assert first is not None
-    do_decide(first.pk, abel, "reject", HOSTILE)
+    do_decide(first.pk, abel, "reject", HOSTILE, digest=first.digest)
     approve_everything(done, abel)
     restriction = Restriction.objects.filter(session=done, lifted_at__isnull=True).first()
     assert restriction is not None
-    do_lift_restriction(restriction.pk, olga, INERT["script"] + INERT["md_js_link"])
+    do_request_lift(restriction.pk, olga, INERT["script"] + INERT["md_js_link"])
+    approve_lift(restriction, abel, INERT["event"])
     done.refresh_from_db()
     assert done.status == "completed"
+    # Provider fields as an admin could type them (shown on the provider admin pages).
+    ProviderConfig.objects.create(
+        name=INERT["event"][:80], kind="offline", model=INERT["script"], enabled=False
+    )
     return {"waiting": waiting, "asking": asking, "done": done}
 
 
