@@ -110,6 +110,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "aero.sessions.IdleSessionMiddleware",
     "aero.audit_trail.CurrentActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -255,9 +256,9 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
-# Idle expiry: each request renews the session, AERO_SESSION_IDLE_MINUTES without one ends it.
+# Idle expiry: AERO_SESSION_IDLE_MINUTES without a request ends a session (requests renew
+# it, at most one write a minute: aero.sessions).
 SESSION_COOKIE_AGE = env_int("AERO_SESSION_IDLE_MINUTES", 120, minimum=1) * 60
-SESSION_SAVE_EVERY_REQUEST = True
 
 # --- sign-in rate limit (django-axes) --------------------------------------------------
 # AERO_LOGIN_FAILURE_LIMIT failed sign-ins for one username, or from one address, lock
