@@ -24,6 +24,7 @@ RUN_SESSIONS = (ADMIN, OPERATOR)
 DECIDE_APPROVALS = (ADMIN, APPROVER)
 MANAGE_AIRPORT = (ADMIN, OPERATOR)
 READ_AUDIT_LOG = (ADMIN, AUDITOR)
+DELETE_SESSIONS = (ADMIN,)
 
 UserLike = Any  # AbstractBaseUser | AnonymousUser; kept loose for channels' scope["user"]
 
@@ -79,4 +80,5 @@ def roles_context(request: HttpRequest) -> dict[str, Any]:
         "can_decide": bool(roles & set(DECIDE_APPROVALS)),
         "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
         "can_read_audit": bool(roles & set(READ_AUDIT_LOG)),
+        "can_view_history": bool(roles & set(VIEW_SESSIONS)),
     }

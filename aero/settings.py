@@ -7,6 +7,7 @@ workers and channels_redis).
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 from datetime import timedelta
@@ -220,6 +221,30 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 # --- agent ----------------------------------------------------------------------------
+# Replay: cached fold checkpoints and export jobs (progress, finished Markdown), shared by
+# web and workers through Redis in production; per process in embedded mode.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "replay": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": AERO_CHANNEL_PREFIX,
+        }
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "replay"}
+    ),
+}
+# Which payload fields read-only viewers see masked (replay/masking.py): JSON list of rules.
+try:
+    AERO_REPLAY_MASK = json.loads(env_str("AERO_REPLAY_MASK", "null"))
+except ValueError as exc:
+    raise ImproperlyConfigured(f"AERO_REPLAY_MASK is not JSON: {exc}") from None
+# Sessions with more events than this export in the background, with visible progress.
+AERO_REPLAY_EXPORT_INLINE_EVENTS = env_int("AERO_REPLAY_EXPORT_INLINE_EVENTS", 5000, minimum=0)
+# Replay pages verify the hash chain inline up to this many events, on demand above it.
+AERO_REPLAY_CHAIN_INLINE_EVENTS = env_int("AERO_REPLAY_CHAIN_INLINE_EVENTS", 2000, minimum=0)
+
 AERO_ENRICHMENT_TIMEOUT = env_float("AERO_ENRICHMENT_TIMEOUT", 2.0)
 AERO_LLM_RETRIES = env_int("AERO_LLM_RETRIES", 3, minimum=1)
 AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)

@@ -16,4 +16,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("diagnosis.urls")),
     path("approvals/", include("approvals.urls")),
+    path("", include("replay.urls")),
 ]

@@ -78,9 +78,11 @@ def do_decide(
                 "approval.first_approved",
                 {
                     "tool_call": approval.tool_call_id,
+                    "call_id": approval.tool_call.call_id,
                     "tool_name": approval.action_name,
                     "args": approval.tool_call.request_payload,
                     "by": user.get_username(),
+                    "at": approval.first_approved_at.isoformat(),
                     "risk_level": approval.risk_class,
                     "reason": reason,
                 },
@@ -150,7 +152,9 @@ def _finish(approval: Approval, user: Any, status: str, reason: str, producer: s
     approval.save(update_fields=["status", "approver", "reason", "decided_at"])
     # Audited first: executing checks that the decision it runs on was audited.
     _audit_and_notify(f"approval.{status}", approval, user, reason)
-    do_apply_decision(approval.tool_call_id, user, status, reason, producer=producer)
+    do_apply_decision(
+        approval.tool_call_id, user, status, reason, producer=producer, at=approval.decided_at
+    )
     return approval
 
 
@@ -206,15 +210,17 @@ def do_timeout(approval_id: int) -> bool:
             session_id=session.pk,
             title=f"{approval.action_name} ({args}) was not decided in time: handle it by hand",
         )
-        if not session.is_ended:
-            do_apply_decision(
-                approval.tool_call_id,
-                None,
-                "timeout",
-                "no decision before the deadline",
-                producer="sweeper",
-                extra={"todo": todo.pk},
-            )
+        # Logged even when the session has ended (failed, say): nothing changes unseen.
+        do_apply_decision(
+            approval.tool_call_id,
+            None,
+            "timeout",
+            "no decision before the deadline",
+            producer="sweeper",
+            extra={"todo": todo.pk, "todo_title": todo.title},
+            at=approval.decided_at,
+            ended_ok=True,
+        )
         audit(
             "approval.timeout",
             obj=approval,

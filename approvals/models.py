@@ -20,6 +20,7 @@ class ApprovalStatus(models.TextChoices):
     APPROVED = "approved", "Approved"
     REJECTED = "rejected", "Rejected"
     TIMEOUT = "timeout", "Timed out"
+    CANCELED = "canceled", "Closed: the session was canceled"
 
 
 OPEN_STATUSES = (ApprovalStatus.PENDING, ApprovalStatus.CONFIRMING)

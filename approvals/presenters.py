@@ -24,12 +24,18 @@ def clean_filters(risk: str, scenario: str) -> tuple[str, str]:
 def queue_context(user: Any, risk: str = "", scenario: str = "") -> dict[str, Any]:
     """Every open approval across sessions: highest risk class first, newest first within."""
     risk, scenario = clean_filters(risk, scenario)
-    approvals = Approval.objects.open().select_related(
-        "session__scenario",
-        "session__scenario_version",
-        "session__created_by",
-        "tool_call",
-        "first_approved_by",
+    # A deleted session's approvals were closed when it was deleted; the filter keeps the
+    # queue clean even for rows written before that rule.
+    approvals = (
+        Approval.objects.open()
+        .filter(session__deleted_at__isnull=True)
+        .select_related(
+            "session__scenario",
+            "session__scenario_version",
+            "session__created_by",
+            "tool_call",
+            "first_approved_by",
+        )
     )
     if risk:
         approvals = approvals.filter(risk_class=risk)
@@ -64,7 +70,9 @@ def queue_context(user: Any, risk: str = "", scenario: str = "") -> dict[str, An
 
 
 def todo_context() -> dict[str, Any]:
-    todos = ManualTodo.objects.select_related("session", "resolved_by", "approval")
+    todos = ManualTodo.objects.filter(session__deleted_at__isnull=True).select_related(
+        "session", "resolved_by", "approval"
+    )
     return {
         "open": [t for t in todos if t.is_open],
         "resolved": [t for t in todos if not t.is_open][:50],

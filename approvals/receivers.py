@@ -3,18 +3,22 @@ from __future__ import annotations
 from typing import Any
 
 from django.dispatch import receiver
+from django.utils import timezone
 
-from approvals.models import Approval, action_digest_of, state_digest_for
+from approvals.models import Approval, ApprovalStatus, action_digest_of, state_digest_for
 from approvals.push import notify_queue
-from diagnosis.models import ToolCall
-from diagnosis.signals import approval_required, execution_check
+from diagnosis.actions import do_apply_decision
+from diagnosis.models import Session, ToolCall
+from diagnosis.signals import approval_required, execution_check, session_closing
 from scenarios_admin.definition import LIFT_TOOL
 
 
 @receiver(approval_required)
-def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> None:
+def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str, Any]:
+    """Open the approval; what it was opened with goes into the `approval.required`
+    event (the sender logs it in the same transaction)."""
     state = state_digest_for(tool_call, tool_call.session)
-    _, created = Approval.objects.get_or_create(
+    approval, created = Approval.objects.get_or_create(
         tool_call=tool_call,
         defaults={
             "session_id": tool_call.session_id,
@@ -32,6 +36,11 @@ def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> None:
     )
     if created:
         notify_queue()
+    return {
+        "approval": approval.pk,
+        "digest": approval.digest,
+        "deadline": approval.deadline.isoformat() if approval.deadline else None,
+    }
 
 
 @receiver(execution_check)
@@ -41,3 +50,32 @@ def check_decision(sender: Any, tool_call: ToolCall, **kwargs: Any) -> list[str]
     from approvals.policy import decision_problems
 
     return decision_problems(tool_call)
+
+
+@receiver(session_closing)
+def close_open_approvals(
+    sender: Any, session: Session, user: Any, reason: str, **kwargs: Any
+) -> dict[str, Any]:
+    """A canceled or deleted session's open approvals close with it, each with an
+    `approval.canceled` event: nobody can decide them and the sweeper never turns them
+    into to-dos. The caller holds the session row lock and audits the closing with the
+    ids returned."""
+    closed: list[int] = []
+    for approval in Approval.objects.select_for_update().filter(session=session).open():
+        approval.status = ApprovalStatus.CANCELED
+        approval.reason = reason
+        approval.decided_at = timezone.now()
+        approval.save(update_fields=["status", "reason", "decided_at"])
+        do_apply_decision(
+            approval.tool_call_id,
+            user,
+            "canceled",
+            reason,
+            producer="web",
+            at=approval.decided_at,
+            ended_ok=True,
+        )
+        closed.append(approval.pk)
+    if closed:
+        notify_queue()
+    return {"approvals_closed": closed}

@@ -3,6 +3,7 @@ go out after commit (append_event), never from model signals."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -16,7 +17,8 @@ from diagnosis.events import append_event, append_event_once, lock_session, set_
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
-from diagnosis.signals import approval_required
+from diagnosis.reporting import md_escape, write_report
+from diagnosis.signals import approval_required, session_closing
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
 
@@ -67,6 +69,8 @@ def do_create_session(
                 "scenario": scenario.slug,
                 "version": version.number,
                 "created_by": user.get_username(),
+                "title": session.title,
+                "language": session.language,
             },
             producer=producer,
         )
@@ -106,40 +110,110 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
                 "author": user.get_username(),
                 "answers": session.snapshot["question"].get("key"),
             },
+            # Answered ("answers" closes the question in the snapshot): the page stops
+            # asking at once and a second answer is refused, instead of both waiting for
+            # the job to pick the first one up.
             producer=producer,
-            # Answered: the page stops asking at once and a second answer is refused,
-            # instead of both waiting for the job to pick the first one up.
-            snapshot={"question": None},
         )
         set_status(session.pk, SessionStatus.QUEUED, producer=producer, strict=False)
         enqueue_advance(session.pk)
 
 
+CANCELED_PREFACE = {
+    "en": "> **Canceled** by {by} before the response was complete: {reason}. Actions "
+    "still awaiting a decision were closed undecided and were not executed.",
+    "zh": "> **会话已取消**（{by}），处置未完成：{reason}。尚待审批的处置措施已关闭，未执行。",
+}
+
+
 def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
+    """Cancel a session: its status, its open approvals (closed with events, out of the
+    queue, never swept into to-dos) and a report of what was done, in one transaction.
+    Locks the session row, then the approval rows."""
     reason = checked_text(reason, limit=MAX_REASON, what="reason")
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_ended:
             raise ActionError(f"This session is already {session.get_status_display().lower()}.")
+        why = reason or f"canceled by {user.get_username()}"
         set_status(
+            session.pk, SessionStatus.CANCELED, producer="web", reason=why, by=user.get_username()
+        )
+        closed = closed_by_receivers(session, user, why)
+        session.refresh_from_db(fields=["snapshot"])
+        definition = session.scenario_version.definition
+        preface = CANCELED_PREFACE.get(session.language, CANCELED_PREFACE["en"])
+        write_report(
             session.pk,
-            SessionStatus.CANCELED,
+            definition,
+            session.snapshot,
             producer="web",
-            reason=reason or f"canceled by {user.get_username()}",
+            preface=preface.format(by=md_escape(user.get_username()), reason=md_escape(why)),
         )
         audit(
             "session.canceled",
             obj=session,
             actor=user,
             session_id=session.pk,
-            detail={"reason": reason},
+            detail={"reason": reason, "approvals_closed": closed},
         )
+
+
+def closed_by_receivers(session: Session, user: Any, reason: str) -> list[int]:
+    """Send session_closing (the approvals app closes the open approvals, with events);
+    returns the ids of the approvals closed, for the audit entry."""
+    closed: list[int] = []
+    for _, response in session_closing.send(
+        sender=Session, session=session, user=user, reason=reason
+    ):
+        if isinstance(response, dict):
+            closed.extend(response.get("approvals_closed", []))
+    return closed
+
+
+def do_delete_session(session_id: Any, user: Any, reason: str) -> Session:
+    """Soft-delete a session (admins): it leaves every list, keeps its events and audit
+    entries and stays replayable. A session still running is canceled first (its open
+    approvals close with events, a report is written). Locks the session row."""
+    reason = checked_text(
+        reason,
+        limit=MAX_REASON,
+        what="reason",
+        required="Say why the session is deleted (a reason is required).",
+    )
+    with transaction.atomic():
+        session = lock_session(session_id)
+        if session.is_deleted:
+            raise ActionError("This session was already deleted.")
+        if not session.is_ended:
+            do_cancel(session.pk, user, f"deleted: {reason}")
+        # A failed session may still hold open approvals: close them too.
+        closed = closed_by_receivers(session, user, f"deleted: {reason}")
+        at = timezone.now()
+        Session.objects.filter(pk=session.pk).update(deleted_at=at, deleted_by=user)
+        append_event(
+            session.pk,
+            "session.deleted",
+            {"by": user.get_username(), "at": at.isoformat(), "reason": reason},
+            producer="web",
+        )
+        audit(
+            "session.deleted",
+            obj=session,
+            actor=user,
+            session_id=session.pk,
+            detail={"reason": reason, "status": session.status, "approvals_closed": closed},
+        )
+    session.refresh_from_db()
+    return session
 
 
 def do_retry(session_id: Any, user: Any) -> None:
     """Re-queue a failed session: the agent resumes from its last checkpoint."""
     with transaction.atomic():
         session = lock_session(session_id)
+        if session.is_deleted:
+            raise ActionError("This session was deleted.")
         if session.status != SessionStatus.FAILED:
             raise ActionError("Only a failed session can be retried.")
         set_status(
@@ -156,6 +230,7 @@ OUTCOMES = {
     "approved": ToolCallStatus.APPROVED,
     "rejected": ToolCallStatus.REJECTED,
     "timeout": ToolCallStatus.TIMEOUT,
+    "canceled": ToolCallStatus.CANCELED,
 }
 
 
@@ -167,10 +242,16 @@ def do_apply_decision(
     *,
     producer: str = "web",
     extra: dict[str, Any] | None = None,
+    at: datetime | None = None,
+    ended_ok: bool = False,
 ) -> ToolCall:
-    """Record the final outcome of an awaiting tool call (approved, rejected, or timed out
-    into a manual to-do) and queue a resume. Locks the session row, then the tool call.
-    The approvals app calls this once its policy is met; nothing else decides."""
+    """Record the final outcome of an awaiting tool call (approved, rejected, timed out
+    into a manual to-do, or canceled with its session) and queue a resume. Locks the
+    session row, then the tool call. The approvals app calls this once its policy is met;
+    nothing else decides. `at` is the decision time the Approval row also stores (one
+    time for both). `ended_ok` lets a timeout or a cancel close the call of a session that
+    has ended (it is logged; nothing is resumed)."""
+    at = at or timezone.now()
     with transaction.atomic():
         tool_call = ToolCall.objects.get(pk=tool_call_id)
         session = lock_session(tool_call.session_id)
@@ -180,11 +261,11 @@ def do_apply_decision(
         if tool_call.tool_name == LIFT_TOOL:
             # Not the agent's: nothing to resume, and the session may have ended.
             return _apply_lift_decision(tool_call, user, outcome, reason, producer)
-        if session.is_ended:
+        if session.is_ended and not ended_ok:
             raise ActionError(f"This session is {session.get_status_display().lower()}.")
         tool_call.status = OUTCOMES[outcome]
         tool_call.decided_by = user
-        tool_call.decided_at = timezone.now()
+        tool_call.decided_at = at
         tool_call.decision_reason = reason
         tool_call.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
         append_event(
@@ -192,15 +273,19 @@ def do_apply_decision(
             f"approval.{outcome}",
             {
                 "tool_call": tool_call.pk,
+                "call_id": tool_call.call_id,
                 "tool_name": tool_call.tool_name,
                 "args": tool_call.request_payload,
                 "risk_level": tool_call.risk_class,
                 "by": user.get_username() if user else "system",
+                "at": at.isoformat(),
                 "reason": reason,
                 **(extra or {}),
             },
             producer=producer,
         )
+        if session.is_ended:
+            return tool_call
         if session.status == SessionStatus.WAITING_USER:
             set_status(session.pk, SessionStatus.QUEUED, producer=producer)
         enqueue_advance(session.pk)
@@ -257,16 +342,22 @@ def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
             },
             status=ToolCallStatus.AWAITING_APPROVAL,
         )
-        approval_required.send(sender=ToolCall, tool_call=tool_call)
+        opened: dict[str, Any] = {}
+        for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call):
+            if isinstance(response, dict):
+                opened.update(response)
         append_event_once(
             restriction.session_id,
             "approval.required",
             f"approval:{tool_call.pk}",
             {
                 "tool_call": tool_call.pk,
+                "call_id": tool_call.call_id,
                 "tool_name": tool_call.tool_name,
                 "args": tool_call.request_payload,
                 "risk_level": tool_call.risk_class,
+                "is_action": tool_call.is_action,
+                **opened,
             },
             producer="web",
         )

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django import forms
 
-from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, LimitedTextField
+from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, LimitedTextField
 from scenarios_admin.models import Scenario
 
 
@@ -43,4 +43,17 @@ class LiftForm(forms.Form):
         max_length=MAX_LIFT_NOTE,
         strip=True,
         error_messages={"required": "Say why the restriction is lifted (a note is required)."},
+    )
+
+
+class DeleteSessionForm(forms.Form):
+    reason = forms.CharField(
+        max_length=MAX_REASON,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        error_messages={"required": "Say why the session is deleted (a reason is required)."},
+    )
+    confirm = forms.BooleanField(
+        label="I understand: the session leaves every list and cannot be restored here.",
+        error_messages={"required": "Tick the box to confirm the delete."},
     )

@@ -7,6 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from scenarios_admin.models import Scenario, ScenarioVersion
 
@@ -65,10 +66,17 @@ class Session(models.Model):
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    # Soft delete (admins): out of every list, its events and audit entries kept; replay
+    # still shows it, marked deleted. A `session.deleted` event records it.
     deleted_at = models.DateTimeField(null=True, blank=True)
+    deleted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
 
     # Event sequence allocation: the last seq handed out (locked row, no gaps).
     last_seq = models.PositiveBigIntegerField(default=0)
+    # The hash of the last event (diagnosis.chain); 64 zeros before the first.
+    chain_head = models.CharField(max_length=64, default="0" * 64)
     # What the agent currently knows (fields, risk, impact, enrichment, fsm, question):
     # a materialised view of the event log for pages and the CLI.
     snapshot = models.JSONField(default=dict)
@@ -97,6 +105,10 @@ class Session(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+    @property
+    def is_deleted(self) -> bool:
+        return self.deleted_at is not None
 
     @property
     def is_ended(self) -> bool:
@@ -146,6 +158,7 @@ class ToolCallStatus(models.TextChoices):
     COMPLETED = "completed", "Completed"
     FAILED = "failed", "Failed"
     REFUSED = "refused", "Refused by compliance"
+    CANCELED = "canceled", "Canceled with the session"
 
 
 class ToolCall(models.Model):
@@ -228,19 +241,28 @@ class Event(models.Model):
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=48)
-    ts = models.DateTimeField(auto_now_add=True)
+    # Set before the insert (not auto_now_add): the hash covers it.
+    ts = models.DateTimeField(default=timezone.now)
     payload = models.JSONField(default=dict)
     trace_id = models.CharField(max_length=32, blank=True)
     producer = models.CharField(max_length=64)
     run = models.ForeignKey(
         AgentRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
     )
+    # Set on events a re-run may try to write again (diagnosis.events.append_keyed): the
+    # database refuses a second one.
+    key = models.CharField(max_length=200, blank=True, default="")
+    # sha256(previous event's hash || canonical(this event)): see diagnosis.chain.
+    hash = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["session", "seq"]
         constraints = [
             # timeline pages and catch-up read "events of a session after seq N"
             models.UniqueConstraint(fields=["session", "seq"], name="event_session_seq_unique"),
+            models.UniqueConstraint(
+                fields=["session", "key"], condition=~Q(key=""), name="event_session_key_unique"
+            ),
         ]
         indexes = [models.Index(fields=["ts"], name="event_ts_idx")]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
-from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, has_role
+from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, has_role
 from diagnosis.models import Event, Report, Restriction, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
@@ -30,6 +30,8 @@ PANELS_BY_EVENT = {
     "approval.approved": {"session-actions"},
     "approval.rejected": {"session-actions"},
     "approval.timeout": {"session-actions"},
+    "approval.canceled": {"session-actions"},
+    "session.deleted": {"session-status", "session-actions"},
     "agent.note": set(),
     "tool.call_completed": {"session-actions", "session-facts"},
     "tool.call_failed": {"session-actions"},
@@ -53,7 +55,11 @@ def composer_key(session: Session) -> str:
 
 
 def viewer_flags(user: Any) -> dict[str, bool]:
-    return {"can_run": has_role(user, RUN_SESSIONS), "can_decide": has_role(user, DECIDE_APPROVALS)}
+    return {
+        "can_run": has_role(user, RUN_SESSIONS),
+        "can_decide": has_role(user, DECIDE_APPROVALS),
+        "can_delete": has_role(user, DELETE_SESSIONS),
+    }
 
 
 def field_rows(session: Session) -> list[dict[str, Any]]:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
 import markdown as md
 import nh3
+from django.db import transaction
 from django.template import Context, Engine
 from django.utils import timezone
 
-from diagnosis.models import Report, Session, ToolCall
+from diagnosis.events import append_step_event
+from diagnosis.models import AgentRun, Report, Session, ToolCall
 
 DECISIONS = {
     "en": {
@@ -18,6 +21,7 @@ DECISIONS = {
         "approved": "approved",
         "rejected": "rejected",
         "timeout": "timed out (manual to-do)",
+        "canceled": "closed undecided (session canceled)",
         "pending": "pending",
     },
     "zh": {
@@ -25,6 +29,7 @@ DECISIONS = {
         "approved": "已批准",
         "rejected": "已拒绝",
         "timeout": "超时（转人工）",
+        "canceled": "未决关闭（会话已取消）",
         "pending": "待审批",
     },
 }
@@ -64,7 +69,7 @@ def decision_of(call: ToolCall) -> str:
         return "auto"
     if call.status in ("awaiting_approval", "proposed"):
         return "pending"
-    if call.status in ("rejected", "timeout"):
+    if call.status in ("rejected", "timeout", "canceled"):
         return call.status
     return "approved"
 
@@ -97,7 +102,11 @@ def display_value(spec: dict[str, Any], value: Any, language: str) -> str:
     return str(value)
 
 
-def render_report(session_id: Any, definition: dict[str, Any], state: dict[str, Any]) -> str:
+def render_report(
+    session_id: Any, definition: dict[str, Any], state: dict[str, Any], preface: str = ""
+) -> tuple[str, str]:
+    """The report's Markdown and its language. `preface` (Markdown) goes under the title:
+    a canceled session's report says so first."""
     session = Session.objects.select_related("created_by", "scenario_version").get(pk=session_id)
     language = session.language if session.language in definition["report_template"] else "en"
     context = {
@@ -126,10 +135,49 @@ def render_report(session_id: Any, definition: dict[str, Any], state: dict[str, 
     # the scenario author wrote it.
     template = Engine(autoescape=True).from_string(definition["report_template"][language])
     text = template.render(Context(as_markdown_text(context))).strip() + "\n"
-    Report.objects.update_or_create(
-        session_id=session_id, defaults={"markdown": text, "language": language}
-    )
-    return text
+    if preface and text.startswith("#"):
+        title, _, rest = text.partition("\n")
+        text = f"{title}\n\n{preface.strip()}\n{rest}"
+    elif preface:
+        text = f"{preface.strip()}\n\n{text}"
+    return text, language
+
+
+def report_sha256(markdown: str) -> str:
+    return hashlib.sha256(markdown.encode("utf-8")).hexdigest()
+
+
+def write_report(
+    session_id: Any,
+    definition: dict[str, Any],
+    state: dict[str, Any],
+    *,
+    producer: str,
+    run: AgentRun | None = None,
+    preface: str = "",
+) -> str:
+    """Render the report, store it and log its full text and hash in one transaction:
+    the `report.ready` event is the record, the Report row its projection."""
+    text, language = render_report(session_id, definition, state, preface)
+    with transaction.atomic():
+        # Keyed inside a graph step: a re-run keeps the report the first run logged.
+        event, new = append_step_event(
+            session_id,
+            "report.ready",
+            {
+                "markdown": text,
+                "sha256": report_sha256(text),
+                "language": language,
+                "length": len(text),
+            },
+            producer=producer,
+            run=run,
+        )
+        if new:
+            Report.objects.update_or_create(
+                session_id=session_id, defaults={"markdown": text, "language": language}
+            )
+    return str(event.payload["markdown"])
 
 
 # --- Markdown escaping ---------------------------------------------------------------

@@ -2,6 +2,10 @@
 
 `approval_required` is sent inside the transaction that marks a tool call as awaiting
 approval; the approvals app creates its Approval row in that same transaction.
+
+`session_closing` is sent inside the transaction that cancels or deletes a session, with
+the session row locked: the approvals app closes the session's open approvals there
+(each with its event), so none is left in the queue to time out later.
 """
 
 from __future__ import annotations
@@ -13,3 +17,5 @@ approval_required = Signal()  # sender=ToolCall, tool_call=ToolCall
 # Sent (inside the executing transaction, the call row locked) before an approved call
 # runs; receivers return a list of reasons it must not run. No receiver: nothing runs.
 execution_check = Signal()  # sender=ToolCall, tool_call=ToolCall
+# sender=Session, session=Session, user=User, reason=str
+session_closing = Signal()

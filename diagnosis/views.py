@@ -7,13 +7,20 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from aero.http import HtmxHttpRequest
 from aero.models import audit
-from aero.roles import MANAGE_AIRPORT, RUN_SESSIONS, VIEW_SESSIONS, has_role, role_required
+from aero.roles import (
+    DELETE_SESSIONS,
+    MANAGE_AIRPORT,
+    RUN_SESSIONS,
+    VIEW_SESSIONS,
+    has_role,
+    role_required,
+)
 from diagnosis import actions, presenters
-from diagnosis.forms import AnswerForm, LiftForm, NewSessionForm
+from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
 from diagnosis.models import Report, Restriction, Session, SessionStatus
 from scenarios_admin.airport import load_active_graph
 
@@ -118,6 +125,39 @@ def session_retry(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     except actions.ActionError as exc:
         error = str(exc)
     return _back(request, session, error)
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(DELETE_SESSIONS)
+def session_delete(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """Admins soft-delete a session: a confirmation page (GET) with the consequences and
+    a required reason, then the delete (POST)."""
+    session = get_session_for_user(request, session_id)
+    form = DeleteSessionForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            actions.do_delete_session(session.pk, request.user, form.cleaned_data["reason"])
+        except actions.ActionError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(
+                request,
+                f"Session “{session.title}” was deleted. Its events and audit entries are "
+                "kept; auditors can still replay it.",
+            )
+            return redirect("diagnosis:session-list")
+    return render(
+        request,
+        "diagnosis/session_delete.html",
+        {
+            "session": session,
+            "form": form,
+            "open_approvals": session.approvals.filter(
+                status__in=["pending", "confirming"]
+            ).count(),
+        },
+        status=400 if form.errors else 200,
+    )
 
 
 def _back(

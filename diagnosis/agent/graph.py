@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 from django.db import transaction
 from django.utils import timezone
+from langgraph.config import get_config
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
@@ -29,7 +30,14 @@ from diagnosis.agent.tools import (
     run_deterministic,
     run_enrichment,
 )
-from diagnosis.events import add_usage, append_event, append_event_once
+from diagnosis.events import (
+    add_usage,
+    append_event,
+    append_event_once,
+    append_keyed,
+    append_step_event,
+    step_scope,
+)
 from diagnosis.models import (
     AgentRun,
     Event,
@@ -39,7 +47,7 @@ from diagnosis.models import (
     ToolCall,
     ToolCallStatus,
 )
-from diagnosis.reporting import render_report
+from diagnosis.reporting import write_report
 from diagnosis.signals import approval_required
 from scenarios_admin.definition import value_order
 
@@ -53,7 +61,9 @@ class SessionCanceled(Exception):
 
 
 def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
-    """Run a node as a child AgentRun with agent.node_* events, and stop if canceled."""
+    """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
+    The node's events are keyed by its graph step (StepScope): a re-run of the step
+    reuses its AgentRun and writes no event twice."""
 
     def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
         # No functools.wraps: LangGraph reads the signature to inject `runtime`.
@@ -62,53 +72,83 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
             status = Session.objects.filter(pk=ctx.session_id).values_list("status", flat=True)
             if status.first() == SessionStatus.CANCELED:
                 raise SessionCanceled()
-            run = AgentRun.objects.create(
-                session_id=ctx.session_id,
-                parent=ctx.root_run,
-                agent_name=name,
-                input_snapshot={"fsm": state.get("fsm", "")},
-            )
-            append_event(
-                ctx.session_id,
-                "agent.node_started",
-                {"node": name, "run": run.pk},
-                producer=ctx.producer,
-                run=run,
-            )
-            try:
-                update = fn(state, ctx, run)
-            except Exception as exc:
-                if isinstance(exc, SessionCanceled) or type(exc).__name__ == "GraphInterrupt":
-                    AgentRun.objects.filter(pk=run.pk).update(
-                        status="interrupted", ended_at=timezone.now()
-                    )
+            with step_scope(_task_key(runtime, name)) as scope:
+                run = _start_node(ctx, scope.key("agent.node_started"), name, state)
+                try:
+                    update = fn(state, ctx, run)
+                except Exception as exc:
+                    if isinstance(exc, SessionCanceled) or type(exc).__name__ == "GraphInterrupt":
+                        AgentRun.objects.filter(pk=run.pk).update(
+                            status="interrupted", ended_at=timezone.now()
+                        )
+                        raise
+                    with transaction.atomic():
+                        AgentRun.objects.filter(pk=run.pk).update(
+                            status="failed", ended_at=timezone.now()
+                        )
+                        # Not keyed: a second failure of the step is a new fact.
+                        append_event(
+                            ctx.session_id,
+                            "agent.node_failed",
+                            {"node": name, "run": run.pk, "error": f"{type(exc).__name__}: {exc}"},
+                            producer=ctx.producer,
+                            run=run,
+                        )
                     raise
-                AgentRun.objects.filter(pk=run.pk).update(status="failed", ended_at=timezone.now())
-                append_event(
-                    ctx.session_id,
-                    "agent.node_failed",
-                    {"node": name, "run": run.pk, "error": f"{type(exc).__name__}: {exc}"},
-                    producer=ctx.producer,
-                    run=run,
-                )
-                raise
-            summary = update.pop("_summary", "")
-            AgentRun.objects.filter(pk=run.pk).update(
-                status="completed", ended_at=timezone.now(), output_summary={"summary": summary}
-            )
-            append_event(
-                ctx.session_id,
-                "agent.node_completed",
-                {"node": name, "run": run.pk, "summary": summary},
-                producer=ctx.producer,
-                run=run,
-            )
-            return update
+                summary = update.pop("_summary", "")
+                with transaction.atomic():
+                    AgentRun.objects.filter(pk=run.pk).update(
+                        status="completed",
+                        ended_at=timezone.now(),
+                        output_summary={"summary": summary},
+                    )
+                    append_step_event(
+                        ctx.session_id,
+                        "agent.node_completed",
+                        {"node": name, "run": run.pk, "summary": summary},
+                        producer=ctx.producer,
+                        run=run,
+                    )
+                return update
 
         wrapper.__name__ = fn.__name__
         return wrapper
 
     return decorator
+
+
+def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
+    """LangGraph's task id is derived from the checkpoint, the step and the node: the same
+    for a re-run of the step, new for any later step."""
+    info = runtime.execution_info
+    if info is not None and info.task_id:
+        return f"task:{info.task_id}"
+    return f"step:{get_config()['metadata']['langgraph_step']}:{name}"
+
+
+def _start_node(ctx: AgentContext, key: str, name: str, state: AgentState) -> AgentRun:
+    with transaction.atomic():
+        started = (
+            Event.objects.filter(session_id=ctx.session_id, key=key).select_related("run").first()
+        )
+        if started is not None and started.run is not None:
+            AgentRun.objects.filter(pk=started.run.pk).update(status="running", ended_at=None)
+            return started.run
+        run = AgentRun.objects.create(
+            session_id=ctx.session_id,
+            parent=ctx.root_run,
+            agent_name=name,
+            input_snapshot={"fsm": state.get("fsm", "")},
+        )
+        append_keyed(
+            ctx.session_id,
+            "agent.node_started",
+            key,
+            {"node": name, "run": run.pk},
+            producer=ctx.producer,
+            run=run,
+        )
+    return run
 
 
 # --- input parser ---------------------------------------------------------------------
@@ -145,7 +185,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             evidence[name] = "default"
             changed[name] = spec["default"]
     missing = policy.missing_p1(definition, fields)
-    append_event(
+    append_step_event(
         ctx.session_id,
         "fields.extracted",
         {
@@ -156,7 +196,6 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         },
         producer=ctx.producer,
         run=run,
-        snapshot={"fields": fields, "evidence": evidence, "missing": missing, "question": None},
     )
     summary = f"{len(changed)} field(s) recognised" + (
         f", missing {', '.join(missing)}" if missing else ""
@@ -172,50 +211,49 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
 
 def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
     def record(attempt: Attempt) -> None:
-        LLMCall.objects.create(
-            session_id=ctx.session_id,
-            agent_run=run,
-            provider=attempt.provider,
-            model=attempt.model,
-            purpose=attempt.purpose,
-            status=attempt.status,
-            tokens_in=attempt.usage.tokens_in,
-            tokens_out=attempt.usage.tokens_out,
-            cost=attempt.usage.cost,
-            latency_ms=attempt.latency_ms,
-            error=attempt.error,
-        )
-        if attempt.usage.tokens_in or attempt.usage.tokens_out:
-            add_usage(
+        usage = attempt.usage
+        with transaction.atomic():
+            _, new = append_step_event(
                 ctx.session_id,
-                attempt.usage.tokens_in,
-                attempt.usage.tokens_out,
-                attempt.usage.cost,
+                "llm.call",
+                {
+                    "provider": attempt.provider,
+                    "model": attempt.model,
+                    "purpose": attempt.purpose,
+                    "status": attempt.status,
+                    "tokens_in": usage.tokens_in,
+                    "tokens_out": usage.tokens_out,
+                    "cost": str(usage.cost),
+                    "latency_ms": attempt.latency_ms,
+                    "error": attempt.error,
+                },
+                producer=ctx.producer,
+                run=run,
             )
-        append_event(
-            ctx.session_id,
-            "llm.call",
-            {
-                "provider": attempt.provider,
-                "model": attempt.model,
-                "purpose": attempt.purpose,
-                "status": attempt.status,
-                "tokens_in": attempt.usage.tokens_in,
-                "tokens_out": attempt.usage.tokens_out,
-                "cost": str(attempt.usage.cost),
-                "latency_ms": attempt.latency_ms,
-                "error": attempt.error,
-            },
-            producer=ctx.producer,
-            run=run,
-        )
+            if not new:
+                return  # recorded and counted by the first run of this step
+            LLMCall.objects.create(
+                session_id=ctx.session_id,
+                agent_run=run,
+                provider=attempt.provider,
+                model=attempt.model,
+                purpose=attempt.purpose,
+                status=attempt.status,
+                tokens_in=usage.tokens_in,
+                tokens_out=usage.tokens_out,
+                cost=usage.cost,
+                latency_ms=attempt.latency_ms,
+                error=attempt.error,
+            )
+            if usage.tokens_in or usage.tokens_out or usage.cost:
+                add_usage(ctx.session_id, usage.tokens_in, usage.tokens_out, usage.cost)
 
     return record
 
 
 def _fallback_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[str, str, str], None]:
     def on_fallback(failed: str, next_provider: str, error: str) -> None:
-        append_event(
+        append_step_event(
             ctx.session_id,
             "llm.fallback",
             {"from": failed, "to": next_provider, "error": error},
@@ -359,7 +397,6 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
             {"field": field, "label": spec["label"][lang], "text": text},
             producer=ctx.producer,
             run=run,
-            snapshot={"question": question},
         )
         update.update(asked=asked, question=question)
         update["_summary"] = f"ask for {field}"
@@ -453,17 +490,17 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     if lookups:
         enrichment = run_enrichment(tctx, lookups)
         update["enrichment"] = enrichment
-        append_event(
+        append_step_event(
             ctx.session_id,
             "timeline.appended",
             {
                 "kind": "enrichment",
                 "degraded": enrichment["degraded"],
                 "sources": sorted(k for k in enrichment if k != "degraded"),
+                "enrichment": enrichment,
             },
             producer=ctx.producer,
             run=run,
-            snapshot={"enrichment": enrichment},
         )
 
     fields = state.get("fields") or {}
@@ -484,13 +521,12 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
                 ),
             )
             update["risk"] = risk
-            append_event(
+            append_step_event(
                 ctx.session_id,
                 "risk.assessed",
                 risk,
                 producer=ctx.producer,
                 run=run,
-                snapshot={"risk": risk},
             )
             facts = fsm.Facts(facts.p1_complete, True, False, False, False)
         elif tool == "analyze_impact":
@@ -508,13 +544,12 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
                 analyze,
             )
             update["impact"] = impact
-            append_event(
+            append_step_event(
                 ctx.session_id,
                 "impact.analyzed",
                 impact,
                 producer=ctx.producer,
                 run=run,
-                snapshot={"impact": impact},
             )
             facts = fsm.Facts(facts.p1_complete, True, True, False, False)
         elif call.get("mode") == "execute":
@@ -532,31 +567,38 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
 
 
 def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
+    """Propose an action: an R0 action runs at once (proposal and execution commit
+    together, so no proposed row exists without its events); R1-R3 wait for approval."""
     with transaction.atomic():
         tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED)
         if tool_call.status != ToolCallStatus.PROPOSED:
             return  # proposed before this re-run: already decided or executed
         if tool_call.risk_class == "R0":
-            pass  # executes below, outside the proposal transaction
+            run_action(tctx, tool_call.pk)
         else:
             tool_call.status = ToolCallStatus.AWAITING_APPROVAL
             tool_call.save(update_fields=["status"])
-            approval_required.send(sender=ToolCall, tool_call=tool_call)
+            opened: dict[str, Any] = {}
+            for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call):
+                if isinstance(response, dict):
+                    opened.update(response)
             append_event_once(
                 tctx.session_id,
                 "approval.required",
                 f"approval:{tool_call.pk}",
                 {
                     "tool_call": tool_call.pk,
+                    "call_id": tool_call.call_id,
                     "tool_name": tool_call.tool_name,
                     "args": tool_call.request_payload,
                     "risk_level": tool_call.risk_class,
+                    "is_action": tool_call.is_action,
+                    "position": tool_call.position,
+                    **opened,
                 },
                 producer=tctx.producer,
                 run=tctx.run,
             )
-            return
-    run_action(tctx, tool_call.pk)
 
 
 # --- compliance validator -------------------------------------------------------------
@@ -567,7 +609,7 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
     corrections = list(state.get("corrections") or [])
     for refusal in state.get("refusals") or []:
         corrections.append(refusal["violation"])
-        append_event(ctx.session_id, "fsm.violation", refusal, producer=ctx.producer, run=run)
+        append_step_event(ctx.session_id, "fsm.violation", refusal, producer=ctx.producer, run=run)
     facts = facts_of(state, ctx)
     finishing = state["plan"]["step"] == "finish"
     if finishing and not facts.actions_settled:
@@ -577,18 +619,19 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
             or "report requested with required actions undecided",
         }
         corrections.append(violation["violation"])
-        append_event(ctx.session_id, "fsm.violation", violation, producer=ctx.producer, run=run)
+        append_step_event(
+            ctx.session_id, "fsm.violation", violation, producer=ctx.producer, run=run
+        )
         finishing = False
     current = fsm.state_name(ctx.definition, fsm.state_index(facts))
     previous = state.get("fsm") or fsm.state_name(ctx.definition, 0)
     if current != previous:
-        append_event(
+        append_step_event(
             ctx.session_id,
             "fsm.transition",
             {"from": previous, "to": current},
             producer=ctx.producer,
             run=run,
-            snapshot={"fsm": current},
         )
     plan = dict(state["plan"])
     plan["approved_finish"] = finishing
@@ -614,23 +657,14 @@ def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dic
     violation = fsm.check_step(ctx.definition, facts, "write_report")
     if violation:
         raise RuntimeError(violation)  # the validator routes here only when settled
-    markdown = render_report(ctx.session_id, ctx.definition, dict(state))
+    write_report(ctx.session_id, ctx.definition, dict(state), producer=ctx.producer, run=run)
     done = fsm.state_name(ctx.definition, fsm.state_index(fsm.Facts(True, True, True, True, True)))
-    append_event(
-        ctx.session_id,
-        "report.ready",
-        {"length": len(markdown)},
-        producer=ctx.producer,
-        run=run,
-        snapshot={"report": True},
-    )
-    append_event(
+    append_step_event(
         ctx.session_id,
         "fsm.transition",
         {"from": state.get("fsm"), "to": done},
         producer=ctx.producer,
         run=run,
-        snapshot={"fsm": done},
     )
     return {"reported": True, "fsm": done, "_summary": "report written"}
 

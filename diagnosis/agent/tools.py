@@ -147,14 +147,15 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
     results: dict[str, Any] = {"degraded": []}
     pending: list[tuple[dict[str, Any], ToolCall]] = []
     for call in calls:
-        tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
-        if tool_call.status == ToolCallStatus.COMPLETED:
-            results[ENRICHMENT_KEYS[call["tool"]]] = tool_call.response_payload
-        elif tool_call.status == ToolCallStatus.FAILED:
-            results["degraded"].append({"source": call["tool"], "error": tool_call.error})
-        else:
-            _started(ctx, tool_call)
-            pending.append((call, tool_call))
+        with transaction.atomic():  # the row and its tool.call_started event together
+            tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
+            if tool_call.status == ToolCallStatus.COMPLETED:
+                results[ENRICHMENT_KEYS[call["tool"]]] = tool_call.response_payload
+            elif tool_call.status == ToolCallStatus.FAILED:
+                results["degraded"].append({"source": call["tool"], "error": tool_call.error})
+            else:
+                _started(ctx, tool_call)
+                pending.append((call, tool_call))
     if not pending:
         return results
     timeout = settings.AERO_ENRICHMENT_TIMEOUT
@@ -190,10 +191,11 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
 def run_deterministic(
     ctx: ToolContext, call: dict[str, Any], compute: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
-    tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
-    if tool_call.status == ToolCallStatus.COMPLETED:
-        return tool_call.response_payload
-    _started(ctx, tool_call)
+    with transaction.atomic():  # the row and its tool.call_started event together
+        tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
+        if tool_call.status == ToolCallStatus.COMPLETED:
+            return tool_call.response_payload
+        _started(ctx, tool_call)
     started = time.monotonic()
     try:
         response = compute()
@@ -298,10 +300,14 @@ def _started(ctx: ToolContext, tool_call: ToolCall) -> None:
         ctx.session_id,
         "tool.call_started",
         {
+            "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,
             "tool_name": tool_call.tool_name,
             "args": tool_call.request_payload,
             "risk_level": tool_call.risk_class,
+            "is_action": tool_call.is_action,
+            "position": tool_call.position,
+            "attempt": tool_call.attempts,
             "agent_run_id": ctx.run.pk if ctx.run else None,
         },
         producer=ctx.producer,
@@ -329,11 +335,13 @@ def _finished(
         ctx.session_id,
         "tool.call_failed" if error else "tool.call_completed",
         {
+            "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,
             "tool_name": tool_call.tool_name,
             "args": tool_call.request_payload,
             "risk_level": tool_call.risk_class,
             "duration_ms": tool_call.duration_ms,
+            "completed_at": tool_call.completed_at.isoformat(),
             "response": response or {},
             "error": error,
             "agent_run_id": ctx.run.pk if ctx.run else None,

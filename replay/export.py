@@ -1,0 +1,176 @@
+"""The Markdown export of a whole session (diagnosis tech plan §6.2): a template over the
+fold of its events. Everything users or the model wrote goes through replay.markdown's
+escaping; the generated report is quoted verbatim in an indented code block."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from diagnosis.chain import check_events
+from diagnosis.fold import FoldState, fold_events
+from diagnosis.models import Event, Session
+from replay import masking, presenters
+
+Progress = Callable[[int, int], None]
+PROGRESS_EVERY = 1000
+
+
+def summarize(event_type: str, p: dict[str, Any]) -> str:
+    """One line of plain text per event for the chronology (escaped by the template)."""
+    if event_type == "user.message":
+        return f"{p.get('author', '')}: {p.get('text', '')}"
+    if event_type == "agent.question":
+        return f"agent asks: {p.get('text', '')}"
+    if event_type == "session.status_changed":
+        reason = f" ({p['reason']})" if p.get("reason") else ""
+        return f"status {p.get('from')} -> {p.get('to')}{reason}"
+    if event_type == "fields.extracted":
+        changed = ", ".join(f"{k}={v}" for k, v in (p.get("changed") or {}).items())
+        return f"recognised {changed or 'nothing new'}"
+    if event_type.startswith("tool.call_"):
+        args = p.get("args")
+        shown = (
+            args
+            if args == masking.MASKED
+            else ", ".join(f"{k}={v}" for k, v in (args or {}).items())
+        )
+        tail = f": {p['error']}" if p.get("error") else ""
+        return f"{p.get('tool_name', '')}({shown}){tail}"
+    if event_type.startswith("approval."):
+        who = f" by {p['by']}" if p.get("by") else ""
+        reason = f": {p['reason']}" if p.get("reason") else ""
+        return f"{p.get('tool_name', '')} [{p.get('risk_level', '')}]{who}{reason}"
+    if event_type == "risk.assessed":
+        return f"risk {p.get('level')} {p.get('score')} by rule {p.get('rule')}"
+    if event_type == "impact.analyzed":
+        return f"radius {p.get('radius')} from {p.get('start')}"
+    if event_type == "fsm.transition":
+        return f"{p.get('from')} -> {p.get('to')}"
+    if event_type in ("agent.node_started", "agent.node_completed", "agent.node_failed"):
+        return " ".join(str(p[k]) for k in ("node", "summary", "error") if p.get(k))
+    if event_type == "llm.call":
+        tokens = f"{p.get('tokens_in', 0)}/{p.get('tokens_out', 0)} tokens"
+        return f"{p.get('provider')} {p.get('purpose')} {p.get('status')} {tokens}"
+    if event_type == "agent.note":
+        return str(p.get("text", ""))
+    if event_type == "timeline.appended":
+        return " ".join(str(p[k]) for k in ("kind", "by", "title", "note") if p.get(k))
+    return ""
+
+
+def usage_rows(events: list[Event]) -> list[dict[str, Any]]:
+    by_model: dict[tuple[str, str], dict[str, Any]] = {}
+    for event in events:
+        if event.type != "llm.call":
+            continue
+        p = event.payload
+        row = by_model.setdefault(
+            (str(p.get("provider", "")), str(p.get("model", ""))),
+            {
+                "provider": p.get("provider", ""),
+                "model": p.get("model", ""),
+                "calls": 0,
+                "tokens_in": 0,
+                "tokens_out": 0,
+                "cost": Decimal(0),
+                "failed": 0,
+            },
+        )
+        row["calls"] += 1
+        row["failed"] += p.get("status") != "ok"
+        row["tokens_in"] += int(p.get("tokens_in") or 0)
+        row["tokens_out"] += int(p.get("tokens_out") or 0)
+        row["cost"] += Decimal(str(p.get("cost") or 0))
+    return sorted(by_model.values(), key=lambda r: (r["provider"], r["model"]))
+
+
+def follow_ups(state: FoldState) -> list[str]:
+    """What someone still has to do, derived from the log alone."""
+    items = []
+    for call in state.actions:
+        approval = state.approvals.get(call.call_id)
+        status = approval.status if approval else ""
+        if status == "rejected":
+            items.append(f"{call.tool_name} was rejected: decide on another measure.")
+        elif status == "timeout":
+            items.append(f"{call.tool_name} timed out unapproved: complete its manual to-do.")
+        elif status == "canceled":
+            items.append(f"{call.tool_name} was never decided (session canceled): check it.")
+        elif approval is not None and approval.is_open:
+            items.append(f"{call.tool_name} still awaits a decision.")
+        if call.status == "failed":
+            items.append(f"{call.tool_name} failed: check it was carried out by hand.")
+    for restriction in state.restrictions:
+        if restriction.lifted_seq is None:
+            items.append(f"{restriction.kind} {restriction.target} is closed: lift it once clear.")
+    for question in state.questions:
+        if question.answered_seq is None:
+            items.append(f"Unanswered question: {question.text}")
+    if state.status not in ("completed", "canceled", "failed"):
+        items.append(f"The session was still {state.status} when exported.")
+    return items
+
+
+def render_export(
+    session: Session, user: Any, *, masked: bool, progress: Progress | None = None
+) -> str:
+    """The whole session as Markdown. Reads its events in seq order once."""
+    total = session.last_seq
+    events: list[Event] = []
+    state: FoldState | None = None
+    chunk: list[Event] = []
+    for event in Event.objects.filter(session=session).order_by("seq").iterator(chunk_size=2000):
+        chunk.append(event)
+        if len(chunk) == PROGRESS_EVERY:
+            state = fold_events(chunk, state)
+            events.extend(chunk)
+            chunk = []
+            if progress:
+                progress(len(events), total)
+    state = fold_events(chunk, state)  # an empty log folds to the initial state
+    events.extend(chunk)
+    if progress:
+        progress(len(events), total)
+
+    chronology = []
+    for event in events:
+        payload, _ = presenters.shown_payload(event, masked)
+        chronology.append(
+            {
+                "seq": event.seq,
+                "ts": event.ts,
+                "type": event.type,
+                "summary": summarize(event.type, payload),
+            }
+        )
+    # The chain is checked over the very rows exported: the head printed is theirs.
+    chain = check_events(session.pk, events, session.last_seq, session.chain_head)
+    context = {
+        "chain": chain,
+        "session": session,
+        "state": state,
+        "fields": presenters.field_rows(session, state),
+        "evidence": presenters.evidence_calls(state, masked),
+        "actions": presenters.action_rows(state, masked),
+        "questions": presenters.question_rows(state),
+        "usage": usage_rows(events),
+        "follow_ups": follow_ups(state),
+        "chronology": chronology,
+        "masked": masked,
+        "exported_by": user.get_username(),
+        "exported_at": timezone.localtime(),
+        "event_count": len(events),
+        "first_ts": events[0].ts if events else None,
+        "last_ts": events[-1].ts if events else None,
+    }
+    return render_to_string("replay/export.md", context)
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

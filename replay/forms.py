@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib.auth.models import User
+
+from diagnosis.models import SessionStatus
+from scenarios_admin.models import Scenario
+
+# Event-type groups for the replay filter: label and the type prefixes they cover.
+EVENT_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "session": ("Session and messages", ("session.", "user.")),
+    "agent": ("Agent steps and compliance", ("agent.", "fsm.")),
+    "findings": (
+        "Fields, risk, impact, report",
+        ("fields.", "risk.", "impact.", "timeline.", "report."),
+    ),
+    "tools": ("Tool calls", ("tool.",)),
+    "approvals": ("Approvals", ("approval.",)),
+    "llm": ("Model calls and usage", ("llm.", "metrics.")),
+}
+SPEEDS = ("0.5", "1", "2", "4", "8")  # steps per second
+RISK_LEVELS = ("LOW", "MEDIUM", "HIGH")
+HISTORY_SORTS = {
+    "-created": "Newest first",
+    "created": "Oldest first",
+    "-updated": "Recently changed",
+}
+
+
+class ReplayForm(forms.Form):
+    """Where the player stands and what it steps through. Every field is optional."""
+
+    seq = forms.IntegerField(required=False, min_value=0)
+    at = forms.DateTimeField(required=False, label="Jump to time")
+    groups = forms.MultipleChoiceField(
+        required=False,
+        choices=[(k, label) for k, (label, _) in EVENT_GROUPS.items()],
+        widget=forms.CheckboxSelectMultiple,
+        label="Event types",
+    )
+    run = forms.IntegerField(required=False, min_value=1, label="Agent run subtree")
+    since = forms.DateTimeField(required=False, label="From")
+    until = forms.DateTimeField(required=False, label="To")
+    play = forms.ChoiceField(
+        required=False, choices=[("", "paused"), *[(s, f"{s} steps/s") for s in SPEEDS]]
+    )
+    after = forms.IntegerField(required=False, min_value=0)
+    before = forms.IntegerField(required=False, min_value=1)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        since, until = data.get("since"), data.get("until")
+        if since and until and since > until:
+            self.add_error("until", "The end of the time range is before its start.")
+        return data
+
+
+class HistoryForm(forms.Form):
+    q = forms.CharField(required=False, max_length=200, label="Text")
+    scenario = forms.ModelChoiceField(
+        required=False, queryset=Scenario.objects.order_by("slug"), to_field_name="slug"
+    )
+    status = forms.ChoiceField(required=False, choices=[("", "any"), *SessionStatus.choices])
+    risk = forms.ChoiceField(required=False, choices=[("", "any"), *[(r, r) for r in RISK_LEVELS]])
+    flight = forms.CharField(required=False, max_length=16)
+    position = forms.CharField(required=False, max_length=32)
+    creator = forms.CharField(required=False, max_length=150, label="Opened by")
+    since = forms.DateField(required=False, label="From")
+    until = forms.DateField(required=False, label="To")
+    sort = forms.ChoiceField(required=False, choices=list(HISTORY_SORTS.items()))
+    cursor = forms.CharField(required=False, max_length=100)
+
+    def clean_cursor(self) -> str:
+        from replay.history import parse_cursor
+
+        cursor = str(self.cleaned_data.get("cursor") or "")
+        if cursor:
+            try:
+                parse_cursor(cursor)
+            except ValueError:
+                raise forms.ValidationError(
+                    "This page link is broken: start from the first page."
+                ) from None
+        return cursor
+
+    def clean_flight(self) -> str:
+        return str(self.cleaned_data.get("flight") or "").strip().upper()
+
+    def clean_position(self) -> str:
+        return str(self.cleaned_data.get("position") or "").strip().upper()
+
+    def clean_creator(self) -> str:
+        name = str(self.cleaned_data.get("creator") or "").strip()
+        if name and not User.objects.filter(username=name).exists():
+            raise forms.ValidationError(f"No user is called “{name}”.")
+        return name
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        since, until = data.get("since"), data.get("until")
+        if since and until and since > until:
+            self.add_error("until", "The end of the date range is before its start.")
+        return data

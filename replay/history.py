@@ -1,0 +1,140 @@
+"""History search over sessions (replay's indexes: migration 0001_history_search_indexes).
+
+Facts from the snapshot (flight, position, risk level) are compared through the exact
+expressions the expression indexes are built on; free text goes to PostgreSQL full text
+plus trigram (Chinese has no word breaks, trigrams match inside it) or to SQLite FTS5 with
+its trigram tokenizer. Pages are keyset-paginated on (sort column, id)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, time
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from diagnosis.models import Session
+
+PAGE = 50
+SORT_COLUMNS = {"-created": "created_at", "created": "created_at", "-updated": "updated_at"}
+
+# The same text the indexes are built on (replay migration 0001): keep them in step.
+PG_FACTS = {
+    "flight": "(\"diagnosis_session\".\"snapshot\" -> 'fields' ->> 'flight_no')",
+    "position": "(\"diagnosis_session\".\"snapshot\" -> 'fields' ->> 'position')",
+    "risk": "(\"diagnosis_session\".\"snapshot\" -> 'risk' ->> 'level')",
+}
+SQLITE_FACTS = {
+    "flight": 'json_extract("diagnosis_session"."snapshot", \'$.fields.flight_no\')',
+    "position": 'json_extract("diagnosis_session"."snapshot", \'$.fields.position\')',
+    "risk": 'json_extract("diagnosis_session"."snapshot", \'$.risk.level\')',
+}
+PG_TEXT = """
+    SELECT e.session_id FROM diagnosis_event e
+     WHERE e.type = 'user.message'
+       AND ((e.payload ->> 'text') ILIKE %s
+            OR to_tsvector('english', e.payload ->> 'text') @@ plainto_tsquery('english', %s))
+    UNION
+    SELECT r.session_id FROM diagnosis_report r
+     WHERE r.markdown ILIKE %s
+        OR to_tsvector('english', r.markdown) @@ plainto_tsquery('english', %s)
+"""
+SQLITE_TEXT_MATCH = "SELECT session_id FROM replay_search WHERE replay_search MATCH %s"
+SQLITE_TEXT_LIKE = "SELECT session_id FROM replay_search WHERE body LIKE %s ESCAPE '\\'"
+
+
+@dataclass
+class Page:
+    rows: list[dict[str, Any]]
+    next_cursor: str
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def text_condition(text: str) -> Q:
+    if connection.vendor == "postgresql":
+        return Q(pk__in=RawSQL(PG_TEXT, (_like(text), text, _like(text), text)))
+    if len(text) >= 3:
+        # A phrase query: quotes inside are doubled, so the text cannot be FTS5 syntax.
+        phrase = '"' + text.replace('"', '""') + '"'
+        return Q(pk__in=RawSQL(SQLITE_TEXT_MATCH, (phrase,)))
+    return Q(pk__in=RawSQL(SQLITE_TEXT_LIKE, (_like(text),)))  # the trigram index needs 3
+
+
+def fact(name: str) -> RawSQL:
+    facts = PG_FACTS if connection.vendor == "postgresql" else SQLITE_FACTS
+    return RawSQL(facts[name], ())
+
+
+def parse_cursor(cursor: str) -> tuple[datetime, UUID]:
+    """`<iso time>~<session id>`; ValueError for anything else."""
+    stamp, _, pk = cursor.partition("~")
+    moment = datetime.fromisoformat(stamp)
+    if timezone.is_naive(moment):
+        raise ValueError("cursor time has no zone")
+    return moment, UUID(pk)
+
+
+def search_queryset(data: dict[str, Any]) -> QuerySet[Session]:
+    sessions = Session.objects.visible()
+    if data.get("scenario"):
+        sessions = sessions.filter(scenario=data["scenario"])
+    if data.get("status"):
+        sessions = sessions.filter(status=data["status"])
+    for name in ("flight", "position", "risk"):
+        if data.get(name):
+            sessions = sessions.alias(**{f"fact_{name}": fact(name)}).filter(
+                **{f"fact_{name}": data[name]}
+            )
+    if data.get("creator"):
+        sessions = sessions.filter(created_by__username=data["creator"])
+    zone = timezone.get_current_timezone()
+    if data.get("since"):
+        sessions = sessions.filter(created_at__gte=datetime.combine(data["since"], time.min, zone))
+    if data.get("until"):
+        sessions = sessions.filter(created_at__lte=datetime.combine(data["until"], time.max, zone))
+    if data.get("q"):
+        sessions = sessions.filter(text_condition(data["q"].strip()))
+    return sessions
+
+
+def search(data: dict[str, Any]) -> Page:
+    sort = data.get("sort") or "-created"
+    column = SORT_COLUMNS[sort]
+    descending = sort.startswith("-")
+    sessions = search_queryset(data)
+    if data.get("cursor"):
+        moment, pk = parse_cursor(data["cursor"])
+        if descending:
+            sessions = sessions.filter(
+                Q(**{f"{column}__lt": moment}) | Q(**{column: moment, "pk__lt": pk})
+            )
+        else:
+            sessions = sessions.filter(
+                Q(**{f"{column}__gt": moment}) | Q(**{column: moment, "pk__gt": pk})
+            )
+    order = [f"-{column}", "-pk"] if descending else [column, "pk"]
+    found = list(sessions.select_related("scenario", "created_by").order_by(*order)[: PAGE + 1])
+    more = len(found) > PAGE
+    found = found[:PAGE]
+    rows = [
+        {
+            "session": s,
+            "flight": (s.snapshot.get("fields") or {}).get("flight_no") or "",
+            "position": (s.snapshot.get("fields") or {}).get("position") or "",
+            "risk": (s.snapshot.get("risk") or {}).get("level") or "",
+        }
+        for s in found
+    ]
+    next_cursor = ""
+    if more and found:
+        last = found[-1]
+        next_cursor = f"{getattr(last, column).isoformat()}~{last.pk.hex}"
+    return Page(rows=rows, next_cursor=next_cursor)

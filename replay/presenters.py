@@ -1,0 +1,279 @@
+"""Replay: the session's state at any seq, from a pure fold over its events, and the
+navigation around that seq (keyset on (session, seq); filters choose which steps the
+player visits, never what the fold sees)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.core.cache import caches
+from django.db.models import Count, Max, Min, Q, QuerySet
+
+from diagnosis.fold import ApprovalState, FoldState, ToolCallState, fold_events
+from diagnosis.models import AgentRun, Event, Restriction, Session
+from diagnosis.presenters import impact_map
+from diagnosis.reporting import display_value
+from replay import masking
+from replay.forms import EVENT_GROUPS
+from scenarios_admin.airport import AirportGraph, load_active_graph, load_graph
+from scenarios_admin.models import Topology
+
+CHECKPOINT_EVERY = 1000  # a step folds at most this many events after a cached state
+LIST_BEFORE = 20  # events listed before the current step
+LIST_AFTER = 30  # ... and from it on
+RUN_TREE_ROOTS = 100
+_CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class Filters:
+    groups: list[str] = field(default_factory=list)
+    run_ids: list[int] | None = None  # the selected run and its descendants
+    since: datetime | None = None
+    until: datetime | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.groups or self.run_ids is not None or self.since or self.until)
+
+
+def run_subtree(session: Session, run_id: int) -> list[int]:
+    """The run and every run below it, one query per tree level."""
+    ids = list(AgentRun.objects.filter(session=session, pk=run_id).values_list("pk", flat=True))
+    level = ids
+    while level:
+        level = list(
+            AgentRun.objects.filter(session=session, parent_id__in=level).values_list(
+                "pk", flat=True
+            )
+        )
+        ids.extend(level)
+    return ids
+
+
+def run_tree(session: Session, selected: int | None) -> list[dict[str, Any]]:
+    """The job runs of the session (roots) with their node runs; children are listed for
+    the selected root only, so a session of thousands of runs stays one short page."""
+    roots = list(
+        AgentRun.objects.filter(session=session, parent__isnull=True)
+        .annotate(child_count=Count("children"))
+        .order_by("started_at", "id")[:RUN_TREE_ROOTS]
+    )
+    selected_root = None
+    if selected is not None:
+        chain = AgentRun.objects.filter(session=session, pk=selected).values_list(
+            "parent_id", flat=True
+        )
+        parent = next(iter(chain), None)
+        selected_root = parent or selected
+    children: list[AgentRun] = []
+    if selected_root is not None:
+        children = list(
+            AgentRun.objects.filter(parent_id=selected_root).order_by("started_at", "id")
+        )
+    return [
+        {"run": root, "children": children if root.pk == selected_root else []} for root in roots
+    ]
+
+
+def filtered(session: Session, filters: Filters) -> QuerySet[Event]:
+    events = Event.objects.filter(session=session)
+    if filters.groups:
+        condition = Q()
+        for group in filters.groups:
+            for prefix in EVENT_GROUPS[group][1]:
+                condition |= Q(type__startswith=prefix)
+        events = events.filter(condition)
+    if filters.run_ids is not None:
+        events = events.filter(run_id__in=filters.run_ids)
+    if filters.since:
+        events = events.filter(ts__gte=filters.since)
+    if filters.until:
+        events = events.filter(ts__lte=filters.until)
+    return events
+
+
+def _seq(events: QuerySet[Event]) -> int | None:
+    return next(iter(events.values_list("seq", flat=True)[:1]), None)
+
+
+def navigation(session: Session, filters: Filters, seq: int) -> dict[str, int | None]:
+    """first / previous / next / last among the steps the filters select."""
+    events = filtered(session, filters)
+    ends = events.aggregate(first=Min("seq"), last=Max("seq"))
+    return {
+        "first": ends["first"],
+        "previous": _seq(events.filter(seq__lt=seq).order_by("-seq")),
+        "next": _seq(events.filter(seq__gt=seq).order_by("seq")),
+        "last": ends["last"],
+    }
+
+
+def seq_at_time(session: Session, filters: Filters, at: datetime) -> int | None:
+    """The last selected step at or before a moment (the first one if none is)."""
+    events = filtered(session, filters)
+    return _seq(events.filter(ts__lte=at).order_by("-seq")) or _seq(events.order_by("seq"))
+
+
+def event_window(
+    session: Session, filters: Filters, seq: int, after: int | None, before: int | None
+) -> tuple[list[Event], int | None, int | None]:
+    """A keyset page of the event list: around the current step, or after/before a seq.
+    Returns (events, earlier_cursor, later_cursor)."""
+    events = filtered(session, filters)
+    if after is not None:
+        rows = list(events.filter(seq__gt=after).order_by("seq")[: LIST_BEFORE + LIST_AFTER + 1])
+        more_later = len(rows) > LIST_BEFORE + LIST_AFTER
+        rows = rows[: LIST_BEFORE + LIST_AFTER]
+        more_earlier = after > 0 and events.filter(seq__lte=after).exists()
+    elif before is not None:
+        rows = list(events.filter(seq__lt=before).order_by("-seq")[: LIST_BEFORE + LIST_AFTER + 1])
+        more_earlier = len(rows) > LIST_BEFORE + LIST_AFTER
+        rows = list(reversed(rows[: LIST_BEFORE + LIST_AFTER]))
+        more_later = True
+    else:
+        earlier = list(events.filter(seq__lt=seq).order_by("-seq")[: LIST_BEFORE + 1])
+        later = list(events.filter(seq__gte=seq).order_by("seq")[: LIST_AFTER + 1])
+        more_earlier, more_later = len(earlier) > LIST_BEFORE, len(later) > LIST_AFTER
+        rows = list(reversed(earlier[:LIST_BEFORE])) + later[:LIST_AFTER]
+    if not rows:
+        return [], None, None
+    return rows, (rows[0].seq if more_earlier else None), (rows[-1].seq if more_later else None)
+
+
+# --- the fold, with checkpoints ---------------------------------------------------------
+
+
+def _checkpoint_key(session: Session, seq: int) -> str:
+    return f"replay:fold:{_CHECKPOINT_VERSION}:{session.pk.hex}:{seq}"
+
+
+def state_at(session: Session, seq: int) -> FoldState:
+    """fold(events[:seq]). Events never change (append-only, hash-chained), so the state at
+    every CHECKPOINT_EVERY-th seq is cached and a step folds at most that many events."""
+    cache = caches["replay"]
+    marks = list(range(seq - seq % CHECKPOINT_EVERY, 0, -CHECKPOINT_EVERY))
+    start, state = 0, None
+    # The nearest checkpoint is there but on a first visit: one read, and only then more.
+    nearest = cache.get(_checkpoint_key(session, marks[0])) if marks else None
+    if nearest is not None:
+        start, state = marks[0], nearest
+    elif len(marks) > 1:
+        found = cache.get_many([_checkpoint_key(session, m) for m in marks[1:]])
+        for mark in marks[1:]:
+            cached = found.get(_checkpoint_key(session, mark))
+            if cached is not None:
+                start, state = mark, cached
+                break
+    events = Event.objects.filter(session=session, seq__gt=start, seq__lte=seq).order_by("seq")
+    pending: list[Event] = []
+    for event in events.iterator(chunk_size=2000):
+        pending.append(event)
+        if event.seq % CHECKPOINT_EVERY == 0:
+            state = fold_events(pending, state)
+            pending = []
+            cache.set(_checkpoint_key(session, event.seq), state, timeout=None)
+    return fold_events(pending, state)
+
+
+# --- what the page shows ---------------------------------------------------------------
+
+
+def field_rows(session: Session, state: FoldState) -> list[dict[str, Any]]:
+    definition = session.scenario_version.definition
+    rows = []
+    for name in definition["field_order"]:
+        spec = definition["fields"][name]
+        value = state.fields.get(name)
+        rows.append(
+            {
+                "name": name,
+                "label": spec["label"].get(session.language, name),
+                "priority": spec["priority"],
+                "known": value is not None,
+                "display": display_value(spec, value, session.language),
+                "evidence": state.evidence.get(name, ""),
+            }
+        )
+    return rows
+
+
+def call_row(call: ToolCallState, approval: ApprovalState | None, masked: bool) -> dict[str, Any]:
+    """A tool call (and its approval) as the page and the export show it."""
+    row: dict[str, Any] = {
+        "call_id": call.call_id,
+        "tool_name": call.tool_name,
+        "args": call.args,
+        "risk_class": call.risk_class,
+        "status": call.status,
+        "result": call.response or None,
+        "error": call.error,
+        "completed_at": call.completed_at,
+        "duration_ms": call.duration_ms,
+        "approval": approval,
+        "decisions": approval.decisions if approval else [],
+        "masked": False,
+    }
+    return masking.mask_call(row, "tool.call_completed") if masked else row
+
+
+def action_rows(state: FoldState, masked: bool) -> list[dict[str, Any]]:
+    """The response actions in proposal order, each with its decisions."""
+    return [call_row(c, state.approvals.get(c.call_id), masked) for c in state.actions]
+
+
+def evidence_calls(state: FoldState, masked: bool) -> list[dict[str, Any]]:
+    """Every tool call, lookups and actions, in the order they were first logged."""
+    return [call_row(c, state.approvals.get(c.call_id), masked) for c in state.tool_calls.values()]
+
+
+def question_rows(state: FoldState) -> list[dict[str, Any]]:
+    return [
+        {"question": q, "answers": [m for m in state.messages if m.answers == q.key]}
+        for q in state.questions
+    ]
+
+
+def closures(state: FoldState) -> list[Restriction]:
+    """Closures this session imposed and had not lifted by then (unsaved rows, for the
+    map only)."""
+    return [
+        Restriction(kind=r.kind, target=r.target)
+        for r in state.restrictions
+        if r.lifted_seq is None
+    ]
+
+
+def shown_payload(event: Event, masked: bool) -> tuple[dict[str, Any], list[str]]:
+    if not masked:
+        return event.payload, []
+    return masking.mask_payload(event.type, event.payload)
+
+
+_graphs: dict[tuple[int, Any], tuple[float, AirportGraph]] = {}
+GRAPH_MAX_AGE = 60.0
+
+
+def airport_graph() -> AirportGraph:
+    """The active airport graph, kept per process while its topology row is unchanged (and
+    at most a minute): a replay step costs one query for it instead of five."""
+    topology = Topology.objects.filter(is_active=True).only("pk", "updated_at").first()
+    if topology is None:
+        return load_active_graph()
+    key = (topology.pk, topology.updated_at)
+    cached = _graphs.get(key)
+    if cached is not None and time.monotonic() - cached[0] < GRAPH_MAX_AGE:
+        return cached[1]
+    graph = load_graph(topology)
+    _graphs.clear()
+    _graphs[key] = (time.monotonic(), graph)
+    return graph
+
+
+def impact_map_at(graph: AirportGraph, state: FoldState) -> dict[str, Any]:
+    """The map as it stood at the step: the session's impact and its own closures. (The
+    airport graph is today's: topology edits are not in the session's log.)"""
+    return impact_map(graph, state.impact, closures(state))

@@ -1,0 +1,79 @@
+"""History search in embedded mode: SQLite with the FTS5 trigram table that replay's
+migration creates and its triggers keep (the PostgreSQL path is in test_replay.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = """
+import json, django
+django.setup()
+from django.core.management import call_command
+from django.contrib.auth.models import User
+from diagnosis.actions import do_create_session
+from diagnosis.models import Session
+from replay.history import search
+from scenarios_admin.builtin import load_builtin_data
+from scenarios_admin.models import Scenario
+
+call_command("migrate", verbosity=0)
+load_builtin_data()
+user = User.objects.create_user("alice")
+oil = Scenario.objects.get(slug="oil_spill")
+chinese = do_create_session(user, oil, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+english = do_create_session(user, oil, "MU5678 fuel leak near stand 101")
+gone = do_create_session(user, oil, "ZH9527 燃油泄漏 in a deleted session")
+Session.objects.filter(pk=gone.pk).update(deleted_at="2026-01-01T00:00:00Z")
+names = {chinese.pk: "chinese", english.pk: "english", gone.pk: "gone"}
+
+def titles(**data):
+    return sorted(names[row["session"].pk] for row in search(data).rows)
+
+print(json.dumps({
+    "inside_a_word": titles(q="发动机仍在运转"),
+    "two_chars": titles(q="燃油"),
+    "english": titles(q="fuel leak"),
+    "quote": titles(q='say "hi'),
+    "flight": titles(flight="MU5678"),
+    "position": titles(position="105"),
+    "all": titles(),
+}))
+"""
+
+
+def test_history_search_on_sqlite(tmp_path: Path) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith(("AERO_", "DJANGO_"))
+    }
+    env.update(
+        AERO_DATA_DIR=str(tmp_path),
+        AERO_JOB_BACKEND="inline",
+        DJANGO_SETTINGS_MODULE="aero.settings",
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result == {
+        "inside_a_word": ["chinese"],
+        "two_chars": ["chinese"],  # shorter than a trigram: LIKE over the FTS table
+        "english": ["english"],
+        "quote": [],  # FTS5 syntax in the text is matched as text, not parsed
+        "flight": ["english"],
+        "position": ["chinese"],
+        "all": ["chinese", "english"],  # the deleted session is not listed
+    }
