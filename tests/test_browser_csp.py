@@ -143,7 +143,14 @@ def test_no_page_violates_the_content_security_policy(
     pages = {
         olga: ["/sessions/", "/airport/", "/approvals/todos/", f"/sessions/{asking.pk}/"],
         abel: ["/approvals/", f"/sessions/{waiting.pk}/"],
-        cora: [f"/sessions/{done.pk}/", f"/sessions/{done.pk}/events/"],
+        cora: [
+            f"/sessions/{done.pk}/",
+            f"/sessions/{done.pk}/events/",
+            f"/replay/{done.pk}/",
+            f"/replay/{done.pk}/?seq=5",
+            "/history/",
+            "/audit/",
+        ],
         root: admin_pages(root),
     }
     failures: dict[str, list[str]] = {}
