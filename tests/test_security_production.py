@@ -71,7 +71,7 @@ def test_production_mode_run_script_seeds_no_demo_users(
     transactional_db: None, db_url: str
 ) -> None:
     # The script stops at the server (an unusable port): everything before it has run.
-    env = production_env(db_url, AERO_PORT="not-a-port", AERO_HTTPS="0")
+    env = production_env(db_url, AERO_PORT="not-a-port", AERO_WS_PORT="1", AERO_HTTPS="0")
     run = subprocess.run(
         ["bash", "scripts/run.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
