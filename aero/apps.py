@@ -8,6 +8,9 @@ class AeroConfig(AppConfig):
     verbose_name = "AERO core"
 
     def ready(self) -> None:
-        from aero import audit_trail
+        from aero import (
+            audit_trail,
+            sessions,  # noqa: F401 (its @receiver connects on import)
+        )
 
         audit_trail.connect()

@@ -50,7 +50,11 @@ class CurrentActorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        token = _actor.set(getattr(request, "user", None))
+        # The request, not request.user: that is a lazy object, and asgiref inspects
+        # context variables (isinstance) when it switches to async code (an async-capable
+        # middleware after this one, such as django-axes'), which would evaluate it, a
+        # database query, in the event loop: SynchronousOnlyOperation on every request.
+        token = _actor.set(request)
         try:
             return self.get_response(request)
         finally:
@@ -58,7 +62,7 @@ class CurrentActorMiddleware:
 
 
 def current_actor() -> Any:
-    user = _actor.get()
+    user = getattr(_actor.get(), "user", None)
     return user if getattr(user, "is_authenticated", False) else None
 
 

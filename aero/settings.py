@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -24,21 +26,62 @@ django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("AERO_DATA_DIR", str(BASE_DIR / "var")))
+DATABASE_URL = env_str("DATABASE_URL")
+# Production mode: PostgreSQL, possibly several hosts. Every secret must then come from
+# the environment (one host's generated file would not be another's).
+PRODUCTION = bool(DATABASE_URL)
+
+
+def _required_in_production(name: str, purpose: str) -> None:
+    raise ImproperlyConfigured(
+        f"{name} must be set in production mode (DATABASE_URL is set): {purpose}. "
+        "See the README's Security section."
+    )
+
+
+def _generated(file_name: str, make: Callable[[], str]) -> str:
+    # Embedded mode keeps generated secrets on disk so logins and stored keys survive a
+    # restart; the file is readable by its owner only.
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    path = DATA_DIR / file_name
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(make())
+    return path.read_text().strip()
 
 
 def _secret_key() -> str:
     configured = env_str("AERO_SECRET_KEY")
     if configured:
         return configured
-    # Embedded mode keeps a generated key on disk so logins survive a restart.
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-    key_file = DATA_DIR / "secret_key"
-    if not key_file.exists():
-        key_file.write_text(secrets.token_urlsafe(50))
-    return key_file.read_text().strip()
+    if PRODUCTION:
+        _required_in_production("AERO_SECRET_KEY", "it signs sessions and CSRF tokens")
+    return _generated("secret_key", lambda: secrets.token_urlsafe(50))
+
+
+def _encryption_keys(secret_key: str) -> list[str]:
+    """AERO_ENCRYPTION_KEYS: comma-separated, the first encrypts, all decrypt (rotation:
+    README). AERO_ENCRYPTION_KEY, the older single key, still counts."""
+    keys = env_list("AERO_ENCRYPTION_KEYS", []) or env_list("AERO_ENCRYPTION_KEY", [])
+    if keys:
+        return keys
+    if PRODUCTION:
+        _required_in_production(
+            "AERO_ENCRYPTION_KEYS",
+            "it encrypts provider API keys, and every web and worker host must use the same "
+            "keys (generate one with: python -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())')",
+        )
+    from cryptography.fernet import Fernet
+
+    generated = _generated("encryption_keys", lambda: Fernet.generate_key().decode())
+    # Secrets stored before the keys file existed were encrypted with a key derived from
+    # SECRET_KEY: it still decrypts them (decrypt only) until `rotate_keys` re-encrypts.
+    return [*[k.strip() for k in generated.split(",") if k.strip()], secret_key]
 
 
 SECRET_KEY = _secret_key()
+AERO_ENCRYPTION_KEYS = _encryption_keys(SECRET_KEY)
 DEBUG = env_bool("AERO_DEBUG", False)
 ALLOWED_HOSTS = env_list("AERO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("AERO_CSRF_TRUSTED_ORIGINS", [])
@@ -54,6 +97,7 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "django_rq",
+    "axes",
     "ninja",
     "aero",
     "scenarios_admin",
@@ -71,12 +115,15 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "aero.sessions.IdleSessionMiddleware",
     "aero.audit_trail.CurrentActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "api.middleware.ApiAuditMiddleware",
+    # Last, as django-axes asks: it turns a locked-out sign-in into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 # Content Security Policy on every response (admin included): scripts and styles only
@@ -120,7 +167,6 @@ TEMPLATES = [
 ]
 
 # --- database -------------------------------------------------------------------------
-DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     # Persistent connections, checked before reuse: a new PostgreSQL connection per
     # request or consumer pull cost ~11% of the ASGI process (see docs/decisions.md, ADR 81).
@@ -228,7 +274,6 @@ AERO_LLM_REACT = env_bool("AERO_LLM_REACT", True)
 AERO_CHECKPOINT_SQLITE = Path(
     env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
 )
-AERO_ENCRYPTION_KEY = env_str("AERO_ENCRYPTION_KEY")
 # The key of the audit log's HMAC chain (aero.audit_chain). Without it, one derived from
 # SECRET_KEY: every process of a deployment must share it, or verify_audit fails.
 AERO_AUDIT_KEY = env_str("AERO_AUDIT_KEY")
@@ -242,6 +287,48 @@ AERO_APPROVAL_TIMEOUT_MINUTES = {
 }
 # Two-person rule: R2/R3 need two different approvers, neither the session's creator.
 AERO_TWO_PERSON_RULE = env_bool("AERO_TWO_PERSON_RULE", False)
+
+# --- HTTPS, cookies, sessions ---------------------------------------------------------
+# On by default in production mode, so `manage.py check --deploy` is clean; AERO_HTTPS=0
+# serves plain http (local runs on PostgreSQL). Behind a TLS-terminating proxy set
+# AERO_PROXY_SSL_HEADER=HTTP_X_FORWARDED_PROTO (only if the proxy sets or strips that
+# header: a client could otherwise claim https).
+AERO_HTTPS = env_bool("AERO_HTTPS", PRODUCTION)
+SECURE_SSL_REDIRECT = AERO_HTTPS
+SESSION_COOKIE_SECURE = AERO_HTTPS
+CSRF_COOKIE_SECURE = AERO_HTTPS
+SECURE_HSTS_SECONDS = env_int("AERO_HSTS_SECONDS", 31_536_000, minimum=0) if AERO_HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("AERO_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("AERO_HSTS_PRELOAD", True)
+_proxy_header = env_str("AERO_PROXY_SSL_HEADER")
+if _proxy_header:
+    SECURE_PROXY_SSL_HEADER = (_proxy_header, "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SESSION_COOKIE_HTTPONLY = True
+# Idle expiry: AERO_SESSION_IDLE_MINUTES without a request ends a session (requests renew
+# it, at most one write a minute: aero.sessions).
+SESSION_COOKIE_AGE = env_int("AERO_SESSION_IDLE_MINUTES", 120, minimum=1) * 60
+
+# --- sign-in rate limit (django-axes) --------------------------------------------------
+# AERO_LOGIN_FAILURE_LIMIT failed sign-ins for one username, or from one address, lock
+# that username or address out for AERO_LOGIN_LOCKOUT_MINUTES (each counted on its own).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("AERO_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AERO_LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "aero.views.locked_out"
+# The client address: REMOTE_ADDR, unless AERO_PROXY_COUNT proxies in front set
+# X-Forwarded-For (trusting it without a proxy would let a client pick its address).
+AXES_IPWARE_PROXY_COUNT = env_int("AERO_PROXY_COUNT", 0, minimum=0) or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
+)
 
 # --- auth, i18n, static ---------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -266,7 +353,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"redact": {"()": "aero.redact.RedactingFilter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact"],
+        }
+    },
     "loggers": {
         "aero": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
         "diagnosis": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 from datetime import UTC, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import redirect
+from django.shortcuts import redirect, render
 from django.utils import timezone
 
 
@@ -72,3 +73,24 @@ def healthz(request: HttpRequest) -> JsonResponse:
             if name == "redis":
                 break  # the worker check needs Redis too
     return JsonResponse({"ok": ok, "checks": checks}, status=200 if ok else 503)
+
+
+def locked_out(
+    request: HttpRequest, original_response: HttpResponse | None, credentials: Any = None
+) -> HttpResponse:
+    """django-axes' lockout answer (AXES_LOCKOUT_CALLABLE): a page that says what
+    happened, for how long, and who can lift it, with 429 Too Many Requests."""
+    username = ""
+    if isinstance(credentials, dict):
+        username = str(credentials.get("username") or "")
+    username = username or str(request.POST.get("username", ""))
+    return render(
+        request,
+        "registration/locked_out.html",
+        {
+            "username": username[:150],
+            "failure_limit": settings.AXES_FAILURE_LIMIT,
+            "minutes": int(settings.AXES_COOLOFF_TIME.total_seconds() // 60),
+        },
+        status=429,
+    )

@@ -734,10 +734,22 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
     # Write-only: the stored key is never rendered back; leave empty to keep it.
     api_key = forms.CharField(
         required=False,
+        max_length=1000,
         widget=forms.PasswordInput(render_value=False),
-        help_text="Write only. Leave empty to keep the current key.",
+        help_text=(
+            "Write only. Leave empty to keep the current key. Changing the base URL clears "
+            "the stored key: enter it again in the same save to use it with the new URL."
+        ),
     )
     clear_api_key = forms.BooleanField(required=False, help_text="Remove the stored key.")
+    key_cleared_by_url = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["base_url"].help_text = (
+            "Changing it clears the stored API key, so the key is never sent to a host it "
+            "was not given for."
+        )
 
     class Meta:
         model = ProviderConfig
@@ -756,10 +768,13 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
 
     def save(self, commit: bool = True) -> ProviderConfig:
         config = super().save(commit=False)
-        if self.cleaned_data.get("clear_api_key"):
-            config.set_api_key("")
-        elif self.cleaned_data.get("api_key"):
+        # A key entered with the new URL is for that URL; the old key never follows it.
+        url_changed = bool(self.instance.pk) and "base_url" in self.changed_data
+        if self.cleaned_data.get("api_key") and not self.cleaned_data.get("clear_api_key"):
             config.set_api_key(self.cleaned_data["api_key"])
+        elif self.cleaned_data.get("clear_api_key") or url_changed:
+            self.key_cleared_by_url = url_changed and bool(config.api_key_encrypted)
+            config.set_api_key("")
         if commit:
             config.save()
         return config
@@ -771,6 +786,18 @@ class ProviderConfigAdmin(admin.ModelAdmin[ProviderConfig]):
     list_display = ["name", "kind", "model", "base_url", "priority", "enabled", "has_key"]
     list_filter = ["kind", "enabled"]
     actions = ["test_connection"]
+
+    def save_model(
+        self, request: HttpRequest, obj: ProviderConfig, form: Any, change: bool
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        if getattr(form, "key_cleared_by_url", False):
+            self.message_user(
+                request,
+                f"{obj.name}: the base URL changed, so the stored API key was cleared; "
+                "enter the key for the new URL.",
+                messages.WARNING,
+            )
 
     @admin.display(boolean=True, description="API key set")
     def has_key(self, obj: ProviderConfig) -> bool:

@@ -1,14 +1,17 @@
 """Test an LLM provider's connection: one tiny chat completion against its
 OpenAI-compatible endpoint, with the provider's key, model and timeout. The answer is
-either success (model and latency) or the exact error, so an admin can fix the config.
+success (latency, tokens) or the HTTP status and a short classified error.
+
+Never a response body, an exception text or anything the endpoint chose: the URL may
+point at an internal service (the probe would read it out to whoever presses the button)
+and an endpoint may echo the key back. The key only ever goes to the saved URL: the
+admin form clears it when the URL changes, and redirects are not followed.
 
 This cannot use diagnosis' provider (scenarios_admin may not import diagnosis); it sends
 the same request shape: POST {base_url}/chat/completions with a bearer key."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import time
 from dataclasses import dataclass
 
@@ -23,6 +26,17 @@ PROBE_PROMPT = "Reply with the single word: ok"
 class ProbeResult:
     ok: bool
     message: str
+
+
+# What each failing status most likely means, for the person fixing the config.
+STATUS_HINTS = {
+    400: "the endpoint refused the request (check the model name)",
+    401: "the API key was refused",
+    403: "the API key may not use this model or endpoint",
+    404: "no chat completions endpoint at this URL, or no such model",
+    408: "the endpoint timed out",
+    429: "rate limited or out of quota",
+}
 
 
 def probe(config: ProviderConfig) -> ProbeResult:
@@ -42,35 +56,41 @@ def probe(config: ProviderConfig) -> ProbeResult:
     }
     started = time.monotonic()
     try:
-        response = httpx.post(url, json=body, headers=headers, timeout=config.timeout_seconds)
-    except httpx.HTTPError as exc:
-        return ProbeResult(False, f"{type(exc).__name__} calling {url}: {exc}")
-    elapsed = int((time.monotonic() - started) * 1000)
-    if response.status_code != 200:
-        return ProbeResult(
-            False, f"HTTP {response.status_code} from {url}: {_excerpt(response.text)}"
+        response = httpx.post(
+            url, json=body, headers=headers, timeout=config.timeout_seconds, follow_redirects=False
         )
+    except httpx.TimeoutException as exc:
+        return ProbeResult(
+            False, f"{type(exc).__name__}: no answer within {config.timeout_seconds:g} s"
+        )
+    except httpx.ConnectError:
+        return ProbeResult(False, "ConnectError: cannot connect (nothing listening, DNS or TLS)")
+    except httpx.HTTPError as exc:
+        return ProbeResult(False, f"{type(exc).__name__}: the request failed")
+    elapsed = int((time.monotonic() - started) * 1000)
+    if response.is_redirect:
+        return ProbeResult(False, f"HTTP {response.status_code}: a redirect (not followed)")
+    if response.status_code != 200:
+        hint = STATUS_HINTS.get(response.status_code) or (
+            "the provider failed" if response.status_code >= 500 else "unexpected status"
+        )
+        return ProbeResult(False, f"HTTP {response.status_code}: {hint}")
     try:
         data = response.json()
         data["choices"][0]["message"]["content"]
     except (ValueError, KeyError, IndexError, TypeError):
         return ProbeResult(
-            False,
-            f"{url} did not answer like an OpenAI-compatible chat completion: "
-            f"{_excerpt(response.text)}",
+            False, "HTTP 200: the answer is not an OpenAI-compatible chat completion"
         )
-    model = data.get("model") or config.model
-    usage = data.get("usage") or {}
-    tokens = (
-        f", {usage.get('prompt_tokens', 0)} + {usage.get('completion_tokens', 0)} tokens"
-        if usage
-        else ""
-    )
-    return ProbeResult(True, f"model {model} answered in {elapsed} ms{tokens}")
-
-
-def _excerpt(text: str, limit: int = 300) -> str:
-    with contextlib.suppress(ValueError):
-        text = json.dumps(json.loads(text), ensure_ascii=False)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "…"
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    tokens = ""
+    if usage:
+        try:
+            tokens = (
+                f", {int(usage.get('prompt_tokens', 0))} + "
+                f"{int(usage.get('completion_tokens', 0))} tokens"
+            )
+        except (TypeError, ValueError):
+            tokens = ""
+    # The configured model, not the one the answer names: that text is the endpoint's.
+    return ProbeResult(True, f"model {config.model} answered in {elapsed} ms{tokens}")

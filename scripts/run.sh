@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start AERO at http://127.0.0.1:8000: migrate, load the built-in data, create the demo
-# users, then serve. With DATABASE_URL + REDIS_URL set it runs on PostgreSQL + Redis:
+# users (embedded mode only: production mode never creates them, `manage.py seed_demo`
+# still can), then serve. With DATABASE_URL + REDIS_URL set it runs on PostgreSQL + Redis:
 # gunicorn serves HTTP (AERO_WEB_WORKERS processes x AERO_WEB_THREADS threads, so views
 # run concurrently), daphne serves the WebSockets on AERO_WS_PORT (default port + 1),
 # and AERO_WORKERS django-rq workers (default 1) run the jobs. Embedded mode runs
@@ -31,7 +32,11 @@ else
   $PY manage.py migrate --noinput -v0
 fi
 $PY manage.py load_builtin
-$PY manage.py seed_demo
+if [ -z "${DATABASE_URL:-}" ]; then
+  $PY manage.py seed_demo
+else
+  echo "Production mode: no demo users are created (create an admin: .venv/bin/python manage.py createsuperuser)"
+fi
 $PY manage.py collectstatic --noinput -v0
 
 # Prometheus multi-process files describe processes of this run only: start empty.

@@ -31,6 +31,8 @@ def service_env(db_url: str, redis_url: str, **extra: str) -> dict[str, str]:
             "DATABASE_URL": db_url,
             "REDIS_URL": redis_url,
             "AERO_SECRET_KEY": os.environ["AERO_SECRET_KEY"],
+            "AERO_ENCRYPTION_KEYS": os.environ["AERO_ENCRYPTION_KEYS"],
+            "AERO_HTTPS": "0",
             "AERO_CHANNEL_PREFIX": os.environ["AERO_CHANNEL_PREFIX"],
             "AERO_QUEUE": os.environ["AERO_QUEUE"],
             "AERO_DATA_DIR": str(ROOT / "var" / "test"),

@@ -14,6 +14,10 @@ from urllib.parse import urlsplit
 import psycopg
 
 os.environ.setdefault("AERO_SECRET_KEY", "aero-tests-not-secret")
+# Production mode (DATABASE_URL) needs the encryption keys; a fixed one for the tests.
+os.environ.setdefault("AERO_ENCRYPTION_KEYS", "aero-tests-encryption-key-not-secret")
+# The tests talk plain http to PostgreSQL-mode servers (production mode turns HTTPS on).
+os.environ.setdefault("AERO_HTTPS", "0")
 # Playwright's sync API leaves an event loop in the main thread; the ORM calls around it
 # are still plain synchronous test code.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

@@ -111,7 +111,8 @@ def test_a_working_endpoint(root: Client, endpoint: Endpoint) -> None:
 
     [message] = press_test_connection(root, config)
 
-    assert message.startswith("fake: OK: model fake-1-0613 answered in ")
+    # The configured model: the answer's own "model" text is the endpoint's, not shown.
+    assert message.startswith("fake: OK: model fake-1 answered in ")
     assert message.endswith(" ms, 12 + 1 tokens")
     [request] = endpoint.requests
     assert request["path"] == "/v1/chat/completions"
@@ -125,15 +126,16 @@ def test_a_working_endpoint(root: Client, endpoint: Endpoint) -> None:
     )
 
 
-def test_a_rejected_key_reports_the_endpoints_answer(root: Client, endpoint: Endpoint) -> None:
+def test_a_rejected_key_reports_a_classified_error_never_the_body(
+    root: Client, endpoint: Endpoint
+) -> None:
     endpoint.status = 401
     endpoint.body = json.dumps(
         {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}
     )
 
     assert press_test_connection(root, provider(endpoint.url)) == [
-        f"fake: failed: HTTP 401 from {endpoint.url}/chat/completions: "
-        '{"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}'
+        "fake: failed: HTTP 401: the API key was refused"
     ]
     assert AuditLog.objects.get(action="provider.tested").detail["ok"] is False
 
@@ -143,8 +145,7 @@ def test_nothing_listening(root: Client) -> None:
 
     [message] = press_test_connection(root, provider(url))
 
-    assert message.startswith(f"fake: failed: ConnectError calling {url}/chat/completions: ")
-    assert "refused" in message
+    assert message == "fake: failed: ConnectError: cannot connect (nothing listening, DNS or TLS)"
 
 
 def test_a_slow_endpoint_times_out_after_the_configured_timeout(
@@ -153,7 +154,7 @@ def test_a_slow_endpoint_times_out_after_the_configured_timeout(
     endpoint.hang = True
 
     assert press_test_connection(root, provider(endpoint.url, timeout=0.3)) == [
-        f"fake: failed: ReadTimeout calling {endpoint.url}/chat/completions: timed out"
+        "fake: failed: ReadTimeout: no answer within 0.3 s"
     ]
 
 
@@ -161,8 +162,7 @@ def test_an_endpoint_that_is_not_openai_compatible(root: Client, endpoint: Endpo
     endpoint.body = json.dumps({"status": "healthy"})
 
     assert press_test_connection(root, provider(endpoint.url)) == [
-        f"fake: failed: {endpoint.url}/chat/completions did not answer like an "
-        'OpenAI-compatible chat completion: {"status": "healthy"}'
+        "fake: failed: HTTP 200: the answer is not an OpenAI-compatible chat completion"
     ]
 
 
@@ -176,13 +176,13 @@ def test_the_offline_provider_needs_no_connection(root: Client) -> None:
 def test_the_key_is_encrypted_with_the_environments_key(
     root: Client, endpoint: Endpoint, settings: Settings
 ) -> None:
-    settings.AERO_ENCRYPTION_KEY = "key-one"
+    settings.AERO_ENCRYPTION_KEYS = ["key-one"]
     config = provider(endpoint.url, key="sk-very-secret")
     assert "sk-very-secret" not in config.api_key_encrypted
     page = root.get(f"{CHANGELIST}{config.pk}/change/").content.decode()
     assert "sk-very-secret" not in page and config.api_key_encrypted not in page
 
-    settings.AERO_ENCRYPTION_KEY = "key-two"  # the environment's key changed
+    settings.AERO_ENCRYPTION_KEYS = ["key-two"]  # the environment's key changed
 
     assert press_test_connection(root, config) == [
         "fake: failed: the stored API key: secret cannot be decrypted with the configured key"

@@ -17,7 +17,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -34,6 +34,7 @@ from tenacity import (
     stop_before_delay,
 )
 
+from aero.redact import redact_error
 from diagnosis.agent import prompts
 from diagnosis.agent.extraction import Extraction, detect_language, extract_fields
 from diagnosis.agent.grounding import Claim, ground
@@ -83,7 +84,8 @@ class Provider(Protocol):
 
 class ProviderError(Exception):
     """A failed call, with what the retry policy needs to know. `usage` is what the failed
-    attempt still cost (a reply that came back but could not be used is paid for)."""
+    attempt still cost (a reply that came back but could not be used is paid for). The
+    message is redacted (`secrets` and anything key-shaped)."""
 
     def __init__(
         self,
@@ -92,8 +94,11 @@ class ProviderError(Exception):
         retryable: bool,
         retry_after: float | None = None,
         usage: Usage | None = None,
+        secrets: Iterable[str] = (),
     ) -> None:
-        super().__init__(message)
+        # The text may quote the key (a rejected key often is): only a redacted, bounded
+        # text goes on to the LLM call row, the events, the audit log and logs.
+        super().__init__(redact_error(message, secrets))
         self.retryable = retryable
         self.retry_after = retry_after
         self.usage = usage or Usage()
@@ -236,10 +241,12 @@ def _retry_after(response: Any) -> float | None:
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
-def classify(exc: Exception) -> ProviderError:
-    """An SDK error as a ProviderError: retryable or final, with the server's Retry-After."""
+def classify(exc: Exception, secrets: Iterable[str] = ()) -> ProviderError:
+    """An SDK error as a ProviderError: retryable or final, with the server's Retry-After;
+    its text redacted (`secrets`: the provider's key)."""
     if isinstance(exc, ProviderError):
         return exc
+    secrets = list(secrets)
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         retryable = status in RETRYABLE_STATUSES or status >= 500
@@ -249,15 +256,16 @@ def classify(exc: Exception) -> ProviderError:
             f"HTTP {status}: {detail}",
             retryable=retryable,
             retry_after=_retry_after(exc.response) if retryable else None,
+            secrets=secrets,
         )
     if isinstance(exc, openai.APITimeoutError):
-        return ProviderError("timed out", retryable=True)
+        return ProviderError("timed out", retryable=True, secrets=secrets)
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__ or exc
-        return ProviderError(f"connection failed: {cause}", retryable=True)
+        return ProviderError(f"connection failed: {cause}", retryable=True, secrets=secrets)
     if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError):
-        return ProviderError(f"invalid response: {exc}", retryable=True)
-    return ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
+        return ProviderError(f"invalid response: {exc}", retryable=True, secrets=secrets)
+    return ProviderError(f"{type(exc).__name__}: {exc}", retryable=False, secrets=secrets)
 
 
 class OpenAICompatibleProvider:
@@ -290,7 +298,9 @@ class OpenAICompatibleProvider:
                 [("system", system), ("human", user)], response_format=response_format
             )
         except Exception as exc:
-            raise classify(exc) from exc
+            # from None: the SDK's exception may quote the key; only the redacted text
+            # travels on (tracebacks in logs included).
+            raise classify(exc, [self.config.api_key()]) from None
         meta = getattr(raw, "usage_metadata", None) or {}
         usage = Usage(int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0)))
         usage.cost = self.cost(usage.tokens_in, usage.tokens_out)
@@ -367,7 +377,8 @@ def call_with_fallback[T](
                 try:
                     value, usage = call(provider)
                 except Exception as exc:  # any provider failure degrades to the next one
-                    error = classify(exc)
+                    config = getattr(provider, "config", None)
+                    error = classify(exc, [config.api_key()] if config is not None else [])
                     record(
                         Attempt(
                             provider.name,
@@ -382,7 +393,7 @@ def call_with_fallback[T](
                         )
                     )
                     logger.warning("provider %s failed (%s): %s", provider.name, purpose, error)
-                    raise error from exc
+                    raise error from None
                 record(
                     Attempt(
                         provider.name,

@@ -223,7 +223,7 @@ def ask_model(
     try:
         reply = client_for(provider.config).bind_tools(tools).invoke(messages)
     except Exception as exc:
-        raise classify(exc) from exc
+        raise classify(exc, [provider.config.api_key()]) from None
     assert isinstance(reply, AIMessage)
     meta: dict[str, Any] = dict(reply.usage_metadata or {})
     tokens_in, tokens_out = int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0))

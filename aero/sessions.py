@@ -1,0 +1,44 @@
+"""Sessions that end after a time without use (AERO_SESSION_IDLE_MINUTES).
+
+Django's sessions expire SESSION_COOKIE_AGE after their last save. Saving on every
+request (SESSION_SAVE_EVERY_REQUEST) would make every page one write heavier; instead a
+used session is saved again when its last renewal is at least RENEW_AFTER_SECONDS old,
+so the idle clock is exact to that minute at the cost of one write a minute."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib.auth.signals import user_logged_in
+from django.dispatch import receiver
+from django.http import HttpRequest, HttpResponse
+
+RENEWED_KEY = "_aero_renewed"
+RENEW_AFTER_SECONDS = 60
+
+
+class IdleSessionMiddleware:
+    """Renews (saves) a session this request used, at most once a minute. Inside
+    SessionMiddleware, which saves a modified session with a fresh expiry."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        session = getattr(request, "session", None)
+        # Only a session this request loaded (signed in): never a query of its own.
+        if session is not None and hasattr(session, "_session_cache") and session.session_key:
+            now = int(time.time())
+            if now - int(session.get(RENEWED_KEY, 0)) >= RENEW_AFTER_SECONDS:
+                session[RENEWED_KEY] = now
+        return response
+
+
+@receiver(user_logged_in, dispatch_uid="aero-session-renewed-at-login")
+def renewed_at_login(sender: Any, request: HttpRequest | None, **kwargs: Any) -> None:
+    # Signing in saves the session anyway: the first minute needs no second write.
+    if request is not None and hasattr(request, "session"):
+        request.session[RENEWED_KEY] = int(time.time())
