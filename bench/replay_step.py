@@ -53,11 +53,13 @@ def main() -> None:
     from django.db import transaction
     from django.test import Client
     from django.urls import reverse
+    from django.utils import timezone
 
     from aero.roles import ensure_role_groups
     from approvals.actions import do_decide
     from approvals.models import Approval
     from diagnosis.actions import do_create_session
+    from diagnosis.chain import GENESIS, event_hash, verify_chain
     from diagnosis.models import Event, Session
     from scenarios_admin.builtin import load_builtin_data
     from scenarios_admin.models import Scenario
@@ -91,29 +93,38 @@ def main() -> None:
     started = time.perf_counter()
     seq = 0
     batch: list[Event] = []
+    head = GENESIS
+    Event._meta.get_field("ts").auto_now_add = False  # type: ignore[attr-defined]  # hashed below
     with transaction.atomic():
         while seq < args.events:
             filling = seq < args.events - len(real)
             source = filler[seq % len(filler)] if filling else real[seq - (args.events - len(real))]
             seq += 1
-            batch.append(
-                Event(
-                    session=session,
-                    seq=seq,
-                    type=source.type,
-                    payload=source.payload,
-                    producer=source.producer,
-                    run_id=source.run_id,
-                )
+            event = Event(
+                session=session,
+                seq=seq,
+                type=source.type,
+                payload=source.payload,
+                producer=source.producer,
+                run_id=source.run_id,
+                ts=timezone.now(),
             )
+            event.hash = head = event_hash(head, event)  # a real chain: verify walks it all
+            batch.append(event)
             if len(batch) == 5000:
                 Event.objects.bulk_create(batch)
                 batch = []
         Event.objects.bulk_create(batch)
-        Session.objects.filter(pk=session.pk).update(last_seq=seq)
+        Session.objects.filter(pk=session.pk).update(last_seq=seq, chain_head=head)
     session.refresh_from_db()
     print(f"filled to {session.last_seq} events in {time.perf_counter() - started:.1f} s")
 
+    began = time.perf_counter()
+    report = verify_chain(session.pk)
+    print(
+        f"verify_chain over {report.checked} events: ok={report.ok} "
+        f"in {(time.perf_counter() - began) * 1000:.0f} ms"
+    )
     client = Client()
     client.force_login(auditor)
     url = reverse("replay:replay-step", args=[session.pk])
