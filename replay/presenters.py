@@ -22,8 +22,8 @@ from scenarios_admin.airport import AirportGraph, load_active_graph, load_graph
 from scenarios_admin.models import Topology
 
 CHECKPOINT_EVERY = 1000  # a step folds at most this many events after a cached state
-LIST_BEFORE = 20  # events listed before the current step
-LIST_AFTER = 30  # ... and from it on
+LIST_BEFORE = 10  # events listed before the current step (rendering dominates a step)
+LIST_AFTER = 20  # ... and from it on
 RUN_TREE_ROOTS = 100
 _CHECKPOINT_VERSION = 1
 

@@ -437,7 +437,7 @@ def test_the_step_page_query_count_does_not_grow_with_the_log(
     with django_assert_max_num_queries(15):  # 2 verify the chain
         response = step(client, session, seq=session.last_seq - 10)
     assert response.status_code == 200
-    # 20 before the step, the step and the 10 after it.
+    # LIST_BEFORE before the step, the step and the 10 after it.
     assert len(response.context["events"]) == presenters.LIST_BEFORE + 11
 
 
