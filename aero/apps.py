@@ -6,3 +6,8 @@ from django.apps import AppConfig
 class AeroConfig(AppConfig):
     name = "aero"
     verbose_name = "AERO core"
+
+    def ready(self) -> None:
+        from aero import audit_trail
+
+        audit_trail.connect()

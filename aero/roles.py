@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.contrib.auth.models import AnonymousUser, Group
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 
 ADMIN = "admin"
 OPERATOR = "operator"
@@ -22,6 +23,7 @@ VIEW_SESSIONS = (ADMIN, OPERATOR, APPROVER, AUDITOR)
 RUN_SESSIONS = (ADMIN, OPERATOR)
 DECIDE_APPROVALS = (ADMIN, APPROVER)
 MANAGE_AIRPORT = (ADMIN, OPERATOR)
+READ_AUDIT_LOG = (ADMIN, AUDITOR)
 DELETE_SESSIONS = (ADMIN,)
 
 UserLike = Any  # AbstractBaseUser | AnonymousUser; kept loose for channels' scope["user"]
@@ -50,21 +52,22 @@ def ensure_role_groups() -> None:
         Group.objects.get_or_create(name=name)
 
 
-def role_required(
-    roles: tuple[str, ...],
-) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+View = TypeVar("View", bound=Callable[..., HttpResponseBase])
+
+
+def role_required(roles: tuple[str, ...]) -> Callable[[View], View]:
     """Anonymous users go to the login page; a signed-in user without the role gets 403."""
 
-    def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    def decorator(view: View) -> View:
         @wraps(view)
-        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             if not has_role(request.user, roles):
                 raise PermissionDenied("Your role does not allow this.")
             return view(request, *args, **kwargs)
 
-        return wrapped
+        return cast(View, wrapped)
 
     return decorator
 
@@ -76,5 +79,6 @@ def roles_context(request: HttpRequest) -> dict[str, Any]:
         "can_run": bool(roles & set(RUN_SESSIONS)),
         "can_decide": bool(roles & set(DECIDE_APPROVALS)),
         "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
+        "can_read_audit": bool(roles & set(READ_AUDIT_LOG)),
         "can_view_history": bool(roles & set(VIEW_SESSIONS)),
     }

@@ -15,15 +15,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from aero.models import audit
+from aero.text import MAX_NOTE, MAX_REASON
 from approvals.models import (
     Approval,
     ApprovalStatus,
     ManualTodo,
     action_digest_of,
-    state_digest_of,
+    state_digest_for,
 )
 from approvals.push import notify_queue
-from diagnosis.actions import ActionError, do_apply_decision
+from diagnosis.actions import ActionError, checked_text, do_apply_decision
 from diagnosis.events import append_event, lock_session
 
 APPROVE = "approve"
@@ -38,13 +39,15 @@ def do_decide(
     decision: str,
     reason: str = "",
     *,
-    digest: str | None = None,
+    digest: str,
     producer: str = "web",
 ) -> Approval:
     """Record one decision step. Locks the session row, then the approval row, so double
     clicks and concurrent approvers produce exactly one recorded decision per step: the
-    step must match the approval's state (a second "approve" is not a confirmation)."""
-    reason = (reason or "").strip()
+    step must match the approval's state (a second "approve" is not a confirmation).
+    `digest` is the request the decider was shown; a missing one is refused, never
+    skipped."""
+    reason = checked_text(reason, limit=MAX_REASON, what="reason")
     if decision not in DECISIONS:
         raise ActionError("Unknown decision: choose approve, confirm or reject.")
     with transaction.atomic():
@@ -91,24 +94,32 @@ def do_decide(
 
 
 def _check_still_valid(approval: Approval, session: Any, digest: str | None) -> None:
+    if not digest:
+        raise ActionError(
+            "This decision does not say which request it is for (no digest); "
+            "reload and decide again."
+        )
     if not approval.is_open:
         raise ActionError(
             f"This action was already {approval.get_status_display().lower()}; "
             "your decision was not recorded."
         )
-    if session.is_ended:
+    # A lift request outlives the session that closed the runway or taxiway.
+    if session.is_ended and not approval.is_lift:
         raise ActionError(
             f"The session is {session.get_status_display().lower()}; "
             "nothing can be decided in it any more."
         )
     if action_digest_of(approval.tool_call) != approval.action_digest:
         raise ActionError("The action's arguments changed after it was requested; refused.")
-    if state_digest_of(session) != approval.state_digest:
+    if state_digest_for(approval.tool_call, session) != approval.state_digest:
+        if approval.is_lift:
+            raise ActionError("The restriction is no longer in force; nothing to lift.")
         raise ActionError(
             "The session's state moved on since this was requested "
             "(fields, risk or impact changed); refused."
         )
-    if digest is not None and digest != approval.digest:
+    if digest != approval.digest:
         raise ActionError("This request is not the one you were shown; reload and decide again.")
 
 
@@ -120,6 +131,10 @@ def _check_approver(approval: Approval, session: Any, user: Any, decision: str) 
         raise ActionError("This action is already approved once; confirm it explicitly.")
     if decision == APPROVE and two_steps is False and approval.status != ApprovalStatus.PENDING:
         raise ActionError("This action is not pending.")
+    if approval.is_lift and approval.tool_call.request_payload.get("requested_by") == (
+        user.get_username()
+    ):
+        raise ActionError("You requested this lift: another approver must decide it.")
     if settings.AERO_TWO_PERSON_RULE and approval.risk_class in ("R2", "R3"):
         if user.pk == session.created_by_id:
             raise ActionError(
@@ -135,10 +150,11 @@ def _finish(approval: Approval, user: Any, status: str, reason: str, producer: s
     approval.reason = reason
     approval.decided_at = timezone.now()
     approval.save(update_fields=["status", "approver", "reason", "decided_at"])
+    # Audited first: executing checks that the decision it runs on was audited.
+    _audit_and_notify(f"approval.{status}", approval, user, reason)
     do_apply_decision(
         approval.tool_call_id, user, status, reason, producer=producer, at=approval.decided_at
     )
-    _audit_and_notify(f"approval.{status}", approval, user, reason)
     return approval
 
 
@@ -224,9 +240,9 @@ def do_timeout(approval_id: int) -> bool:
 
 def do_resolve_todo(todo_id: int, user: Any, note: str) -> ManualTodo:
     """Locks the to-do row."""
-    note = (note or "").strip()
-    if not note:
-        raise ActionError("Say what was done (a note is required).")
+    note = checked_text(
+        note, limit=MAX_NOTE, what="note", required="Say what was done (a note is required)."
+    )
     with transaction.atomic():
         todo = ManualTodo.objects.select_for_update().get(pk=todo_id)
         if todo.resolved_at is not None:

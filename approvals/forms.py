@@ -2,10 +2,13 @@ from __future__ import annotations
 
 from django import forms
 
+from aero.text import MAX_NOTE, LimitedTextField
+
 
 class ResolveTodoForm(forms.Form):
-    note = forms.CharField(
-        max_length=2000,
+    note = LimitedTextField(
+        what="note",
+        max_length=MAX_NOTE,
         strip=True,
         error_messages={"required": "Say what was done (a note is required)."},
     )

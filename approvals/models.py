@@ -10,7 +10,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from diagnosis.models import Session, ToolCall
+from diagnosis.models import Restriction, Session, ToolCall
+from scenarios_admin.definition import LIFT_TOOL
 
 
 class ApprovalStatus(models.TextChoices):
@@ -42,6 +43,27 @@ def state_digest_of(session: Session) -> str:
             "impact": snapshot.get("impact"),
         }
     )
+
+
+def lift_state_digest(tool_call: ToolCall) -> str:
+    """What a lift request is about: the restriction, in force. The session that put it
+    in force may have ended long ago; its fields do not matter to the lift."""
+    pk = tool_call.request_payload.get("restriction")
+    restriction = Restriction.objects.filter(pk=pk).first()
+    return _sha(
+        {
+            "restriction": restriction.pk if restriction else None,
+            "kind": restriction.kind if restriction else None,
+            "target": restriction.target if restriction else None,
+            "in_force": restriction is not None and restriction.is_active,
+        }
+    )
+
+
+def state_digest_for(tool_call: ToolCall, session: Session) -> str:
+    if tool_call.tool_name == LIFT_TOOL:
+        return lift_state_digest(tool_call)
+    return state_digest_of(session)
 
 
 def action_digest_of(tool_call: ToolCall) -> str:
@@ -127,6 +149,10 @@ class Approval(models.Model):
     @staticmethod
     def digest_for(tool_call: ToolCall, state_digest: str) -> str:
         return _sha({"action": action_digest_of(tool_call), "state": state_digest})
+
+    @property
+    def is_lift(self) -> bool:
+        return self.action_name == LIFT_TOOL
 
     @staticmethod
     def deadline_for(risk_class: str) -> Any:

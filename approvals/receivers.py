@@ -5,18 +5,19 @@ from typing import Any
 from django.dispatch import receiver
 from django.utils import timezone
 
-from approvals.models import Approval, ApprovalStatus, action_digest_of, state_digest_of
+from approvals.models import Approval, ApprovalStatus, action_digest_of, state_digest_for
 from approvals.push import notify_queue
 from diagnosis.actions import do_apply_decision
 from diagnosis.models import Session, ToolCall
-from diagnosis.signals import approval_required, session_closing
+from diagnosis.signals import approval_required, execution_check, session_closing
+from scenarios_admin.definition import LIFT_TOOL
 
 
 @receiver(approval_required)
 def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str, Any]:
     """Open the approval; what it was opened with goes into the `approval.required`
     event (the sender logs it in the same transaction)."""
-    state = state_digest_of(tool_call.session)
+    state = state_digest_for(tool_call, tool_call.session)
     approval, created = Approval.objects.get_or_create(
         tool_call=tool_call,
         defaults={
@@ -26,7 +27,11 @@ def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str
             "action_digest": action_digest_of(tool_call),
             "state_digest": state,
             "digest": Approval.digest_for(tool_call, state),
-            "deadline": Approval.deadline_for(tool_call.risk_class),
+            # A lift request never times out: the closure staying in force is the safe
+            # state, and a timeout's manual to-do would invite an unapproved lift.
+            "deadline": None
+            if tool_call.tool_name == LIFT_TOOL
+            else Approval.deadline_for(tool_call.risk_class),
         },
     )
     if created:
@@ -36,6 +41,15 @@ def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str
         "digest": approval.digest,
         "deadline": approval.deadline.isoformat() if approval.deadline else None,
     }
+
+
+@receiver(execution_check)
+def check_decision(sender: Any, tool_call: ToolCall, **kwargs: Any) -> list[str]:
+    """Defence in depth at execution time: what must be true of the decision behind
+    an approved call, whatever its row says."""
+    from approvals.policy import decision_problems
+
+    return decision_problems(tool_call)
 
 
 @receiver(session_closing)

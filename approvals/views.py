@@ -38,7 +38,7 @@ def approval_decide(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
             request.user,
             request.POST.get("decision", ""),
             request.POST.get("reason", ""),
-            digest=request.POST.get("digest"),
+            digest=request.POST.get("digest", ""),
         )
     except ActionError as exc:
         error = str(exc)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django import forms
 
-from diagnosis.actions import MAX_MESSAGE, MAX_REASON
+from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, LimitedTextField
 from scenarios_admin.models import Scenario
 
 
@@ -11,7 +11,8 @@ class NewSessionForm(forms.Form):
         queryset=Scenario.objects.filter(is_active=True, versions__isnull=False).distinct(),
         empty_label=None,
     )
-    message = forms.CharField(
+    message = LimitedTextField(
+        what="message",
         widget=forms.Textarea(
             attrs={
                 "rows": 4,
@@ -28,7 +29,8 @@ class NewSessionForm(forms.Form):
 
 
 class AnswerForm(forms.Form):
-    message = forms.CharField(
+    message = LimitedTextField(
+        what="answer",
         max_length=MAX_MESSAGE,
         strip=True,
         error_messages={"required": "Please type an answer: the message is empty."},
@@ -36,8 +38,9 @@ class AnswerForm(forms.Form):
 
 
 class LiftForm(forms.Form):
-    note = forms.CharField(
-        max_length=300,
+    note = LimitedTextField(
+        what="note",
+        max_length=MAX_LIFT_NOTE,
         strip=True,
         error_messages={"required": "Say why the restriction is lifted (a note is required)."},
     )

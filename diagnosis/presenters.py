@@ -8,9 +8,10 @@ from typing import Any
 from django.conf import settings
 
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, has_role
-from diagnosis.models import Event, Report, Restriction, Session, ToolCall
+from diagnosis.models import Event, Report, Restriction, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
+from scenarios_admin.definition import LIFT_TOOL
 
 TIMELINE_PAGE = 200  # rendering dominates: ~20 ms for 200 rows on this machine
 
@@ -34,6 +35,7 @@ PANELS_BY_EVENT = {
     "agent.note": set(),
     "tool.call_completed": {"session-actions", "session-facts"},
     "tool.call_failed": {"session-actions"},
+    "tool.call_refused": {"session-actions"},
     "report.ready": {"session-report", "session-status"},
 }
 
@@ -143,12 +145,17 @@ def impact_map(
 
 
 def airport_board(
-    graph: AirportGraph, active: list[Restriction]
+    graph: AirportGraph,
+    active: list[Restriction],
+    pending: dict[int, dict[str, Any]] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every runway, taxiway and stand with the restrictions in force on it."""
-    by_target: dict[tuple[str, str], list[Restriction]] = {}
+    """Every runway, taxiway and stand with the restrictions in force on it, each with
+    its lift request waiting for an approver (if any)."""
+    by_target: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for restriction in active:
-        by_target.setdefault((restriction.kind, restriction.target), []).append(restriction)
+        by_target.setdefault((restriction.kind, restriction.target), []).append(
+            {"r": restriction, "pending_lift": (pending or {}).get(restriction.pk)}
+        )
     taxiways = sorted({n.taxiway for n in graph.nodes.values() if n.taxiway})
     stands = natural_sorted([n.node_id for n in graph.nodes.values() if n.kind == "stand"])
     flights_by_stand = {f.stand: f.flight_no for f in graph.flights.values()}
@@ -167,6 +174,15 @@ def airport_board(
         "runways": rows(Restriction.Kind.RUNWAY, sorted(graph.runways)),
         "taxiways": rows(Restriction.Kind.TAXIWAY, taxiways),
         "stands": rows(Restriction.Kind.STAND, stands),
+    }
+
+
+def pending_lifts() -> dict[int, dict[str, Any]]:
+    """Lift requests waiting for an approver, by restriction id."""
+    calls = ToolCall.objects.filter(tool_name=LIFT_TOOL, status=ToolCallStatus.AWAITING_APPROVAL)
+    return {
+        call.request_payload["restriction"]: call.request_payload
+        for call in calls.only("request_payload")
     }
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import markdown as md
+import nh3
 from django.db import transaction
 from django.template import Context, Engine
 from django.utils import timezone
@@ -127,9 +129,12 @@ def render_report(
         "enrichment": state.get("enrichment") or {},
         "actions": action_rows(session_id, language),
     }
-    # Markdown, not HTML: no autoescaping here; the HTML view strips raw HTML instead.
-    template = Engine(autoescape=False).from_string(definition["report_template"][language])
-    text = template.render(Context(context)).strip() + "\n"
+    # Markdown, not HTML: the engine's autoescaping is pointed at Markdown instead (every
+    # string in the context is an MdText, whose __html__ is md_cell), so user and model
+    # text can neither break a table nor become a link; the template's own text is as
+    # the scenario author wrote it.
+    template = Engine(autoescape=True).from_string(definition["report_template"][language])
+    text = template.render(Context(as_markdown_text(context))).strip() + "\n"
     if preface and text.startswith("#"):
         title, _, rest = text.partition("\n")
         text = f"{title}\n\n{preface.strip()}\n{rest}"
@@ -175,10 +180,103 @@ def write_report(
     return str(event.payload["markdown"])
 
 
+# --- Markdown escaping ---------------------------------------------------------------
+# Characters Python-Markdown (with the tables extension) gives a meaning inline and lets
+# a backslash escape. "(" and ")" need none once "[" and "]" are escaped: no link starts;
+# "_" inside a word never makes emphasis (lookup_flight_plan stays readable).
+_MD_SPECIAL = re.compile(r"([\\`*\[\]|#!{}>]|(?<![^\W_])_|_(?![^\W_]))")
+# "<" has no backslash escape in Python-Markdown: the entity shows it as typed and no
+# autolink or tag can start.
+_MD_LT = re.compile(r"<")
+# At the start of a line these make lists or setext headings; the value may start one.
+_MD_LINE_START = re.compile(r"^(\s*|\s*\d+)([-+]|(?<=\d)[.)])")
+_MD_SETEXT = re.compile(r"^(\s*)=")
+# An entity reference would display as the character it names, not as typed.
+_MD_ENTITY = re.compile(r"&(?=#?\w+;)")
+# Bidirectional controls would reorder the text around the value (an RTL override turns
+# "gnp.exe" into "exe.png"): shown as their code point instead, so nothing is lost.
+_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def md_escape(text: Any) -> str:
+    """User or model text made literal for inline Markdown: what was typed is what shows.
+    Newlines stay newlines (a reason may have paragraphs) but each line is escaped."""
+    lines = str(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "\n".join(_escape_line(line) for line in lines)
+
+
+def md_cell(text: Any) -> str:
+    """User or model text made literal inside one Markdown table cell (or one list item):
+    line breaks become spaces, so the value cannot end the row or start a block."""
+    return _escape_line(str(text).replace("\r\n", " ").replace("\r", " ").replace("\n", " "))
+
+
+def _escape_line(line: str) -> str:
+    line = line.replace("\x00", "\ufffd")
+    line = _BIDI_CONTROLS.sub(lambda m: f"[U+{ord(m.group()):04X}]", line)
+    line = _MD_ENTITY.sub("&amp;", line)
+    line = _MD_SPECIAL.sub(r"\\\1", line)
+    line = _MD_LT.sub("&lt;", line)
+    line = _MD_SETEXT.sub(r"\1&#61;", line)
+    return _MD_LINE_START.sub(r"\1\\\2", line)
+
+
+class MdText(str):
+    """A context string that Django's autoescaping renders Markdown-escaped (md_cell):
+    comparisons in the report template ({% if x == "y" %}) still see the raw value."""
+
+    def __html__(self) -> str:
+        return md_cell(self)
+
+
+def as_markdown_text(value: Any) -> Any:
+    """Every string in a report context (nested dicts and lists too) wrapped as MdText."""
+    if isinstance(value, str):
+        return MdText(value)
+    if isinstance(value, dict):
+        return {k: as_markdown_text(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_markdown_text(v) for v in value]
+    return value
+
+
+# --- Markdown to HTML ----------------------------------------------------------------
+# What a report may contain once rendered: Python-Markdown's output for the syntax we
+# use (headings, lists, tables, emphasis, code, links), nothing that runs or loads.
+ALLOWED_TAGS = {
+    "a", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6",
+    "hr", "li", "ol", "p", "pre", "strong", "table", "tbody", "td", "th", "thead", "tr",
+    "ul",
+}  # fmt: skip
+ALLOWED_ATTRIBUTES = {
+    "a": {"href", "title"},
+    "td": {"align"},
+    "th": {"align"},
+    "ol": {"start"},
+}
+# No javascript:, data: or vbscript:; relative links (no scheme) stay allowed.
+ALLOWED_URL_SCHEMES = {"http", "https", "mailto"}
+
+
+def sanitize_html(html: str) -> str:
+    """nh3 (ammonia) with the lists above: any other tag is dropped (script and style with
+    their content), event attributes and style never pass, links get rel=noopener."""
+    return nh3.clean(
+        html,
+        tags=ALLOWED_TAGS,
+        attributes=ALLOWED_ATTRIBUTES,
+        url_schemes=ALLOWED_URL_SCHEMES,
+        link_rel="noopener noreferrer nofollow",
+        strip_comments=True,
+    )
+
+
 def markdown_to_html(text: str) -> str:
-    """Render report Markdown for the page. Raw HTML in the Markdown (user text included)
-    is escaped, not passed through."""
+    """Render report Markdown for the page: raw HTML in it is shown as text (not passed
+    through), and the result is sanitised with nh3 whatever the Markdown produced, so a
+    scenario template or an escaping slip still cannot put a script or a javascript:
+    link on the page."""
     renderer = md.Markdown(extensions=["tables"])
     renderer.preprocessors.deregister("html_block")
     renderer.inlinePatterns.deregister("html")
-    return renderer.convert(text)
+    return sanitize_html(renderer.convert(text))

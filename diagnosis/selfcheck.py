@@ -14,6 +14,7 @@ from typing import Any
 from diagnosis.agent import policy
 from diagnosis.agent.providers import OfflineProvider
 from scenarios_admin.airport import AirportGraph, load_active_graph
+from scenarios_admin.definition import below_floor, floor_message
 
 NOT_KNOWN = "(not recognised)"
 
@@ -96,7 +97,16 @@ def _show(value: Any) -> str:
 
 
 def publish_check(sender: Any, definition: dict[str, Any], **kwargs: Any) -> list[str]:
-    """Receiver of scenarios_admin.signals.publish_check: one line per failing case."""
+    """Receiver of scenarios_admin.signals.publish_check: one line per action below its
+    risk floor (validation refuses those too: publishing never trusts one check alone),
+    then one line per failing case."""
+    floors = [
+        f"actions[{i}].risk_class: {floor_message(a['tool'], a['risk_class'])}"
+        for i, a in enumerate(definition.get("actions", []))
+        if below_floor(a["tool"], a["risk_class"])
+    ]
+    if floors:
+        return floors
     examples = definition.get("examples", [])
     if not examples:
         return ["no example cases: add at least one (publishing runs them as a self-check)"]

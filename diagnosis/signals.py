@@ -13,5 +13,9 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 approval_required = Signal()  # sender=ToolCall, tool_call=ToolCall
+
+# Sent (inside the executing transaction, the call row locked) before an approved call
+# runs; receivers return a list of reasons it must not run. No receiver: nothing runs.
+execution_check = Signal()  # sender=ToolCall, tool_call=ToolCall
 # sender=Session, session=Session, user=User, reason=str
 session_closing = Signal()

@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from aero.http import HtmxHttpRequest
+from aero.models import audit
 from aero.roles import (
     DELETE_SESSIONS,
     MANAGE_AIRPORT,
@@ -212,6 +213,13 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     report = Report.objects.filter(session=session).first()
     if report is None:
         raise Http404("This session has no report yet.")
+    audit(
+        "report.exported",
+        obj=report,
+        actor=request.user,
+        session_id=session.pk,
+        detail={"format": "markdown", "characters": len(report.markdown)},
+    )
     response = HttpResponse(report.markdown, content_type="text/markdown; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="aero-report-{session.pk}.md"'
     return response
@@ -231,7 +239,7 @@ def airport_board(request: HtmxHttpRequest) -> HttpResponse:
         request,
         "diagnosis/airport_board.html",
         {
-            "board": presenters.airport_board(graph, active),
+            "board": presenters.airport_board(graph, active, presenters.pending_lifts()),
             "map": presenters.impact_map(graph, None, active),
             "recently_lifted": lifted,
             "form": LiftForm(),
@@ -249,9 +257,13 @@ def restriction_lift(request: HtmxHttpRequest, restriction_id: int) -> HttpRespo
         messages.error(request, str(form.errors["note"][0]))
         return redirect("diagnosis:airport-board")
     try:
-        actions.do_lift_restriction(restriction.pk, request.user, form.cleaned_data["note"])
+        actions.do_request_lift(restriction.pk, request.user, form.cleaned_data["note"])
     except actions.ActionError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"{restriction} lifted.")
+        messages.success(
+            request,
+            f"Lift of {restriction} requested: it stays in force until an approver "
+            "approves and confirms the lift (R2).",
+        )
     return redirect("diagnosis:airport-board")

@@ -422,6 +422,12 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
             return HttpResponseRedirect(
                 reverse("admin:scenarios_admin_scenario_change", args=[scenario.pk])
             )
+        audit(
+            "scenario.exported",
+            obj=scenario,
+            actor=request.user,
+            detail={"version": version or "", "draft": "draft" in request.GET},
+        )
         return yaml_response({f"{scenario.slug}.yaml": text})
 
     @admin.action(description="Export selected scenarios as YAML", permissions=["view"])
@@ -435,6 +441,8 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
             except ScenarioError as exc:
                 self.message_user(request, f"{scenario.slug}: {exc.message}", messages.ERROR)
                 return HttpResponseRedirect(request.get_full_path())
+        for scenario in queryset:
+            audit("scenario.exported", obj=scenario, actor=request.user, detail={"bulk": True})
         return yaml_response(files)
 
     def import_view(self, request: HttpRequest) -> HttpResponse:

@@ -109,15 +109,28 @@ class CheckedInlineFormSet(BaseInlineFormSet):
 # --- scenario draft -----------------------------------------------------------------------
 
 
+# Longest text a draft field takes (a report template is about 3,000 characters): over
+# it the save is refused with the field named, never cut.
+MAX_DRAFT_TEXT = 20_000
+
+
 class DraftForm(forms.ModelForm[Any]):
     """Browsers submit textarea line breaks as CRLF; the draft keeps LF, so saving a page
-    without changes leaves the draft exactly as it was."""
+    without changes leaves the draft exactly as it was. Text columns (TextField) have no
+    length of their own: MAX_DRAFT_TEXT bounds them."""
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        for name, value in cleaned.items():
+        for name, value in list(cleaned.items()):
             if isinstance(value, str):
-                cleaned[name] = value.replace("\r\n", "\n")
+                value = value.replace("\r\n", "\n")
+                cleaned[name] = value
+                if len(value) > MAX_DRAFT_TEXT:
+                    self.add_error(
+                        name,
+                        f"Too long ({len(value):,} characters, at most {MAX_DRAFT_TEXT:,}); "
+                        "nothing was saved.",
+                    )
         return cleaned
 
 

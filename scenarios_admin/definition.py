@@ -44,6 +44,48 @@ ACTION_TOOLS: dict[str, tuple[str, ...]] = {
     "tow_aircraft": ("flight_no", "position"),
 }
 
+# The lowest risk class each action may run with, whatever a scenario says: scenario
+# data may raise a class (more approval), never lower it. Validation and publish refuse a
+# lower class and the runtime raises it again (for versions published before a floor).
+# `lift_restriction` is no scenario tool: it lifts a closure an action put in force.
+LIFT_TOOL = "lift_restriction"
+RISK_FLOORS: dict[str, str] = {
+    "notify_atc": "R0",
+    "dispatch_cleanup_crew": "R1",
+    "request_fire_standby": "R1",
+    "runway_inspection": "R1",
+    "fod_sweep": "R1",
+    "tow_aircraft": "R1",
+    "suspend_stand_operations": "R2",
+    "close_taxiway": "R2",
+    "close_runway": "R3",
+    LIFT_TOOL: "R2",
+}
+
+
+def risk_floor(tool: str) -> str:
+    """An unknown tool gets the highest class: the policy fails closed."""
+    return RISK_FLOORS.get(tool, RISK_CLASSES[-1])
+
+
+def below_floor(tool: str, risk_class: str) -> bool:
+    if risk_class not in RISK_CLASSES:
+        return True
+    return RISK_CLASSES.index(risk_class) < RISK_CLASSES.index(risk_floor(tool))
+
+
+def effective_risk_class(tool: str, declared: str) -> str:
+    """The declared class, raised to the tool's floor."""
+    return risk_floor(tool) if below_floor(tool, declared) else declared
+
+
+def floor_message(tool: str, declared: str) -> str:
+    return (
+        f"{tool} needs at least {risk_floor(tool)} (its floor in code), not {declared}: "
+        "a scenario may raise an action's risk class, never lower it"
+    )
+
+
 Lookup = Callable[[str], tuple[bool, Any]]
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)*)\}")
 
@@ -590,6 +632,8 @@ class _Checker:
                 tools.add(tool)
             if action.get("risk_class") not in RISK_CLASSES:
                 self.add(f"{path}.risk_class", f"{action.get('risk_class')!r} is not one of R0-R3")
+            elif _known(tool, ACTION_TOOLS) and below_floor(tool, action["risk_class"]):
+                self.add(f"{path}.risk_class", floor_message(tool, action["risk_class"]))
             self.when(action.get("when", {}), f"{path}.when", allow_level=True, allow_impact=True)
             for_each = action.get("for_each")
             if for_each is not None and for_each not in [f"impact.{n}" for n in IMPACT_LISTS]:

@@ -209,11 +209,48 @@ def _example(example: dict[str, Any], order: list[str]) -> dict[str, Any]:
 
 # --- reading --------------------------------------------------------------------------
 
+# A scenario file is about 10 KB; anything far larger is a mistake or an attack.
+MAX_FILE_CHARS = 512 * 1024
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors and aliases. A scenario never needs them, and a few
+    hundred bytes of nested aliases ("billion laughs") expand to gigabytes when loaded or
+    walked; refusing them at the first one bounds the work by the file's size."""
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            kind = "aliases" if isinstance(event, yaml.AliasEvent) else "anchors"
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"YAML {kind} (&name, *name) are not allowed in scenario files; "
+                "write the values out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
 
 def load_yaml(text: str) -> tuple[Any, list[LocatedIssue]]:
-    """The document and, if it cannot be read, why (with the line)."""
+    """The document and, if it cannot be read, why (with the line). Anchors and aliases
+    are refused, and so are files over MAX_FILE_CHARS and nesting deeper than Python's
+    recursion limit (PyYAML composes recursively)."""
+    if len(text) > MAX_FILE_CHARS:
+        return None, [
+            LocatedIssue(
+                None,
+                "(file)",
+                f"the file is too large ({len(text):,} characters, at most {MAX_FILE_CHARS:,})",
+            )
+        ]
+    if "\x00" in text:
+        nul_line = text.count("\n", 0, text.index("\x00")) + 1
+        return None, [LocatedIssue(nul_line, "(file)", "the file contains a NUL character")]
     try:
-        return yaml.safe_load(text), []
+        return yaml.load(text, Loader=_NoAliasLoader), []
+    except RecursionError:
+        return None, [LocatedIssue(None, "(file)", "not valid YAML: nested too deeply")]
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -228,8 +265,10 @@ def line_index(text: str) -> dict[str, int]:
     """Path ("risk_rules[3].when.fluid") -> line number, for every key and list item."""
     lines: dict[str, int] = {}
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
+        # Never walk an alias: the same loader as load_yaml (a shared node would be walked
+        # once per reference, which is how a small file took 26 s and 1.3 GB).
+        root = yaml.compose(text, Loader=_NoAliasLoader)
+    except (yaml.YAMLError, RecursionError):
         return lines
 
     def walk(node: yaml.Node, path: str) -> None:

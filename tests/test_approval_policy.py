@@ -33,7 +33,7 @@ def decide_all(session: Session, user: User, reason: str = "ok") -> None:
     for item in Approval.objects.filter(session=session).open():
         while item.is_open:
             step = CONFIRM if item.status == "confirming" else APPROVE
-            item = do_decide(item.pk, user, step, reason)
+            item = do_decide(item.pk, user, step, reason, digest=item.digest)
 
 
 def test_r0_runs_at_once_and_r1_needs_one_approval(people: dict[str, User]) -> None:
@@ -44,7 +44,7 @@ def test_r0_runs_at_once_and_r1_needs_one_approval(people: dict[str, User]) -> N
 
     crew = approval(session, "dispatch_cleanup_crew")
     assert ToolCall.objects.get(pk=crew.tool_call_id).status == "awaiting_approval"
-    crew = do_decide(crew.pk, people["abel"], APPROVE)
+    crew = do_decide(crew.pk, people["abel"], APPROVE, digest=crew.digest)
     assert crew.status == "approved"
     assert ToolCall.objects.get(pk=crew.tool_call_id).status == "completed"  # executed on resume
     entry = AuditLog.objects.get(action="approval.approved", object_id=str(crew.pk))
@@ -56,17 +56,19 @@ def test_r2_needs_a_separate_confirmation(people: dict[str, User]) -> None:
     session = waiting_session(people["olga"])
     closure = approval(session, "close_taxiway", taxiway="A")
     with pytest.raises(ActionError, match="nothing to confirm"):
-        do_decide(closure.pk, people["abel"], CONFIRM)
+        do_decide(closure.pk, people["abel"], CONFIRM, digest=closure.digest)
 
-    closure = do_decide(closure.pk, people["abel"], APPROVE)
+    closure = do_decide(closure.pk, people["abel"], APPROVE, digest=closure.digest)
     assert closure.status == "confirming"
     assert ToolCall.objects.get(pk=closure.tool_call_id).status == "awaiting_approval"
     assert not Restriction.objects.exists()  # nothing runs on the first approval
     # A second "approve" (a double click) is not a confirmation.
     with pytest.raises(ActionError, match="confirm it explicitly"):
-        do_decide(closure.pk, people["abel"], APPROVE)
+        do_decide(closure.pk, people["abel"], APPROVE, digest=closure.digest)
 
-    closure = do_decide(closure.pk, people["abel"], CONFIRM)  # same approver: allowed by default
+    closure = do_decide(
+        closure.pk, people["abel"], CONFIRM, digest=closure.digest
+    )  # same approver: allowed by default
     assert closure.status == "approved"
     assert list(Restriction.objects.values_list("kind", "target")) == [("taxiway", "A")]
     assert Event.objects.filter(session=session, type="approval.first_approved").count() == 1
@@ -77,10 +79,14 @@ def test_r3_needs_a_written_reason(people: dict[str, User]) -> None:
     runway = approval(session, "close_runway", runway="06/24")
     assert runway.risk_class == "R3"
     with pytest.raises(ActionError, match="written reason"):
-        do_decide(runway.pk, people["abel"], APPROVE)
+        do_decide(runway.pk, people["abel"], APPROVE, digest=runway.digest)
     assert Approval.objects.get(pk=runway.pk).status == "pending"
     runway = do_decide(
-        runway.pk, people["abel"], APPROVE, "fuel on the runway exit, confirmed by tower"
+        runway.pk,
+        people["abel"],
+        APPROVE,
+        "fuel on the runway exit, confirmed by tower",
+        digest=runway.digest,
     )
     assert runway.status == "approved"
     assert Restriction.objects.filter(
@@ -92,8 +98,10 @@ def test_rejection_needs_a_reason_and_the_agent_carries_on(people: dict[str, Use
     session = waiting_session(people["olga"])
     closure = approval(session, "close_taxiway", taxiway="B")
     with pytest.raises(ActionError, match="rejection needs a reason"):
-        do_decide(closure.pk, people["abel"], REJECT)
-    do_decide(closure.pk, people["abel"], REJECT, "taxiway B is upwind and dry")
+        do_decide(closure.pk, people["abel"], REJECT, digest=closure.digest)
+    do_decide(
+        closure.pk, people["abel"], REJECT, "taxiway B is upwind and dry", digest=closure.digest
+    )
     assert ToolCall.objects.get(pk=closure.tool_call_id).status == "rejected"
     note = Event.objects.get(session=session, type="agent.note")
     assert "close_taxiway" in note.payload["text"] and "upwind and dry" in note.payload["text"]
@@ -110,25 +118,30 @@ def test_two_person_rule(people: dict[str, User], settings: Any) -> None:
     session = waiting_session(people["max"])  # max created it and is also an approver
     stand = approval(session, "suspend_stand_operations")
     with pytest.raises(ActionError, match="creator cannot approve"):
-        do_decide(stand.pk, people["max"], APPROVE)
+        do_decide(stand.pk, people["max"], APPROVE, digest=stand.digest)
     crew = approval(session, "dispatch_cleanup_crew")
-    assert do_decide(crew.pk, people["max"], APPROVE).status == "approved"  # R1: no rule
+    assert (
+        do_decide(crew.pk, people["max"], APPROVE, digest=crew.digest).status == "approved"
+    )  # R1: no rule
 
-    stand = do_decide(stand.pk, people["abel"], APPROVE)
+    stand = do_decide(stand.pk, people["abel"], APPROVE, digest=stand.digest)
     with pytest.raises(ActionError, match="different approver"):
-        do_decide(stand.pk, people["abel"], CONFIRM)
-    assert do_decide(stand.pk, people["bea"], CONFIRM).status == "approved"
+        do_decide(stand.pk, people["abel"], CONFIRM, digest=stand.digest)
+    assert do_decide(stand.pk, people["bea"], CONFIRM, digest=stand.digest).status == "approved"
 
 
 def test_two_person_rule_makes_r3_two_steps(people: dict[str, User], settings: Any) -> None:
     settings.AERO_TWO_PERSON_RULE = True
     session = waiting_session(people["olga"], TAXIWAY_FUEL_LEAK)
     runway = approval(session, "close_runway", runway="06/24")
-    runway = do_decide(runway.pk, people["abel"], APPROVE)
+    runway = do_decide(runway.pk, people["abel"], APPROVE, digest=runway.digest)
     assert runway.status == "confirming"
     with pytest.raises(ActionError, match="written reason"):
-        do_decide(runway.pk, people["bea"], CONFIRM)
-    assert do_decide(runway.pk, people["bea"], CONFIRM, "tower agrees").status == "approved"
+        do_decide(runway.pk, people["bea"], CONFIRM, digest=runway.digest)
+    assert (
+        do_decide(runway.pk, people["bea"], CONFIRM, "tower agrees", digest=runway.digest).status
+        == "approved"
+    )
 
 
 def test_stale_requests_are_refused(people: dict[str, User]) -> None:
@@ -139,14 +152,14 @@ def test_stale_requests_are_refused(people: dict[str, User]) -> None:
 
     ToolCall.objects.filter(pk=crew.tool_call_id).update(request_payload={"position": "106"})
     with pytest.raises(ActionError, match="arguments changed"):
-        do_decide(crew.pk, people["abel"], APPROVE)
+        do_decide(crew.pk, people["abel"], APPROVE, digest=crew.digest)
 
     fire = approval(session, "request_fire_standby")
     snapshot = session.snapshot
     snapshot["risk"]["level"] = "LOW"
     Session.objects.filter(pk=session.pk).update(snapshot=snapshot)
     with pytest.raises(ActionError, match="state moved on"):
-        do_decide(fire.pk, people["abel"], APPROVE)
+        do_decide(fire.pk, people["abel"], APPROVE, digest=fire.digest)
 
     do_cancel(session.pk, people["olga"], "false alarm")
     stand = approval(session, "suspend_stand_operations")
@@ -183,8 +196,8 @@ def test_an_approved_action_runs_once_even_if_the_job_is_retried(
 
     monkeypatch.setattr(graph_module, "run_action", run_then_crash)
     closure = approval(session, "close_taxiway", taxiway="A")
-    do_decide(closure.pk, people["abel"], APPROVE)
-    do_decide(closure.pk, people["abel"], CONFIRM)
+    do_decide(closure.pk, people["abel"], APPROVE, digest=closure.digest)
+    do_decide(closure.pk, people["abel"], CONFIRM, digest=closure.digest)
 
     assert failures["left"] == 0  # the first attempt crashed after executing
     assert Event.objects.filter(

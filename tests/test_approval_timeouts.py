@@ -32,7 +32,7 @@ def test_expired_approval_becomes_a_manual_todo_never_an_approval(
     olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
     session = waiting_session(olga)
     closure = approval(session, "close_taxiway", taxiway="A")
-    do_decide(closure.pk, abel, APPROVE)  # approved once, never confirmed
+    do_decide(closure.pk, abel, APPROVE, digest=closure.digest)  # approved once, never confirmed
     expire(closure)
     assert sweep_expired_approvals() == 1
     assert sweep_expired_approvals() == 0  # once
@@ -47,12 +47,17 @@ def test_expired_approval_becomes_a_manual_todo_never_an_approval(
     assert event.payload["todo"] == todo.pk
     assert AuditLog.objects.filter(action="approval.timeout", object_id=str(closure.pk)).exists()
     with pytest.raises(Exception, match="timed out"):
-        do_decide(closure.pk, abel, CONFIRM)
+        do_decide(closure.pk, abel, CONFIRM, digest=closure.digest)
 
     # The other approvals are decided in time: the session completes, the report says so.
     for item in Approval.objects.filter(session=session).open():
         while item.is_open:
-            item = do_decide(item.pk, abel, CONFIRM if item.status == "confirming" else APPROVE)
+            item = do_decide(
+                item.pk,
+                abel,
+                CONFIRM if item.status == "confirming" else APPROVE,
+                digest=item.digest,
+            )
     session.refresh_from_db()
     assert session.status == "completed"
     assert "超时（转人工）" in session.report.markdown  # the operator wrote in Chinese

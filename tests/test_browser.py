@@ -162,7 +162,9 @@ def test_a_typed_reason_survives_a_pushed_update(
     reason.fill("taxiway B is upwind and dry")
 
     crew = approval(session, "dispatch_cleanup_crew")
-    do_decide(crew.pk, bea, APPROVE)  # another approver: the actions panel is pushed again
+    do_decide(
+        crew.pk, bea, APPROVE, digest=crew.digest
+    )  # another approver: the actions panel is pushed again
 
     expect(page.locator("#timeline-list")).to_contain_text("bea approved dispatch_cleanup_crew")
     expect(page.locator(f"#action-{crew.tool_call_id}")).to_contain_text("Completed")
@@ -212,6 +214,18 @@ def test_the_main_flow_works_without_javascript(
     expect(taxiway_a).to_have_class("closed")
     taxiway_a.locator("input[name=note]").fill("spill cleaned, taxiway inspected")
     with operator.expect_navigation():
-        taxiway_a.locator("text=Lift").click()
+        taxiway_a.locator("text=Request lift").click()
+    # Lifting is an R2 action of its own: requested here, decided in the approval queue.
+    expect(taxiway_a).to_have_class("closed")
+    expect(taxiway_a.get_by_test_id("lift-pending")).to_contain_text("Lift requested by olga")
+
+    approver.goto(asgi_server + "/approvals/")
+    lift = approver.locator('article[data-tool="lift_restriction"]')
+    for label in ("Approve (1 of 2)", "Confirm (2 of 2)"):
+        with approver.expect_navigation():
+            lift.get_by_role("button", name=label).click()
+    expect(approver.get_by_test_id("queue-empty")).to_be_visible()
+
+    operator.reload()
     expect(taxiway_a).to_have_class("open")
     expect(operator.locator("body")).to_contain_text("spill cleaned, taxiway inspected")

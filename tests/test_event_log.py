@@ -48,17 +48,22 @@ def test_a_decided_session_rebuilds_from_its_events(people: dict[str, User]) -> 
     assert_projections_match(session)
 
     crew = approval_for(session, "dispatch_cleanup_crew")
-    do_decide(crew.pk, abel, REJECT, "crew already on the way")
+    do_decide(crew.pk, abel, REJECT, "crew already on the way", digest=crew.digest)
     runway = approval_for(session, "close_runway", runway="06/24")
-    do_decide(runway.pk, abel, APPROVE, "fuel at the runway exit")
+    do_decide(runway.pk, abel, APPROVE, "fuel at the runway exit", digest=runway.digest)
     taxiway = Approval.objects.filter(session=session, action_name="close_taxiway").first()
     assert taxiway is not None
-    do_decide(taxiway.pk, abel, APPROVE)
+    do_decide(taxiway.pk, abel, APPROVE, digest=taxiway.digest)
     assert_projections_match(session)  # mid-way: one R2 approved once, not confirmed
-    do_decide(taxiway.pk, abel, CONFIRM)
+    do_decide(taxiway.pk, abel, CONFIRM, digest=taxiway.digest)
     for item in Approval.objects.filter(session=session).open():
         while item.is_open:
-            item = do_decide(item.pk, abel, CONFIRM if item.status == "confirming" else APPROVE)
+            item = do_decide(
+                item.pk,
+                abel,
+                CONFIRM if item.status == "confirming" else APPROVE,
+                digest=item.digest,
+            )
 
     state = assert_projections_match(session)
     assert state.status == "completed"
@@ -98,9 +103,9 @@ def test_cancel_closes_pending_approvals_with_events_and_writes_a_report(
     olga, abel = people["olga"], people["abel"]
     session = waiting_session(olga)
     crew = approval_for(session, "dispatch_cleanup_crew")
-    do_decide(crew.pk, abel, APPROVE)
+    do_decide(crew.pk, abel, APPROVE, digest=crew.digest)
     stand = approval_for(session, "suspend_stand_operations")
-    do_decide(stand.pk, abel, APPROVE)  # R2: approved once, never confirmed
+    do_decide(stand.pk, abel, APPROVE, digest=stand.digest)  # R2: approved once, never confirmed
     still_open = Approval.objects.filter(session=session).open().count()
     assert still_open >= 2
 
@@ -125,7 +130,7 @@ def test_cancel_closes_pending_approvals_with_events_and_writes_a_report(
     assert not ManualTodo.objects.filter(session=session).exists()
     assert Event.objects.filter(session=session).count() == last
     with pytest.raises(ActionError, match="the session was canceled"):
-        do_decide(stand.pk, abel, CONFIRM)
+        do_decide(stand.pk, abel, CONFIRM, digest=stand.digest)
 
     # The page shows readable lines, not raw event types.
     page = login(olga).get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
@@ -140,7 +145,7 @@ def test_timeouts_rebuild(people: dict[str, User], settings: Any) -> None:
     settings.AERO_APPROVAL_TIMEOUT_MINUTES = {"R1": -1, "R2": -1, "R3": -1}
     session = waiting_session(people["olga"])
     stand = approval_for(session, "suspend_stand_operations")
-    do_decide(stand.pk, people["abel"], APPROVE)
+    do_decide(stand.pk, people["abel"], APPROVE, digest=stand.digest)
     assert sweep_expired_approvals() >= 2
     state = assert_projections_match(session)
     assert state.status == "completed"

@@ -66,11 +66,9 @@ def world(django_db_setup: None, django_db_blocker: Any) -> Iterator[dict[str, A
         }
         people["root"] = User.objects.create_superuser("root", password="pw-for-tests")
         session = make_session(people["alice"], STAND_FUEL_LEAK)
+        standby = approval_for(session, "request_fire_standby")
         do_decide(
-            approval_for(session, "request_fire_standby").pk,
-            people["bob"],
-            "reject",
-            "no [x](javascript:1) | ok",
+            standby.pk, people["bob"], "reject", "no [x](javascript:1) | ok", digest=standby.digest
         )
         approve_everything(session, people["bob"])
         assert session.status == "completed"

@@ -314,7 +314,10 @@ def test_reject_needs_a_reason(bob: User, stand_leak: Session) -> None:
     assert approval.tool_call.decision_reason == "fire crew already on scene"
     assert decisions_recorded(approval) == ["approval.rejected"]
     page = client.get(detail(stand_leak)).content.decode()
-    assert "bob rejected <code>request_fire_standby</code>: “fire crew already on scene”" in page
+    assert (
+        "bob rejected <code>request_fire_standby</code>: “<bdi>fire crew already on scene</bdi>”"
+        in page
+    )
 
 
 @pytest.mark.services

@@ -284,6 +284,7 @@ def facts_of(
             ToolCallStatus.FAILED,
             ToolCallStatus.REJECTED,
             ToolCallStatus.TIMEOUT,
+            ToolCallStatus.REFUSED,  # by the policy at execution time
         )
         for a in actions
     )

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from scenarios_admin.airport import AirportGraph
-from scenarios_admin.definition import evaluate, render_args
+from scenarios_admin.definition import effective_risk_class, evaluate, render_args
 
 
 def p1_fields(definition: dict[str, Any]) -> list[str]:
@@ -122,7 +122,8 @@ def required_actions(
                     "call_id": f"action:{spec['tool']}" + (f":{suffix}" if suffix else ""),
                     "tool": spec["tool"],
                     "args": args,
-                    "risk_class": spec["risk_class"],
+                    # A version published before the floors existed may still say less.
+                    "risk_class": effective_risk_class(spec["tool"], spec["risk_class"]),
                     "is_action": True,
                 }
             )

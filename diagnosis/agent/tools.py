@@ -15,6 +15,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from diagnosis.events import append_event
+from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import AgentRun, Restriction, ToolCall, ToolCallStatus
 from scenarios_admin.airport import AirportGraph, natural_sorted
 from scenarios_admin.definition import ACTION_TOOLS
@@ -264,11 +265,16 @@ def execute_action(ctx: ToolContext, tool_call: ToolCall) -> dict[str, Any]:
 
 
 def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
-    """Execute an approved (or R0) action exactly once: the row lock, the effect and the
-    completed status commit together, so a retried job finds it completed."""
+    """Execute an approved (or R0) action exactly once: the row lock, the policy check,
+    the effect and the completed status commit together, so a retried job finds it
+    completed (or refused)."""
     with transaction.atomic():
         tool_call = ToolCall.objects.select_for_update().get(pk=tool_call_id)
         if tool_call.status not in (ToolCallStatus.APPROVED, ToolCallStatus.PROPOSED):
+            return tool_call
+        problems = execution_problems(tool_call)
+        if problems:
+            refuse_execution(tool_call, problems, producer=ctx.producer, run=ctx.run)
             return tool_call
         _started(ctx, tool_call)
         started = time.monotonic()

@@ -38,6 +38,22 @@
     });
   }
 
+  // Behaviour that would otherwise be an inline handler (the Content Security Policy
+  // allows none): a select that submits its form on change, a form that asks first.
+  document.addEventListener("change", function (event) {
+    var el = event.target;
+    if (el instanceof HTMLSelectElement && el.hasAttribute("data-autosubmit") && el.form) {
+      el.form.submit();
+    }
+  });
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (form instanceof HTMLFormElement && form.hasAttribute("data-confirm") &&
+        !window.confirm(form.getAttribute("data-confirm"))) {
+      event.preventDefault();
+    }
+  });
+
   // Deadlines count down in place; the server-rendered text stands without JS.
   function tickDeadlines() {
     var now = Date.now();

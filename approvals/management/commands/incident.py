@@ -94,7 +94,9 @@ class Command(BaseCommand):
                     step = decide
                     if decide == APPROVE and approval.status == ApprovalStatus.CONFIRMING:
                         step = CONFIRM  # the second, explicit confirmation of an R2
-                    approval = do_decide(approval.pk, user, step, reason, producer="cli")
+                    approval = do_decide(
+                        approval.pk, user, step, reason, digest=approval.digest, producer="cli"
+                    )
 
     def _print(self, result: dict[str, Any]) -> None:
         self.stdout.write(f"session {result['session']}: {result['status']}")
