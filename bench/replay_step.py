@@ -80,7 +80,7 @@ def main() -> None:
     )
     while approval := Approval.objects.filter(session=session).open().order_by("pk").first():
         step = "confirm" if approval.status == "confirming" else "approve"
-        do_decide(approval.pk, approver, step, "bench")
+        do_decide(approval.pk, approver, step, "bench", digest=approval.digest)
     session.refresh_from_db()
     real = list(Event.objects.filter(session=session).order_by("seq"))
     print(f"real session: {len(real)} events, status {session.status}")
