@@ -23,6 +23,9 @@ from django.http import HttpRequest, HttpResponse
 
 from aero.models import audit
 
+# Holds the request, not request.user: the user is a lazy object, and asgiref inspects
+# every context variable when it crosses into a thread (isinstance), which would load
+# the user from the database inside the event loop and fail the request under daphne.
 _actor: contextvars.ContextVar[Any] = contextvars.ContextVar("aero_actor", default=None)
 
 # Admin changes, named for auditors by model (the rest: admin.<app.model>.<verb>).
@@ -50,7 +53,7 @@ class CurrentActorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        token = _actor.set(getattr(request, "user", None))
+        token = _actor.set(request)
         try:
             return self.get_response(request)
         finally:
@@ -58,7 +61,8 @@ class CurrentActorMiddleware:
 
 
 def current_actor() -> Any:
-    user = _actor.get()
+    request = _actor.get()
+    user = getattr(request, "user", None)
     return user if getattr(user, "is_authenticated", False) else None
 
 
