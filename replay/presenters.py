@@ -103,12 +103,18 @@ def _seq(events: QuerySet[Event]) -> int | None:
 def navigation(session: Session, filters: Filters, seq: int) -> dict[str, int | None]:
     """first / previous / next / last among the steps the filters select."""
     events = filtered(session, filters)
-    ends = events.aggregate(first=Min("seq"), last=Max("seq"))
+    if filters.active:
+        # Walk the (session, seq) index from each end until a step matches; an aggregate
+        # would read every matching event of a long log.
+        first, last = _seq(events.order_by("seq")), _seq(events.order_by("-seq"))
+    else:
+        ends = events.aggregate(first=Min("seq"), last=Max("seq"))
+        first, last = ends["first"], ends["last"]
     return {
-        "first": ends["first"],
+        "first": first,
         "previous": _seq(events.filter(seq__lt=seq).order_by("-seq")),
         "next": _seq(events.filter(seq__gt=seq).order_by("seq")),
-        "last": ends["last"],
+        "last": last,
     }
 
 
