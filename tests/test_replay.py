@@ -170,6 +170,15 @@ def test_every_viewing_role_may_replay(finished: Session) -> None:
         assert step(login(user), finished).status_code == 200, role
 
 
+def test_the_live_page_and_the_nav_link_to_replay_and_history(
+    finished: Session, alice: User
+) -> None:
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[finished.pk]))
+    html_text = page.content.decode()
+    assert reverse("replay:replay-step", args=[finished.pk]) in html_text
+    assert f'href="{reverse("replay:history")}"' in html_text
+
+
 def test_the_export_refuses_get(finished: Session, carol: User) -> None:
     url = reverse("replay:replay-export", args=[finished.pk])
     assert login(carol).get(url).status_code == 405
