@@ -407,6 +407,15 @@ def test_the_state_panels_mask_like_the_events(finished: Session, carol: User, r
     assert '<span class="masked">masked</span>' in audited
     assert "Taxiway closed: A" not in audited
     assert "Fire and rescue" not in audited or "R1" in audited  # R1 results stay visible
+    closing = Event.objects.get(
+        session=finished,
+        type="tool.call_completed",
+        payload__tool_name="close_taxiway",
+        payload__args__taxiway="A",
+    )
+    at_closing = step(login(carol), finished, seq=closing.seq).content.decode()
+    assert "Taxiway closed: A" not in at_closing  # nor in the current step's summary
+    assert "Taxiway closed: A" in step(login(root), finished, seq=closing.seq).content.decode()
     full = step(login(root), finished, seq=finished.last_seq).content.decode()
     assert "Taxiway closed: A" in full and '<span class="masked">' not in full
 
