@@ -24,6 +24,7 @@ worker: install
 
 test: install
 	scripts/install-browser.sh
+	scripts/install-system-deps.sh
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: install
@@ -35,8 +36,10 @@ typecheck: install
 
 check: lint typecheck test
 
+# BENCH_ARGS scales bench/perf.py (e.g. BENCH_ARGS="--at-once 1000 --push-sessions 100").
 bench: install
 	$(BIN)/python bench/timeline_render.py
+	$(BIN)/python bench/perf.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var staticfiles .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -12,17 +13,23 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from api.routing import api_websocket  # noqa: E402
 from approvals.routing import websocket_urlpatterns as approval_sockets  # noqa: E402
 from diagnosis.routing import websocket_urlpatterns as session_sockets  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(session_sockets + approval_sockets))
-        ),
-    }
+# Pages' sockets use the login cookie, so they check the Origin; the API stream uses a
+# token (no ambient credential) and serves clients that send no Origin at all.
+page_websocket = AllowedHostsOriginValidator(
+    AuthMiddlewareStack(URLRouter(session_sockets + approval_sockets))
 )
+
+
+async def websocket(scope: Any, receive: Any, send: Any) -> None:
+    app = api_websocket if scope["path"].startswith("/ws/api/") else page_websocket
+    await app(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket})
 
 if settings.AERO_JOB_BACKEND == "embedded":
     # Embedded mode: start the in-process worker now, so sessions a restart interrupted

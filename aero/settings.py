@@ -8,6 +8,7 @@ workers and channels_redis).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from pathlib import Path
 
@@ -53,11 +54,14 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "django_rq",
+    "ninja",
     "aero",
     "scenarios_admin",
     "diagnosis",
     "approvals",
     "replay",
+    "ingest",
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -72,6 +76,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "api.middleware.ApiAuditMiddleware",
 ]
 
 # Content Security Policy on every response (admin included): scripts and styles only
@@ -108,6 +113,7 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "django.template.context_processors.csp",
                 "aero.roles.roles_context",
+                "aero.live.live_context",
             ],
         },
     },
@@ -116,7 +122,15 @@ TEMPLATES = [
 # --- database -------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    # Persistent connections, checked before reuse: a new PostgreSQL connection per
+    # request or consumer pull cost ~11% of the ASGI process (see docs/decisions.md, ADR 81).
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL,
+            conn_max_age=env_int("AERO_DB_CONN_MAX_AGE", 300, minimum=0),
+            conn_health_checks=True,
+        )
+    }
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -154,6 +168,10 @@ AERO_JOB_ATTEMPTS = env_int("AERO_JOB_ATTEMPTS", 3, minimum=1)
 AERO_JOB_BACKOFF = env_float("AERO_JOB_BACKOFF", 1.0)  # seconds x attempt, between retries
 AERO_QUEUE = env_str("AERO_QUEUE", "aero")
 AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
+# Where pages open their WebSockets when HTTP and WebSockets are served by different
+# processes (scripts/run.sh in production: gunicorn for HTTP, daphne for WebSockets),
+# e.g. "ws://127.0.0.1:8001". Empty: the page's own origin.
+AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
 
 RQ_QUEUES = {
     AERO_QUEUE: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 600},
@@ -244,5 +262,30 @@ LOGGING = {
     "loggers": {
         "aero": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
         "diagnosis": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
+        "ingest": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
+        "api": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
     },
 }
+
+# --- API, ingest, metrics -------------------------------------------------------------
+# Idempotency keys of POST /api/v1/diagnosis-sessions are honoured this long.
+AERO_IDEMPOTENCY_HOURS = env_int("AERO_IDEMPOTENCY_HOURS", 24, minimum=1)
+# A token's last_used_at is written at most this often (one UPDATE per call otherwise).
+AERO_TOKEN_TOUCH_SECONDS = env_int("AERO_TOKEN_TOUCH_SECONDS", 60, minimum=0)
+# Alert sources without an API token send this shared secret (header X-Aero-Ingest-Secret or
+# ?secret=); empty disables the secret, tokens still work.
+AERO_INGEST_SECRET = env_str("AERO_INGEST_SECRET")
+# Sessions opened by alerts that came in with the shared secret belong to this user.
+AERO_INGEST_USERNAME = env_str("AERO_INGEST_USERNAME", "alertmanager")
+# Optional YAML file of gate rules, watched by stamp (mtime_ns + size) and hash.
+AERO_GATE_FILE = env_str("AERO_GATE_FILE")
+# /metrics: a bearer token, or a client address from this list (loopback by default).
+AERO_METRICS_TOKEN = env_str("AERO_METRICS_TOKEN")
+AERO_METRICS_ALLOWED_IPS = env_list("AERO_METRICS_ALLOWED_IPS", ["127.0.0.1", "::1"])
+# prometheus-client's multi-process mode (daphne, rq workers and their forked jobs write
+# their own files here; /metrics sums them). It must be set before prometheus_client is
+# imported, which no module does before settings load.
+PROMETHEUS_MULTIPROC_DIR = Path(
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(DATA_DIR / "metrics"))
+)
+PROMETHEUS_MULTIPROC_DIR.mkdir(parents=True, exist_ok=True)

@@ -17,4 +17,8 @@ urlpatterns = [
     path("", include("diagnosis.urls")),
     path("approvals/", include("approvals.urls")),
     path("", include("replay.urls")),
+    path("api/v1/", include("api.v1_urls")),
+    path("api/tokens/", include("api.urls")),
+    path("ingest/", include("ingest.urls")),
+    path("", include("api.metrics_urls")),
 ]

@@ -121,6 +121,14 @@ class Approval(models.Model):
             models.Index(
                 fields=["session", "status", "-created_at"], name="approval_session_status_idx"
             ),
+            # the queue page: open approvals in page order (keyset pagination)
+            models.Index(
+                models.F("risk_class").desc(),
+                models.F("created_at").desc(),
+                models.F("id").desc(),
+                condition=Q(status__in=["pending", "confirming"]),
+                name="approval_open_queue_idx",
+            ),
             # the timeout sweeper: open approvals by deadline
             models.Index(
                 fields=["deadline"],

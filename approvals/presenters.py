@@ -3,15 +3,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 
-from aero.roles import DECIDE_APPROVALS, has_role
-from approvals.models import RISK_ORDER, Approval, ManualTodo
+from aero.roles import DECIDE_APPROVALS, user_roles
+from approvals.models import Approval, ManualTodo
 from diagnosis.models import Restriction
 from diagnosis.presenters import impact_map
 from scenarios_admin.airport import load_active_graph
 from scenarios_admin.models import Scenario
 
 RISK_CLASSES = ("R1", "R2", "R3")
+QUEUE_PAGE = 50  # ~2,000 open approvals once made a 15 MB page that took 20 s
 
 
 def clean_filters(risk: str, scenario: str) -> tuple[str, str]:
@@ -21,33 +23,50 @@ def clean_filters(risk: str, scenario: str) -> tuple[str, str]:
     return risk, scenario
 
 
-def queue_context(user: Any, risk: str = "", scenario: str = "") -> dict[str, Any]:
-    """Every open approval across sessions: highest risk class first, newest first within."""
+def queue_context(
+    user: Any,
+    risk: str = "",
+    scenario: str = "",
+    after: str = "",
+    *,
+    roles: frozenset[str] | None = None,
+) -> dict[str, Any]:
+    """One page of open approvals across sessions: highest risk class first, newest
+    first within (R3 > R2 > R1 also sorts as text). Keyset pagination: `after` is the id
+    of the last approval of the previous page, so a page costs the same however deep.
+    `roles` instead of `user`: the live consumer renders for a role set."""
     risk, scenario = clean_filters(risk, scenario)
     # A deleted session's approvals were closed when it was deleted; the filter keeps the
     # queue clean even for rows written before that rule.
-    approvals = (
-        Approval.objects.open()
-        .filter(session__deleted_at__isnull=True)
-        .select_related(
-            "session__scenario",
-            "session__scenario_version",
-            "session__created_by",
-            "tool_call",
-            "first_approved_by",
-        )
-    )
+    approvals = Approval.objects.open().filter(session__deleted_at__isnull=True)
     if risk:
         approvals = approvals.filter(risk_class=risk)
     if scenario:
         approvals = approvals.filter(session__scenario__slug=scenario)
-    ordered = sorted(
-        approvals, key=lambda a: (-RISK_ORDER[a.risk_class], -a.created_at.timestamp())
+    open_count = approvals.count()
+    anchor = (
+        Approval.objects.filter(pk=int(after)).values_list("risk_class", "created_at").first()
+        if after.isdigit()
+        else None
     )
-    graph = load_active_graph() if ordered else None
-    restrictions = list(Restriction.objects.filter(lifted_at__isnull=True)) if ordered else []
+    if anchor is not None:
+        risk_class, created_at = anchor
+        approvals = approvals.filter(
+            Q(risk_class__lt=risk_class)
+            | Q(risk_class=risk_class, created_at__lt=created_at)
+            | Q(risk_class=risk_class, created_at=created_at, pk__lt=int(after))
+        )
+    page = list(
+        approvals.select_related(
+            "session__scenario", "session__created_by", "tool_call", "first_approved_by"
+        ).order_by("-risk_class", "-created_at", "-pk")[: QUEUE_PAGE + 1]
+    )
+    more = len(page) > QUEUE_PAGE
+    page = page[:QUEUE_PAGE]
+    graph = load_active_graph() if page else None
+    restrictions = list(Restriction.objects.filter(lifted_at__isnull=True)) if page else []
     items = []
-    for approval in ordered:
+    for approval in page:
         snapshot = approval.session.snapshot
         items.append(
             {
@@ -58,22 +77,40 @@ def queue_context(user: Any, risk: str = "", scenario: str = "") -> dict[str, An
                 "map": impact_map(graph, snapshot.get("impact"), restrictions) if graph else None,
             }
         )
+    viewer_roles = roles if roles is not None else user_roles(user)
     return {
         "items": items,
+        "open_count": open_count,
+        "after": after if anchor is not None else "",
+        "next_after": str(page[-1].pk) if more else "",
         "risk": risk,
         "scenario": scenario,
         "risk_classes": RISK_CLASSES,
         "scenarios": Scenario.objects.filter(is_active=True),
-        "can_decide": has_role(user, DECIDE_APPROVALS),
+        "can_decide": bool(viewer_roles & set(DECIDE_APPROVALS)),
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
     }
 
 
-def todo_context() -> dict[str, Any]:
-    todos = ManualTodo.objects.filter(session__deleted_at__isnull=True).select_related(
-        "session", "resolved_by", "approval"
+TODO_PAGE = 100
+
+
+def todo_context(after: str = "") -> dict[str, Any]:
+    """Open to-dos newest first, a page at a time (keyset on id, which grows with
+    created_at), and the 50 most recently resolved. Deleted sessions' to-dos are gone."""
+    todos = ManualTodo.objects.filter(session__deleted_at__isnull=True)
+    open_todos = todos.filter(resolved_at__isnull=True).select_related("session", "approval")
+    if after.isdigit():
+        open_todos = open_todos.filter(pk__lt=int(after))
+    page = list(open_todos.order_by("-pk")[: TODO_PAGE + 1])
+    resolved = (
+        todos.filter(resolved_at__isnull=False)
+        .select_related("session", "resolved_by", "approval")
+        .order_by("-resolved_at")[:50]
     )
     return {
-        "open": [t for t in todos if t.is_open],
-        "resolved": [t for t in todos if not t.is_open][:50],
+        "open": page[:TODO_PAGE],
+        "after": after if after.isdigit() else "",
+        "next_after": str(page[TODO_PAGE - 1].pk) if len(page) > TODO_PAGE else "",
+        "resolved": list(resolved),
     }

@@ -19,7 +19,10 @@ from diagnosis.actions import ActionError
 @role_required(DECIDE_APPROVALS)
 def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
     context = presenters.queue_context(
-        request.user, request.GET.get("risk", ""), request.GET.get("scenario", "")
+        request.user,
+        request.GET.get("risk", ""),
+        request.GET.get("scenario", ""),
+        request.GET.get("after", ""),
     )
     template = "approvals/queue.html"
     if request.htmx:
@@ -73,7 +76,9 @@ def approval_decide(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
 @role_required(RUN_SESSIONS)
 def todo_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(
-        request, "approvals/todos.html", {**presenters.todo_context(), "form": ResolveTodoForm()}
+        request,
+        "approvals/todos.html",
+        {**presenters.todo_context(request.GET.get("after", "")), "form": ResolveTodoForm()},
     )
 
 

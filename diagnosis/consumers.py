@@ -1,83 +1,231 @@
 """Live session timeline over WebSocket. Notices say "something new up to seq N"; the
-consumer reads what it has not sent from the event log and renders it for ITS viewer
-(roles change what a fragment shows), so a dropped notice loses nothing."""
+consumer reads what it has not sent from the event log, so a dropped notice loses nothing.
+
+Render once, send to many: what a fragment shows depends on the session, the seq range
+and the viewer's roles (the forms they get), never on who the viewer is. The process-wide
+`hub` renders a given (session, after, roles, composer) once and hands the same fragment
+to every viewer asking for it; viewers with other roles get their own render, so masking
+never mixes. The hub also batches the viewers' access checks: every pull re-reads the
+viewer's roles from the database (a role removed stops the stream at the next push), in
+one query for all the viewers a notice woke.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.contrib.auth import get_user_model
 from django.template.loader import render_to_string
 
-from aero.roles import VIEW_SESSIONS, has_role
+from aero import metrics
+from aero.roles import ALL_ROLES, VIEW_SESSIONS
 from diagnosis import presenters
 from diagnosis.models import Event, Session
 from diagnosis.push import register_server_loop, session_group
 
 BATCH = presenters.TIMELINE_PAGE
-CLOSE_FORBIDDEN = 4403
+CLOSE_FORBIDDEN = 4403  # no (longer a) role that may watch this
+CLOSE_GONE = 4404  # the session does not exist or was deleted
+RENDER_CACHE_SIZE = 256
 
 
-def can_view(user: Any, session_id: Any) -> bool:
-    return (
-        has_role(user, VIEW_SESSIONS) and Session.objects.visible().filter(pk=session_id).exists()
+def current_roles(user_ids: Iterable[Any]) -> dict[Any, frozenset[str]]:
+    """Each user's roles as the database says now (never a copy cached on a user object:
+    a connection lives for hours). Inactive and unknown users have none. One query."""
+    ids = list(user_ids)
+    found: dict[Any, set[str]] = {pk: set() for pk in ids}
+    rows = (
+        get_user_model()
+        .objects.filter(pk__in=ids, is_active=True)
+        .values_list("pk", "is_superuser", "groups__name")
     )
+    for pk, superuser, group in rows:
+        if superuser:
+            found[pk].update(ALL_ROLES)
+        elif group in ALL_ROLES:
+            found[pk].add(group)
+    return {pk: frozenset(roles) for pk, roles in found.items()}
+
+
+def user_id_of(scope: dict[str, Any]) -> Any:
+    user = scope.get("user")
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    return user.pk
+
+
+@dataclass(frozen=True)
+class Update:
+    """A rendered pull: the fragment (empty when nothing is new), the last seq it holds,
+    the composer key the page shows after it, and the session's last_seq when rendered."""
+
+    html: str
+    seq: int
+    composer_key: str | None
+    as_of: int
 
 
 def render_updates(
-    user: Any, session_id: Any, after: int, composer_key: str | None = None
-) -> tuple[str, int, str | None]:
+    roles: frozenset[str], session_id: Any, after: int, composer_key: str | None = None
+) -> Update | None:
     """HTML with hx-swap-oob fragments for the events after `after` (at most one batch)
-    and the panels they change, plus the key of the composer the page now shows.
-    Returns ("", after, key) when there is nothing new.
+    and the panels they change, for viewers holding `roles`. None when the session does
+    not exist or was deleted.
 
     The session row is read first and only events up to its last_seq are sent: panels
     and timeline then describe the same moment, even while a job keeps appending.
     The composer (the answer box) is sent exactly when its key changes, whatever the
     events were: replacing it on every status event would wipe what the operator is
     typing, and tying it to event types missed a question committed between two reads."""
-    session = Session.objects.select_related("scenario", "scenario_version", "created_by").get(
-        pk=session_id
+    session = (
+        Session.objects.visible()
+        .select_related("scenario", "scenario_version", "created_by")
+        .defer("scenario_version__definition")  # parsed once per process (presenters)
+        .filter(pk=session_id)
+        .first()
     )
+    if session is None:
+        return None
     events = list(
         Event.objects.filter(
             session_id=session_id, seq__gt=after, seq__lte=session.last_seq
         ).order_by("seq")[:BATCH]
     )
     if not events:
-        return "", after, composer_key
+        return Update("", after, composer_key, session.last_seq)
     panels: set[str] = set()
     for event in events:
         panels |= presenters.PANELS_BY_EVENT.get(event.type, set())
     new_key = presenters.composer_key(session)
     if new_key != composer_key:
         panels.add("session-composer")
-    context = presenters.session_context(session, user) if panels else {}
+    context = presenters.session_context(session, None, roles=roles) if panels else {}
     parts = [render_to_string("diagnosis/_timeline_append.html", {"events": events})]
     for panel in sorted(panels):
         parts.append(
             render_to_string(f"diagnosis/session_detail.html#{panel}", {**context, "oob": True})
         )
-    return "".join(parts), events[-1].seq, new_key
+    return Update("".join(parts), events[-1].seq, new_key, session.last_seq)
+
+
+class Hub:
+    """Per process (and event loop): shared renders and batched role checks."""
+
+    def __init__(self) -> None:
+        self.renders: OrderedDict[Hashable, asyncio.Future[Any]] = OrderedDict()
+        self.latest: dict[str, int] = {}  # session -> highest seq a notice announced
+        self.pending_roles: dict[Any, list[asyncio.Future[frozenset[str]]]] = {}
+        self.roles_task: asyncio.Task[None] | None = None
+
+    # --- access -----------------------------------------------------------------------
+
+    async def roles_of(self, user_id: Any) -> frozenset[str]:
+        if user_id is None:
+            return frozenset()
+        future: asyncio.Future[frozenset[str]] = asyncio.get_running_loop().create_future()
+        self.pending_roles.setdefault(user_id, []).append(future)
+        if self.roles_task is None:
+            self.roles_task = asyncio.ensure_future(self._load_roles())
+        return await future
+
+    async def _load_roles(self) -> None:
+        """One query per batch: the viewers one notice woke all ask within a few loop
+        turns, and those asking while a query runs join the next one."""
+        try:
+            await asyncio.sleep(0)
+            while self.pending_roles:
+                batch, self.pending_roles = self.pending_roles, {}
+                try:
+                    found = await database_sync_to_async(current_roles)(list(batch))
+                except Exception as exc:
+                    for futures in batch.values():
+                        for future in futures:
+                            if not future.done():
+                                future.set_exception(exc)
+                    continue
+                for user_id, futures in batch.items():
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(found.get(user_id, frozenset()))
+        finally:
+            self.roles_task = None
+
+    # --- renders ----------------------------------------------------------------------
+
+    def announce(self, session_id: str, seq: int) -> None:
+        if seq > self.latest.get(session_id, 0):
+            self.latest[session_id] = seq
+
+    async def shared(
+        self, key: Hashable, fresh: Callable[[Any], bool], compute: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """The result of `compute` for `key`, computed once for every caller that asks
+        while it runs and reused while `fresh(result)` holds."""
+        future = self.renders.get(key)
+        if (
+            future is not None
+            and future.done()
+            and (future.cancelled() or future.exception() is not None or not fresh(future.result()))
+        ):
+            future = None
+        if future is None:
+            future = asyncio.ensure_future(compute())
+            self.renders[key] = future
+            while len(self.renders) > RENDER_CACHE_SIZE:
+                self.renders.popitem(last=False)
+        else:
+            self.renders.move_to_end(key)
+        return await asyncio.shield(future)
+
+    async def session_update(
+        self, roles: frozenset[str], session_id: str, after: int, composer_key: str | None
+    ) -> Update | None:
+        # Reused only while no notice announced anything newer than the render saw: a
+        # reused fragment is then exactly what a fresh render would give.
+        def fresh(update: Update | None) -> bool:
+            return update is not None and update.as_of >= self.latest.get(session_id, 0)
+
+        return await self.shared(
+            ("session", session_id, after, roles, composer_key),
+            fresh,
+            lambda: database_sync_to_async(render_updates)(roles, session_id, after, composer_key),
+        )
+
+
+_hubs: dict[asyncio.AbstractEventLoop, Hub] = {}
+
+
+def hub() -> Hub:
+    loop = asyncio.get_running_loop()
+    found = _hubs.get(loop)
+    if found is None:
+        for stale in [known for known in _hubs if known.is_closed()]:
+            del _hubs[stale]
+        found = _hubs[loop] = Hub()
+    return found
 
 
 class SessionConsumer(AsyncWebsocketConsumer):
     session_id: str
-    group: str
-    sent_seq: int
+    group: str = ""
+    user_id: Any = None
+    sent_seq: int = 0
     composer_key: str | None = None
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
-        user = self.scope.get("user")
-        if not await database_sync_to_async(can_view)(user, self.session_id):
+        self.user_id = user_id_of(self.scope)
+        if not await self.allowed():
             await self.close(code=CLOSE_FORBIDDEN)
             return
-        self.group = session_group(self.session_id)
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
             self.sent_seq = max(0, int(query.get("last_seq", ["0"])[0]))
@@ -85,13 +233,20 @@ class SessionConsumer(AsyncWebsocketConsumer):
             self.sent_seq = 0
         # What the page's answer box shows now, so it is replaced only when that changes.
         self.composer_key = query.get("composer", [None])[0]
+        self.group = session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        metrics.ws_connected("page", self.sent_seq)
         await self.flush()  # catch up on everything after last_seq
 
+    async def allowed(self) -> frozenset[str] | None:
+        roles = await hub().roles_of(self.user_id)
+        return roles if roles & set(VIEW_SESSIONS) else None
+
     async def disconnect(self, code: int) -> None:
-        if hasattr(self, "group"):
+        if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.group = ""
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # The page sends nothing we act on: decisions and answers are plain POSTs, so a
@@ -99,16 +254,33 @@ class SessionConsumer(AsyncWebsocketConsumer):
         return
 
     async def session_notice(self, message: dict[str, Any]) -> None:
-        if message.get("seq", 0) > self.sent_seq:
+        seq = int(message.get("seq", 0))
+        hub().announce(self.session_id, seq)
+        # Notices are handled one after another: those that arrive while a flush runs
+        # and announce nothing it has not sent are dropped here (coalesced).
+        if seq > self.sent_seq:
             await self.flush()
 
     async def flush(self) -> None:
-        user = self.scope.get("user")
-        while True:
-            html, seq, key = await database_sync_to_async(render_updates)(
-                user, self.session_id, self.sent_seq, self.composer_key
-            )
-            if not html:
+        """Send everything new, re-checking access first (roles may have changed since
+        the last push, the session may have been deleted)."""
+        while self.group:
+            roles = await self.allowed()
+            if roles is None:
+                await self.stop(CLOSE_FORBIDDEN)
                 return
-            self.sent_seq, self.composer_key = seq, key
-            await self.send(text_data=html)
+            update = await hub().session_update(
+                roles, self.session_id, self.sent_seq, self.composer_key
+            )
+            if update is None:
+                await self.stop(CLOSE_GONE)
+                return
+            if not update.html:
+                return
+            metrics.events_sent("page", update.seq - self.sent_seq)
+            self.sent_seq, self.composer_key = update.seq, update.composer_key
+            await self.send(text_data=update.html)
+
+    async def stop(self, code: int) -> None:
+        await self.disconnect(code)
+        await self.close(code=code)

@@ -15,9 +15,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +28,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
+from aero import metrics
 from diagnosis.agent.graph import SessionCanceled, build_graph
 from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.state import AgentContext
@@ -51,18 +50,102 @@ def enqueue_advance(session_id: Any) -> None:
     transaction.on_commit(lambda: dispatch(session_id))
 
 
-def dispatch(session_id: Any) -> None:
-    backend = settings.AERO_JOB_BACKEND
-    if backend == "rq":
-        import django_rq
+def job_id(session_id: Any) -> str:
+    """A session's job has this fixed id: a second enqueue finds the first."""
+    return f"aero-advance-{session_id}"
 
-        django_rq.get_queue(settings.AERO_QUEUE).enqueue(
-            advance_session, str(session_id), job_timeout=600, result_ttl=300, failure_ttl=86400
-        )
-    elif backend == "embedded":
-        embedded_worker().submit(session_id)
-    else:
-        advance_session(str(session_id))
+
+# rq statuses of a job that will still run from the start (so it sees every input
+# committed before it starts).
+_WAITING = ("queued", "deferred", "scheduled")
+
+
+def dispatch(session_id: Any) -> bool:
+    """Run or enqueue the session's job unless one is already waiting or running.
+    Returns whether a job was enqueued (or run, inline).
+
+    Never twice: a job waiting in the queue will see this input when it starts; a job
+    holding the session's lease re-checks the inputs after it lets the lease go
+    (advance_session), so an input committed before we read the lease is never missed.
+    A lease is read after the caller's commit (dispatch runs on commit)."""
+    session_id = str(session_id)
+    backend = settings.AERO_JOB_BACKEND
+    if backend == "inline":
+        advance_session(session_id)
+        return True
+    if lease_is_live(session_id):
+        return False
+    if backend == "rq":
+        return _enqueue_rq(session_id)
+    return embedded_worker().submit(session_id)
+
+
+def lease_is_live(session_id: Any) -> bool:
+    return Session.objects.filter(
+        pk=session_id, lease_token__isnull=False, lease_expires_at__gt=timezone.now()
+    ).exists()
+
+
+def _enqueue_rq(session_id: str) -> bool:
+    """Enqueue under the fixed id, atomically (rq's unique enqueue: two decisions
+    committing together push one job). An old job under that id is replaced only once
+    it can no longer run: finished or failed, or started by a worker whose lease expired
+    (it crashed). A job that is started but holds no lease is just starting (it will see
+    this input) or just finishing (it may not): wait a moment to tell which."""
+    import django_rq
+    from rq.exceptions import DuplicateJobError, NoSuchJobError
+    from rq.job import Job
+
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            queue.enqueue(
+                advance_session,
+                session_id,
+                job_id=job_id(session_id),
+                unique=True,
+                job_timeout=600,
+                result_ttl=300,
+                failure_ttl=86400,
+            )
+            return True
+        except DuplicateJobError:
+            pass
+        try:
+            job = Job.fetch(job_id(session_id), connection=queue.connection)
+        except NoSuchJobError:
+            continue  # expired or deleted meanwhile: enqueue again
+        status = job.get_status()
+        if status in _WAITING:
+            return False
+        if status == "started":
+            lease = Session.objects.filter(pk=session_id).values_list(
+                "lease_token", "lease_expires_at"
+            )
+            token, expires = lease.first() or (None, None)
+            if token is not None and expires is not None and expires > timezone.now():
+                return False  # the holder re-checks the inputs before it lets go
+            if token is None:
+                time.sleep(0.02)
+                continue
+        job.delete()  # it can no longer run: the id is free for the next job
+    logger.warning("session %s: its job stayed busy; the reconciler will enqueue it", session_id)
+    return False
+
+
+def queued_job_ids() -> set[str]:
+    """The sessions whose job waits in the queue (rq backend), one Redis call."""
+    if settings.AERO_JOB_BACKEND != "rq":
+        return set(embedded_worker().waiting) if settings.AERO_JOB_BACKEND == "embedded" else set()
+    import django_rq
+
+    prefix = job_id("")
+    return {
+        name.removeprefix(prefix)
+        for name in django_rq.get_queue(settings.AERO_QUEUE).get_job_ids()
+        if name.startswith(prefix)
+    }
 
 
 class EmbeddedWorker:
@@ -70,16 +153,24 @@ class EmbeddedWorker:
 
     def __init__(self, workers: int) -> None:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aero-job")
+        self.waiting: set[str] = set()  # submitted, not started: never submitted twice
+        self.lock = threading.Lock()
         self.reconciler = threading.Thread(
             target=self._reconcile_forever, daemon=True, name="aero-reconciler"
         )
         self.reconciler.start()
 
-    def submit(self, session_id: Any) -> None:
+    def submit(self, session_id: Any) -> bool:
+        with self.lock:
+            if str(session_id) in self.waiting:
+                return False
+            self.waiting.add(str(session_id))
         self.pool.submit(self._run, str(session_id))
+        return True
 
-    @staticmethod
-    def _run(session_id: str) -> None:
+    def _run(self, session_id: str) -> None:
+        with self.lock:
+            self.waiting.discard(session_id)
         try:
             advance_session(session_id)
         except Exception:
@@ -108,10 +199,21 @@ def embedded_worker() -> EmbeddedWorker:
         return _embedded
 
 
-def requeue_stalled_sessions() -> None:
-    for session_id in stalled_sessions():
-        logger.info("re-enqueueing stalled session %s", session_id)
-        dispatch(session_id)
+def requeue_stalled_sessions() -> int:
+    """Re-enqueue the sessions that should be moving but have no job waiting and no live
+    lease. Every worker runs this; the fixed job id makes concurrent passes harmless."""
+    candidates = stalled_sessions()
+    if not candidates:
+        return 0
+    waiting = queued_job_ids()
+    enqueued = 0
+    for session_id in candidates:
+        if session_id in waiting:
+            continue  # its job is in the queue, behind others: not stalled, just late
+        if dispatch(session_id):
+            logger.info("re-enqueued stalled session %s", session_id)
+            enqueued += 1
+    return enqueued
 
 
 def stalled_sessions(grace_seconds: int = 60) -> list[str]:
@@ -157,18 +259,77 @@ def release_lease(session_id: Any, token: uuid.UUID) -> None:
     )
 
 
-# --- checkpointer ---------------------------------------------------------------------
-
-_saver_ready: set[str] = set()
+# --- checkpointer and compiled graph, once per process -----------------------------
 
 
-def checkpointer() -> AbstractContextManager[BaseCheckpointSaver[Any]]:
-    """PostgreSQL saver in production, SQLite saver in embedded mode."""
-    return _postgres_saver() if connection.vendor == "postgresql" else _sqlite_saver()
+class _AgentRuntime:
+    """The compiled graph bound to a checkpointer on a long-lived connection. Both
+    savers serialise their use of the connection with their own lock, so the embedded
+    worker's threads share one runtime."""
+
+    def __init__(self, key: str, conn: Any, graph: Any) -> None:
+        self.key = key
+        self.conn = conn
+        self.graph = graph
+        self.pid = os.getpid()
+
+    def healthy(self) -> bool:
+        if self.pid != os.getpid():
+            return False  # a forked child never uses its parent's socket
+        try:
+            if isinstance(self.conn, sqlite3.Connection):
+                self.conn.execute("SELECT 1")
+            else:
+                if self.conn.closed or self.conn.broken:
+                    return False
+                self.conn.execute("SELECT 1")
+        except Exception:
+            return False
+        return True
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            logger.debug("closing a dead checkpointer connection failed", exc_info=True)
 
 
-@contextmanager
-def _postgres_saver() -> Iterator[BaseCheckpointSaver[Any]]:
+_runtime: _AgentRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+def agent_graph() -> Any:
+    """The compiled agent graph with its checkpointer: built on first use in this
+    process, rebuilt only if its connection died or the database changed."""
+    global _runtime
+    key = _checkpoint_key()
+    with _runtime_lock:
+        if _runtime is not None and _runtime.key == key and _runtime.healthy():
+            return _runtime.graph
+        if _runtime is not None:
+            _runtime.close()
+        conn, saver = _postgres_saver() if connection.vendor == "postgresql" else _sqlite_saver()
+        _runtime = _AgentRuntime(key, conn, build_graph().compile(checkpointer=saver))
+        return _runtime.graph
+
+
+def close_agent_runtime() -> None:
+    """Close this process's checkpointer connection (tests dropping their database)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            _runtime.close()
+            _runtime = None
+
+
+def _checkpoint_key() -> str:
+    if connection.vendor == "postgresql":
+        params = connection.settings_dict
+        return f"pg:{params['HOST']}:{params['PORT']}:{params['NAME']}"
+    return f"sqlite:{settings.AERO_CHECKPOINT_SQLITE}"
+
+
+def _postgres_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
     import psycopg
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
@@ -177,43 +338,33 @@ def _postgres_saver() -> Iterator[BaseCheckpointSaver[Any]]:
     for key in ("cursor_factory", "context", "prepare_threshold", "autocommit"):
         params.pop(key, None)
     # autocommit=True, or the saver silently saves nothing.
-    with psycopg.connect(
-        **params, autocommit=True, prepare_threshold=0, row_factory=dict_row
-    ) as conn:
-        saver = PostgresSaver(conn)
-        key = f"pg:{params.get('dbname')}"
-        if key not in _saver_ready:
-            with conn.cursor() as cursor:
-                # Workers starting together must not race the saver's migrations.
-                cursor.execute("SELECT pg_advisory_lock(7410001)")
-                try:
-                    saver.setup()
-                finally:
-                    cursor.execute("SELECT pg_advisory_unlock(7410001)")
-            _saver_ready.add(key)
-        yield saver
+    conn = psycopg.connect(**params, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+    saver = PostgresSaver(conn)
+    with conn.cursor() as cursor:
+        # Workers starting together must not race the saver's migrations.
+        cursor.execute("SELECT pg_advisory_lock(7410001)")
+        try:
+            saver.setup()
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(7410001)")
+    return conn, saver
 
 
-@contextmanager
-def _sqlite_saver() -> Iterator[BaseCheckpointSaver[Any]]:
+def _sqlite_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     path = settings.AERO_CHECKPOINT_SQLITE
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
-    try:
-        saver = SqliteSaver(conn)
-        if str(path) not in _saver_ready:
-            saver.setup()
-            _saver_ready.add(str(path))
-        yield saver
-    finally:
-        conn.close()
+    saver = SqliteSaver(conn)
+    saver.setup()
+    return conn, saver
 
 
 # --- the job --------------------------------------------------------------------------
 
 
+@metrics.timed_job
 def advance_session(session_id: str) -> str:
     """Advance the session as far as the inputs in the database allow. Idempotent: a
     duplicate or late job finds nothing to do. Returns the status it left."""
@@ -235,10 +386,8 @@ def resumable(session_id: Any) -> bool:
     session = Session.objects.get(pk=session_id)
     if session.is_ended:
         return False
-    with checkpointer() as saver:
-        graph = build_graph().compile(checkpointer=saver)
-        snapshot = graph.get_state(_config(session_id))
-        return resume_value(session_id, snapshot) is not None
+    snapshot = agent_graph().get_state(_config(session_id))
+    return resume_value(session_id, snapshot) is not None
 
 
 def _config(session_id: Any) -> RunnableConfig:
@@ -270,8 +419,8 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
     session = Session.objects.select_related("scenario_version", "scenario").get(pk=session_id)
     if session.is_ended:
         return session.status
-    with tracing(), checkpointer() as saver:
-        graph = build_graph().compile(checkpointer=saver)
+    with tracing():
+        graph = agent_graph()
         config = _config(session_id)
         root = AgentRun.objects.create(
             session=session,
@@ -298,7 +447,7 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
             output_summary={"status": outcome},
         )
         if outcome == SessionStatus.COMPLETED:
-            saver.delete_thread(str(session_id))  # the event log is the history
+            graph.checkpointer.delete_thread(str(session_id))  # the event log is the history
         return outcome
 
 

@@ -91,6 +91,8 @@ class Session(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
+            # the session list, newest first, keyset-paginated on (created_at, id)
+            models.Index(fields=["-created_at", "-id"], name="session_created_id_idx"),
             # session list filtered by status, newest first
             models.Index(fields=["status", "-created_at"], name="session_status_created_idx"),
             # history by scenario (problem type), newest first

@@ -4,16 +4,20 @@ pushed fragment and a full page render the same thing for the same viewer."""
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
+from django.db.models import Q
 
-from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, has_role
+from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, user_roles
 from diagnosis.models import Event, Report, Restriction, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
 from scenarios_admin.definition import LIFT_TOOL
+from scenarios_admin.models import ScenarioVersion
 
 TIMELINE_PAGE = 200  # rendering dominates: ~20 ms for 200 rows on this machine
+SESSION_PAGE = 100
 
 # Which panels an event type changes (the consumer re-renders only those). The composer
 # is not here: the consumer re-sends it whenever its composer_key changes.
@@ -54,16 +58,42 @@ def composer_key(session: Session) -> str:
     return f"{state}:{question.get('key', '')}"
 
 
-def viewer_flags(user: Any) -> dict[str, bool]:
+def flags_for_roles(roles: frozenset[str]) -> dict[str, bool]:
+    """What a viewer may do on the page follows from their roles alone (never from who
+    they are), so every viewer with the same roles can be sent the same fragment."""
     return {
-        "can_run": has_role(user, RUN_SESSIONS),
-        "can_decide": has_role(user, DECIDE_APPROVALS),
-        "can_delete": has_role(user, DELETE_SESSIONS),
+        "can_run": bool(roles & set(RUN_SESSIONS)),
+        "can_decide": bool(roles & set(DECIDE_APPROVALS)),
+        "can_delete": bool(roles & set(DELETE_SESSIONS)),
     }
 
 
+def viewer_flags(user: Any) -> dict[str, bool]:
+    return flags_for_roles(user_roles(user))
+
+
+# Published versions never change (ScenarioVersion.save refuses), so each process reads
+# and parses a definition once; a publish makes a new version, hence a new key.
+_definitions: dict[tuple[int, str], dict[str, Any]] = {}
+
+
+def version_definition(session: Session) -> dict[str, Any]:
+    """The session's scenario definition. Callers may defer the (large) definition
+    column when they select the version; it is then loaded once per process."""
+    version = session.scenario_version
+    key = (version.pk, version.checksum)
+    found = _definitions.get(key)
+    if found is None:
+        if "definition" in version.get_deferred_fields():
+            found = ScenarioVersion.objects.values_list("definition", flat=True).get(pk=version.pk)
+        else:
+            found = version.definition
+        _definitions[key] = found
+    return found
+
+
 def field_rows(session: Session) -> list[dict[str, Any]]:
-    definition = session.scenario_version.definition
+    definition = version_definition(session)
     fields = session.snapshot.get("fields", {})
     evidence = session.snapshot.get("evidence", {})
     language = session.language
@@ -186,14 +216,17 @@ def pending_lifts() -> dict[int, dict[str, Any]]:
     }
 
 
-def session_context(session: Session, user: Any) -> dict[str, Any]:
+def session_context(
+    session: Session, user: Any, *, roles: frozenset[str] | None = None
+) -> dict[str, Any]:
+    """`roles` instead of `user`: the live consumer renders for a role set, not a person."""
     graph = load_active_graph()
     snapshot = session.snapshot
     restrictions = list(Restriction.objects.filter(lifted_at__isnull=True))
     report = Report.objects.filter(session=session).first()
     return {
         "session": session,
-        "definition": session.scenario_version.definition,
+        "definition": version_definition(session),
         "snapshot": snapshot,
         "fields": field_rows(session),
         "question": snapshot.get("question"),
@@ -207,13 +240,14 @@ def session_context(session: Session, user: Any) -> dict[str, Any]:
         "report_html": markdown_to_html(report.markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
-        **viewer_flags(user),
+        **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),
     }
 
 
 def timeline(
-    session: Session, *, after: int = 0, before: int | None = None, limit: int = TIMELINE_PAGE
+    session: Session, *, after: int = 0, before: int | None = None, limit: int | None = None
 ) -> list[Event]:
+    limit = limit or TIMELINE_PAGE
     events = Event.objects.filter(session=session, seq__gt=after)
     if before is not None:
         events = events.filter(seq__lt=before)
@@ -221,5 +255,37 @@ def timeline(
     return list(events.order_by("seq")[:limit])
 
 
-def latest_events(session: Session, limit: int = TIMELINE_PAGE) -> list[Event]:
-    return list(reversed(Event.objects.filter(session=session).order_by("-seq")[:limit]))
+def latest_events(session: Session, limit: int | None = None) -> list[Event]:
+    """The newest page of the timeline (older ones: the events page, keyset by seq)."""
+    events = Event.objects.filter(session=session).order_by("-seq")[: limit or TIMELINE_PAGE]
+    return list(reversed(events))
+
+
+def session_page(status: str = "", before: str = "") -> dict[str, Any]:
+    """One page of the session list, newest first. Keyset pagination on (created_at,
+    id): `before` is the id of the last session of the previous page, so page 500 costs
+    what page 1 costs (an OFFSET would read every row before it)."""
+    sessions = Session.objects.visible().select_related("scenario", "created_by")
+    if status:
+        sessions = sessions.filter(status=status)
+    try:
+        anchor_id: UUID | None = UUID(before) if before else None
+    except ValueError:
+        anchor_id = None
+    anchor = (
+        Session.objects.filter(pk=anchor_id).values_list("created_at", flat=True).first()
+        if anchor_id
+        else None
+    )
+    if anchor is not None:
+        sessions = sessions.filter(
+            Q(created_at__lt=anchor) | Q(created_at=anchor, pk__lt=anchor_id)
+        )
+    page = list(sessions.order_by("-created_at", "-pk")[: SESSION_PAGE + 1])
+    more = len(page) > SESSION_PAGE
+    page = page[:SESSION_PAGE]
+    return {
+        "sessions": page,
+        "before": before if anchor is not None else "",
+        "next_before": str(page[-1].pk) if more else "",
+    }

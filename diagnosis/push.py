@@ -14,6 +14,8 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from aero import metrics
+
 logger = logging.getLogger("diagnosis.push")
 
 # The ASGI server's event loop, when this process serves WebSockets. The in-memory layer
@@ -42,6 +44,9 @@ def group_send(group: str, message: dict[str, Any]) -> None:
             async_to_sync(layer.group_send)(group, message)
         except Exception:
             logger.warning("push to %s failed", group, exc_info=True)
+            metrics.push_outcome(False)
+        else:
+            metrics.push_outcome(True)
 
     try:
         running = asyncio.get_running_loop()
@@ -54,6 +59,9 @@ def group_send(group: str, message: dict[str, Any]) -> None:
             future.result(timeout=5)
         except Exception:
             logger.warning("push to %s failed", group, exc_info=True)
+            metrics.push_outcome(False)
+        else:
+            metrics.push_outcome(True)
         return
     if running is None:
         send()

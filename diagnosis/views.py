@@ -39,15 +39,14 @@ def get_session_for_user(request: HtmxHttpRequest, session_id: UUID) -> Session:
 @require_GET
 @role_required(VIEW_SESSIONS)
 def session_list(request: HtmxHttpRequest) -> HttpResponse:
-    sessions = Session.objects.visible().select_related("scenario", "created_by")
     status = request.GET.get("status", "")
-    if status:
-        sessions = sessions.filter(status=status)
+    if status not in SessionStatus.values:
+        status = ""
     return render(
         request,
         "diagnosis/session_list.html",
         {
-            "sessions": sessions[:100],
+            **presenters.session_page(status, request.GET.get("before", "")),
             "form": NewSessionForm(),
             "status": status,
             "status_choices": SessionStatus.choices,
@@ -68,11 +67,15 @@ def session_create(request: HtmxHttpRequest) -> HttpResponse:
             form.add_error(None, str(exc))
         else:
             return redirect("diagnosis:session-detail", session_id=session.pk)
-    sessions = Session.objects.visible().select_related("scenario", "created_by")[:100]
     return render(
         request,
         "diagnosis/session_list.html",
-        {"sessions": sessions, "form": form, "status": "", "status_choices": SessionStatus.choices},
+        {
+            **presenters.session_page("", ""),
+            "form": form,
+            "status": "",
+            "status_choices": SessionStatus.choices,
+        },
         status=400,
     )
 
@@ -184,13 +187,21 @@ def _back(
 @require_GET
 @role_required(VIEW_SESSIONS)
 def session_events(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
-    """The whole timeline, 200 events a page (keyset by seq): readable without JS."""
+    """The whole timeline, 200 events a page (keyset by seq): readable without JS.
+    `after=N` pages forward from seq N; `before=N` shows the 200 events before seq N (the
+    session page's "earlier events" link)."""
     session = get_session_for_user(request, session_id)
     try:
         after = max(0, int(request.GET.get("after", "0")))
     except ValueError:
         after = 0
-    events = presenters.timeline(session, after=after)
+    try:
+        before = max(1, int(request.GET["before"])) if "before" in request.GET else None
+    except ValueError:
+        before = None
+    events = presenters.timeline(session, after=after, before=before)
+    if before is not None and events:
+        after = events[0].seq - 1
     template = "diagnosis/session_events.html"
     if request.htmx:
         template += "#timeline-events"

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
-from scenarios_admin.models import Flight, NodeKind, Topology
+from django.db.models.signals import post_delete, post_save
+from django.utils import timezone
+
+from scenarios_admin.models import Flight, NodeKind, Runway, Topology, TopologyEdge, TopologyNode
 
 RUNWAY_DESIGNATOR = re.compile(r"^\d{2}[LCR]?/\d{2}[LCR]?$")
 
@@ -106,11 +112,52 @@ def natural_sorted(values: list[str]) -> list[str]:
     return sorted(values, key=_natural_key)
 
 
+# The active graph, built once per process and rebuilt when its stamp changes. The stamp
+# (active topology id, its updated_at) costs one indexed query; every save or delete of a
+# node, edge, runway or flight touches its topology's updated_at (signals below), so an
+# edit in any process (admin in the web process) reaches the consumers and workers.
+_graph_cache: dict[str, tuple[tuple[int, datetime], AirportGraph]] = {}
+_graph_lock = threading.Lock()
+
+
 def load_active_graph() -> AirportGraph:
-    topology = Topology.objects.filter(is_active=True).first()
-    if topology is None:
+    stamp = Topology.objects.filter(is_active=True).values_list("pk", "updated_at").first()
+    if stamp is None:
         raise LookupError("no active airport topology: load the built-in data or activate one")
-    return load_graph(topology)
+    cached = _graph_cache.get("active")
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    with _graph_lock:
+        graph = load_graph(Topology.objects.get(pk=stamp[0]))
+        _graph_cache["active"] = (stamp, graph)
+    return graph
+
+
+def forget_cached_graph() -> None:
+    _graph_cache.clear()
+
+
+def touch_topology(topology_id: Any) -> None:
+    """Mark the topology changed: every process rebuilds its cached graph on next use."""
+    forget_cached_graph()
+    Topology.objects.filter(pk=topology_id).update(updated_at=timezone.now())
+
+
+def _topology_part_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    if kwargs.get("raw"):
+        return  # fixture loading: the topology row arrives with its own stamp
+    touch_topology(instance.topology_id)
+
+
+def _topology_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    forget_cached_graph()
+
+
+for _model in (TopologyNode, TopologyEdge, Runway, Flight):
+    post_save.connect(_topology_part_changed, sender=_model, dispatch_uid=f"graph-{_model}")
+    post_delete.connect(_topology_part_changed, sender=_model, dispatch_uid=f"graph-d-{_model}")
+post_save.connect(_topology_changed, sender=Topology, dispatch_uid="graph-topology")
+post_delete.connect(_topology_changed, sender=Topology, dispatch_uid="graph-d-topology")
 
 
 def load_graph(topology: Topology) -> AirportGraph:

@@ -10,6 +10,7 @@ import yaml
 from django.db import transaction
 
 from scenarios_admin.actions import ScenarioError, do_publish
+from scenarios_admin.airport import touch_topology
 from scenarios_admin.definition import validate_definition
 from scenarios_admin.draft import (
     assemble,
@@ -152,4 +153,6 @@ def load_topology(data: dict[str, Any]) -> Topology:
         )
         for f in data["flights"]
     )
+    # bulk_create sends no signals: stamp the topology so cached graphs are rebuilt.
+    touch_topology(topology.pk)
     return topology

@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
 # Start AERO at http://127.0.0.1:8000: migrate, load the built-in data, create the demo
-# users, then serve. With DATABASE_URL + REDIS_URL set it runs on PostgreSQL + Redis and
-# starts AERO_WORKERS django-rq workers (default 1) next to the web server.
+# users, then serve. With DATABASE_URL + REDIS_URL set it runs on PostgreSQL + Redis:
+# gunicorn serves HTTP (AERO_WEB_WORKERS processes x AERO_WEB_THREADS threads, so views
+# run concurrently), daphne serves the WebSockets on AERO_WS_PORT (default port + 1),
+# and AERO_WORKERS django-rq workers (default 1) run the jobs. Embedded mode runs
+# everything in one daphne process (in-memory channel layer, in-process job worker).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 HOST=${AERO_HOST:-127.0.0.1}
 PORT=${AERO_PORT:-8000}
+WS_PORT=${AERO_WS_PORT:-$((PORT + 1))}
+# Twisted listens with a backlog of 50 by default: 100 browsers opening their sockets
+# at once overflowed it (ADR 81).
+BACKLOG=${AERO_LISTEN_BACKLOG:-1024}
 
 $PY manage.py migrate --noinput -v0
 $PY manage.py load_builtin
 $PY manage.py seed_demo
 $PY manage.py collectstatic --noinput -v0
+
+# Prometheus multi-process files describe processes of this run only: start empty.
+METRICS_DIR=${PROMETHEUS_MULTIPROC_DIR:-${AERO_DATA_DIR:-var}/metrics}
+mkdir -p "$METRICS_DIR" && rm -f "$METRICS_DIR"/*.db
 
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
@@ -23,10 +34,18 @@ if [ -n "${REDIS_URL:-}" ]; then
     pids+=($!)
   done
   echo "Mode: PostgreSQL + Redis, ${AERO_WORKERS:-1} worker(s) (more: .venv/bin/python manage.py aero_worker)"
+  export AERO_WS_URL=${AERO_WS_URL:-ws://$HOST:$WS_PORT}
+  .venv/bin/daphne -e "tcp:port=$WS_PORT:interface=$HOST:backlog=$BACKLOG" aero.asgi:application &
+  pids+=($!)
+  .venv/bin/gunicorn aero.wsgi:application --bind "$HOST:$PORT" --backlog "$BACKLOG" \
+    --worker-class gthread --workers "${AERO_WEB_WORKERS:-3}" --threads "${AERO_WEB_THREADS:-4}" \
+    --access-logfile - &
+  pids+=($!)
+  echo "AERO is at http://$HOST:$PORT/ (WebSockets: $AERO_WS_URL)"
 else
   echo "Mode: embedded (SQLite in var/, in-process worker, offline LLM provider)"
+  .venv/bin/daphne -e "tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG" aero.asgi:application &
+  pids+=($!)
+  echo "AERO is at http://$HOST:$PORT/"
 fi
-echo "AERO is at http://$HOST:$PORT/"
-.venv/bin/daphne -b "$HOST" -p "$PORT" aero.asgi:application &
-pids+=($!)
 wait -n "${pids[@]}"

@@ -14,6 +14,7 @@ from django.test import Client
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from aero.roles import user_roles
 from diagnosis.actions import do_answer, do_create_session
 from diagnosis.consumers import render_updates
 from diagnosis.events import append_event
@@ -56,6 +57,12 @@ def receive_until(
         html += message
         seqs += [int(s) for s in SEQ.findall(message)]
     return seqs, html
+
+
+def updates(user: User, session_id: Any, after: int, key: str | None) -> tuple[str, int, Any]:
+    update = render_updates(user_roles(user), session_id, after, key)
+    assert update is not None
+    return update.html, update.seq, update.composer_key
 
 
 def new_session(user: User, text: str) -> Session:
@@ -113,7 +120,7 @@ def test_the_composer_follows_the_session_whatever_events_a_batch_holds(
 
     # The page still shows "working" and the only new event is a note.
     append_event(session.pk, "agent.note", {"text": "still here"}, producer="test")
-    html, seq, key = render_updates(operator, session.pk, session.last_seq, "working:")
+    html, seq, key = updates(operator, session.pk, session.last_seq, "working:")
     assert seq == session.last_seq + 1
     assert key is not None and key.startswith("asking:")
     assert COMPOSER.findall(html) == [key]
@@ -121,14 +128,14 @@ def test_the_composer_follows_the_session_whatever_events_a_batch_holds(
 
     # Once sent, a later event does not replace it (that would wipe a typed answer).
     append_event(session.pk, "agent.note", {"text": "still here"}, producer="test")
-    html, seq, same_key = render_updates(operator, session.pk, seq, key)
+    html, seq, same_key = updates(operator, session.pk, seq, key)
     assert seq == session.last_seq + 2 and same_key == key
     assert COMPOSER.findall(html) == []
 
     # The answer closes the question: the very next push says the agent is working.
     monkeypatch.setattr("diagnosis.actions.enqueue_advance", lambda session_id: None)
     do_answer(session.pk, operator, "CA1234")  # no job runs: the agent has not resumed
-    html, _, key = render_updates(operator, session.pk, seq, key)
+    html, _, key = updates(operator, session.pk, seq, key)
     assert COMPOSER.findall(html) == ["working:"]
     assert "The agent is working" in html
 

@@ -18,6 +18,7 @@ from pytest_django import Settings
 
 from aero.models import AuditLog
 from aero.roles import ADMIN
+from approvals.models import Approval
 from diagnosis.agent import policy
 from diagnosis.events import set_status
 from diagnosis.models import Event, Report, Session, SessionStatus
@@ -516,7 +517,13 @@ def test_cancel_ends_the_session(alice: User, waiting: Session) -> None:
     waiting.refresh_from_db()
     assert waiting.status == SessionStatus.CANCELED
     entry = AuditLog.objects.get(action="session.canceled", session_id=waiting.pk)
-    assert entry.actor == alice and entry.detail == {"reason": "false alarm"}
+    closed = list(
+        Approval.objects.filter(session=waiting, status="canceled").values_list("pk", flat=True)
+    )
+    assert closed  # the waiting session had approvals open; they closed with it
+    assert entry.actor == alice
+    assert entry.detail["reason"] == "false alarm"
+    assert sorted(entry.detail["approvals_closed"]) == sorted(closed)
     page = client.get(url("session-detail", waiting.pk)).content.decode()
     assert "This session is canceled." in page
     assert "Cancel session" not in page

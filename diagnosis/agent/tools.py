@@ -131,6 +131,12 @@ ENRICHMENT_KEYS = {
 }
 
 
+# The built-in sources read this database: they run in the job's own thread (a thread
+# each cost more than the lookup). Any other source (a remote service, a test double)
+# runs in a thread so its timeout holds.
+IN_PROCESS_SOURCES = frozenset(ENRICHMENT_SOURCES.values())
+
+
 def _in_thread(
     source: Callable[[dict[str, Any]], dict[str, Any]], args: dict[str, Any]
 ) -> dict[str, Any]:
@@ -142,8 +148,9 @@ def _in_thread(
 
 
 def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run the lookups in parallel. A failing or slow source is recorded and degrades:
-    the result lists it under `degraded` and the agent goes on without it."""
+    """Run the lookups: in-process ones inline, remote ones in parallel threads under
+    AERO_ENRICHMENT_TIMEOUT. A failing or slow source is recorded and degrades: the result
+    lists it under `degraded` and the agent goes on without it."""
     results: dict[str, Any] = {"degraded": []}
     pending: list[tuple[dict[str, Any], ToolCall]] = []
     for call in calls:
@@ -156,14 +163,30 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
             else:
                 _started(ctx, tool_call)
                 pending.append((call, tool_call))
-    if not pending:
+    remote = []
+    for call, tool_call in pending:
+        source = ENRICHMENT_SOURCES[call["tool"]]
+        if source not in IN_PROCESS_SOURCES:
+            remote.append((call, tool_call))
+            continue
+        started = time.monotonic()
+        try:
+            response = source(call["args"])
+        except Exception as exc:  # a broken source degrades, it never blocks the agent
+            error = str(exc) or type(exc).__name__
+            _finished(ctx, tool_call, started, error=error)
+            results["degraded"].append({"source": call["tool"], "error": error})
+        else:
+            _finished(ctx, tool_call, started, response=response)
+            results[ENRICHMENT_KEYS[call["tool"]]] = response
+    if not remote:
         return results
     timeout = settings.AERO_ENRICHMENT_TIMEOUT
-    pool = ThreadPoolExecutor(max_workers=len(pending), thread_name_prefix="aero-lookup")
+    pool = ThreadPoolExecutor(max_workers=len(remote), thread_name_prefix="aero-lookup")
     started = time.monotonic()
     futures = [
         (call, tool_call, pool.submit(_in_thread, ENRICHMENT_SOURCES[call["tool"]], call["args"]))
-        for call, tool_call in pending
+        for call, tool_call in remote
     ]
     for call, tool_call, future in futures:
         remaining = max(0.0, timeout - (time.monotonic() - started))

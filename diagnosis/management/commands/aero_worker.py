@@ -5,7 +5,6 @@ from typing import Any
 import django_rq
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
 
 from diagnosis.worker import AeroWorker
 
@@ -23,5 +22,4 @@ class Command(BaseCommand):
             )
         queue = django_rq.get_queue(settings.AERO_QUEUE)
         worker = AeroWorker([queue], connection=queue.connection)
-        connections.close_all()  # children fork from here
         worker.work(burst=options["burst"])

@@ -1,0 +1,114 @@
+"""The JSON event stream for API clients: /ws/api/sessions/<id>?last_seq=N.
+
+Authenticated by an API token (`Authorization: Bearer …` header, or `?token=` for clients
+that cannot set headers). Sends the tech plan's envelope, one event per message, in seq
+order: first everything after last_seq from the event log (catch-up, as far back as the
+log goes), then whatever later notices announce. Delivery is at-least-once per session:
+a client that reconnects with the last seq it processed gets no gap, and dedupes by
+event_id anything it may have seen twice."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from aero import metrics
+from aero.roles import VIEW_SESSIONS
+from api.auth import token_from_raw
+from api.presenters import envelope
+from diagnosis.models import Event, Session
+from diagnosis.push import register_server_loop, session_group
+
+BATCH = 200
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+STREAM = "api"
+
+
+class Viewer:
+    """What the presenters need to know about who is watching."""
+
+    def __init__(self, user: Any, roles: frozenset[str]) -> None:
+        self.user = user
+        self.api_roles = roles
+
+
+def authenticate(raw: str, session_id: str) -> tuple[Viewer | None, int]:
+    token = token_from_raw(raw)
+    if token is None:
+        return None, CLOSE_UNAUTHENTICATED
+    roles = token.effective_roles()
+    if not roles & set(VIEW_SESSIONS):
+        return None, CLOSE_FORBIDDEN
+    if not Session.objects.visible().filter(pk=session_id).exists():
+        return None, CLOSE_FORBIDDEN
+    return Viewer(token.user, roles), 0
+
+
+def events_after(
+    session_id: str, after: int, viewer: Viewer
+) -> list[tuple[int, dict[str, Any], Any]]:
+    """(seq, envelope, ts) for up to BATCH events after `after`."""
+    events = Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:BATCH]
+    return [(event.seq, envelope(event, viewer), event.ts) for event in events]
+
+
+class ApiSessionStream(AsyncJsonWebsocketConsumer):
+    session_id: str
+    group: str
+    sent_seq: int = 0
+    viewer: Viewer | None = None
+
+    async def connect(self) -> None:
+        register_server_loop(asyncio.get_running_loop())
+        self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        headers = dict(self.scope.get("headers", []))
+        raw = headers.get(b"authorization", b"").decode("latin-1")
+        raw = raw[7:].strip() if raw.lower().startswith("bearer ") else query.get("token", [""])[0]
+        viewer, code = await database_sync_to_async(authenticate)(raw, self.session_id)
+        if viewer is None:
+            metrics.ws_refused(STREAM)
+            # Accept, then close with a code that says why (4401: no valid token, 4403: no
+            # access): a refused handshake would only tell an API client "403".
+            await self.accept()
+            await self.close(code=code)
+            return
+        self.viewer = viewer
+        try:
+            self.sent_seq = max(0, int(query.get("last_seq", ["0"])[0]))
+        except ValueError:
+            self.sent_seq = 0
+        self.group = session_group(self.session_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        metrics.ws_connected(STREAM, self.sent_seq)
+        await self.flush(live=False)  # catch up from last_seq out of the event log
+
+    async def disconnect(self, code: int) -> None:
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        return  # read-only stream: decisions and answers are REST calls
+
+    async def session_notice(self, message: dict[str, Any]) -> None:
+        if message.get("seq", 0) > self.sent_seq:
+            await self.flush(live=True)
+
+    async def flush(self, live: bool) -> None:
+        assert self.viewer is not None
+        while True:
+            batch = await database_sync_to_async(events_after)(
+                self.session_id, self.sent_seq, self.viewer
+            )
+            if not batch:
+                return
+            for seq, body, _ts in batch:
+                await self.send_json(body)
+                self.sent_seq = seq
+            metrics.events_sent(STREAM, len(batch), [ts for _, _, ts in batch] if live else None)

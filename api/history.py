@@ -1,0 +1,181 @@
+"""History search and Markdown export over the API: replay's own search and export code,
+with the pages' access rules (any role that may view sessions; read-only viewers get the
+masked export) and the pages' audit entry for every export that leaves the system."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any, Literal
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.http import HttpRequest, HttpResponse
+from ninja import Field, Query, Router, Schema
+
+from aero.roles import ADMIN, VIEW_SESSIONS
+from api.auth import TokenAuth
+from api.errors import READ_ERRORS, ApiError
+from api.presenters import masks, viewer_roles
+from diagnosis.models import Session, SessionStatus
+from replay import history, jobs
+from replay.export import render_export
+from replay.forms import HistoryForm
+from replay.history import parse_cursor
+from scenarios_admin.models import Scenario
+
+READ = TokenAuth(VIEW_SESSIONS, "view sessions")
+router = Router(tags=["history"])
+MARKDOWN = {"text/markdown": {"schema": {"type": "string"}}}
+
+
+class HistoryQuery(Schema):
+    q: str = Field("", max_length=200, pattern=r"^[^\x00]*$", description="Free text.")
+    problem_type: str = Field("", max_length=64, pattern=r"^[-a-zA-Z0-9_]*$")
+    status: Literal["", *SessionStatus.values] = ""  # type: ignore[valid-type]
+    risk: Literal["", "LOW", "MEDIUM", "HIGH"] = ""
+    flight: str = Field("", max_length=16, pattern=r"^[-A-Za-z0-9 ]*$")
+    position: str = Field("", max_length=32, pattern=r"^[-A-Za-z0-9/ ]*$")
+    creator: str = Field("", max_length=150, pattern=r"^[-\w.@+]*$")
+    since: date | None = None
+    until: date | None = None
+    sort: Literal["-created", "created", "-updated"] = "-created"
+    cursor: str = Field("", max_length=100, pattern=r"^[^\x00]*$")
+
+
+class HistoryRow(Schema):
+    id: UUID
+    title: str
+    status: str
+    problem_type: str
+    created_by: str
+    created_at: Any
+    updated_at: Any
+    flight: str
+    position: str
+    risk: str
+
+
+class HistoryPage(Schema):
+    sessions: list[HistoryRow]
+    next_cursor: str | None
+
+
+class ExportJobOut(Schema):
+    job_id: str
+    session_id: UUID
+    status: str
+    done: int
+    total: int
+
+
+@router.get("/history", auth=READ, response={200: HistoryPage, **READ_ERRORS})
+def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
+    """Sessions by text, problem type, status, risk, flight, position, creator and dates,
+    as on /history/ (deleted sessions excluded), 50 a page."""
+    data = filters.model_dump()
+    empty: dict[str, Any] = {"sessions": [], "next_cursor": None}
+    # Filters that cannot match anything find nothing (rather than being "invalid").
+    if data["since"] and data["until"] and data["since"] > data["until"]:
+        return empty
+    if data["creator"] and not User.objects.filter(username=data["creator"]).exists():
+        return empty
+    if data["problem_type"] and not Scenario.objects.filter(slug=data["problem_type"]).exists():
+        return empty
+    if data["cursor"]:
+        try:
+            parse_cursor(data["cursor"])
+        except ValueError:
+            raise ApiError(404, "invalid_cursor", "No such page: start from the first.") from None
+    data["scenario"] = data.pop("problem_type")
+    form = HistoryForm({k: ("" if v is None else str(v)) for k, v in data.items()})
+    if not form.is_valid():
+        field, errors = next(iter(form.errors.items()))
+        raise ApiError(422, "invalid_input", f"{field}: {errors[0]}")
+    page = history.search(form.cleaned_data)
+    return {
+        "sessions": [
+            {
+                "id": row["session"].pk,
+                "title": row["session"].title,
+                "status": row["session"].status,
+                "problem_type": row["session"].scenario.slug,
+                "created_by": row["session"].created_by.get_username(),
+                "created_at": row["session"].created_at,
+                "updated_at": row["session"].updated_at,
+                "flight": row["flight"],
+                "position": row["position"],
+                "risk": row["risk"],
+            }
+            for row in page.rows
+        ],
+        "next_cursor": page.next_cursor or None,
+    }
+
+
+def _markdown(session: Session, text: str) -> HttpResponse:
+    response = HttpResponse(text, content_type="text/markdown; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="aero-session-{session.pk}.md"'
+    return response
+
+
+@router.post(
+    "/diagnosis-sessions/{session_id}/replay/export-md",
+    auth=READ,
+    response={202: ExportJobOut, **READ_ERRORS},
+    openapi_extra={
+        "responses": {"200": {"description": "The Markdown export", "content": MARKDOWN}}
+    },
+)
+def export_markdown(request: HttpRequest, session_id: UUID) -> Any:
+    """The session as Markdown (the replay page's export, masked for read-only viewers).
+    Sessions over AERO_REPLAY_EXPORT_INLINE_EVENTS events export in the background: 202
+    with a job to poll at /exports/{job_id}."""
+    session = (
+        Session.objects.select_related("scenario", "scenario_version", "created_by")
+        .filter(pk=session_id)
+        .first()
+    )
+    if session is None:
+        raise ApiError(404, "not_found", f"No session {session_id}.")
+    masked = masks(viewer_roles(request))
+    if session.last_seq > settings.AERO_REPLAY_EXPORT_INLINE_EVENTS:
+        job = jobs.start_export(session, request.user, masked=masked)
+        return 202, _job_out(job)
+    text = render_export(session, request.user, masked=masked)
+    jobs.audit_export(session, request.user, text, masked=masked, mode="api")
+    return _markdown(session, text)
+
+
+@router.get(
+    "/exports/{job_id}",
+    auth=READ,
+    response={202: ExportJobOut, **READ_ERRORS},
+    openapi_extra={
+        "responses": {"200": {"description": "The finished export", "content": MARKDOWN}}
+    },
+)
+def export_job(request: HttpRequest, job_id: str) -> Any:
+    """A background export: 202 with its progress until it is done, then the Markdown.
+    An export is its requester's (admins may fetch any)."""
+    job = jobs.get_job(job_id)
+    if job is None or (job.user_id != request.user.pk and ADMIN not in viewer_roles(request)):
+        raise ApiError(404, "not_found", "No such export.")
+    if job.status != "done":
+        return 202, _job_out(job)
+    text = jobs.job_body(job)
+    if text is None:
+        raise ApiError(404, "not_found", "This export has expired.")
+    session = Session.objects.get(pk=job.session_id)
+    jobs.audit_export(session, request.user, text, masked=job.masked, mode="api-background")
+    return _markdown(session, text)
+
+
+def _job_out(job: jobs.ExportJob) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "session_id": job.session_id,
+        "status": job.status,
+        "done": job.done,
+        "total": job.total,
+    }

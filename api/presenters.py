@@ -1,0 +1,126 @@
+"""JSON shapes of sessions, events, runs and approvals, shared by the REST API and the
+WebSocket stream so both say the same thing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from approvals.models import Approval, ApprovalStatus
+from diagnosis.models import AgentRun, Event, Session
+from replay import masking
+
+
+def viewer_roles(viewer: Any) -> frozenset[str]:
+    return frozenset(getattr(viewer, "api_roles", frozenset()))
+
+
+def masks(roles: frozenset[str]) -> bool:
+    """Read-only viewers (auditors) get the replay pages' masked view
+    (replay.masking: AERO_REPLAY_MASK); operating roles see payloads in full, as on the
+    live pages."""
+    return not (roles & masking.UNMASKED_ROLES)
+
+
+def visible_payload(event: Event, roles: frozenset[str]) -> dict[str, Any]:
+    """The payload as this viewer may see it, by the replay pages' rules: one place for
+    the REST timeline and the WebSocket stream."""
+    if not masks(roles):
+        return event.payload
+    payload, _ = masking.mask_payload(event.type, event.payload)
+    return payload
+
+
+def envelope(event: Event, viewer: Any) -> dict[str, Any]:
+    """The tech plan's envelope (§2.3): event_id, session_id, type, ts, seq, payload."""
+    return {
+        "event_id": str(event.event_id),
+        "session_id": str(event.session_id),
+        "type": event.type,
+        "ts": event.ts.isoformat(),
+        "seq": event.seq,
+        "payload": visible_payload(event, viewer_roles(viewer)),
+    }
+
+
+def session_out(session: Session) -> dict[str, Any]:
+    open_approvals = getattr(session, "open_approvals", None)
+    if open_approvals is None:
+        open_approvals = session.approvals.open().count()
+    return {
+        "id": session.pk,
+        "title": session.title,
+        "status": session.status,
+        "problem_type": session.scenario.slug,
+        "scenario_version": session.scenario_version.number,
+        "language": session.language,
+        "created_by": session.created_by.get_username(),
+        "created_at": session.created_at,
+        "started_at": session.started_at,
+        "ended_at": session.ended_at,
+        "last_seq": session.last_seq,
+        "snapshot": session.snapshot,
+        "tokens_in": session.tokens_in,
+        "tokens_out": session.tokens_out,
+        "cost": str(session.cost),
+        "open_approvals": open_approvals,
+        "has_report": hasattr(session, "report"),
+    }
+
+
+def run_tree(runs: list[AgentRun]) -> list[dict[str, Any]]:
+    """Nest runs under their parents (runs come in start order; a run whose parent is
+    missing becomes a root rather than disappearing)."""
+    nodes: dict[int, dict[str, Any]] = {}
+    roots: list[dict[str, Any]] = []
+    for run in runs:
+        nodes[run.pk] = {
+            "id": run.pk,
+            "agent_name": run.agent_name,
+            "mode": run.mode,
+            "status": run.status,
+            "started_at": run.started_at,
+            "ended_at": run.ended_at,
+            "output_summary": run.output_summary,
+            "children": [],
+        }
+    for run in runs:
+        parent = nodes.get(run.parent_id) if run.parent_id else None
+        (parent["children"] if parent else roots).append(nodes[run.pk])
+    return roots
+
+
+def approval_out(approval: Approval, roles: frozenset[str] | None = None) -> dict[str, Any]:
+    if approval.status == ApprovalStatus.PENDING:
+        next_step = "approve"
+    elif approval.status == ApprovalStatus.CONFIRMING:
+        next_step = "confirm"
+    else:
+        next_step = "none"
+    return {
+        "id": approval.pk,
+        "session_id": approval.session_id,
+        "tool_call_id": approval.tool_call_id,
+        "action": approval.action_name,
+        "args": _args(approval, roles),
+        "risk_class": approval.risk_class,
+        "status": approval.status,
+        "digest": approval.digest,
+        "next_step": next_step,
+        "created_at": approval.created_at,
+        "deadline": approval.deadline,
+        "first_approved_by": (
+            approval.first_approved_by.get_username() if approval.first_approved_by else None
+        ),
+        "approver": approval.approver.get_username() if approval.approver else None,
+        "reason": approval.reason,
+    }
+
+
+def _args(approval: Approval, roles: frozenset[str] | None) -> Any:
+    args = approval.tool_call.request_payload
+    if roles is None or not masks(roles):
+        return args
+    masked, _ = masking.mask_payload(
+        "approval.required", {"risk_level": approval.risk_class, "args": args}
+    )
+    return masked["args"]

@@ -1,0 +1,154 @@
+"""Request and response bodies of /api/v1 (the OpenAPI schema is generated from these)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from ninja import Field, Schema
+from pydantic import StringConstraints
+
+from aero.text import MAX_MESSAGE, MAX_REASON
+
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL cannot store U+0000 in text
+SLUG = r"^[-a-zA-Z0-9_]+$"
+Text = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_MESSAGE, pattern=NO_NUL),
+]
+Reason = Annotated[
+    str, StringConstraints(strip_whitespace=True, max_length=MAX_REASON, pattern=NO_NUL)
+]
+
+
+class SessionIn(Schema):
+    problem_type: str = Field(
+        ...,
+        max_length=64,
+        pattern=SLUG,
+        description="Scenario slug, e.g. oil_spill.",
+        examples=["oil_spill"],
+    )
+    description: Text = Field(..., description="The incident as a person would report it.")
+
+
+class SessionCreated(Schema):
+    session_id: UUID
+    status: str
+
+
+class SessionOut(Schema):
+    id: UUID
+    title: str
+    status: str
+    problem_type: str
+    scenario_version: int
+    language: str
+    created_by: str
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    last_seq: int
+    snapshot: dict[str, Any] = Field(
+        ..., description="What the agent knows: fields, evidence, risk, impact, question, fsm."
+    )
+    tokens_in: int
+    tokens_out: int
+    cost: str = Field(..., description="LLM cost so far, as a decimal string.")
+    open_approvals: int
+    has_report: bool
+
+
+class SessionSummary(Schema):
+    id: UUID
+    title: str
+    status: str
+    problem_type: str
+    created_by: str
+    created_at: datetime
+    ended_at: datetime | None
+    last_seq: int
+
+
+class SessionPage(Schema):
+    sessions: list[SessionSummary]
+    next_offset: int | None = Field(..., description="Pass as offset for the next page.")
+
+
+class CancelIn(Schema):
+    reason: Reason = ""
+
+
+class AnswerIn(Schema):
+    message: Text
+
+
+class Envelope(Schema):
+    event_id: UUID
+    session_id: UUID
+    type: str
+    ts: datetime
+    seq: int
+    payload: dict[str, Any]
+
+
+class TimelineOut(Schema):
+    session_id: UUID
+    last_seq: int
+    events: list[Envelope]
+    next_from_seq: int | None = Field(
+        ..., description="Pass as from_seq for the next page; null when this page is the end."
+    )
+
+
+class RunNode(Schema):
+    id: int
+    agent_name: str
+    mode: str
+    status: str
+    started_at: datetime
+    ended_at: datetime | None
+    output_summary: dict[str, Any]
+    children: list[RunNode]
+
+
+class AgentTreeOut(Schema):
+    session_id: UUID
+    runs: list[RunNode]
+
+
+class ApprovalOut(Schema):
+    id: int
+    session_id: UUID
+    tool_call_id: int
+    action: str
+    args: dict[str, Any] | Literal["masked"] = Field(
+        ..., description='"masked" for read-only viewers when the replay mask policy hides it.'
+    )
+    risk_class: Literal["R1", "R2", "R3"]
+    status: str
+    digest: str = Field(
+        ..., description="Send it back with the decision: it binds the decision to this request."
+    )
+    next_step: Literal["approve", "confirm", "none"]
+    created_at: datetime
+    deadline: datetime | None
+    first_approved_by: str | None
+    approver: str | None
+    reason: str
+
+
+class DecisionIn(Schema):
+    digest: str = Field(..., min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
+    reason: Reason = ""
+
+
+class RejectIn(Schema):
+    digest: str = Field(..., min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
+    reason: Annotated[
+        str,
+        StringConstraints(
+            strip_whitespace=True, min_length=1, max_length=MAX_REASON, pattern=NO_NUL
+        ),
+    ]

@@ -1,0 +1,310 @@
+"""REST /api/v1 (django-ninja; ADR 70). Every state change goes through the same do_*
+actions as the pages: the API adds authentication, JSON and idempotency, never policy."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from uuid import UUID
+
+from django.db.models import Count, Q
+from django.http import HttpRequest, HttpResponse
+from ninja import Header, NinjaAPI, Query, Router, Status
+from ninja.openapi.docs import Swagger
+
+from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_SESSIONS
+from api import schemas
+from api.auth import TokenAuth
+from api.errors import READ_ERRORS, WRITE_ERRORS, ApiError, ErrorOut, install_handlers
+from api.history import router as history_router
+from api.idempotency import request_hash, run_once
+from api.presenters import approval_out, envelope, run_tree, session_out, viewer_roles
+from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
+from approvals.models import OPEN_STATUSES, Approval
+from diagnosis import actions
+from diagnosis.actions import ActionError
+from diagnosis.models import AgentRun, Event, Session, SessionStatus
+from scenarios_admin.models import Scenario
+
+TIMELINE_MAX = 200
+LIST_MAX = 100  # rendering is not involved, but one page stays one small query
+
+api = NinjaAPI(
+    title="AERO API",
+    version="1",
+    description=(
+        "Incident sessions, their event log and approvals, for machines. Authenticate with "
+        "a personal API token (`Authorization: Bearer aero_…`), created under /api/tokens/. "
+        "Errors are JSON: `{code, message}`."
+    ),
+    urls_namespace="api",
+    # Served from django-ninja's own static files (ninja is in INSTALLED_APPS): no CDN.
+    docs=Swagger(settings={"persistAuthorization": True}),
+)
+install_handlers(api)
+READ = TokenAuth(VIEW_SESSIONS, "view sessions")
+RUN = TokenAuth(RUN_SESSIONS, "run sessions (open, answer, cancel, resume)")
+DECIDE = TokenAuth(DECIDE_APPROVALS, "decide approvals")
+sessions = Router(tags=["sessions"])
+approvals = Router(tags=["approvals"])
+
+
+def _session(session_id: UUID) -> Session:
+    session = (
+        Session.objects.visible()
+        .select_related("scenario", "scenario_version", "created_by")
+        .filter(pk=session_id)
+        .first()
+    )
+    if session is None:
+        raise ApiError(404, "not_found", f"No session {session_id}.")
+    return session
+
+
+def _refused(exc: ActionError) -> ApiError:
+    return ApiError(409, "action_refused", str(exc))
+
+
+def _snapshot(session_id: UUID) -> dict[str, Any]:
+    session = (
+        Session.objects.select_related("scenario", "scenario_version", "created_by")
+        .annotate(
+            open_approvals=Count("approvals", filter=Q(approvals__status__in=OPEN_STATUSES)),
+        )
+        .get(pk=session_id)
+    )
+    return session_out(session)
+
+
+# --- sessions -------------------------------------------------------------------------
+
+
+@sessions.post(
+    "",
+    auth=RUN,
+    response={201: schemas.SessionCreated, **WRITE_ERRORS},
+    summary="Open an incident session",
+)
+def create_session(
+    request: HttpRequest,
+    payload: schemas.SessionIn,
+    idempotency_key: str | None = Header(
+        None,
+        alias="Idempotency-Key",
+        max_length=255,
+        pattern=r"^[\x21-\x7e]{1,255}$",
+        description="Retry safely: the same key and body return the first response (24 h).",
+    ),
+) -> Any:
+    body = payload.model_dump()
+
+    def create() -> tuple[int, dict[str, Any]]:
+        scenario = Scenario.objects.filter(slug=payload.problem_type, is_active=True).first()
+        if scenario is None:
+            # 404: the body is well-formed, the scenario it names does not exist.
+            raise ApiError(
+                404, "unknown_problem_type", f"No active scenario {payload.problem_type!r}."
+            )
+        try:
+            session = actions.do_create_session(
+                request.user, scenario, payload.description, producer="api"
+            )
+        except ActionError as exc:
+            raise _refused(exc) from exc
+        return 201, {"session_id": str(session.pk), "status": session.status}
+
+    status, response, replayed = run_once(
+        request.user, idempotency_key, request_hash("POST", request.path, body), create
+    )
+    if replayed:
+        request.idempotent_replay = True  # type: ignore[attr-defined]
+    return Status(status, response)
+
+
+@sessions.get("", auth=READ, response={200: schemas.SessionPage, **READ_ERRORS})
+def list_sessions(
+    request: HttpRequest,
+    status: Literal["", *SessionStatus.values] = "",  # type: ignore[valid-type]
+    problem_type: str = Query("", max_length=64, pattern=r"^[-a-zA-Z0-9_]*$"),
+    limit: int = Query(50, ge=1, le=LIST_MAX),
+    offset: int = Query(0, ge=0, le=10_000),
+) -> Any:
+    """Sessions newest first, as on the sessions page (deleted ones excluded)."""
+    sessions = Session.objects.visible().select_related("scenario", "created_by")
+    if status:
+        sessions = sessions.filter(status=status)
+    if problem_type:
+        sessions = sessions.filter(scenario__slug=problem_type)
+    page = list(sessions.order_by("-created_at", "id")[offset : offset + limit + 1])
+    return {
+        "sessions": [
+            {
+                "id": s.pk,
+                "title": s.title,
+                "status": s.status,
+                "problem_type": s.scenario.slug,
+                "created_by": s.created_by.get_username(),
+                "created_at": s.created_at,
+                "ended_at": s.ended_at,
+                "last_seq": s.last_seq,
+            }
+            for s in page[:limit]
+        ],
+        "next_offset": offset + limit if len(page) > limit else None,
+    }
+
+
+@sessions.get("/{session_id}", auth=READ, response={200: schemas.SessionOut, **READ_ERRORS})
+def get_session(request: HttpRequest, session_id: UUID) -> Any:
+    """The session's current snapshot, state and usage."""
+    _session(session_id)
+    return _snapshot(session_id)
+
+
+@sessions.post("/{session_id}/cancel", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
+def cancel_session(request: HttpRequest, session_id: UUID, payload: schemas.CancelIn) -> Any:
+    _session(session_id)
+    try:
+        actions.do_cancel(session_id, request.user, payload.reason)
+    except ActionError as exc:
+        raise _refused(exc) from exc
+    return _snapshot(session_id)
+
+
+@sessions.post("/{session_id}/resume", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
+def resume_session(request: HttpRequest, session_id: UUID) -> Any:
+    """Re-queue a failed session: the agent resumes from its last checkpoint."""
+    _session(session_id)
+    try:
+        actions.do_retry(session_id, request.user)
+    except ActionError as exc:
+        raise _refused(exc) from exc
+    return _snapshot(session_id)
+
+
+@sessions.post("/{session_id}/answer", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
+def answer_session(request: HttpRequest, session_id: UUID, payload: schemas.AnswerIn) -> Any:
+    """Answer the question the agent asked (snapshot.question)."""
+    _session(session_id)
+    try:
+        actions.do_answer(session_id, request.user, payload.message, producer="api")
+    except ActionError as exc:
+        raise _refused(exc) from exc
+    return _snapshot(session_id)
+
+
+@sessions.get(
+    "/{session_id}/timeline", auth=READ, response={200: schemas.TimelineOut, **READ_ERRORS}
+)
+def timeline(
+    request: HttpRequest,
+    session_id: UUID,
+    from_seq: int = Query(1, ge=1, le=2**53, description="First seq to return."),
+    limit: int = Query(100, ge=1, le=TIMELINE_MAX),
+) -> Any:
+    """Events in seq order from `from_seq`, at most `limit` of them (keyset on seq)."""
+    session = _session(session_id)
+    events = list(
+        Event.objects.filter(session_id=session.pk, seq__gte=from_seq).order_by("seq")[: limit + 1]
+    )
+    more = len(events) > limit
+    events = events[:limit]
+    return {
+        "session_id": session.pk,
+        "last_seq": session.last_seq,
+        "events": [envelope(event, request) for event in events],
+        "next_from_seq": events[-1].seq + 1 if more else None,
+    }
+
+
+@sessions.get(
+    "/{session_id}/agent-tree", auth=READ, response={200: schemas.AgentTreeOut, **READ_ERRORS}
+)
+def agent_tree(request: HttpRequest, session_id: UUID) -> Any:
+    """Every agent run of the session: a job's root run and the node runs under it."""
+    session = _session(session_id)
+    runs = list(AgentRun.objects.filter(session_id=session.pk).order_by("started_at", "id"))
+    return {"session_id": session.pk, "runs": run_tree(runs)}
+
+
+@sessions.get(
+    "/{session_id}/pending-approvals",
+    auth=READ,
+    response={200: list[schemas.ApprovalOut], **READ_ERRORS},
+)
+def pending_approvals(request: HttpRequest, session_id: UUID) -> Any:
+    session = _session(session_id)
+    pending = (
+        Approval.objects.open()
+        .filter(session_id=session.pk)
+        .select_related("tool_call", "first_approved_by", "approver")
+        .order_by("created_at", "id")
+    )
+    return [approval_out(approval, viewer_roles(request)) for approval in pending]
+
+
+# --- approvals ------------------------------------------------------------------------
+
+
+def _decide(request: HttpRequest, approval_id: int, decision: str, digest: str, reason: str) -> Any:
+    approval = Approval.objects.filter(pk=approval_id, session__deleted_at__isnull=True).first()
+    if approval is None:
+        raise ApiError(404, "not_found", f"No approval {approval_id}.")
+    try:
+        do_decide(approval.pk, request.user, decision, reason, digest=digest, producer="api")
+    except ActionError as exc:
+        raise _refused(exc) from exc
+    approval = Approval.objects.select_related("tool_call", "first_approved_by", "approver").get(
+        pk=approval_id
+    )
+    return approval_out(approval)
+
+
+@approvals.get("/{approval_id}", auth=READ, response={200: schemas.ApprovalOut, **READ_ERRORS})
+def get_approval(request: HttpRequest, approval_id: int) -> Any:
+    approval = (
+        Approval.objects.filter(pk=approval_id, session__deleted_at__isnull=True)
+        .select_related("tool_call", "first_approved_by", "approver")
+        .first()
+    )
+    if approval is None:
+        raise ApiError(404, "not_found", f"No approval {approval_id}.")
+    return approval_out(approval, viewer_roles(request))
+
+
+@approvals.post(
+    "/{approval_id}/approve", auth=DECIDE, response={200: schemas.ApprovalOut, **WRITE_ERRORS}
+)
+def approve(request: HttpRequest, approval_id: int, payload: schemas.DecisionIn) -> Any:
+    """First (or only) approval step. R2 (and R3 under the two-person rule) then needs
+    /confirm; R3 needs a reason. `digest` must be the one the approval was shown with."""
+    return _decide(request, approval_id, APPROVE, payload.digest, payload.reason)
+
+
+@approvals.post(
+    "/{approval_id}/confirm", auth=DECIDE, response={200: schemas.ApprovalOut, **WRITE_ERRORS}
+)
+def confirm(request: HttpRequest, approval_id: int, payload: schemas.DecisionIn) -> Any:
+    """Second step of a two-step approval: confirm the exact action."""
+    return _decide(request, approval_id, CONFIRM, payload.digest, payload.reason)
+
+
+@approvals.post(
+    "/{approval_id}/reject", auth=DECIDE, response={200: schemas.ApprovalOut, **WRITE_ERRORS}
+)
+def reject(request: HttpRequest, approval_id: int, payload: schemas.RejectIn) -> Any:
+    return _decide(request, approval_id, REJECT, payload.digest, payload.reason)
+
+
+api.add_router("/diagnosis-sessions", sessions)
+api.add_router("/approvals", approvals)
+api.add_router("", history_router)
+
+
+def not_found(request: HttpRequest, unknown: str = "") -> HttpResponse:
+    """Unknown paths under /api/v1/ answer in JSON too, not with the HTML 404 page."""
+    return api.create_response(
+        request, {"code": "not_found", "message": "No such API endpoint."}, status=404
+    )
+
+
+__all__ = ["ErrorOut", "api", "not_found"]

@@ -1,0 +1,187 @@
+"""Issue 8's goals, measured for the base commit and for this checkout in the same run,
+side by side with the ratio. Prints; asserts nothing.
+
+  .venv/bin/python bench/perf.py [--base a141182] [--at-once 40] [--viewers 100] ...
+
+The base commit is checked out into a temporary `git worktree` (removed afterwards).
+Embedded mode (SQLite, inline jobs) is measured for the in-process figures; the others
+need PostgreSQL and Redis: DATABASE_URL and REDIS_URL name the servers (defaults: this
+machine), and each tree gets scratch databases `aero_bench_base` / `aero_bench_head`
+(dropped and re-created) and Redis database AERO_BENCH_REDIS_DB (default 13, flushed).
+Scale options keep `make bench` to a few minutes; the table says what ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+MEASURE = ROOT / "bench" / "perf_measure.py"
+
+
+def run_tree(tree: Path, mode: str, head: bool, db: str, args: argparse.Namespace) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
+    env["AERO_SECRET_KEY"] = "aero-bench"
+    env["AERO_DATA_DIR"] = tempfile.mkdtemp(prefix=f"aero-bench-{mode}-")
+    env["PYTHONUNBUFFERED"] = "1"
+    if mode == "services":
+        pg = urlsplit(args.database_url)
+        subprocess.run(
+            ["psql", args.database_url, "-qc", f"DROP DATABASE IF EXISTS {db} WITH (FORCE)",
+             "-c", f"CREATE DATABASE {db}"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        env["DATABASE_URL"] = pg._replace(path=f"/{db}").geturl()
+        redis = urlsplit(args.redis_url)._replace(path=f"/{args.redis_db}").geturl()
+        subprocess.run(["redis-cli", "-u", redis, "FLUSHDB"], check=True, capture_output=True)
+        env["REDIS_URL"] = redis
+        env["AERO_QUEUE"] = f"bench-{db}"
+        env["AERO_CHANNEL_PREFIX"] = f"bench-{db}"
+    command = [
+        sys.executable, str(MEASURE), "--tree", str(tree), "--mode", mode,
+        "--samples", str(args.samples), "--open", str(args.open),
+        "--at-once", str(args.at_once), "--viewers", str(args.viewers),
+        "--push-sessions", str(args.push_sessions), "--events", str(args.events),
+        "--clients", str(args.clients), "--seconds", str(args.seconds),
+        "--port", str(args.port + (0 if head else 100)),
+    ] + (["--head"] if head else [])  # fmt: skip
+    print(f"  measuring {'this change' if head else 'base'} ({mode}) ...", flush=True)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    for line in result.stdout.splitlines():
+        if line.startswith("RESULT "):
+            data: dict[str, Any] = json.loads(line[len("RESULT ") :])
+            return data
+    print(result.stdout[-2000:], result.stderr[-4000:], sep="\n")
+    return {}
+
+
+def fmt(value: Any, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if isinstance(value, float) and math.isinf(value):
+        return "did not finish"
+    if isinstance(value, float):
+        return f"{value:,.1f}{unit}"
+    return f"{value}{unit}"
+
+
+def ratio(base: Any, head: Any, higher_is_better: bool = False) -> str:
+    try:
+        b, h = float(base), float(head)
+    except (TypeError, ValueError):
+        return ""
+    if not (math.isfinite(b) and math.isfinite(h)) or b == 0 or h == 0:
+        return ""
+    return (
+        f"{(h / b if higher_is_better else b / h):.1f}x better"
+        if ((h > b) if higher_is_better else (h < b))
+        else f"{(b / h if higher_is_better else h / b):.1f}x worse"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--base", default="a141182")
+    parser.add_argument("--database-url", default=os.environ.get(
+        "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))  # fmt: skip
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument("--redis-db", default=os.environ.get("AERO_BENCH_REDIS_DB", "13"))
+    parser.add_argument("--samples", type=int, default=2)
+    parser.add_argument("--open", type=int, default=2000, help="open approvals on the queue page")
+    parser.add_argument(
+        "--at-once", type=int, default=20, help="sessions submitted at once (goal: 1000)"
+    )
+    parser.add_argument("--viewers", type=int, default=100)
+    parser.add_argument(
+        "--push-sessions", type=int, default=20, help="viewers on as many sessions (goal: 100)"
+    )
+    parser.add_argument("--events", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--port", type=int, default=18500)
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="aero-base-"))
+    tree = workdir / "tree"
+    git = ["git", "-C", str(ROOT), "worktree"]
+    subprocess.run([*git, "add", "--detach", "-q", str(tree), args.base], check=True)
+    (tree / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for head, label, source in ((False, "base", tree), (True, "head", ROOT)):
+            for mode in ("embedded", "services"):
+                data = run_tree(source, mode, head, f"aero_bench_{label}", args)
+                results[f"{label}-{mode}"] = data
+    finally:
+        subprocess.run([*git, "remove", "--force", str(tree)], check=False)
+
+    def row(figure: str, goal: str, key: str, mode: str, unit: str, higher: bool = False) -> None:
+        base = results.get(f"base-{mode}", {}).get(key)
+        head = results.get(f"head-{mode}", {}).get(key)
+        cells = [f"{figure} [{mode}]", goal, fmt(base, unit), fmt(head, unit)]
+        print("| " + " | ".join([*cells, ratio(base, head, higher)]) + " |")
+
+    n, v, m = args.at_once, args.viewers, args.push_sessions
+    print(f"\nIssue 8 goals: base {args.base} vs this checkout, same run, same machine.")
+    print(
+        f"Scale: {n} sessions at once (goal 1,000), {v} viewers on one session, "
+        f"{m} viewers on {m} sessions (goal 100), {args.events} events each, "
+        f"{args.open} open approvals, {args.clients} clients x {args.seconds:g} s.\n"
+    )
+    print("| figure | goal | base | this change | ratio |")
+    print("|---|---|---|---|---|")
+    for mode in ("embedded", "services"):
+        row("CPU per offline session to its first wait", "< 150 ms", "cpu_ms", mode, " ms")
+        row("queries per session to its first wait", "<= 60", "queries", mode, "")
+        row("transactions per session to its first wait", "<= 15", "transactions", mode, "")
+        row("session page (200 events) p50", "< 50 ms", "session_page_p50_ms", mode, " ms")
+        row(f"queue page, {args.open} open, p50", "< 200 ms", "queue_page_p50_ms", mode, " ms")
+    rows: list[tuple[str, str, str, str, bool]] = [
+        ("create -> first approval wait p50, 1 rq worker", "", "rq_p50_ms", " ms", False),
+        ("create -> first approval wait p95, 1 rq worker", "< 300 ms", "rq_p95_ms", " ms", False),
+        (f"{n} sessions at once, 2 workers: all waiting", "< 120 s", "at_once_s", " s", False),
+        (f"{n} sessions at once: at their wait", "all", "at_once_done", "", True),
+        (f"{n} sessions at once: rq jobs created", "one each", "at_once_jobs", "", False),
+        (f"{n} sessions at once: agent runs", "", "at_once_runs", "", False),
+        (f"commit -> browser p50, {v} viewers, 1 session", "", "push_p50_ms", " ms", False),
+        (f"commit -> browser p99, {v} viewers, 1 session", "< 50 ms", "push_p99_ms", " ms", False),
+        (f"failed handshakes, {v} at once", "0", "push_failed_handshakes", "", False),
+        (
+            f"commit -> browser p99, {m} on {m} sessions",
+            "< 50 ms",
+            "many_push_p99_ms",
+            " ms",
+            False,
+        ),
+        (
+            f"session page, {args.clients} clients, as served",
+            "",
+            "pages_served_rps",
+            " req/s",
+            True,
+        ),
+        ("same, plain gunicorn", "", "pages_gunicorn_rps", " req/s", True),
+    ]
+    for figure, goal, key, unit, higher in rows:
+        row(figure, goal, key, "services", unit, higher)
+    for label in ("base", "head"):
+        data = results.get(f"{label}-services", {})
+        served, plain = data.get("pages_served_rps"), data.get("pages_gunicorn_rps")
+        if served and plain:
+            print(f"{label}: served / gunicorn = {served / plain:.2f}x (goal >= 1.0x)")
+    print("\nRaw:", json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

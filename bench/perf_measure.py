@@ -1,0 +1,523 @@
+"""One tree's measurements for bench/perf.py (prints one JSON object, asserts nothing).
+
+Runs against the source tree given by --tree (this checkout, or a temporary worktree of
+the base commit), so it only uses what both trees have: do_create_session, append_event,
+render_updates (either signature), the page URLs, `manage.py aero_worker`, daphne.
+
+  python bench/perf_measure.py --tree DIR --mode embedded|services [--what ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+STAND_FUEL_LEAK = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def setup(tree: Path, mode: str, job_backend: str) -> None:
+    sys.path.insert(0, str(tree))
+    os.chdir(tree)
+    if mode == "embedded":
+        os.environ.pop("DATABASE_URL", None)
+        os.environ.pop("REDIS_URL", None)
+    os.environ["AERO_JOB_BACKEND"] = job_backend
+    os.environ.setdefault("AERO_DATA_DIR", tempfile.mkdtemp(prefix="aero-bench-"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    call_command("load_builtin", verbosity=0)
+    call_command("seed_demo", verbosity=0)
+
+
+class Counter:
+    """Queries and transactions on Django's connection: a statement outside an atomic
+    block is a transaction of its own (autocommit); an atomic block is one commit."""
+
+    def __init__(self) -> None:
+        from django.db import connection
+
+        self.connection = connection
+        self.queries = 0
+        self.transactions = 0
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        self.queries += 1
+        if not self.connection.in_atomic_block:
+            self.transactions += 1
+        return execute(sql, params, many, context)
+
+    def __enter__(self) -> Counter:
+        self._wrap = self.connection.execute_wrapper(self)
+        self._wrap.__enter__()
+        original = self.connection.commit
+
+        def commit() -> None:
+            self.transactions += 1
+            original()
+
+        self._original = original
+        self.connection.commit = commit  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.connection.commit = self._original  # type: ignore[method-assign]
+        self._wrap.__exit__(*exc)
+
+
+def user(name: str) -> Any:
+    from django.contrib.auth.models import User
+
+    return User.objects.get(username=name)
+
+
+def new_session(text: str = STAND_FUEL_LEAK) -> Any:
+    from diagnosis.actions import do_create_session
+    from scenarios_admin.models import Scenario
+
+    return do_create_session(user("operator"), Scenario.objects.get(slug="oil_spill"), text)
+
+
+def per_session(samples: int) -> dict[str, Any]:
+    cpu, queries, transactions = [], [], []
+    for _ in range(samples):
+        with Counter() as counter:
+            started = time.process_time()
+            session = new_session()
+            cpu.append((time.process_time() - started) * 1000)
+        session.refresh_from_db()
+        assert session.status == "waiting_user", session.status
+        queries.append(counter.queries)
+        transactions.append(counter.transactions)
+    return {
+        "cpu_ms": statistics.median(cpu),
+        "queries": statistics.median(queries),
+        "transactions": statistics.median(transactions),
+    }
+
+
+def login_cookie(name: str) -> str:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user(name))
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+def big_session(events: int) -> Any:
+    from diagnosis.events import append_event
+
+    session = new_session()
+    for n in range(events):
+        append_event(session.pk, "agent.note", {"text": f"bench note {n}"}, producer="bench")
+    session.refresh_from_db()
+    return session
+
+
+def open_approvals(count: int) -> None:
+    """`count` open approvals, bulk-inserted (10 per session)."""
+    from approvals.models import Approval
+    from diagnosis.models import Session, ToolCall
+
+    template = new_session()
+    template.refresh_from_db()
+    sessions = [
+        Session(
+            scenario_id=template.scenario_id,
+            scenario_version_id=template.scenario_version_id,
+            title=f"bench {n}",
+            created_by_id=template.created_by_id,
+            status="waiting_user",
+            snapshot=template.snapshot,
+        )
+        for n in range((count + 9) // 10)
+    ]
+    Session.objects.bulk_create(sessions)
+    calls = ToolCall.objects.bulk_create(
+        ToolCall(
+            session=sessions[n // 10],
+            call_id=f"bench-{n}",
+            tool_name="dispatch_cleanup_crew",
+            risk_class=("R1", "R2", "R3")[n % 3],
+            is_action=True,
+            idempotency_key=f"bench-{sessions[n // 10].pk}-{n}",
+            request_payload={"position": "105"},
+            status="awaiting_approval",
+        )
+        for n in range(count)
+    )
+    Approval.objects.bulk_create(
+        Approval(
+            tool_call=call,
+            session_id=call.session_id,
+            risk_class=call.risk_class,
+            action_name=call.tool_name,
+            digest="0" * 64,
+        )
+        for call in calls
+    )
+
+
+def page_times(url: str, who: str, repeat: int) -> list[float]:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user(who))
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200, response.status_code
+    return times
+
+
+def pages(events: int, approvals: int, repeat: int) -> dict[str, Any]:
+    session = big_session(events)
+    session_ms = page_times(f"/sessions/{session.pk}/", "operator", repeat)
+    open_approvals(approvals)
+    # The unpaginated queue renders every open approval: measure it fewer times.
+    queue_ms = page_times("/approvals/", "approver", max(1, repeat // 5))
+    return {"session_page_p50_ms": pct(session_ms, 0.5), "queue_page_p50_ms": pct(queue_ms, 0.5)}
+
+
+# --- services: rq worker, daphne, gunicorn -------------------------------------------
+
+
+def start(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args,
+        env={**os.environ, **env},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def workers(count: int, logs: Path) -> list[subprocess.Popen[bytes]]:
+    return [
+        start(
+            [sys.executable, "manage.py", "aero_worker"],
+            logs / f"worker{n}.log",
+            AERO_JOB_BACKEND="rq",
+            AERO_RECONCILE_SECONDS="5",
+        )
+        for n in range(count)
+    ]
+
+
+def wait_statuses(ids: list[Any], timeout: float) -> dict[Any, float]:
+    from diagnosis.models import Session
+
+    done: dict[Any, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(done) < len(ids) and time.monotonic() < deadline:
+        rows = Session.objects.filter(pk__in=[i for i in ids if i not in done])
+        for pk in rows.filter(status__in=["waiting_user", "completed", "failed"]).values_list(
+            "pk", flat=True
+        ):
+            done[pk] = time.monotonic()
+        time.sleep(0.005)
+    return done
+
+
+def rq_latency(samples: int, logs: Path) -> dict[str, Any]:
+    procs = workers(1, logs)
+    try:
+        time.sleep(3)  # the worker imports langgraph and connects
+        new_wait = wait_statuses([new_session().pk], 60)  # warm up
+        assert new_wait, "the worker did not run the warm-up session"
+        latencies = []
+        for _ in range(samples):
+            started = time.monotonic()
+            session = new_session()
+            done = wait_statuses([session.pk], 60)
+            latencies.append((done.get(session.pk, float("inf")) - started) * 1000)
+    finally:
+        stop(procs)
+    return {"rq_p50_ms": pct(latencies, 0.5), "rq_p95_ms": pct(latencies, 0.95)}
+
+
+def at_once(count: int, timeout: float, logs: Path) -> dict[str, Any]:
+    import django_rq
+    from django.conf import settings
+
+    from diagnosis.models import AgentRun
+
+    connection = django_rq.get_queue(settings.AERO_QUEUE).connection
+    before = len(list(connection.scan_iter("rq:job:*", count=1000)))
+    procs = workers(2, logs)
+    try:
+        time.sleep(3)
+        started = time.monotonic()
+        ids = [new_session().pk for _ in range(count)]
+        done = wait_statuses(ids, timeout)
+        elapsed = (max(done.values()) - started) if len(done) == count else float("inf")
+        jobs = len(list(connection.scan_iter("rq:job:*", count=1000))) - before
+        runs = AgentRun.objects.filter(session_id__in=ids, parent__isnull=True).count()
+    finally:
+        stop(procs)
+    return {
+        "at_once_sessions": count,
+        "at_once_done": len(done),
+        "at_once_s": elapsed,
+        "at_once_jobs": jobs,
+        "at_once_runs": runs,
+    }
+
+
+def wait_up(url: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            host, port = url.split("//")[1].split(":")
+            conn = http.client.HTTPConnection(host, int(port), timeout=2)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def daphne(port: int, logs: Path) -> subprocess.Popen[bytes]:
+    return start(
+        [str(Path(sys.executable).parent / "daphne"), "-e",
+         f"tcp:port={port}:interface=127.0.0.1:backlog=1024", "aero.asgi:application"],
+        logs / f"daphne{port}.log",
+        AERO_JOB_BACKEND="rq",
+    )  # fmt: skip
+
+
+def gunicorn(port: int, logs: Path) -> subprocess.Popen[bytes]:
+    return start(
+        [str(Path(sys.executable).parent / "gunicorn"), "aero.wsgi:application", "--bind",
+         f"127.0.0.1:{port}", "--worker-class", "gthread", "--workers", "3", "--threads", "4",
+         "--backlog", "1024"],
+        logs / f"gunicorn{port}.log",
+        AERO_JOB_BACKEND="rq",
+    )  # fmt: skip
+
+
+def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -> dict[str, Any]:
+    """`viewers` sockets spread over `sessions` sessions; `events` rounds of one event per
+    session; commit -> message latency for every (viewer, event)."""
+    from websockets.asyncio.client import connect
+
+    from diagnosis.events import append_event
+
+    server = daphne(port, logs)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(base)
+        targets = [new_session_no_job() for _ in range(sessions)]
+        cookie = login_cookie("auditor")
+        committed: dict[tuple[str, int], float] = {}
+        latencies: list[float] = []
+        failed_handshakes = 0
+        ready = threading.Event()
+        finished = threading.Event()
+
+        async def viewer(session: Any) -> None:
+            nonlocal failed_handshakes
+            url = f"ws://127.0.0.1:{port}/ws/sessions/{session.pk}/?last_seq={session.last_seq}"
+            try:
+                ws = await connect(
+                    url, additional_headers={"Cookie": cookie, "Origin": base}, open_timeout=30
+                )
+            except Exception:
+                failed_handshakes += 1
+                return
+            async with ws:
+                while not finished.is_set():
+                    try:
+                        message = await asyncio.wait_for(ws.recv(), timeout=1)
+                    except TimeoutError:
+                        continue
+                    except Exception:
+                        return
+                    now = time.monotonic()
+                    for seq in re.findall(r'data-seq="(\d+)"', str(message)):
+                        sent = committed.get((str(session.pk), int(seq)))
+                        if sent is not None:
+                            latencies.append((now - sent) * 1000)
+
+        async def all_viewers() -> None:
+            tasks = [viewer(targets[n % sessions]) for n in range(viewers)]
+            gathered = asyncio.gather(*tasks)
+            await asyncio.sleep(0)
+            ready.set()
+            await gathered
+
+        thread = threading.Thread(target=lambda: asyncio.run(all_viewers()), daemon=True)
+        thread.start()
+        ready.wait()
+        time.sleep(3 + viewers / 50)  # handshakes and catch-up
+        for round_ in range(events):
+            for session in targets:
+                event = append_event(session.pk, "agent.note", {"text": f"r{round_}"}, producer="b")
+                committed[(str(session.pk), event.seq)] = time.monotonic()
+            time.sleep(0.5)
+        expected = viewers * events
+        deadline = time.monotonic() + 60
+        while (
+            len(latencies) < expected - failed_handshakes * events and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        finished.set()
+        thread.join(timeout=10)
+    finally:
+        stop([server])
+    return {
+        "push_viewers": viewers,
+        "push_sessions": sessions,
+        "push_p50_ms": pct(latencies, 0.5),
+        "push_p99_ms": pct(latencies, 0.99),
+        "push_received": len(latencies),
+        "push_expected": viewers * events,
+        "push_failed_handshakes": failed_handshakes,
+    }
+
+
+def new_session_no_job() -> Any:
+    """A session with a few events, no job (the push bench appends its own)."""
+    import diagnosis.actions as actions
+
+    original = actions.enqueue_advance
+    actions.enqueue_advance = lambda session_id: None  # type: ignore[assignment]
+    try:
+        session = new_session()
+    finally:
+        actions.enqueue_advance = original  # type: ignore[assignment]
+    session.refresh_from_db()
+    return session
+
+
+def throughput(base: str, path: str, cookie: str, clients: int, seconds: float) -> float:
+    host, port = base.split("//")[1].split(":")
+    count = 0
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def client() -> None:
+        nonlocal count
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        while time.monotonic() < stop_at:
+            try:
+                conn.request("GET", path, headers={"Cookie": cookie})
+                response = conn.getresponse()
+                response.read()
+                ok = response.status == 200
+            except (OSError, http.client.HTTPException):
+                conn = http.client.HTTPConnection(host, int(port), timeout=60)
+                continue
+            if ok:
+                with lock:
+                    count += 1
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return count / (time.monotonic() - started)
+
+
+def concurrent_pages(clients: int, seconds: float, port: int, logs: Path, head: bool) -> dict:
+    session = big_session(150)
+    cookie = login_cookie("operator")
+    path = f"/sessions/{session.pk}/"
+    results = {}
+    # The tree's own way of serving HTTP (base: daphne; this change: gunicorn beside
+    # daphne), then the same views under plain gunicorn for reference.
+    for name, server in (("served", gunicorn if head else daphne), ("gunicorn", gunicorn)):
+        process = server(port, logs)
+        try:
+            wait_up(f"http://127.0.0.1:{port}")
+            throughput(f"http://127.0.0.1:{port}", path, cookie, 2, 1.0)  # warm up
+            results[f"pages_{name}_rps"] = throughput(
+                f"http://127.0.0.1:{port}", path, cookie, clients, seconds
+            )
+        finally:
+            stop([process])
+        port += 1
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tree", type=Path, required=True)
+    parser.add_argument("--mode", choices=("embedded", "services"), required=True)
+    parser.add_argument("--head", action="store_true", help="the tree is this change")
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--open", type=int, default=2000)
+    parser.add_argument("--at-once", type=int, default=40)
+    parser.add_argument("--at-once-timeout", type=float, default=150)
+    parser.add_argument("--viewers", type=int, default=100)
+    parser.add_argument("--push-sessions", type=int, default=1)
+    parser.add_argument("--events", type=int, default=5)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--port", type=int, default=18500)
+    parser.add_argument("--what", default="all")
+    args = parser.parse_args()
+    logs = Path(tempfile.mkdtemp(prefix="aero-bench-logs-"))
+    inline_first = args.mode == "embedded" or args.what in ("all", "inline")
+    setup(args.tree, args.mode, "inline" if inline_first else "rq")
+    out: dict[str, Any] = {"mode": args.mode, "logs": str(logs)}
+    what = args.what
+    if what in ("all", "inline"):
+        out.update(per_session(args.samples))
+        out.update(pages(150, args.open, args.samples * 5))
+    if args.mode == "services" and what in ("all", "rq"):
+        from django.conf import settings
+
+        settings.AERO_JOB_BACKEND = "rq"
+        out.update(rq_latency(args.samples * 3, logs))
+        out.update(at_once(args.at_once, args.at_once_timeout, logs))
+    if args.mode == "services" and what in ("all", "push"):
+        out.update(live_push(args.viewers, 1, args.events, args.port, logs))
+        if args.push_sessions > 1:
+            many = live_push(args.push_sessions, args.push_sessions, args.events, args.port, logs)
+            out.update({f"many_{k}": v for k, v in many.items()})
+    if args.mode == "services" and what in ("all", "pages"):
+        out.update(concurrent_pages(args.clients, args.seconds, args.port + 10, logs, args.head))
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

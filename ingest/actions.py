@@ -1,0 +1,174 @@
+"""Alerts in: each alert passes the gate, its verdict is recorded, and a DELIVER opens a
+session or appends to the open session of its group (never a second one)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from aero.models import audit
+from aero.text import MAX_MESSAGE
+from diagnosis.actions import ActionError, do_create_session
+from diagnosis.events import append_event
+from diagnosis.models import Session
+from ingest.config import GateSnapshot, provider
+from ingest.gate import DELIVER, DROP, RESOLVED, SINK, Alert, Verdict, decide, describe
+from ingest.models import AlertGroup, Observation
+from scenarios_admin.models import Scenario
+
+logger = logging.getLogger("ingest")
+PRODUCER = "ingest"
+
+
+def seen_recently(fingerprint: str, group_key: str, status: str, window: int) -> bool:
+    since = timezone.now() - timedelta(seconds=window)
+    return (
+        Observation.objects.filter(
+            fingerprint=fingerprint, group_key=group_key, status=status, received_at__gte=since
+        )
+        .exclude(decision=DROP)
+        .exists()
+    )
+
+
+def ingest_user() -> Any:
+    """The user sessions opened by shared-secret alerts belong to (cannot log in)."""
+    user_model = get_user_model()
+    user, created = user_model.objects.get_or_create(username=settings.AERO_INGEST_USERNAME)
+    if created:
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    return user
+
+
+def _record(
+    alert: Alert, verdict: Verdict, config: GateSnapshot, user: Any, session: Session | None = None
+) -> Observation:
+    kept = verdict.decision != DROP  # a dropped alert is counted, its content discarded
+    return Observation.objects.create(
+        source=alert.source[:64],
+        actor=alert.actor[:150],
+        name=alert.name[:200],
+        status=alert.status,
+        fingerprint=verdict.fingerprint,
+        group_key=verdict.group_key,
+        labels=dict(alert.labels) if kept else {},
+        annotations=dict(alert.annotations) if kept else {},
+        starts_at=alert.starts_at,
+        decision=verdict.decision,
+        stage=verdict.stage,
+        reason=verdict.reason[:300],
+        score=max(-32768, min(32767, verdict.score)),
+        rule_id=verdict.rule.id if verdict.rule else None,
+        session=session,
+        config_revision=config.version,
+        received_by=user if getattr(user, "pk", None) else None,
+    )
+
+
+def do_ingest(alert: Alert, user: Any) -> Observation:
+    """Decide and record one alert. A DELIVER locks the alert group's row, so two
+    deliveries of one group (a repeat, a concurrent notification) find the same open
+    session: the first opens it, the others append to it."""
+    config = provider.current()
+    verdict = decide(alert, config, seen_recently)
+    if verdict.decision != DELIVER:
+        return _record(alert, verdict, config, user)
+    with transaction.atomic():
+        group, _ = AlertGroup.objects.get_or_create(group_key=verdict.group_key)
+        group = (
+            AlertGroup.objects.select_for_update(of=("self",))
+            .select_related("session")
+            .get(pk=group.pk)
+        )
+        session = group.session
+        if session is not None and (session.is_ended or session.deleted_at is not None):
+            session = None
+        if session is not None:
+            verdict = _with_reason(verdict, "appended to the group's open session")
+            observation = _record(alert, verdict, config, user, session)
+            _append(session, alert, observation)
+        elif alert.status == RESOLVED:
+            verdict = Verdict(
+                SINK,
+                "deliver",
+                "resolved, and the group has no open session",
+                verdict.score,
+                verdict.rule,
+                verdict.fingerprint,
+                verdict.group_key,
+            )
+            observation = _record(alert, verdict, config, user)
+        else:
+            try:
+                session = _open_session(alert, verdict, user)
+            except ActionError as exc:
+                # Kept for the record; the scenario cannot run (e.g. unpublished).
+                verdict = Verdict(
+                    SINK,
+                    "deliver",
+                    f"could not open a session: {exc}"[:300],
+                    verdict.score,
+                    verdict.rule,
+                    verdict.fingerprint,
+                    verdict.group_key,
+                )
+                return _record(alert, verdict, config, user)
+            group.session = session
+            group.save(update_fields=["session", "updated_at"])
+            verdict = _with_reason(verdict, "opened a session")
+            observation = _record(alert, verdict, config, user, session)
+            _append(session, alert, observation)
+        if observation.session_id:
+            audit(
+                "ingest.delivered",
+                obj=observation,
+                actor=user,
+                session_id=observation.session_id,
+                detail={**observation.as_record(), "group": verdict.group_key},
+            )
+    return observation
+
+
+def _with_reason(verdict: Verdict, outcome: str) -> Verdict:
+    return Verdict(
+        verdict.decision,
+        verdict.stage,
+        f"{verdict.reason}; {outcome}",
+        verdict.score,
+        verdict.rule,
+        verdict.fingerprint,
+        verdict.group_key,
+    )
+
+
+def _open_session(alert: Alert, verdict: Verdict, user: Any) -> Session:
+    assert verdict.rule is not None and verdict.rule.scenario_slug is not None
+    scenario = Scenario.objects.filter(slug=verdict.rule.scenario_slug).first()
+    if scenario is None:
+        raise ActionError(f"scenario {verdict.rule.scenario_slug} no longer exists")
+    return do_create_session(user, scenario, describe(alert)[:MAX_MESSAGE], producer=PRODUCER)
+
+
+def _append(session: Session, alert: Alert, observation: Observation) -> None:
+    """The alert in the session's log (the session's own record of what came in)."""
+    append_event(
+        session.pk,
+        "timeline.appended",
+        {
+            "kind": "alert",
+            "source": alert.source,
+            "name": alert.name,
+            "status": alert.status,
+            "fingerprint": observation.fingerprint,
+            "summary": alert.annotations.get("summary", ""),
+            "observation": observation.pk,
+        },
+        producer=PRODUCER,
+    )

@@ -1,0 +1,155 @@
+"""The gate (seed 002, ADR-003/005/006): synchronous, fast, deterministic stages that turn
+one alert into DROP, SINK or DELIVER, naming the stage that decided. It never calls the
+agent: delivering is ingest.actions' job. The only state it reads is "was this seen
+recently", passed in as a function, so the stages are testable as plain data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ingest.config import GateSnapshot, RuleSnapshot
+from ingest.schemas import AlertmanagerPayload, GenericPayload
+
+DROP, SINK, DELIVER = "drop", "sink", "deliver"
+FIRING, RESOLVED = "firing", "resolved"
+
+
+@dataclass(frozen=True)
+class Alert:
+    source: str  # "alertmanager", "generic", "agent:<name>"
+    status: str  # firing | resolved
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    fingerprint: str = ""
+    group_key: str = ""  # Alertmanager's groupKey; generic alerts get one from the rule
+    actor: str = ""
+    starts_at: datetime | None = None
+
+    @property
+    def name(self) -> str:
+        return self.labels.get("alertname", "")
+
+    def label_fingerprint(self) -> str:
+        """Alertmanager's idea of identity: the label set (when the sender gave none)."""
+        canonical = json.dumps(dict(sorted(self.labels.items())), separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: str
+    stage: str
+    reason: str
+    score: int = 0
+    rule: RuleSnapshot | None = None
+    fingerprint: str = ""
+    group_key: str = ""
+
+
+SeenRecently = Callable[[str, str, str, int], bool]  # fingerprint, group key, status, window
+
+
+def is_own_output(alert: Alert) -> bool:
+    """The agent's own messages never re-enter as observations (ADR-006)."""
+    return (
+        alert.source.startswith("agent:")
+        or alert.actor == "agent"
+        or alert.labels.get("aero_origin") == "agent"
+    )
+
+
+def group_key_for(alert: Alert, rule: RuleSnapshot | None) -> str:
+    if alert.group_key:
+        return alert.group_key[:255]
+    labels = rule.group_by if rule and rule.group_by else ("alertname",)
+    parts = ",".join(f"{name}={alert.labels.get(name, '')}" for name in labels)
+    return f"{alert.source}:{rule.name if rule else '-'}:{{{parts}}}"[:255]
+
+
+def decide(alert: Alert, config: GateSnapshot, seen_recently: SeenRecently) -> Verdict:
+    fingerprint = alert.fingerprint or alert.label_fingerprint()
+    # 1. loop guard
+    if is_own_output(alert):
+        return Verdict(DROP, "loop", "the agent's own output never re-enters", 0, None, fingerprint)
+    # 2. match a scenario
+    rule = config.match(dict(alert.labels))
+    group_key = group_key_for(alert, rule)
+    if rule is None:
+        return Verdict(
+            config.unmatched, "match", "no gate rule matches", 0, None, fingerprint, group_key
+        )
+    # 3. score
+    severity = alert.labels.get("severity", "")
+    score = rule.base_score + config.severity_scores.get(severity, 0)
+    # 4. deduplicate: the same alert, group and status already passed within the window
+    if config.dedup_window_seconds and seen_recently(
+        fingerprint, group_key, alert.status, config.dedup_window_seconds
+    ):
+        return Verdict(
+            DROP,
+            "dedup",
+            f"repeat within {config.dedup_window_seconds} s",
+            score,
+            rule,
+            fingerprint,
+            group_key,
+        )
+    # 5. policy
+    if rule.action != "auto":
+        decision, reason = rule.action, f"rule {rule.name!r} always {rule.action}s"
+    elif score >= config.deliver_threshold:
+        decision, reason = DELIVER, f"score {score} >= deliver threshold {config.deliver_threshold}"
+    elif score >= config.sink_threshold:
+        decision, reason = SINK, f"score {score} >= sink threshold {config.sink_threshold}"
+    else:
+        decision, reason = DROP, f"score {score} below sink threshold {config.sink_threshold}"
+    if decision == DELIVER and rule.scenario_slug is None:
+        decision, reason = SINK, f"rule {rule.name!r} routes to no scenario"
+    return Verdict(decision, "policy", reason, score, rule, fingerprint, group_key)
+
+
+def from_alertmanager(payload: AlertmanagerPayload) -> list[Alert]:
+    """Alertmanager webhook payload version 4 -> alerts, one per alert in the group."""
+    return [
+        Alert(
+            source="alertmanager",
+            status=item.status,
+            labels={**payload.commonLabels, **item.labels},
+            annotations={**payload.commonAnnotations, **item.annotations},
+            fingerprint=item.fingerprint,
+            group_key=payload.groupKey[:255],
+            starts_at=item.startsAt,
+        )
+        for item in payload.alerts
+    ]
+
+
+def from_generic(payload: GenericPayload) -> list[Alert]:
+    return [
+        Alert(
+            source=item.source,
+            status=item.status,
+            labels=item.labels,
+            annotations=item.annotations,
+            fingerprint=item.fingerprint,
+            group_key=item.group_key,
+            actor=item.actor,
+            starts_at=item.starts_at,
+        )
+        for item in payload.alerts
+    ]
+
+
+def describe(alert: Alert) -> str:
+    """The text a delivered alert opens its session with: what a person would report."""
+    annotations = alert.annotations
+    text = annotations.get("description") or annotations.get("summary") or alert.name
+    context = ", ".join(
+        f"{k}={v}" for k, v in sorted(alert.labels.items()) if k not in ("alertname", "severity")
+    )
+    head = f"[{alert.source}] {alert.name}".strip()
+    return f"{head}: {text}" + (f" ({context})" if context else "")

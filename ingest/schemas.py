@@ -1,0 +1,61 @@
+"""Alert payloads: Prometheus Alertmanager's webhook (version 4) and a generic form."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Labels = dict[str, str]
+MAX_ALERTS = 1000
+
+
+class AlertmanagerAlert(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    status: Literal["firing", "resolved"]
+    labels: Labels = Field(default_factory=dict)
+    annotations: Labels = Field(default_factory=dict)
+    startsAt: datetime | None = None  # noqa: N815 (Alertmanager's field names)
+    endsAt: datetime | None = None  # noqa: N815
+    generatorURL: str = ""  # noqa: N815
+    fingerprint: str = Field("", max_length=64)
+
+
+class AlertmanagerPayload(BaseModel):
+    """https://prometheus.io/docs/alerting/latest/configuration/#webhook_config"""
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: Literal["4"]
+    groupKey: str = Field(..., max_length=1000)  # noqa: N815
+    truncatedAlerts: int = 0  # noqa: N815
+    status: Literal["firing", "resolved"]
+    receiver: str = ""
+    groupLabels: Labels = Field(default_factory=dict)  # noqa: N815
+    commonLabels: Labels = Field(default_factory=dict)  # noqa: N815
+    commonAnnotations: Labels = Field(default_factory=dict)  # noqa: N815
+    externalURL: str = ""  # noqa: N815
+    alerts: list[AlertmanagerAlert] = Field(..., max_length=MAX_ALERTS)
+
+
+class GenericAlert(BaseModel):
+    """For any other alert source: one alert, or a list of them under "alerts"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field("generic", min_length=1, max_length=60)
+    status: Literal["firing", "resolved"] = "firing"
+    labels: Labels = Field(..., min_length=1)
+    annotations: Labels = Field(default_factory=dict)
+    fingerprint: str = Field("", max_length=64)
+    group_key: str = Field("", max_length=255)
+    actor: str = Field("", max_length=150)
+    starts_at: datetime | None = None
+
+
+class GenericPayload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    alerts: list[GenericAlert] = Field(..., min_length=1, max_length=MAX_ALERTS)

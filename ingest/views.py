@@ -1,0 +1,122 @@
+"""POST /ingest/alertmanager (Alertmanager webhook v4) and POST /ingest/alerts (generic).
+
+Authenticated by an API token whose roles may open sessions, or by the shared secret
+AERO_INGEST_SECRET, both as `Authorization: Bearer …` (Alertmanager's http_config
+`authorization.credentials`). Answers in the API's JSON error format."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+from pydantic import BaseModel, ValidationError
+
+from aero.roles import RUN_SESSIONS
+from api.auth import token_from_raw, touch
+from ingest.actions import do_ingest, ingest_user
+from ingest.config import ConfigError
+from ingest.gate import Alert, from_alertmanager, from_generic
+from ingest.schemas import AlertmanagerPayload, GenericPayload
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> JsonResponse:
+    response = JsonResponse({"code": code, "message": message, **extra}, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="aero-ingest"'
+    return response
+
+
+def _caller(request: HttpRequest) -> tuple[Any, JsonResponse | None]:
+    header = request.headers.get("Authorization", "")
+    if not header.lower().startswith("bearer "):
+        return None, _error(
+            401, "unauthenticated", "Send an API token or the ingest secret as a Bearer credential."
+        )
+    credential = header[7:].strip()
+    secret = settings.AERO_INGEST_SECRET
+    if secret and hmac.compare_digest(credential.encode(), secret.encode()):
+        return ingest_user(), None
+    token = token_from_raw(credential)
+    if token is None:
+        return None, _error(401, "unauthenticated", "Unknown, revoked or expired credential.")
+    if not token.effective_roles() & set(RUN_SESSIONS):
+        return None, _error(
+            403, "forbidden", "This token may not open sessions (needs operator or admin)."
+        )
+    touch(token)
+    request.api_token = token  # type: ignore[attr-defined]
+    return token.user, None
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _ingest(
+    request: HttpRequest, schema: type[BaseModel], convert: Callable[[Any], list[Alert]]
+) -> JsonResponse:
+    user, refusal = _caller(request)
+    if refusal is not None:
+        return refusal
+    try:
+        body = json.loads(request.body or b"null")
+    except (ValueError, UnicodeDecodeError):
+        return _error(400, "bad_json", "The body is not JSON.")
+    if _has_nul(body):
+        return _error(
+            422,
+            "invalid_input",
+            "The alert holds a NUL character (U+0000), which cannot be stored.",
+        )
+    try:
+        payload = schema.model_validate(body)
+    except ValidationError as exc:
+        errors = [
+            {"loc": [str(p) for p in e["loc"]], "msg": e["msg"]}
+            for e in exc.errors(include_url=False)
+        ]
+        where = ".".join(errors[0]["loc"]) or "body"
+        return _error(422, "invalid_input", f"{where}: {errors[0]['msg']}", errors=errors)
+    results = []
+    try:
+        for alert in convert(payload):
+            observation = do_ingest(alert, user)
+            results.append(
+                {
+                    "name": observation.name,
+                    "fingerprint": observation.fingerprint,
+                    "status": observation.status,
+                    "decision": observation.decision,
+                    "stage": observation.stage,
+                    "reason": observation.reason,
+                    "session_id": str(observation.session_id) if observation.session_id else None,
+                }
+            )
+    except ConfigError as exc:
+        # No valid gate configuration at all (never the case after one good load).
+        return _error(503, "gate_unavailable", str(exc))
+    return JsonResponse({"received": len(results), "decisions": results})
+
+
+@csrf_exempt
+@require_POST
+def alertmanager(request: HttpRequest) -> JsonResponse:
+    return _ingest(request, AlertmanagerPayload, from_alertmanager)
+
+
+@csrf_exempt
+@require_POST
+def generic(request: HttpRequest) -> JsonResponse:
+    return _ingest(request, GenericPayload, from_generic)

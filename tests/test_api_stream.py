@@ -1,0 +1,130 @@
+"""The JSON event stream for API clients over a real WebSocket against daphne: catch-up
+from last_seq, live pushes, and a connection dropped mid-stream that loses nothing and,
+after dedupe by event_id, repeats nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from api.models import ApiToken
+from diagnosis.actions import do_answer, do_create_session
+from diagnosis.models import Event, Session
+from scenarios_admin.models import Scenario
+from tests.api_helpers import token_for
+
+pytestmark = pytest.mark.services
+ENVELOPE = {"event_id", "session_id", "type", "ts", "seq", "payload"}
+
+
+def stream(
+    base: str, session_id: Any, token: str | None, last_seq: int = 0, in_query: bool = False
+) -> ClientConnection:
+    url = base.replace("http://", "ws://") + f"/ws/api/sessions/{session_id}?last_seq={last_seq}"
+    headers = {}
+    if token and in_query:
+        url += f"&token={token}"
+    elif token:
+        headers["Authorization"] = f"Bearer {token}"
+    # No Origin header: API clients are not browsers.
+    return connect(url, open_timeout=10, additional_headers=headers)
+
+
+def receive(
+    ws: ClientConnection, count: int | None = None, until_seq: int | None = None
+) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    while (count is None or len(got) < count) and (
+        until_seq is None or not got or got[-1]["seq"] < until_seq
+    ):
+        message = ws.recv(timeout=15)
+        assert isinstance(message, str)
+        got.append(json.loads(message))
+    return got
+
+
+def test_catch_up_live_push_and_a_dropped_connection(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    operator = make_user("olga", "operator")
+    token = token_for(make_user("watcher", "auditor"))
+    session = do_create_session(operator, Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏")
+    session.refresh_from_db()
+    asked = session.last_seq
+
+    received: list[dict[str, Any]] = []
+    with stream(asgi_server, session.pk, token) as ws:
+        caught_up = receive(ws, until_seq=asked)
+        assert [e["seq"] for e in caught_up] == list(range(1, asked + 1))
+        assert all(set(e) == ENVELOPE for e in caught_up)
+        assert caught_up[0]["type"] == "session.created"
+        assert caught_up[0]["session_id"] == str(session.pk)
+        first_event = Event.objects.get(session=session, seq=1)
+        assert caught_up[0]["event_id"] == str(first_event.event_id)
+        assert caught_up[0]["payload"] == first_event.payload
+        received += caught_up
+
+        do_answer(session.pk, operator, "CA1234")  # the agent runs here; daphne pushes
+        session.refresh_from_db()
+        assert session.last_seq > asked + 3
+        received += receive(ws, count=3)  # then the connection drops mid-stream
+    assert received[-1]["seq"] < session.last_seq
+
+    # The client reconnects from the seq it is sure of; it may get a duplicate, never a gap.
+    resume_from = received[-1]["seq"] - 1
+    with stream(asgi_server, session.pk, token, last_seq=resume_from, in_query=True) as ws:
+        received += receive(ws, until_seq=session.last_seq)
+
+    seen: set[str] = set()
+    deduped = []
+    for event in received:
+        if event["event_id"] not in seen:
+            seen.add(event["event_id"])
+            deduped.append(event)
+    assert len(received) > len(deduped), "at-least-once: the uncertain event came twice"
+    assert [e["seq"] for e in deduped] == list(range(1, session.last_seq + 1))
+    assert [e["event_id"] for e in deduped] == [
+        str(i)
+        for i in Event.objects.filter(session=session)
+        .order_by("seq")
+        .values_list("event_id", flat=True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("who", "code"),
+    [
+        ("nobody", 4401),
+        ("bad-token", 4401),
+        ("revoked", 4401),
+        ("no-role", 4403),
+        ("unknown-session", 4403),
+    ],
+)
+def test_the_stream_refuses_without_a_valid_token_or_access(
+    builtin: None, asgi_server: str, make_user: Callable[..., User], who: str, code: int
+) -> None:
+    operator = make_user("olga", "operator")
+    session: Any = do_create_session(
+        operator, Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏"
+    )
+    token: str | None = token_for(operator)
+    if who == "nobody":
+        token = None
+    elif who == "bad-token":
+        token = "aero_nope"
+    elif who == "revoked":
+        ApiToken.objects.update(revoked_at="2026-01-01T00:00:00Z")
+    elif who == "no-role":
+        token = token_for(make_user("dave"))
+    elif who == "unknown-session":
+        Session.objects.filter(pk=session.pk).update(deleted_at="2026-01-01T00:00:00Z")
+    with stream(asgi_server, session.pk, token) as ws, pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == code

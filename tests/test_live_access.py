@@ -1,0 +1,151 @@
+"""Who may keep watching, checked on every pull (not only at connect), and one render
+shared by every viewer holding the same roles: real WebSocket clients against daphne,
+and the consumers' hub driven directly."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.utils import timezone
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from aero.roles import user_roles
+from approvals.push import QUEUE_GROUP
+from diagnosis import consumers
+from diagnosis.consumers import CLOSE_FORBIDDEN, CLOSE_GONE, Hub, current_roles
+from diagnosis.events import append_event
+from diagnosis.models import Session
+from diagnosis.push import group_send
+from tests.test_live_timeline import cookie_for, new_session, open_socket, receive_until
+
+pytestmark = pytest.mark.services
+
+
+def closed_with(ws: ClientConnection, timeout: float = 15) -> int | None:
+    """Read until the server closes; the close code. Fails on any fragment received."""
+    try:
+        while True:
+            message = ws.recv(timeout=timeout)
+            raise AssertionError(f"received a fragment after access ended: {message[:200]!r}")
+    except ConnectionClosed as closed:
+        return closed.rcvd.code if closed.rcvd else None
+
+
+def test_a_viewer_whose_role_is_removed_stops_receiving_at_the_next_push(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    operator = make_user("olga", "operator")
+    auditor = make_user("aude", "auditor")
+    session = new_session(operator, "105机位燃油泄漏")
+    with (
+        open_socket(asgi_server, session, auditor, last_seq=0) as revoked,
+        open_socket(asgi_server, session, operator, last_seq=0) as kept,
+    ):
+        for ws in (revoked, kept):
+            receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
+        auditor.groups.clear()
+        append_event(session.pk, "agent.note", {"text": "after the role change"}, producer="t")
+        assert closed_with(revoked) == CLOSE_FORBIDDEN
+        _, html = receive_until(kept, lambda s, _: bool(s) and s[-1] > session.last_seq)
+        assert "after the role change" in html  # the others keep watching
+
+
+def test_a_deleted_session_closes_its_sockets(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "105机位燃油泄漏")
+    with open_socket(asgi_server, session, operator, last_seq=session.last_seq) as ws:
+        Session.objects.filter(pk=session.pk).update(deleted_at=timezone.now())
+        append_event(session.pk, "agent.note", {"text": "nobody may see this"}, producer="t")
+        assert closed_with(ws) == CLOSE_GONE
+
+
+def test_the_queue_socket_stops_for_a_former_approver(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    abel = make_user("abel", "approver")
+    url = asgi_server.replace("http://", "ws://") + "/ws/approvals/"
+    headers = {"Cookie": cookie_for(abel), "Origin": asgi_server}
+    with connect(url, open_timeout=10, additional_headers=headers) as ws:
+        assert "approval-queue" in str(ws.recv(timeout=15))
+        abel.groups.remove(Group.objects.get(name="approver"))
+        group_send(QUEUE_GROUP, {"type": "queue.notice", "stamp": "role-change"})
+        assert closed_with(ws) == CLOSE_FORBIDDEN
+
+
+def test_current_roles_reads_the_database_not_the_cached_copy(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    olga = make_user("olga", "operator")
+    admin = User.objects.create_superuser("root", password="pw-for-tests")
+    assert user_roles(olga) == {"operator"}  # now cached on this object
+    olga.groups.clear()
+    User.objects.filter(pk=admin.pk).update(is_active=False)
+    assert current_roles([olga.pk, admin.pk, 999999]) == {
+        olga.pk: frozenset(),
+        admin.pk: frozenset(),
+        999999: frozenset(),
+    }
+
+
+def run_in_fresh_loop(coroutine_factory: Callable[[], Any]) -> Any:
+    """An event loop of its own in a new thread (a Playwright test may have left one
+    running in the main thread)."""
+    result: list[Any] = []
+
+    def run() -> None:
+        result.append(asyncio.run(coroutine_factory()))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    return result[0]
+
+
+def test_viewers_with_the_same_roles_share_one_render_and_roles_never_mix(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operator = make_user("olga", "operator")
+    approver = make_user("abel", "approver")
+    session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+    renders: list[frozenset[str]] = []
+    real = consumers.render_updates
+
+    def counted(roles: frozenset[str], *args: Any) -> Any:
+        renders.append(roles)
+        return real(roles, *args)
+
+    monkeypatch.setattr(consumers, "render_updates", counted)
+    sid = str(session.pk)
+
+    async def viewers() -> tuple[list[Any], list[Any], int]:
+        hub = Hub()
+        hub.announce(sid, session.last_seq)
+        role_sets = await asyncio.gather(
+            *[hub.roles_of(user.pk) for user in [approver] * 20 + [operator] * 20]
+        )
+        first = await asyncio.gather(
+            *[hub.session_update(roles, sid, 0, None) for roles in role_sets]
+        )
+        # A viewer arriving later, with nothing newer announced, reuses the render.
+        again = await hub.session_update(role_sets[0], sid, 0, None)
+        # Something newer was announced: the next pull renders afresh.
+        hub.announce(sid, session.last_seq + 1)
+        await hub.session_update(role_sets[0], sid, 0, None)
+        return role_sets, [*first, again], len(renders)
+
+    role_sets, updates, count = run_in_fresh_loop(viewers)
+    assert set(role_sets[:20]) == {frozenset({"approver"})}
+    assert count == 3  # one per role set, then one after the newer notice
+    approver_html = {u.html for u in updates[:20]} | {updates[-1].html}
+    operator_html = {u.html for u in updates[20:40]}
+    assert len(approver_html) == 1 and len(operator_html) == 1
+    assert 'name="decision"' in next(iter(approver_html))  # approvers get decision forms
+    assert 'name="decision"' not in next(iter(operator_html))  # operators never do

@@ -1,0 +1,106 @@
+"""Keyset pagination: walking every page of the approval queue, the session list and the
+timeline shows each item exactly once, in order, however the data grows."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from approvals import presenters as queue_presenters
+from approvals.models import Approval
+from diagnosis import presenters
+from diagnosis.actions import do_create_session
+from diagnosis.models import Session
+from scenarios_admin.models import Scenario
+from tests.web_helpers import STAND_FUEL_LEAK, TAXIWAY_FUEL_LEAK, make_session
+
+pytestmark = pytest.mark.services
+NEXT = re.compile(r'<a rel="next" href="([^"]+)"')
+
+
+def signed_in(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def walk(client: Client, url: str, item: re.Pattern[str]) -> list[list[str]]:
+    pages = []
+    while url:
+        response = client.get(url)
+        assert response.status_code == 200
+        html = response.content.decode()
+        pages.append(item.findall(html))
+        found = NEXT.search(html)
+        url = found.group(1).replace("&amp;", "&") if found else ""
+        if url.startswith("?"):
+            url = response.request["PATH_INFO"] + url
+        assert len(pages) < 20
+    return pages
+
+
+def test_the_queue_pages_through_every_open_approval_once(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
+    make_session(olga, STAND_FUEL_LEAK)
+    make_session(olga, TAXIWAY_FUEL_LEAK)
+    make_session(olga, STAND_FUEL_LEAK)
+    monkeypatch.setattr(queue_presenters, "QUEUE_PAGE", 2)
+    expected = [a.pk for a in Approval.objects.open().order_by("-risk_class", "-created_at", "-pk")]
+    assert len(expected) > 5
+    pages = walk(signed_in(abel), "/approvals/", re.compile(r'id="approval-(\d+)"'))
+    assert all(len(page) == 2 for page in pages[:-1])
+    assert [int(pk) for page in pages for pk in page] == expected
+    first = signed_in(abel).get("/approvals/").content.decode()
+    assert f'data-open="{len(expected)}"' in first
+    # A cursor that is not an approval id shows the first page, not an error.
+    assert (
+        signed_in(abel)
+        .get("/approvals/?after=nope")
+        .content.decode()
+        .count('class="card queue-item"')
+        == 2
+    )
+
+
+def test_the_session_list_pages_newest_first(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    olga = make_user("olga", "operator")
+    monkeypatch.setattr("diagnosis.actions.enqueue_advance", lambda session_id: None)
+    oil = Scenario.objects.get(slug="oil_spill")
+    for n in range(5):
+        do_create_session(olga, oil, f"fuel leak number {n}")
+    monkeypatch.setattr(presenters, "SESSION_PAGE", 2)
+    expected = [
+        str(pk)
+        for pk in Session.objects.order_by("-created_at", "-pk").values_list("pk", flat=True)
+    ]
+    pages = walk(signed_in(olga), "/sessions/", re.compile(r'href="/sessions/([0-9a-f-]{36})/"'))
+    assert [len(page) for page in pages] == [2, 2, 1]
+    assert [pk for page in pages for pk in page] == expected
+    filtered = signed_in(olga).get("/sessions/?status=queued&before=not-a-uuid")
+    assert filtered.status_code == 200
+
+
+def test_the_session_page_links_to_the_events_before_its_newest_200(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    olga = make_user("olga", "operator")
+    session = make_session(olga, STAND_FUEL_LEAK)
+    monkeypatch.setattr(presenters, "TIMELINE_PAGE", 10)
+    client = signed_in(olga)
+    page = client.get(f"/sessions/{session.pk}/").content.decode()
+    seqs = [int(s) for s in re.findall(r'data-seq="(\d+)"', page)]
+    assert seqs == list(range(session.last_seq - 9, session.last_seq + 1))
+    link = f"/sessions/{session.pk}/events/?before={seqs[0]}"
+    assert link in page
+    earlier = client.get(link).content.decode()
+    assert [int(s) for s in re.findall(r'data-seq="(\d+)"', earlier)] == list(
+        range(seqs[0] - 10, seqs[0])
+    )
