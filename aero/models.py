@@ -1,11 +1,14 @@
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models, router, transaction
+from django.utils import timezone
+
+from aero import audit_chain
 
 
 class AuditLogQuerySet(models.QuerySet["AuditLog"]):
@@ -15,11 +18,16 @@ class AuditLogQuerySet(models.QuerySet["AuditLog"]):
     def delete(self) -> tuple[int, dict[str, int]]:
         raise PermissionError("the audit log is append-only")
 
+    def bulk_create(self, *args: Any, **kwargs: Any) -> list[AuditLog]:  # type: ignore[override]
+        raise PermissionError("audit entries are appended one by one, each chained")
+
 
 class AuditLog(models.Model):
-    """Append-only record of who did what. PostgreSQL triggers back this up (migration 0002)."""
+    """Append-only record of who did what, chained with a keyed hash (aero.audit_chain).
+    In PostgreSQL the app's role may only SELECT and INSERT it, and triggers refuse any
+    change and any entry that does not continue the chain (migrations 0002, 0003)."""
 
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True, editable=False)
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -29,6 +37,7 @@ class AuditLog(models.Model):
     object_id = models.CharField(max_length=80)
     session_id = models.UUIDField(null=True, blank=True)
     detail = models.JSONField(default=dict)
+    prev_digest = models.CharField(max_length=64, editable=False)
     digest = models.CharField(max_length=64, editable=False)
 
     objects = AuditLogQuerySet.as_manager()
@@ -39,28 +48,49 @@ class AuditLog(models.Model):
             # replay/export: "audit entries of one session in order"
             models.Index(fields=["session_id", "created_at"], name="audit_session_created_idx"),
         ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(digest__regex=r"^[0-9a-f]{64}$")
+                & models.Q(prev_digest__regex=r"^[0-9a-f]{64}$"),
+                name="audit_digests_are_sha256_hex",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.actor_label} {self.action} {self.object_type}:{self.object_id}"
 
     def save(self, *args: Any, **kwargs: Any) -> None:
+        """Append, chained to the newest entry. The chain is locked (PostgreSQL advisory
+        lock, until the transaction ends) so concurrent appends never fork it."""
         if self.pk is not None:
             raise PermissionError("the audit log is append-only")
-        self.digest = self.compute_digest()
-        super().save(*args, **kwargs)
+        # Stored exactly as hashed: the JSON column gives back what was digested.
+        self.detail = json.loads(json.dumps(self.detail, cls=DjangoJSONEncoder))
+        using = kwargs.get("using") or router.db_for_write(AuditLog)
+        with transaction.atomic(using=using):
+            connection = transaction.get_connection(using)
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s)", [audit_chain.CHAIN_LOCK])
+            head = (
+                AuditLog.objects.using(using)
+                .order_by("-id")
+                .values_list("digest", flat=True)
+                .first()
+            )
+            self.prev_digest = head or audit_chain.GENESIS
+            self.created_at = timezone.now()
+            self.digest = self.compute_digest()
+            super().save(*args, **kwargs)
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise PermissionError("the audit log is append-only")
 
+    def as_chain_entry(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in audit_chain.FIELDS}
+
     def compute_digest(self) -> str:
-        body = {
-            "actor": self.actor_label,
-            "action": self.action,
-            "object": f"{self.object_type}:{self.object_id}",
-            "session": str(self.session_id) if self.session_id else None,
-            "detail": self.detail,
-        }
-        return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+        return audit_chain.digest_of(self.as_chain_entry())
 
 
 def audit(

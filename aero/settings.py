@@ -83,7 +83,7 @@ MIDDLEWARE = [
 # from our own static files (htmx is vendored and configured in base.html to need no
 # eval and no inline style), no inline handlers, no plugins, no framing, forms post
 # only here. A template that truly needs an inline block uses {% csp_nonce_attr %}.
-SECURE_CSP = {
+SECURE_CSP: dict[str, list[str]] = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF, CSP.NONCE],
     "style-src": [CSP.SELF, CSP.NONCE],
@@ -172,6 +172,8 @@ AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
 # processes (scripts/run.sh in production: gunicorn for HTTP, daphne for WebSockets),
 # e.g. "ws://127.0.0.1:8001". Empty: the page's own origin.
 AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
+if AERO_WS_URL:
+    SECURE_CSP["connect-src"] = [CSP.SELF, AERO_WS_URL]  # the sockets' own origin
 
 RQ_QUEUES = {
     AERO_QUEUE: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 600},
@@ -220,10 +222,16 @@ AERO_REPLAY_CHAIN_INLINE_EVENTS = env_int("AERO_REPLAY_CHAIN_INLINE_EVENTS", 200
 AERO_ENRICHMENT_TIMEOUT = env_float("AERO_ENRICHMENT_TIMEOUT", 2.0)
 AERO_LLM_RETRIES = env_int("AERO_LLM_RETRIES", 3, minimum=1)
 AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
+# With a real provider configured, the model picks the reasoning node's calls (ReAct),
+# checked by the compliance policy; off: the deterministic planner alone.
+AERO_LLM_REACT = env_bool("AERO_LLM_REACT", True)
 AERO_CHECKPOINT_SQLITE = Path(
     env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
 )
 AERO_ENCRYPTION_KEY = env_str("AERO_ENCRYPTION_KEY")
+# The key of the audit log's HMAC chain (aero.audit_chain). Without it, one derived from
+# SECRET_KEY: every process of a deployment must share it, or verify_audit fails.
+AERO_AUDIT_KEY = env_str("AERO_AUDIT_KEY")
 
 # --- approvals ------------------------------------------------------------------------
 # Deadlines per risk class; an expired approval becomes a manual to-do, never approved.

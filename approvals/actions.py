@@ -24,7 +24,7 @@ from approvals.models import (
     state_digest_for,
 )
 from approvals.push import notify_queue
-from diagnosis.actions import ActionError, checked_text, do_apply_decision
+from diagnosis.actions import ActionError, checked_text, do_apply_decision, lock_lift_sessions
 from diagnosis.events import append_event, lock_session
 
 APPROVE = "approve"
@@ -52,6 +52,8 @@ def do_decide(
         raise ActionError("Unknown decision: choose approve, confirm or reject.")
     with transaction.atomic():
         approval = Approval.objects.select_related("tool_call").get(pk=approval_id)
+        if approval.is_lift:
+            lock_lift_sessions(approval.tool_call)  # its own session among them, in order
         session = lock_session(approval.session_id)
         approval = (
             Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)

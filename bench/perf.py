@@ -81,6 +81,8 @@ def ratio(base: Any, head: Any, higher_is_better: bool = False) -> str:
         return ""
     if not (math.isfinite(b) and math.isfinite(h)) or b == 0 or h == 0:
         return ""
+    if b == h:
+        return "same"
     return (
         f"{(h / b if higher_is_better else b / h):.1f}x better"
         if ((h > b) if higher_is_better else (h < b))

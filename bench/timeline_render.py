@@ -36,6 +36,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.template.loader import render_to_string
 
+    from aero.roles import user_roles
     from diagnosis.actions import do_create_session
     from diagnosis.consumers import render_updates
     from diagnosis.events import append_event
@@ -74,7 +75,8 @@ def main() -> None:
     print(f"render 200 timeline events: {(time.perf_counter() - started) / 5 * 1000:.1f} ms")
 
     started = time.perf_counter()
-    html, _, _ = render_updates(user, session.pk, session.last_seq - 200)
+    update = render_updates(user_roles(user), session.pk, session.last_seq - 200)
+    html = update.html if update is not None else ""
     print(
         "consumer catch-up of 200 events + panels: "
         f"{(time.perf_counter() - started) * 1000:.1f} ms "

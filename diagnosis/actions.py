@@ -17,7 +17,7 @@ from diagnosis.events import append_event, append_event_once, lock_session, set_
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
-from diagnosis.reporting import md_escape, write_report
+from diagnosis.reporting import md_cell, write_report
 from diagnosis.signals import approval_required, session_closing
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
@@ -148,7 +148,7 @@ def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
             definition,
             session.snapshot,
             producer="web",
-            preface=preface.format(by=md_escape(user.get_username()), reason=md_escape(why)),
+            preface=preface.format(by=md_cell(user.get_username()), reason=md_cell(why)),
         )
         audit(
             "session.canceled",
@@ -260,7 +260,7 @@ def do_apply_decision(
             raise ActionError("This action has already been decided.")
         if tool_call.tool_name == LIFT_TOOL:
             # Not the agent's: nothing to resume, and the session may have ended.
-            return _apply_lift_decision(tool_call, user, outcome, reason, producer)
+            return _apply_lift_decision(tool_call, user, outcome, reason, producer, at)
         if session.is_ended and not ended_ok:
             raise ActionError(f"This session is {session.get_status_display().lower()}.")
         tool_call.status = OUTCOMES[outcome]
@@ -357,6 +357,7 @@ def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
                 "args": tool_call.request_payload,
                 "risk_level": tool_call.risk_class,
                 "is_action": tool_call.is_action,
+                "position": tool_call.position,
                 **opened,
             },
             producer="web",
@@ -389,15 +390,24 @@ def touched_sessions(restriction: Restriction) -> list[Any]:
     return sorted(ids, key=str)
 
 
+def lock_lift_sessions(tool_call: ToolCall) -> None:
+    """Lock, in id order, every session a lift will write to, before anything else of the
+    decision: its audit entry takes the audit chain's lock, and every other path takes
+    session rows before that lock, never after (no deadlock)."""
+    restriction = Restriction.objects.get(pk=tool_call.request_payload["restriction"])
+    for session_id in touched_sessions(restriction):
+        lock_session(session_id)
+
+
 def _apply_lift_decision(
-    tool_call: ToolCall, user: Any, outcome: str, reason: str, producer: str
+    tool_call: ToolCall, user: Any, outcome: str, reason: str, producer: str, at: datetime
 ) -> ToolCall:
     """The decided lift: recorded in the requesting session; approved, it lifts the
     restriction (after the policy check at execution time) with an event in every
     session that showed it. The caller holds the session and call row locks."""
     tool_call.status = OUTCOMES[outcome]
     tool_call.decided_by = user
-    tool_call.decided_at = timezone.now()
+    tool_call.decided_at = at
     tool_call.decision_reason = reason
     tool_call.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
     append_event(
@@ -405,6 +415,8 @@ def _apply_lift_decision(
         f"approval.{outcome}",
         {
             "tool_call": tool_call.pk,
+            "call_id": tool_call.call_id,
+            "at": at.isoformat(),
             "tool_name": tool_call.tool_name,
             "args": tool_call.request_payload,
             "risk_level": tool_call.risk_class,
@@ -433,15 +445,18 @@ def _apply_lift_decision(
     tool_call.status = ToolCallStatus.COMPLETED
     tool_call.completed_at = restriction.lifted_at
     tool_call.response_payload = {"summary": summary}
-    tool_call.save(update_fields=["status", "completed_at", "response_payload"])
+    tool_call.duration_ms = 0  # as its event says: the lift is one database write
+    tool_call.save(update_fields=["status", "completed_at", "response_payload", "duration_ms"])
     append_event(
         tool_call.session_id,
         "tool.call_completed",
         {
+            "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,
             "tool_name": tool_call.tool_name,
             "args": tool_call.request_payload,
             "risk_level": tool_call.risk_class,
+            "completed_at": tool_call.completed_at.isoformat(),
             "duration_ms": 0,
             "response": tool_call.response_payload,
             "error": "",

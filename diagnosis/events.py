@@ -55,36 +55,110 @@ def append_event(
     """Append one event. Locks the session row (seq has no gaps); the snapshot the event
     implies (`reduce_snapshot`, the fold's own rule) and the chain head (the event's
     hash, diagnosis.chain) are stored in the same transaction. `key`: see append_keyed.
-    The push goes out on commit."""
+    The push goes out on commit.
+
+    Inside `event_batch(session_id)` the event is only queued (no seq, ts or hash yet):
+    the batch writes it with the others when the batch ends."""
     # Stored as JSON: hash exactly what a reader will get back (tuples become lists).
     payload = json.loads(json.dumps(payload or {}))
+    event = Event(
+        session_id=session_id,
+        type=type,
+        payload=payload,
+        producer=producer,
+        run=run,
+        trace_id=current_trace_id(),
+        key=key,
+    )
+    batch = _batch.get()
+    if batch is not None and str(batch.session_id) == str(session_id):
+        batch.add(event)
+        return event
     with transaction.atomic():
-        session = lock_session(session_id)
-        now = timezone.now()
-        event = Event(
-            session_id=session.pk,
-            seq=session.last_seq + 1,
-            type=type,
-            ts=now,
-            payload=payload,
-            producer=producer,
-            run=run,
-            trace_id=current_trace_id(),
-            key=key,
-        )
-        event.hash = event_hash(session.chain_head, event)
-        updates: dict[str, Any] = {
-            "last_seq": event.seq,
-            "chain_head": event.hash,
-            "updated_at": now,
-        }
-        snapshot = reduce_snapshot(session.snapshot, type, payload)
-        if snapshot is not None:
-            updates["snapshot"] = snapshot
-        Session.objects.filter(pk=session.pk).update(**updates)
-        event.save(force_insert=True)
-        transaction.on_commit(partial(notify_session, session.pk, event.seq))
+        _write(lock_session(session_id), [event])
     return event
+
+
+def _write(session: Session, events: list[Event]) -> None:
+    """Give `events` the next seqs of the locked `session`, hash-chain them, insert them
+    in one statement, update the session once and notify once, after commit, with the
+    highest seq."""
+    now = timezone.now()
+    seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
+    changed = False
+    for event in events:
+        seq += 1
+        event.session_id = session.pk
+        event.seq = seq
+        event.ts = now
+        event.hash = head = event_hash(head, event)
+        reduced = reduce_snapshot(snapshot, event.type, event.payload)
+        if reduced is not None:
+            snapshot, changed = reduced, True
+    updates: dict[str, Any] = {"last_seq": seq, "chain_head": head, "updated_at": now}
+    if changed:
+        updates["snapshot"] = snapshot
+    Session.objects.filter(pk=session.pk).update(**updates)
+    if len(events) == 1:
+        events[0].save(force_insert=True)
+    else:
+        Event.objects.bulk_create(events)
+    transaction.on_commit(partial(notify_session, session.pk, seq))
+
+
+class EventBatch:
+    """The events one transaction appends to one session, written together at its end."""
+
+    def __init__(self, session_id: Any) -> None:
+        self.session_id = session_id
+        self.pending: list[Event] = []
+        self.by_key: dict[str, Event] = {}
+        self.loaded_prefixes: set[str] = set()
+
+    def add(self, event: Event) -> None:
+        self.pending.append(event)
+        if event.key:
+            self.by_key[event.key] = event
+
+    def find(self, key: str) -> Event | None:
+        """The event with this key, queued or written. Step keys share a task prefix: the
+        first lookup loads every written key of the task in one query."""
+        if key in self.by_key:
+            return self.by_key[key]
+        prefix = key.split("/", 1)[0] + "/" if key.startswith("task:") else ""
+        if not prefix:
+            return Event.objects.filter(session_id=self.session_id, key=key).first()
+        if prefix not in self.loaded_prefixes:
+            self.loaded_prefixes.add(prefix)
+            for event in Event.objects.filter(
+                session_id=self.session_id, key__startswith=prefix
+            ).defer("payload"):
+                self.by_key.setdefault(event.key, event)
+        return self.by_key.get(key)
+
+
+_batch: contextvars.ContextVar[EventBatch | None] = contextvars.ContextVar(
+    "aero_event_batch", default=None
+)
+
+
+@contextmanager
+def event_batch(session_id: Any) -> Iterator[EventBatch]:
+    """Queue the session's events appended inside and write them when the block ends
+    without an error: one row lock, one bulk insert, one session update, one notice
+    after commit (a graph step, ADR 55). Must run inside the caller's transaction, so
+    the step's other writes commit or roll back with its events. Events appended inside
+    a savepoint that rolls back are still written: do not append inside one."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("event_batch needs an open transaction")
+    batch = EventBatch(session_id)
+    token = _batch.set(batch)
+    try:
+        yield batch
+    finally:
+        _batch.reset(token)
+    if batch.pending:
+        _write(lock_session(session_id), batch.pending)
 
 
 def append_keyed(
@@ -93,11 +167,17 @@ def append_keyed(
     """Append unless an event with this key exists in the session (the key is unique per
     session in the database). Returns the event and whether it was written now: callers
     write the projections (rows, token counters) only when it was."""
-    with transaction.atomic():
-        lock_session(session_id)
-        existing = Event.objects.filter(session_id=session_id, key=key).first()
+    batch = _batch.get()
+    if batch is not None and str(batch.session_id) == str(session_id):
+        existing = batch.find(key)
         if existing is not None:
             return existing, False
+        return append_event(session_id, type, payload, key=key, **kwargs), True
+    with transaction.atomic():
+        lock_session(session_id)
+        found = Event.objects.filter(session_id=session_id, key=key).first()
+        if found is not None:
+            return found, False
         return append_event(session_id, type, payload, key=key, **kwargs), True
 
 

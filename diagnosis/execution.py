@@ -41,7 +41,10 @@ def refuse_execution(
         tool_call.session_id,
         "tool.call_refused",
         {
+            "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,
+            "error": tool_call.error,
+            "completed_at": tool_call.completed_at.isoformat(),
             "tool_name": tool_call.tool_name,
             "args": tool_call.request_payload,
             "risk_level": tool_call.risk_class,

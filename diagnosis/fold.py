@@ -407,6 +407,11 @@ def _apply(state: FoldState, event: EventLike) -> None:
             state.restrictions.append(
                 RestrictionState(restriction["kind"], restriction["target"], call.call_id)
             )
+    elif t == "tool.call_refused":
+        call = _tool_call(state, p)
+        call.status = "refused"
+        call.error = p.get("error", "")
+        call.completed_at = parse_ts(p.get("completed_at")) or event.ts
     elif t == "timeline.appended" and p.get("kind") == "restriction_lifted":
         for item in state.restrictions:
             same = (item.kind, item.target) == (p.get("restriction"), p.get("target"))

@@ -47,7 +47,8 @@ class LiftForm(forms.Form):
 
 
 class DeleteSessionForm(forms.Form):
-    reason = forms.CharField(
+    reason = LimitedTextField(
+        what="reason",
         max_length=MAX_REASON,
         strip=True,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),

@@ -2,16 +2,21 @@
 
 channels_redis drops messages over capacity, so a notice carries no content: the
 consumer reads what it has not sent yet from the event log.
+
+Notices go out on one long-lived event loop per process (channels_redis keeps its
+connection pool per loop, so the connection is reused): the ASGI server's loop in the
+web process, a daemon "aero-push" thread's loop anywhere else (workers, the CLI).
+Callers publish from `transaction.on_commit`, never inside a transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from aero import metrics
@@ -19,9 +24,9 @@ from aero import metrics
 logger = logging.getLogger("diagnosis.push")
 
 # The ASGI server's event loop, when this process serves WebSockets. The in-memory layer
-# (embedded mode) only wakes consumers when used from that loop, so job threads hand
-# their sends to it instead of spinning up a loop of their own.
+# (embedded mode) only wakes consumers when used from that loop.
 _server_loop: asyncio.AbstractEventLoop | None = None
+PUBLISH_TIMEOUT = 5.0
 
 
 def register_server_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -33,43 +38,62 @@ def session_group(session_id: Any) -> str:
     return f"session-{getattr(session_id, 'hex', str(session_id).replace('-', ''))}"
 
 
+class _Publisher:
+    """A loop running forever in a daemon thread, created once per process (a forked
+    child gets its own: threads do not survive a fork)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="aero-push")
+        self.thread.start()
+
+
+_publisher: _Publisher | None = None
+_publisher_lock = threading.Lock()
+
+
+def _publish_loop() -> asyncio.AbstractEventLoop:
+    global _publisher
+    server = _server_loop
+    if server is not None and server.is_running():
+        return server
+    with _publisher_lock:
+        if _publisher is None or _publisher.pid != os.getpid():
+            _publisher = _Publisher()
+        return _publisher.loop
+
+
+async def _send(layer: Any, group: str, message: dict[str, Any]) -> None:
+    try:
+        await layer.group_send(group, message)
+    except Exception:
+        logger.warning("push to %s failed", group, exc_info=True)
+        metrics.push_outcome(False)
+    else:
+        metrics.push_outcome(True)
+
+
 def group_send(group: str, message: dict[str, Any]) -> None:
-    """Best effort: a failed push is logged, never raised (clients catch up by seq)."""
+    """Best effort: a failed push is logged, never raised (clients catch up by seq). Waits
+    for the send (short: the connection is open) so a job process that exits right after
+    does not lose its last notice."""
     layer = get_channel_layer()
     if layer is None:
         return
-
-    def send() -> None:
-        try:
-            async_to_sync(layer.group_send)(group, message)
-        except Exception:
-            logger.warning("push to %s failed", group, exc_info=True)
-            metrics.push_outcome(False)
-        else:
-            metrics.push_outcome(True)
-
+    loop = _publish_loop()
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
         running = None
-    loop = _server_loop
-    if loop is not None and loop.is_running() and loop is not running:
-        future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
-        try:
-            future.result(timeout=5)
-        except Exception:
-            logger.warning("push to %s failed", group, exc_info=True)
-            metrics.push_outcome(False)
-        else:
-            metrics.push_outcome(True)
+    if running is loop:
+        loop.create_task(_send(layer, group, message))  # cannot wait on our own loop
         return
-    if running is None:
-        send()
-        return
-    # async_to_sync refuses to run in a thread with a running loop: use a fresh thread.
-    thread = threading.Thread(target=send, daemon=True)
-    thread.start()
-    thread.join(timeout=5)
+    future = asyncio.run_coroutine_threadsafe(_send(layer, group, message), loop)
+    try:
+        future.result(timeout=PUBLISH_TIMEOUT)
+    except Exception:
+        logger.warning("push to %s timed out", group, exc_info=True)
 
 
 def notify_session(session_id: Any, seq: int) -> None:

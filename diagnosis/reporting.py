@@ -157,7 +157,8 @@ def write_report(
     preface: str = "",
 ) -> str:
     """Render the report, store it and log its full text and hash in one transaction:
-    the `report.ready` event is the record, the Report row its projection."""
+    the `report.ready` event is the record, the Report row its projection. `preface` is
+    Markdown: escape what people typed in it (md_cell)."""
     text, language = render_report(session_id, definition, state, preface)
     with transaction.atomic():
         # Keyed inside a graph step: a re-run keeps the report the first run logged.

@@ -5,6 +5,9 @@
 # run concurrently), daphne serves the WebSockets on AERO_WS_PORT (default port + 1),
 # and AERO_WORKERS django-rq workers (default 1) run the jobs. Embedded mode runs
 # everything in one daphne process (in-memory channel layer, in-process job worker).
+# On PostgreSQL, DATABASE_OWNER_URL is the role that owns the tables (migrations run as
+# it) and DATABASE_URL the app's own role, created here if missing, which may only read
+# and append to the audit and event logs (manage.py db_roles).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -15,7 +18,18 @@ WS_PORT=${AERO_WS_PORT:-$((PORT + 1))}
 # at once overflowed it (ADR 81).
 BACKLOG=${AERO_LISTEN_BACKLOG:-1024}
 
-$PY manage.py migrate --noinput -v0
+if [ -n "${DATABASE_URL:-}" ]; then
+  if [ -z "${DATABASE_OWNER_URL:-}" ]; then
+    echo "DATABASE_URL is set but DATABASE_OWNER_URL is not: the app must not own its tables." >&2
+    echo "Set DATABASE_OWNER_URL to the owner (e.g. postgres://postgres@127.0.0.1:5432/aero) and" >&2
+    echo "DATABASE_URL to the app's role (e.g. postgres://aero_app:PASSWORD@127.0.0.1:5432/aero)." >&2
+    exit 2
+  fi
+  DATABASE_URL="$DATABASE_OWNER_URL" $PY manage.py migrate --noinput -v0
+  DATABASE_URL="$DATABASE_OWNER_URL" $PY manage.py db_roles --app-url "$DATABASE_URL"
+else
+  $PY manage.py migrate --noinput -v0
+fi
 $PY manage.py load_builtin
 $PY manage.py seed_demo
 $PY manage.py collectstatic --noinput -v0

@@ -37,7 +37,7 @@ def assert_projections_match(session: Session) -> FoldState:
     assert set(state.tool_calls) == set(table_calls)
     for call_id, row in table_calls.items():
         folded = state.tool_calls[call_id]
-        assert (
+        folded_row = (
             folded.tool_call,
             folded.tool_name,
             folded.args,
@@ -53,7 +53,8 @@ def assert_projections_match(session: Session) -> FoldState:
             folded.decided_by,
             folded.decided_at,
             folded.decision_reason,
-        ) == (
+        )
+        table_row = (
             row.pk,
             row.tool_name,
             row.request_payload,
@@ -69,7 +70,8 @@ def assert_projections_match(session: Session) -> FoldState:
             _name(row.decided_by),
             row.decided_at,
             row.decision_reason,
-        ), call_id
+        )
+        assert folded_row == table_row, (call_id, folded_row, table_row)
 
     table_approvals = {
         a.tool_call.call_id: a

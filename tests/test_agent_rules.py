@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from pytest_django.fixtures import Settings
 
+from approvals.actions import do_decide
+from approvals.models import Approval
 from diagnosis.agent import graph, tools
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.jobs import advance_session
@@ -166,17 +170,23 @@ def test_closing_a_runway_before_impact_analysis_is_refused(
 def test_running_an_approved_action_twice_closes_the_taxiway_once(
     builtin: None,
     capsys: pytest.CaptureFixture[str],
+    make_user: Callable[..., User],
 ) -> None:
     result = run_incident(capsys, EXAMPLE_ONE)  # stops at the approvals
     call = ToolCall.objects.get(
         session_id=result["session"], tool_name="close_taxiway", request_payload__taxiway="A"
     )
     assert call.status == ToolCallStatus.AWAITING_APPROVAL
-    ToolCall.objects.filter(pk=call.pk).update(status=ToolCallStatus.APPROVED)
+    # A real R2 decision (run_action re-checks it at execution time); the job it enqueues
+    # runs the action once.
+    abel = make_user("abel", "approver")
+    approval = Approval.objects.get(tool_call=call)
+    do_decide(approval.pk, abel, "approve", digest=approval.digest)
+    do_decide(approval.pk, abel, "confirm", digest=approval.digest)
     context = tools.ToolContext(call.session_id, load_active_graph(), None, "test")
 
-    tools.run_action(context, call.pk)
     tools.run_action(context, call.pk)  # a retried job
+    tools.run_action(context, call.pk)  # and another
 
     call.refresh_from_db()
     assert call.status == ToolCallStatus.COMPLETED

@@ -85,16 +85,3 @@ def test_raw_sql_cannot_change_the_log(entry: AuditLog, sql: str) -> None:
     stored = AuditLog.objects.get()
     assert stored.action == "test.recorded"
     assert stored.digest == stored.compute_digest()
-
-
-@pytest.mark.services
-def test_raw_sql_can_still_append(entry: AuditLog) -> None:
-    needs_postgresql()
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO aero_auditlog (created_at, actor_label, action, object_type, object_id,"
-            " detail, digest) VALUES (now(), 'pytest', 'test.appended', 'thing', '2', '{}', '')"
-        )
-
-    assert AuditLog.objects.count() == 2

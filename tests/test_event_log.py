@@ -17,15 +17,16 @@ from django.utils import timezone
 
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide, sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
-from diagnosis.actions import ActionError, do_answer, do_cancel, do_retry
+from diagnosis.actions import ActionError, do_answer, do_cancel, do_request_lift, do_retry
 from diagnosis.agent.providers import OfflineProvider, Usage
 from diagnosis.fold import fold_events
-from diagnosis.models import Event, LLMCall, ToolCall
+from diagnosis.models import Event, LLMCall, Restriction, ToolCall
 from tests.log_helpers import assert_projections_match
 from tests.web_helpers import (
     NO_POSITION,
     TAXIWAY_FUEL_LEAK,
     approval_for,
+    approve_everything,
     login,
     make_session,
     waiting_session,
@@ -199,6 +200,11 @@ def test_fallback_retry_and_rerun_never_duplicate_events_or_tokens(
     session = make_session(people["olga"])
     assert session.status == "failed"
     assert_projections_match(session)
+    # Each crashed step rolled back whole: no model call, usage or extraction is left.
+    crashed = Event.objects.filter(session=session)
+    assert not crashed.filter(type__in=["llm.call", "llm.fallback", "fields.extracted"]).exists()
+    assert not LLMCall.objects.filter(session=session).exists()
+    assert crashed.filter(type="agent.node_failed").count() == settings.AERO_JOB_ATTEMPTS
 
     do_retry(session.pk, people["olga"])
     state = assert_projections_match(session)
@@ -219,3 +225,34 @@ def test_fallback_retry_and_rerun_never_duplicate_events_or_tokens(
         e for e in events if e.type == "session.status_changed" and e.payload["to"] == "failed"
     ]
     assert len(failed) == 1
+
+
+def test_a_lifted_closure_rebuilds_in_every_session_it_touched(
+    people: dict[str, User],
+) -> None:
+    olga, abel = people["olga"], people["abel"]
+    session = waiting_session(olga)
+    approve_everything(session, abel)
+    assert session.status == "completed"
+    closure = Restriction.objects.get(session=session, kind="stand")
+    other = waiting_session(olga)  # open while the closure is in force: its map shows it
+
+    lift = do_request_lift(closure.pk, olga, "stand cleaned and inspected")
+    approval = Approval.objects.get(tool_call=lift)
+    do_decide(approval.pk, abel, APPROVE, digest=approval.digest)
+    do_decide(approval.pk, abel, CONFIRM, digest=approval.digest)
+    closure.refresh_from_db()
+    assert closure.lifted_at is not None
+
+    state = assert_projections_match(session)
+    lifted = [r for r in state.restrictions if (r.kind, r.target) == ("stand", closure.target)]
+    assert lifted and lifted[0].lifted_by == "abel"
+    assert state.tool_calls[lift.call_id].status == "completed"
+    assert [d.step for d in state.approvals[lift.call_id].decisions] == [
+        "first_approved",
+        "approved",
+    ]
+    assert_projections_match(other)
+    assert Event.objects.filter(
+        session=other, type="timeline.appended", payload__kind="restriction_lifted"
+    ).exists()

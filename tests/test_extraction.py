@@ -263,3 +263,52 @@ def test_worked_examples_read_completely() -> None:
         "continuous": False,
         "leak_size": "MEDIUM",
     }
+
+
+# --- one span, one field ----------------------------------------------------------------
+
+
+def readings(text: str, asked: str | None = None) -> dict[str, tuple[Any, str, bool]]:
+    return {
+        name: (found.value, found.evidence, found.confirmed)
+        for name, found in extract_fields(oil_spill(), text, demo_graph(), asked).items()
+    }
+
+
+def test_still_running_is_about_the_engine_not_the_leak() -> None:
+    # The live defect: "仍在" (a synonym of a continuing leak) modifies "运转" here.
+    assert readings("发动机仍在运转", asked="engine_status") == {
+        "engine_status": ("RUNNING", "运转", True),
+        "continuous": (True, "仍在运转", False),  # to be confirmed by the operator
+    }
+
+
+def test_no_longer_running_says_nothing_certain_about_either_field() -> None:
+    assert readings("发动机不再运转") == {"continuous": (False, "不再运转", False)}
+
+
+def test_an_aspect_word_of_its_own_still_counts() -> None:
+    assert readings("仍在运转，持续漏") == {
+        "engine_status": ("RUNNING", "运转", True),
+        "continuous": (True, "持续", True),
+    }
+    assert readings("燃油持续泄漏") == {
+        "fluid_type": ("FUEL", "燃油", True),
+        "continuous": (True, "持续", True),
+    }
+
+
+def test_english_phrases_name_their_own_subject() -> None:
+    assert readings("engine running, still leaking") == {
+        "engine_status": ("RUNNING", "engine running", True),
+        "continuous": (True, "still leaking", True),
+    }
+
+
+def test_evidence_is_the_operators_words_with_their_span() -> None:
+    text = "Stand 105: JET FUEL leaking"
+    found = extract_fields(oil_spill(), text, demo_graph())
+    start, end = found["fluid_type"].span or (0, 0)
+    assert text[start:end] == found["fluid_type"].evidence == "JET FUEL"
+    start, end = found["position"].span or (0, 0)
+    assert text[start:end] == "Stand 105"

@@ -96,7 +96,9 @@ def test_every_family_after_one_session(
     assert ("aero_job_queue_depth") in after
     # counted in this process (jobs run inline in tests) and summed by daphne's /metrics
     assert grew("aero_job_duration_seconds_count", outcome="waiting_user") >= 2
-    assert grew("aero_event_push_total", outcome="ok") >= session.last_seq - 2
+    # One notice per committed step (a block of events), so fewer notices than events.
+    pushed = grew("aero_event_push_total", outcome="ok")
+    assert 5 <= pushed < session.last_seq
     assert grew("aero_ws_connects_total", stream="api", kind="new") == 1
     assert grew("aero_ws_events_sent_total", stream="api") >= session.last_seq
     assert grew("aero_event_commit_to_send_seconds_count", stream="api") >= 1

@@ -1,139 +1,391 @@
-"""LLM providers: an OpenAI-compatible endpoint (a fake one on localhost) extracts the
-fields with token and cost accounting; a failing one falls back to the offline provider,
-recorded, and the incident is handled all the same."""
+"""LLM providers through the simulated OpenAI-compatible server over real HTTP: structured
+extraction with token and cost accounting, grounding of the model's values, retries done
+by tenacity (Retry-After honoured, 4xx final), the fallback chain ending offline, the
+per-call timeout below the lease, one client per provider config."""
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
 
-from diagnosis.actions import do_create_session
+from diagnosis.actions import do_answer, do_create_session
+from diagnosis.agent import providers
+from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.models import Event, LLMCall, Session
 from scenarios_admin.models import ProviderConfig, Scenario
+from tests.builtin_data import demo_graph, oil_spill
+from tests.llm_helpers import fake_llm, fake_provider
 from tests.servers import free_port
+
+__all__ = ["fake_llm"]  # the fixture
 
 pytestmark = pytest.mark.services
 
+EXAMPLE_ONE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
+EXAMPLE_ONE_REPLY = {
+    "flight_no": {"value": "CA1234", "quote": "CA1234"},
+    "position": {"value": "105", "quote": "105机位"},
+    "fluid_type": {"value": "FUEL", "quote": "燃油"},
+    "engine_status": {"value": "RUNNING", "quote": "发动机仍在运转"},
+    "continuous": {"value": True, "quote": "还在持续漏"},
+    "leak_size": None,
+}
 
-class FakeOpenAI(BaseHTTPRequestHandler):
-    reply: dict[str, Any] = {}
-    requests: list[dict[str, Any]] = []
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        FakeOpenAI.requests.append(
-            {"path": self.path, "body": body, "auth": self.headers.get("Authorization")}
-        )
-        payload = {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 0,
-            "model": body["model"],
-            "choices": [
-                {
-                    "index": 0,
-                    "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": json.dumps(self.reply)},
-                }
-            ],
-            "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150},
-        }
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
+@pytest.fixture(autouse=True)
+def extraction_only(settings: Any) -> None:
+    """These tests are about extraction calls; the model's reasoning steps (ReAct) are
+    tests/test_react.py's."""
+    settings.AERO_LLM_REACT = False
 
 
 @pytest.fixture
-def fake_openai() -> Iterator[str]:
-    server = HTTPServer(("127.0.0.1", 0), FakeOpenAI)
-    FakeOpenAI.requests = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The backoff waits the chain asked for, without sleeping."""
+    asked: list[float] = []
+    monkeypatch.setattr(providers, "backoff_sleep", asked.append)
+    return asked
 
 
-def test_openai_compatible_provider_extracts_with_cost_accounting(
-    builtin: None, fake_openai: str, make_user: Callable[..., User]
-) -> None:
-    FakeOpenAI.reply = {
-        "flight_no": "CA1234",
-        "position": "105",
-        "fluid_type": "FUEL",
-        "engine_status": "RUNNING",
-        "continuous": True,
-        "leak_size": "HUGE",
-    }
-    config = ProviderConfig(
-        name="fake",
-        kind="openai",
-        base_url=fake_openai,
-        model="fake-1",
-        price_input_per_1k=Decimal("0.01"),
-        price_output_per_1k=Decimal("0.02"),
-    )
-    config.set_api_key("sk-test-123")
-    config.save()
+def start(make_user: Callable[..., User], text: str, slug: str = "oil_spill") -> Session:
     session = do_create_session(
-        make_user("olga", "operator"),
-        Scenario.objects.get(slug="oil_spill"),
-        "fuel everywhere at the stand, hurry",
+        make_user("olga", "operator"), Scenario.objects.get(slug=slug), text
     )
     session.refresh_from_db()
+    return session
+
+
+def attempts(session: Session) -> list[tuple[str, str]]:
+    return [(a.provider, a.status) for a in LLMCall.objects.filter(session=session).order_by("id")]
+
+
+def test_structured_extraction_with_cost_accounting(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    fake_llm.set_script(
+        {
+            "rules": [
+                {
+                    "json": EXAMPLE_ONE_REPLY,
+                    "usage": {"prompt_tokens": 120, "completion_tokens": 30},
+                }
+            ]
+        }
+    )
+    fake_provider(fake_llm)
+    session = start(make_user, EXAMPLE_ONE)
 
     assert session.snapshot["risk"]["rule"] == "OS-01"
-    assert session.snapshot["fields"]["leak_size"] == "UNKNOWN"  # "HUGE" is not a value: dropped
-    assert session.snapshot["evidence"]["flight_no"] == "llm:fake"
+    assert session.snapshot["fields"]["engine_status"] == "RUNNING"
+    # Evidence is the operator's words, tied to the value by the scenario's synonyms.
+    assert session.snapshot["evidence"]["continuous"] == "持续"
     call = LLMCall.objects.get(session=session, provider="fake")
     assert (call.status, call.tokens_in, call.tokens_out) == ("ok", 120, 30)
     assert call.cost == Decimal("0.0018")
     assert (session.tokens_in, session.tokens_out, session.cost) == (120, 30, Decimal("0.0018"))
-    assert FakeOpenAI.requests[0]["auth"] == "Bearer sk-test-123"
-    assert FakeOpenAI.requests[0]["body"]["model"] == "fake-1"
+    request = fake_llm.requests[0]
+    assert request["auth"] == "Bearer sk-test-123"
+    assert request["body"]["model"] == "fake-1"
+    # Structured output: the scenario's fields as a JSON schema, enum values included.
+    response_format = request["body"]["response_format"]
+    assert response_format["type"] == "json_schema"
+    schema_text = str(response_format["json_schema"]["schema"])
+    assert "HYDRAULIC" in schema_text and "quote" in schema_text
+    # The prompt is the Chinese one for a Chinese message.
+    assert "逐字照抄" in request["body"]["messages"][0]["content"]
 
 
-def test_failing_provider_falls_back_to_offline(
-    builtin: None, make_user: Callable[..., User]
+def test_invented_values_are_confirmed_not_used(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    """The model invents flight, engine and leak: none of them drives a rule; the agent
+    asks the operator to confirm each P1 value it could not ground."""
+    fake_llm.set_script(
+        {
+            "rules": [
+                {
+                    "match": {"call": 1},
+                    "json": {
+                        "flight_no": {"value": "CA1234", "quote": "flight CA1234"},
+                        "position": {"value": "105", "quote": "stand 105"},
+                        "fluid_type": {"value": "FUEL", "quote": "fuel everywhere"},
+                        "engine_status": {"value": "RUNNING", "quote": "engines running"},
+                        "continuous": {"value": True, "quote": "still leaking"},
+                        "leak_size": {"value": "HUGE", "quote": "everywhere"},
+                    },
+                },
+                {"json": {}},  # the answers state no new field
+            ]
+        }
+    )
+    fake_provider(fake_llm)
+    session = start(make_user, "fuel everywhere at the stand, hurry")
+
+    snapshot = session.snapshot
+    assert snapshot["fields"]["fluid_type"] == "FUEL"  # "fuel" ties to FUEL
+    assert snapshot["fields"]["leak_size"] == "UNKNOWN"  # "HUGE" is no value; no invention
+    for name in ("flight_no", "position", "engine_status", "continuous"):
+        assert snapshot["fields"].get(name) is None, name
+    extracted = Event.objects.filter(session=session, type="fields.extracted").last()
+    assert extracted is not None
+    assert set(extracted.payload["pending"]) == {
+        "flight_no",
+        "position",
+        "engine_status",
+        "continuous",
+    }
+    assert not snapshot.get("risk")
+    assert not Event.objects.filter(session=session, type="risk.assessed").exists()
+    question = snapshot["question"]
+    assert question["field"] == "flight_no"
+    assert question["text"].startswith('Please confirm: is the flight number "CA1234"?')
+
+    do_answer(session.pk, session.created_by, "yes")
+    session.refresh_from_db()
+    assert session.snapshot["fields"]["flight_no"] == "CA1234"
+    assert session.snapshot["evidence"]["flight_no"] == "confirmed: yes"
+    assert session.snapshot["question"]["field"] == "position"
+    assert "Please confirm" in session.snapshot["question"]["text"]
+    assert not session.snapshot.get("risk")
+
+
+def test_rate_limit_then_success_honours_retry_after(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], waits: list[float]
+) -> None:
+    fake_llm.set_script(
+        {
+            "rules": [
+                {"fault": "429", "retry_after": 7, "times": 1},
+                {"json": EXAMPLE_ONE_REPLY},
+            ]
+        }
+    )
+    fake_provider(fake_llm)
+    session = start(make_user, EXAMPLE_ONE)
+
+    assert waits == [7.0]  # what the server asked for, not the 1 s backoff
+    assert attempts(session) == [("fake", "error"), ("fake", "ok")]
+    error = LLMCall.objects.get(session=session, status="error").error
+    assert "429" in error
+    assert not Event.objects.filter(session=session, type="llm.fallback").exists()
+    events = Event.objects.filter(session=session, type="llm.call").order_by("seq")
+    assert [e.payload["attempt"] for e in events] == [1, 2]
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+
+
+def test_backoff_is_exponential_with_jitter_and_then_falls_back(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], waits: list[float]
+) -> None:
+    fake_llm.set_script({"rules": [{"fault": "500"}]})
+    fake_provider(fake_llm, retries=3)
+    session = start(make_user, EXAMPLE_ONE)
+
+    backoff = 0.01  # AERO_LLM_BACKOFF in the test settings: 1/2/4 s scaled down
+    assert len(waits) == 2
+    assert backoff <= waits[0] <= backoff * 1.25
+    assert 2 * backoff <= waits[1] <= 2 * backoff * 1.125
+    assert attempts(session) == [("fake", "error")] * 3 + [("offline", "ok")]
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+
+
+def test_a_refused_key_is_not_retried(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], waits: list[float]
+) -> None:
+    status = 401
+    fake_llm.set_script({"rules": [{"status": status}]})
+    fake_provider(fake_llm, retries=3)
+    session = start(make_user, EXAMPLE_ONE)
+
+    assert waits == []
+    assert attempts(session) == [("fake", "error"), ("offline", "ok")]
+    assert len(fake_llm.requests) == 1
+    fallback = Event.objects.get(session=session, type="llm.fallback")
+    assert f"HTTP {status}" in fallback.payload["error"]
+
+
+@pytest.mark.parametrize(
+    ("status", "retried"),
+    [(400, False), (401, False), (403, False), (404, False), (408, True), (429, True), (500, True)],
+)
+def test_which_http_errors_are_retried(
+    fake_llm: FakeLLMServer, status: int, retried: bool, waits: list[float]
+) -> None:
+    fake_llm.set_script({"rules": [{"status": status, "retry_after": 3}]})
+    config = ProviderConfig(
+        pk=1, name="fake", kind="openai", base_url=fake_llm.url, model="fake-1", retries=3
+    )
+    config.updated_at = timezone.now()  # a new version of config 1: a new client
+    provider = providers.OpenAICompatibleProvider(config)
+    recorded: list[providers.Attempt] = []
+    hops: list[tuple[str, str, str]] = []
+
+    def call(p: providers.Provider) -> tuple[Any, providers.Usage]:
+        return p.extract(oil_spill(), EXAMPLE_ONE, demo_graph(), None)
+
+    found = providers.call_with_fallback(
+        [provider, providers.OfflineProvider()],
+        "extract",
+        call,
+        recorded.append,
+        lambda *hop: hops.append(hop),
+    )
+    assert found["engine_status"].value == "RUNNING"  # offline answered
+    assert len(fake_llm.requests) == (3 if retried else 1)
+    assert [a.status for a in recorded] == ["error"] * (3 if retried else 1) + ["ok"]
+    assert all(f"HTTP {status}" in a.error for a in recorded[:-1])
+    # Retry-After counts only where a retry is allowed at all.
+    assert waits == ([3.0, 3.0] if retried else [])
+    assert hops[0][:2] == ("fake", "offline")
+
+
+def test_no_wait_runs_past_half_the_lease(
+    fake_llm: FakeLLMServer, waits: list[float], settings: Any
+) -> None:
+    """A Retry-After longer than what is left of the lease's budget is not waited for:
+    the chain moves on at once (the job would lose its lease while sleeping)."""
+    settings.AERO_LEASE_SECONDS = 20  # attempts may start within the first 10 s
+    fake_llm.set_script({"rules": [{"fault": "429", "retry_after": 15}]})  # < lease, > half
+    config = ProviderConfig(
+        pk=2, name="slow", kind="openai", base_url=fake_llm.url, model="fake-1", retries=3
+    )
+    config.updated_at = timezone.now()
+    recorded: list[providers.Attempt] = []
+    hops: list[tuple[str, str, str]] = []
+
+    def call(p: providers.Provider) -> tuple[Any, providers.Usage]:
+        return p.extract(oil_spill(), EXAMPLE_ONE, demo_graph(), None)
+
+    providers.call_with_fallback(
+        [providers.OpenAICompatibleProvider(config), providers.OfflineProvider()],
+        "extract",
+        call,
+        recorded.append,
+        lambda *hop: hops.append(hop),
+    )
+    assert waits == []
+    assert [(a.provider, a.status) for a in recorded] == [("slow", "error"), ("offline", "ok")]
+    assert hops[0][:2] == ("slow", "offline") and "HTTP 429" in hops[0][2]
+
+
+def test_outage_of_every_real_provider_falls_back_to_offline_on_the_timeline(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    waits: list[float],
 ) -> None:
     ProviderConfig.objects.create(
         name="down",
         kind="openai",
         model="m",
         retries=2,
+        priority=1,
         base_url=f"http://127.0.0.1:{free_port()}/v1",
         timeout_seconds=2,
     )
-    session = do_create_session(
-        make_user("olga", "operator"),
-        Scenario.objects.get(slug="oil_spill"),
-        "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏",
-    )
-    session.refresh_from_db()
+    fake_llm.set_script({"rules": [{"fault": "500"}]})
+    fake_provider(fake_llm, retries=2, priority=2)
+    session = start(make_user, EXAMPLE_ONE)
 
     assert session.snapshot["risk"]["rule"] == "OS-01"  # the offline provider took over
-    attempts = LLMCall.objects.filter(session=session).order_by("id")
-    assert [(a.provider, a.status) for a in attempts] == [
+    assert attempts(session) == [
         ("down", "error"),
         ("down", "error"),
+        ("fake", "error"),
+        ("fake", "error"),
         ("offline", "ok"),
     ]
-    fallback = Event.objects.get(session=session, type="llm.fallback")
-    assert fallback.payload["from"] == "down" and fallback.payload["to"] == "offline"
-    assert "Connect" in fallback.payload["error"] or "connect" in fallback.payload["error"]
+    hops = Event.objects.filter(session=session, type="llm.fallback").order_by("seq")
+    assert [(e.payload["from"], e.payload["to"]) for e in hops] == [
+        ("down", "fake"),
+        ("fake", "offline"),
+    ]
+    assert "connection failed" in hops[0].payload["error"]
+    assert "HTTP 500" in hops[1].payload["error"]
+
+    client = Client()
+    client.force_login(session.created_by)
+    page = client.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+    assert "Provider fake failed, falling back to offline" in page
+
+
+def test_invalid_json_is_an_attempt_that_failed_and_was_paid_for(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], waits: list[float]
+) -> None:
+    fake_llm.set_script(
+        {
+            "rules": [
+                {
+                    "fault": "invalid_json",
+                    "json": EXAMPLE_ONE_REPLY,
+                    "times": 1,
+                    "usage": {"prompt_tokens": 100, "completion_tokens": 10},
+                },
+                {
+                    "json": EXAMPLE_ONE_REPLY,
+                    "usage": {"prompt_tokens": 100, "completion_tokens": 40},
+                },
+            ]
+        }
+    )
+    fake_provider(fake_llm)
+    session = start(make_user, EXAMPLE_ONE)
+
+    failed, ok = LLMCall.objects.filter(session=session).order_by("id")
+    assert failed.status == "error" and "not valid JSON" in failed.error
+    assert (failed.tokens_in, failed.tokens_out) == (100, 10)
+    assert ok.status == "ok"
+    assert (session.tokens_in, session.tokens_out) == (200, 50)
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+
+
+def test_an_unparsable_http_body_is_retried(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], waits: list[float]
+) -> None:
+    fake_llm.set_script(
+        {"rules": [{"fault": "invalid_body", "times": 1}, {"json": EXAMPLE_ONE_REPLY}]}
+    )
+    fake_provider(fake_llm)
+    session = start(make_user, EXAMPLE_ONE)
+    assert attempts(session) == [("fake", "error"), ("fake", "ok")]
+
+
+def test_a_hang_is_cut_by_a_timeout_below_the_lease(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    waits: list[float],
+    settings: Any,
+) -> None:
+    settings.AERO_LEASE_SECONDS = 4  # a 30 s provider timeout is clamped to 1 s
+    fake_llm.set_script({"rules": [{"fault": "hang"}]})
+    config = fake_provider(fake_llm, retries=1, timeout_seconds=30)
+    assert providers.call_timeout(config) == 1.0
+    session = start(make_user, EXAMPLE_ONE)
+
+    failed = LLMCall.objects.get(session=session, provider="fake")
+    assert failed.error == "timed out"
+    assert failed.latency_ms < 10_000
+    assert attempts(session) == [("fake", "error"), ("offline", "ok")]
+
+
+def test_one_client_per_provider_config_until_it_changes(
+    builtin: None, fake_llm: FakeLLMServer
+) -> None:
+    config = fake_provider(fake_llm)
+    first = providers.client_for(config)
+    assert providers.client_for(ProviderConfig.objects.get(pk=config.pk)) is first
+    config.model = "fake-2"
+    config.save()
+    second = providers.client_for(config)
+    assert second is not first
+    assert second.model_name == "fake-2"
 
 
 def test_admin_never_renders_the_api_key_back(

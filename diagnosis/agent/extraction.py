@@ -3,6 +3,13 @@
 Matching is case-insensitive. Longer synonyms claim their span first, so "stopped
 leaking" is never read as the engine being "stopped" and "未关车" never as "关车".
 Latin synonyms must stand as whole words; Chinese ones match anywhere.
+
+A span evidences one field only. A Chinese synonym of a bool field placed directly
+before another field's synonym is an aspect word of that phrase ("仍在运转": the engine
+is still running; "不再运转": no longer running), not a statement about its own field:
+the phrase is the other field's evidence, and the bool field gets at most an unconfirmed
+reading that the agent puts to the operator (an ambiguous P1 value is confirmed, never
+assumed). A negating aspect word ("不再") also leaves the other field unread.
 """
 
 from __future__ import annotations
@@ -30,6 +37,20 @@ NO = ("否", "不是", "没有", "无", "no", "n", "false", "negative")
 class Extraction:
     value: Any
     evidence: str
+    # Where the evidence is in the text (None for answers, defaults, confirmations).
+    span: tuple[int, int] | None = None
+    # False: a reading without evidence of its own, to be confirmed by the operator.
+    confirmed: bool = True
+
+
+@dataclass(frozen=True)
+class _Match:
+    start: int
+    end: int
+    field: str
+    value: Any
+    synonym: str
+    weak: bool
 
 
 def detect_language(text: str) -> str:
@@ -45,10 +66,7 @@ def extract_fields(
     found: dict[str, Extraction] = {}
     lowered = text.lower()
 
-    claimed: list[tuple[int, int]] = []
-    candidates: list[
-        tuple[int, int, str, Any, str, bool]
-    ] = []  # len, start, field, value, syn, weak
+    candidates: list[_Match] = []
     for name, spec in fields.items():
         if spec["type"] not in ("enum", "bool"):
             continue
@@ -60,26 +78,53 @@ def extract_fields(
             ):
                 for synonym in synonyms:
                     for start in _occurrences(lowered, str(synonym).lower()):
-                        candidates.append((len(synonym), start, name, value, synonym, weak))
+                        end = start + len(synonym)
+                        candidates.append(_Match(start, end, name, value, text[start:end], weak))
     # Longest synonym first; on equal length the later mention wins (corrections). Weak
     # (fallback) synonyms come last: they never take a span from a named value
     # ("液压油料泄漏" names hydraulic fluid, not an unspecified 油料泄漏).
-    candidates.sort(key=lambda c: (c[5], -c[0], -c[1]))
-    chosen: dict[str, tuple[int, Extraction]] = {}
+    candidates.sort(key=lambda m: (m.weak, -(m.end - m.start), -m.start))
+    claimed: list[_Match] = []
+    for candidate in candidates:
+        if any(candidate.start < c.end and c.start < candidate.end for c in claimed):
+            continue
+        claimed.append(candidate)
+
+    by_start = {m.start: m for m in claimed}
+    aspects: dict[int, _Match] = {}  # id(aspect word) -> the match it modifies
+    for word in claimed:
+        head = by_start.get(word.end)
+        if (
+            head is not None
+            and head.field != word.field
+            and fields[word.field]["type"] == "bool"
+            and CJK.search(word.synonym)
+        ):
+            aspects[id(word)] = head
+    # A negating aspect word ("不再运转") says the other field's value no longer holds.
+    negated = {id(aspects[id(w)]) for w in claimed if id(w) in aspects and w.value is False}
+
+    chosen: dict[str, Extraction] = {}
     weak_hits: dict[str, Extraction] = {}
-    for length, start, name, value, synonym, weak in candidates:
-        span = (start, start + length)
-        if any(span[0] < end and begin < span[1] for begin, end in claimed):
+    unconfirmed: dict[str, Extraction] = {}
+    for hit in claimed:  # still longest first, later first
+        if id(hit) in negated:
             continue
-        claimed.append(span)
-        if weak:
-            weak_hits.setdefault(name, Extraction(value, synonym))
+        head = aspects.get(id(hit))
+        if head is not None:
+            phrase = (hit.start, head.end)
+            unconfirmed.setdefault(
+                hit.field,
+                Extraction(hit.value, text[phrase[0] : phrase[1]], phrase, confirmed=False),
+            )
             continue
-        if name not in chosen or chosen[name][0] < length:
-            chosen[name] = (length, Extraction(value, synonym))
-    for name, (_, extraction) in chosen.items():
-        found[name] = extraction
-    for name, extraction in weak_hits.items():
+        extraction = Extraction(hit.value, hit.synonym, (hit.start, hit.end))
+        if hit.weak:
+            weak_hits.setdefault(hit.field, extraction)
+        else:
+            chosen.setdefault(hit.field, extraction)
+    found.update(chosen)
+    for name, extraction in [*weak_hits.items(), *unconfirmed.items()]:
         found.setdefault(name, extraction)
 
     for name, spec in fields.items():
@@ -100,7 +145,7 @@ def extract_fields(
         elif spec["type"] == "number" and asked == name:
             match = re.search(NUMBER, text)
             if match:
-                found[name] = Extraction(float(match.group(1)), match.group(0))
+                found[name] = Extraction(float(match.group(1)), match.group(0), match.span())
         elif spec["type"] == "text" and asked == name and text.strip():
             found[name] = Extraction(text.strip(), "answer")
 
@@ -154,7 +199,7 @@ def _measure(measure: dict[str, Any], lowered: str) -> Extraction | None:
             continue
         if "at_least" in band and not amount >= band["at_least"]:
             continue
-        return Extraction(band["value"], match.group(0))
+        return Extraction(band["value"], match.group(0), match.span())
     return None
 
 
@@ -162,19 +207,19 @@ def _flight_no(
     text: str, graph: AirportGraph, ignore: list[tuple[int, int]] | None = None
 ) -> Extraction | None:
     matches = [
-        m.group(1).upper()
+        (m.group(1).upper(), m.span(1))
         for m in FLIGHT_NO.finditer(text)
         if not any(m.start() < end and start < m.end() for start, end in ignore or [])
         and not AIRCRAFT_TYPE.match(m.group(1).upper())
     ]
     # Node ids such as "A10" or "R0624" look like flight numbers; prefer a known flight,
     # then anything that is not a node of the airport.
-    for candidate in matches:
+    for candidate, span in matches:
         if candidate in graph.flights:
-            return Extraction(candidate, candidate)
-    for candidate in matches:
+            return Extraction(candidate, candidate, span)
+    for candidate, span in matches:
         if candidate not in graph.nodes:
-            return Extraction(candidate, candidate)
+            return Extraction(candidate, candidate, span)
     return None
 
 
@@ -208,7 +253,7 @@ def _position(text: str, graph: AirportGraph, kinds: list[str], *, bare: bool) -
             ref = re.sub(r"\s+", "", match.group(1)).upper()
             node = graph.resolve(ref)
             if node is not None and node.kind == kind:
-                return Extraction(ref, match.group(0).strip())
+                return Extraction(ref, match.group(0).strip(), match.span())
     if not bare:
         return None
     for match in re.finditer(
@@ -220,5 +265,5 @@ def _position(text: str, graph: AirportGraph, kinds: list[str], *, bare: bool) -
             continue
         if node.kind == "runway" and not RUNWAY_DESIGNATOR.match(ref):
             continue  # a raw runway node id is not how people name a runway
-        return Extraction(ref, match.group(0))
+        return Extraction(ref, match.group(0), match.span())
     return None

@@ -18,7 +18,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from diagnosis.agent import fsm, policy
+from diagnosis.agent import fsm, grounding, policy, prompts
 from diagnosis.agent.extraction import Extraction
 from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
 from diagnosis.agent.state import AgentContext, AgentState
@@ -31,11 +31,13 @@ from diagnosis.agent.tools import (
     run_enrichment,
 )
 from diagnosis.events import (
+    EventBatch,
     add_usage,
     append_event,
     append_event_once,
     append_keyed,
     append_step_event,
+    event_batch,
     step_scope,
 )
 from diagnosis.models import (
@@ -62,8 +64,12 @@ class SessionCanceled(Exception):
 
 def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
     """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
-    The node's events are keyed by its graph step (StepScope): a re-run of the step
-    reuses its AgentRun and writes no event twice."""
+
+    One graph step is one transaction (ADR 55): the node's rows and its events (queued
+    by event_batch, written at the end under one lock) commit together or not at all; a
+    crash mid-step leaves nothing half-written and a failure is logged on its own. The
+    events are keyed by the step's task (StepScope): if the step committed but its
+    checkpoint did not, the re-run writes nothing twice."""
 
     def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
         # No functools.wraps: LangGraph reads the signature to inject `runtime`.
@@ -73,48 +79,55 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
             if status.first() == SessionStatus.CANCELED:
                 raise SessionCanceled()
             with step_scope(_task_key(runtime, name)) as scope:
-                run = _start_node(ctx, scope.key("agent.node_started"), name, state)
                 try:
-                    update = fn(state, ctx, run)
-                except Exception as exc:
-                    if isinstance(exc, SessionCanceled) or type(exc).__name__ == "GraphInterrupt":
+                    with transaction.atomic(), event_batch(ctx.session_id) as batch:
+                        run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
+                        update = fn(state, ctx, run)
+                        summary = update.pop("_summary", "")
                         AgentRun.objects.filter(pk=run.pk).update(
-                            status="interrupted", ended_at=timezone.now()
+                            status="completed",
+                            ended_at=timezone.now(),
+                            output_summary={"summary": summary},
                         )
-                        raise
-                    with transaction.atomic():
-                        AgentRun.objects.filter(pk=run.pk).update(
-                            status="failed", ended_at=timezone.now()
-                        )
-                        # Not keyed: a second failure of the step is a new fact.
-                        append_event(
+                        append_step_event(
                             ctx.session_id,
-                            "agent.node_failed",
-                            {"node": name, "run": run.pk, "error": f"{type(exc).__name__}: {exc}"},
+                            "agent.node_completed",
+                            {"node": name, "run": run.pk, "summary": summary},
                             producer=ctx.producer,
                             run=run,
                         )
+                except Exception as exc:
+                    if isinstance(exc, SessionCanceled) or type(exc).__name__ == "GraphInterrupt":
+                        raise
+                    _record_failure(ctx, name, state, exc)
                     raise
-                summary = update.pop("_summary", "")
-                with transaction.atomic():
-                    AgentRun.objects.filter(pk=run.pk).update(
-                        status="completed",
-                        ended_at=timezone.now(),
-                        output_summary={"summary": summary},
-                    )
-                    append_step_event(
-                        ctx.session_id,
-                        "agent.node_completed",
-                        {"node": name, "run": run.pk, "summary": summary},
-                        producer=ctx.producer,
-                        run=run,
-                    )
-                return update
+            return update
 
         wrapper.__name__ = fn.__name__
         return wrapper
 
     return decorator
+
+
+def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Exception) -> None:
+    """The step rolled back; its failure is a fact of its own (not keyed: a second
+    failure of the step is a new one)."""
+    with transaction.atomic():
+        run = AgentRun.objects.create(
+            session_id=ctx.session_id,
+            parent=ctx.root_run,
+            agent_name=name,
+            status="failed",
+            ended_at=timezone.now(),
+            input_snapshot={"fsm": state.get("fsm", "")},
+        )
+        append_event(
+            ctx.session_id,
+            "agent.node_failed",
+            {"node": name, "run": run.pk, "error": f"{type(exc).__name__}: {exc}"},
+            producer=ctx.producer,
+            run=run,
+        )
 
 
 def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
@@ -126,28 +139,28 @@ def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
     return f"step:{get_config()['metadata']['langgraph_step']}:{name}"
 
 
-def _start_node(ctx: AgentContext, key: str, name: str, state: AgentState) -> AgentRun:
-    with transaction.atomic():
-        started = (
-            Event.objects.filter(session_id=ctx.session_id, key=key).select_related("run").first()
-        )
-        if started is not None and started.run is not None:
-            AgentRun.objects.filter(pk=started.run.pk).update(status="running", ended_at=None)
-            return started.run
-        run = AgentRun.objects.create(
-            session_id=ctx.session_id,
-            parent=ctx.root_run,
-            agent_name=name,
-            input_snapshot={"fsm": state.get("fsm", "")},
-        )
-        append_keyed(
-            ctx.session_id,
-            "agent.node_started",
-            key,
-            {"node": name, "run": run.pk},
-            producer=ctx.producer,
-            run=run,
-        )
+def _start_node(
+    ctx: AgentContext, batch: EventBatch, key: str, name: str, state: AgentState
+) -> AgentRun:
+    started = batch.find(key)
+    if started is not None and started.run_id is not None:
+        # The step committed before (its checkpoint did not): carry on with its run.
+        AgentRun.objects.filter(pk=started.run_id).update(status="running", ended_at=None)
+        return AgentRun(pk=started.run_id, session_id=ctx.session_id, agent_name=name)
+    run = AgentRun.objects.create(
+        session_id=ctx.session_id,
+        parent=ctx.root_run,
+        agent_name=name,
+        input_snapshot={"fsm": state.get("fsm", "")},
+    )
+    append_keyed(
+        ctx.session_id,
+        "agent.node_started",
+        key,
+        {"node": name, "run": run.pk},
+        producer=ctx.producer,
+        run=run,
+    )
     return run
 
 
@@ -164,7 +177,9 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     messages = Event.objects.filter(
         session_id=ctx.session_id, type="user.message", seq__gt=consumed
     ).order_by("seq")
+    pending = dict(state.get("unconfirmed") or {})
     changed: dict[str, Any] = {}
+    unconfirmed: dict[str, Any] = {}
     for message in messages:
         text = message.payload.get("text", "")
 
@@ -174,10 +189,16 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         found = call_with_fallback(
             ctx.providers, "extract", extract, _recorder(ctx, run), _fallback_recorder(ctx, run)
         )
-        for name, extraction in found.items():
-            fields[name] = extraction.value
-            evidence[name] = extraction.evidence
-            changed[name] = extraction.value
+        for name, extraction in grounding.settle(definition, found, pending, asked, text):
+            if extraction.confirmed:
+                fields[name] = extraction.value
+                evidence[name] = extraction.evidence
+                changed[name] = extraction.value
+                pending.pop(name, None)
+            elif fields.get(name) is None:
+                # Read without evidence of its own: the operator confirms it first.
+                pending[name] = {"value": extraction.value, "evidence": extraction.evidence}
+                unconfirmed[name] = pending[name]
         consumed = message.seq
     for name, spec in definition["fields"].items():
         if fields.get(name) is None and spec.get("default") is not None:
@@ -192,6 +213,8 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             "changed": changed,
             "evidence": {k: evidence[k] for k in changed},
             "missing": missing,
+            "unconfirmed": unconfirmed,  # read in these messages, to be confirmed
+            "pending": pending,  # every value awaiting the operator's confirmation
             "through_seq": consumed,
         },
         producer=ctx.producer,
@@ -205,6 +228,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         "evidence": evidence,
         "consumed_seq": consumed,
         "question": None,
+        "unconfirmed": pending,
         "_summary": summary,
     }
 
@@ -226,6 +250,7 @@ def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
                     "cost": str(usage.cost),
                     "latency_ms": attempt.latency_ms,
                     "error": attempt.error,
+                    "attempt": attempt.attempt,
                 },
                 producer=ctx.producer,
                 run=run,
@@ -370,9 +395,17 @@ def enrichment_calls(definition: dict[str, Any], fields: dict[str, Any]) -> list
     return calls
 
 
-# Tests replace this to script an agent that misbehaves; production always plans offline
-# (safety-critical sequencing is policy, not model output).
-PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": offline_plan}
+def default_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+    """With a real provider the model picks the calls (diagnosis.agent.react), checked by
+    the policy; the step that runs is always the policy's (safety-critical sequencing is
+    policy, not model output). Offline: the deterministic planner alone."""
+    from diagnosis.agent.react import react_plan
+
+    return react_plan(state, ctx, offline_plan)
+
+
+# Tests replace this to script an agent that misbehaves.
+PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": default_plan}
 
 
 @recorded("reasoning")
@@ -386,7 +419,10 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
         spec = ctx.definition["fields"][field]
         lang = state.get("language", "en")
         text = spec["ask"][lang]
-        if field in asked:
+        candidate = (state.get("unconfirmed") or {}).get(field)
+        if candidate is not None:
+            text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
+        elif field in asked:
             text = _retry_hint(spec, lang) + text
         asked.append(field)
         question = {"field": field, "text": text, "key": f"q{len(asked)}"}

@@ -1,24 +1,54 @@
 """LLM providers: the deterministic offline provider and OpenAI-compatible ones, tried in
-a fallback chain. Every attempt is recorded (LLMCall + llm.* events) with tokens and cost."""
+a fallback chain. Every attempt is recorded (LLMCall + llm.* events) with tokens and cost.
+
+Retries are tenacity's: up to `retries` attempts per provider (3 by default), waiting
+1/2/4 s (x AERO_LLM_BACKOFF) plus jitter, or what the server's Retry-After asks for. A
+request the server refused for good (400, 401, 403, 404, ...) is not retried; the chain
+moves to the next provider, the offline provider last (it cannot fail). The whole chain
+of real providers fits well inside the job's lease: no attempt starts after half of it,
+and no attempt lasts longer than a quarter of it.
+"""
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
+import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import openai
 from django.conf import settings
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_before_delay,
+)
 
-from diagnosis.agent.extraction import Extraction, extract_fields
+from diagnosis.agent import prompts
+from diagnosis.agent.extraction import Extraction, detect_language, extract_fields
+from diagnosis.agent.grounding import Claim, ground
 from scenarios_admin.airport import AirportGraph
 from scenarios_admin.definition import value_order
 from scenarios_admin.models import ProviderConfig, ProviderKind
 
+if TYPE_CHECKING:
+    from langchain_openai import ChatOpenAI
+
 logger = logging.getLogger("diagnosis.providers")
+
+# HTTP statuses worth another try (the OpenAI SDK's own list); any other 4xx is final.
+RETRYABLE_STATUSES = {408, 409, 429}
+MAX_RETRY_AFTER = 60.0
 
 
 @dataclass
@@ -37,6 +67,8 @@ class Attempt:
     latency_ms: int
     usage: Usage = field(default_factory=Usage)
     error: str = ""
+    attempt: int = 1
+    retryable: bool = False
 
 
 class Provider(Protocol):
@@ -47,6 +79,24 @@ class Provider(Protocol):
     def extract(
         self, definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None
     ) -> tuple[dict[str, Extraction], Usage]: ...
+
+
+class ProviderError(Exception):
+    """A failed call, with what the retry policy needs to know. `usage` is what the failed
+    attempt still cost (a reply that came back but could not be used is paid for)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        usage: Usage | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.usage = usage or Usage()
 
 
 class OfflineProvider:
@@ -62,6 +112,154 @@ class OfflineProvider:
         return extract_fields(definition, text, graph, asked), Usage()
 
 
+# --- structured output ------------------------------------------------------------------
+
+
+def extraction_model(definition: dict[str, Any]) -> type[BaseModel]:
+    """The reply schema for one scenario: per field an optional {value, quote}; enum values
+    are the scenario's values. Sent as the json_schema response format and used to validate
+    the reply."""
+    properties: dict[str, Any] = {}
+    for name in definition["field_order"]:
+        spec = definition["fields"][name]
+        value_type: Any
+        if spec["type"] == "enum":
+            value_type = Literal[tuple(value_order(spec))]
+        elif spec["type"] == "bool":
+            value_type = bool
+        elif spec["type"] == "number":
+            value_type = float
+        else:
+            value_type = str
+        item = create_model(
+            f"Field_{name}",
+            __config__=ConfigDict(extra="forbid"),
+            value=(value_type, ...),
+            quote=(
+                str,
+                Field(description="the operator's exact words that state this value"),
+            ),
+        )
+        properties[name] = (
+            item | None,
+            Field(None, description=f"{spec['label']['en']} ({spec['type']})"),
+        )
+    model: type[BaseModel] = create_model(
+        "ExtractedFields",
+        __config__=ConfigDict(extra="ignore", protected_namespaces=()),
+        **properties,
+    )
+    return model
+
+
+def parse_reply(model: type[BaseModel], content: str) -> tuple[dict[str, Claim], list[str]]:
+    """Validate the model's JSON with the schema. A field whose value breaks the schema
+    (an enum value the scenario does not have) is dropped and named; the others stay."""
+    try:
+        data = json.loads(content)
+    except json.JSONDecodeError as exc:
+        raise ProviderError(
+            f"the model's reply is not valid JSON ({exc.msg} at {exc.pos})", retryable=True
+        ) from exc
+    if not isinstance(data, dict):
+        raise ProviderError("the model's reply is not a JSON object", retryable=True)
+    dropped: list[str] = []
+    while True:
+        try:
+            parsed = model.model_validate(data)
+            break
+        except ValidationError as exc:
+            bad = {str(error["loc"][0]) for error in exc.errors() if error["loc"]}
+            if not bad or not bad.issubset(data):
+                raise ProviderError(f"the reply breaks the schema: {exc}", retryable=True) from exc
+            dropped += sorted(bad)
+            data = {k: v for k, v in data.items() if k not in bad}
+    claims: dict[str, Claim] = {}
+    for name in model.model_fields:
+        item = getattr(parsed, name)
+        if item is not None:
+            claims[name] = Claim(item.value, item.quote)
+    return claims, dropped
+
+
+# --- OpenAI-compatible ------------------------------------------------------------------
+
+_clients: dict[tuple[int, datetime, float], ChatOpenAI] = {}
+_clients_lock = threading.Lock()
+
+
+def call_timeout(config: ProviderConfig) -> float:
+    """The provider's timeout, never more than a quarter of the job's lease."""
+    return max(1.0, min(config.timeout_seconds, settings.AERO_LEASE_SECONDS / 4))
+
+
+def client_for(config: ProviderConfig) -> ChatOpenAI:
+    """One client (and its HTTP connection pool) per provider config, reused by every call
+    in the process; an edit of the config (updated_at) makes a new one."""
+    from langchain_openai import ChatOpenAI
+
+    timeout = call_timeout(config)
+    key = (config.pk, config.updated_at, timeout)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            for stale in [k for k in _clients if k[0] == config.pk]:
+                del _clients[stale]
+            client = ChatOpenAI(
+                model=config.model,
+                base_url=config.base_url,
+                api_key=config.api_key() or "not-needed",  # type: ignore[arg-type]
+                timeout=timeout,
+                max_retries=0,  # the chain retries, with backoff and a record of each attempt
+                temperature=0,
+            )
+            _clients[key] = client
+        return client
+
+
+def _retry_after(response: Any) -> float | None:
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    if headers.get("retry-after-ms"):
+        try:
+            return float(headers["retry-after-ms"]) / 1000
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+
+
+def classify(exc: Exception) -> ProviderError:
+    """An SDK error as a ProviderError: retryable or final, with the server's Retry-After."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        retryable = status in RETRYABLE_STATUSES or status >= 500
+        body = exc.body if isinstance(exc.body, dict) else {}
+        detail = body.get("message") or (body.get("error") or {}).get("message") or exc.message
+        return ProviderError(
+            f"HTTP {status}: {detail}",
+            retryable=retryable,
+            retry_after=_retry_after(exc.response) if retryable else None,
+        )
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderError("timed out", retryable=True)
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__ or exc
+        return ProviderError(f"connection failed: {cause}", retryable=True)
+    if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError):
+        return ProviderError(f"invalid response: {exc}", retryable=True)
+    return ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
+
+
 class OpenAICompatibleProvider:
     """Any OpenAI-compatible endpoint (OpenAI, DeepSeek, vLLM, Ollama, llama.cpp server)."""
 
@@ -71,72 +269,46 @@ class OpenAICompatibleProvider:
         self.model = config.model
         self.retries = max(1, config.retries)
 
-    def _chat(self, system: str, user: str) -> tuple[str, Usage]:
-        from langchain_openai import ChatOpenAI
+    def cost(self, tokens_in: int, tokens_out: int) -> Decimal:
+        return (
+            Decimal(tokens_in) / 1000 * self.config.price_input_per_1k
+            + Decimal(tokens_out) / 1000 * self.config.price_output_per_1k
+        )
 
-        client = ChatOpenAI(
-            model=self.config.model,
-            base_url=self.config.base_url,
-            api_key=self.config.api_key() or "not-needed",  # type: ignore[arg-type]
-            timeout=self.config.timeout_seconds,
-            max_retries=0,  # the chain retries, with backoff and a record of each attempt
-            temperature=0,
-        )
-        reply = client.invoke([("system", system), ("human", user)])
-        meta = getattr(reply, "usage_metadata", None) or {}
+    def structured(
+        self, system: str, user: str, schema: type[BaseModel]
+    ) -> tuple[dict[str, Claim], list[str], Usage]:
+        # The schema goes out as the json_schema response format; the reply is validated
+        # here (parse_reply) rather than by LangChain's parser, so that one bad value
+        # drops one field, not the whole reply, and a failed parse still counts its tokens.
+        response_format = {
+            "type": "json_schema",
+            "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema()},
+        }
+        try:
+            raw = client_for(self.config).invoke(
+                [("system", system), ("human", user)], response_format=response_format
+            )
+        except Exception as exc:
+            raise classify(exc) from exc
+        meta = getattr(raw, "usage_metadata", None) or {}
         usage = Usage(int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0)))
-        usage.cost = (
-            Decimal(usage.tokens_in) / 1000 * self.config.price_input_per_1k
-            + Decimal(usage.tokens_out) / 1000 * self.config.price_output_per_1k
-        )
-        return str(reply.content), usage
+        usage.cost = self.cost(usage.tokens_in, usage.tokens_out)
+        try:
+            claims, dropped = parse_reply(schema, str(raw.content))
+        except ProviderError as exc:
+            exc.usage = usage  # the reply was paid for even if unusable
+            raise
+        return claims, dropped, usage
 
     def extract(
         self, definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None
     ) -> tuple[dict[str, Extraction], Usage]:
-        schema: dict[str, dict[str, Any]] = {}
-        for name in definition["field_order"]:
-            spec = definition["fields"][name]
-            schema[name] = {"type": spec["type"]}
-            if spec.get("values"):
-                schema[name]["values"] = value_order(spec)
-        system = (
-            definition.get("system_prompt", "")
-            + "\nExtract the incident fields stated in the operator's message. Reply with one "
-            "JSON object mapping field name to value, only for fields the message states. "
-            "Enum values must be one of the listed values; bool values are true/false; "
-            "positions are node ids or runway designators. Fields: " + json.dumps(schema)
-        )
-        if asked:
-            system += f"\nThe operator is answering the question about {asked!r}."
-        content, usage = self._chat(system, text)
-        data = _parse_json_object(content)
-        found: dict[str, Extraction] = {}
-        for name, value in data.items():
-            spec = definition["fields"].get(name)
-            if spec is None or value is None:
-                continue
-            if spec["type"] == "enum" and value not in spec.get("values", {}):
-                continue
-            if spec["type"] == "bool" and not isinstance(value, bool):
-                continue
-            if spec["type"] == "position":
-                node = graph.resolve(str(value))
-                if node is None or node.kind not in spec.get("kinds", [node.kind]):
-                    continue
-                value = str(value).upper()
-            found[name] = Extraction(value, f"llm:{self.name}")
-        return found, usage
-
-
-def _parse_json_object(content: str) -> dict[str, Any]:
-    start, end = content.find("{"), content.rfind("}")
-    if start < 0 or end < start:
-        raise ValueError("the model did not reply with a JSON object")
-    data = json.loads(content[start : end + 1])
-    if not isinstance(data, dict):
-        raise ValueError("the model did not reply with a JSON object")
-    return data
+        system = prompts.extraction_system(definition, detect_language(text), asked)
+        claims, dropped, usage = self.structured(system, text, extraction_model(definition))
+        if dropped:
+            logger.info("provider %s: values outside the schema dropped: %s", self.name, dropped)
+        return ground(definition, text, graph, claims, asked), usage
 
 
 def configured_providers() -> list[Provider]:
@@ -149,6 +321,25 @@ def configured_providers() -> list[Provider]:
     return chain
 
 
+# --- the chain --------------------------------------------------------------------------
+
+
+def backoff_sleep(seconds: float) -> None:
+    """The wait between attempts (tests replace it to record waits instead of sleeping)."""
+    time.sleep(seconds)
+
+
+def backoff_wait(retry_state: RetryCallState) -> float:
+    """Retry-After when the server sent one, else 1/2/4 s (x AERO_LLM_BACKOFF) + jitter."""
+    outcome = retry_state.outcome
+    error = outcome.exception() if outcome else None
+    if isinstance(error, ProviderError) and error.retry_after is not None:
+        return min(error.retry_after, MAX_RETRY_AFTER)
+    base = settings.AERO_LLM_BACKOFF
+    exponential = base * 2 ** (retry_state.attempt_number - 1)
+    return float(min(exponential, 4 * base) + random.uniform(0, base / 4))
+
+
 def call_with_fallback[T](
     providers: list[Provider],
     purpose: str,
@@ -156,32 +347,66 @@ def call_with_fallback[T](
     record: Callable[[Attempt], None],
     on_fallback: Callable[[str, str, str], None],
 ) -> T:
-    """Try each provider with its retries (exponential backoff); fall back to the next.
-    The offline provider cannot fail, so the chain always answers."""
+    """Try each provider with its retries; fall back to the next. The offline provider
+    cannot fail, so the chain always answers."""
     last_error = ""
+    budget = settings.AERO_LEASE_SECONDS / 2
+    started_chain = time.monotonic()
     for index, provider in enumerate(providers):
-        for attempt in range(provider.retries):
-            started = time.monotonic()
-            try:
-                value, usage = call(provider)
-            except Exception as exc:  # any provider failure degrades to the next one
-                last_error = f"{type(exc).__name__}: {exc}"
+        offline = isinstance(provider, OfflineProvider)
+        remaining = budget - (time.monotonic() - started_chain)
+        if not offline and remaining <= 0:
+            last_error = last_error or "no time left within the lease"
+        else:
+            attempt_number = 0
+
+            def attempt(provider: Provider = provider) -> T:
+                nonlocal attempt_number
+                attempt_number += 1
+                started = time.monotonic()
+                try:
+                    value, usage = call(provider)
+                except Exception as exc:  # any provider failure degrades to the next one
+                    error = classify(exc)
+                    record(
+                        Attempt(
+                            provider.name,
+                            provider.model,
+                            purpose,
+                            "error",
+                            _ms(started),
+                            error.usage,
+                            error=str(error),
+                            attempt=attempt_number,
+                            retryable=error.retryable,
+                        )
+                    )
+                    logger.warning("provider %s failed (%s): %s", provider.name, purpose, error)
+                    raise error from exc
                 record(
                     Attempt(
                         provider.name,
                         provider.model,
                         purpose,
-                        "error",
+                        "ok",
                         _ms(started),
-                        error=last_error,
+                        usage,
+                        attempt=attempt_number,
                     )
                 )
-                logger.warning("provider %s failed (%s): %s", provider.name, purpose, last_error)
-                if attempt + 1 < provider.retries:
-                    time.sleep(settings.AERO_LLM_BACKOFF * (2**attempt))
-                continue
-            record(Attempt(provider.name, provider.model, purpose, "ok", _ms(started), usage))
-            return value
+                return value
+
+            retrying = Retrying(
+                stop=stop_after_attempt(provider.retries) | stop_before_delay(max(remaining, 0)),
+                wait=backoff_wait,
+                retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
+                sleep=lambda seconds: backoff_sleep(seconds),
+                reraise=True,
+            )
+            try:
+                return retrying(attempt)
+            except ProviderError as exc:
+                last_error = str(exc)
         if index + 1 < len(providers):
             on_fallback(provider.name, providers[index + 1].name, last_error)
     raise RuntimeError(f"every provider failed for {purpose}: {last_error}")

@@ -14,6 +14,7 @@ class AgentState(TypedDict, total=False):
     consumed_seq: int  # last user.message seq the input parser has read
     fields: dict[str, Any]
     evidence: dict[str, str]
+    unconfirmed: dict[str, dict[str, Any]]  # field -> {value, evidence} awaiting confirmation
     asked: list[str]  # fields asked about, in order (a field may repeat)
     question: dict[str, Any] | None
     enrichment: dict[str, Any] | None

@@ -1,0 +1,153 @@
+"""Grounding: a field value from a model counts only with evidence in the operator's text.
+
+A model's value for a field is accepted (confirmed) when
+- the scenario's synonyms tie a span of the text to that same value (the offline
+  extractor reads the same value, not as an ambiguous reading), or
+- the model's quote occurs in the text and is not a span that already evidences another
+  field (a span that evidences one field must not silently evidence another).
+Anything else is a claim without evidence: a P1 value is put to the operator as a
+confirmation question (the agent's input parser keeps it pending), a P2 value is dropped.
+Either way an invented fact never reaches the risk rules.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from diagnosis.agent.extraction import NO, YES, Extraction, extract_fields
+from scenarios_admin.airport import AirportGraph
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a model says about one field: the value and the words it says state it."""
+
+    value: Any
+    quote: str
+
+
+def find_quote(text: str, quote: str) -> tuple[int, int] | None:
+    """Where the quote occurs in the text, ignoring case and runs of whitespace."""
+    words = quote.strip().split()
+    if not words:
+        return None
+    pattern = r"\s+".join(re.escape(word) for word in words)
+    match = re.search(pattern, text, flags=re.IGNORECASE)
+    return match.span() if match else None
+
+
+def _same(field_type: str, a: Any, b: Any) -> bool:
+    if field_type in ("flight_no", "position"):
+        return str(a).replace(" ", "").upper() == str(b).replace(" ", "").upper()
+    if field_type == "number":
+        try:
+            return float(a) == float(b)
+        except (TypeError, ValueError):
+            return False
+    return bool(a == b and type(a) is type(b))
+
+
+def _valid(spec: dict[str, Any], value: Any, graph: AirportGraph) -> Any:
+    """The value in the form the agent stores, or None when the scenario cannot take it."""
+    kind = spec["type"]
+    if kind == "enum":
+        return value if str(value) in (spec.get("values") or {}) else None
+    if kind == "bool":
+        return value if isinstance(value, bool) else None
+    if kind == "position":
+        node = graph.resolve(str(value))
+        if node is None or node.kind not in spec.get("kinds", [node.kind]):
+            return None
+        return str(value).replace(" ", "").upper()
+    if kind == "flight_no":
+        return str(value).replace(" ", "").upper() or None
+    if kind == "number":
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return None
+    return str(value).strip() or None
+
+
+def ground(
+    definition: dict[str, Any],
+    text: str,
+    graph: AirportGraph,
+    claims: dict[str, Claim],
+    asked: str | None = None,
+) -> dict[str, Extraction]:
+    """The model's claims with their verdict: confirmed with evidence, or unconfirmed."""
+    fields: dict[str, dict[str, Any]] = definition["fields"]
+    synonyms = extract_fields(definition, text, graph, asked)
+    other_spans = {
+        name: found.span for name, found in synonyms.items() if found.confirmed and found.span
+    }
+    result: dict[str, Extraction] = {}
+    for name, claim in claims.items():
+        spec = fields.get(name)
+        if spec is None or claim.value is None:
+            continue
+        value = _valid(spec, claim.value, graph)
+        if value is None:
+            continue  # not a value of this scenario: nothing to confirm
+        known = synonyms.get(name)
+        if known is not None and known.confirmed and _same(spec["type"], known.value, value):
+            result[name] = Extraction(value, known.evidence, span=known.span)
+            continue
+        span = find_quote(text, claim.quote)
+        quoted = text[span[0] : span[1]] if span else ""
+        if span and not (known is not None and known.confirmed):
+            overlaps = [
+                other
+                for other, (start, end) in other_spans.items()
+                if other != name and start < span[1] and span[0] < end
+            ]
+            states_value = spec["type"] not in ("flight_no", "position", "number") or (
+                str(claim.value).replace(" ", "").lower() in quoted.replace(" ", "").lower()
+            )
+            if not overlaps and states_value:
+                result[name] = Extraction(value, quoted, span=span)
+                continue
+        # No synonym and no quote of its own ties the value to the text, or the synonyms
+        # read another value: the operator decides.
+        result[name] = Extraction(value, quoted, span=span, confirmed=False)
+    return result
+
+
+def confirmation_answer(spec: dict[str, Any], candidate: Any, text: str) -> Extraction | None:
+    """A bare yes/no to "please confirm <field> = <candidate>": yes takes the candidate; no
+    takes the other value of a bool field, and nothing for other fields (asked again)."""
+    answer = text.lower().strip(" 。.!！,，")
+    if answer in YES:
+        return Extraction(candidate, f"confirmed: {text.strip()}")
+    if answer in NO and spec["type"] == "bool" and isinstance(candidate, bool):
+        return Extraction(not candidate, f"denied: {text.strip()}")
+    return None
+
+
+def settle(
+    definition: dict[str, Any],
+    found: dict[str, Extraction],
+    pending: dict[str, dict[str, Any]],
+    asked: str | None,
+    text: str,
+) -> list[tuple[str, Extraction]]:
+    """What one message establishes, in order: the answer to a confirmation question
+    first (a bare yes/no about the pending value), then every reading; unconfirmed P2
+    readings are dropped (only P1 fields are worth a question). A pending reading the
+    operator denied is removed from `pending`: the field is then asked plainly."""
+    fields: dict[str, dict[str, Any]] = definition["fields"]
+    found = dict(found)
+    if asked and asked in pending:
+        answer = confirmation_answer(fields[asked], pending[asked]["value"], text)
+        if answer is not None:
+            found[asked] = answer
+        elif text.lower().strip(" 。.!！,，") in NO:
+            del pending[asked]
+    return [
+        (name, extraction)
+        for name, extraction in found.items()
+        if name in fields and (extraction.confirmed or fields[name].get("priority") == "P1")
+    ]

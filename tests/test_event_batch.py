@@ -1,0 +1,172 @@
+"""One transaction per graph step: the step's events are written together under one lock,
+gap-free and in order, with one notice after commit carrying the highest seq; a crash
+leaves nothing. Notices go out over one long-lived loop per process."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.contrib.auth.models import User
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+import diagnosis.events as events_module
+import diagnosis.push as push_module
+from diagnosis.chain import verify_chain
+from diagnosis.events import append_event, event_batch
+from diagnosis.models import Event, Session
+from scenarios_admin.models import Scenario
+from tests.web_helpers import make_session
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture
+def session(builtin: None, make_user: Callable[..., User]) -> Session:
+    scenario = Scenario.objects.get(slug="oil_spill")
+    version = scenario.latest_version()
+    assert version is not None
+    return Session.objects.create(
+        scenario=scenario,
+        scenario_version=version,
+        title="batch test",
+        created_by=make_user("olga", "operator"),
+    )
+
+
+@pytest.fixture
+def notices(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, int, bool]]]:
+    """Every notice: session, seq, and whether a transaction was still open."""
+    sent: list[tuple[str, int, bool]] = []
+
+    def record(session_id: Any, seq: int) -> None:
+        sent.append((str(session_id), seq, connection.in_atomic_block))
+
+    monkeypatch.setattr(events_module, "notify_session", record)
+    yield sent
+
+
+def seqs(session: Session) -> list[tuple[int, str]]:
+    return list(Event.objects.filter(session=session).order_by("seq").values_list("seq", "type"))
+
+
+def test_a_batch_is_one_block_of_seqs_and_one_notice_after_commit(
+    session: Session, notices: list[tuple[str, int, bool]]
+) -> None:
+    append_event(session.pk, "first", {}, producer="test")
+    assert notices == [(str(session.pk), 1, False)]
+    with transaction.atomic(), event_batch(session.pk):
+        for number in range(3):
+            append_event(session.pk, f"step.{number}", {"n": number}, producer="test")
+        append_event(session.pk, "risk.assessed", {"level": "HIGH"}, producer="test")
+        assert seqs(session) == [(1, "first")]  # queued, not written yet
+    assert seqs(session) == [
+        (1, "first"),
+        (2, "step.0"),
+        (3, "step.1"),
+        (4, "step.2"),
+        (5, "risk.assessed"),
+    ]
+    assert notices[1:] == [(str(session.pk), 5, False)]  # one notice, highest seq
+    session.refresh_from_db()
+    assert session.last_seq == 5 and session.snapshot["risk"] == {"level": "HIGH"}
+    assert verify_chain(session.pk).ok
+
+
+def test_a_crash_inside_a_batch_leaves_nothing(
+    session: Session, notices: list[tuple[str, int, bool]]
+) -> None:
+    with (
+        pytest.raises(RuntimeError, match="crash"),
+        transaction.atomic(),
+        event_batch(session.pk),
+    ):
+        append_event(session.pk, "risk.assessed", {"level": "HIGH"}, producer="test")
+        Session.objects.filter(pk=session.pk).update(title="half-written")
+        raise RuntimeError("crash mid-step")
+    session.refresh_from_db()
+    assert seqs(session) == [] and session.last_seq == 0 and session.snapshot == {}
+    assert session.title == "batch test" and notices == []
+
+
+def test_an_event_committed_meanwhile_takes_the_next_seq_and_nothing_interleaves(
+    session: Session, notices: list[tuple[str, int, bool]]
+) -> None:
+    """A web action appends while a step is running: the step's block comes after it,
+    gap-free, and the step's events stay together."""
+
+    def other_writer() -> None:
+        try:
+            append_event(session.pk, "user.message", {"text": "meanwhile"}, producer="web")
+        finally:
+            connections.close_all()
+
+    with transaction.atomic(), event_batch(session.pk):
+        append_event(session.pk, "step.a", {}, producer="test")
+        writer = threading.Thread(target=other_writer)
+        writer.start()
+        writer.join()
+        append_event(session.pk, "step.b", {}, producer="test")
+    assert seqs(session) == [(1, "user.message"), (2, "step.a"), (3, "step.b")]
+    assert [seq for _, seq, _ in notices] == [1, 3]
+    assert all(not open_transaction for _, _, open_transaction in notices)
+    assert verify_chain(session.pk).ok
+
+
+def test_a_batch_needs_a_transaction(session: Session) -> None:
+    with pytest.raises(RuntimeError, match="open transaction"), event_batch(session.pk):
+        pass
+
+
+def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    """Pinned budget (was 723 queries in 55 transactions before batching steps)."""
+    olga = make_user("olga", "operator")
+    with CaptureQueriesContext(connection) as captured:
+        session = make_session(olga)
+    assert session.status == "waiting_user"
+    statements = [q["sql"].split()[0].upper() for q in captured.captured_queries]
+    assert len(statements) <= 330, len(statements)
+    assert statements.count("BEGIN") <= 18, statements.count("BEGIN")
+    assert sum("FOR UPDATE" in q["sql"] for q in captured.captured_queries) <= 22
+
+
+def test_notices_share_one_long_lived_loop_per_process(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three notices, from two threads: one loop sends them all, one "aero-push" thread
+    exists, and a real Redis group member receives them in order."""
+    layer = get_channel_layer()
+    assert layer is not None
+    loops: list[Any] = []
+    original = push_module._send
+
+    async def spy(*args: Any) -> None:
+        loops.append(asyncio.get_running_loop())
+        await original(*args)
+
+    monkeypatch.setattr(push_module, "_send", spy)
+
+    def publish() -> None:
+        push_module.notify_session(session.pk, 1)
+        push_module.notify_session(session.pk, 2)
+        other = threading.Thread(target=push_module.notify_session, args=(session.pk, 3))
+        other.start()
+        other.join()
+
+    async def listen() -> list[int]:
+        channel = await layer.new_channel()
+        await layer.group_add(push_module.session_group(session.pk), channel)
+        await asyncio.to_thread(publish)
+        return [(await layer.receive(channel))["seq"] for _ in range(3)]
+
+    assert async_to_sync(listen)() == [1, 2, 3]
+    assert len(loops) == 3 and len(set(map(id, loops))) == 1
+    assert [t.name for t in threading.enumerate()].count("aero-push") == 1

@@ -1,0 +1,216 @@
+"""Grounding: a field value counts only with evidence in the operator's text; an
+ambiguous or invented P1 value is put to the operator, never assumed, and never drives a
+rule. Includes the live defect: after the engine question, "发动机仍在运转" set the leak
+as continuing (evidence "仍在") and the agent chose OS-01 without asking."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from diagnosis.actions import do_answer, do_create_session
+from diagnosis.agent.extraction import extract_fields
+from diagnosis.agent.grounding import Claim, confirmation_answer, find_quote, ground, settle
+from diagnosis.models import Event, Session
+from scenarios_admin.builtin import DATA_DIR, read_yaml
+from scenarios_admin.models import Scenario
+from tests.builtin_data import demo_graph, oil_spill
+
+
+def grounded(text: str, claims: dict[str, Claim]) -> dict[str, tuple[Any, bool]]:
+    return {
+        name: (found.value, found.confirmed)
+        for name, found in ground(oil_spill(), text, demo_graph(), claims).items()
+    }
+
+
+# --- the offline extractor keeps today's behaviour on every example case ----------------
+
+
+@pytest.mark.parametrize(
+    "path", sorted((DATA_DIR / "scenarios").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_every_example_case_reads_with_nothing_to_confirm(path: Any) -> None:
+    """Grounding adds questions only where a reading is ambiguous; no shipped example is."""
+    definition = read_yaml(path)
+    for example in definition["examples"]:
+        found = extract_fields(definition, example["text"], demo_graph())
+        assert [name for name, e in found.items() if not e.confirmed] == [], example["text"]
+
+
+# --- the model's values ---------------------------------------------------------------
+
+
+def test_a_value_the_synonyms_tie_to_the_text_counts() -> None:
+    found = ground(
+        oil_spill(),
+        "CA1234 在105机位燃油泄漏",
+        demo_graph(),
+        {"fluid_type": Claim("FUEL", "made up"), "flight_no": Claim("ca1234", "")},
+    )
+    assert (found["fluid_type"].value, found["fluid_type"].evidence) == ("FUEL", "燃油")
+    assert found["fluid_type"].confirmed
+    assert (found["flight_no"].value, found["flight_no"].confirmed) == ("CA1234", True)
+
+
+def test_a_quote_that_exists_in_the_text_counts() -> None:
+    text = "MU5678 at stand 101, both engines spooled down"
+    found = ground(
+        oil_spill(),
+        text,
+        demo_graph(),
+        {"engine_status": Claim("STOPPED", "Engines  spooled down")},
+    )
+    assert found["engine_status"].confirmed
+    assert found["engine_status"].evidence == "engines spooled down"  # as the operator wrote it
+
+
+def test_invented_values_are_not_confirmed() -> None:
+    assert grounded(
+        "fuel everywhere at the stand, hurry",
+        {
+            "flight_no": Claim("CA1234", "flight CA1234"),  # quote not in the text
+            "position": Claim("105", "the stand"),  # quote exists, but does not name 105
+            "engine_status": Claim("RUNNING", ""),
+            "continuous": Claim(True, "still leaking"),
+        },
+    ) == {
+        "flight_no": ("CA1234", False),
+        "position": ("105", False),
+        "engine_status": ("RUNNING", False),
+        "continuous": (True, False),
+    }
+
+
+def test_a_value_outside_the_scenario_is_dropped() -> None:
+    assert (
+        grounded("fuel leak", {"leak_size": Claim("HUGE", "leak"), "position": Claim("999", "")})
+        == {}
+    )
+
+
+def test_a_span_that_evidences_one_field_does_not_evidence_another() -> None:
+    # The model quotes the engine's words as proof that the leak continues.
+    found = grounded(
+        "CA1234 105机位燃油泄漏，发动机运转",
+        {"engine_status": Claim("RUNNING", "发动机运转"), "continuous": Claim(True, "发动机运转")},
+    )
+    assert found == {"engine_status": ("RUNNING", True), "continuous": (True, False)}
+
+
+def test_the_synonyms_contradicting_the_model_are_put_to_the_operator() -> None:
+    assert grounded("液压油泄漏", {"fluid_type": Claim("FUEL", "液压油泄漏")}) == {
+        "fluid_type": ("FUEL", False)
+    }
+
+
+def test_quotes_are_found_ignoring_case_and_spacing() -> None:
+    assert find_quote("Engine  RUNNING at 105", "engine running") == (0, 15)
+    assert find_quote("engine running", "") is None
+    assert find_quote("engine running", "engine stopped") is None
+
+
+# --- confirmation answers --------------------------------------------------------------
+
+
+def test_yes_confirms_the_pending_value_and_no_denies_a_bool() -> None:
+    spec = oil_spill()["fields"]
+    yes = confirmation_answer(spec["engine_status"], "RUNNING", "是的")
+    assert yes is not None and (yes.value, yes.confirmed) == ("RUNNING", True)
+    no = confirmation_answer(spec["continuous"], True, "No.")
+    assert no is not None and no.value is False
+    assert confirmation_answer(spec["engine_status"], "RUNNING", "no") is None  # asked again
+    assert confirmation_answer(spec["engine_status"], "RUNNING", "关车了") is None
+
+
+def test_settle_prefers_the_confirmation_and_drops_unconfirmed_p2() -> None:
+    definition = oil_spill()
+    found = ground(
+        definition,
+        "是",
+        demo_graph(),
+        {"leak_size": Claim("LARGE", ""), "engine_status": Claim("STOPPED", "")},
+    )
+    settled = dict(
+        settle(
+            definition,
+            found,
+            {"continuous": {"value": True, "evidence": "仍在运转"}},
+            "continuous",
+            "是",
+        )
+    )
+    assert settled["continuous"].value is True and settled["continuous"].confirmed
+    assert "leak_size" not in settled  # P2 without evidence: not worth a question, not used
+    assert not settled["engine_status"].confirmed
+
+
+# --- the agent, end to end (offline provider) --------------------------------------------
+
+
+def start(make_user: Callable[..., User], text: str) -> Session:
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), text
+    )
+    session.refresh_from_db()
+    return session
+
+
+def answer(session: Session, text: str) -> Session:
+    do_answer(session.pk, session.created_by, text)
+    session.refresh_from_db()
+    return session
+
+
+@pytest.mark.services
+def test_engine_answer_does_not_settle_the_leak(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    session = start(make_user, "CA1234 在105机位燃油泄漏")
+    assert session.snapshot["question"]["field"] == "engine_status"
+
+    session = answer(session, "发动机仍在运转")
+    assert session.snapshot["fields"]["engine_status"] == "RUNNING"
+    assert session.snapshot["fields"].get("continuous") is None
+    assert not session.snapshot.get("risk")  # no OS-01 on the engine's words
+    question = session.snapshot["question"]
+    assert question["field"] == "continuous"
+    assert question["text"].startswith("请确认：我从“仍在运转”推断是否持续泄漏为“持续泄漏”")
+    extracted = Event.objects.filter(session=session, type="fields.extracted").last()
+    assert extracted is not None
+    assert extracted.payload["unconfirmed"] == {
+        "continuous": {"value": True, "evidence": "仍在运转"}
+    }
+
+    session = answer(session, "否")  # the leak has stopped: not OS-01
+    assert session.snapshot["fields"]["continuous"] is False
+    assert session.snapshot["evidence"]["continuous"] == "denied: 否"
+    assert session.snapshot["risk"]["rule"] == "OS-03"
+
+
+@pytest.mark.services
+def test_a_confirmed_reading_drives_the_rule(builtin: None, make_user: Callable[..., User]) -> None:
+    session = start(make_user, "CA1234 在105机位燃油泄漏，发动机仍在运转")
+    assert session.snapshot["question"]["field"] == "continuous"
+    session = answer(session, "是")
+    assert session.snapshot["fields"]["continuous"] is True
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+
+
+@pytest.mark.services
+def test_the_worked_example_still_needs_no_question(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    session = start(make_user, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+    assert session.snapshot["evidence"]["continuous"] == "持续"
+    assert session.snapshot["risk"]["rule"] == "OS-01" and session.snapshot["risk"]["score"] == 95
+    assert not Event.objects.filter(session=session, type="agent.question").exists()
+
+
+def test_a_denied_reading_of_an_enum_is_dropped_and_asked_plainly() -> None:
+    pending = {"engine_status": {"value": "RUNNING", "evidence": "运转"}}
+    assert settle(oil_spill(), {}, pending, "engine_status", "不是") == []
+    assert pending == {}
