@@ -23,6 +23,9 @@ from django.http import HttpRequest, HttpResponse
 
 from aero.models import audit
 
+# Holds the request, not request.user: the user is a lazy object, and asgiref inspects
+# every context variable when it crosses into a thread (isinstance), which would load
+# the user from the database inside the event loop and fail the request under daphne.
 _actor: contextvars.ContextVar[Any] = contextvars.ContextVar("aero_actor", default=None)
 
 # Admin changes, named for auditors by model (the rest: admin.<app.model>.<verb>).

@@ -50,6 +50,9 @@ FILLER = [
     ("session.status_changed", {"from": "queued", "to": "running", "reason": ""}),
 ]
 EVENTS_PER_SESSION = 50
+# Search reads no hash: the filled rows carry a placeholder, not a chain (verify_chain
+# would call every one of them broken; bench/replay_step.py builds a real one).
+NO_CHAIN = "f" * 64
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -74,7 +77,7 @@ def fill(sessions: int, rng: random.Random) -> None:
         with raw.cursor().copy(
             "COPY diagnosis_session (id, scenario_id, scenario_version_id, title, language, "
             "status, created_by_id, created_at, updated_at, tokens_in, tokens_out, cost, "
-            "last_seq, snapshot, job_attempts, failure) FROM STDIN"
+            "last_seq, snapshot, job_attempts, failure, chain_head) FROM STDIN"
         ) as copy:
             for i in range(sessions):
                 flight, position = rng.choice(FLIGHTS), rng.choice(POSITIONS)
@@ -105,6 +108,7 @@ def fill(sessions: int, rng: random.Random) -> None:
                         json.dumps(snapshot),
                         0,
                         "",
+                        NO_CHAIN,
                     )
                 )
                 rows.append((sid, created, opening, status, flight, position))
@@ -113,7 +117,7 @@ def fill(sessions: int, rng: random.Random) -> None:
         started = time.perf_counter()
         with raw.cursor().copy(
             "COPY diagnosis_event (event_id, session_id, seq, type, ts, payload, trace_id, "
-            "producer) FROM STDIN"
+            "producer, key, hash) FROM STDIN"
         ) as copy:
             for sid, created, opening, _, _, position in rows:
                 for seq in range(1, EVENTS_PER_SESSION + 1):
@@ -134,6 +138,8 @@ def fill(sessions: int, rng: random.Random) -> None:
                             json.dumps(payload, ensure_ascii=False),
                             "",
                             "bench",
+                            "",
+                            NO_CHAIN,
                         )
                     )
         print(f"events: {sessions * EVENTS_PER_SESSION} in {time.perf_counter() - started:.1f} s")

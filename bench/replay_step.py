@@ -50,14 +50,16 @@ def main() -> None:
     django.setup()
     from django.contrib.auth.models import Group, User
     from django.core.management import call_command
-    from django.db import transaction
+    from django.db import connection, transaction
     from django.test import Client
     from django.urls import reverse
+    from django.utils import timezone
 
     from aero.roles import ensure_role_groups
     from approvals.actions import do_decide
     from approvals.models import Approval
     from diagnosis.actions import do_create_session
+    from diagnosis.chain import GENESIS, event_hash, verify_chain
     from diagnosis.models import Event, Session
     from scenarios_admin.builtin import load_builtin_data
     from scenarios_admin.models import Scenario
@@ -78,7 +80,7 @@ def main() -> None:
     )
     while approval := Approval.objects.filter(session=session).open().order_by("pk").first():
         step = "confirm" if approval.status == "confirming" else "approve"
-        do_decide(approval.pk, approver, step, "bench")
+        do_decide(approval.pk, approver, step, "bench", digest=approval.digest)
     session.refresh_from_db()
     real = list(Event.objects.filter(session=session).order_by("seq"))
     print(f"real session: {len(real)} events, status {session.status}")
@@ -91,29 +93,41 @@ def main() -> None:
     started = time.perf_counter()
     seq = 0
     batch: list[Event] = []
+    head = GENESIS
+    Event._meta.get_field("ts").auto_now_add = False  # type: ignore[attr-defined]  # hashed below
     with transaction.atomic():
         while seq < args.events:
             filling = seq < args.events - len(real)
             source = filler[seq % len(filler)] if filling else real[seq - (args.events - len(real))]
             seq += 1
-            batch.append(
-                Event(
-                    session=session,
-                    seq=seq,
-                    type=source.type,
-                    payload=source.payload,
-                    producer=source.producer,
-                    run_id=source.run_id,
-                )
+            event = Event(
+                session=session,
+                seq=seq,
+                type=source.type,
+                payload=source.payload,
+                producer=source.producer,
+                run_id=source.run_id,
+                ts=timezone.now(),
             )
+            event.hash = head = event_hash(head, event)  # a real chain: verify walks it all
+            batch.append(event)
             if len(batch) == 5000:
                 Event.objects.bulk_create(batch)
                 batch = []
         Event.objects.bulk_create(batch)
-        Session.objects.filter(pk=session.pk).update(last_seq=seq)
+        Session.objects.filter(pk=session.pk).update(last_seq=seq, chain_head=head)
     session.refresh_from_db()
     print(f"filled to {session.last_seq} events in {time.perf_counter() - started:.1f} s")
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE diagnosis_event")  # as autovacuum would after a load
 
+    began = time.perf_counter()
+    report = verify_chain(session.pk)
+    print(
+        f"verify_chain over {report.checked} events: ok={report.ok} "
+        f"in {(time.perf_counter() - began) * 1000:.0f} ms"
+    )
     client = Client()
     client.force_login(auditor)
     url = reverse("replay:replay-step", args=[session.pk])

@@ -1,28 +1,17 @@
-"""Markdown escaping for text that users or the model wrote.
-
-LOCAL COPY: sec-render adds a shared escaping helper to diagnosis/reporting.py; switch to
-it once merged (the rules are the same: every Markdown metacharacter is backslash-escaped
-and raw HTML cannot open, so a reason like `[x](javascript:alert(1))` stays text and a
-`|` never splits a table cell)."""
+"""Markdown for the export: the shared escaping of user and model text lives in
+diagnosis.reporting (md_cell: what was typed is what shows, one line, no link, no table
+break); this module adds what the export needs on top of it."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-# CommonMark: any ASCII punctuation may be backslash-escaped; these are the ones that
-# start or end an inline construct, a block, or a table cell.
-_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>])")
-# `<` and `&` as entities: Python-Markdown does not take them backslash-escaped.
-_ENTITIES = {"&": "&amp;", "<": "&lt;"}
+from diagnosis.reporting import md_cell as escape_inline
 
 
 def md_text(value: Any) -> str:
-    """Inline text: one line, every metacharacter escaped."""
-    text = "" if value is None else str(value)
-    text = " ".join(text.split())  # no newline may start a block inside a line or cell
-    text = "".join(_ENTITIES.get(ch, ch) for ch in text)
-    return _SPECIAL.sub(r"\\\1", text)
+    """Inline text on one line, every Markdown construct escaped."""
+    return escape_inline("" if value is None else value)
 
 
 def md_cell(value: Any) -> str:

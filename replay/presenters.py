@@ -22,8 +22,8 @@ from scenarios_admin.airport import AirportGraph, load_active_graph, load_graph
 from scenarios_admin.models import Topology
 
 CHECKPOINT_EVERY = 1000  # a step folds at most this many events after a cached state
-LIST_BEFORE = 20  # events listed before the current step
-LIST_AFTER = 30  # ... and from it on
+LIST_BEFORE = 10  # events listed before the current step (rendering dominates a step)
+LIST_AFTER = 20  # ... and from it on
 RUN_TREE_ROOTS = 100
 _CHECKPOINT_VERSION = 1
 
@@ -103,12 +103,18 @@ def _seq(events: QuerySet[Event]) -> int | None:
 def navigation(session: Session, filters: Filters, seq: int) -> dict[str, int | None]:
     """first / previous / next / last among the steps the filters select."""
     events = filtered(session, filters)
-    ends = events.aggregate(first=Min("seq"), last=Max("seq"))
+    if filters.active:
+        # Walk the (session, seq) index from each end until a step matches; an aggregate
+        # would read every matching event of a long log.
+        first, last = _seq(events.order_by("seq")), _seq(events.order_by("-seq"))
+    else:
+        ends = events.aggregate(first=Min("seq"), last=Max("seq"))
+        first, last = ends["first"], ends["last"]
     return {
-        "first": ends["first"],
+        "first": first,
         "previous": _seq(events.filter(seq__lt=seq).order_by("-seq")),
         "next": _seq(events.filter(seq__gt=seq).order_by("seq")),
-        "last": ends["last"],
+        "last": last,
     }
 
 

@@ -66,7 +66,7 @@ def replay_context(
     window, earlier, later = presenters.event_window(
         session, filters, seq, data.get("after"), data.get("before")
     )
-    for event in window:  # shown, never saved
+    for event in [*window, *([current] if current else [])]:  # shown, never saved
         event.payload, keys = presenters.shown_payload(event, masked)
         event.masked_keys = keys  # type: ignore[attr-defined]
     speed = data.get("play") or ""

@@ -170,6 +170,15 @@ def test_every_viewing_role_may_replay(finished: Session) -> None:
         assert step(login(user), finished).status_code == 200, role
 
 
+def test_the_live_page_and_the_nav_link_to_replay_and_history(
+    finished: Session, alice: User
+) -> None:
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[finished.pk]))
+    html_text = page.content.decode()
+    assert reverse("replay:replay-step", args=[finished.pk]) in html_text
+    assert f'href="{reverse("replay:history")}"' in html_text
+
+
 def test_the_export_refuses_get(finished: Session, carol: User) -> None:
     url = reverse("replay:replay-export", args=[finished.pk])
     assert login(carol).get(url).status_code == 405
@@ -197,7 +206,7 @@ def test_a_middle_step_shows_the_state_then_not_now(finished: Session, bob: User
     assert at.context["state"].risk["rule"] == "OS-01"
     assert "OS-01" in page and "HIGH" in page
     assert 'data-field="flight_no">CA1234' in page
-    assert "“CA1234”" in page  # evidence for the field
+    assert "“<bdi>CA1234</bdi>”" in page  # evidence for the field
     # The actions come later: none at this step, though the session has them now.
     assert "No actions by this step." in page
 
@@ -398,6 +407,15 @@ def test_the_state_panels_mask_like_the_events(finished: Session, carol: User, r
     assert '<span class="masked">masked</span>' in audited
     assert "Taxiway closed: A" not in audited
     assert "Fire and rescue" not in audited or "R1" in audited  # R1 results stay visible
+    closing = Event.objects.get(
+        session=finished,
+        type="tool.call_completed",
+        payload__tool_name="close_taxiway",
+        payload__args__taxiway="A",
+    )
+    at_closing = step(login(carol), finished, seq=closing.seq).content.decode()
+    assert "Taxiway closed: A" not in at_closing  # nor in the current step's summary
+    assert "Taxiway closed: A" in step(login(root), finished, seq=closing.seq).content.decode()
     full = step(login(root), finished, seq=finished.last_seq).content.decode()
     assert "Taxiway closed: A" in full and '<span class="masked">' not in full
 
@@ -435,7 +453,7 @@ def test_the_step_page_query_count_does_not_grow_with_the_log(
     with django_assert_max_num_queries(15):  # 2 verify the chain
         response = step(client, session, seq=session.last_seq - 10)
     assert response.status_code == 200
-    # 20 before the step, the step and the 10 after it.
+    # LIST_BEFORE before the step, the step and the 10 after it.
     assert len(response.context["events"]) == presenters.LIST_BEFORE + 11
 
 
@@ -462,6 +480,11 @@ def test_checkpoints_give_the_same_state_as_a_full_fold(
 # --- export ---------------------------------------------------------------------------------
 
 
+def row_of(*cells: str) -> str:
+    """Consecutive cells of a table row as Python-Markdown renders them."""
+    return "\n".join(f"<td>{cell}</td>" for cell in cells)
+
+
 def export(client: Client, session: Session) -> Any:
     return client.post(reverse("replay:replay-export", args=[session.pk]))
 
@@ -482,9 +505,10 @@ def test_a_small_export_downloads_at_once_and_is_audited(finished: Session, root
         "## 7. Chronology",
     ):
         assert heading in text
-    assert "Risk **HIGH** (score 95) by rule OS\\-01" in text
-    assert "| close\\_taxiway | R2 | taxiway=A | approved | bob |" in text
-    assert "request\\_fire\\_standby was rejected" in text  # a follow-up
+    page = markdown.markdown(text, extensions=["tables"])
+    assert "Risk <strong>HIGH</strong> (score 95) by rule OS-01" in page
+    assert row_of("close_taxiway", "R2", "taxiway=A", "approved", "bob") in page
+    assert "request_fire_standby was rejected" in page  # a follow-up
     assert f"| {finished.last_seq} |" in text  # the chronology reaches the last event
     head = verify_chain(finished.pk).head
     assert f"Chain head: `{head}`" in text and "## 8. Hash chain" in text
@@ -501,7 +525,7 @@ def test_user_text_cannot_inject_links_or_break_tables(finished: Session, root: 
         for line in text.splitlines()
         if line.startswith("| request") and "| rejected |" in line
     )
-    assert "no \\[x\\]\\(javascript:1\\) \\| ok" in row
+    assert "\\[x\\]" in row and "\\|" in row  # escaped, whatever the helper
     html_text = markdown.markdown(text, extensions=["tables"])
     assert 'href="javascript' not in html_text
     # The row keeps its 7 cells: the `|` in the reason did not split one.
@@ -513,9 +537,10 @@ def test_user_text_cannot_inject_links_or_break_tables(finished: Session, root: 
 
 def test_an_auditors_export_is_masked(finished: Session, carol: User) -> None:
     text = export(login(carol), finished).content.decode()
-    assert "| close\\_taxiway | R2 | masked | approved | bob |" in text
+    page = markdown.markdown(text, extensions=["tables"])
+    assert row_of("close_taxiway", "R2", "masked", "approved", "bob") in page
     assert "Taxiway closed: A" not in text
-    assert "high\\-risk payloads masked" in text or "high-risk payloads masked" in text
+    assert "high-risk payloads masked" in page
     assert AuditLog.objects.get(action="session.exported", actor=carol).detail["masked"] is True
 
 

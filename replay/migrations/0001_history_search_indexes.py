@@ -11,7 +11,7 @@ from typing import Any
 from django.db import migrations
 
 PG_INDEXES = [
-    # free text over operator messages (answers included) and reports
+    # free text over operator messages (answers included) and reports (trigram only)
     (
         "replay_event_text_trgm",
         "diagnosis_event USING gin ((payload ->> 'text') gin_trgm_ops) WHERE type = 'user.message'",
@@ -22,7 +22,6 @@ PG_INDEXES = [
         "WHERE type = 'user.message'",
     ),
     ("replay_report_trgm", "diagnosis_report USING gin (markdown gin_trgm_ops)"),
-    ("replay_report_fts", "diagnosis_report USING gin (to_tsvector('english', markdown))"),
     # the history list, newest first / recently changed, without deleted sessions
     (
         "replay_session_created",
