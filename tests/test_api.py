@@ -279,7 +279,9 @@ def test_snapshot_timeline_pages_and_agent_tree(
     seqs: list[int] = []
     from_seq = 1
     while True:
-        with django_assert_max_num_queries(8):
+        # 9: token, roles, session, events, and the audited call (the audit chain's lock,
+        # its head, the entry)
+        with django_assert_max_num_queries(10):
             page = call("GET", f"{SESSIONS}/{sid}/timeline?from_seq={from_seq}&limit=7", token)
         body = page.json()
         assert len(body["events"]) <= 7
