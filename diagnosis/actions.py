@@ -13,12 +13,12 @@ from django.utils import timezone
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
 from diagnosis.agent.extraction import detect_language
-from diagnosis.events import append_event, append_event_once, lock_session, set_status
-from diagnosis.execution import execution_problems, refuse_execution
+from diagnosis.events import append_event, lock_session, set_status
+from diagnosis.execution import execution_problems, open_approval, refuse_execution
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
 from diagnosis.reporting import md_cell, write_report
-from diagnosis.signals import approval_required, session_closing
+from diagnosis.signals import session_closing
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
 
@@ -342,26 +342,7 @@ def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
             },
             status=ToolCallStatus.AWAITING_APPROVAL,
         )
-        opened: dict[str, Any] = {}
-        for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call):
-            if isinstance(response, dict):
-                opened.update(response)
-        append_event_once(
-            restriction.session_id,
-            "approval.required",
-            f"approval:{tool_call.pk}",
-            {
-                "tool_call": tool_call.pk,
-                "call_id": tool_call.call_id,
-                "tool_name": tool_call.tool_name,
-                "args": tool_call.request_payload,
-                "risk_level": tool_call.risk_class,
-                "is_action": tool_call.is_action,
-                "position": tool_call.position,
-                **opened,
-            },
-            producer="web",
-        )
+        open_approval(tool_call, producer="web")
         audit(
             "restriction.lift_requested",
             obj=restriction,

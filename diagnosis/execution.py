@@ -3,12 +3,14 @@ on its own (ARCHITECTURE: risky actions only after a decision; ADR 40)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.utils import timezone
 
 from aero.models import audit
-from diagnosis.events import append_event
+from diagnosis.events import append_event, append_event_once
 from diagnosis.models import AgentRun, ToolCall, ToolCallStatus
-from diagnosis.signals import execution_check
+from diagnosis.signals import approval_required, execution_check
 from scenarios_admin.definition import below_floor, floor_message
 
 
@@ -64,4 +66,31 @@ def refuse_execution(
             "risk_class": tool_call.risk_class,
             "problems": problems,
         },
+    )
+
+
+def open_approval(tool_call: ToolCall, *, producer: str, run: AgentRun | None = None) -> None:
+    """A call awaiting approval enters the queue (the approvals app opens its Approval on
+    the signal) and the log, with what the approval was opened with (digest, deadline), in
+    the caller's transaction. Keyed: a re-run step logs it once."""
+    opened: dict[str, Any] = {}
+    for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call):
+        if isinstance(response, dict):
+            opened.update(response)
+    append_event_once(
+        tool_call.session_id,
+        "approval.required",
+        f"approval:{tool_call.pk}",
+        {
+            "tool_call": tool_call.pk,
+            "call_id": tool_call.call_id,
+            "tool_name": tool_call.tool_name,
+            "args": tool_call.request_payload,
+            "risk_level": tool_call.risk_class,
+            "is_action": tool_call.is_action,
+            "position": tool_call.position,
+            **opened,
+        },
+        producer=producer,
+        run=run,
     )

@@ -40,6 +40,7 @@ from diagnosis.events import (
     event_batch,
     step_scope,
 )
+from diagnosis.execution import open_approval
 from diagnosis.models import (
     AgentRun,
     Event,
@@ -50,7 +51,6 @@ from diagnosis.models import (
     ToolCallStatus,
 )
 from diagnosis.reporting import write_report
-from diagnosis.signals import approval_required
 from scenarios_admin.definition import value_order
 
 
@@ -614,27 +614,7 @@ def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
         else:
             tool_call.status = ToolCallStatus.AWAITING_APPROVAL
             tool_call.save(update_fields=["status"])
-            opened: dict[str, Any] = {}
-            for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call):
-                if isinstance(response, dict):
-                    opened.update(response)
-            append_event_once(
-                tctx.session_id,
-                "approval.required",
-                f"approval:{tool_call.pk}",
-                {
-                    "tool_call": tool_call.pk,
-                    "call_id": tool_call.call_id,
-                    "tool_name": tool_call.tool_name,
-                    "args": tool_call.request_payload,
-                    "risk_level": tool_call.risk_class,
-                    "is_action": tool_call.is_action,
-                    "position": tool_call.position,
-                    **opened,
-                },
-                producer=tctx.producer,
-                run=tctx.run,
-            )
+            open_approval(tool_call, producer=tctx.producer, run=tctx.run)
 
 
 # --- compliance validator -------------------------------------------------------------
