@@ -192,6 +192,7 @@ def main() -> None:
     from replay import history
     from replay.forms import HistoryForm
     from scenarios_admin.builtin import load_builtin_data
+    from scenarios_admin.models import Scenario
 
     call_command("migrate", verbosity=0)
     load_builtin_data()
@@ -203,6 +204,8 @@ def main() -> None:
     client = Client()
     client.force_login(auditor)
     url = reverse("replay:history")
+    # The built-in scenarios, read from the data (scenarios are data, not names in code).
+    slugs = sorted(Scenario.objects.values_list("slug", flat=True))
     today = timezone.localdate()
     some_cursor = ""
 
@@ -214,7 +217,7 @@ def main() -> None:
             "flight": {"flight": flight},
             "position + risk": {"position": position, "risk": rng.choice(RISKS)},
             "scenario + date range": {
-                "scenario": rng.choice(["oil_spill", "bird_strike", "tire_burst"]),
+                "scenario": rng.choice(slugs),
                 "since": (today - timedelta(days=rng.randint(20, 200))).isoformat(),
                 "until": (today - timedelta(days=rng.randint(1, 19))).isoformat(),
             },
