@@ -263,33 +263,47 @@ def do_apply_decision(
             return _apply_lift_decision(tool_call, user, outcome, reason, producer, at)
         if session.is_ended and not ended_ok:
             raise ActionError(f"This session is {session.get_status_display().lower()}.")
-        tool_call.status = OUTCOMES[outcome]
-        tool_call.decided_by = user
-        tool_call.decided_at = at
-        tool_call.decision_reason = reason
-        tool_call.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
-        append_event(
-            session.pk,
-            f"approval.{outcome}",
-            {
-                "tool_call": tool_call.pk,
-                "call_id": tool_call.call_id,
-                "tool_name": tool_call.tool_name,
-                "args": tool_call.request_payload,
-                "risk_level": tool_call.risk_class,
-                "by": user.get_username() if user else "system",
-                "at": at.isoformat(),
-                "reason": reason,
-                **(extra or {}),
-            },
-            producer=producer,
-        )
+        _record_decision(tool_call, user, outcome, reason, producer, at, extra)
         if session.is_ended:
             return tool_call
         if session.status == SessionStatus.WAITING_USER:
             set_status(session.pk, SessionStatus.QUEUED, producer=producer)
         enqueue_advance(session.pk)
     return tool_call
+
+
+def _record_decision(
+    tool_call: ToolCall,
+    user: Any,
+    outcome: str,
+    reason: str,
+    producer: str,
+    at: Any,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """The decision on the call's row and its `approval.<outcome>` event, together (the
+    caller holds the session and call row locks)."""
+    tool_call.status = OUTCOMES[outcome]
+    tool_call.decided_by = user
+    tool_call.decided_at = at
+    tool_call.decision_reason = reason
+    tool_call.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
+    append_event(
+        tool_call.session_id,
+        f"approval.{outcome}",
+        {
+            "tool_call": tool_call.pk,
+            "call_id": tool_call.call_id,
+            "tool_name": tool_call.tool_name,
+            "args": tool_call.request_payload,
+            "risk_level": tool_call.risk_class,
+            "by": user.get_username() if user else "system",
+            "at": at.isoformat(),
+            "reason": reason,
+            **(extra or {}),
+        },
+        producer=producer,
+    )
 
 
 # --- lifting a closure: an R2 action of its own ---------------------------------------
@@ -386,26 +400,7 @@ def _apply_lift_decision(
     """The decided lift: recorded in the requesting session; approved, it lifts the
     restriction (after the policy check at execution time) with an event in every
     session that showed it. The caller holds the session and call row locks."""
-    tool_call.status = OUTCOMES[outcome]
-    tool_call.decided_by = user
-    tool_call.decided_at = at
-    tool_call.decision_reason = reason
-    tool_call.save(update_fields=["status", "decided_by", "decided_at", "decision_reason"])
-    append_event(
-        tool_call.session_id,
-        f"approval.{outcome}",
-        {
-            "tool_call": tool_call.pk,
-            "call_id": tool_call.call_id,
-            "at": at.isoformat(),
-            "tool_name": tool_call.tool_name,
-            "args": tool_call.request_payload,
-            "risk_level": tool_call.risk_class,
-            "by": user.get_username() if user else "system",
-            "reason": reason,
-        },
-        producer=producer,
-    )
+    _record_decision(tool_call, user, outcome, reason, producer, at)
     if outcome != "approved":
         return tool_call
     problems = execution_problems(tool_call)
