@@ -8,6 +8,9 @@ A few KB per text keeps any event far below that, and is more than a person writ
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django import forms
 from django.core.exceptions import ValidationError
 
@@ -15,9 +18,13 @@ MAX_MESSAGE = 4000  # an incident description or an answer to the agent
 MAX_REASON = 2000  # a decision's reason, a cancellation reason
 MAX_NOTE = 2000  # a to-do's resolution note
 MAX_LIFT_NOTE = 300  # Restriction.lift_note (a column of that size)
-# Largest payload any one event may carry (JSON, UTF-8). Far below daphne's 1 MB frame;
-# the texts above (at most 4000 characters, 4 bytes each) always fit.
-MAX_EVENT_BYTES = 64 * 1024
+# Largest payload any one event may carry (JSON, UTF-8), checked by append_event (ADR 37).
+# A quarter of daphne's 1 MB frame: what people type (above, at most 16 KB each) always
+# fits, and so does a report from a 20,000-character template; the consumers still
+# measure what they send, since escaping can grow a text several times (ADR 38).
+MAX_EVENT_BYTES = 256 * 1024
+# Longest text a model may put in one event (a ReAct note); cut beyond, with a marker.
+MAX_MODEL_TEXT = 8000
 
 
 class TextRefused(ValueError):
@@ -64,3 +71,31 @@ class LimitedTextField(forms.CharField):
             return check_text(text, limit=self.limit, what=self.what)
         except TextRefused as exc:
             raise ValidationError(str(exc), code="refused") from None
+
+
+class EventTooLarge(ValueError):
+    """An event's payload is over MAX_EVENT_BYTES: it is not written (nor is anything else
+    in its transaction), so no catch-up can ever be asked to carry it."""
+
+
+def payload_size(payload: dict[str, Any]) -> int:
+    """The payload's size as the log stores it: JSON, UTF-8."""
+    return len(json.dumps(payload, ensure_ascii=False).encode())
+
+
+def check_event_size(type: str, size: int) -> None:
+    if size > MAX_EVENT_BYTES:
+        raise EventTooLarge(
+            f"A {type} event of {size} bytes is over the {MAX_EVENT_BYTES}-byte limit of one "
+            "event; nothing was written."
+        )
+
+
+def cut_generated(text: str, limit: int) -> tuple[str, int | None]:
+    """Text a model or the system generated, cut to `limit` characters with a marker that
+    says so in the text itself, and the original length (None when it fit). Never for
+    what a person typed: that is refused over its limit (check_text)."""
+    if len(text) <= limit:
+        return text, None
+    marker = f"\n\n[… cut by AERO: {len(text) - limit} of {len(text)} characters not kept]"
+    return text[:limit] + marker, len(text)

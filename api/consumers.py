@@ -10,11 +10,13 @@ event_id anything it may have seen twice."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.urls import reverse
 
 from aero import metrics
 from aero.roles import VIEW_SESSIONS
@@ -24,6 +26,9 @@ from diagnosis.models import Event, Session
 from diagnosis.push import register_server_loop, session_group
 
 BATCH = 200
+BATCH_BYTES = 1024 * 1024  # messages one pull hands to the loop, whatever their count
+FETCH_CHUNK = 20  # rows read at a time (a server-side cursor on PostgreSQL)
+FRAME_BYTES = 512 * 1024  # largest message sent: half of daphne's 1 MB limit (1011)
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 STREAM = "api"
@@ -49,12 +54,46 @@ def authenticate(raw: str, session_id: str) -> tuple[Viewer | None, int]:
     return Viewer(token.user, roles), 0
 
 
-def events_after(
-    session_id: str, after: int, viewer: Viewer
-) -> list[tuple[int, dict[str, Any], Any]]:
-    """(seq, envelope, ts) for up to BATCH events after `after`."""
+def message_for(event: Event, viewer: Viewer) -> tuple[str, int]:
+    """The event's message, JSON as sent, and its size in bytes. An envelope over
+    FRAME_BYTES (only an event stored before the per-event cap could be) is replaced by
+    an `event.too_large` notice naming the REST call that returns it: the stream never
+    sends what daphne would refuse, and never skips an event without a word."""
+    body = envelope(event, viewer)
+    text = json.dumps(body)
+    if len(text) > FRAME_BYTES:  # ASCII: json.dumps escapes everything else
+        text = json.dumps(
+            {
+                "event_id": body["event_id"],
+                "session_id": body["session_id"],
+                "type": "event.too_large",
+                "ts": body["ts"],
+                "seq": body["seq"],
+                "payload": {
+                    "event_type": body["type"],
+                    "bytes": len(text),
+                    "fetch": reverse("api:timeline", kwargs={"session_id": event.session_id})
+                    + f"?from_seq={event.seq}&limit=1",
+                },
+            }
+        )
+    return text, len(text)
+
+
+def events_after(session_id: str, after: int, viewer: Viewer) -> list[tuple[int, str, Any]]:
+    """(seq, message, ts) for the events after `after`: at most BATCH of them and
+    BATCH_BYTES of messages (always at least one). Rows are read a few at a time, so a
+    batch of large events is neither held nor sent in one piece (ADR 38)."""
+    batch: list[tuple[int, str, Any]] = []
+    used = 0
     events = Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:BATCH]
-    return [(event.seq, envelope(event, viewer), event.ts) for event in events]
+    for event in events.iterator(chunk_size=FETCH_CHUNK):
+        text, size = message_for(event, viewer)
+        if batch and used + size > BATCH_BYTES:
+            break
+        batch.append((event.seq, text, event.ts))
+        used += size
+    return batch
 
 
 class ApiSessionStream(AsyncJsonWebsocketConsumer):
@@ -108,7 +147,7 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
             )
             if not batch:
                 return
-            for seq, body, _ts in batch:
-                await self.send_json(body)
+            for seq, text, _ts in batch:
+                await self.send(text_data=text)
                 self.sent_seq = seq
             metrics.events_sent(STREAM, len(batch), [ts for _, _, ts in batch] if live else None)

@@ -23,6 +23,9 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.contrib.auth import get_user_model
 from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.timezone import localtime
 
 from aero import metrics
 from aero.roles import ALL_ROLES, VIEW_SESSIONS
@@ -31,6 +34,9 @@ from diagnosis.models import Event, Session
 from diagnosis.push import register_server_loop, session_group
 
 BATCH = presenters.TIMELINE_PAGE
+# Largest WebSocket message the consumers send: half of daphne's 1 MB limit (over it,
+# daphne closes the socket with 1011), leaving room for any framing overhead.
+FRAME_BYTES = 512 * 1024
 CLOSE_FORBIDDEN = 4403  # no (longer a) role that may watch this
 CLOSE_GONE = 4404  # the session does not exist or was deleted
 RENDER_CACHE_SIZE = 256
@@ -63,27 +69,109 @@ def user_id_of(scope: dict[str, Any]) -> Any:
 
 @dataclass(frozen=True)
 class Update:
-    """A rendered pull: the fragment (empty when nothing is new), the last seq it holds,
-    the composer key the page shows after it, and the session's last_seq when rendered."""
+    """A rendered pull: the WebSocket messages to send (none when nothing is new), the
+    last seq they hold, the composer key the page shows after them, and the session's
+    last_seq when rendered."""
 
-    html: str
+    frames: tuple[str, ...]
     seq: int
     composer_key: str | None
     as_of: int
+
+    @property
+    def html(self) -> str:
+        return "".join(self.frames)
+
+
+def size_of(html: str) -> int:
+    """Bytes on the wire: a text message is sent as UTF-8."""
+    return len(html.encode())
+
+
+def too_large_row(event: Event) -> str:
+    """What stands in the timeline for an event whose row would not fit in one message:
+    where to read it, over HTTP, where no frame limit applies."""
+    url = reverse("diagnosis:session-events", args=[event.session_id])
+    return format_html(
+        '<div hx-swap-oob="beforeend:#timeline-list"><li id="event-{seq}" data-seq="{seq}" '
+        'class="ev too-large"><time datetime="{ts}">{time}</time> '
+        '<span class="warn">This entry ({type}) is too large to show live:</span> '
+        '<a href="{url}?after={before}#event-{seq}">open it in the full timeline</a></li></div>',
+        seq=event.seq,
+        ts=event.ts.isoformat(),
+        time=localtime(event.ts).strftime("%H:%M:%S"),
+        type=event.type,
+        url=url,
+        before=event.seq - 1,
+    )
+
+
+def too_large_panel(panel: str, session_id: Any) -> str:
+    """What replaces a panel that would not fit in one message: a pointer to the page."""
+    return format_html(
+        '<section id="{panel}" class="card" hx-swap-oob="true"><p class="warn">This part '
+        'changed and is too large to update live: <a href="{url}">reload the page</a>.</p>'
+        "</section>",
+        panel=panel,
+        url=reverse("diagnosis:session-detail", args=[session_id]),
+    )
+
+
+def timeline_rows(events: list[Event]) -> tuple[str, list[Event]]:
+    """The events' timeline rows, as few messages' worth as fit: all of them in one
+    render when they fit in a frame (the usual case, one template call), else one by
+    one, up to the first that would overflow the frame; and the events they hold. Always
+    at least one: an event
+    whose row alone is too large is replaced by a pointer (too_large_row)."""
+    html = render_to_string("diagnosis/_timeline_append.html", {"events": events})
+    if size_of(html) <= FRAME_BYTES:
+        return html, events
+    rows: list[str] = []
+    used = 0
+    for event in events:
+        row: str = render_to_string("diagnosis/_timeline_append.html", {"events": [event]})
+        if size_of(row) > FRAME_BYTES:
+            row = too_large_row(event)
+        if rows and used + size_of(row) > FRAME_BYTES:
+            break
+        rows.append(row)
+        used += size_of(row)
+    return "".join(rows), events[: len(rows)]
+
+
+def pack(parts: list[str]) -> tuple[str, ...]:
+    """Consecutive parts joined into messages of at most FRAME_BYTES each."""
+    frames: list[str] = []
+    current: list[str] = []
+    used = 0
+    for part in parts:
+        size = size_of(part)
+        if current and used + size > FRAME_BYTES:
+            frames.append("".join(current))
+            current, used = [], 0
+        current.append(part)
+        used += size
+    if current:
+        frames.append("".join(current))
+    return tuple(frames)
 
 
 def render_updates(
     roles: frozenset[str], session_id: Any, after: int, composer_key: str | None = None
 ) -> Update | None:
     """HTML with hx-swap-oob fragments for the events after `after` (at most one batch)
-    and the panels they change, for viewers holding `roles`. None when the session does
-    not exist or was deleted.
+    and the panels they change, for viewers holding `roles`, as WebSocket messages of
+    at most FRAME_BYTES each. None when the session does not exist or was deleted.
 
     The session row is read first and only events up to its last_seq are sent: panels
     and timeline then describe the same moment, even while a job keeps appending.
     The composer (the answer box) is sent exactly when its key changes, whatever the
     events were: replacing it on every status event would wipe what the operator is
-    typing, and tying it to event types missed a question committed between two reads."""
+    typing, and tying it to event types missed a question committed between two reads.
+
+    A batch is bounded by count (BATCH) and by bytes: the rows that fit in one frame;
+    the rest follow in the next pull. Daphne closes the socket with 1011 on a message
+    over 1 MB, which broke every catch-up of a session holding a large event (ADR 38)."""
     session = (
         Session.objects.visible()
         .select_related("scenario", "scenario_version", "created_by")
@@ -99,20 +187,20 @@ def render_updates(
         ).order_by("seq")[:BATCH]
     )
     if not events:
-        return Update("", after, composer_key, session.last_seq)
+        return Update((), after, composer_key, session.last_seq)
+    rows, sent = timeline_rows(events)
     panels: set[str] = set()
-    for event in events:
+    for event in sent:
         panels |= presenters.PANELS_BY_EVENT.get(event.type, set())
     new_key = presenters.composer_key(session)
     if new_key != composer_key:
         panels.add("session-composer")
     context = presenters.session_context(session, None, roles=roles) if panels else {}
-    parts = [render_to_string("diagnosis/_timeline_append.html", {"events": events})]
+    parts = [rows]
     for panel in sorted(panels):
-        parts.append(
-            render_to_string(f"diagnosis/session_detail.html#{panel}", {**context, "oob": True})
-        )
-    return Update("".join(parts), events[-1].seq, new_key, session.last_seq)
+        html = render_to_string(f"diagnosis/session_detail.html#{panel}", {**context, "oob": True})
+        parts.append(html if size_of(html) <= FRAME_BYTES else too_large_panel(panel, session.pk))
+    return Update(pack(parts), sent[-1].seq, new_key, session.last_seq)
 
 
 class Hub:
@@ -275,11 +363,12 @@ class SessionConsumer(AsyncWebsocketConsumer):
             if update is None:
                 await self.stop(CLOSE_GONE)
                 return
-            if not update.html:
+            if not update.frames:
                 return
+            for frame in update.frames:
+                await self.send(text_data=frame)
             metrics.events_sent("page", update.seq - self.sent_seq)
             self.sent_seq, self.composer_key = update.seq, update.composer_key
-            await self.send(text_data=update.html)
 
     async def stop(self, code: int) -> None:
         await self.disconnect(code)

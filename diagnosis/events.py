@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from aero.text import check_event_size
 from diagnosis.chain import event_hash
 from diagnosis.fold import reduce_snapshot
 from diagnosis.models import ENDED_STATUSES, AgentRun, Event, Session, SessionStatus
@@ -58,9 +59,15 @@ def append_event(
     The push goes out on commit.
 
     Inside `event_batch(session_id)` the event is only queued (no seq, ts or hash yet):
-    the batch writes it with the others when the batch ends."""
+    the batch writes it with the others when the batch ends.
+
+    A payload over aero.text.MAX_EVENT_BYTES raises EventTooLarge: the live path carries
+    every event whole, so none may be larger than it can carry."""
     # Stored as JSON: hash exactly what a reader will get back (tuples become lists).
-    payload = json.loads(json.dumps(payload or {}))
+    raw = json.dumps(payload or {}, ensure_ascii=False)
+    # Refused before it is queued: a batch then writes nothing of its step (ADR 37).
+    check_event_size(type, len(raw.encode()))
+    payload = json.loads(raw)
     event = Event(
         session_id=session_id,
         type=type,

@@ -12,8 +12,14 @@ from django.db import transaction
 from django.template import Context, Engine
 from django.utils import timezone
 
+from aero.text import MAX_EVENT_BYTES, cut_generated
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Report, Session, ToolCall
+
+# The longest report kept whole: even at 6 bytes a character (a JSON-escaped control
+# character, the widest case) it fits in one event.
+MAX_REPORT_CHARS = 40_000
+assert MAX_REPORT_CHARS * 6 < MAX_EVENT_BYTES - 1024
 
 DECISIONS = {
     "en": {
@@ -160,17 +166,25 @@ def write_report(
     the `report.ready` event is the record, the Report row its projection. `preface` is
     Markdown: escape what people typed in it (md_cell)."""
     text, language = render_report(session_id, definition, state, preface)
+    # Generated text: a report larger than one event may carry (a long template filled
+    # with every message at its limit) is kept up to MAX_REPORT_CHARS and says, in its
+    # last line and in the event, that it was cut (ADR 37). The Report row holds exactly
+    # what the event holds: the log stays the whole truth.
+    text, cut_from = cut_generated(text, MAX_REPORT_CHARS)
+    payload: dict[str, Any] = {
+        "markdown": text,
+        "sha256": report_sha256(text),
+        "language": language,
+        "length": len(text),
+    }
+    if cut_from is not None:
+        payload["cut_from_chars"] = cut_from
     with transaction.atomic():
         # Keyed inside a graph step: a re-run keeps the report the first run logged.
         event, new = append_step_event(
             session_id,
             "report.ready",
-            {
-                "markdown": text,
-                "sha256": report_sha256(text),
-                "language": language,
-                "length": len(text),
-            },
+            payload,
             producer=producer,
             run=run,
         )

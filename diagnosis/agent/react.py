@@ -30,6 +30,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis.agent import prompts
 from diagnosis.agent.providers import (
     OfflineProvider,
@@ -360,13 +361,14 @@ def react_plan(
     )
     step = _step_key(state, reference)
     if choice.text or choice.picked:
+        # The model's words are not bounded by anything a person typed: a runaway reply
+        # is kept up to MAX_MODEL_TEXT, marked as cut in the text and the payload (ADR 37).
+        text, cut_from = cut_generated(choice.text or "", MAX_MODEL_TEXT)
+        note: dict[str, Any] = {"text": text, "picked": choice.picked, "step": reference["step"]}
+        if cut_from is not None:
+            note["cut_from_chars"] = cut_from
         append_event_once(
-            ctx.session_id,
-            "agent.note",
-            f"react:{step}",
-            {"text": choice.text or "", "picked": choice.picked, "step": reference["step"]},
-            producer=ctx.producer,
-            run=run,
+            ctx.session_id, "agent.note", f"react:{step}", note, producer=ctx.producer, run=run
         )
     for index, correction in enumerate(choice.corrections):
         append_event_once(
