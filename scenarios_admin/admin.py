@@ -7,7 +7,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import F, OuterRef, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -765,6 +765,19 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
             "priority",
             "enabled",
         ]
+
+    def clean_api_key(self) -> str:
+        """A key travels in an HTTP header: one with a line break could add headers of its
+        own, and one with other than printable ASCII cannot be sent at all ("Test
+        connection" failed with a server error). Refused here, where it is typed."""
+        key: str = self.cleaned_data.get("api_key") or ""
+        if key and not (key.isascii() and key.isprintable()):
+            raise ValidationError(
+                "An API key is printable ASCII (letters, digits, punctuation, spaces); this "
+                "one has line breaks or other characters an HTTP header cannot carry. "
+                "Nothing was saved: paste the key again."
+            )
+        return key
 
     def save(self, commit: bool = True) -> ProviderConfig:
         config = super().save(commit=False)

@@ -47,6 +47,9 @@ def probe(config: ProviderConfig) -> ProbeResult:
         key = config.api_key()
     except ValueError as exc:
         return ProbeResult(False, f"the stored API key: {exc}")
+    if key and not (key.isascii() and key.isprintable()):
+        # Stored before the form refused such keys: no HTTP header can carry it.
+        return ProbeResult(False, "the stored API key has characters no HTTP header can carry")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     body = {
         "model": config.model,
