@@ -45,6 +45,7 @@ from scenarios_admin.models import (
     FieldValue,
     Flight,
     ProviderConfig,
+    ProviderKind,
     RiskRule,
     Runway,
     Scenario,
@@ -765,6 +766,25 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
             "priority",
             "enabled",
         ]
+
+    def clean(self) -> dict[str, Any]:
+        """An OpenAI-compatible provider needs a URL and a model (a database constraint
+        too): said on the field, where the constraint's own message named only itself
+        (issue 12). A field with an error is left out of the model's constraint check."""
+        cleaned = super().clean() or {}
+        if cleaned.get("kind") and cleaned["kind"] != ProviderKind.OFFLINE:
+            if not cleaned.get("base_url") and "base_url" not in self.errors:
+                self.add_error(
+                    "base_url",
+                    "An OpenAI-compatible provider needs the base URL of its API "
+                    "(e.g. https://api.example.com/v1); only the offline provider has none.",
+                )
+            if not cleaned.get("model") and "model" not in self.errors:
+                self.add_error(
+                    "model",
+                    "An OpenAI-compatible provider needs a model name (e.g. gpt-4o-mini).",
+                )
+        return cleaned
 
     def clean_api_key(self) -> str:
         """A key travels in an HTTP header: one with a line break could add headers of its

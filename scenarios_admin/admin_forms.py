@@ -10,11 +10,14 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 
 from scenarios_admin.definition import ACTION_TOOLS, IMPACT_LISTS, NODE_KINDS, Issue
 from scenarios_admin.draft import ROWS, SCENARIO_COLUMNS, Draft, check_draft, split_list
-from scenarios_admin.models import Scenario
+from scenarios_admin.models import Scenario, ScenarioKind
+
+# Scenario kinds the model knows but nothing runs yet: not offered in the admin.
+UNAVAILABLE_KINDS = frozenset({ScenarioKind.DIAGNOSIS.value})
 
 COMPLIANCE_LABELS = (
     "1. start",
@@ -109,6 +112,10 @@ class CheckedInlineFormSet(BaseInlineFormSet):
 # --- scenario draft -----------------------------------------------------------------------
 
 
+def _lf(value: Any) -> Any:
+    return value.replace("\r\n", "\n") if isinstance(value, str) else value
+
+
 # Longest text a draft field takes (a report template is about 3,000 characters): over
 # it the save is refused with the field named, never cut.
 MAX_DRAFT_TEXT = 20_000
@@ -118,6 +125,18 @@ class DraftForm(forms.ModelForm[Any]):
     """Browsers submit textarea line breaks as CRLF; the draft keeps LF, so saving a page
     without changes leaves the draft exactly as it was. Text columns (TextField) have no
     length of their own: MAX_DRAFT_TEXT bounds them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.is_bound and isinstance(self.data, QueryDict):
+            # LF before anything compares: `changed_data` (what admin history says was
+            # changed) compares the posted text with the stored one, and CRLF made every
+            # multi-line text look changed on a save without changes (issue 12).
+            data = self.data.copy()
+            for key, values in self.data.lists():
+                if any("\r" in v for v in values if isinstance(v, str)):
+                    data.setlist(key, [_lf(v) for v in values])
+            self.data = data
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -251,6 +270,15 @@ class ScenarioForm(DraftForm):
             field = self.fields.get(name)
             if isinstance(field, forms.CharField):
                 field.strip = False  # a template's final newline is part of it
+        kind = self.fields.get("kind")
+        if isinstance(kind, forms.ChoiceField):
+            # IT problem diagnosis has no agent behind it yet (issue 12): not offered, and
+            # refused if posted, unless the scenario already is one (shown as it is).
+            kind.choices = [
+                (value, label)
+                for value, label in [("", "---------"), *ScenarioKind.choices]
+                if value not in UNAVAILABLE_KINDS or value == self.instance.kind
+            ]
         states = list(self.instance.compliance_states or [])
         for i in range(len(COMPLIANCE_LABELS)):
             if i < len(states):
