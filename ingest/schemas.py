@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Labels = dict[str, str]
+# A label or annotation value goes into the session's events (an alert's summary): bound
+# like what people type (aero.text.MAX_MESSAGE), so no alert can make an event over the
+# per-event cap fail its delivery with a 500 that Alertmanager would retry forever.
+MAX_LABEL_VALUE = 4000
+Labels = dict[
+    Annotated[str, Field(max_length=200)], Annotated[str, Field(max_length=MAX_LABEL_VALUE)]
+]
 MAX_ALERTS = 1000
 
 

@@ -237,3 +237,24 @@ def test_api_stream_catch_up_over_large_events_loses_nothing_and_points_to_an_ov
     )
     assert response.status_code == 200
     assert response.json()["events"][0]["payload"]["text"] == "😀" * 175_000
+
+
+# --- alerts: what an outside system sends ----------------------------------------------
+
+
+def test_an_alert_with_a_huge_annotation_is_refused_whole_with_a_clear_error(
+    builtin: None, settings: Any
+) -> None:
+    from ingest.models import Observation
+    from tests.test_ingest import SECRET, am_alert, post, v4
+
+    settings.AERO_INGEST_SECRET = SECRET
+    alert = am_alert()
+    alert["annotations"]["summary"] = "😀" * 70_000  # 280 KB: an event over the cap
+    response = post("/ingest/alertmanager", v4("firing", alert))
+    assert response.status_code == 422
+    body = response.json()
+    assert body["code"] == "invalid_input"
+    assert "annotations.summary" in body["message"]
+    assert "at most 4000 characters" in body["message"]
+    assert Observation.objects.count() == 0 and not Session.objects.exists()
