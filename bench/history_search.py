@@ -60,6 +60,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def report_markdown(flight: str, position: str, opening: str) -> str:
+    return (
+        f"# 处置报告 {flight}\n\n机位 {position}：{opening}\n\n"
+        "| 措施 | 结果 |\n|---|---|\n"
+        "| 通知塔台 | 已通知 |\n| 清污 | 已派遣 |\n"
+    )
+
+
 def fill(sessions: int, rng: random.Random) -> None:
     from django.contrib.auth.models import User
     from django.db import connection
@@ -119,13 +127,17 @@ def fill(sessions: int, rng: random.Random) -> None:
             "COPY diagnosis_event (event_id, session_id, seq, type, ts, payload, trace_id, "
             "producer, key, hash) FROM STDIN"
         ) as copy:
-            for sid, created, opening, _, _, position in rows:
+            for sid, created, opening, status, flight, position in rows:
                 for seq in range(1, EVENTS_PER_SESSION + 1):
                     if seq == 2:
                         type_, payload = "user.message", {"text": opening, "author": "op"}
                     elif seq in (20, 35):
                         answer = rng.choice(ANSWERS).format(p=position)
                         type_, payload = "user.message", {"text": answer, "author": "op"}
+                    elif seq == EVENTS_PER_SESSION and status == "completed":
+                        # The report's full text is in its event (ADR 50), as in a real log.
+                        markdown = report_markdown(flight, position, opening)
+                        type_, payload = "report.ready", {"markdown": markdown, "language": "zh"}
                     else:
                         type_, payload = FILLER[seq % len(FILLER)]
                     copy.write_row(
@@ -154,9 +166,7 @@ def fill(sessions: int, rng: random.Random) -> None:
                         (
                             sid,
                             "zh",
-                            f"# 处置报告 {flight}\n\n机位 {position}：{opening}\n\n"
-                            "| 措施 | 结果 |\n|---|---|\n"
-                            "| 通知塔台 | 已通知 |\n| 清污 | 已派遣 |\n",
+                            report_markdown(flight, position, opening),
                             created + timedelta(minutes=3),
                         )
                     )
