@@ -34,24 +34,30 @@ SQLITE_FACTS = {
     "position": 'json_extract("diagnosis_session"."snapshot", \'$.fields.position\')',
     "risk": 'json_extract("diagnosis_session"."snapshot", \'$.risk.level\')',
 }
-# Trigram ILIKE finds the text anywhere (Chinese has no word breaks); full text adds
-# stemmed English words ("leaking" finds "leak") in what people wrote. Text without a
-# Latin letter gains nothing from the English parser, so it is left out; reports are
-# generated from templates and matched by trigram alone (re-parsing every report that
-# the trigram index could not rule out cost 300 ms on 6,000 reports).
-PG_TEXT = """
-    SELECT e.session_id FROM diagnosis_event e
-     WHERE e.type = 'user.message' AND (e.payload ->> 'text') ILIKE %s
-    UNION
-    SELECT r.session_id FROM diagnosis_report r WHERE r.markdown ILIKE %s
-"""
-PG_TEXT_WORDS = """
-    SELECT e.session_id FROM diagnosis_event e
-     WHERE e.type = 'user.message'
-       AND ((e.payload ->> 'text') ILIKE %s
-            OR to_tsvector('english', e.payload ->> 'text') @@ plainto_tsquery('english', %s))
-    UNION
-    SELECT r.session_id FROM diagnosis_report r WHERE r.markdown ILIKE %s
+# One search document per session (replay.models.SessionSearch: operator messages and
+# report, kept by a trigger in the events' transaction). Trigram ILIKE finds the text
+# anywhere (Chinese has no word breaks); the stored English tsvector adds stemmed words
+# ("leaking" finds "leak"), asked only when the text has a Latin letter (for CJK text the
+# English parser adds nothing). A session matches at most once, so the planner can walk
+# sessions newest-first and probe each one's document until the page is full (a term in
+# a sixth of all sessions), or collect a rare term's few documents from the GIN index and
+# sort them (ADR 65).
+PG_TEXT = "SELECT session_id FROM replay_session_search WHERE document ILIKE %s"
+PG_TEXT_WORDS = (
+    "SELECT session_id FROM replay_session_search "
+    "WHERE document ILIKE %s OR words @@ plainto_tsquery('english', %s)"
+)
+# The document as the events make it (the trigger's CASE, string_agg in seq order).
+PG_REBUILD = """
+    INSERT INTO replay_session_search (session_id, document)
+    SELECT e.session_id, string_agg(
+               coalesce(CASE WHEN e.type = 'report.ready' THEN e.payload ->> 'markdown'
+                             ELSE e.payload ->> 'text' END, ''),
+               E'\\n' ORDER BY e.seq)
+      FROM diagnosis_event e
+     WHERE e.type IN ('user.message', 'report.ready') {only}
+     GROUP BY e.session_id
+    ON CONFLICT (session_id) DO UPDATE SET document = EXCLUDED.document
 """
 _LATIN = re.compile(r"[A-Za-z]")
 SQLITE_TEXT_MATCH = "SELECT session_id FROM replay_search WHERE replay_search MATCH %s"
@@ -72,13 +78,25 @@ def _like(text: str) -> str:
 def text_condition(text: str) -> Q:
     if connection.vendor == "postgresql":
         if _LATIN.search(text):
-            return Q(pk__in=RawSQL(PG_TEXT_WORDS, (_like(text), text, _like(text))))
-        return Q(pk__in=RawSQL(PG_TEXT, (_like(text), _like(text))))
+            return Q(pk__in=RawSQL(PG_TEXT_WORDS, (_like(text), text)))
+        return Q(pk__in=RawSQL(PG_TEXT, (_like(text),)))
     if len(text) >= 3:
         # A phrase query: quotes inside are doubled, so the text cannot be FTS5 syntax.
         phrase = '"' + text.replace('"', '""') + '"'
         return Q(pk__in=RawSQL(SQLITE_TEXT_MATCH, (phrase,)))
     return Q(pk__in=RawSQL(SQLITE_TEXT_LIKE, (_like(text),)))  # the trigram index needs 3
+
+
+def rebuild_documents(session_ids: list[UUID] | None = None) -> int:
+    """Rebuild search documents from the event log (all, or these sessions'): the table is
+    derived, so a lost or doubted row is recomputed, never edited. PostgreSQL only (the
+    embedded FTS5 table is kept by its own triggers). Returns the rows written."""
+    only, params = "", []
+    if session_ids is not None:
+        only, params = "AND e.session_id = ANY(%s)", [list(session_ids)]
+    with connection.cursor() as cursor:
+        cursor.execute(PG_REBUILD.format(only=only), params)
+        return cursor.rowcount
 
 
 def fact(name: str) -> RawSQL:
