@@ -36,7 +36,8 @@ def find_and_open_replay(page: Page, base: str, session: Session) -> None:
 def pause_beats_autoplay_in_flight(page: Page, base: str, session: Session) -> None:
     """Pause while an autoplay request is on the wire: the network holds that request
     until Pause has been answered, then lets it through. Its late answer must not undo
-    the pause (it did: the page jumped to the next step and played on)."""
+    the pause (it did: the address bar moved on to the next step with play=8, so Reload
+    or Back played on; had it landed before Pause's answer, the page itself would)."""
     held: list[Route] = []
     ended: list[Request] = []
 
@@ -46,8 +47,11 @@ def pause_beats_autoplay_in_flight(page: Page, base: str, session: Session) -> N
         else:
             route.continue_()
 
-    page.on("requestfinished", ended.append)
-    page.on("requestfailed", ended.append)
+    def end(request: Request) -> None:
+        ended.append(request)
+
+    page.on("requestfinished", end)
+    page.on("requestfailed", end)
     page.route("**/replay/**", hold_autoplay)
     try:
         with page.expect_request(lambda r: r.headers.get("hx-trigger") == "autoplay"):
@@ -72,6 +76,8 @@ def pause_beats_autoplay_in_flight(page: Page, base: str, session: Session) -> N
         expect(page).to_have_url(f"{base}/replay/{session.pk}/?seq=1")
     finally:
         page.unroute("**/replay/**", hold_autoplay)
+        page.remove_listener("requestfinished", end)
+        page.remove_listener("requestfailed", end)
 
 
 def test_an_auditor_finds_replays_and_exports_a_session(
