@@ -246,19 +246,26 @@ def main() -> None:
 
     some_cursor = unquote(some_cursor)
     timings: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     for _ in range(args.requests):
         for name, params in shapes().items():
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             response = client.get(url, params)
             elapsed = (time.perf_counter() - began) * 1000
             assert response.status_code == 200, (name, response.status_code)
             timings.setdefault(name, []).append(elapsed)
+            # This process's CPU time (the database's is not in it): less inflated than
+            # wall time when other work shares the cores.
+            cpu.setdefault(name, []).append((time.process_time() - began_cpu) * 1000)
     sessions = int(100_000 * args.scale)
     print(f"history page over {sessions} sessions / {sessions * EVENTS_PER_SESSION} events:")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     for name, values in timings.items():
         print(
             f"  {name:24s} p50 {statistics.median(values):7.1f} ms   "
-            f"p95 {percentile(values, 0.95):7.1f} ms"
+            f"p95 {percentile(values, 0.95):7.1f} ms   "
+            f"(CPU here p50 {statistics.median(cpu[name]):6.1f} ms, "
+            f"p95 {percentile(cpu[name], 0.95):6.1f} ms)"
         )
     if args.explain:
         for name, params in shapes().items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import io
 import random
 import uuid
 from collections.abc import Iterator
@@ -697,6 +698,11 @@ def test_the_search_document_is_the_logs_text_kept_as_events_arrive(
     assert Report.objects.get(session=finished).markdown in kept[finished.pk]
     SessionSearch.objects.all().delete()  # rolled back with the test
     assert history_module.rebuild_documents() == len(kept)
+    assert dict(SessionSearch.objects.values_list("session_id", "document")) == kept
+    SessionSearch.objects.filter(pk=finished.pk).update(document="stale")
+    out = io.StringIO()
+    call_command("rebuild_search", stdout=out)
+    assert out.getvalue() == f"rebuilt {len(kept)} search documents from the event log\n"
     assert dict(SessionSearch.objects.values_list("session_id", "document")) == kept
 
     # A new answer is searchable as soon as its event is written (same transaction).
