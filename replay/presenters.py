@@ -245,7 +245,10 @@ def state_at(session: Session, seq: int) -> FoldState:
     events = Event.objects.filter(session=session, seq__gt=start, seq__lte=seq).order_by("seq")
     pending: list[Event] = []
     new_marks: dict[str, FoldState] = {}
-    for event in events.iterator(chunk_size=2000):
+    # A step after a checkpoint reads at most CHECKPOINT_EVERY rows: one plain query. Only
+    # a first visit far into the log streams (a server-side cursor costs extra round trips).
+    rows = events.iterator(chunk_size=2000) if seq - start > CHECKPOINT_EVERY else list(events)
+    for event in rows:
         pending.append(event)
         if event.seq % CHECKPOINT_EVERY == 0:
             state = fold_events(pending, state)
