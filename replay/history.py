@@ -21,6 +21,16 @@ from django.utils import timezone
 from diagnosis.models import Session
 
 PAGE = 50
+ROW_FIELDS = (
+    "id",
+    "title",
+    "status",
+    "created_at",
+    "updated_at",
+    "scenario__name_en",
+    "created_by__username",
+)
+ROW_FACTS = ("flight", "position", "risk")
 SORT_COLUMNS = {"-created": "created_at", "created": "created_at", "-updated": "updated_at"}
 
 # The same text the indexes are built on (replay migration 0001): keep them in step.
@@ -152,16 +162,20 @@ def search(data: dict[str, Any]) -> Page:
                 Q(**{f"{column}__gt": moment}) | Q(**{column: moment, "pk__gt": pk})
             )
     order = [f"-{column}", "-pk"] if descending else [column, "pk"]
-    found = list(sessions.select_related("scenario", "created_by").order_by(*order)[: PAGE + 1])
+    # Only what a row shows: the facts come out of the snapshot in SQL (the same
+    # expressions as the filters), so a page never decodes 50 whole snapshots (impact,
+    # enrichment, evidence) nor loads the users' password hashes.
+    page = (
+        sessions.select_related("scenario", "created_by")
+        .only(*ROW_FIELDS)
+        .annotate(**{f"row_{name}": fact(name) for name in ROW_FACTS})
+        .order_by(*order)
+    )
+    found = list(page[: PAGE + 1])
     more = len(found) > PAGE
     found = found[:PAGE]
     rows = [
-        {
-            "session": s,
-            "flight": (s.snapshot.get("fields") or {}).get("flight_no") or "",
-            "position": (s.snapshot.get("fields") or {}).get("position") or "",
-            "risk": (s.snapshot.get("risk") or {}).get("level") or "",
-        }
+        {"session": s, **{name: getattr(s, f"row_{name}") or "" for name in ROW_FACTS}}
         for s in found
     ]
     next_cursor = ""
