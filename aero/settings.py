@@ -252,7 +252,13 @@ CACHES = {
             "KEY_PREFIX": AERO_CHANNEL_PREFIX,
         }
         if REDIS_URL
-        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "replay"}
+        else {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": "replay",
+            # A 50,000-event session keeps 500 fold checkpoints (replay/presenters.py);
+            # the default 300 entries would cull them while one replay walks its steps.
+            "OPTIONS": {"MAX_ENTRIES": 5000},
+        }
     ),
 }
 # Which payload fields read-only viewers see masked (replay/masking.py): JSON list of rules.

@@ -21,6 +21,16 @@ from django.utils import timezone
 from diagnosis.models import Session
 
 PAGE = 50
+ROW_FIELDS = (
+    "id",
+    "title",
+    "status",
+    "created_at",
+    "updated_at",
+    "scenario__name_en",
+    "created_by__username",
+)
+ROW_FACTS = ("flight", "position", "risk")
 SORT_COLUMNS = {"-created": "created_at", "created": "created_at", "-updated": "updated_at"}
 
 # The same text the indexes are built on (replay migration 0001): keep them in step.
@@ -34,24 +44,30 @@ SQLITE_FACTS = {
     "position": 'json_extract("diagnosis_session"."snapshot", \'$.fields.position\')',
     "risk": 'json_extract("diagnosis_session"."snapshot", \'$.risk.level\')',
 }
-# Trigram ILIKE finds the text anywhere (Chinese has no word breaks); full text adds
-# stemmed English words ("leaking" finds "leak") in what people wrote. Text without a
-# Latin letter gains nothing from the English parser, so it is left out; reports are
-# generated from templates and matched by trigram alone (re-parsing every report that
-# the trigram index could not rule out cost 300 ms on 6,000 reports).
-PG_TEXT = """
-    SELECT e.session_id FROM diagnosis_event e
-     WHERE e.type = 'user.message' AND (e.payload ->> 'text') ILIKE %s
-    UNION
-    SELECT r.session_id FROM diagnosis_report r WHERE r.markdown ILIKE %s
-"""
-PG_TEXT_WORDS = """
-    SELECT e.session_id FROM diagnosis_event e
-     WHERE e.type = 'user.message'
-       AND ((e.payload ->> 'text') ILIKE %s
-            OR to_tsvector('english', e.payload ->> 'text') @@ plainto_tsquery('english', %s))
-    UNION
-    SELECT r.session_id FROM diagnosis_report r WHERE r.markdown ILIKE %s
+# One search document per session (replay.models.SessionSearch: operator messages and
+# report, kept by a trigger in the events' transaction). Trigram ILIKE finds the text
+# anywhere (Chinese has no word breaks); the stored English tsvector adds stemmed words
+# ("leaking" finds "leak"), asked only when the text has a Latin letter (for CJK text the
+# English parser adds nothing). A session matches at most once, so the planner can walk
+# sessions newest-first and probe each one's document until the page is full (a term in
+# a sixth of all sessions), or collect a rare term's few documents from the GIN index and
+# sort them (ADR 65).
+PG_TEXT = "SELECT session_id FROM replay_session_search WHERE document ILIKE %s"
+PG_TEXT_WORDS = (
+    "SELECT session_id FROM replay_session_search "
+    "WHERE document ILIKE %s OR words @@ plainto_tsquery('english', %s)"
+)
+# The document as the events make it (the trigger's CASE, string_agg in seq order).
+PG_REBUILD = """
+    INSERT INTO replay_session_search (session_id, document)
+    SELECT e.session_id, string_agg(
+               coalesce(CASE WHEN e.type = 'report.ready' THEN e.payload ->> 'markdown'
+                             ELSE e.payload ->> 'text' END, ''),
+               E'\\n' ORDER BY e.seq)
+      FROM diagnosis_event e
+     WHERE e.type IN ('user.message', 'report.ready') {only}
+     GROUP BY e.session_id
+    ON CONFLICT (session_id) DO UPDATE SET document = EXCLUDED.document
 """
 _LATIN = re.compile(r"[A-Za-z]")
 SQLITE_TEXT_MATCH = "SELECT session_id FROM replay_search WHERE replay_search MATCH %s"
@@ -72,13 +88,25 @@ def _like(text: str) -> str:
 def text_condition(text: str) -> Q:
     if connection.vendor == "postgresql":
         if _LATIN.search(text):
-            return Q(pk__in=RawSQL(PG_TEXT_WORDS, (_like(text), text, _like(text))))
-        return Q(pk__in=RawSQL(PG_TEXT, (_like(text), _like(text))))
+            return Q(pk__in=RawSQL(PG_TEXT_WORDS, (_like(text), text)))
+        return Q(pk__in=RawSQL(PG_TEXT, (_like(text),)))
     if len(text) >= 3:
         # A phrase query: quotes inside are doubled, so the text cannot be FTS5 syntax.
         phrase = '"' + text.replace('"', '""') + '"'
         return Q(pk__in=RawSQL(SQLITE_TEXT_MATCH, (phrase,)))
     return Q(pk__in=RawSQL(SQLITE_TEXT_LIKE, (_like(text),)))  # the trigram index needs 3
+
+
+def rebuild_documents(session_ids: list[UUID] | None = None) -> int:
+    """Rebuild search documents from the event log (all, or these sessions'): the table is
+    derived, so a lost or doubted row is recomputed, never edited. PostgreSQL only (the
+    embedded FTS5 table is kept by its own triggers). Returns the rows written."""
+    only, params = "", []
+    if session_ids is not None:
+        only, params = "AND e.session_id = ANY(%s)", [list(session_ids)]
+    with connection.cursor() as cursor:
+        cursor.execute(PG_REBUILD.format(only=only), params)
+        return cursor.rowcount
 
 
 def fact(name: str) -> RawSQL:
@@ -134,16 +162,20 @@ def search(data: dict[str, Any]) -> Page:
                 Q(**{f"{column}__gt": moment}) | Q(**{column: moment, "pk__gt": pk})
             )
     order = [f"-{column}", "-pk"] if descending else [column, "pk"]
-    found = list(sessions.select_related("scenario", "created_by").order_by(*order)[: PAGE + 1])
+    # Only what a row shows: the facts come out of the snapshot in SQL (the same
+    # expressions as the filters), so a page never decodes 50 whole snapshots (impact,
+    # enrichment, evidence) nor loads the users' password hashes.
+    page = (
+        sessions.select_related("scenario", "created_by")
+        .only(*ROW_FIELDS)
+        .annotate(**{f"row_{name}": fact(name) for name in ROW_FACTS})
+        .order_by(*order)
+    )
+    found = list(page[: PAGE + 1])
     more = len(found) > PAGE
     found = found[:PAGE]
     rows = [
-        {
-            "session": s,
-            "flight": (s.snapshot.get("fields") or {}).get("flight_no") or "",
-            "position": (s.snapshot.get("fields") or {}).get("position") or "",
-            "risk": (s.snapshot.get("risk") or {}).get("level") or "",
-        }
+        {"session": s, **{name: getattr(s, f"row_{name}") or "" for name in ROW_FACTS}}
         for s in found
     ]
     next_cursor = ""

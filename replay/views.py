@@ -61,12 +61,16 @@ def replay_context(
     seq = min(seq, session.last_seq)
     masked = masking.masks_for(request.user)
     state = presenters.state_at(session, seq)
-    current = Event.objects.filter(session=session, seq=seq).first()
     nav = presenters.navigation(session, filters, seq)
     window, earlier, later = presenters.event_window(
         session, filters, seq, data.get("after"), data.get("before")
     )
-    for event in [*window, *([current] if current else [])]:  # shown, never saved
+    # The listed window usually holds the current step; a filter may leave it out.
+    current = next((e for e in window if e.seq == seq), None)
+    if current is None:
+        current = Event.objects.filter(session=session, seq=seq).first()
+    shown = [*window, *([current] if current and current not in window else [])]
+    for event in shown:  # shown, never saved
         event.payload, keys = presenters.shown_payload(event, masked)
         event.masked_keys = keys  # type: ignore[attr-defined]
     speed = data.get("play") or ""

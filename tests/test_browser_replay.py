@@ -4,12 +4,14 @@ JavaScript, and downloads the export, whose chain head is the one verify_chain c
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Request, Route, expect
+from playwright.sync_api import Error as PlaywrightError
 
 from diagnosis.chain import verify_chain
 from diagnosis.models import Session
@@ -29,6 +31,53 @@ def find_and_open_replay(page: Page, base: str, session: Session) -> None:
     expect(rows.first).to_have_attribute("data-session", str(session.pk))
     rows.first.get_by_test_id("replay-link").click()
     expect(page.get_by_test_id("step")).to_have_text("Step #1")
+
+
+def pause_beats_autoplay_in_flight(page: Page, base: str, session: Session) -> None:
+    """Pause while an autoplay request is on the wire: the network holds that request
+    until Pause has been answered, then lets it through. Its late answer must not undo
+    the pause (it did: the address bar moved on to the next step with play=8, so Reload
+    or Back played on; had it landed before Pause's answer, the page itself would)."""
+    held: list[Route] = []
+    ended: list[Request] = []
+
+    def hold_autoplay(route: Route) -> None:
+        if route.request.headers.get("hx-trigger") == "autoplay" and not held:
+            held.append(route)
+        else:
+            route.continue_()
+
+    def end(request: Request) -> None:
+        ended.append(request)
+
+    page.on("requestfinished", end)
+    page.on("requestfailed", end)
+    page.route("**/replay/**", hold_autoplay)
+    try:
+        with page.expect_request(lambda r: r.headers.get("hx-trigger") == "autoplay"):
+            page.locator("a.play-link", has_text="8").click()
+        expect(page.get_by_test_id("step")).to_have_text("Step #1")  # the next is held
+        page.get_by_test_id("pause").click()
+        expect(page.get_by_test_id("pause")).to_have_count(0)
+        expect(page).to_have_url(f"{base}/replay/{session.pk}/?seq=1")
+        with contextlib.suppress(PlaywrightError):  # the browser gave it up: the fix
+            held[0].continue_()
+        autoplay = held[0].request
+        for _ in range(100):  # until the held request has ended one way or the other
+            if autoplay in ended:
+                break
+            page.wait_for_timeout(50)
+        assert autoplay in ended
+        # No event says "nothing was swapped in": give a late answer the time to land.
+        page.wait_for_timeout(300)
+        expect(page.get_by_test_id("step")).to_have_text("Step #1")
+        expect(page.get_by_test_id("autoplay")).to_have_count(0)
+        expect(page.locator(".player-play")).not_to_contain_text("Playing")
+        expect(page).to_have_url(f"{base}/replay/{session.pk}/?seq=1")
+    finally:
+        page.unroute("**/replay/**", hold_autoplay)
+        page.remove_listener("requestfinished", end)
+        page.remove_listener("requestfailed", end)
 
 
 def test_an_auditor_finds_replays_and_exports_a_session(
@@ -58,11 +107,11 @@ def test_an_auditor_finds_replays_and_exports_a_session(
         expect(page.locator("#replay-actions")).to_contain_text("approved by abel")
         page.get_by_test_id("previous").click()
         expect(page.get_by_test_id("step")).to_have_text(f"Step #{finished.last_seq - 1}")
-        # Play moves on by itself. (Pause is a link to the same step without `play`; an
-        # autoplay request already in flight can still land after it: not asserted here.)
+        # Play moves on by itself.
         page.goto(f"{asgi_server}/replay/{finished.pk}/?seq=1&play=8")
         expect(page.get_by_test_id("step")).not_to_have_text("Step #1")
         page.goto(f"{asgi_server}/replay/{finished.pk}/?seq=1")
+        pause_beats_autoplay_in_flight(page, asgi_server, finished)
 
         head = verify_chain(finished.pk).head
         expect(page.get_by_test_id("chain-head")).to_have_text(head)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import html
+import io
+import random
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -30,7 +32,10 @@ from diagnosis.chain import verify_chain
 from diagnosis.events import append_event
 from diagnosis.models import AgentRun, Event, Report, Session
 from replay import export as export_module
+from replay import history as history_module
 from replay import jobs, presenters
+from replay.forms import EVENT_GROUPS
+from replay.models import SessionSearch
 from scenarios_admin.builtin import load_builtin_data
 from tests.web_helpers import (
     NO_POSITION,
@@ -460,21 +465,48 @@ def test_the_step_page_query_count_does_not_grow_with_the_log(
 def test_checkpoints_give_the_same_state_as_a_full_fold(
     finished: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """At random seqs, the step's state (cached checkpoint + the events after it) is the
+    whole fold of events[:seq], field for field: status, snapshot, tool calls, approvals
+    with every decision, messages, report, tokens and cost."""
     from diagnosis.fold import fold_events
 
     monkeypatch.setattr(presenters, "CHECKPOINT_EVERY", 7)
     monkeypatch.setattr(presenters, "_CHECKPOINT_VERSION", uuid.uuid4().hex)
     session = finished
     events = list(Event.objects.filter(session=session).order_by("seq"))
-    for seq in (6, 7, 20, 21, session.last_seq, 20):  # 20 twice: the second from the cache
-        folded = presenters.state_at(session, seq)
-        expected = fold_events(events[:seq])
-        assert (folded.seq, folded.snapshot, folded.status) == (
-            seq,
-            expected.snapshot,
-            expected.status,
-        )
-        assert folded.tool_calls.keys() == expected.tool_calls.keys()
+    rng = random.Random(9)
+    seqs = rng.sample(range(1, session.last_seq + 1), k=min(30, session.last_seq))
+    # First visits lay checkpoints down; the second round reads them back.
+    for seq in [*seqs, session.last_seq, *seqs]:
+        assert presenters.state_at(session, seq) == fold_events(events[:seq]), seq
+
+
+def test_a_group_filter_steps_to_the_same_neighbours_as_a_full_scan(finished: Session) -> None:
+    """Each selected type walks its own index run (ordered()); the neighbours, ends and
+    event list must be those of a plain scan of the whole log."""
+    events = list(Event.objects.filter(session=finished).order_by("seq"))
+    for groups in (["approvals"], ["llm", "approvals"], ["session"]):
+        prefixes = tuple(p for g in groups for p in EVENT_GROUPS[g][1])
+        chosen = [e.seq for e in events if e.type.startswith(prefixes)]
+        assert chosen, groups
+        filters = presenters.Filters(groups=groups)
+        for seq in (
+            1,
+            chosen[0],
+            chosen[len(chosen) // 2],
+            finished.last_seq // 2,
+            finished.last_seq,
+        ):
+            assert presenters.navigation(finished, filters, seq) == {
+                "first": chosen[0],
+                "previous": max((c for c in chosen if c < seq), default=None),
+                "next": min((c for c in chosen if c > seq), default=None),
+                "last": chosen[-1],
+            }, (groups, seq)
+            window, _, _ = presenters.event_window(finished, filters, seq, None, None)
+            before = [c for c in chosen if c < seq][-presenters.LIST_BEFORE :]
+            after = [c for c in chosen if c >= seq][: presenters.LIST_AFTER]
+            assert [e.seq for e in window] == before + after, (groups, seq)
 
 
 # --- export ---------------------------------------------------------------------------------
@@ -646,6 +678,41 @@ def test_history_free_text_matches_chinese_answers_and_reports(
     report_word = Report.objects.get(session=world["finished"]).markdown.split()[1]
     assert world["finished"] in found(history(client, q=report_word))
     assert found(history(client, q="%")) == []  # LIKE wildcards are text
+
+
+def test_the_search_document_is_the_logs_text_kept_as_events_arrive(
+    world: dict[str, Any], carol: User
+) -> None:
+    """The trigger keeps one document per session in the events' own transaction; it is
+    what a rebuild from the log gives, and it holds the opening message, the answers and
+    the report."""
+    finished = world["finished"]
+    kept = dict(SessionSearch.objects.values_list("session_id", "document"))
+    texts = [
+        e.payload.get("markdown") if e.type == "report.ready" else e.payload.get("text")
+        for e in Event.objects.filter(
+            session=finished, type__in=["user.message", "report.ready"]
+        ).order_by("seq")
+    ]
+    assert kept[finished.pk] == "\n".join(texts)
+    assert Report.objects.get(session=finished).markdown in kept[finished.pk]
+    SessionSearch.objects.all().delete()  # rolled back with the test
+    assert history_module.rebuild_documents() == len(kept)
+    assert dict(SessionSearch.objects.values_list("session_id", "document")) == kept
+    SessionSearch.objects.filter(pk=finished.pk).update(document="stale")
+    out = io.StringIO()
+    call_command("rebuild_search", stdout=out)
+    assert out.getvalue() == f"rebuilt {len(kept)} search documents from the event log\n"
+    assert dict(SessionSearch.objects.values_list("session_id", "document")) == kept
+
+    # A new answer is searchable as soon as its event is written (same transaction).
+    append_event(
+        world["taxiway"].pk,
+        "user.message",
+        {"text": "泡沫覆盖已完成", "author": "alice"},
+        producer="test",
+    )
+    assert found(history(login(carol), q="泡沫覆盖")) == [world["taxiway"]]
 
 
 def test_history_excludes_deleted_sessions(world: dict[str, Any], carol: User) -> None:
