@@ -1,4 +1,4 @@
-"""History search over sessions (replay's indexes: migration 0001_history_search_indexes).
+"""History search over sessions (indexes: replay migrations 0001 and 0002, ADR 63/65).
 
 Facts from the snapshot (flight, position, risk level) are compared through the exact
 expressions the expression indexes are built on; free text goes to PostgreSQL full text
@@ -28,6 +28,7 @@ ROW_FIELDS = (
     "created_at",
     "updated_at",
     "scenario__name_en",
+    "scenario__slug",  # the API lists it (api/history.py)
     "created_by__username",
 )
 ROW_FACTS = ("flight", "position", "risk")

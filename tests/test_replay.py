@@ -715,6 +715,32 @@ def test_the_search_document_is_the_logs_text_kept_as_events_arrive(
     assert found(history(login(carol), q="泡沫覆盖")) == [world["taxiway"]]
 
 
+def test_a_history_page_reads_its_rows_in_one_query(
+    world: dict[str, Any], django_assert_num_queries: DjangoAssertNumQueries
+) -> None:
+    """The page and the API (api/history.py) show these per row: loading only the row's
+    columns must not turn any of them into a query per row."""
+    with django_assert_num_queries(1):
+        rows = history_module.search({}).rows
+        shown = [
+            (
+                r["session"].title,
+                r["session"].status,
+                r["session"].created_at,
+                r["session"].updated_at,
+                r["session"].scenario.slug,
+                r["session"].scenario.name_en,
+                r["session"].created_by.get_username(),
+                r["flight"],
+                r["position"],
+                r["risk"],
+            )
+            for r in rows
+        ]
+    assert len(shown) == 3
+    assert {row[7] for row in shown} == {"CA1234", "MU5678"}
+
+
 def test_history_excludes_deleted_sessions(world: dict[str, Any], carol: User) -> None:
     Session.objects.filter(pk=world["long"].pk).update(deleted_at=timezone.now())  # rolled back
     assert world["long"] not in found(history(login(carol)))
