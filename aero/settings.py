@@ -158,7 +158,11 @@ TEMPLATES = [
         "OPTIONS": {
             # Every template speaks i18n ({% translate %}) and shows times with date and
             # zone (|when) without a {% load %} of its own.
-            "builtins": ["django.templatetags.i18n", "aero.templatetags.aero_text"],
+            "builtins": [
+                "django.templatetags.i18n",
+                "aero.templatetags.aero_text",
+                "diagnosis.templatetags.timeline",
+            ],
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",

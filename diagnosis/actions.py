@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
@@ -417,7 +417,10 @@ def _apply_lift_decision(
     restriction.lifted_by = user
     restriction.lift_note = note
     restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
-    summary = f"{restriction} lifted"
+    # The log's own texts stay in one language whoever acted (the kind's label is
+    # translated for display); the timeline words them per viewer.
+    with translation.override("en"):
+        summary = f"{restriction} lifted"
     tool_call.status = ToolCallStatus.COMPLETED
     tool_call.completed_at = restriction.lifted_at
     tool_call.response_payload = {"summary": summary}

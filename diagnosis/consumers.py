@@ -21,10 +21,13 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.template.loader import render_to_string
+from django.utils import translation
 
 from aero import metrics
+from aero.i18n import supported
 from aero.roles import ALL_ROLES, VIEW_SESSIONS
 from diagnosis import presenters
 from diagnosis.models import Event, Session
@@ -73,7 +76,19 @@ class Update:
 
 
 def render_updates(
-    roles: frozenset[str], session_id: Any, after: int, composer_key: str | None = None
+    roles: frozenset[str],
+    session_id: Any,
+    after: int,
+    composer_key: str | None = None,
+    language: str | None = None,
+) -> Update | None:
+    """In `language` (the page's, see SessionConsumer.connect); the default otherwise."""
+    with translation.override(language or settings.LANGUAGE_CODE):
+        return _render_updates(roles, session_id, after, composer_key)
+
+
+def _render_updates(
+    roles: frozenset[str], session_id: Any, after: int, composer_key: str | None
 ) -> Update | None:
     """HTML with hx-swap-oob fragments for the events after `after` (at most one batch)
     and the panels they change, for viewers holding `roles`. None when the session does
@@ -107,7 +122,8 @@ def render_updates(
     if new_key != composer_key:
         panels.add("session-composer")
     context = presenters.session_context(session, None, roles=roles) if panels else {}
-    parts = [render_to_string("diagnosis/_timeline_append.html", {"events": events})]
+    append = {"events": events, "definition": presenters.version_definition(session)}
+    parts = [render_to_string("diagnosis/_timeline_append.html", append)]
     for panel in sorted(panels):
         parts.append(
             render_to_string(f"diagnosis/session_detail.html#{panel}", {**context, "oob": True})
@@ -185,7 +201,12 @@ class Hub:
         return await asyncio.shield(future)
 
     async def session_update(
-        self, roles: frozenset[str], session_id: str, after: int, composer_key: str | None
+        self,
+        roles: frozenset[str],
+        session_id: str,
+        after: int,
+        composer_key: str | None,
+        language: str | None = None,
     ) -> Update | None:
         # Reused only while no notice announced anything newer than the render saw: a
         # reused fragment is then exactly what a fresh render would give.
@@ -193,9 +214,11 @@ class Hub:
             return update is not None and update.as_of >= self.latest.get(session_id, 0)
 
         return await self.shared(
-            ("session", session_id, after, roles, composer_key),
+            ("session", session_id, after, roles, composer_key, language),
             fresh,
-            lambda: database_sync_to_async(render_updates)(roles, session_id, after, composer_key),
+            lambda: database_sync_to_async(render_updates)(
+                roles, session_id, after, composer_key, language
+            ),
         )
 
 
@@ -218,6 +241,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
     user_id: Any = None
     sent_seq: int = 0
     composer_key: str | None = None
+    language: str | None = None
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
@@ -233,6 +257,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
             self.sent_seq = 0
         # What the page's answer box shows now, so it is replaced only when that changes.
         self.composer_key = query.get("composer", [None])[0]
+        # The page's language: fragments must match the page they are swapped into.
+        self.language = supported(query.get("lang", [None])[0])
         self.group = session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -270,7 +296,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 await self.stop(CLOSE_FORBIDDEN)
                 return
             update = await hub().session_update(
-                roles, self.session_id, self.sent_seq, self.composer_key
+                roles, self.session_id, self.sent_seq, self.composer_key, self.language
             )
             if update is None:
                 await self.stop(CLOSE_GONE)

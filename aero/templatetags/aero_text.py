@@ -39,3 +39,13 @@ def role_label(role: str) -> str:
     from aero.roles import ROLE_LABELS
 
     return str(ROLE_LABELS.get(role, role))
+
+
+@register.filter
+def scenario_name(scenario: object) -> str:
+    """A scenario's own name in the interface language (scenarios carry both)."""
+    from django.utils.translation import get_language
+
+    zh = (get_language() or "").startswith("zh")
+    name_zh, name_en = getattr(scenario, "name_zh", ""), getattr(scenario, "name_en", "")
+    return str((name_zh if zh else name_en) or name_en or name_zh)
