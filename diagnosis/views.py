@@ -214,6 +214,8 @@ def session_events(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
         template,
         {
             "session": session,
+            # the timeline names fields with the scenario's labels
+            "definition": presenters.version_definition(session),
             "events": events,
             "after": after,
             "next_after": events[-1].seq if len(events) == presenters.TIMELINE_PAGE else None,
