@@ -78,7 +78,7 @@ def set_language_cookie(response: HttpResponse, language: str) -> None:
         domain=settings.LANGUAGE_COOKIE_DOMAIN,
         secure=settings.LANGUAGE_COOKIE_SECURE,
         httponly=settings.LANGUAGE_COOKIE_HTTPONLY,
-        samesite=settings.LANGUAGE_COOKIE_SAMESITE,
+        samesite=settings.LANGUAGE_COOKIE_SAMESITE,  # type: ignore[arg-type]
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
+from django.utils.functional import Promise
 from django.utils.translation import get_language, pgettext, pgettext_lazy
 
 from diagnosis.reporting import display_value
@@ -47,6 +48,10 @@ ACTIONS = frozenset(ACTION_TOOLS) | {LIFT_TOOL}
 def scenario_language() -> str:
     """Scenarios carry zh and en texts; the interface language picks one."""
     return "zh" if (get_language() or "").startswith("zh") else "en"
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def is_internal(event_type: str, payload: dict[str, Any]) -> bool:
@@ -118,9 +123,9 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
     definition = context.get("definition")
     language = scenario_language()
     tool = str(payload.get("tool_name", ""))
-    args = payload.get("args") if isinstance(payload.get("args"), dict) else {}
-    changed = payload.get("changed") if isinstance(payload.get("changed"), dict) else {}
-    when = payload.get("when") if isinstance(payload.get("when"), dict) else {}
+    args = as_dict(payload.get("args"))
+    changed = as_dict(payload.get("changed"))
+    when = as_dict(payload.get("when"))
     return {
         "internal": is_internal(event.type, payload),
         "tool": plain(TOOL_LABELS, tool) if tool else "",
@@ -176,7 +181,7 @@ def evidence_label(evidence: str) -> str:
     return plain(EVIDENCE_LABELS, evidence)
 
 
-DECISION_LABELS = {
+DECISION_LABELS: dict[str, Promise] = {
     "auto": pgettext_lazy("decision", "automatic"),
     "pending": pgettext_lazy("decision", "pending"),
     "approved": pgettext_lazy("decision", "approved"),
