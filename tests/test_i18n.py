@@ -24,7 +24,7 @@ from aero.models import UserPreference
 from aero.roles import user_roles
 from diagnosis.consumers import render_updates
 from diagnosis.models import Session
-from tests.web_helpers import login, waiting_session
+from tests.web_helpers import approval_for, login, waiting_session
 
 ROOT = Path(settings.BASE_DIR)
 TEMPLATES = sorted((ROOT / "templates").rglob("*.html"))
@@ -284,3 +284,21 @@ def test_session_list_shows_date_and_zone(builtin: None, alice: User) -> None:
     page = login(alice).get(reverse("diagnosis:session-list")).content.decode()
     local = session.created_at.astimezone(ZoneInfo("Asia/Shanghai"))
     assert local.strftime("%Y-%m-%d %H:%M:%S CST") in page
+
+
+@pytest.mark.services
+def test_a_refusal_is_worded_in_the_users_language(builtin: None, alice: User, bob: User) -> None:
+    session = waiting_session(alice)
+    approval = approval_for(session, "dispatch_cleanup_crew", position="105")
+    client = login(bob)
+    client.post(reverse("set-language"), {"language": "zh-hans", "next": "/"})
+    response = client.post(
+        reverse("approvals:decide", args=[approval.pk]),
+        {"decision": "reject", "digest": approval.digest, "next": "queue"},
+        HTTP_HX_REQUEST="true",
+    )
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert "驳回必须填写理由。" in page and "A rejection needs a reason." not in page
+    approval.refresh_from_db()
+    assert approval.status == "pending"  # nothing decided
