@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext as _
+from django.utils.translation import pgettext_lazy
 
 MAX_MESSAGE = 4000  # an incident description or an answer to the agent
 MAX_REASON = 2000  # a decision's reason, a cancellation reason
@@ -18,6 +20,19 @@ MAX_LIFT_NOTE = 300  # Restriction.lift_note (a column of that size)
 # Largest payload any one event may carry (JSON, UTF-8). Far below daphne's 1 MB frame;
 # the texts above (at most 4000 characters, 4 bytes each) always fit.
 MAX_EVENT_BYTES = 64 * 1024
+
+
+# What a refusal calls the text (callers name it by one of these words).
+WHAT_LABELS = {
+    "message": pgettext_lazy("a text the user typed", "message"),
+    "answer": pgettext_lazy("a text the user typed", "answer"),
+    "note": pgettext_lazy("a text the user typed", "note"),
+    "reason": pgettext_lazy("a text the user typed", "reason"),
+}
+
+
+def what_label(what: str) -> str:
+    return str(WHAT_LABELS.get(what, what))
 
 
 class TextRefused(ValueError):
@@ -32,13 +47,19 @@ def check_text(text: str | None, *, limit: int, what: str, required: str = "") -
         raise TextRefused(required)
     if len(text) > limit:
         raise TextRefused(
-            f"The {what} is too long: {len(text)} characters, at most {limit} characters. "
-            "Nothing was saved: shorten it and send it again."
+            _(
+                "The %(what)s is too long: %(length)s characters, at most %(limit)s "
+                "characters. Nothing was saved: shorten it and send it again."
+            )
+            % {"what": what_label(what), "length": len(text), "limit": limit}
         )
     if "\x00" in text:
         raise TextRefused(
-            f"The {what} contains a NUL character (U+0000), which cannot be stored; "
-            "nothing was saved: remove it and send it again."
+            _(
+                "The %(what)s contains a NUL character (U+0000), which cannot be stored; "
+                "nothing was saved: remove it and send it again."
+            )
+            % {"what": what_label(what)}
         )
     return text
 
