@@ -37,7 +37,15 @@ def supported(code: str | None) -> str | None:
     return None
 
 
+# Machine interfaces answer in one language whoever calls them (scripts match on it;
+# the API's documents and errors are English): the JSON API, alert ingest, /metrics.
+MACHINE_PREFIXES = ("/api/v1/", "/ingest/", "/metrics")
+MACHINE_LANGUAGE = "en"
+
+
 def request_language(request: HttpRequest) -> str:
+    if request.path.startswith(MACHINE_PREFIXES):
+        return MACHINE_LANGUAGE
     session = getattr(request, "session", None)
     chosen = None
     if session is not None and (session.session_key or hasattr(session, "_session_cache")):
@@ -64,7 +72,9 @@ class UserLanguageMiddleware:
         patch_vary_headers(response, ("Cookie",))
         response.headers.setdefault("Content-Language", language)
         # A missing cookie means the default; a stale one (another user's) is corrected.
-        if request.COOKIES.get(settings.LANGUAGE_COOKIE_NAME, settings.LANGUAGE_CODE) != language:
+        # Never from a machine path: its fixed language is nobody's choice.
+        cookie = request.COOKIES.get(settings.LANGUAGE_COOKIE_NAME, settings.LANGUAGE_CODE)
+        if cookie != language and not request.path.startswith(MACHINE_PREFIXES):
             set_language_cookie(response, language)
         return response
 

@@ -302,3 +302,14 @@ def test_a_refusal_is_worded_in_the_users_language(builtin: None, alice: User, b
     assert "驳回必须填写理由。" in page and "A rejection needs a reason." not in page
     approval.refresh_from_db()
     assert approval.status == "pending"  # nothing decided
+
+
+@pytest.mark.services
+def test_the_json_api_answers_in_english_whatever_the_default(alice: User) -> None:
+    client = login(alice)
+    client.post(reverse("set-language"), {"language": "zh-hans", "next": "/"})
+    with override_settings(LANGUAGE_CODE="zh-hans"):
+        response = client.get("/api/v1/no-such-thing")
+    assert response.status_code in (401, 404)
+    assert response["Content-Language"] == "en"
+    assert settings.LANGUAGE_COOKIE_NAME not in response.cookies  # her choice stays
