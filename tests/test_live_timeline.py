@@ -32,8 +32,9 @@ def cookie_for(user: User) -> str:
 
 
 def ws_url(base: str, session: Session, last_seq: int | None = None) -> str:
-    url = base.replace("http://", "ws://") + f"/ws/sessions/{session.pk}/"
-    return url if last_seq is None else f"{url}?last_seq={last_seq}"
+    # lang=en as the English page sends it (the server's default is zh-hans)
+    url = base.replace("http://", "ws://") + f"/ws/sessions/{session.pk}/?lang=en"
+    return url if last_seq is None else f"{url}&last_seq={last_seq}"
 
 
 def open_socket(
