@@ -72,6 +72,14 @@ NODE_LABELS: dict[str, Promise] = {
 }
 
 
+# Kinds of airport graph nodes (scenarios_admin.definition.NODE_KINDS)
+NODE_KIND_LABELS: dict[str, Promise] = {
+    "stand": pgettext_lazy("airport node kind", "stand"),
+    "taxiway": pgettext_lazy("airport node kind", "taxiway"),
+    "runway": pgettext_lazy("airport node kind", "runway"),
+}
+
+
 def plain(table: dict[str, Promise], code: object) -> str:
     """The words for `code`, or the code itself when it has none (a new tool or state
     then still shows, in its own name)."""

@@ -18,6 +18,7 @@ from diagnosis.reporting import display_value
 from diagnosis.wording import (
     EVIDENCE_LABELS,
     FSM_LABELS,
+    NODE_KIND_LABELS,
     NODE_LABELS,
     PRIORITY_LABELS,
     RISK_CLASS_LABELS,
@@ -194,3 +195,8 @@ DECISION_LABELS: dict[str, Promise] = {
 @register.filter
 def decision_label(code: str) -> str:
     return plain(DECISION_LABELS, code)
+
+
+@register.filter
+def node_kind_label(code: str) -> str:
+    return plain(NODE_KIND_LABELS, code)
