@@ -200,3 +200,18 @@ def decision_label(code: str) -> str:
 @register.filter
 def node_kind_label(code: str) -> str:
     return plain(NODE_KIND_LABELS, code)
+
+
+@register.filter
+def status_label(code: str) -> str:
+    """A session's status in words (the code when it is none of SessionStatus)."""
+    from diagnosis.models import SessionStatus
+
+    return str(SessionStatus(code).label) if code in SessionStatus.values else str(code)
+
+
+@register.filter
+def call_status_label(code: str) -> str:
+    from diagnosis.models import ToolCallStatus
+
+    return str(ToolCallStatus(code).label) if code in ToolCallStatus.values else str(code)
