@@ -41,7 +41,9 @@ def test_create_answer_approve_and_read_the_report(
         expect(question).to_contain_text("持续")
         operator.fill("#answer-input", "还在持续漏")
         operator.click("text=Answer")
-        expect(operator.get_by_test_id("risk")).to_contain_text("OS-01")
+        # the rule in words, its id in the tooltip
+        expect(operator.get_by_test_id("risk")).to_contain_text("score 95")
+        expect(operator.get_by_test_id("risk").locator('[title="rule OS-01"]')).to_be_attached()
         expect(operator.locator("#session-actions tbody tr")).to_have_count(6)
         expect(operator.get_by_test_id("session-status")).to_have_text("Waiting for people")
         # The operator sees the pending actions but cannot decide them.
