@@ -4,10 +4,18 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Compiled translations (not committed: built from the .po files, docs/decisions.md ADR 121).
+MO := $(patsubst %.po,%.mo,$(wildcard locale/*/LC_MESSAGES/django.po))
 
-.PHONY: install run worker test lint typecheck check bench clean
+.PHONY: install messages run worker test lint typecheck check bench clean
 
-install: $(STAMP)
+install: $(STAMP) messages
+
+messages: $(MO)
+
+locale/%.mo: locale/%.po
+	@command -v msgfmt >/dev/null 2>&1 || scripts/install-system-deps.sh
+	msgfmt --check-format -o $@ $<
 
 $(STAMP): pyproject.toml
 	@PY=$${PYTHON:-$$(scripts/find-python.sh)} && echo "Using $$PY" && \
@@ -42,4 +50,4 @@ bench: install
 	$(BIN)/python bench/perf.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) var staticfiles .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) var staticfiles .pytest_cache .mypy_cache .ruff_cache $(MO)

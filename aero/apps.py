@@ -10,7 +10,9 @@ class AeroConfig(AppConfig):
     def ready(self) -> None:
         from aero import (
             audit_trail,
+            i18n,
             sessions,  # noqa: F401 (its @receiver connects on import)
         )
 
         audit_trail.connect()
+        i18n.connect()

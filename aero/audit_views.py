@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_GET
 
 from aero.models import AuditLog, audit
@@ -36,41 +37,47 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 class AuditFilterForm(forms.Form):
-    actor = forms.CharField(required=False, max_length=150, help_text="Username, exactly.")
+    actor = forms.CharField(
+        required=False, label=_("Actor"), max_length=150, help_text=_("Username, exactly.")
+    )
     action = forms.CharField(
         required=False,
+        label=_("Action"),
         max_length=80,
-        help_text="An action or its start: approval. finds every decision.",
+        help_text=_("An action or its start: approval. finds every decision."),
     )
     object = forms.CharField(
         required=False,
+        label=_("Object"),
         max_length=170,
-        help_text="type:id (approvals.approval:12), a type, or an id.",
+        help_text=_("type:id (approvals.approval:12), a type, or an id."),
     )
     date_from = forms.DateField(
-        required=False, label="From", widget=forms.DateInput({"type": "date"})
+        required=False, label=_("From"), widget=forms.DateInput({"type": "date"})
     )
-    date_to = forms.DateField(required=False, label="To", widget=forms.DateInput({"type": "date"}))
+    date_to = forms.DateField(
+        required=False, label=_("To"), widget=forms.DateInput({"type": "date"})
+    )
     after = forms.CharField(required=False, widget=forms.HiddenInput)
 
     def clean_after(self) -> tuple[datetime, int] | None:
         value = self.cleaned_data["after"]
         if not value:
             return None
-        stamp, _, pk = value.rpartition("_")
+        stamp, _sep, pk = value.rpartition("_")
         try:
             when = datetime.fromisoformat(stamp)
             return when, int(pk)
         except ValueError:
             raise forms.ValidationError(
-                "This page link is broken: start from the newest."
+                _("This page link is broken: start from the newest.")
             ) from None
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         start, end = data.get("date_from"), data.get("date_to")
         if start and end and start > end:
-            self.add_error("date_to", "The end date is before the start date.")
+            self.add_error("date_to", _("The end date is before the start date."))
         return data
 
     def filtered(self) -> QuerySet[AuditLog]:

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, router, transaction
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from aero import audit_chain
 
@@ -117,3 +118,22 @@ def audit(
         session_id=session_id,
         detail=detail or {},
     )
+
+
+class UserPreference(models.Model):
+    """What a user chose for themselves. The interface language is applied at sign-in
+    (aero.i18n), so their choice follows them to any workstation."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="preference"
+    )
+    language = models.CharField(
+        _("language"), max_length=10, choices=settings.LANGUAGES, default=settings.LANGUAGE_CODE
+    )
+
+    class Meta:
+        verbose_name = _("user preference")
+        verbose_name_plural = _("user preferences")
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: {self.language}"

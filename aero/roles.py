@@ -11,12 +11,20 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
+from django.utils.translation import gettext_lazy as _
 
 ADMIN = "admin"
 OPERATOR = "operator"
 APPROVER = "approver"
 AUDITOR = "auditor"
 ALL_ROLES = (ADMIN, OPERATOR, APPROVER, AUDITOR)
+# What the interface calls each role (the groups keep the code names above).
+ROLE_LABELS = {
+    ADMIN: _("admin"),
+    OPERATOR: _("operator"),
+    APPROVER: _("approver"),
+    AUDITOR: _("auditor"),
+}
 
 # Who may do what. Auditors are read-only everywhere.
 VIEW_SESSIONS = (ADMIN, OPERATOR, APPROVER, AUDITOR)
@@ -64,7 +72,7 @@ def role_required(roles: tuple[str, ...]) -> Callable[[View], View]:
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             if not has_role(request.user, roles):
-                raise PermissionDenied("Your role does not allow this.")
+                raise PermissionDenied(_("Your role does not allow this."))
             return view(request, *args, **kwargs)
 
         return cast(View, wrapped)

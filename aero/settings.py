@@ -115,6 +115,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The user's language (after authentication: the choice lives in their session).
+    "aero.i18n.UserLanguageMiddleware",
     "aero.sessions.IdleSessionMiddleware",
     "aero.audit_trail.CurrentActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -154,6 +156,13 @@ TEMPLATES = [
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
+            # Every template speaks i18n ({% translate %}) and shows times with date and
+            # zone (|when) without a {% load %} of its own.
+            "builtins": [
+                "django.templatetags.i18n",
+                "aero.templatetags.aero_text",
+                "diagnosis.templatetags.timeline",
+            ],
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
@@ -161,6 +170,8 @@ TEMPLATES = [
                 "django.template.context_processors.csp",
                 "aero.roles.roles_context",
                 "aero.live.live_context",
+                "django.template.context_processors.i18n",
+                "aero.i18n.i18n_context",
             ],
         },
     },
@@ -344,7 +355,12 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "diagnosis:session-list"
 LOGOUT_REDIRECT_URL = "login"
 
-LANGUAGE_CODE = "en"
+# The users are Chinese airport operations staff: zh-hans unless a user switches
+# (aero.i18n; docs/decisions.md, ADR 120). Translations: locale/, compiled at install.
+LANGUAGE_CODE = "zh-hans"
+LANGUAGES = [("zh-hans", "简体中文"), ("en", "English")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
+LANGUAGE_COOKIE_SAMESITE = "Lax"
 TIME_ZONE = env_str("AERO_TIME_ZONE", "Asia/Shanghai")
 USE_I18N = True
 USE_TZ = True

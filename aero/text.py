@@ -13,6 +13,8 @@ from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.utils.translation import gettext as _
+from django.utils.translation import pgettext_lazy
 
 MAX_MESSAGE = 4000  # an incident description or an answer to the agent
 MAX_REASON = 2000  # a decision's reason, a cancellation reason
@@ -27,6 +29,19 @@ MAX_EVENT_BYTES = 256 * 1024
 MAX_MODEL_TEXT = 8000
 
 
+# What a refusal calls the text (callers name it by one of these words).
+WHAT_LABELS = {
+    "message": pgettext_lazy("a text the user typed", "message"),
+    "answer": pgettext_lazy("a text the user typed", "answer"),
+    "note": pgettext_lazy("a text the user typed", "note"),
+    "reason": pgettext_lazy("a text the user typed", "reason"),
+}
+
+
+def what_label(what: str) -> str:
+    return str(WHAT_LABELS.get(what, what))
+
+
 class TextRefused(ValueError):
     """The text cannot be accepted as it is; the message says why, for the user."""
 
@@ -39,13 +54,19 @@ def check_text(text: str | None, *, limit: int, what: str, required: str = "") -
         raise TextRefused(required)
     if len(text) > limit:
         raise TextRefused(
-            f"The {what} is too long: {len(text)} characters, at most {limit} characters. "
-            "Nothing was saved: shorten it and send it again."
+            _(
+                "The %(what)s is too long: %(length)s characters, at most %(limit)s "
+                "characters. Nothing was saved: shorten it and send it again."
+            )
+            % {"what": what_label(what), "length": len(text), "limit": limit}
         )
     if "\x00" in text:
         raise TextRefused(
-            f"The {what} contains a NUL character (U+0000), which cannot be stored; "
-            "nothing was saved: remove it and send it again."
+            _(
+                "The %(what)s contains a NUL character (U+0000), which cannot be stored; "
+                "nothing was saved: remove it and send it again."
+            )
+            % {"what": what_label(what)}
         )
     return text
 

@@ -4,13 +4,14 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from aero import audit_views, views
+from aero import audit_views, i18n, views
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("language/", i18n.set_language, name="set-language"),
     path("audit/", audit_views.audit_log, name="audit"),
     path("audit/export.csv", audit_views.audit_csv, name="audit-csv"),
     path("admin/", admin.site.urls),

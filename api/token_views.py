@@ -8,6 +8,7 @@ from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from aero.http import HtmxHttpRequest
@@ -67,5 +68,5 @@ def token_revoke(request: HtmxHttpRequest, token_id: int) -> HttpResponse:
     if token.revoked_at is None:
         token.revoke()
         audit("api_token.revoked", obj=token, actor=request.user, detail={"name": token.name})
-        messages.success(request, f"Token {token} revoked.")
+        messages.success(request, _("Token %(token)s revoked.") % {"token": token})
     return redirect("api-tokens:list")

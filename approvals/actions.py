@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from aero.models import audit
 from aero.text import MAX_NOTE, MAX_REASON
@@ -49,7 +50,7 @@ def do_decide(
     skipped."""
     reason = checked_text(reason, limit=MAX_REASON, what="reason")
     if decision not in DECISIONS:
-        raise ActionError("Unknown decision: choose approve, confirm or reject.")
+        raise ActionError(_("Unknown decision: choose approve, confirm or reject."))
     with transaction.atomic():
         approval = Approval.objects.select_related("tool_call").get(pk=approval_id)
         if approval.is_lift:
@@ -61,7 +62,7 @@ def do_decide(
         _check_still_valid(approval, session, digest)
         if decision == REJECT:
             if not reason:
-                raise ActionError("A rejection needs a reason.")
+                raise ActionError(_("A rejection needs a reason."))
             return _finish(approval, user, ApprovalStatus.REJECTED, reason, producer)
         _check_approver(approval, session, user, decision)
         if (
@@ -69,7 +70,7 @@ def do_decide(
             and not reason
             and (decision == CONFIRM or not approval.needs_two_steps())
         ):
-            raise ActionError("An R3 action needs a written reason to be confirmed.")
+            raise ActionError(_("An R3 action needs a written reason to be confirmed."))
         if decision == APPROVE and approval.needs_two_steps():
             approval.status = ApprovalStatus.CONFIRMING
             approval.first_approved_by = user
@@ -98,52 +99,56 @@ def do_decide(
 def _check_still_valid(approval: Approval, session: Any, digest: str | None) -> None:
     if not digest:
         raise ActionError(
-            "This decision does not say which request it is for (no digest); "
-            "reload and decide again."
+            _(
+                "This decision does not say which request it is for (no digest); "
+                "reload and decide again."
+            )
         )
     if not approval.is_open:
         raise ActionError(
-            f"This action was already {approval.get_status_display().lower()}; "
-            "your decision was not recorded."
+            _("This action was already %(status)s; your decision was not recorded.")
+            % {"status": approval.get_status_display().lower()}
         )
     # A lift request outlives the session that closed the runway or taxiway.
     if session.is_ended and not approval.is_lift:
         raise ActionError(
-            f"The session is {session.get_status_display().lower()}; "
-            "nothing can be decided in it any more."
+            _("The session is %(status)s; nothing can be decided in it any more.")
+            % {"status": session.get_status_display().lower()}
         )
     if action_digest_of(approval.tool_call) != approval.action_digest:
-        raise ActionError("The action's arguments changed after it was requested; refused.")
+        raise ActionError(_("The action's arguments changed after it was requested; refused."))
     if state_digest_for(approval.tool_call, session) != approval.state_digest:
         if approval.is_lift:
-            raise ActionError("The restriction is no longer in force; nothing to lift.")
+            raise ActionError(_("The restriction is no longer in force; nothing to lift."))
         raise ActionError(
-            "The session's state moved on since this was requested "
-            "(fields, risk or impact changed); refused."
+            _(
+                "The session's state moved on since this was requested "
+                "(fields, risk or impact changed); refused."
+            )
         )
     if digest != approval.digest:
-        raise ActionError("This request is not the one you were shown; reload and decide again.")
+        raise ActionError(_("This request is not the one you were shown; reload and decide again."))
 
 
 def _check_approver(approval: Approval, session: Any, user: Any, decision: str) -> None:
     two_steps = approval.needs_two_steps()
     if decision == CONFIRM and approval.status != ApprovalStatus.CONFIRMING:
-        raise ActionError("There is nothing to confirm yet: approve first.")
+        raise ActionError(_("There is nothing to confirm yet: approve first."))
     if decision == APPROVE and approval.status == ApprovalStatus.CONFIRMING:
-        raise ActionError("This action is already approved once; confirm it explicitly.")
+        raise ActionError(_("This action is already approved once; confirm it explicitly."))
     if decision == APPROVE and two_steps is False and approval.status != ApprovalStatus.PENDING:
-        raise ActionError("This action is not pending.")
+        raise ActionError(_("This action is not pending."))
     if approval.is_lift and approval.tool_call.request_payload.get("requested_by") == (
         user.get_username()
     ):
-        raise ActionError("You requested this lift: another approver must decide it.")
+        raise ActionError(_("You requested this lift: another approver must decide it."))
     if settings.AERO_TWO_PERSON_RULE and approval.risk_class in ("R2", "R3"):
         if user.pk == session.created_by_id:
             raise ActionError(
-                "Two-person rule: the session's creator cannot approve R2/R3 actions."
+                _("Two-person rule: the session's creator cannot approve R2/R3 actions.")
             )
         if decision == CONFIRM and approval.first_approved_by_id == user.pk:
-            raise ActionError("Two-person rule: a different approver must confirm.")
+            raise ActionError(_("Two-person rule: a different approver must confirm."))
 
 
 def _finish(approval: Approval, user: Any, status: str, reason: str, producer: str) -> Approval:
@@ -243,12 +248,12 @@ def do_timeout(approval_id: int) -> bool:
 def do_resolve_todo(todo_id: int, user: Any, note: str) -> ManualTodo:
     """Locks the to-do row."""
     note = checked_text(
-        note, limit=MAX_NOTE, what="note", required="Say what was done (a note is required)."
+        note, limit=MAX_NOTE, what="note", required=_("Say what was done (a note is required).")
     )
     with transaction.atomic():
         todo = ManualTodo.objects.select_for_update().get(pk=todo_id)
         if todo.resolved_at is not None:
-            raise ActionError("This to-do was already resolved.")
+            raise ActionError(_("This to-do was already resolved."))
         todo.resolved_at = timezone.now()
         todo.resolved_by = user
         todo.note = note

@@ -11,8 +11,11 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.template.loader import render_to_string
+from django.utils import translation
 
+from aero.i18n import supported
 from aero.roles import DECIDE_APPROVALS
 from approvals.presenters import queue_context
 from approvals.push import QUEUE_GROUP
@@ -20,9 +23,13 @@ from diagnosis.consumers import CLOSE_FORBIDDEN, hub, user_id_of
 from diagnosis.push import register_server_loop
 
 
-def render_queue(roles: frozenset[str], risk: str, scenario: str, cursor: str = "") -> str:
-    context = queue_context(None, risk, scenario, cursor, roles=roles)
-    return render_to_string("approvals/queue.html#approval-queue", {**context, "oob": True})
+def render_queue(
+    roles: frozenset[str], risk: str, scenario: str, cursor: str = "", language: str | None = None
+) -> str:
+    # In the page's language: the fragment replaces part of that page.
+    with translation.override(language or settings.LANGUAGE_CODE):
+        context = queue_context(None, risk, scenario, cursor, roles=roles)
+        return render_to_string("approvals/queue.html#approval-queue", {**context, "oob": True})
 
 
 class ApprovalQueueConsumer(AsyncWebsocketConsumer):
@@ -31,6 +38,7 @@ class ApprovalQueueConsumer(AsyncWebsocketConsumer):
     cursor: str = ""
     user_id: Any = None
     joined: bool = False
+    language: str | None = None
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
@@ -42,6 +50,7 @@ class ApprovalQueueConsumer(AsyncWebsocketConsumer):
         self.risk = query.get("risk", [""])[0]
         self.scenario = query.get("scenario", [""])[0]
         self.cursor = query.get("after", [""])[0]
+        self.language = supported(query.get("lang", [None])[0])
         await self.channel_layer.group_add(QUEUE_GROUP, self.channel_name)
         self.joined = True
         await self.accept()
@@ -71,10 +80,10 @@ class ApprovalQueueConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         html = await hub().shared(
-            ("queue", stamp, roles, self.risk, self.scenario, self.cursor),
+            ("queue", stamp, roles, self.risk, self.scenario, self.cursor, self.language),
             lambda _: True,
             lambda: database_sync_to_async(render_queue)(
-                roles, self.risk, self.scenario, self.cursor
+                roles, self.risk, self.scenario, self.cursor, self.language
             ),
         )
         await self.send(text_data=html)

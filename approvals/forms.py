@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django import forms
+from django.utils.translation import gettext_lazy as _
 
 from aero.text import MAX_NOTE, LimitedTextField
 
@@ -10,5 +11,5 @@ class ResolveTodoForm(forms.Form):
         what="note",
         max_length=MAX_NOTE,
         strip=True,
-        error_messages={"required": "Say what was done (a note is required)."},
+        error_messages={"required": _("Say what was done (a note is required).")},
     )

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from aero.http import HtmxHttpRequest
@@ -95,5 +96,5 @@ def todo_resolve(request: HtmxHttpRequest, todo_id: int) -> HttpResponse:
         except ActionError as exc:
             messages.error(request, str(exc))
         else:
-            messages.success(request, "To-do resolved.")
+            messages.success(request, _("To-do resolved."))
     return redirect("approvals:todo-list")

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.translation import gettext as _
 
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
@@ -42,7 +43,7 @@ def clean_text(text: str) -> str:
         text,
         limit=MAX_MESSAGE,
         what="message",
-        required="Please describe the incident: the message is empty.",
+        required=_("Please describe the incident: the message is empty."),
     )
 
 
@@ -53,7 +54,9 @@ def do_create_session(
     text = clean_text(text)
     version = scenario.latest_version()
     if version is None or not scenario.is_active:
-        raise ActionError(f"Scenario {scenario.slug} has no published version to run.")
+        raise ActionError(
+            _("Scenario %(slug)s has no published version to run.") % {"slug": scenario.slug}
+        )
     with transaction.atomic():
         session = Session.objects.create(
             scenario=scenario,
@@ -99,9 +102,11 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_ended:
-            raise ActionError(f"This session is {session.get_status_display().lower()}.")
+            raise ActionError(
+                _("This session is %(status)s.") % {"status": session.get_status_display().lower()}
+            )
         if not session.snapshot.get("question"):
-            raise ActionError("The agent has not asked anything; there is nothing to answer.")
+            raise ActionError(_("The agent has not asked anything; there is nothing to answer."))
         append_event(
             session.pk,
             "user.message",
@@ -134,7 +139,10 @@ def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_ended:
-            raise ActionError(f"This session is already {session.get_status_display().lower()}.")
+            raise ActionError(
+                _("This session is already %(status)s.")
+                % {"status": session.get_status_display().lower()}
+            )
         why = reason or f"canceled by {user.get_username()}"
         set_status(
             session.pk, SessionStatus.CANCELED, producer="web", reason=why, by=user.get_username()
@@ -163,7 +171,7 @@ def closed_by_receivers(session: Session, user: Any, reason: str) -> list[int]:
     """Send session_closing (the approvals app closes the open approvals, with events);
     returns the ids of the approvals closed, for the audit entry."""
     closed: list[int] = []
-    for _, response in session_closing.send(
+    for _receiver, response in session_closing.send(
         sender=Session, session=session, user=user, reason=reason
     ):
         if isinstance(response, dict):
@@ -179,12 +187,12 @@ def do_delete_session(session_id: Any, user: Any, reason: str) -> Session:
         reason,
         limit=MAX_REASON,
         what="reason",
-        required="Say why the session is deleted (a reason is required).",
+        required=_("Say why the session is deleted (a reason is required)."),
     )
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_deleted:
-            raise ActionError("This session was already deleted.")
+            raise ActionError(_("This session was already deleted."))
         if not session.is_ended:
             do_cancel(session.pk, user, f"deleted: {reason}")
         # A failed session may still hold open approvals: close them too.
@@ -213,9 +221,9 @@ def do_retry(session_id: Any, user: Any) -> None:
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_deleted:
-            raise ActionError("This session was deleted.")
+            raise ActionError(_("This session was deleted."))
         if session.status != SessionStatus.FAILED:
-            raise ActionError("Only a failed session can be retried.")
+            raise ActionError(_("Only a failed session can be retried."))
         set_status(
             session.pk,
             SessionStatus.QUEUED,
@@ -257,12 +265,14 @@ def do_apply_decision(
         session = lock_session(tool_call.session_id)
         tool_call = ToolCall.objects.select_for_update().get(pk=tool_call_id)
         if tool_call.status != ToolCallStatus.AWAITING_APPROVAL:
-            raise ActionError("This action has already been decided.")
+            raise ActionError(_("This action has already been decided."))
         if tool_call.tool_name == LIFT_TOOL:
             # Not the agent's: nothing to resume, and the session may have ended.
             return _apply_lift_decision(tool_call, user, outcome, reason, producer, at)
         if session.is_ended and not ended_ok:
-            raise ActionError(f"This session is {session.get_status_display().lower()}.")
+            raise ActionError(
+                _("This session is %(status)s.") % {"status": session.get_status_display().lower()}
+            )
         _record_decision(tool_call, user, outcome, reason, producer, at, extra)
         if session.is_ended:
             return tool_call
@@ -326,17 +336,22 @@ def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
         note,
         limit=MAX_LIFT_NOTE,
         what="note",
-        required="Say why the restriction is lifted (a note is required).",
+        required=_("Say why the restriction is lifted (a note is required)."),
     )
     with transaction.atomic():
         restriction = Restriction.objects.get(pk=restriction_id)
         lock_session(restriction.session_id)
         restriction = Restriction.objects.select_for_update().get(pk=restriction_id)
         if restriction.lifted_at is not None:
-            raise ActionError(f"{restriction} was already lifted.")
+            raise ActionError(
+                _("%(restriction)s was already lifted.") % {"restriction": restriction}
+            )
         earlier = lift_calls(restriction)
         if earlier.filter(status=ToolCallStatus.AWAITING_APPROVAL).exists():
-            raise ActionError(f"A lift of {restriction} already waits for an approver.")
+            raise ActionError(
+                _("A lift of %(restriction)s already waits for an approver.")
+                % {"restriction": restriction}
+            )
         call_id = f"lift:{restriction.pk}:{earlier.count() + 1}"
         tool_call = ToolCall.objects.create(
             session_id=restriction.session_id,
@@ -411,13 +426,16 @@ def _apply_lift_decision(
         pk=tool_call.request_payload["restriction"]
     )
     if restriction.lifted_at is not None:
-        raise ActionError(f"{restriction} was already lifted.")
+        raise ActionError(_("%(restriction)s was already lifted.") % {"restriction": restriction})
     note = tool_call.request_payload["note"]
     restriction.lifted_at = timezone.now()
     restriction.lifted_by = user
     restriction.lift_note = note
     restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
-    summary = f"{restriction} lifted"
+    # The log's own texts stay in one language whoever acted (the kind's label is
+    # translated for display); the timeline words them per viewer.
+    with translation.override("en"):
+        summary = f"{restriction} lifted"
     tool_call.status = ToolCallStatus.COMPLETED
     tool_call.completed_at = restriction.lifted_at
     tool_call.response_payload = {"summary": summary}

@@ -21,14 +21,18 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import translation
 from django.utils.html import format_html
-from django.utils.timezone import localtime
+from django.utils.translation import gettext
 
 from aero import metrics
+from aero.i18n import supported
 from aero.roles import ALL_ROLES, VIEW_SESSIONS
+from aero.templatetags.aero_text import when
 from diagnosis import presenters
 from diagnosis.models import Event, Session
 from diagnosis.push import register_server_loop, session_group
@@ -95,12 +99,13 @@ def too_large_row(event: Event) -> str:
     return format_html(
         '<div hx-swap-oob="beforeend:#timeline-list"><li id="event-{seq}" data-seq="{seq}" '
         'class="ev too-large"><time datetime="{ts}">{time}</time> '
-        '<span class="warn">This entry ({type}) is too large to show live:</span> '
-        '<a href="{url}?after={before}#event-{seq}">open it in the full timeline</a></li></div>',
+        '<span class="warn">{warning}</span> <a href="{url}?after={before}#event-{seq}">{link}</a>'
+        "</li></div>",
         seq=event.seq,
         ts=event.ts.isoformat(),
-        time=localtime(event.ts).strftime("%H:%M:%S"),
-        type=event.type,
+        time=when(event.ts),
+        warning=gettext("This entry (%(type)s) is too large to show live:") % {"type": event.type},
+        link=gettext("open it in the full timeline"),
         url=url,
         before=event.seq - 1,
     )
@@ -109,27 +114,32 @@ def too_large_row(event: Event) -> str:
 def too_large_panel(panel: str, session_id: Any) -> str:
     """What replaces a panel that would not fit in one message: a pointer to the page."""
     return format_html(
-        '<section id="{panel}" class="card" hx-swap-oob="true"><p class="warn">This part '
-        'changed and is too large to update live: <a href="{url}">reload the page</a>.</p>'
-        "</section>",
+        '<section id="{panel}" class="card" hx-swap-oob="true"><p class="warn">{warning} '
+        '<a href="{url}">{link}</a>.</p></section>',
         panel=panel,
+        warning=gettext("This part changed and is too large to update live:"),
+        link=gettext("reload the page"),
         url=reverse("diagnosis:session-detail", args=[session_id]),
     )
 
 
-def timeline_rows(events: list[Event]) -> tuple[str, list[Event]]:
+def timeline_rows(events: list[Event], definition: Any) -> tuple[str, list[Event]]:
     """The events' timeline rows, as few messages' worth as fit: all of them in one
     render when they fit in a frame (the usual case, one template call), else one by
     one, up to the first that would overflow the frame; and the events they hold. Always
     at least one: an event
     whose row alone is too large is replaced by a pointer (too_large_row)."""
-    html = render_to_string("diagnosis/_timeline_append.html", {"events": events})
+    html = render_to_string(
+        "diagnosis/_timeline_append.html", {"events": events, "definition": definition}
+    )
     if size_of(html) <= FRAME_BYTES:
         return html, events
     rows: list[str] = []
     used = 0
     for event in events:
-        row: str = render_to_string("diagnosis/_timeline_append.html", {"events": [event]})
+        row: str = render_to_string(
+            "diagnosis/_timeline_append.html", {"events": [event], "definition": definition}
+        )
         if size_of(row) > FRAME_BYTES:
             row = too_large_row(event)
         if rows and used + size_of(row) > FRAME_BYTES:
@@ -157,7 +167,19 @@ def pack(parts: list[str]) -> tuple[str, ...]:
 
 
 def render_updates(
-    roles: frozenset[str], session_id: Any, after: int, composer_key: str | None = None
+    roles: frozenset[str],
+    session_id: Any,
+    after: int,
+    composer_key: str | None = None,
+    language: str | None = None,
+) -> Update | None:
+    """In `language` (the page's, see SessionConsumer.connect); the default otherwise."""
+    with translation.override(language or settings.LANGUAGE_CODE):
+        return _render_updates(roles, session_id, after, composer_key)
+
+
+def _render_updates(
+    roles: frozenset[str], session_id: Any, after: int, composer_key: str | None
 ) -> Update | None:
     """HTML with hx-swap-oob fragments for the events after `after` (at most one batch)
     and the panels they change, for viewers holding `roles`, as WebSocket messages of
@@ -188,7 +210,7 @@ def render_updates(
     )
     if not events:
         return Update((), after, composer_key, session.last_seq)
-    rows, sent = timeline_rows(events)
+    rows, sent = timeline_rows(events, presenters.version_definition(session))
     panels: set[str] = set()
     for event in sent:
         panels |= presenters.PANELS_BY_EVENT.get(event.type, set())
@@ -273,7 +295,12 @@ class Hub:
         return await asyncio.shield(future)
 
     async def session_update(
-        self, roles: frozenset[str], session_id: str, after: int, composer_key: str | None
+        self,
+        roles: frozenset[str],
+        session_id: str,
+        after: int,
+        composer_key: str | None,
+        language: str | None = None,
     ) -> Update | None:
         # Reused only while no notice announced anything newer than the render saw: a
         # reused fragment is then exactly what a fresh render would give.
@@ -281,9 +308,11 @@ class Hub:
             return update is not None and update.as_of >= self.latest.get(session_id, 0)
 
         return await self.shared(
-            ("session", session_id, after, roles, composer_key),
+            ("session", session_id, after, roles, composer_key, language),
             fresh,
-            lambda: database_sync_to_async(render_updates)(roles, session_id, after, composer_key),
+            lambda: database_sync_to_async(render_updates)(
+                roles, session_id, after, composer_key, language
+            ),
         )
 
 
@@ -306,6 +335,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
     user_id: Any = None
     sent_seq: int = 0
     composer_key: str | None = None
+    language: str | None = None
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
@@ -321,6 +351,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
             self.sent_seq = 0
         # What the page's answer box shows now, so it is replaced only when that changes.
         self.composer_key = query.get("composer", [None])[0]
+        # The page's language: fragments must match the page they are swapped into.
+        self.language = supported(query.get("lang", [None])[0])
         self.group = session_group(self.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
@@ -358,7 +390,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 await self.stop(CLOSE_FORBIDDEN)
                 return
             update = await hub().session_update(
-                roles, self.session_id, self.sent_seq, self.composer_key
+                roles, self.session_id, self.sent_seq, self.composer_key, self.language
             )
             if update is None:
                 await self.stop(CLOSE_GONE)

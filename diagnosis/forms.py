@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django import forms
+from django.utils.translation import gettext_lazy as _
 
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, LimitedTextField
 from scenarios_admin.models import Scenario
@@ -10,13 +11,14 @@ class NewSessionForm(forms.Form):
     scenario = forms.ModelChoiceField(
         queryset=Scenario.objects.filter(is_active=True, versions__isnull=False).distinct(),
         empty_label=None,
+        label=_("Scenario"),
     )
     message = LimitedTextField(
         what="message",
         widget=forms.Textarea(
             attrs={
                 "rows": 4,
-                "placeholder": (
+                "placeholder": _(
                     "Describe the incident in Chinese or English, "
                     "e.g. CA1234 在105机位燃油泄漏，发动机仍在运转"
                 ),
@@ -24,7 +26,7 @@ class NewSessionForm(forms.Form):
         ),
         max_length=MAX_MESSAGE,
         strip=True,
-        error_messages={"required": "Please describe the incident: the message is empty."},
+        error_messages={"required": _("Please describe the incident: the message is empty.")},
     )
 
 
@@ -33,7 +35,7 @@ class AnswerForm(forms.Form):
         what="answer",
         max_length=MAX_MESSAGE,
         strip=True,
-        error_messages={"required": "Please type an answer: the message is empty."},
+        error_messages={"required": _("Please type an answer: the message is empty.")},
     )
 
 
@@ -42,7 +44,7 @@ class LiftForm(forms.Form):
         what="note",
         max_length=MAX_LIFT_NOTE,
         strip=True,
-        error_messages={"required": "Say why the restriction is lifted (a note is required)."},
+        error_messages={"required": _("Say why the restriction is lifted (a note is required).")},
     )
 
 
@@ -52,9 +54,9 @@ class DeleteSessionForm(forms.Form):
         max_length=MAX_REASON,
         strip=True,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        error_messages={"required": "Say why the session is deleted (a reason is required)."},
+        error_messages={"required": _("Say why the session is deleted (a reason is required).")},
     )
     confirm = forms.BooleanField(
-        label="I understand: the session leaves every list and cannot be restored here.",
-        error_messages={"required": "Tick the box to confirm the delete."},
+        label=_("I understand: the session leaves every list and cannot be restored here."),
+        error_messages={"required": _("Tick the box to confirm the delete.")},
     )

@@ -8,18 +8,19 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from scenarios_admin.models import Scenario, ScenarioVersion
 
 
 class SessionStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    WAITING_USER = "waiting_user", "Waiting for people"
-    RETRYING = "retrying", "Retrying"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELED = "canceled", "Canceled"
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    WAITING_USER = "waiting_user", _("Waiting for people")
+    RETRYING = "retrying", _("Retrying")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    CANCELED = "canceled", _("Canceled")
 
 
 ENDED_STATUSES = frozenset({SessionStatus.COMPLETED, SessionStatus.FAILED, SessionStatus.CANCELED})
@@ -151,16 +152,16 @@ class AgentRun(models.Model):
 
 
 class ToolCallStatus(models.TextChoices):
-    PROPOSED = "proposed", "Proposed"
-    AWAITING_APPROVAL = "awaiting_approval", "Awaiting approval"
-    APPROVED = "approved", "Approved"
-    REJECTED = "rejected", "Rejected"
-    TIMEOUT = "timeout", "Timed out"
-    RUNNING = "running", "Running"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    REFUSED = "refused", "Refused by compliance"
-    CANCELED = "canceled", "Canceled with the session"
+    PROPOSED = "proposed", _("Proposed")
+    AWAITING_APPROVAL = "awaiting_approval", _("Awaiting approval")
+    APPROVED = "approved", _("Approved")
+    REJECTED = "rejected", _("Rejected")
+    TIMEOUT = "timeout", _("Timed out")
+    RUNNING = "running", _("Running")
+    COMPLETED = "completed", _("Completed")
+    FAILED = "failed", _("Failed")
+    REFUSED = "refused", _("Refused by compliance")
+    CANCELED = "canceled", _("Canceled with the session")
 
 
 class ToolCall(models.Model):
@@ -296,9 +297,9 @@ class Restriction(models.Model):
     """An operational closure or suspension an executed action put on the airport."""
 
     class Kind(models.TextChoices):
-        RUNWAY = "runway", "Runway closed"
-        TAXIWAY = "taxiway", "Taxiway closed"
-        STAND = "stand", "Stand operations suspended"
+        RUNWAY = "runway", _("Runway closed")
+        TAXIWAY = "taxiway", _("Taxiway closed")
+        STAND = "stand", _("Stand operations suspended")
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     target = models.CharField(max_length=32)

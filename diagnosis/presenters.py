@@ -12,6 +12,7 @@ from django.db.models import Q
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, user_roles
 from diagnosis.models import Event, Report, Restriction, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
+from diagnosis.templatetags.timeline import scenario_language
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
 from scenarios_admin.definition import LIFT_TOOL
 from scenarios_admin.models import ScenarioVersion
@@ -96,7 +97,8 @@ def field_rows(session: Session) -> list[dict[str, Any]]:
     definition = version_definition(session)
     fields = session.snapshot.get("fields", {})
     evidence = session.snapshot.get("evidence", {})
-    language = session.language
+    # The page's language picks the scenario's texts (scenarios carry zh and en).
+    language = scenario_language()
     rows = []
     for name in definition["field_order"]:
         spec = definition["fields"][name]

@@ -7,6 +7,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from aero.http import HtmxHttpRequest
@@ -32,7 +33,7 @@ def get_session_for_user(request: HtmxHttpRequest, session_id: UUID) -> Session:
         pk=session_id,
     )
     if not has_role(request.user, VIEW_SESSIONS):
-        raise PermissionDenied("Your role does not allow viewing sessions.")
+        raise PermissionDenied(_("Your role does not allow viewing sessions."))
     return session
 
 
@@ -145,8 +146,11 @@ def session_delete(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
         else:
             messages.success(
                 request,
-                f"Session “{session.title}” was deleted. Its events and audit entries are "
-                "kept; auditors can still replay it.",
+                _(
+                    "Session “%(title)s” was deleted. Its events and audit entries are "
+                    "kept; auditors can still replay it."
+                )
+                % {"title": session.title},
             )
             return redirect("diagnosis:session-list")
     return render(
@@ -210,6 +214,8 @@ def session_events(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
         template,
         {
             "session": session,
+            # the timeline names fields with the scenario's labels
+            "definition": presenters.version_definition(session),
             "events": events,
             "after": after,
             "next_after": events[-1].seq if len(events) == presenters.TIMELINE_PAGE else None,
@@ -223,7 +229,7 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     session = get_session_for_user(request, session_id)
     report = Report.objects.filter(session=session).first()
     if report is None:
-        raise Http404("This session has no report yet.")
+        raise Http404(_("This session has no report yet."))
     audit(
         "report.exported",
         obj=report,
@@ -274,7 +280,10 @@ def restriction_lift(request: HtmxHttpRequest, restriction_id: int) -> HttpRespo
     else:
         messages.success(
             request,
-            f"Lift of {restriction} requested: it stays in force until an approver "
-            "approves and confirms the lift (R2).",
+            _(
+                "Lift of %(restriction)s requested: it stays in force until an approver "
+                "approves and confirms the lift (R2)."
+            )
+            % {"restriction": restriction},
         )
     return redirect("diagnosis:airport-board")

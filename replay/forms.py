@@ -4,28 +4,30 @@ from typing import Any
 
 from django import forms
 from django.contrib.auth.models import User
+from django.utils.translation import gettext_lazy as _
 
 from diagnosis.models import SessionStatus
+from diagnosis.wording import RISK_LABELS
 from scenarios_admin.models import Scenario
 
 # Event-type groups for the replay filter: label and the type prefixes they cover.
-EVENT_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "session": ("Session and messages", ("session.", "user.")),
-    "agent": ("Agent steps and compliance", ("agent.", "fsm.")),
+EVENT_GROUPS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "session": (_("Session and messages"), ("session.", "user.")),
+    "agent": (_("Agent steps and compliance"), ("agent.", "fsm.")),
     "findings": (
-        "Fields, risk, impact, report",
+        _("Fields, risk, impact, report"),
         ("fields.", "risk.", "impact.", "timeline.", "report."),
     ),
-    "tools": ("Tool calls", ("tool.",)),
-    "approvals": ("Approvals", ("approval.",)),
-    "llm": ("Model calls and usage", ("llm.", "metrics.")),
+    "tools": (_("Tool calls"), ("tool.",)),
+    "approvals": (_("Approvals"), ("approval.",)),
+    "llm": (_("Model calls and usage"), ("llm.", "metrics.")),
 }
 SPEEDS = ("0.5", "1", "2", "4", "8")  # steps per second
 RISK_LEVELS = ("LOW", "MEDIUM", "HIGH")
 HISTORY_SORTS = {
-    "-created": "Newest first",
-    "created": "Oldest first",
-    "-updated": "Recently changed",
+    "-created": _("Newest first"),
+    "created": _("Oldest first"),
+    "-updated": _("Recently changed"),
 }
 
 
@@ -33,18 +35,18 @@ class ReplayForm(forms.Form):
     """Where the player stands and what it steps through. Every field is optional."""
 
     seq = forms.IntegerField(required=False, min_value=0)
-    at = forms.DateTimeField(required=False, label="Jump to time")
+    at = forms.DateTimeField(required=False, label=_("Jump to time"))
     groups = forms.MultipleChoiceField(
         required=False,
-        choices=[(k, label) for k, (label, _) in EVENT_GROUPS.items()],
+        choices=[(k, label) for k, (label, _prefixes) in EVENT_GROUPS.items()],
         widget=forms.CheckboxSelectMultiple,
-        label="Event types",
+        label=_("Event types"),
     )
-    run = forms.IntegerField(required=False, min_value=1, label="Agent run subtree")
-    since = forms.DateTimeField(required=False, label="From")
-    until = forms.DateTimeField(required=False, label="To")
+    run = forms.IntegerField(required=False, min_value=1, label=_("Agent run subtree"))
+    since = forms.DateTimeField(required=False, label=_("From"))
+    until = forms.DateTimeField(required=False, label=_("To"))
     play = forms.ChoiceField(
-        required=False, choices=[("", "paused"), *[(s, f"{s} steps/s") for s in SPEEDS]]
+        required=False, choices=[("", _("paused")), *[(s, f"{s}/s") for s in SPEEDS]]
     )
     after = forms.IntegerField(required=False, min_value=0)
     before = forms.IntegerField(required=False, min_value=1)
@@ -53,22 +55,24 @@ class ReplayForm(forms.Form):
         data = super().clean() or {}
         since, until = data.get("since"), data.get("until")
         if since and until and since > until:
-            self.add_error("until", "The end of the time range is before its start.")
+            self.add_error("until", _("The end of the time range is before its start."))
         return data
 
 
 class HistoryForm(forms.Form):
-    q = forms.CharField(required=False, max_length=200, label="Text")
+    q = forms.CharField(required=False, max_length=200, label=_("Text"))
     scenario = forms.ModelChoiceField(
         required=False, queryset=Scenario.objects.order_by("slug"), to_field_name="slug"
     )
-    status = forms.ChoiceField(required=False, choices=[("", "any"), *SessionStatus.choices])
-    risk = forms.ChoiceField(required=False, choices=[("", "any"), *[(r, r) for r in RISK_LEVELS]])
+    status = forms.ChoiceField(required=False, choices=[("", _("any")), *SessionStatus.choices])
+    risk = forms.ChoiceField(
+        required=False, choices=[("", _("any")), *[(r, RISK_LABELS[r]) for r in RISK_LEVELS]]
+    )
     flight = forms.CharField(required=False, max_length=16)
     position = forms.CharField(required=False, max_length=32)
-    creator = forms.CharField(required=False, max_length=150, label="Opened by")
-    since = forms.DateField(required=False, label="From")
-    until = forms.DateField(required=False, label="To")
+    creator = forms.CharField(required=False, max_length=150, label=_("Opened by"))
+    since = forms.DateField(required=False, label=_("From"))
+    until = forms.DateField(required=False, label=_("To"))
     sort = forms.ChoiceField(required=False, choices=list(HISTORY_SORTS.items()))
     cursor = forms.CharField(required=False, max_length=100)
 
@@ -81,7 +85,7 @@ class HistoryForm(forms.Form):
                 parse_cursor(cursor)
             except ValueError:
                 raise forms.ValidationError(
-                    "This page link is broken: start from the first page."
+                    _("This page link is broken: start from the first page.")
                 ) from None
         return cursor
 
@@ -94,12 +98,12 @@ class HistoryForm(forms.Form):
     def clean_creator(self) -> str:
         name = str(self.cleaned_data.get("creator") or "").strip()
         if name and not User.objects.filter(username=name).exists():
-            raise forms.ValidationError(f"No user is called “{name}”.")
+            raise forms.ValidationError(_("No user is called “%(name)s”.") % {"name": name})
         return name
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         since, until = data.get("since"), data.get("until")
         if since and until and since > until:
-            self.add_error("until", "The end of the date range is before its start.")
+            self.add_error("until", _("The end of the date range is before its start."))
         return data

@@ -59,3 +59,8 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Parallel runs on one machine (several checkouts, CI and a developer) need their own
 # test database; the name also reaches subprocesses through DATABASE_URL.
 DATABASES["default"]["TEST"] = {"NAME": TEST_DB_NAME}  # noqa: F405
+
+# The tests about behaviour read the English interface; the product's default
+# (aero.settings: zh-hans) and the Chinese texts have tests of their own
+# (tests/test_i18n.py), which switch to it explicitly.
+LANGUAGE_CODE = "en"

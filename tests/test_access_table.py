@@ -48,6 +48,8 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "healthz": ("GET", row(200, 200, 200, 200, 200)),
     "login": ("GET", row(200, 200, 200, 200, 200)),
     "logout": ("POST", row(302, 302, 302, 302, 302)),
+    # the language switch is for everyone (the sign-in page has it); no language: 400
+    "set-language": ("POST", row(400, 400, 400, 400, 400)),
     "audit": ("GET", row(LOGIN, 403, 403, 200, 200)),
     "audit-csv": ("GET", row(LOGIN, 403, 403, 200, 200)),
     "diagnosis:session-list": ("GET", row(LOGIN, 200, 200, 200, 200)),

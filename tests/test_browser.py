@@ -41,7 +41,9 @@ def test_create_answer_approve_and_read_the_report(
         expect(question).to_contain_text("持续")
         operator.fill("#answer-input", "还在持续漏")
         operator.click("text=Answer")
-        expect(operator.get_by_test_id("risk")).to_contain_text("OS-01")
+        # the rule in words, its id in the tooltip
+        expect(operator.get_by_test_id("risk")).to_contain_text("score 95")
+        expect(operator.get_by_test_id("risk").locator('[title="rule OS-01"]')).to_be_attached()
         expect(operator.locator("#session-actions tbody tr")).to_have_count(6)
         expect(operator.get_by_test_id("session-status")).to_have_text("Waiting for people")
         # The operator sees the pending actions but cannot decide them.
@@ -130,8 +132,8 @@ def test_approver_queue_updates_live_and_operator_sees_decisions(
         expect(approver.get_by_test_id("queue-empty")).to_be_visible()
 
         timeline = operator.locator("#timeline-list")
-        expect(timeline).to_contain_text("abel approved close_taxiway")
-        expect(timeline).to_contain_text("abel rejected dispatch_cleanup_crew")
+        expect(timeline).to_contain_text("abel approved Close taxiway")
+        expect(timeline).to_contain_text("abel rejected Dispatch the cleanup crew")
         expect(timeline).to_contain_text("no crew free")
         expect(operator.get_by_test_id("session-status")).to_have_text("Completed")
         expect(operator.get_by_test_id("report")).to_contain_text("rejected")
@@ -166,7 +168,7 @@ def test_a_typed_reason_survives_a_pushed_update(
         crew.pk, bea, APPROVE, digest=crew.digest
     )  # another approver: the actions panel is pushed again
 
-    expect(page.locator("#timeline-list")).to_contain_text("bea approved dispatch_cleanup_crew")
+    expect(page.locator("#timeline-list")).to_contain_text("bea approved Dispatch the cleanup crew")
     expect(page.locator(f"#action-{crew.tool_call_id}")).to_contain_text("Completed")
     expect(reason).to_have_value("taxiway B is upwind and dry")
 
@@ -205,7 +207,7 @@ def test_the_main_flow_works_without_javascript(
         with approver.expect_navigation():  # a plain POST, redirected back to the page
             forms.first.locator("button.primary").click()
     expect(forms).to_have_count(0)
-    expect(approver.locator("#timeline-list")).to_contain_text("abel approved close_taxiway")
+    expect(approver.locator("#timeline-list")).to_contain_text("abel approved Close taxiway")
 
     reload_until(operator, lambda: status.inner_text().strip() == "Completed")
     expect(operator.get_by_test_id("report")).to_contain_text("MU5678")

@@ -103,7 +103,7 @@ def test_an_auditor_finds_replays_and_exports_a_session(
         expect(page).to_have_url(f"{asgi_server}/replay/{finished.pk}/?seq=2")
         page.get_by_test_id("jump-seq").fill(str(finished.last_seq))
         page.get_by_test_id("jump-seq").press("Enter")
-        expect(page.get_by_test_id("replay-status")).to_have_text("completed")
+        expect(page.get_by_test_id("replay-status")).to_have_text("Completed")
         expect(page.locator("#replay-actions")).to_contain_text("approved by abel")
         page.get_by_test_id("previous").click()
         expect(page.get_by_test_id("step")).to_have_text(f"Step #{finished.last_seq - 1}")
@@ -134,7 +134,7 @@ def test_an_auditor_finds_replays_and_exports_a_session(
         expect(plain.get_by_test_id("step")).to_have_text("Step #10")
         with plain.expect_navigation():
             plain.locator("a[rel=last]").click()
-        expect(plain.get_by_test_id("replay-status")).to_have_text("completed")
+        expect(plain.get_by_test_id("replay-status")).to_have_text("Completed")
         expect(plain.get_by_test_id("chain-head")).to_have_text(head)
     except Exception:
         ARTIFACTS.mkdir(exist_ok=True)

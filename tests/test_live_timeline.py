@@ -32,8 +32,9 @@ def cookie_for(user: User) -> str:
 
 
 def ws_url(base: str, session: Session, last_seq: int | None = None) -> str:
-    url = base.replace("http://", "ws://") + f"/ws/sessions/{session.pk}/"
-    return url if last_seq is None else f"{url}?last_seq={last_seq}"
+    # lang=en as the English page sends it (the server's default is zh-hans)
+    url = base.replace("http://", "ws://") + f"/ws/sessions/{session.pk}/?lang=en"
+    return url if last_seq is None else f"{url}&last_seq={last_seq}"
 
 
 def open_socket(
@@ -101,7 +102,7 @@ def test_pushed_events_arrive_and_reconnect_catches_up(
     with open_socket(asgi_server, session, operator, last_seq=seen) as ws:
         seqs, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
         assert seqs == list(range(seen + 1, session.last_seq + 1))  # nothing lost, nothing twice
-        assert "Approval needed" in html
+        assert "Proposed:" in html
 
 
 COMPOSER = re.compile(r'<section id="session-composer"[^>]*data-key="([^"]*)"')
@@ -148,7 +149,7 @@ def test_auditor_may_watch_but_gets_no_decision_forms(
     session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
     with open_socket(asgi_server, session, auditor, last_seq=0) as ws:
         _, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
-    assert "Approval needed" in html
+    assert "Proposed:" in html
     assert "Approve (1 of 2)" not in html and 'name="decision"' not in html
 
 

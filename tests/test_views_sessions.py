@@ -331,11 +331,13 @@ def test_detail_shows_facts_risk_impact_actions_and_timeline(alice: User, waitin
     assert 'data-testid="session-status">Waiting for people<' in page
     assert 'data-field="flight_no">CA1234<' in page
     assert 'data-field="position">' in page and "105" in page
-    assert "<strong>HIGH</strong> · score 95 · rule <code>OS-01</code>" in page
+    # plain words, the codes in tooltips
+    assert '<strong title="HIGH">High</strong> · score 95' in page
+    assert 'title="rule OS-01"' in page
     assert "<svg" in page and "isolated zone 103 104 105 106" in page
     assert 'data-tool="dispatch_cleanup_crew"' in page
     assert 'data-tool="suspend_stand_operations"' in page
-    assert "Approval needed" in page
+    assert "Proposed:" in page
     assert "Session opened by alice (oil_spill v1)" in page
     assert "Waiting for approvals." in page
     assert "Cancel session" in page

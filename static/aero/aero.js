@@ -7,7 +7,14 @@
     return items.length ? items[items.length - 1].getAttribute("data-seq") : null;
   }
 
+  // The timeline opens on its newest entry (the list scrolls; the page does not jump).
+  function showNewest() {
+    var list = document.getElementById("timeline-list");
+    if (list) { list.scrollTop = list.scrollHeight; }
+  }
+
   function install() {
+    showNewest();
     if (!window.htmx) { return; }
     // The ws extension reconnects to the URL it was given; ask for what we have not seen
     // yet instead, so a reconnect neither repeats nor loses events.
@@ -33,8 +40,7 @@
         var el = document.getElementById(id);
         if (el && !el.value) { el.value = kept[id]; }
       });
-      var list = document.getElementById("timeline-list");
-      if (list) { list.scrollTop = list.scrollHeight; }
+      showNewest();
     });
   }
 
@@ -61,7 +67,11 @@
       var deadline = Date.parse(el.getAttribute("data-deadline"));
       if (isNaN(deadline)) { return; }
       var minutes = Math.max(0, Math.round((deadline - now) / 60000));
-      el.textContent = minutes > 0 ? "times out in " + minutes + " min" : "deadline passed: becoming a manual to-do";
+      // The words come from the page (data-left / data-passed, translated there); "{minutes}"
+      // stands for the minutes.
+      var left = el.getAttribute("data-left") || "times out in {minutes} min";
+      var passed = el.getAttribute("data-passed") || "deadline passed: becoming a manual to-do";
+      el.textContent = minutes > 0 ? left.replace("{minutes}", minutes) : passed;
     });
   }
   setInterval(tickDeadlines, 30000);

@@ -1,0 +1,217 @@
+"""The timeline in an operator's words (a template builtin, see TEMPLATES in settings).
+
+`{% event_view event as v %}` gives what diagnosis/_event.html shows: whether the entry
+is an agent internal (folded under "details"), and plain labels for the codes in its
+payload. Scenario texts (field and value labels) come from the scenario definition in
+the template's context when there is one, in the interface language; without it the
+field's code name shows. No queries: the definition is already in the context."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.utils.functional import Promise
+from django.utils.translation import get_language, pgettext, pgettext_lazy
+
+from diagnosis.reporting import display_value
+from diagnosis.wording import (
+    EVIDENCE_LABELS,
+    FSM_LABELS,
+    NODE_KIND_LABELS,
+    NODE_LABELS,
+    PRIORITY_LABELS,
+    RISK_CLASS_LABELS,
+    RISK_LABELS,
+    TOOL_LABELS,
+    plain,
+)
+from scenarios_admin.definition import ACTION_TOOLS, LIFT_TOOL
+
+register = template.Library()
+
+# Agent internals: how the agent worked, not what happened. Kept in the log and replay,
+# folded on the session page.
+INTERNAL_TYPES = frozenset(
+    {
+        "agent.node_started",
+        "agent.node_completed",
+        "tool.call_started",
+        "llm.call",
+        "llm.fallback",
+        "fsm.transition",
+        "session.status_changed",
+    }
+)
+ACTIONS = frozenset(ACTION_TOOLS) | {LIFT_TOOL}
+
+
+def scenario_language() -> str:
+    """Scenarios carry zh and en texts; the interface language picks one."""
+    return "zh" if (get_language() or "").startswith("zh") else "en"
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def is_internal(event_type: str, payload: dict[str, Any]) -> bool:
+    if event_type in INTERNAL_TYPES:
+        return True
+    if event_type == "tool.call_completed":
+        # a lookup or an analysis: its finding has its own entry (risk, impact, lookups)
+        return payload.get("tool_name") not in ACTIONS
+    if event_type == "fields.extracted":
+        return not payload.get("changed") and not payload.get("missing")
+    return False
+
+
+def field_label(definition: dict[str, Any] | None, name: str, language: str) -> str:
+    spec = (definition or {}).get("fields", {}).get(name)
+    if not spec:
+        return name
+    return str(spec.get("label", {}).get(language) or name)
+
+
+def field_display(definition: dict[str, Any] | None, name: str, value: Any, language: str) -> str:
+    spec = (definition or {}).get("fields", {}).get(name)
+    if not spec:
+        return str(value)
+    return display_value(spec, value, language)
+
+
+def condition_display(
+    definition: dict[str, Any] | None, name: str, value: Any, language: str
+) -> str:
+    """A risk rule's condition on one field: a value, any of a list, or `not` a value."""
+    field = name.split(".")[0]
+    if isinstance(value, list):
+        return " / ".join(field_display(definition, field, v, language) for v in value)
+    if isinstance(value, dict) and "not" in value:
+        shown = condition_display(definition, name, value["not"], language)
+        return str(pgettext("a condition that a value is not met", "not %(value)s")) % {
+            "value": shown
+        }
+    if "." in name:  # position.kind: runway
+        return str(value)
+    return field_display(definition, field, value, language)
+
+
+def because(
+    definition: dict[str, Any] | None, when: dict[str, Any], language: str
+) -> list[dict[str, str]]:
+    """A risk rule's conditions as field labels and values (the code in `code`)."""
+    return [
+        {
+            "code": f"{name}={value}",
+            "label": field_label(definition, name.split(".")[0], language),
+            "display": condition_display(definition, name, value, language),
+        }
+        for name, value in when.items()
+    ]
+
+
+@register.simple_tag(takes_context=True)
+def risk_because(context: template.Context, when: Any) -> list[dict[str, str]]:
+    if not isinstance(when, dict):
+        return []
+    return because(context.get("definition"), when, scenario_language())
+
+
+@register.simple_tag(takes_context=True)
+def event_view(context: template.Context, event: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = event.payload if isinstance(event.payload, dict) else {}
+    definition = context.get("definition")
+    language = scenario_language()
+    tool = str(payload.get("tool_name", ""))
+    args = as_dict(payload.get("args"))
+    changed = as_dict(payload.get("changed"))
+    when = as_dict(payload.get("when"))
+    return {
+        "internal": is_internal(event.type, payload),
+        "tool": plain(TOOL_LABELS, tool) if tool else "",
+        "args": ", ".join(str(v) for v in args.values()),
+        "node": plain(NODE_LABELS, payload.get("node", "")),
+        "changes": [
+            {
+                "code": f"{name}={value}",
+                "label": field_label(definition, name, language),
+                "display": field_display(definition, name, value, language),
+            }
+            for name, value in changed.items()
+        ],
+        "missing": [
+            {"code": name, "label": field_label(definition, name, language)}
+            for name in payload.get("missing") or []
+        ],
+        "fsm_from": plain(FSM_LABELS, payload.get("from", "")),
+        "fsm_to": plain(FSM_LABELS, payload.get("to", "")),
+        "level": plain(RISK_LABELS, payload.get("level", "")),
+        "because": because(definition, when, language),
+        "risk_class": plain(RISK_CLASS_LABELS, payload.get("risk_level", "")),
+    }
+
+
+@register.filter
+def tool_label(code: str) -> str:
+    return plain(TOOL_LABELS, code)
+
+
+@register.filter
+def fsm_label(code: str) -> str:
+    return plain(FSM_LABELS, code)
+
+
+@register.filter
+def priority_label(code: str) -> str:
+    return plain(PRIORITY_LABELS, code)
+
+
+@register.filter
+def risk_label(code: str) -> str:
+    return plain(RISK_LABELS, code)
+
+
+@register.filter
+def risk_class_label(code: str) -> str:
+    return plain(RISK_CLASS_LABELS, code)
+
+
+@register.filter
+def evidence_label(evidence: str) -> str:
+    return plain(EVIDENCE_LABELS, evidence)
+
+
+DECISION_LABELS: dict[str, Promise] = {
+    "auto": pgettext_lazy("decision", "automatic"),
+    "pending": pgettext_lazy("decision", "pending"),
+    "approved": pgettext_lazy("decision", "approved"),
+    "rejected": pgettext_lazy("decision", "rejected"),
+    "timeout": pgettext_lazy("decision", "timed out"),
+    "canceled": pgettext_lazy("decision", "canceled"),
+}
+
+
+@register.filter
+def decision_label(code: str) -> str:
+    return plain(DECISION_LABELS, code)
+
+
+@register.filter
+def node_kind_label(code: str) -> str:
+    return plain(NODE_KIND_LABELS, code)
+
+
+@register.filter
+def status_label(code: str) -> str:
+    """A session's status in words (the code when it is none of SessionStatus)."""
+    from diagnosis.models import SessionStatus
+
+    return str(SessionStatus(code).label) if code in SessionStatus.values else str(code)
+
+
+@register.filter
+def call_status_label(code: str) -> str:
+    from diagnosis.models import ToolCallStatus
+
+    return str(ToolCallStatus(code).label) if code in ToolCallStatus.values else str(code)

@@ -1,0 +1,87 @@
+"""Plain words for the codes the agent and the scenarios use (tools, compliance states,
+checklist priorities, risk levels, evidence kinds): what an operator reads. The code
+itself stays available (pages put it in a title attribute, the log keeps it)."""
+
+from __future__ import annotations
+
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
+
+TOOL_LABELS: dict[str, Promise] = {
+    # response actions (scenarios_admin.definition.ACTION_TOOLS) and the lift
+    "notify_atc": _("Notify ATC"),
+    "dispatch_cleanup_crew": _("Dispatch the cleanup crew"),
+    "request_fire_standby": _("Put the fire brigade on standby"),
+    "suspend_stand_operations": _("Suspend stand operations"),
+    "close_taxiway": _("Close taxiway"),
+    "close_runway": _("Close runway"),
+    "runway_inspection": _("Inspect the runway"),
+    "fod_sweep": _("Sweep for FOD"),
+    "tow_aircraft": _("Tow the aircraft"),
+    "lift_restriction": _("Lift a closure"),
+    # the agent's own lookups and analyses
+    "lookup_aircraft_info": _("Look up the aircraft"),
+    "lookup_flight_plan": _("Look up the flight plan"),
+    "lookup_stand_location": _("Look up the position"),
+    "assess_risk": _("Assess the risk"),
+    "analyze_impact": _("Analyse the impact"),
+}
+
+# The compliance states the scenarios use (their `compliance.states`).
+FSM_LABELS: dict[str, Promise] = {
+    "INIT": _("Started"),
+    "FIELDS_COLLECTED": _("Facts collected"),
+    "RISK_ASSESSED": _("Risk assessed"),
+    "IMPACT_ANALYZED": _("Impact analysed"),
+    "DECIDED": _("Actions decided"),
+    "ACTIONS_DECIDED": _("Actions decided"),
+    "REPORTED": _("Report written"),
+}
+
+PRIORITY_LABELS: dict[str, Promise] = {
+    "P1": pgettext_lazy("checklist priority", "required"),
+    "P2": pgettext_lazy("checklist priority", "if known"),
+}
+
+RISK_LABELS: dict[str, Promise] = {
+    "HIGH": pgettext_lazy("risk level", "High"),
+    "MEDIUM": pgettext_lazy("risk level", "Medium"),
+    "LOW": pgettext_lazy("risk level", "Low"),
+}
+
+RISK_CLASS_LABELS: dict[str, Promise] = {
+    "R0": _("runs automatically"),
+    "R1": _("needs an approval"),
+    "R2": _("needs an approval and a confirmation"),
+    "R3": _("needs an approval and a confirmation with a reason"),
+}
+
+EVIDENCE_LABELS: dict[str, Promise] = {
+    "default": _("scenario default (not reported)"),
+}
+
+NODE_LABELS: dict[str, Promise] = {
+    "input_parser": _("reading the message"),
+    "reasoning": _("reasoning"),
+    "ask_user": _("asking"),
+    "tool_executor": _("running tools"),
+    "await_approval": _("waiting for approvals"),
+    "compliance_validator": _("compliance check"),
+    "output_generator": _("writing the report"),
+}
+
+
+# Kinds of airport graph nodes (scenarios_admin.definition.NODE_KINDS)
+NODE_KIND_LABELS: dict[str, Promise] = {
+    "stand": pgettext_lazy("airport node kind", "stand"),
+    "taxiway": pgettext_lazy("airport node kind", "taxiway"),
+    "runway": pgettext_lazy("airport node kind", "runway"),
+}
+
+
+def plain(table: dict[str, Promise], code: object) -> str:
+    """The words for `code`, or the code itself when it has none (a new tool or state
+    then still shows, in its own name)."""
+    text = table.get(str(code))
+    return str(text) if text is not None else str(code)

@@ -1,0 +1,160 @@
+"""The session timeline as an operator reads it: what happened, what the agent asked,
+found and proposed, who decided; the agent's internals folded under a disclosure (still
+in the log, on the full timeline and in replay); plain words for codes, with the code in
+a tooltip; the list opens on its newest entry."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import reverse
+from playwright.sync_api import Browser, expect
+
+from approvals.actions import do_decide
+from diagnosis.models import Event, Session
+from tests.browser_helpers import sign_in
+from tests.web_helpers import approval_for, login, waiting_session
+
+pytestmark = pytest.mark.services
+
+ENTRY = re.compile(r'<li id="event-(\d+)" data-seq="\d+" data-type="([^"]+)" class="([^"]*)"')
+
+
+def entries(page: str) -> dict[int, tuple[str, set[str]]]:
+    """seq -> (event type, classes) of every timeline entry on the page."""
+    return {int(seq): (kind, set(cls.split())) for seq, kind, cls in ENTRY.findall(page)}
+
+
+def detail_page(user: User, session: Session) -> str:
+    return login(user).get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+
+
+def test_agent_internals_are_folded_and_what_matters_is_not(builtin: None, alice: User) -> None:
+    session = waiting_session(alice)
+    page = detail_page(alice, session)
+    shown = entries(page)
+    assert len(shown) == session.last_seq  # nothing is dropped from the page or the log
+    internal = {seq for seq, (_, cls) in shown.items() if "internal" in cls}
+    kinds = {kind for seq, (kind, _) in shown.items() if seq in internal}
+    assert kinds <= {
+        "agent.node_started",
+        "agent.node_completed",
+        "tool.call_started",
+        "tool.call_completed",
+        "llm.call",
+        "fsm.transition",
+        "session.status_changed",
+    }
+    assert {"agent.node_started", "agent.node_completed"} <= kinds
+    for seq, (kind, cls) in shown.items():
+        if kind in ("session.created", "user.message", "risk.assessed", "approval.required"):
+            assert "internal" not in cls, (seq, kind)
+    # The operator view is the short one: most of what the agent writes is internal.
+    assert len(internal) > len(shown) / 2
+    # The disclosure that shows them sits right before the list (CSS hides them while
+    # it is closed, aero.css), so a live append folds new internals the same way.
+    assert re.search(
+        r'<details class="agent-details"[^>]*><summary>Show the agent\'s internal steps'
+        r'</summary></details>\s*<ol id="timeline-list"',
+        page,
+    )
+    # still all in the log
+    assert Event.objects.filter(session=session, type="agent.node_started").exists()
+
+
+def test_codes_become_plain_words_with_the_code_in_a_tooltip(builtin: None, alice: User) -> None:
+    session = waiting_session(alice)
+    page = detail_page(alice, session)
+    # compliance states
+    assert '<strong title="IMPACT_ANALYZED">Impact analysed</strong>' in page
+    assert ">IMPACT_ANALYZED<" not in page
+    # tools: the proposal and the actions table
+    assert 'title="dispatch_cleanup_crew">Dispatch the cleanup crew</span>' in page
+    assert "<code>dispatch_cleanup_crew</code>" not in page
+    # the risk: level in words, the rule's reason in field labels, its id in a tooltip
+    risk = re.search(r'data-type="risk.assessed".*?</li>', page, flags=re.S)
+    assert risk is not None
+    assert '<strong class="risk-high" title="HIGH">High</strong>' in risk.group(0)
+    assert 'title="rule OS-01"' in risk.group(0) and "because" in risk.group(0)
+    assert "Fluid type" in risk.group(0) or "Engine running" in risk.group(0)
+    # what was recognised: labels and value labels, the code in the tooltip
+    extracted = re.search(r'data-type="fields.extracted".*?</li>', page, flags=re.S)
+    assert extracted is not None and 'title="flight_no=CA1234"' in extracted.group(0)
+    assert "Flight number: <strong>CA1234</strong>" in extracted.group(0)
+    # checklist priorities and a scenario default
+    assert 'title="P1">required<' in page and 'title="P2">if known<' in page
+    assert 'title="default">scenario default (not reported)<' in page
+    assert ">P1<" not in page and "“default”" not in page
+
+
+def test_who_decided_reads_as_a_sentence(builtin: None, alice: User, bob: User) -> None:
+    session = waiting_session(alice)
+    approval = approval_for(session, "dispatch_cleanup_crew", position="105")
+    do_decide(approval.pk, bob, "approve", "", digest=approval.digest)
+    page = detail_page(alice, session)
+    assert (
+        'bob approved <span title="dispatch_cleanup_crew">Dispatch the cleanup crew</span>' in page
+    )
+
+
+def test_the_full_timeline_folds_the_same_internals(
+    builtin: None, carol: User, alice: User
+) -> None:
+    session = waiting_session(alice)
+    page = login(carol).get(reverse("diagnosis:session-events", args=[session.pk])).content
+    html = page.decode()
+    shown = entries(html)
+    assert len(shown) == session.last_seq
+    assert any("internal" in cls for _, cls in shown.values())
+    assert '<details class="agent-details">' in html
+    assert "Impact analysed" in html  # the scenario definition reaches this page too
+
+
+@pytest.mark.browser
+def test_the_timeline_opens_on_its_newest_entry_with_internals_folded(
+    builtin: None, alice: User, browser: Browser, asgi_server: str
+) -> None:
+    session = waiting_session(alice)
+    page = sign_in(browser, asgi_server, alice)
+    page.set_viewport_size({"width": 1400, "height": 500})  # a list longer than its box
+    page.goto(f"{asgi_server}{reverse('diagnosis:session-detail', args=[session.pk])}")
+    timeline = page.locator("#timeline-list")
+    internals = page.locator("#timeline-list > li.internal")
+    expect(internals.first).to_be_hidden()
+    # Opened on the newest entry: the list (a scroll box) is at its end, its newest
+    # operator entry inside the box, its oldest scrolled out above it.
+    where = timeline.evaluate(
+        """list => {
+          const items = [...list.querySelectorAll(":scope > li:not(.internal)")];
+          const box = list.getBoundingClientRect();
+          const newest = items[items.length - 1].getBoundingClientRect();
+          const oldest = items[0].getBoundingClientRect();
+          return {
+            overflows: list.scrollHeight > list.clientHeight,
+            atEnd: list.scrollHeight - list.clientHeight - list.scrollTop < 2,
+            newestInside: newest.top >= box.top - 1 && newest.bottom <= box.bottom + 1,
+            oldestAbove: oldest.bottom <= box.top + 1,
+          };
+        }"""
+    )
+    assert where == {"overflows": True, "atEnd": True, "newestInside": True, "oldestAbove": True}
+    page.locator("details.agent-details > summary").click()
+    expect(internals.last).to_be_visible()
+
+
+@pytest.mark.browser
+def test_switching_language_in_the_header(
+    builtin: None, alice: User, browser: Browser, asgi_server: str
+) -> None:
+    page = sign_in(browser, asgi_server, alice, language="")  # no choice yet: the default
+    expect(page.locator("html")).to_have_attribute("lang", "zh-Hans")
+    page.get_by_role("button", name="English").click()
+    expect(page.locator("html")).to_have_attribute("lang", "en")
+    page.get_by_role("button", name="简体中文").click()
+    expect(page.locator("html")).to_have_attribute("lang", "zh-Hans")
+    expect(page.locator("header nav")).to_contain_text("会话")
+    expect(page).to_have_url(re.compile(r"/sessions/$"))
+    page.get_by_role("button", name="English").click()
+    expect(page.locator("header nav")).to_contain_text("Sessions")
