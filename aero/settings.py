@@ -210,6 +210,9 @@ AERO_EMBEDDED_WORKERS = env_int("AERO_EMBEDDED_WORKERS", 2, minimum=1)
 # (worker killed) and the reconciler re-enqueues the session.
 AERO_LEASE_SECONDS = env_int("AERO_LEASE_SECONDS", 120, minimum=5)
 AERO_RECONCILE_SECONDS = env_int("AERO_RECONCILE_SECONDS", 30, minimum=1)
+# Web processes (gunicorn workers, daphne) run the web periodic tasks (the approval
+# timeout sweeper) this often, so timeouts happen with every worker down; 0: off.
+AERO_WEB_TICK_SECONDS = env_float("AERO_WEB_TICK_SECONDS", 10.0)
 AERO_JOB_ATTEMPTS = env_int("AERO_JOB_ATTEMPTS", 3, minimum=1)
 AERO_JOB_BACKOFF = env_float("AERO_JOB_BACKOFF", 1.0)  # seconds x attempt, between retries
 AERO_QUEUE = env_str("AERO_QUEUE", "aero")
