@@ -224,9 +224,13 @@ AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
 if AERO_WS_URL:
     SECURE_CSP["connect-src"] = [CSP.SELF, AERO_WS_URL]  # the sockets' own origin
 
-RQ_QUEUES = {
-    AERO_QUEUE: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 600},
-}
+_RQ_URL = REDIS_URL or "redis://127.0.0.1:6379/0"
+if "socket_connect_timeout" not in _RQ_URL:
+    # An unreachable Redis (not just a stopped one) must not hold a web request for the
+    # OS's connect timeout (minutes): the enqueue after commit fails fast and is left to
+    # the reconciler (ADR 111). redis-py reads the option from the URL.
+    _RQ_URL += ("&" if "?" in _RQ_URL else "?") + "socket_connect_timeout=3"
+RQ_QUEUES = {AERO_QUEUE: {"URL": _RQ_URL, "DEFAULT_TIMEOUT": 600}}
 
 if REDIS_URL:
     # The pub/sub layer reconnects after a Redis restart (the core layer closes every
@@ -269,6 +273,10 @@ AERO_REPLAY_EXPORT_INLINE_EVENTS = env_int("AERO_REPLAY_EXPORT_INLINE_EVENTS", 5
 AERO_REPLAY_CHAIN_INLINE_EVENTS = env_int("AERO_REPLAY_CHAIN_INLINE_EVENTS", 2000, minimum=0)
 
 AERO_ENRICHMENT_TIMEOUT = env_float("AERO_ENRICHMENT_TIMEOUT", 2.0)
+# An action's request to its external system (the outbox): retries after the first
+# attempt, linear backoff (attempt x seconds: 1 s then 2 s), tech plan §5.4.
+AERO_TOOL_RETRIES = env_int("AERO_TOOL_RETRIES", 2, minimum=0)
+AERO_TOOL_BACKOFF = env_float("AERO_TOOL_BACKOFF", 1.0)
 AERO_LLM_RETRIES = env_int("AERO_LLM_RETRIES", 3, minimum=1)
 AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
 # With a real provider configured, the model picks the reasoning node's calls (ReAct),

@@ -17,6 +17,7 @@ from diagnosis.events import append_event, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.outbox import enqueue_effect
 from diagnosis.reporting import md_cell, write_report
 from diagnosis.signals import session_closing
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
@@ -266,6 +267,10 @@ def do_apply_decision(
         _record_decision(tool_call, user, outcome, reason, producer, at, extra)
         if session.is_ended:
             return tool_call
+        if outcome == "approved":
+            # The effect's outbox row commits with the decision (ADR 110); the session's
+            # job executes it after the commit.
+            enqueue_effect(tool_call, producer=producer)
         if session.status == SessionStatus.WAITING_USER:
             set_status(session.pk, SessionStatus.QUEUED, producer=producer)
         enqueue_advance(session.pk)
