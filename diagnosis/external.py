@@ -12,11 +12,13 @@ raise ExternalUnavailable (a 503, a timeout) to simulate an outage."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import connection
+from django.utils import timezone
 
 from diagnosis.models import ExternalEffect
 
@@ -55,20 +57,32 @@ def request(system: str, operation: str, key: str, body: dict[str, Any]) -> dict
         raise RuntimeError("external systems are called outside the database transaction")
     if fault is not None:
         fault(system, operation, key)
-    with transaction.atomic():
-        effect, created = ExternalEffect.objects.select_for_update().get_or_create(
-            idempotency_key=key,
-            defaults={"system": system, "operation": operation, "request": body},
+    table = ExternalEffect._meta.db_table
+    # One statement, committed on its own: the first request with a key stores the
+    # effect and its answer; a repeat only counts itself and gets the stored answer.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""INSERT INTO {table}
+                (system, operation, idempotency_key, request, response, requests, created_at)
+                VALUES (%s, %s, %s, %s, %s, 1, %s)
+                ON CONFLICT (idempotency_key)
+                DO UPDATE SET requests = {table}.requests + 1
+                RETURNING response""",
+            [
+                system,
+                operation,
+                key,
+                json.dumps(body),
+                json.dumps(_perform(system, operation, key)),
+                timezone.now(),
+            ],
         )
-        if created:
-            effect.response = _perform(system, operation, effect.pk, body)
-            effect.save(update_fields=["response"])
-        else:
-            ExternalEffect.objects.filter(pk=effect.pk).update(requests=F("requests") + 1)
-    return dict(effect.response)
+        (response,) = cursor.fetchone()
+    return dict(json.loads(response) if isinstance(response, str) else response)
 
 
-def _perform(system: str, operation: str, number: int, body: dict[str, Any]) -> dict[str, Any]:
-    """The remote side's answer: a reference number of its own."""
+def _perform(system: str, operation: str, key: str) -> dict[str, Any]:
+    """The remote side's answer: a reference number of its own, stable for the key."""
     prefix = {AIRPORT_OPS: "AODB", ATC: "ATC", DISPATCH: "DSP"}[system]
+    number = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100_000
     return {"reference": f"{prefix}-{number:05d}", "accepted": operation}

@@ -95,7 +95,6 @@ class OutboxState:
     outbox: int | None
     idempotency_key: str
     status: str = "pending"  # pending, done, failed, refused
-    attempts: int = 0
     last_error: str = ""
     completed_at: datetime | None = None
 
@@ -415,8 +414,6 @@ def _apply(state: FoldState, event: EventLike) -> None:
         call = _tool_call(state, p)
         call.status = "running"
         call.attempts = int(p.get("attempt") or call.attempts + 1)
-        if call.call_id in state.outbox:
-            state.outbox[call.call_id].attempts += 1
     elif t == "tool.call_retrying":
         call = _tool_call(state, p)
         if call.call_id in state.outbox:

@@ -234,7 +234,7 @@ class Outbox(models.Model):
     status = models.CharField(
         max_length=10, choices=OutboxStatus.choices, default=OutboxStatus.PENDING
     )
-    attempts = models.PositiveSmallIntegerField(default=0)
+    # Attempts are the call's (ToolCall.attempts, one `tool.call_started` each).
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     completed_at = models.DateTimeField(null=True, blank=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from aero import metrics
 from diagnosis import external
-from diagnosis.events import append_event
+from diagnosis.events import append_event, event_batch
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import AgentRun, Outbox, OutboxStatus, ToolCall, ToolCallStatus
 
@@ -42,22 +42,34 @@ logger = logging.getLogger("diagnosis.outbox")
 sleep = time.sleep
 
 
+@dataclass(frozen=True)
+class Effect:
+    """One request to send: which row, under which key, to whom, with what."""
+
+    outbox_id: int
+    session_id: Any
+    key: str
+    system: str
+    operation: str
+    body: dict[str, Any]
+
+
 def enqueue_effect(
-    tool_call: ToolCall, *, producer: str, run: AgentRun | None = None
+    tool_call: ToolCall, *, producer: str, run: AgentRun | None = None, fresh: bool = False
 ) -> Outbox | None:
     """Hand an approved (or R0) action to the outbox, in the caller's transaction (the
-    caller holds the call row's lock). The policy is checked here first: a refused call
-    ends `refused` and gets no row. Returns the pending row, or None when refused."""
-    problems = execution_problems(tool_call)
-    if problems:
-        refuse_execution(tool_call, problems, producer=producer, run=run)
-        return None
-    outbox, created = Outbox.objects.get_or_create(
+    caller holds the call row's lock): the call turns `executing`, its row and its
+    `tool.call_queued` event commit with the decision. Returns the pending row (None when
+    an earlier row already ended: a completed effect is never queued again). `fresh`:
+    the call was awaiting its decision until now, so it has no row yet."""
+    existing = None if fresh else Outbox.objects.filter(tool_call=tool_call).first()
+    if existing is not None:
+        return existing if existing.status == OutboxStatus.PENDING else None
+    outbox = Outbox.objects.create(
         tool_call=tool_call,
-        defaults={"session_id": tool_call.session_id, "idempotency_key": tool_call.idempotency_key},
+        session_id=tool_call.session_id,
+        idempotency_key=tool_call.idempotency_key,
     )
-    if not created:
-        return outbox if outbox.status == OutboxStatus.PENDING else None
     tool_call.status = ToolCallStatus.EXECUTING
     tool_call.save(update_fields=["status"])
     append_event(
@@ -78,70 +90,79 @@ def enqueue_effect(
     return outbox
 
 
-def execute_after_commit(ctx: ToolContext, outbox_id: int) -> None:
-    """Run the executor once the caller's transaction commits (never inside it)."""
-    transaction.on_commit(partial(execute, ctx, outbox_id))
+def prepare(
+    ctx: ToolContext, outbox: Outbox, tool_call: ToolCall, *, checked: bool = False
+) -> Effect | None:
+    """The first attempt of this run, in the caller's transaction (rows locked): the
+    policy checked again where the action executes (rows may have changed since the
+    decision, ADR 40; `checked`: the caller just did), the request built, the attempt
+    logged. None when the call ended here (refused, or a request no system could
+    accept)."""
+    from diagnosis.agent.tools import ToolFailure, _started, action_request
+
+    problems = [] if checked else execution_problems(tool_call)
+    if problems:
+        refuse_execution(tool_call, problems, producer=ctx.producer, run=ctx.run)
+        _close(outbox, OutboxStatus.REFUSED, tool_call)
+        return None
+    try:
+        system, operation, body = action_request(ctx, tool_call)
+    except ToolFailure as exc:  # no retry can make this request acceptable
+        _record_failure(ctx, outbox, tool_call, time.monotonic(), str(exc))
+        return None
+    _started(ctx, tool_call)
+    return Effect(outbox.pk, tool_call.session_id, outbox.idempotency_key, system, operation, body)
 
 
-def execute(ctx: ToolContext, outbox_id: int) -> str:
-    """Perform the effect of a pending outbox row and record its result once; returns the
-    row's final status. Never raises for a failed effect: the failure is recorded."""
-    from diagnosis.agent.tools import ToolFailure, action_request
+def execute_after_commit(ctx: ToolContext, effect: Effect) -> None:
+    """Send the request once the caller's transaction commits (never inside it)."""
+    transaction.on_commit(lambda: execute(ctx, effect))
+
+
+def execute(ctx: ToolContext, effect: Effect) -> str:
+    """Send a prepared request, retrying transient failures with the same key, and
+    record the result once; returns the row's final status. Never raises for a failed
+    effect: the failure is recorded."""
+    from diagnosis.agent.tools import _started
 
     retries = settings.AERO_TOOL_RETRIES
-    for attempt in range(1, retries + 2):
-        with transaction.atomic():
-            outbox, tool_call = _lock(outbox_id)
-            if outbox.status != OutboxStatus.PENDING:
-                return outbox.status  # recorded before (a re-run): never again
-            if attempt == 1:
-                # Checked again where it executes: rows may have changed since the
-                # decision (ADR 40).
-                problems = execution_problems(tool_call)
-                if problems:
-                    refuse_execution(tool_call, problems, producer=ctx.producer, run=ctx.run)
-                    _close(outbox, OutboxStatus.REFUSED, tool_call)
-                    return outbox.status
-            try:
-                system, operation, body = action_request(ctx, tool_call)
-            except ToolFailure as exc:  # the request itself is wrong: no retry helps
-                return _record_failure(ctx, outbox, tool_call, time.monotonic(), str(exc))
-            _attempt_started(ctx, outbox, tool_call)
+    attempt = 1
+    while True:
         started = time.monotonic()
         try:
-            remote = external.request(system, operation, outbox.idempotency_key, body)
+            remote = external.request(effect.system, effect.operation, effect.key, effect.body)
         except Exception as exc:  # unreachable, 5xx, timeout: the same key may be re-sent
             error = str(exc) or type(exc).__name__
-            if attempt > retries:
-                metrics.outbox_attempt("failed")
-                with transaction.atomic():
-                    outbox, tool_call = _lock(outbox_id)
-                    if outbox.status != OutboxStatus.PENDING:
-                        return outbox.status
-                    return _record_failure(
-                        ctx,
-                        outbox,
-                        tool_call,
-                        started,
-                        f"gave up after {attempt} attempts: {error}",
-                    )
+            with transaction.atomic(), event_batch(effect.session_id):
+                outbox, tool_call = _lock(effect.outbox_id)
+                if outbox.status != OutboxStatus.PENDING:
+                    return outbox.status
+                if attempt > retries:
+                    metrics.outbox_attempt("failed")
+                    message = f"gave up after {attempt} attempts: {error}"
+                    return _record_failure(ctx, outbox, tool_call, started, message)
+                delay = settings.AERO_TOOL_BACKOFF * attempt
+                _record_retry(ctx, outbox, tool_call, attempt, error, delay)
             metrics.outbox_attempt("retry")
-            delay = settings.AERO_TOOL_BACKOFF * attempt
-            _record_retry(ctx, outbox_id, attempt, error, delay)
             sleep(delay)
+            attempt += 1
+            with transaction.atomic(), event_batch(effect.session_id):
+                outbox, tool_call = _lock(effect.outbox_id)
+                if outbox.status != OutboxStatus.PENDING:
+                    return outbox.status
+                _started(ctx, tool_call)
             continue
         metrics.outbox_attempt("ok")
-        return record_success(ctx, outbox_id, remote, started)
-    raise AssertionError("unreachable: the last attempt records a result")
+        return record_success(ctx, effect, remote, started)
 
 
-def record_success(ctx: ToolContext, outbox_id: int, remote: dict[str, Any], started: float) -> str:
+def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], started: float) -> str:
     """The external system accepted the request: the call completes, with its event and
     the rows it puts in force, in one transaction; once."""
     from diagnosis.agent.tools import ToolFailure, _finished, action_result
 
-    with transaction.atomic():
-        outbox, tool_call = _lock(outbox_id)
+    with transaction.atomic(), event_batch(effect.session_id):
+        outbox, tool_call = _lock(effect.outbox_id)
         if outbox.status != OutboxStatus.PENDING:
             return outbox.status
         try:
@@ -154,38 +175,33 @@ def record_success(ctx: ToolContext, outbox_id: int, remote: dict[str, Any], sta
 
 
 def _lock(outbox_id: int) -> tuple[Outbox, ToolCall]:
-    outbox = Outbox.objects.select_for_update().get(pk=outbox_id)
-    tool_call = ToolCall.objects.select_for_update().get(pk=outbox.tool_call_id)
-    return outbox, tool_call
+    """Lock the outbox row (every executor of this effect goes through it) and read its
+    call with it, in one query."""
+    outbox = (
+        Outbox.objects.select_for_update(of=("self",)).select_related("tool_call").get(pk=outbox_id)
+    )
+    return outbox, outbox.tool_call
 
 
-def _attempt_started(ctx: ToolContext, outbox: Outbox, tool_call: ToolCall) -> None:
-    from diagnosis.agent.tools import _started
-
-    outbox.attempts += 1
-    outbox.save(update_fields=["attempts"])
-    _started(ctx, tool_call)
-
-
-def _record_retry(ctx: ToolContext, outbox_id: int, attempt: int, error: str, delay: float) -> None:
-    with transaction.atomic():
-        outbox, tool_call = _lock(outbox_id)
-        outbox.last_error = error
-        outbox.save(update_fields=["last_error"])
-        append_event(
-            tool_call.session_id,
-            "tool.call_retrying",
-            {
-                "tool_call": tool_call.pk,
-                "call_id": tool_call.call_id,
-                "tool_name": tool_call.tool_name,
-                "attempt": attempt,
-                "error": error,
-                "retry_in": delay,
-            },
-            producer=ctx.producer,
-            run=ctx.run,
-        )
+def _record_retry(
+    ctx: ToolContext, outbox: Outbox, tool_call: ToolCall, attempt: int, error: str, delay: float
+) -> None:
+    outbox.last_error = error
+    outbox.save(update_fields=["last_error"])
+    append_event(
+        tool_call.session_id,
+        "tool.call_retrying",
+        {
+            "tool_call": tool_call.pk,
+            "call_id": tool_call.call_id,
+            "tool_name": tool_call.tool_name,
+            "attempt": attempt,
+            "error": error,
+            "retry_in": delay,
+        },
+        producer=ctx.producer,
+        run=ctx.run,
+    )
     logger.warning(
         "%s (%s): attempt %d failed (%s); retrying in %g s",
         tool_call.tool_name,

@@ -117,7 +117,6 @@ def assert_projections_match(session: Session) -> FoldState:
             o.pk,
             o.idempotency_key,
             o.status,
-            o.attempts,
             o.last_error,
             o.completed_at,
         )
@@ -128,7 +127,6 @@ def assert_projections_match(session: Session) -> FoldState:
             o.outbox,
             o.idempotency_key,
             o.status,
-            o.attempts,
             o.last_error,
             o.completed_at,
         )

@@ -16,8 +16,9 @@ from django.utils import timezone
 
 from diagnosis import external
 from diagnosis.events import append_event
+from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import AgentRun, Outbox, OutboxStatus, Restriction, ToolCall, ToolCallStatus
-from diagnosis.outbox import enqueue_effect, execute_after_commit
+from diagnosis.outbox import enqueue_effect, execute_after_commit, prepare
 from scenarios_admin.airport import AirportGraph, natural_sorted
 from scenarios_admin.definition import ACTION_TOOLS
 from scenarios_admin.models import Flight, Topology
@@ -299,22 +300,47 @@ def action_result(ctx: ToolContext, tool_call: ToolCall, remote: dict[str, Any])
     return response
 
 
+UNFINISHED = (
+    ToolCallStatus.APPROVED,
+    ToolCallStatus.PROPOSED,
+    ToolCallStatus.EXECUTING,
+    ToolCallStatus.RUNNING,
+)
+
+
 def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
-    """Hand an approved (or R0) action to the outbox in the caller's transaction (row
-    lock, policy check, the call `executing`, its outbox row and event together) and
-    execute it once that transaction commits. A call already handed over (a re-run
-    after a crash) is executed again from its pending row: the external system sees the
-    same key and never repeats the effect. Anything else is left as it is."""
+    """Execute an approved (or R0) action through the outbox. In the caller's
+    transaction: the row lock, the call handed to the outbox (`executing`, its row and
+    event, unless the decision did so already), the policy checked and the attempt
+    logged; the request goes out once that transaction commits. A call handed over
+    before a crash (`executing` or `running`, its row pending) is sent again under the
+    same key: the external system never repeats the effect. Anything else is left as
+    it is."""
     with transaction.atomic():
-        tool_call = ToolCall.objects.select_for_update().get(pk=tool_call_id)
-        if tool_call.status in (ToolCallStatus.APPROVED, ToolCallStatus.PROPOSED):
-            outbox = enqueue_effect(tool_call, producer=ctx.producer, run=ctx.run)
-        elif tool_call.status in (ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING):
-            outbox = Outbox.objects.filter(tool_call=tool_call, status=OutboxStatus.PENDING).first()
+        tool_call = (
+            ToolCall.objects.select_for_update(of=("self",))
+            .select_related("outbox")
+            .get(pk=tool_call_id)
+        )
+        if tool_call.status not in UNFINISHED:
+            return tool_call  # decided otherwise, or ended: never again
+        existing: Outbox | None = getattr(tool_call, "outbox", None)
+        if existing is None:
+            problems = execution_problems(tool_call)
+            if problems:
+                refuse_execution(tool_call, problems, producer=ctx.producer, run=ctx.run)
+                return tool_call
+            outbox = enqueue_effect(tool_call, producer=ctx.producer, run=ctx.run, fresh=True)
+            effect = prepare(ctx, outbox, tool_call, checked=True) if outbox else None
+        elif existing.status == OutboxStatus.PENDING:  # by the decision, or a crashed run
+            effect = prepare(ctx, existing, tool_call)
         else:
+            # Its effect was recorded already, yet the row says otherwise: changed by hand.
+            problems = execution_problems(tool_call) or ["its effect was already recorded"]
+            refuse_execution(tool_call, problems, producer=ctx.producer, run=ctx.run)
             return tool_call
-        if outbox is not None:
-            execute_after_commit(ctx, outbox.pk)
+        if effect is not None:
+            execute_after_commit(ctx, effect)
     return tool_call
 
 
