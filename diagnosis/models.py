@@ -241,14 +241,6 @@ class Outbox(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        indexes = [
-            # the admin and the operator's "effects still pending" check
-            models.Index(
-                fields=["created_at"],
-                condition=Q(status="pending"),
-                name="outbox_pending_idx",
-            ),
-        ]
 
     def __str__(self) -> str:
         return f"outbox {self.idempotency_key} ({self.status})"
