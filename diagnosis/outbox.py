@@ -47,6 +47,7 @@ class Effect:
     """One request to send: which row, under which key, to whom, with what."""
 
     outbox_id: int
+    tool_call_id: int
     session_id: Any
     key: str
     system: str
@@ -111,7 +112,15 @@ def prepare(
         _record_failure(ctx, outbox, tool_call, time.monotonic(), str(exc))
         return None
     _started(ctx, tool_call)
-    return Effect(outbox.pk, tool_call.session_id, outbox.idempotency_key, system, operation, body)
+    return Effect(
+        outbox.pk,
+        tool_call.pk,
+        tool_call.session_id,
+        outbox.idempotency_key,
+        system,
+        operation,
+        body,
+    )
 
 
 def execute_after_commit(ctx: ToolContext, effect: Effect) -> None:
@@ -162,16 +171,27 @@ def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], sta
     from diagnosis.agent.tools import ToolFailure, _finished, action_result
 
     with transaction.atomic(), event_batch(effect.session_id):
-        outbox, tool_call = _lock(effect.outbox_id)
-        if outbox.status != OutboxStatus.PENDING:
-            return outbox.status
+        # Claimed by a conditional UPDATE (its row lock lasts until the commit): of two
+        # executors of one effect only one records it, without another FOR UPDATE.
+        at = timezone.now()  # the row's completion time is its call's
+        claimed = Outbox.objects.filter(pk=effect.outbox_id, status=OutboxStatus.PENDING).update(
+            status=OutboxStatus.DONE, last_error="", completed_at=at
+        )
+        if not claimed:
+            return str(Outbox.objects.values_list("status", flat=True).get(pk=effect.outbox_id))
+        tool_call = ToolCall.objects.get(pk=effect.tool_call_id)
+        outbox = Outbox(
+            pk=effect.outbox_id,
+            tool_call=tool_call,
+            session_id=effect.session_id,
+            idempotency_key=effect.key,
+        )
         try:
             response = action_result(ctx, tool_call, remote)
         except ToolFailure as exc:
             return _record_failure(ctx, outbox, tool_call, started, str(exc))
-        _finished(ctx, tool_call, started, response=response)
-        _close(outbox, OutboxStatus.DONE, tool_call)
-    return outbox.status
+        _finished(ctx, tool_call, started, response=response, at=at)
+    return OutboxStatus.DONE
 
 
 def _lock(outbox_id: int) -> tuple[Outbox, ToolCall]:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -378,9 +379,10 @@ def _finished(
     *,
     response: dict[str, Any] | None = None,
     error: str = "",
+    at: datetime | None = None,
 ) -> None:
     tool_call.duration_ms = int((time.monotonic() - started) * 1000)
-    tool_call.completed_at = timezone.now()
+    tool_call.completed_at = at or timezone.now()
     tool_call.status = ToolCallStatus.FAILED if error else ToolCallStatus.COMPLETED
     tool_call.response_payload = response or {}
     tool_call.error = error
