@@ -37,3 +37,9 @@ if settings.AERO_JOB_BACKEND == "embedded":
     from diagnosis.jobs import embedded_worker
 
     embedded_worker()
+elif settings.AERO_JOB_BACKEND == "rq":
+    # The approval sweeper runs in the web processes too: timeouts happen with every
+    # worker down (ADR 112).
+    from diagnosis.maintenance import start_web_ticker
+
+    start_web_ticker()

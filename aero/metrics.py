@@ -58,6 +58,16 @@ JOB_DURATION = Histogram(
     ["outcome"],
     buckets=JOB_BUCKETS,
 )
+ENQUEUE_FAILED = Counter(
+    "aero_enqueue_failed",
+    "Jobs not enqueued after a committed change because the queue was unreachable (the "
+    "reconciler enqueues them later).",
+)
+OUTBOX_ATTEMPTS = Counter(
+    "aero_outbox_attempts",
+    "Calls to external systems made from the outbox, by outcome (ok, retry, failed).",
+    ["outcome"],
+)
 API_CALLS = Counter(
     "aero_api_requests", "REST API calls, by method and HTTP status.", ["method", "status"]
 )
@@ -93,6 +103,14 @@ def events_sent(stream: str, count: int, live_since: list[datetime] | None = Non
             COMMIT_TO_SEND.labels(stream).observe(max(0.0, (now - ts).total_seconds()))
 
     _safe(record)
+
+
+def enqueue_failed() -> None:
+    _safe(ENQUEUE_FAILED.inc)
+
+
+def outbox_attempt(outcome: str) -> None:
+    _safe(lambda: OUTBOX_ATTEMPTS.labels(outcome).inc())
 
 
 def job_finished(outcome: str, seconds: float) -> None:

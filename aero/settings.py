@@ -221,6 +221,9 @@ AERO_EMBEDDED_WORKERS = env_int("AERO_EMBEDDED_WORKERS", 2, minimum=1)
 # (worker killed) and the reconciler re-enqueues the session.
 AERO_LEASE_SECONDS = env_int("AERO_LEASE_SECONDS", 120, minimum=5)
 AERO_RECONCILE_SECONDS = env_int("AERO_RECONCILE_SECONDS", 30, minimum=1)
+# Web processes (gunicorn workers, daphne) run the web periodic tasks (the approval
+# timeout sweeper) this often, so timeouts happen with every worker down; 0: off.
+AERO_WEB_TICK_SECONDS = env_float("AERO_WEB_TICK_SECONDS", 10.0)
 AERO_JOB_ATTEMPTS = env_int("AERO_JOB_ATTEMPTS", 3, minimum=1)
 AERO_JOB_BACKOFF = env_float("AERO_JOB_BACKOFF", 1.0)  # seconds x attempt, between retries
 AERO_QUEUE = env_str("AERO_QUEUE", "aero")
@@ -232,9 +235,13 @@ AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
 if AERO_WS_URL:
     SECURE_CSP["connect-src"] = [CSP.SELF, AERO_WS_URL]  # the sockets' own origin
 
-RQ_QUEUES = {
-    AERO_QUEUE: {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 600},
-}
+_RQ_URL = REDIS_URL or "redis://127.0.0.1:6379/0"
+if "socket_connect_timeout" not in _RQ_URL:
+    # An unreachable Redis (not just a stopped one) must not hold a web request for the
+    # OS's connect timeout (minutes): the enqueue after commit fails fast and is left to
+    # the reconciler (ADR 111). redis-py reads the option from the URL.
+    _RQ_URL += ("&" if "?" in _RQ_URL else "?") + "socket_connect_timeout=3"
+RQ_QUEUES = {AERO_QUEUE: {"URL": _RQ_URL, "DEFAULT_TIMEOUT": 600}}
 
 if REDIS_URL:
     # The pub/sub layer reconnects after a Redis restart (the core layer closes every
@@ -283,6 +290,10 @@ AERO_REPLAY_EXPORT_INLINE_EVENTS = env_int("AERO_REPLAY_EXPORT_INLINE_EVENTS", 5
 AERO_REPLAY_CHAIN_INLINE_EVENTS = env_int("AERO_REPLAY_CHAIN_INLINE_EVENTS", 2000, minimum=0)
 
 AERO_ENRICHMENT_TIMEOUT = env_float("AERO_ENRICHMENT_TIMEOUT", 2.0)
+# An action's request to its external system (the outbox): retries after the first
+# attempt, linear backoff (attempt x seconds: 1 s then 2 s), tech plan §5.4.
+AERO_TOOL_RETRIES = env_int("AERO_TOOL_RETRIES", 2, minimum=0)
+AERO_TOOL_BACKOFF = env_float("AERO_TOOL_BACKOFF", 1.0)
 AERO_LLM_RETRIES = env_int("AERO_LLM_RETRIES", 3, minimum=1)
 AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
 # With a real provider configured, the model picks the reasoning node's calls (ReAct),

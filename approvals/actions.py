@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from aero.models import audit
+from aero.templatetags.aero_text import when
 from aero.text import MAX_NOTE, MAX_REASON
 from approvals.models import (
     Approval,
@@ -59,41 +60,62 @@ def do_decide(
         approval = (
             Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)
         )
-        _check_still_valid(approval, session, digest)
-        if decision == REJECT:
-            if not reason:
-                raise ActionError(_("A rejection needs a reason."))
-            return _finish(approval, user, ApprovalStatus.REJECTED, reason, producer)
-        _check_approver(approval, session, user, decision)
-        if (
-            approval.risk_class == "R3"
-            and not reason
-            and (decision == CONFIRM or not approval.needs_two_steps())
-        ):
-            raise ActionError(_("An R3 action needs a written reason to be confirmed."))
-        if decision == APPROVE and approval.needs_two_steps():
-            approval.status = ApprovalStatus.CONFIRMING
-            approval.first_approved_by = user
-            approval.first_approved_at = timezone.now()
-            approval.save(update_fields=["status", "first_approved_by", "first_approved_at"])
-            append_event(
-                session.pk,
-                "approval.first_approved",
-                {
-                    "tool_call": approval.tool_call_id,
-                    "call_id": approval.tool_call.call_id,
-                    "tool_name": approval.action_name,
-                    "args": approval.tool_call.request_payload,
-                    "by": user.get_username(),
-                    "at": approval.first_approved_at.isoformat(),
-                    "risk_level": approval.risk_class,
-                    "reason": reason,
-                },
-                producer=producer,
-            )
-            _audit_and_notify("approval.first_approved", approval, user, reason)
-            return approval
-        return _finish(approval, user, ApprovalStatus.APPROVED, reason, producer)
+        # The deadline is enforced here, under the row lock, and not only by the sweeper:
+        # with every worker down a late decision must still not execute (ADR 112).
+        if approval.is_open and approval.is_past_deadline():
+            _time_out(approval, session)
+            timed_out = approval
+        else:
+            _check_still_valid(approval, session, digest)
+            return _decide_locked(approval, session, user, decision, reason, producer)
+    # Refused after the commit: the timeout (status, manual to-do, event) stays recorded.
+    raise ActionError(
+        _(
+            "The deadline for this decision passed at %(deadline)s; your decision was not "
+            "recorded and the action became a manual to-do."
+        )
+        % {"deadline": when(timed_out.deadline)}
+    )
+
+
+def _decide_locked(
+    approval: Approval, session: Any, user: Any, decision: str, reason: str, producer: str
+) -> Approval:
+    """The decision step itself; the caller holds the session and approval row locks."""
+    if decision == REJECT:
+        if not reason:
+            raise ActionError(_("A rejection needs a reason."))
+        return _finish(approval, user, ApprovalStatus.REJECTED, reason, producer)
+    _check_approver(approval, session, user, decision)
+    if (
+        approval.risk_class == "R3"
+        and not reason
+        and (decision == CONFIRM or not approval.needs_two_steps())
+    ):
+        raise ActionError(_("An R3 action needs a written reason to be confirmed."))
+    if decision == APPROVE and approval.needs_two_steps():
+        approval.status = ApprovalStatus.CONFIRMING
+        approval.first_approved_by = user
+        approval.first_approved_at = timezone.now()
+        approval.save(update_fields=["status", "first_approved_by", "first_approved_at"])
+        append_event(
+            session.pk,
+            "approval.first_approved",
+            {
+                "tool_call": approval.tool_call_id,
+                "call_id": approval.tool_call.call_id,
+                "tool_name": approval.action_name,
+                "args": approval.tool_call.request_payload,
+                "by": user.get_username(),
+                "at": approval.first_approved_at.isoformat(),
+                "risk_level": approval.risk_class,
+                "reason": reason,
+            },
+            producer=producer,
+        )
+        _audit_and_notify("approval.first_approved", approval, user, reason)
+        return approval
+    return _finish(approval, user, ApprovalStatus.APPROVED, reason, producer)
 
 
 def _check_still_valid(approval: Approval, session: Any, digest: str | None) -> None:
@@ -204,45 +226,56 @@ def do_timeout(approval_id: int) -> bool:
     """Locks the session row, then the approval row."""
     with transaction.atomic():
         approval = Approval.objects.select_related("tool_call").get(pk=approval_id)
+        if approval.is_lift:
+            lock_lift_sessions(approval.tool_call)  # as do_decide: the same lock order
         session = lock_session(approval.session_id)
-        approval = Approval.objects.select_for_update().get(pk=approval_id)
-        if not approval.is_open or approval.deadline is None or approval.deadline > timezone.now():
+        approval = (
+            Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)
+        )
+        if not approval.is_open or not approval.is_past_deadline():
             return False
-        approval.status = ApprovalStatus.TIMEOUT
-        approval.decided_at = timezone.now()
-        approval.save(update_fields=["status", "decided_at"])
-        args = ", ".join(f"{k}={v}" for k, v in approval.tool_call.request_payload.items())
-        todo = ManualTodo.objects.create(
-            approval=approval,
-            session_id=session.pk,
-            title=f"{approval.action_name} ({args}) was not decided in time: handle it by hand",
-        )
-        # Logged even when the session has ended (failed, say): nothing changes unseen.
-        do_apply_decision(
-            approval.tool_call_id,
-            None,
-            "timeout",
-            "no decision before the deadline",
-            producer="sweeper",
-            extra={"todo": todo.pk, "todo_title": todo.title},
-            at=approval.decided_at,
-            ended_ok=True,
-        )
-        audit(
-            "approval.timeout",
-            obj=approval,
-            actor_label="sweeper",
-            session_id=session.pk,
-            detail={
-                "tool": approval.action_name,
-                "risk_class": approval.risk_class,
-                "deadline": approval.deadline.isoformat(),
-                "todo": todo.pk,
-                "digest": approval.digest,
-            },
-        )
-        notify_queue()
+        _time_out(approval, session)
     return True
+
+
+def _time_out(approval: Approval, session: Any) -> None:
+    """The approval becomes `timeout` plus a manual to-do, with its event and audit entry.
+    Never approves. The caller holds the session and approval row locks."""
+    approval.status = ApprovalStatus.TIMEOUT
+    approval.decided_at = timezone.now()
+    approval.save(update_fields=["status", "decided_at"])
+    args = ", ".join(f"{k}={v}" for k, v in approval.tool_call.request_payload.items())
+    todo = ManualTodo.objects.create(
+        approval=approval,
+        session_id=session.pk,
+        title=f"{approval.action_name} ({args}) was not decided in time: handle it by hand",
+    )
+    # Logged even when the session has ended (failed, say): nothing changes unseen.
+    do_apply_decision(
+        approval.tool_call_id,
+        None,
+        "timeout",
+        "no decision before the deadline",
+        producer="sweeper",
+        extra={"todo": todo.pk, "todo_title": todo.title},
+        at=approval.decided_at,
+        ended_ok=True,
+    )
+    assert approval.deadline is not None
+    audit(
+        "approval.timeout",
+        obj=approval,
+        actor_label="sweeper",
+        session_id=session.pk,
+        detail={
+            "tool": approval.action_name,
+            "risk_class": approval.risk_class,
+            "deadline": approval.deadline.isoformat(),
+            "todo": todo.pk,
+            "digest": approval.digest,
+        },
+    )
+    notify_queue()
 
 
 def do_resolve_todo(todo_id: int, user: Any, note: str) -> ManualTodo:

@@ -12,4 +12,5 @@ class ApprovalsConfig(AppConfig):
         from approvals.actions import sweep_expired_approvals
         from diagnosis.maintenance import register
 
-        register("sweep-expired-approvals", sweep_expired_approvals)
+        # web=True: the web processes sweep too, so timeouts happen with every worker down.
+        register("sweep-expired-approvals", sweep_expired_approvals, web=True)

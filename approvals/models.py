@@ -83,7 +83,7 @@ class ApprovalQuerySet(models.QuerySet["Approval"]):
         return self.filter(status__in=OPEN_STATUSES)
 
     def expired(self) -> ApprovalQuerySet:
-        return self.open().filter(deadline__lt=timezone.now())
+        return self.open().filter(deadline__lte=timezone.now())
 
 
 class Approval(models.Model):
@@ -171,6 +171,9 @@ class Approval(models.Model):
         return self.risk_class == "R2" or (
             self.risk_class == "R3" and settings.AERO_TWO_PERSON_RULE
         )
+
+    def is_past_deadline(self) -> bool:
+        return self.deadline is not None and self.deadline <= timezone.now()
 
     def seconds_left(self) -> int | None:
         if self.deadline is None or not self.is_open:

@@ -14,10 +14,11 @@ from django.utils.translation import gettext as _
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
 from diagnosis.agent.extraction import detect_language
-from diagnosis.events import append_event, lock_session, set_status
+from diagnosis.events import append_event, event_batch, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.outbox import enqueue_effect
 from diagnosis.reporting import md_cell, write_report
 from diagnosis.signals import session_closing
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
@@ -273,11 +274,17 @@ def do_apply_decision(
             raise ActionError(
                 _("This session is %(status)s.") % {"status": session.get_status_display().lower()}
             )
-        _record_decision(tool_call, user, outcome, reason, producer, at, extra)
-        if session.is_ended:
-            return tool_call
-        if session.status == SessionStatus.WAITING_USER:
-            set_status(session.pk, SessionStatus.QUEUED, producer=producer)
+        # The decision's events (and the outbox's) are written together, in one go.
+        with event_batch(session.pk):
+            _record_decision(tool_call, user, outcome, reason, producer, at, extra)
+            if session.is_ended:
+                return tool_call
+            if outcome == "approved":
+                # The effect's outbox row commits with the decision (ADR 110); the
+                # session's job executes it after the commit.
+                enqueue_effect(tool_call, producer=producer, fresh=True)
+            if session.status == SessionStatus.WAITING_USER:
+                set_status(session.pk, SessionStatus.QUEUED, producer=producer)
         enqueue_advance(session.pk)
     return tool_call
 

@@ -88,6 +88,18 @@ class ToolCallState:
 
 
 @dataclass
+class OutboxState:
+    """An action's external effect, as the outbox events tell it (diagnosis/outbox.py)."""
+
+    call_id: str
+    outbox: int | None
+    idempotency_key: str
+    status: str = "pending"  # pending, done, failed, refused
+    last_error: str = ""
+    completed_at: datetime | None = None
+
+
+@dataclass
 class Decision:
     """One recorded step on an approval: who, when, what, why."""
 
@@ -180,6 +192,7 @@ class FoldState:
     questions: list[Question] = field(default_factory=list)
     tool_calls: dict[str, ToolCallState] = field(default_factory=dict)
     approvals: dict[str, ApprovalState] = field(default_factory=dict)
+    outbox: dict[str, OutboxState] = field(default_factory=dict)
     restrictions: list[RestrictionState] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
@@ -391,10 +404,20 @@ def _apply(state: FoldState, event: EventLike) -> None:
         approval.requested_at = event.ts
     elif t.startswith("approval.") and t != "approval.required":
         _decide(state, event, t.removeprefix("approval."))
+    elif t == "tool.call_queued":
+        call = _tool_call(state, p)
+        call.status = "executing"
+        state.outbox[call.call_id] = OutboxState(
+            call.call_id, p.get("outbox"), p.get("idempotency_key", "")
+        )
     elif t == "tool.call_started":
         call = _tool_call(state, p)
         call.status = "running"
         call.attempts = int(p.get("attempt") or call.attempts + 1)
+    elif t == "tool.call_retrying":
+        call = _tool_call(state, p)
+        if call.call_id in state.outbox:
+            state.outbox[call.call_id].last_error = p.get("error", "")
     elif t in ("tool.call_completed", "tool.call_failed"):
         call = _tool_call(state, p)
         call.status = "failed" if t == "tool.call_failed" else "completed"
@@ -402,6 +425,11 @@ def _apply(state: FoldState, event: EventLike) -> None:
         call.error = p.get("error", "")
         call.duration_ms = p.get("duration_ms")
         call.completed_at = parse_ts(p.get("completed_at")) or event.ts
+        effect = state.outbox.get(call.call_id)
+        if effect is not None and effect.status == "pending":
+            effect.status = "failed" if t == "tool.call_failed" else "done"
+            effect.last_error = call.error
+            effect.completed_at = call.completed_at
         restriction = call.response.get("restriction")
         if restriction and t == "tool.call_completed":
             state.restrictions.append(
@@ -412,6 +440,10 @@ def _apply(state: FoldState, event: EventLike) -> None:
         call.status = "refused"
         call.error = p.get("error", "")
         call.completed_at = parse_ts(p.get("completed_at")) or event.ts
+        effect = state.outbox.get(call.call_id)
+        if effect is not None and effect.status == "pending":
+            effect.status, effect.last_error = "refused", call.error
+            effect.completed_at = call.completed_at
     elif t == "timeline.appended" and p.get("kind") == "restriction_lifted":
         for item in state.restrictions:
             same = (item.kind, item.target) == (p.get("restriction"), p.get("target"))

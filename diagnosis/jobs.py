@@ -47,7 +47,28 @@ RECURSION_LIMIT = 200
 
 def enqueue_advance(session_id: Any) -> None:
     """Schedule a job for the session once the current transaction commits."""
-    transaction.on_commit(lambda: dispatch(session_id))
+    transaction.on_commit(lambda: dispatch_after_commit(session_id))
+
+
+def dispatch_after_commit(session_id: Any) -> bool:
+    """dispatch(), for a change that has already committed: a broken queue (Redis down,
+    say) is logged and left to the reconciler, which re-enqueues every session that
+    should move and has no job. Raising here would answer 500 for something that was
+    saved, and a user who retries creates a duplicate (ADR 111). The inline backend
+    (tests, the CLI) runs the job itself here, so its failures still surface."""
+    if settings.AERO_JOB_BACKEND == "inline":
+        return dispatch(session_id)
+    try:
+        return dispatch(session_id)
+    except Exception as exc:
+        metrics.enqueue_failed()
+        logger.warning(
+            "session %s: enqueue failed (%s: %s); committed, the reconciler will enqueue it",
+            session_id,
+            type(exc).__name__,
+            exc,
+        )
+        return False
 
 
 def job_id(session_id: Any) -> str:

@@ -155,6 +155,9 @@ class ToolCallStatus(models.TextChoices):
     PROPOSED = "proposed", _("Proposed")
     AWAITING_APPROVAL = "awaiting_approval", _("Awaiting approval")
     APPROVED = "approved", _("Approved")
+    # Handed to the outbox: the effect may have reached the external system, its result
+    # is not recorded yet (diagnosis/outbox.py).
+    EXECUTING = "executing", _("Executing")
     REJECTED = "rejected", _("Rejected")
     TIMEOUT = "timeout", _("Timed out")
     RUNNING = "running", _("Running")
@@ -211,6 +214,57 @@ class ToolCall(models.Model):
     @property
     def is_decided(self) -> bool:
         return self.status not in (ToolCallStatus.PROPOSED, ToolCallStatus.AWAITING_APPROVAL)
+
+
+class OutboxStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed"
+    REFUSED = "refused", "Refused by the policy"
+
+
+class Outbox(models.Model):
+    """One external effect to perform (diagnosis/outbox.py): written in the transaction
+    that decided it, executed after that commit with the call's idempotency key, its
+    result recorded once. A projection of the `tool.call_queued` ... `tool.call_completed`
+    events, like the ToolCall row."""
+
+    tool_call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="outbox")
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="outbox")
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    status = models.CharField(
+        max_length=10, choices=OutboxStatus.choices, default=OutboxStatus.PENDING
+    )
+    # Attempts are the call's (ToolCall.attempts, one `tool.call_started` each).
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"outbox {self.idempotency_key} ({self.status})"
+
+
+class ExternalEffect(models.Model):
+    """The simulated external systems' own record (ATC, the airport operations database,
+    dispatch), as a real API with idempotency keys keeps one: one row per key, the effect
+    done once, every request with that key counted. Not our state: nothing folds it."""
+
+    system = models.CharField(max_length=32)
+    operation = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    request = models.JSONField(default=dict)
+    response = models.JSONField(default=dict)
+    requests = models.PositiveIntegerField(default=1, help_text="Calls seen with this key.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.system}.{self.operation} {self.idempotency_key}"
 
 
 class LLMCall(models.Model):

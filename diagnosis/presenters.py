@@ -38,6 +38,8 @@ PANELS_BY_EVENT = {
     "approval.canceled": {"session-actions"},
     "session.deleted": {"session-status", "session-actions"},
     "agent.note": set(),
+    "tool.call_queued": {"session-actions"},
+    "tool.call_retrying": set(),
     "tool.call_completed": {"session-actions", "session-facts"},
     "tool.call_failed": {"session-actions"},
     "tool.call_refused": {"session-actions"},

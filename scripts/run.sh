@@ -43,28 +43,72 @@ $PY manage.py collectstatic --noinput -v0
 METRICS_DIR=${PROMETHEUS_MULTIPROC_DIR:-${AERO_DATA_DIR:-var}/metrics}
 mkdir -p "$METRICS_DIR" && rm -f "$METRICS_DIR"/*.db
 
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
-trap cleanup EXIT INT TERM
+# A small supervisor (ADR 113): every process runs under it; one that exits is restarted
+# with a backoff (1 s, doubling to 30 s, back to 1 s after a minute up), so a crashed
+# worker never takes the web server down. A web server that exits within 10 s of its
+# first start (a port in use, a bad setting) stops the whole script: that is no crash
+# a restart would cure. Ctrl-C or SIGTERM stops every process.
+declare -A proc_pid=() proc_started=() proc_delay=() proc_web=() proc_tries=()
+start_worker() { exec $PY manage.py aero_worker; }
+start_daphne() {
+  if [ -n "${REDIS_URL:-}" ]; then
+    exec .venv/bin/daphne -e "tcp:port=$WS_PORT:interface=$HOST:backlog=$BACKLOG" aero.asgi:application
+  fi
+  exec .venv/bin/daphne -e "tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG" aero.asgi:application
+}
+start_gunicorn() {
+  exec .venv/bin/gunicorn aero.wsgi:application --bind "$HOST:$PORT" --backlog "$BACKLOG" \
+    --worker-class gthread --workers "${AERO_WEB_WORKERS:-3}" --threads "${AERO_WEB_THREADS:-4}" \
+    --access-logfile -
+}
+launch() { # launch NAME: run start_<NAME without its -N suffix> in the background
+  local name=$1
+  "start_${name%%-*}" &
+  proc_pid[$name]=$!
+  proc_started[$name]=$SECONDS
+  proc_tries[$name]=$((${proc_tries[$name]:-0} + 1))
+}
+cleanup() {
+  trap - EXIT INT TERM
+  for pid in "${proc_pid[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 0' INT TERM
 
 if [ -n "${REDIS_URL:-}" ]; then
-  for _ in $(seq "${AERO_WORKERS:-1}"); do
-    $PY manage.py aero_worker &
-    pids+=($!)
+  for n in $(seq "${AERO_WORKERS:-1}"); do
+    launch "worker-$n"
   done
   echo "Mode: PostgreSQL + Redis, ${AERO_WORKERS:-1} worker(s) (more: .venv/bin/python manage.py aero_worker)"
   export AERO_WS_URL=${AERO_WS_URL:-ws://$HOST:$WS_PORT}
-  .venv/bin/daphne -e "tcp:port=$WS_PORT:interface=$HOST:backlog=$BACKLOG" aero.asgi:application &
-  pids+=($!)
-  .venv/bin/gunicorn aero.wsgi:application --bind "$HOST:$PORT" --backlog "$BACKLOG" \
-    --worker-class gthread --workers "${AERO_WEB_WORKERS:-3}" --threads "${AERO_WEB_THREADS:-4}" \
-    --access-logfile - &
-  pids+=($!)
+  proc_web[daphne]=1 proc_web[gunicorn]=1
+  launch daphne
+  launch gunicorn
   echo "AERO is at http://$HOST:$PORT/ (WebSockets: $AERO_WS_URL)"
 else
   echo "Mode: embedded (SQLite in var/, in-process worker, offline LLM provider)"
-  .venv/bin/daphne -e "tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG" aero.asgi:application &
-  pids+=($!)
+  proc_web[daphne]=1
+  launch daphne
   echo "AERO is at http://$HOST:$PORT/"
 fi
-wait -n "${pids[@]}"
+
+while true; do
+  done_pid="" status=0
+  wait -n -p done_pid "${proc_pid[@]}" || status=$?
+  [ -n "$done_pid" ] || continue # woken by a signal, not by an exit
+  for name in "${!proc_pid[@]}"; do
+    [ "${proc_pid[$name]}" = "$done_pid" ] || continue
+    up=$((SECONDS - proc_started[$name]))
+    if [ -n "${proc_web[$name]:-}" ] && [ "${proc_tries[$name]}" = 1 ] && [ "$up" -lt 10 ]; then
+      echo "$name could not start (exit status $status): stopping AERO" >&2
+      exit 1
+    fi
+    delay=${proc_delay[$name]:-1}
+    if [ "$up" -ge 60 ]; then delay=1; fi
+    echo "$name (pid $done_pid) exited with status $status after ${up} s: restarting it in ${delay} s" >&2
+    sleep "$delay"
+    proc_delay[$name]=$((delay * 2 > 30 ? 30 : delay * 2))
+    launch "$name"
+  done
+done

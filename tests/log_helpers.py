@@ -6,7 +6,7 @@ from typing import Any
 
 from approvals.models import Approval
 from diagnosis.fold import FoldState, fold_events
-from diagnosis.models import Event, Report, Session, ToolCall
+from diagnosis.models import Event, Outbox, Report, Session, ToolCall
 
 
 def fold_of(session: Session) -> FoldState:
@@ -110,6 +110,29 @@ def assert_projections_match(session: Session) -> FoldState:
             approval.decided_at,
             todo.pk if todo else None,
         ), call_id
+
+    # The outbox rows too: each action's effect, its attempts and how it ended.
+    table_outbox = {
+        o.tool_call.call_id: (
+            o.pk,
+            o.idempotency_key,
+            o.status,
+            o.last_error,
+            o.completed_at,
+        )
+        for o in Outbox.objects.filter(session=session).select_related("tool_call")
+    }
+    folded_outbox = {
+        call_id: (
+            o.outbox,
+            o.idempotency_key,
+            o.status,
+            o.last_error,
+            o.completed_at,
+        )
+        for call_id, o in state.outbox.items()
+    }
+    assert folded_outbox == table_outbox
 
     report = Report.objects.filter(session=session).first()
     if report is None:

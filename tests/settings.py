@@ -53,6 +53,7 @@ from aero.settings import *  # noqa: E402,F403
 
 AERO_LLM_BACKOFF = 0.01
 AERO_JOB_BACKOFF = 0.0
+AERO_TOOL_BACKOFF = 0.0
 AERO_ENRICHMENT_TIMEOUT = 1.0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

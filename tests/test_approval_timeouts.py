@@ -1,10 +1,13 @@
 """Timeouts never approve: an expired approval becomes `timeout` and a manual to-do that
-operators resolve with a note. The sweeper runs with the workers' periodic tasks."""
+operators resolve with a note. The sweeper runs with the workers' periodic tasks and in
+the web processes; a decision after the deadline is refused whether or not it ran."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -14,7 +17,8 @@ from django.utils import timezone
 from aero.models import AuditLog
 from approvals.actions import APPROVE, CONFIRM, do_decide, sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
-from diagnosis.maintenance import run_periodic_tasks
+from diagnosis import maintenance
+from diagnosis.maintenance import register, run_periodic_tasks, start_web_ticker, stop_web_ticker
 from diagnosis.models import Event, Restriction, ToolCall
 from tests.web_helpers import approval_for as approval
 from tests.web_helpers import waiting_session
@@ -126,3 +130,91 @@ def test_todo_pages_refuse_other_roles(
     assert todo.is_open
     anonymous = Client().get("/approvals/todos/")
     assert anonymous.status_code == 302 and "/accounts/login/" in anonymous["Location"]
+
+
+def test_a_decision_after_the_deadline_is_refused_with_no_sweeper_running(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    """No worker swept it: the late decision itself turns the approval into its timeout
+    to-do (with its event) and is refused; nothing executes."""
+    olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
+    session = waiting_session(olga)
+    crew = approval(session, "dispatch_cleanup_crew")
+    expire(crew)
+    client = Client()
+    client.force_login(abel)
+
+    page = client.post(
+        f"/approvals/{crew.pk}/decide/",
+        {"decision": "approve", "digest": crew.digest},
+        follow=True,
+    )
+    assert page.status_code == 200
+    assert "deadline for this decision passed" in page.content.decode()
+    crew.refresh_from_db()
+    assert crew.status == "timeout" and crew.approver is None
+    assert ToolCall.objects.get(pk=crew.tool_call_id).status == "timeout"
+    todo = ManualTodo.objects.get(approval=crew)
+    assert todo.is_open
+    assert Event.objects.get(session=session, type="approval.timeout").payload["todo"] == todo.pk
+    assert not Event.objects.filter(session=session, type="approval.approved").exists()
+    assert not Event.objects.filter(
+        session=session, type="tool.call_completed", payload__tool_name="dispatch_cleanup_crew"
+    ).exists()
+    # A second try is told what happened; the timeout is recorded once.
+    with pytest.raises(Exception, match="timed out"):
+        do_decide(crew.pk, abel, APPROVE, digest=crew.digest)
+    assert Event.objects.filter(session=session, type="approval.timeout").count() == 1
+    assert sweep_expired_approvals() == 0
+
+
+def test_a_confirmation_after_the_deadline_is_refused(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
+    session = waiting_session(olga)
+    closure = approval(session, "close_taxiway", taxiway="A")
+    do_decide(closure.pk, abel, APPROVE, digest=closure.digest)
+    expire(closure)
+    with pytest.raises(Exception, match="deadline for this decision passed"):
+        do_decide(closure.pk, abel, CONFIRM, "confirmed late", digest=closure.digest)
+    closure.refresh_from_db()
+    assert closure.status == "timeout"
+    assert not Restriction.objects.filter(kind="taxiway", target="A").exists()
+    assert ManualTodo.objects.filter(approval=closure).exists()
+
+
+def test_the_web_process_sweeps_timeouts_with_every_worker_down(
+    builtin: None, make_user: Callable[..., User], settings: Any
+) -> None:
+    """The gunicorn and daphne processes start a ticker that runs the sweeper: no job
+    worker is needed for an approval to time out."""
+    session = waiting_session(make_user("olga", "operator"))
+    crew = approval(session, "dispatch_cleanup_crew")
+    expire(crew)
+    settings.AERO_WEB_TICK_SECONDS = 0.05
+    assert start_web_ticker()
+    try:
+        give_up = time.monotonic() + 10
+        while time.monotonic() < give_up and not ManualTodo.objects.filter(approval=crew).exists():
+            time.sleep(0.05)
+    finally:
+        stop_web_ticker()
+    crew.refresh_from_db()
+    assert crew.status == "timeout"
+    assert ManualTodo.objects.filter(approval=crew).count() == 1
+
+
+def test_the_web_ticker_runs_only_the_web_tasks(builtin: None, settings: Any) -> None:
+    ran: list[str] = []
+    register("test-worker-only", lambda: ran.append("worker"))
+    register("test-web", lambda: ran.append("web"), web=True)
+    try:
+        run_periodic_tasks(web_only=True)
+        assert ran == ["web"]
+        settings.AERO_WEB_TICK_SECONDS = 0
+        assert start_web_ticker() is False  # switched off
+    finally:
+        maintenance._TASKS.pop("test-worker-only")
+        maintenance._TASKS.pop("test-web")
+        maintenance._WEB_TASKS.discard("test-web")

@@ -292,6 +292,9 @@ def _fallback_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[str, str, 
 # --- reasoning ------------------------------------------------------------------------
 
 
+UNFINISHED_EXECUTION = (ToolCallStatus.APPROVED, ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING)
+
+
 def action_calls(session_id: Any) -> list[ToolCall]:
     return list(
         ToolCall.objects.filter(session_id=session_id, is_action=True).order_by("position", "id")
@@ -350,7 +353,8 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
             proposal["mode"] = "propose"
         return {"step": "call", "calls": proposals}
     actions = action_calls(ctx.session_id)
-    approved = [a for a in actions if a.status == ToolCallStatus.APPROVED]
+    # Approved, or handed to the outbox and not recorded yet (a crash in between): run.
+    approved = [a for a in actions if a.status in UNFINISHED_EXECUTION]
     if approved:
         return {
             "step": "call",
@@ -603,10 +607,14 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
 
 
 def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
-    """Propose an action: an R0 action runs at once (proposal and execution commit
-    together, so no proposed row exists without its events); R1-R3 wait for approval."""
+    """Propose an action: an R0 action is handed to the outbox at once (the proposal and
+    its outbox row commit together; the effect follows the commit); R1-R3 wait for
+    approval."""
     with transaction.atomic():
         tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED)
+        if tool_call.status in (ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING):
+            run_action(tctx, tool_call.pk)  # handed to the outbox before a crash: finish it
+            return
         if tool_call.status != ToolCallStatus.PROPOSED:
             return  # proposed before this re-run: already decided or executed
         if tool_call.risk_class == "R0":

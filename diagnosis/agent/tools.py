@@ -8,15 +8,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
 from django.utils import timezone
 
+from diagnosis import external
 from diagnosis.events import append_event
 from diagnosis.execution import execution_problems, refuse_execution
-from diagnosis.models import AgentRun, Restriction, ToolCall, ToolCallStatus
+from diagnosis.models import AgentRun, Outbox, OutboxStatus, Restriction, ToolCall, ToolCallStatus
+from diagnosis.outbox import enqueue_effect, execute_after_commit, prepare
 from scenarios_admin.airport import AirportGraph, natural_sorted
 from scenarios_admin.definition import ACTION_TOOLS
 from scenarios_admin.models import Flight, Topology
@@ -230,84 +233,115 @@ def run_deterministic(
 
 
 # --- response actions -----------------------------------------------------------------
+# An action's effect happens in an external system, from the outbox (diagnosis/outbox.py):
+# action_request says what to send (refusing a request no system could accept),
+# action_result records what came back, in the transaction that records the result.
+
+RESTRICTIONS = {
+    "close_taxiway": ("taxiway", "taxiway"),
+    "close_runway": ("runway", "runway"),
+    "suspend_stand_operations": ("stand", "stand"),
+}
+DISPATCHES = {
+    "notify_atc": "ATC notified",
+    "dispatch_cleanup_crew": "Cleanup crew dispatched",
+    "request_fire_standby": "Fire and rescue on standby",
+    "runway_inspection": "Runway inspection ordered",
+    "fod_sweep": "FOD sweep ordered",
+    "tow_aircraft": "Tow requested",
+}
 
 
-def _restrict(
-    kind: str, known: bool, target: str
-) -> Callable[[ToolContext, ToolCall], dict[str, Any]]:
-    def execute(ctx: ToolContext, tool_call: ToolCall) -> dict[str, Any]:
-        if not known:
-            raise ToolFailure(f"{target} is not a {kind} of {ctx.graph.icao}")
+def _known_target(graph: AirportGraph, kind: str, target: str) -> bool:
+    if kind == "taxiway":
+        return target in {n.taxiway for n in graph.nodes.values() if n.taxiway}
+    if kind == "runway":
+        return target in graph.runways
+    node = graph.nodes.get(target)
+    return node is not None and node.kind == "stand"
+
+
+def action_request(ctx: ToolContext, tool_call: ToolCall) -> tuple[str, str, dict[str, Any]]:
+    """(system, operation, body) of the call's request. Raises ToolFailure for a request
+    that no retry could make acceptable (an unknown tool or target)."""
+    name = tool_call.tool_name
+    args = tool_call.request_payload
+    if name not in ACTION_TOOLS or name not in external.SYSTEM_OF:
+        raise ToolFailure(f"unknown action tool {name}")
+    if name in RESTRICTIONS:
+        kind, arg = RESTRICTIONS[name]
+        if not _known_target(ctx.graph, kind, args[arg]):
+            raise ToolFailure(f"{args[arg]} is not a {kind} of {ctx.graph.icao}")
+    return external.SYSTEM_OF[name], name, {"airport": ctx.graph.icao, **args}
+
+
+def action_result(ctx: ToolContext, tool_call: ToolCall, remote: dict[str, Any]) -> dict[str, Any]:
+    """The call's response from the external system's answer; a closure or suspension
+    is put in force on our map too. Runs in the transaction that records the result."""
+    name = tool_call.tool_name
+    args = tool_call.request_payload
+    reference = remote.get("reference", "")
+    if name in RESTRICTIONS:
+        kind, arg = RESTRICTIONS[name]
+        target = args[arg]
         Restriction.objects.create(
             kind=kind, target=target, session_id=ctx.session_id, tool_call=tool_call
         )
         label = dict(Restriction.Kind.choices)[kind]
-        return {"summary": f"{label}: {target}", "restriction": {"kind": kind, "target": target}}
-
-    return execute
-
-
-def _dispatch(what: str) -> Callable[[ToolContext, ToolCall], dict[str, Any]]:
-    def execute(ctx: ToolContext, tool_call: ToolCall) -> dict[str, Any]:
-        where = ", ".join(
-            f"{k} {v}" for k, v in tool_call.request_payload.items() if k != "message"
-        )
-        reference = f"{what.split()[0].upper()}-{tool_call.pk:05d}"
-        return {"summary": f"{what} ({where})" if where else what, "reference": reference}
-
-    return execute
-
-
-def execute_action(ctx: ToolContext, tool_call: ToolCall) -> dict[str, Any]:
-    args = tool_call.request_payload
-    graph = ctx.graph
-    name = tool_call.tool_name
-    if name == "close_taxiway":
-        taxiways = {n.taxiway for n in graph.nodes.values() if n.taxiway}
-        return _restrict("taxiway", args["taxiway"] in taxiways, args["taxiway"])(ctx, tool_call)
-    if name == "close_runway":
-        return _restrict("runway", args["runway"] in graph.runways, args["runway"])(ctx, tool_call)
-    if name == "suspend_stand_operations":
-        node = graph.nodes.get(args["stand"])
-        known = node is not None and node.kind == "stand"
-        return _restrict("stand", known, args["stand"])(ctx, tool_call)
+        return {
+            "summary": f"{label}: {target}",
+            "restriction": {"kind": kind, "target": target},
+            "reference": reference,
+        }
+    what = DISPATCHES[name]
+    where = ", ".join(f"{k} {v}" for k, v in args.items() if k != "message")
+    response = {"summary": f"{what} ({where})" if where else what, "reference": reference}
     if name == "notify_atc":
-        response = _dispatch("ATC notified")(ctx, tool_call)
         response["message"] = args.get("message", "")
-        return response
-    descriptions = {
-        "dispatch_cleanup_crew": "Cleanup crew dispatched",
-        "request_fire_standby": "Fire and rescue on standby",
-        "runway_inspection": "Runway inspection ordered",
-        "fod_sweep": "FOD sweep ordered",
-        "tow_aircraft": "Tow requested",
-    }
-    if name not in descriptions or name not in ACTION_TOOLS:
-        raise ToolFailure(f"unknown action tool {name}")
-    return _dispatch(descriptions[name])(ctx, tool_call)
+    return response
+
+
+UNFINISHED = (
+    ToolCallStatus.APPROVED,
+    ToolCallStatus.PROPOSED,
+    ToolCallStatus.EXECUTING,
+    ToolCallStatus.RUNNING,
+)
 
 
 def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
-    """Execute an approved (or R0) action exactly once: the row lock, the policy check,
-    the effect and the completed status commit together, so a retried job finds it
-    completed (or refused)."""
+    """Execute an approved (or R0) action through the outbox. In the caller's
+    transaction: the row lock, the call handed to the outbox (`executing`, its row and
+    event, unless the decision did so already), the policy checked and the attempt
+    logged; the request goes out once that transaction commits. A call handed over
+    before a crash (`executing` or `running`, its row pending) is sent again under the
+    same key: the external system never repeats the effect. Anything else is left as
+    it is."""
     with transaction.atomic():
-        tool_call = ToolCall.objects.select_for_update().get(pk=tool_call_id)
-        if tool_call.status not in (ToolCallStatus.APPROVED, ToolCallStatus.PROPOSED):
-            return tool_call
-        problems = execution_problems(tool_call)
-        if problems:
+        tool_call = (
+            ToolCall.objects.select_for_update(of=("self",))
+            .select_related("outbox")
+            .get(pk=tool_call_id)
+        )
+        if tool_call.status not in UNFINISHED:
+            return tool_call  # decided otherwise, or ended: never again
+        existing: Outbox | None = getattr(tool_call, "outbox", None)
+        if existing is None:
+            problems = execution_problems(tool_call)
+            if problems:
+                refuse_execution(tool_call, problems, producer=ctx.producer, run=ctx.run)
+                return tool_call
+            outbox = enqueue_effect(tool_call, producer=ctx.producer, run=ctx.run, fresh=True)
+            effect = prepare(ctx, outbox, tool_call, checked=True) if outbox else None
+        elif existing.status == OutboxStatus.PENDING:  # by the decision, or a crashed run
+            effect = prepare(ctx, existing, tool_call)
+        else:
+            # Its effect was recorded already, yet the row says otherwise: changed by hand.
+            problems = execution_problems(tool_call) or ["its effect was already recorded"]
             refuse_execution(tool_call, problems, producer=ctx.producer, run=ctx.run)
             return tool_call
-        _started(ctx, tool_call)
-        started = time.monotonic()
-        try:
-            with transaction.atomic():
-                response = execute_action(ctx, tool_call)
-        except ToolFailure as exc:
-            _finished(ctx, tool_call, started, error=str(exc))
-        else:
-            _finished(ctx, tool_call, started, response=response)
+        if effect is not None:
+            execute_after_commit(ctx, effect)
     return tool_call
 
 
@@ -345,9 +379,10 @@ def _finished(
     *,
     response: dict[str, Any] | None = None,
     error: str = "",
+    at: datetime | None = None,
 ) -> None:
     tool_call.duration_ms = int((time.monotonic() - started) * 1000)
-    tool_call.completed_at = timezone.now()
+    tool_call.completed_at = at or timezone.now()
     tool_call.status = ToolCallStatus.FAILED if error else ToolCallStatus.COMPLETED
     tool_call.response_payload = response or {}
     tool_call.error = error

@@ -37,6 +37,7 @@ INTERNAL_TYPES = frozenset(
         "agent.node_started",
         "agent.node_completed",
         "tool.call_started",
+        "tool.call_queued",
         "llm.call",
         "llm.fallback",
         "fsm.transition",

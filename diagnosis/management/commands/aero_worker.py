@@ -6,6 +6,7 @@ import django_rq
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from diagnosis.rq_retry import work_through_outages
 from diagnosis.worker import AeroWorker
 
 
@@ -21,5 +22,7 @@ class Command(BaseCommand):
                 "REDIS_URL is not set: embedded mode runs jobs inside the web process"
             )
         queue = django_rq.get_queue(settings.AERO_QUEUE)
-        worker = AeroWorker([queue], connection=queue.connection)
-        worker.work(burst=options["burst"])
+        # A Redis outage does not end the process: it waits for Redis and works on.
+        work_through_outages(
+            lambda: AeroWorker([queue], connection=queue.connection), burst=options["burst"]
+        )

@@ -1,0 +1,226 @@
+"""The outbox: an action's effect reaches its external system with the call's idempotency
+key, from an outbox row that committed with the decision; the result is recorded once;
+a crash between the effect and the recording never repeats the effect; transient
+failures are retried twice (1 s, 2 s) and then end as a failure the user sees."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals.actions import APPROVE, CONFIRM, do_decide
+from diagnosis import external, jobs, outbox
+from diagnosis.models import Event, ExternalEffect, Outbox, Restriction, Session, ToolCall
+from tests.log_helpers import assert_projections_match
+from tests.web_helpers import approval_for, approve_everything, login, waiting_session
+
+pytestmark = pytest.mark.services
+
+
+class Crash(BaseException):
+    """The worker dies here (not an error the code could catch and record)."""
+
+
+@pytest.fixture
+def people(builtin: None, make_user: Callable[..., User]) -> dict[str, User]:
+    return {
+        "olga": make_user("olga", "operator"),
+        "abel": make_user("abel", "approver"),
+        "bea": make_user("bea", "approver"),
+    }
+
+
+@pytest.fixture
+def no_faults() -> Iterator[None]:
+    yield
+    external.fault = None
+
+
+@pytest.fixture
+def delays(monkeypatch: pytest.MonkeyPatch, settings: Any) -> list[float]:
+    """The executor's waits between attempts, recorded instead of slept."""
+    settings.AERO_TOOL_BACKOFF = 1.0
+    waited: list[float] = []
+    monkeypatch.setattr(outbox, "sleep", waited.append)
+    return waited
+
+
+def events_of(session: Session, call: ToolCall) -> list[str]:
+    return list(
+        Event.objects.filter(session=session, payload__tool_call=call.pk)
+        .order_by("seq")
+        .values_list("type", flat=True)
+    )
+
+
+def test_every_action_reaches_its_system_once_with_its_key(people: dict[str, User]) -> None:
+    session = waiting_session(people["olga"])
+    approve_everything(session, people["abel"])  # abel approves, then confirms: no 2-person
+    assert session.status == "completed"
+
+    actions = list(ToolCall.objects.filter(session=session, is_action=True))
+    assert actions and all(call.status == "completed" for call in actions)
+    for call in actions:
+        effect = ExternalEffect.objects.get(idempotency_key=call.idempotency_key)
+        assert effect.requests == 1
+        assert effect.operation == call.tool_name
+        assert call.response_payload["reference"] == effect.response["reference"]
+        assert Outbox.objects.get(tool_call=call).status == "done"
+        assert events_of(session, call)[-3:] == [
+            "tool.call_queued",
+            "tool.call_started",
+            "tool.call_completed",
+        ]
+    # notify_atc is R0: handed over in the agent's step, no decision needed.
+    atc = next(c for c in actions if c.tool_name == "notify_atc")
+    assert ExternalEffect.objects.get(idempotency_key=atc.idempotency_key).system == "atc"
+    assert_projections_match(session)
+
+
+def test_the_outbox_row_commits_with_the_decision(
+    people: dict[str, User], settings: Any, clean_queue: None
+) -> None:
+    """Nothing has run yet (the job waits in the queue): the decision already left the
+    call `executing`, its pending row and its event; the external system saw nothing."""
+    session = waiting_session(people["olga"])
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    settings.AERO_JOB_BACKEND = "rq"
+    do_decide(crew.pk, people["abel"], APPROVE, digest=crew.digest)
+
+    call = ToolCall.objects.get(pk=crew.tool_call_id)
+    assert call.status == "executing"
+    row = Outbox.objects.get(tool_call=call)
+    assert (row.status, row.idempotency_key) == ("pending", call.idempotency_key)
+    assert call.attempts == 0  # not tried yet
+    assert events_of(session, call)[-2:] == ["approval.approved", "tool.call_queued"]
+    assert not ExternalEffect.objects.filter(idempotency_key=call.idempotency_key).exists()
+    assert_projections_match(session)
+
+
+def test_a_crash_between_the_effect_and_its_record_never_repeats_the_effect(
+    people: dict[str, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = waiting_session(people["olga"])
+    closure = approval_for(session, "close_taxiway", taxiway="A")
+    do_decide(closure.pk, people["abel"], APPROVE, digest=closure.digest)
+
+    def die(*args: Any) -> str:
+        raise Crash()
+
+    record = outbox.record_success
+    monkeypatch.setattr(outbox, "record_success", die)
+    with pytest.raises(Crash):  # the confirmation's job performs the effect, then dies
+        do_decide(closure.pk, people["bea"], CONFIRM, digest=closure.digest)
+    call = ToolCall.objects.get(pk=closure.tool_call_id)
+    effect = ExternalEffect.objects.get(idempotency_key=call.idempotency_key)
+    assert effect.requests == 1
+    assert call.status == "running" and Outbox.objects.get(tool_call=call).status == "pending"
+    assert not Restriction.objects.filter(tool_call=call).exists()
+
+    # A new job (the reconciler's, after the lease lapsed) re-runs the step.
+    monkeypatch.setattr(outbox, "record_success", record)
+    Session.objects.filter(pk=session.pk).update(
+        lease_token=None, lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    jobs.advance_session(str(session.pk))
+
+    call.refresh_from_db()
+    assert call.status == "completed" and call.attempts == 2
+    effect.refresh_from_db()
+    assert effect.requests == 2  # the same key, sent again ...
+    assert ExternalEffect.objects.filter(idempotency_key=call.idempotency_key).count() == 1
+    assert call.response_payload["reference"] == effect.response["reference"]  # ... one effect
+    assert Restriction.objects.filter(tool_call=call).count() == 1
+    assert events_of(session, call).count("tool.call_completed") == 1
+    assert events_of(session, call).count("tool.call_queued") == 1
+    assert_projections_match(session)
+
+
+def test_a_transient_failure_is_retried_with_the_same_key(
+    people: dict[str, User], delays: list[float], no_faults: None
+) -> None:
+    failures = iter([external.ExternalUnavailable("dispatch desk answered 503")])
+
+    def flaky(system: str, operation: str, key: str) -> None:
+        error = next(failures, None)
+        if error is not None:
+            raise error
+
+    session = waiting_session(people["olga"])
+    external.fault = flaky
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    do_decide(crew.pk, people["abel"], APPROVE, digest=crew.digest)
+
+    call = ToolCall.objects.get(pk=crew.tool_call_id)
+    assert call.status == "completed" and call.attempts == 2
+    assert delays == [1.0]
+    assert ExternalEffect.objects.get(idempotency_key=call.idempotency_key).requests == 1
+    assert events_of(session, call)[-5:] == [
+        "tool.call_queued",
+        "tool.call_started",
+        "tool.call_retrying",
+        "tool.call_started",
+        "tool.call_completed",
+    ]
+    assert_projections_match(session)
+
+
+def test_retries_run_out_into_a_failure_the_user_sees(
+    people: dict[str, User], delays: list[float], no_faults: None
+) -> None:
+    def down(system: str, operation: str, key: str) -> None:
+        raise external.ExternalUnavailable(f"{system} unreachable")
+
+    session = waiting_session(people["olga"])
+    external.fault = down
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    do_decide(crew.pk, people["abel"], APPROVE, digest=crew.digest)
+
+    call = ToolCall.objects.get(pk=crew.tool_call_id)
+    assert call.status == "failed" and call.attempts == 3
+    assert call.error == "gave up after 3 attempts: dispatch unreachable"
+    assert delays == [1.0, 2.0]  # 2 retries, linear
+    assert Outbox.objects.get(tool_call=call).status == "failed"
+    assert not ExternalEffect.objects.filter(idempotency_key=call.idempotency_key).exists()
+    types = events_of(session, call)
+    assert types.count("tool.call_started") == 3
+    assert types.count("tool.call_retrying") == 2
+    assert types[-1] == "tool.call_failed"
+    assert_projections_match(session)
+
+    # On the session page: in the actions panel and on the timeline.
+    page = login(people["olga"]).get(reverse("diagnosis:session-detail", args=[session.pk]))
+    html = page.content.decode()
+    assert "gave up after 3 attempts: dispatch unreachable" in html
+    assert "attempt 2 failed: dispatch unreachable; retrying in 2.0 s" in html
+
+    # Nothing is retried behind the user's back: the session goes on without it, and the
+    # report lists the action as failed.
+    external.fault = None
+    approve_everything(session, people["abel"])
+    assert session.status == "completed"
+    call.refresh_from_db()
+    assert call.status == "failed"
+    assert "| dispatch_cleanup_crew |" in session.report.markdown
+    assert "failed" in session.report.markdown
+
+
+def test_external_systems_are_never_called_inside_our_transaction(builtin: None) -> None:
+    with transaction.atomic(), pytest.raises(RuntimeError, match="outside the database"):
+        external.request(external.ATC, "notify_atc", "k-1", {})
+    assert not ExternalEffect.objects.exists()
+
+
+def test_a_key_seen_before_returns_the_stored_response(builtin: None) -> None:
+    first = external.request(external.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
+    again = external.request(external.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
+    assert again == first
+    effect = ExternalEffect.objects.get(idempotency_key="k-2")
+    assert effect.requests == 2
