@@ -199,7 +199,7 @@ def test_retries_run_out_into_a_failure_the_user_sees(
     page = login(people["olga"]).get(reverse("diagnosis:session-detail", args=[session.pk]))
     html = page.content.decode()
     assert "gave up after 3 attempts: dispatch unreachable" in html
-    assert "attempt 2 failed: dispatch unreachable; retrying in 2.0 s" in html
+    assert "attempt 2 failed (dispatch unreachable); retrying in 2.0 s" in html
 
     # Nothing is retried behind the user's back: the session goes on without it, and the
     # report lists the action as failed.

@@ -42,6 +42,7 @@ def test_agent_internals_are_folded_and_what_matters_is_not(builtin: None, alice
         "agent.node_started",
         "agent.node_completed",
         "tool.call_started",
+        "tool.call_queued",
         "tool.call_completed",
         "llm.call",
         "fsm.transition",
