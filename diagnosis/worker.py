@@ -135,6 +135,7 @@ class AeroWorker(SimpleWorker):
         finally:
             self.beats.session_id = None
             close_old_connections()
+            self.beats.beat_now()  # idle again, at once
 
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
