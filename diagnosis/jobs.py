@@ -438,13 +438,22 @@ def _postgres_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
     conn = psycopg.connect(**params, autocommit=True, prepare_threshold=0, row_factory=dict_row)
     saver = _fenced_saver_class()(conn)
     with conn.cursor() as cursor:
-        # Workers starting together must not race the saver's migrations.
-        cursor.execute("SELECT pg_advisory_lock(7410001)")
+        # Workers starting together must not race the saver's migrations. Try, never
+        # wait inside a statement: the migrations create indexes CONCURRENTLY, which
+        # wait for every open transaction, a blocked pg_advisory_lock call included
+        # (that was a deadlock when workers started together on a new database).
+        while not _try_lock(cursor):
+            time.sleep(0.1)
         try:
             saver.setup()
         finally:
             cursor.execute("SELECT pg_advisory_unlock(7410001)")
     return conn, saver
+
+
+def _try_lock(cursor: Any) -> bool:
+    row = cursor.execute("SELECT pg_try_advisory_lock(7410001) AS got").fetchone()
+    return bool(row and row["got"])
 
 
 def _sqlite_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:

@@ -188,10 +188,10 @@ class Cluster:
         self.workers: list[subprocess.Popen[bytes]] = []
         self.started_workers = 0
         self.manage("migrate", "--no-input")
-        # Every model call takes 0.4 s and fails (the provider has one attempt), so the
+        # Every model call takes 0.2 s and fails (the provider has one attempt), so the
         # agent runs on the offline provider, deterministic, with slow steps to kill.
         script = self.root / "fake_llm.json"
-        script.write_text(json.dumps({"latency": 0.4, "rules": [{"fault": "500"}]}))
+        script.write_text(json.dumps({"latency": 0.2, "rules": [{"fault": "500"}]}))
         self.fake_llm_port = free_port()
         self.fake_llm = subprocess.Popen(
             [

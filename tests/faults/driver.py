@@ -134,6 +134,14 @@ def race(session_id: str) -> dict[str, Any]:
     }
 
 
+def dump(session_id: str) -> list[str]:
+    """A session's log, one line per event, for a failure message."""
+    return [
+        f"{e.seq} {e.type} {e.producer} {json.dumps(e.payload, ensure_ascii=False)[:160]}"
+        for e in Event.objects.filter(session_id=session_id).order_by("seq")
+    ]
+
+
 def step(*session_ids: str) -> dict[str, Any]:
     """approve-all, then report: one process start instead of two."""
     approve_all()
@@ -142,6 +150,7 @@ def step(*session_ids: str) -> dict[str, Any]:
 
 COMMANDS: dict[str, Any] = {
     "step": step,
+    "dump": dump,
     "setup": setup,
     "create": create,
     "approve-all": approve_all,

@@ -36,15 +36,19 @@ def drive_to_completion(cluster: Cluster, sessions: list[str], seconds: float) -
         time.sleep(1)
 
 
-def check_nothing_lost(report: dict[str, Any], sessions: list[str]) -> tuple[int, int]:
+def check_nothing_lost(
+    cluster: Cluster, report: dict[str, Any], sessions: list[str]
+) -> tuple[int, int]:
     """Every session completed, its log gap-free, every action executed exactly once.
     Returns (survived, lost)."""
     survived = sum(1 for s in report.values() if s["status"] == "completed")
     lost = len(sessions) - survived
     assert {sid: s["status"] for sid, s in report.items()} == dict.fromkeys(sessions, "completed")
     assert all(s["seq_ok"] for s in report.values())
-    for s in report.values():
-        assert s["executions"] and set(s["executions"].values()) == {1}, s
+    for sid, s in report.items():
+        if not (s["executions"] and set(s["executions"].values()) == {1}):
+            log = "\n".join(cluster.driver("dump", sid))
+            raise AssertionError(f"session {sid}: {s}\n{log}")
     return survived, lost
 
 
@@ -80,7 +84,7 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
         time.sleep(random.uniform(0.3, 1.0))
 
     report = drive_to_completion(cluster, sessions, 120)
-    survived, lost = check_nothing_lost(report, sessions)
+    survived, lost = check_nothing_lost(cluster, report, sessions)
 
     recoveries = []
     for killed_at, session, pid in kills:
@@ -115,7 +119,7 @@ def test_redis_restart_mid_run(workers: Cluster) -> None:
     time.sleep(3)
     cluster.redis.start()
     report = drive_to_completion(cluster, sessions, 120)
-    survived, lost = check_nothing_lost(report, sessions)
+    survived, lost = check_nothing_lost(cluster, report, sessions)
     print(
         f"\nFAULTS Redis killed for 3 s mid-run: sessions tried {len(sessions)} / survived "
         f"{survived} / lost {lost}; workers started in all {cluster.started_workers}"
@@ -131,7 +135,7 @@ def test_postgres_restart_mid_run(workers: Cluster) -> None:
     time.sleep(2)
     cluster.postgres.start()
     report = drive_to_completion(cluster, sessions, 120)
-    survived, lost = check_nothing_lost(report, sessions)
+    survived, lost = check_nothing_lost(cluster, report, sessions)
     alive = sum(1 for w in cluster.workers if w.poll() is None)
     print(
         f"\nFAULTS PostgreSQL restarted mid-run: sessions tried {len(sessions)} / survived "
