@@ -1,6 +1,6 @@
 """The django-rq worker AERO runs: jobs run in the worker process itself (no fork per
 job), the compiled agent graph and its checkpointer connection are reused across jobs,
-and the reconciler runs in the worker's maintenance loop.
+and the reconciler runs in the worker's heartbeat thread.
 
 Not forking is safe here because a job's effects live in PostgreSQL, never in worker
 memory, and a crash is contained by the lease (docs/decisions.md, ADR 83, ADR 100): an
@@ -15,7 +15,8 @@ is in, starts no other, and lets its lease go; the next reconciler pass gives th
 session to another worker. A second SIGTERM is rq's cold shutdown.
 
 Heartbeat (ADR 102): a thread writes this worker's `WorkerBeat` row every
-AERO_HEARTBEAT_SECONDS; /healthz reads those rows from PostgreSQL."""
+AERO_HEARTBEAT_SECONDS (/healthz reads those rows from PostgreSQL) and runs the periodic
+tasks every AERO_RECONCILE_SECONDS, busy or not."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -54,6 +56,7 @@ class WorkerHeartbeat:
         self.thread = threading.Thread(target=self._run, daemon=True, name="aero-worker-beat")
 
     def start(self) -> None:
+        self.reconcile()  # at once: a worker started after a crash picks its sessions up
         # Rows of workers killed long ago (they never removed theirs) would only clutter
         # /healthz's count of registered workers.
         WorkerBeat.objects.filter(beat_at__lt=timezone.now() - timedelta(hours=1)).delete()
@@ -81,6 +84,7 @@ class WorkerHeartbeat:
             connections["default"].close()  # reconnect on the next use
 
     def _run(self) -> None:
+        last_reconcile = time.monotonic()
         try:
             while not self.done.wait(settings.AERO_HEARTBEAT_SECONDS):
                 try:
@@ -89,8 +93,20 @@ class WorkerHeartbeat:
                     # PostgreSQL restarting: the next beat reconnects.
                     logger.warning("worker %s: heartbeat failed", self.name)
                     connections.close_all()
+                if time.monotonic() - last_reconcile >= settings.AERO_RECONCILE_SECONDS:
+                    last_reconcile = time.monotonic()
+                    self.reconcile()
         finally:
             connections.close_all()
+
+    def reconcile(self) -> None:
+        """The periodic tasks (re-enqueue stalled sessions, ...) from this thread, not
+        rq's maintenance loop: that runs only between jobs, so with every worker busy a
+        killed worker's session waited for a job to end before anyone noticed."""
+        try:
+            run_periodic_tasks()
+        finally:
+            connections.close_all()  # this thread's; the next pass reconnects
 
     def stop(self) -> None:
         self.done.set()
@@ -138,9 +154,5 @@ class AeroWorker(SimpleWorker):
             self.beats.beat_now()  # idle again, at once
 
     def run_maintenance_tasks(self) -> None:
+        # rq's registry cleaning only: AERO's periodic tasks run in the heartbeat thread.
         super().run_maintenance_tasks()
-        close_old_connections()
-        try:
-            run_periodic_tasks()  # re-enqueue stalled sessions, sweep approval timeouts
-        finally:
-            close_old_connections()

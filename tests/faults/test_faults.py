@@ -20,7 +20,7 @@ from tests.faults.cluster import LEASE_SECONDS, Cluster, wait_until
 
 pytestmark = [pytest.mark.services, pytest.mark.faults]
 
-WORKERS = 3
+WORKERS = 4
 
 
 def drive_to_completion(cluster: Cluster, sessions: list[str], seconds: float) -> dict[str, Any]:
@@ -55,10 +55,10 @@ def check_nothing_lost(
 def test_kill_9_workers_mid_node(workers: Cluster) -> None:
     cluster = workers
     cluster.supervise(WORKERS)
-    sessions: list[str] = cluster.driver("create", "10")
+    sessions: list[str] = cluster.driver("create", "16")
     kills: list[tuple[datetime, str, int]] = []
     random.seed(10)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 200
     while len(kills) < 20 and time.monotonic() < deadline:
         cluster.supervise(WORKERS)
         running = {w.pid for w in cluster.workers}
@@ -81,7 +81,7 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
         pid, session = random.choice(busy)
         kills.append((datetime.now(UTC), session, pid))
         os.kill(pid, signal.SIGKILL)
-        time.sleep(random.uniform(0.3, 1.0))
+        time.sleep(random.uniform(0.2, 0.6))
 
     report = drive_to_completion(cluster, sessions, 120)
     survived, lost = check_nothing_lost(cluster, report, sessions)
@@ -113,7 +113,7 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
 def test_redis_restart_mid_run(workers: Cluster) -> None:
     cluster = workers
     cluster.supervise(WORKERS)
-    sessions: list[str] = cluster.driver("create", "8")
+    sessions: list[str] = cluster.driver("create", "6")
     time.sleep(2)
     cluster.redis.kill()  # the queue and every job in it are gone
     time.sleep(3)
@@ -129,7 +129,7 @@ def test_redis_restart_mid_run(workers: Cluster) -> None:
 def test_postgres_restart_mid_run(workers: Cluster) -> None:
     cluster = workers
     cluster.supervise(WORKERS)
-    sessions: list[str] = cluster.driver("create", "8")
+    sessions: list[str] = cluster.driver("create", "6")
     time.sleep(2)
     cluster.postgres.stop()
     time.sleep(2)
