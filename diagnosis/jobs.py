@@ -39,15 +39,21 @@ from diagnosis.agent.state import AgentContext
 from diagnosis.events import (
     LeaseLost,
     active_fence,
-    check_fence,
     fenced,
-    lock_session,
     set_status,
     tracing,
     unfenced,
 )
 from diagnosis.maintenance import run_periodic_tasks
-from diagnosis.models import AgentRun, Event, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.models import (
+    ENDED_STATUSES,
+    AgentRun,
+    Event,
+    Session,
+    SessionStatus,
+    ToolCall,
+    ToolCallStatus,
+)
 from scenarios_admin.airport import load_active_graph
 
 logger = logging.getLogger("diagnosis.jobs")
@@ -558,14 +564,16 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
             producer=PRODUCER,
         )
         outcome = _drive(session, graph, config, context, token)
-        with transaction.atomic():
-            if outcome not in (SessionStatus.COMPLETED, SessionStatus.CANCELED):
-                check_fence(lock_session(session_id))  # an ended session has no lease
-            AgentRun.objects.filter(pk=root.pk).update(
-                status="completed" if outcome != SessionStatus.FAILED else "failed",
-                ended_at=timezone.now(),
-                output_summary={"status": outcome},
-            )
+        runs = AgentRun.objects.filter(pk=root.pk)
+        if outcome not in ENDED_STATUSES:
+            # Fenced in the statement itself (no extra query): an ended session has no
+            # lease any more, a waiting one still has ours unless another job took it.
+            runs = runs.filter(session__lease_token=token)
+        runs.update(
+            status="completed" if outcome != SessionStatus.FAILED else "failed",
+            ended_at=timezone.now(),
+            output_summary={"status": outcome},
+        )
         with unfenced():  # the session may have ended: its lease is cleared
             if outcome == SessionStatus.COMPLETED:
                 graph.checkpointer.delete_thread(str(session_id))  # the log is the history

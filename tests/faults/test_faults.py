@@ -74,8 +74,8 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
         ]
         if not busy:
             # Nothing running: approve what waits, and keep new sessions coming.
-            report = cluster.driver("step", *sessions)
-            if len(sessions) < 30 and all(s["status"] != "running" for s in report.values()):
+            cluster.driver("step", *sessions)
+            if len(sessions) < 40:
                 sessions += cluster.driver("create", "4")
             continue
         pid, session = random.choice(busy)
