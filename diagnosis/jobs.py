@@ -641,8 +641,13 @@ def _drive(
                 set_status(session.pk, SessionStatus.WAITING_USER, producer=PRODUCER, strict=False)
                 return SessionStatus.WAITING_USER
             graph_input = Command(resume=value)
-        elif snapshot.next:
-            graph_input = None  # a crashed run: continue from the last checkpoint
+        elif snapshot.next or snapshot.tasks:
+            # A crashed run: continue from the last checkpoint. `next` leaves out tasks
+            # whose writes were saved before the crash (the next checkpoint was not), so
+            # a run killed between the two has an empty `next` but pending `tasks`: it
+            # is not finished (the fault suite caught such a session "completed" with
+            # its approved actions never executed).
+            graph_input = None
         else:
             set_status(session.pk, SessionStatus.COMPLETED, producer=PRODUCER, strict=False)
             return SessionStatus.COMPLETED

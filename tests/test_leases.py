@@ -165,3 +165,27 @@ def test_a_stale_token_cannot_save_a_checkpoint(session: Session) -> None:
         saver.put(config, empty_checkpoint(), {}, {})
     assert saver.get_tuple(config) is not None
     saver.delete_thread(str(session.pk))
+
+
+def test_a_run_killed_between_a_steps_writes_and_its_checkpoint_carries_on(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's writes were saved, the checkpoint after it was not (the worker died
+    in between): the next attempt continues the graph, it does not take the run for
+    finished (an empty `next`) and complete the session without its report."""
+    saver = type(jobs.agent_graph().checkpointer)
+    put = saver.put
+    calls: list[int] = []
+
+    def dies_once(self: Any, config: Any, checkpoint: Any, metadata: Any, versions: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:  # after the input parser's writes
+            raise RuntimeError("the worker died before the checkpoint")
+        return put(self, config, checkpoint, metadata, versions)
+
+    monkeypatch.setattr(saver, "put", dies_once)
+    assert jobs.advance_session(str(session.pk)) == "waiting_user"
+    session.refresh_from_db()
+    assert session.status == "waiting_user"
+    assert session.snapshot["question"]["field"] == "continuous"
+    assert Event.objects.filter(session=session, type="fields.extracted").count() == 1
