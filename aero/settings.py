@@ -217,10 +217,18 @@ AERO_JOB_BACKEND = env_choice(
 if AERO_JOB_BACKEND == "rq" and not REDIS_URL:
     raise ImproperlyConfigured("AERO_JOB_BACKEND=rq needs REDIS_URL")
 AERO_EMBEDDED_WORKERS = env_int("AERO_EMBEDDED_WORKERS", 2, minimum=1)
-# A job holds a lease on its session; a lease older than this is considered abandoned
-# (worker killed) and the reconciler re-enqueues the session.
-AERO_LEASE_SECONDS = env_int("AERO_LEASE_SECONDS", 120, minimum=5)
-AERO_RECONCILE_SECONDS = env_int("AERO_RECONCILE_SECONDS", 30, minimum=1)
+# A job holds a lease on its session, renewed by a heartbeat every AERO_HEARTBEAT_SECONDS
+# while it runs; a lease not renewed for AERO_LEASE_SECONDS belonged to a dead or paused
+# worker, and the next reconciler pass re-enqueues the session. Short, so a killed
+# worker's session runs again within lease + reconcile interval (ADR 100).
+AERO_LEASE_SECONDS = env_int("AERO_LEASE_SECONDS", 20, minimum=5)
+AERO_HEARTBEAT_SECONDS = env_float("AERO_HEARTBEAT_SECONDS", AERO_LEASE_SECONDS / 4)
+if not 0 < AERO_HEARTBEAT_SECONDS <= AERO_LEASE_SECONDS / 2:
+    raise ImproperlyConfigured("AERO_HEARTBEAT_SECONDS must be at most half of the lease")
+AERO_RECONCILE_SECONDS = env_int("AERO_RECONCILE_SECONDS", 5, minimum=1)
+# The whole chain of model attempts of one call (retries, fallbacks) starts no attempt
+# after this many seconds; each attempt's own timeout stays below the lease (ADR 100).
+AERO_LLM_BUDGET_SECONDS = env_float("AERO_LLM_BUDGET_SECONDS", 60.0)
 # Web processes (gunicorn workers, daphne) run the web periodic tasks (the approval
 # timeout sweeper) this often, so timeouts happen with every worker down; 0: off.
 AERO_WEB_TICK_SECONDS = env_float("AERO_WEB_TICK_SECONDS", 10.0)

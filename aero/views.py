@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -32,31 +32,26 @@ def _redis() -> str:
 
 
 def _workers() -> str:
-    """RQ workers that registered must have sent a heartbeat within their TTL. None
-    registered is reported, not failed: sessions then wait in the queue, visibly."""
-    import django_rq
-    from rq.worker import Worker
+    """Workers write their own heartbeat to the database (diagnosis.worker, ADR 102):
+    one that registered must have beaten within three heartbeat intervals. None
+    registered is reported, not failed: sessions then wait in the queue, visibly. Read
+    from PostgreSQL, so a Redis outage does not hide live workers."""
+    from diagnosis.models import WorkerBeat
 
-    queue = django_rq.get_queue(settings.AERO_QUEUE)
-    workers = Worker.all(queue=queue)
-    if not workers:
+    rows = list(WorkerBeat.objects.values_list("beat_at", "session_id"))
+    if not rows:
         return "none registered"
-    now = timezone.now()
-    alive = [
-        w
-        for w in workers
-        if w.last_heartbeat is not None
-        and now - w.last_heartbeat.replace(tzinfo=w.last_heartbeat.tzinfo or UTC)
-        <= timedelta(seconds=w.worker_ttl + 60)
-    ]
+    fresh = timezone.now() - timedelta(seconds=max(15.0, 3 * settings.AERO_HEARTBEAT_SECONDS))
+    alive = [session for beat_at, session in rows if beat_at >= fresh]
     if not alive:
-        raise RuntimeError(f"{len(workers)} worker(s) registered, none with a recent heartbeat")
-    return f"{len(alive)} alive"
+        raise RuntimeError(f"{len(rows)} worker(s) registered, none with a recent heartbeat")
+    busy = sum(1 for session in alive if session is not None)
+    return f"{len(alive)} alive, {busy} running a job"
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
     """For load balancers and the run scripts, so it needs no login. The database always;
-    Redis and the RQ workers' heartbeats in production mode (REDIS_URL set)."""
+    Redis and the workers' heartbeats in production mode (REDIS_URL set)."""
     checks: dict[str, str] = {}
     ok = True
     probes = [("database", _database)]
@@ -70,8 +65,6 @@ def healthz(request: HttpRequest) -> JsonResponse:
         except Exception as exc:
             checks[name] = f"failed: {exc}"
             ok = False
-            if name == "redis":
-                break  # the worker check needs Redis too
     return JsonResponse({"ok": ok, "checks": checks}, status=200 if ok else 503)
 
 

@@ -8,10 +8,11 @@ class DiagnosisConfig(AppConfig):
     verbose_name = "Incident sessions"
 
     def ready(self) -> None:
-        from diagnosis.jobs import requeue_stalled_sessions
+        from diagnosis.jobs import delete_ended_checkpoints, requeue_stalled_sessions
         from diagnosis.maintenance import register
 
         register("requeue-stalled-sessions", requeue_stalled_sessions)
+        register("delete-ended-checkpoints", delete_ended_checkpoints)
 
         # scenarios_admin may not import this app: the runtime that can run a scenario's
         # example cases registers the publish-time self-check with it.

@@ -40,6 +40,64 @@ class IllegalTransition(Exception):
     pass
 
 
+class LeaseLost(Exception):
+    """The job's lease on the session is gone (expired and taken, or the session ended):
+    its write was refused and the job must stop."""
+
+
+# --- fencing (ADR 100) ------------------------------------------------------------------
+# A job's writes carry its lease token: `fenced` sets it for everything the job does (and
+# LangGraph's threads copy the context). Every write to a session's log locks the session
+# row first; under that lock the token must still be the session's, so a job that lost
+# its lease (paused past it while another job took over) writes nothing.
+
+
+class Fence:
+    def __init__(self, session_id: Any, token: uuid.UUID) -> None:
+        self.session_id = str(session_id)
+        self.token = token
+
+
+_fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("aero_fence", default=None)
+
+
+@contextmanager
+def fenced(session_id: Any, token: uuid.UUID) -> Iterator[Fence]:
+    fence = Fence(session_id, token)
+    reset = _fence.set(fence)
+    try:
+        yield fence
+    finally:
+        _fence.reset(reset)
+
+
+@contextmanager
+def unfenced() -> Iterator[None]:
+    """For writes checked some other way (under the same lock) or not the job's own."""
+    reset = _fence.set(None)
+    try:
+        yield
+    finally:
+        _fence.reset(reset)
+
+
+def active_fence() -> Fence | None:
+    return _fence.get()
+
+
+def current_fence(session_id: Any) -> Fence | None:
+    """The fence of the job writing to this session, if a job is writing."""
+    fence = _fence.get()
+    return fence if fence is not None and fence.session_id == str(session_id) else None
+
+
+def check_fence(session: Session) -> None:
+    """Call with the session row locked: refuses a job's write once its lease is gone."""
+    fence = current_fence(session.pk)
+    if fence is not None and session.lease_token != fence.token:
+        raise LeaseLost(f"session {session.pk}: lease {fence.token} is no longer held")
+
+
 def lock_session(session_id: Any) -> Session:
     return Session.objects.select_for_update().get(pk=session_id)
 
@@ -89,7 +147,8 @@ def append_event(
 def _write(session: Session, events: list[Event]) -> None:
     """Give `events` the next seqs of the locked `session`, hash-chain them, insert them
     in one statement, update the session once and notify once, after commit, with the
-    highest seq."""
+    highest seq. A job's write is fenced: refused unless it still holds the lease."""
+    check_fence(session)
     now = timezone.now()
     seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
     changed = False
@@ -253,6 +312,7 @@ def set_status(
     an illegal move raises (strict) or is ignored."""
     with transaction.atomic():
         session = lock_session(session_id)
+        check_fence(session)
         if session.status == to:
             return False
         if not session.can_transition(to):
@@ -271,17 +331,20 @@ def set_status(
         if to == SessionStatus.FAILED:
             fields["failure"] = reason
         Session.objects.filter(pk=session.pk).update(**fields)
-        append_event(
-            session.pk,
-            "session.status_changed",
-            {"from": previous, "to": to, "reason": reason},
-            producer=producer,
-        )
-        if to in ENDED_STATUSES:
-            ended: dict[str, Any] = {"reason": reason}
-            if by:
-                ended["by"] = by
-            append_event(session.pk, f"session.{to}", ended, producer=producer)
+        # Fenced above under this lock; ending the session clears the lease, so the
+        # events below must not be checked against it again.
+        with unfenced():
+            append_event(
+                session.pk,
+                "session.status_changed",
+                {"from": previous, "to": to, "reason": reason},
+                producer=producer,
+            )
+            if to in ENDED_STATUSES:
+                ended: dict[str, Any] = {"reason": reason}
+                if by:
+                    ended["by"] = by
+                append_event(session.pk, f"session.{to}", ended, producer=producer)
     return True
 
 

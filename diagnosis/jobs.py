@@ -1,6 +1,7 @@
 """Background jobs. A job advances one session until the graph ends or interrupts, then
 returns: it never waits for a human. One job at a time per session (a lease row in the
-database); a decision or an answer enqueues another job that resumes the graph.
+database, renewed by the job's heartbeat and fencing every write the job makes, ADR 100);
+a decision or an answer enqueues another job that resumes the graph.
 
 Backends: `embedded` (in-process worker threads), `rq` (django-rq workers on Redis) and
 `inline` (run in the caller: the CLI). All run the same `advance_session`.
@@ -15,12 +16,14 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
@@ -29,12 +32,28 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from aero import metrics
+from diagnosis import shutdown
 from diagnosis.agent.graph import SessionCanceled, build_graph
 from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.state import AgentContext
-from diagnosis.events import set_status, tracing
+from diagnosis.events import (
+    LeaseLost,
+    active_fence,
+    fenced,
+    set_status,
+    tracing,
+    unfenced,
+)
 from diagnosis.maintenance import run_periodic_tasks
-from diagnosis.models import AgentRun, Event, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.models import (
+    ENDED_STATUSES,
+    AgentRun,
+    Event,
+    Session,
+    SessionStatus,
+    ToolCall,
+    ToolCallStatus,
+)
 from scenarios_admin.airport import load_active_graph
 
 logger = logging.getLogger("diagnosis.jobs")
@@ -237,16 +256,15 @@ def requeue_stalled_sessions() -> int:
     return enqueued
 
 
-def stalled_sessions(grace_seconds: int = 60) -> list[str]:
+def stalled_sessions() -> list[str]:
     """Sessions that should be moving but hold no live lease (worker killed, Redis lost
-    the job). Redis is never the source of truth: PostgreSQL says what must run."""
+    the job). Redis is never the source of truth: PostgreSQL says what must run. No
+    grace period: a running job's heartbeat keeps its lease live, and the caller skips
+    sessions whose job waits in the queue (ADR 101)."""
     now = timezone.now()
     rows = (
         Session.objects.visible()
-        .filter(
-            status__in=[SessionStatus.QUEUED, SessionStatus.RUNNING, SessionStatus.RETRYING],
-            updated_at__lt=now - timedelta(seconds=grace_seconds),
-        )
+        .filter(status__in=[SessionStatus.QUEUED, SessionStatus.RUNNING, SessionStatus.RETRYING])
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
     )
     return [str(pk) for pk in rows.values_list("pk", flat=True)]
@@ -268,10 +286,60 @@ def acquire_lease(session_id: Any) -> uuid.UUID | None:
     return token if taken else None
 
 
-def renew_lease(session_id: Any, token: uuid.UUID) -> None:
-    Session.objects.filter(pk=session_id, lease_token=token).update(
+def renew_lease(session_id: Any, token: uuid.UUID) -> bool:
+    """Extend the lease if it is still ours; False once it is gone."""
+    renewed = Session.objects.filter(pk=session_id, lease_token=token).update(
         lease_expires_at=timezone.now() + timedelta(seconds=settings.AERO_LEASE_SECONDS)
     )
+    return bool(renewed)
+
+
+def heartbeat_interval() -> float:
+    # Read per job: tests and operators shorten the lease without touching the beat.
+    return float(min(settings.AERO_HEARTBEAT_SECONDS, settings.AERO_LEASE_SECONDS / 3))
+
+
+class Heartbeat:
+    """Renews a job's lease every heartbeat_interval() while the job runs, from a thread
+    of its own, so a long step (a slow model call) keeps the lease; a worker that dies or
+    is paused stops beating and its lease runs out. Losing the lease is noticed by the
+    job's next write (the fence), not here: this only records it for the log."""
+
+    def __init__(self, session_id: str, token: uuid.UUID) -> None:
+        self.session_id = session_id
+        self.token = token
+        self.done = threading.Event()
+        self.lost = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, daemon=True, name=f"aero-lease-{session_id[:8]}"
+        )
+
+    def __enter__(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join(timeout=10)
+
+    def beat(self) -> bool:
+        return renew_lease(self.session_id, self.token)
+
+    def _run(self) -> None:
+        try:
+            while not self.done.wait(heartbeat_interval()):
+                try:
+                    if not self.beat():
+                        self.lost.set()
+                        logger.warning("session %s: the job lost its lease", self.session_id)
+                        return
+                except DatabaseError:
+                    # PostgreSQL restarting: keep trying; the fence refuses the job's
+                    # writes if the lease runs out meanwhile.
+                    logger.warning("session %s: lease renewal failed", self.session_id)
+                    connection.close()
+        finally:
+            connections.close_all()  # this thread's own connections
 
 
 def release_lease(session_id: Any, token: uuid.UUID) -> None:
@@ -350,9 +418,44 @@ def _checkpoint_key() -> str:
     return f"sqlite:{settings.AERO_CHECKPOINT_SQLITE}"
 
 
+def _fenced_saver_class() -> type[Any]:
+    """PostgresSaver whose writes are fenced like the job's other writes (ADR 100): in
+    the write's own transaction it takes a share lock on the session row and checks the
+    job's lease token, so a job paused past its lease cannot save a checkpoint over the
+    one the job that took over saved (which would rewind the thread)."""
+    from langgraph.checkpoint.postgres import PostgresSaver, _internal
+    from psycopg.rows import dict_row
+
+    class FencedPostgresSaver(PostgresSaver):
+        @contextmanager
+        def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
+            fence = active_fence()
+            if not pipeline or fence is None:
+                with super()._cursor(pipeline=pipeline) as cur:
+                    yield cur
+                return
+            with (
+                self.lock,
+                _internal.get_connection(self.conn) as conn,
+                conn.transaction(),
+                conn.cursor(binary=True, row_factory=dict_row) as cur,
+            ):
+                # Never wait long for the row: a stuck lock becomes this write's error.
+                cur.execute("SET LOCAL lock_timeout = '10s'")
+                cur.execute(
+                    "SELECT lease_token FROM diagnosis_session WHERE id = %s FOR SHARE",
+                    (fence.session_id,),
+                )
+                row = cur.fetchone()
+                if row is None or row["lease_token"] != fence.token:
+                    raise LeaseLost(f"session {fence.session_id}: checkpoint write refused")
+                yield cur
+
+    return FencedPostgresSaver
+
+
 def _postgres_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
     import psycopg
-    from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
 
     params = connection.get_connection_params()
@@ -360,15 +463,24 @@ def _postgres_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
         params.pop(key, None)
     # autocommit=True, or the saver silently saves nothing.
     conn = psycopg.connect(**params, autocommit=True, prepare_threshold=0, row_factory=dict_row)
-    saver = PostgresSaver(conn)
+    saver = _fenced_saver_class()(conn)
     with conn.cursor() as cursor:
-        # Workers starting together must not race the saver's migrations.
-        cursor.execute("SELECT pg_advisory_lock(7410001)")
+        # Workers starting together must not race the saver's migrations. Try, never
+        # wait inside a statement: the migrations create indexes CONCURRENTLY, which
+        # wait for every open transaction, a blocked pg_advisory_lock call included
+        # (that was a deadlock when workers started together on a new database).
+        while not _try_lock(cursor):
+            time.sleep(0.1)
         try:
             saver.setup()
         finally:
             cursor.execute("SELECT pg_advisory_unlock(7410001)")
     return conn, saver
+
+
+def _try_lock(cursor: Any) -> bool:
+    row = cursor.execute("SELECT pg_try_advisory_lock(7410001) AS got").fetchone()
+    return bool(row and row["got"])
 
 
 def _sqlite_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
@@ -388,13 +500,24 @@ def _sqlite_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
 @metrics.timed_job
 def advance_session(session_id: str) -> str:
     """Advance the session as far as the inputs in the database allow. Idempotent: a
-    duplicate or late job finds nothing to do. Returns the status it left."""
+    duplicate or late job finds nothing to do. Returns the status it left, "busy" when
+    another job holds the lease, "lease_lost" when this job lost it midway (it stopped
+    and wrote nothing after), "stopped" when its worker is shutting down."""
     while True:
+        if shutdown.stopping():
+            return "stopped"  # the reconciler gives the session to a running worker
         token = acquire_lease(session_id)
         if token is None:
             return "busy"  # another job holds it; it re-checks inputs before it lets go
         try:
-            status = _advance_locked(session_id, token)
+            with Heartbeat(session_id, token), fenced(session_id, token):
+                status = _advance_locked(session_id, token)
+        except LeaseLost as exc:
+            logger.warning("session %s: stopped, another job took over (%s)", session_id, exc)
+            return "lease_lost"
+        except shutdown.WorkerStopping:
+            logger.info("session %s: worker stopping, lease released", session_id)
+            return "stopped"
         finally:
             release_lease(session_id, token)
         # An answer or decision that arrived while we held the lease found us busy:
@@ -462,14 +585,62 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
             producer=PRODUCER,
         )
         outcome = _drive(session, graph, config, context, token)
-        AgentRun.objects.filter(pk=root.pk).update(
+        runs = AgentRun.objects.filter(pk=root.pk)
+        if outcome not in ENDED_STATUSES:
+            # Fenced in the statement itself (no extra query): an ended session has no
+            # lease any more, a waiting one still has ours unless another job took it.
+            runs = runs.filter(session__lease_token=token)
+        runs.update(
             status="completed" if outcome != SessionStatus.FAILED else "failed",
             ended_at=timezone.now(),
             output_summary={"status": outcome},
         )
-        if outcome == SessionStatus.COMPLETED:
-            graph.checkpointer.delete_thread(str(session_id))  # the event log is the history
+        with unfenced():  # the session may have ended: its lease is cleared
+            if outcome == SessionStatus.COMPLETED:
+                graph.checkpointer.delete_thread(str(session_id))  # the log is the history
+            elif outcome == SessionStatus.WAITING_USER:
+                prune_checkpoints(graph.checkpointer, str(session_id))
         return outcome
+
+
+def prune_checkpoints(saver: BaseCheckpointSaver[Any], thread_id: str) -> None:
+    """Keep only the latest checkpoint of a waiting session (what the next job resumes
+    from): the event log is the history, and older checkpoints only grow the tables."""
+    prune = getattr(saver, "prune", None)
+    if prune is None:
+        return  # the SQLite saver keeps its history; it is a single-machine store
+    try:
+        prune([thread_id], strategy="keep_latest")
+    except Exception:
+        # A concurrent prune of the same thread: the next job's prune catches up.
+        logger.warning("session %s: pruning its checkpoints failed", thread_id, exc_info=True)
+
+
+_last_checkpoint_sweep = -1e9
+
+
+def delete_ended_checkpoints() -> int:
+    """Periodic: delete the checkpoints of completed and canceled sessions (a canceled
+    session's job may never run again to delete its own). Failed sessions keep theirs:
+    a retry resumes from it. At most once a minute per process (the reconciler's loop
+    runs every few seconds)."""
+    global _last_checkpoint_sweep
+    if connection.vendor != "postgresql" or time.monotonic() - _last_checkpoint_sweep < 60:
+        return 0
+    _last_checkpoint_sweep = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('checkpoints') IS NOT NULL")
+        if not cursor.fetchone()[0]:
+            return 0
+        cursor.execute(
+            "SELECT DISTINCT c.thread_id FROM checkpoints c JOIN diagnosis_session s"
+            " ON s.id::text = c.thread_id WHERE s.status IN (%s, %s)",
+            [SessionStatus.COMPLETED, SessionStatus.CANCELED],
+        )
+        threads = [row[0] for row in cursor.fetchall()]
+    if threads:
+        agent_graph().checkpointer.prune(threads, strategy="delete")
+    return len(threads)
 
 
 def _drive(
@@ -491,17 +662,23 @@ def _drive(
                 set_status(session.pk, SessionStatus.WAITING_USER, producer=PRODUCER, strict=False)
                 return SessionStatus.WAITING_USER
             graph_input = Command(resume=value)
-        elif snapshot.next:
-            graph_input = None  # a crashed run: continue from the last checkpoint
+        elif snapshot.next or snapshot.tasks:
+            # A crashed run: continue from the last checkpoint. `next` leaves out tasks
+            # whose writes were saved before the crash (the next checkpoint was not), so
+            # a run killed between the two has an empty `next` but pending `tasks`: it
+            # is not finished (the fault suite caught such a session "completed" with
+            # its approved actions never executed).
+            graph_input = None
         else:
             set_status(session.pk, SessionStatus.COMPLETED, producer=PRODUCER, strict=False)
             return SessionStatus.COMPLETED
         set_status(session.pk, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
-        renew_lease(session.pk, token)
         try:
             graph.invoke(graph_input, config, context=context, durability="sync")
         except SessionCanceled:
             return SessionStatus.CANCELED
+        except (LeaseLost, shutdown.WorkerStopping):
+            raise  # not the step's failure: this job stops, the lease holder carries on
         except GraphRecursionError as exc:
             _fail(session.pk, f"the agent made no progress: {exc}")
             return SessionStatus.FAILED

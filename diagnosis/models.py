@@ -383,3 +383,21 @@ class Restriction(models.Model):
     @property
     def is_active(self) -> bool:
         return self.lifted_at is None
+
+
+class WorkerBeat(models.Model):
+    """A background worker's own heartbeat, in the database (ADR 102): /healthz reads it
+    whether or not Redis answers. One row per running worker process, written every
+    AERO_HEARTBEAT_SECONDS by a thread of its own, deleted when the worker exits."""
+
+    name = models.CharField(max_length=200, unique=True)
+    host = models.CharField(max_length=200)
+    pid = models.IntegerField()
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField(db_index=True)
+    # The session whose job the worker runs now, if any (for operators reading /healthz).
+    session_id = models.UUIDField(null=True, blank=True)
+    stopping = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.host}:{self.pid})"

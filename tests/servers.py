@@ -88,10 +88,30 @@ def _wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path) -> Non
     raise RuntimeError(f"daphne did not come up:\n{log.read_text()[-3000:]}")
 
 
-def run_worker_burst(db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:
-    """One `manage.py aero_worker --burst` process: runs what is queued, then exits."""
+# A worker whose agent keeps its checkpoints in memory (lost when the process exits):
+# what a resume test must catch (tests/test_workers.py).
+_MEMORY_CHECKPOINTER_WORKER = """
+import django
+django.setup()
+from django.core.management import call_command
+from langgraph.checkpoint.memory import InMemorySaver
+from diagnosis import jobs
+real = jobs._postgres_saver
+jobs._postgres_saver = lambda: (real()[0], InMemorySaver())
+call_command("aero_worker", burst=True)
+"""
+
+
+def run_worker_burst(
+    db_url: str, redis_url: str, *, checkpointer: str = "postgres"
+) -> subprocess.CompletedProcess[str]:
+    """One `manage.py aero_worker --burst` process: runs what is queued, then exits.
+    checkpointer="memory": the same worker with an in-memory checkpointer."""
+    command = [PYTHON, "manage.py", "aero_worker", "--burst"]
+    if checkpointer == "memory":
+        command = [PYTHON, "-c", _MEMORY_CHECKPOINTER_WORKER]
     return subprocess.run(
-        [PYTHON, "manage.py", "aero_worker", "--burst"],
+        command,
         cwd=ROOT,
         env=service_env(db_url, redis_url),
         capture_output=True,

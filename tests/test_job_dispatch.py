@@ -95,3 +95,14 @@ def test_the_graph_is_compiled_once_per_process(builtin: None) -> None:
     assert jobs.agent_graph() is first
     jobs._runtime.conn.close()  # type: ignore[union-attr]  # the connection died
     assert jobs.agent_graph() is not first  # rebuilt, not used broken
+
+
+def test_a_session_whose_job_vanished_is_requeued_at_once(
+    rq_session: Session, settings: Any
+) -> None:
+    """No grace period after its last change (it used to be 60 s): no job in the queue
+    and no live lease is enough, and the next reconciler pass enqueues it, once."""
+    assert jobs.requeue_stalled_sessions() == 0  # just created: its job waits
+    django_rq.get_queue(settings.AERO_QUEUE).empty()
+    assert [jobs.requeue_stalled_sessions() for _ in range(3)] == [1, 0, 0]
+    assert queued(settings) == [jobs.job_id(rq_session.pk)]

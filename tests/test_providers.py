@@ -245,13 +245,13 @@ def test_which_http_errors_are_retried(
     assert hops[0][:2] == ("fake", "offline")
 
 
-def test_no_wait_runs_past_half_the_lease(
+def test_no_wait_runs_past_the_chain_budget(
     fake_llm: FakeLLMServer, waits: list[float], settings: Any
 ) -> None:
-    """A Retry-After longer than what is left of the lease's budget is not waited for:
-    the chain moves on at once (the job would lose its lease while sleeping)."""
-    settings.AERO_LEASE_SECONDS = 20  # attempts may start within the first 10 s
-    fake_llm.set_script({"rules": [{"fault": "429", "retry_after": 15}]})  # < lease, > half
+    """A Retry-After longer than what is left of the chain's budget is not waited for:
+    the chain moves on at once (the incident would wait on a sleeping job)."""
+    settings.AERO_LLM_BUDGET_SECONDS = 10  # attempts may start within the first 10 s
+    fake_llm.set_script({"rules": [{"fault": "429", "retry_after": 15}]})  # > the budget
     config = ProviderConfig(
         pk=2, name="slow", kind="openai", base_url=fake_llm.url, model="fake-1", retries=3
     )
@@ -363,10 +363,10 @@ def test_a_hang_is_cut_by_a_timeout_below_the_lease(
     waits: list[float],
     settings: Any,
 ) -> None:
-    settings.AERO_LEASE_SECONDS = 4  # a 30 s provider timeout is clamped to 1 s
+    settings.AERO_LEASE_SECONDS = 4  # a 30 s provider timeout is clamped to 3 s
     fake_llm.set_script({"rules": [{"fault": "hang"}]})
     config = fake_provider(fake_llm, retries=1, timeout_seconds=30)
-    assert providers.call_timeout(config) == 1.0
+    assert providers.call_timeout(config) == 3.0
     session = start(make_user, EXAMPLE_ONE)
 
     failed = LLMCall.objects.get(session=session, provider="fake")

@@ -18,6 +18,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
+from diagnosis import shutdown
 from diagnosis.agent import fsm, grounding, policy, prompts
 from diagnosis.agent.extraction import Extraction
 from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
@@ -32,6 +33,7 @@ from diagnosis.agent.tools import (
 )
 from diagnosis.events import (
     EventBatch,
+    LeaseLost,
     add_usage,
     append_event,
     append_event_once,
@@ -75,6 +77,8 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
         # No functools.wraps: LangGraph reads the signature to inject `runtime`.
         def wrapper(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
             ctx = runtime.context
+            if shutdown.stopping():
+                raise shutdown.WorkerStopping()  # before the step: the next job runs it
             status = Session.objects.filter(pk=ctx.session_id).values_list("status", flat=True)
             if status.first() == SessionStatus.CANCELED:
                 raise SessionCanceled()
@@ -97,8 +101,11 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
                             run=run,
                         )
                 except Exception as exc:
-                    if isinstance(exc, SessionCanceled) or type(exc).__name__ == "GraphInterrupt":
-                        raise
+                    if (
+                        isinstance(exc, (SessionCanceled, LeaseLost))
+                        or type(exc).__name__ == "GraphInterrupt"
+                    ):
+                        raise  # a lost lease writes nothing, not even its failure
                     _record_failure(ctx, name, state, exc)
                     raise
             return update

@@ -5,8 +5,9 @@ Retries are tenacity's: up to `retries` attempts per provider (3 by default), wa
 1/2/4 s (x AERO_LLM_BACKOFF) plus jitter, or what the server's Retry-After asks for. A
 request the server refused for good (400, 401, 403, 404, ...) is not retried; the chain
 moves to the next provider, the offline provider last (it cannot fail). The whole chain
-of real providers fits well inside the job's lease: no attempt starts after half of it,
-and no attempt lasts longer than a quarter of it.
+of real providers starts no attempt after AERO_LLM_BUDGET_SECONDS, and no attempt lasts
+longer than three quarters of the job's lease: the job's heartbeat renews the lease
+while the chain runs, and a hung call ends before a lease it could not renew runs out.
 """
 
 from __future__ import annotations
@@ -194,8 +195,8 @@ _clients_lock = threading.Lock()
 
 
 def call_timeout(config: ProviderConfig) -> float:
-    """The provider's timeout, never more than a quarter of the job's lease."""
-    return max(1.0, min(config.timeout_seconds, settings.AERO_LEASE_SECONDS / 4))
+    """The provider's timeout, always below the job's lease (three quarters of it)."""
+    return max(1.0, min(config.timeout_seconds, settings.AERO_LEASE_SECONDS * 3 / 4))
 
 
 def client_for(config: ProviderConfig) -> ChatOpenAI:
@@ -360,7 +361,7 @@ def call_with_fallback[T](
     """Try each provider with its retries; fall back to the next. The offline provider
     cannot fail, so the chain always answers."""
     last_error = ""
-    budget = settings.AERO_LEASE_SECONDS / 2
+    budget = settings.AERO_LLM_BUDGET_SECONDS
     started_chain = time.monotonic()
     for index, provider in enumerate(providers):
         offline = isinstance(provider, OfflineProvider)

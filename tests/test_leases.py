@@ -1,0 +1,191 @@
+"""Fenced leases (ADR 100): a job's heartbeat keeps its lease through a long step; a job
+paused past its lease loses it to the next job and, once it resumes, writes nothing;
+checkpoint writes are fenced like the rest."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+from langgraph.checkpoint.base import empty_checkpoint
+
+from diagnosis import jobs
+from diagnosis.actions import do_create_session
+from diagnosis.agent import graph
+from diagnosis.agent.state import AgentContext
+from diagnosis.events import LeaseLost, fenced
+from diagnosis.models import AgentRun, Event, LLMCall, Session, ToolCall
+from scenarios_admin.models import Scenario
+
+pytestmark = pytest.mark.services
+
+MESSAGE = "MU5678 stand 101 hydraulic leak, engines off"  # the agent asks one question
+
+
+@pytest.fixture
+def session(
+    builtin: None, clean_queue: None, settings: Any, make_user: Callable[..., User]
+) -> Session:
+    # rq backend: creating the session only enqueues; the test runs the jobs itself.
+    settings.AERO_JOB_BACKEND = "rq"
+    settings.AERO_LEASE_SECONDS = 5
+    return do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+
+
+class PausingPlanner:
+    """The first planning step blocks until released, its job's heartbeat frozen (as if
+    the whole worker process were paused); later ones plan as usual."""
+
+    def __init__(self) -> None:
+        self.paused = threading.Event()
+        self.release = threading.Event()
+        self.frozen: set[uuid.UUID] = set()
+        self.calls = 0
+
+    def plan(self, state: Any, ctx: AgentContext) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == 1:
+            token = Session.objects.get(pk=ctx.session_id).lease_token
+            assert token is not None
+            self.frozen.add(token)
+            self.paused.set()
+            assert self.release.wait(60)
+        return graph.default_plan(state, ctx)
+
+
+@pytest.fixture
+def planner(monkeypatch: pytest.MonkeyPatch) -> Iterator[PausingPlanner]:
+    pausing = PausingPlanner()
+    beat = jobs.Heartbeat.beat
+
+    def frozen_beat(self: jobs.Heartbeat) -> bool:
+        return True if self.token in pausing.frozen else beat(self)
+
+    monkeypatch.setattr(jobs.Heartbeat, "beat", frozen_beat)
+    monkeypatch.setitem(graph.PLANNER, "plan", pausing.plan)
+    yield pausing
+    pausing.release.set()
+
+
+def run_in_thread(session_id: str) -> tuple[threading.Thread, list[str]]:
+    result: list[str] = []
+
+    def run() -> None:
+        try:
+            result.append(jobs.advance_session(session_id))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def written(session: Session) -> dict[str, Any]:
+    """Everything a job writes, as a reader would see it."""
+    session.refresh_from_db()
+    state = jobs.agent_graph().get_state(jobs._config(session.pk))
+    return {
+        "events": list(Event.objects.filter(session=session).values_list("seq", "type")),
+        "tool_calls": ToolCall.objects.filter(session=session).count(),
+        "llm_calls": LLMCall.objects.filter(session=session).count(),
+        "node_runs": AgentRun.objects.filter(session=session, parent__isnull=False).count(),
+        "status": session.status,
+        "snapshot": session.snapshot,
+        "checkpoint": state.config["configurable"]["checkpoint_id"],
+    }
+
+
+def test_a_job_paused_past_its_lease_writes_nothing_after_losing_it(
+    session: Session, planner: PausingPlanner
+) -> None:
+    first, first_result = run_in_thread(str(session.pk))
+    assert planner.paused.wait(30)  # mid-step: the input parser's step is committed
+    time.sleep(5.5)  # past the lease, no heartbeat
+    session.refresh_from_db()
+    assert session.lease_expires_at is not None and session.lease_token in planner.frozen
+
+    # A second job takes over and runs the session to its question.
+    assert jobs.advance_session(str(session.pk)) == "waiting_user"
+    after_takeover = written(session)
+    assert after_takeover["status"] == "waiting_user"
+    assert after_takeover["snapshot"]["question"]["field"] == "continuous"
+    assert [t for _, t in after_takeover["events"]].count("agent.question") == 1
+
+    # The first job wakes up, finishes its step and tries to write it: refused.
+    planner.release.set()
+    first.join(timeout=30)
+    assert first_result == ["lease_lost"]
+    assert written(session) == after_takeover
+    seqs = [seq for seq, _ in after_takeover["events"]]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_the_heartbeat_keeps_the_lease_through_a_step_longer_than_the_lease(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = threading.Event()
+
+    def slow_plan(state: Any, ctx: AgentContext) -> dict[str, Any]:
+        started.set()
+        time.sleep(8)  # longer than the 5 s lease
+        return graph.default_plan(state, ctx)
+
+    monkeypatch.setitem(graph.PLANNER, "plan", slow_plan)
+    first, first_result = run_in_thread(str(session.pk))
+    assert started.wait(30)
+    time.sleep(6)
+    assert jobs.lease_is_live(session.pk)
+    assert jobs.stalled_sessions() == []  # running, not stalled: no second job
+    assert jobs.advance_session(str(session.pk)) == "busy"
+    first.join(timeout=30)
+    assert first_result == ["waiting_user"]
+    assert Event.objects.filter(session=session, type="agent.question").count() == 1
+
+
+def test_a_stale_token_cannot_save_a_checkpoint(session: Session) -> None:
+    saver = jobs.agent_graph().checkpointer
+    config: Any = {"configurable": {"thread_id": str(session.pk), "checkpoint_ns": ""}}
+    token = jobs.acquire_lease(session.pk)
+    assert token is not None
+
+    with fenced(session.pk, uuid.uuid4()), pytest.raises(LeaseLost):
+        saver.put(config, empty_checkpoint(), {}, {})
+    assert saver.get_tuple(config) is None
+
+    with fenced(session.pk, token):
+        saver.put(config, empty_checkpoint(), {}, {})
+    assert saver.get_tuple(config) is not None
+    saver.delete_thread(str(session.pk))
+
+
+def test_a_run_killed_between_a_steps_writes_and_its_checkpoint_carries_on(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's writes were saved, the checkpoint after it was not (the worker died
+    in between): the next attempt continues the graph, it does not take the run for
+    finished (an empty `next`) and complete the session without its report."""
+    saver = type(jobs.agent_graph().checkpointer)
+    put = saver.put
+    calls: list[int] = []
+
+    def dies_once(self: Any, config: Any, checkpoint: Any, metadata: Any, versions: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:  # after the input parser's writes
+            raise RuntimeError("the worker died before the checkpoint")
+        return put(self, config, checkpoint, metadata, versions)
+
+    monkeypatch.setattr(saver, "put", dies_once)
+    assert jobs.advance_session(str(session.pk)) == "waiting_user"
+    session.refresh_from_db()
+    assert session.status == "waiting_user"
+    assert session.snapshot["question"]["field"] == "continuous"
+    assert Event.objects.filter(session=session, type="fields.extracted").count() == 1
