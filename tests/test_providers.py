@@ -312,7 +312,7 @@ def test_outage_of_every_real_provider_falls_back_to_offline_on_the_timeline(
     client = Client()
     client.force_login(session.created_by)
     page = client.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
-    assert "Provider fake failed, falling back to offline" in page
+    assert "Model provider fake failed, falling back to offline" in page
 
 
 def test_invalid_json_is_an_attempt_that_failed_and_was_paid_for(
