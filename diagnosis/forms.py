@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django import forms
+from django.utils.translation import gettext_lazy as _
 
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, LimitedTextField
 from scenarios_admin.models import Scenario
@@ -9,8 +10,13 @@ from scenarios_admin.models import Scenario
 class NewSessionForm(forms.Form):
     scenario = forms.ModelChoiceField(
         queryset=Scenario.objects.filter(is_active=True, versions__isnull=False).distinct(),
-        empty_label=None,
+        # Nothing preselected: a preselected scenario once asked an oil spill about a
+        # bird strike's phase. Left empty, the form suggests one from the message.
+        empty_label=_("— choose, or let AERO suggest from the message —"),
+        required=False,
     )
+    # Set by the "open it anyway" button after AERO said another scenario fits better.
+    keep_scenario = forms.BooleanField(required=False, widget=forms.HiddenInput)
     message = LimitedTextField(
         what="message",
         widget=forms.Textarea(

@@ -7,6 +7,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from aero.http import HtmxHttpRequest
@@ -19,7 +20,7 @@ from aero.roles import (
     has_role,
     role_required,
 )
-from diagnosis import actions, presenters
+from diagnosis import actions, presenters, suggest
 from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
 from diagnosis.models import Report, Restriction, Session, SessionStatus
 from scenarios_admin.airport import load_active_graph
@@ -57,27 +58,53 @@ def session_list(request: HtmxHttpRequest) -> HttpResponse:
 @require_POST
 @role_required(RUN_SESSIONS)
 def session_create(request: HtmxHttpRequest) -> HttpResponse:
+    """Open a session. With no scenario chosen, or one the message fits worse than
+    another, the form comes back with AERO's suggestion and the text kept (ADR-125)."""
     form = NewSessionForm(request.POST)
+    fit = None
     if form.is_valid():
-        try:
-            session = actions.do_create_session(
-                request.user, form.cleaned_data["scenario"], form.cleaned_data["message"]
-            )
-        except actions.ActionError as exc:
-            form.add_error(None, str(exc))
+        chosen, text = form.cleaned_data["scenario"], form.cleaned_data["message"]
+        if chosen is None:
+            fit = suggest.suggestion(text)
+            form = _with_scenario(form, fit.scenario if fit else None)
+            form.add_error("scenario", _choose_message(fit))
+        elif not form.cleaned_data["keep_scenario"] and (fit := suggest.better_fit(chosen, text)):
+            form = _with_scenario(form, chosen)
         else:
-            return redirect("diagnosis:session-detail", session_id=session.pk)
+            try:
+                session = actions.do_create_session(request.user, chosen, text)
+            except actions.ActionError as exc:
+                form.add_error(None, str(exc))
+            else:
+                return redirect("diagnosis:session-detail", session_id=session.pk)
     return render(
         request,
         "diagnosis/session_list.html",
         {
             **presenters.session_page("", ""),
             "form": form,
+            "fit": fit,
             "status": "",
             "status_choices": SessionStatus.choices,
         },
         status=400,
     )
+
+
+def _with_scenario(form: NewSessionForm, scenario: Any) -> NewSessionForm:
+    """The same form, its text kept, the scenario select set (a bound form shows its data)."""
+    data = form.data.copy()
+    data["scenario"] = str(scenario.pk) if scenario else ""
+    data["keep_scenario"] = ""
+    return NewSessionForm(data)
+
+
+def _choose_message(fit: suggest.Fit | None) -> str:
+    if fit is None:
+        return gettext("Choose a scenario: the message does not clearly match one.")
+    return gettext("Choose a scenario. Suggested from the message: %(name)s.") % {
+        "name": fit.scenario.name_zh
+    }
 
 
 @require_GET
