@@ -161,6 +161,7 @@ TEMPLATES = [
                 "django.template.context_processors.csp",
                 "aero.roles.roles_context",
                 "aero.live.live_context",
+                "approvals.context.pending_context",
             ],
         },
     },

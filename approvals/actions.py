@@ -95,6 +95,42 @@ def do_decide(
         return _finish(approval, user, ApprovalStatus.APPROVED, reason, producer)
 
 
+def do_decide_r1_batch(
+    session_id: Any,
+    user: Any,
+    decision: str,
+    reason: str,
+    shown: list[tuple[int, str]],
+    *,
+    producer: str = "web",
+) -> list[Approval]:
+    """Approve or reject all the R1 actions of one incident the approver was shown, at
+    once (ADR-127): all or none, each recorded and audited as its own decision. Never
+    R2/R3 (their confirmation and reason are per action) and never a lift. `shown` is
+    the (approval id, digest) pairs on the page: an approval added since is not swept
+    in. One transaction: the first refusal rolls every decision of the batch back."""
+    if decision not in (APPROVE, REJECT):
+        raise ActionError("A batch can only approve or reject.")
+    if not shown:
+        raise ActionError("No actions were selected.")
+    ids = [pk for pk, _ in shown]
+    approvals = {a.pk: a for a in Approval.objects.filter(pk__in=ids, session_id=session_id)}
+    for pk in ids:
+        approval = approvals.get(pk)
+        if approval is None:
+            raise ActionError("An action of this batch belongs to another incident; refused.")
+        if approval.risk_class != "R1" or approval.is_lift:
+            raise ActionError(
+                f"{approval.action_name} is {approval.risk_class}: only R1 actions are "
+                "decided in a batch; decide it on its own."
+            )
+    with transaction.atomic():
+        return [
+            do_decide(pk, user, decision, reason, digest=digest, producer=producer)
+            for pk, digest in shown
+        ]
+
+
 def _check_still_valid(approval: Approval, session: Any, digest: str | None) -> None:
     if not digest:
         raise ActionError(

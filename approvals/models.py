@@ -177,6 +177,11 @@ class Approval(models.Model):
             return None
         return max(0, int((self.deadline - timezone.now()).total_seconds()))
 
+    def minutes_left(self) -> int | None:
+        """Whole minutes, rounded up: "4 min" at 4:59 left would read as earlier than it is."""
+        seconds = self.seconds_left()
+        return None if seconds is None else -(-seconds // 60)
+
 
 class ManualTodo(models.Model):
     """Work that people must do by hand because an approval timed out."""

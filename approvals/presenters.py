@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from aero.roles import DECIDE_APPROVALS, user_roles
-from approvals.models import Approval, ManualTodo
+from approvals.models import RISK_ORDER, Approval, ManualTodo
 from diagnosis.models import Restriction
 from diagnosis.presenters import impact_map
 from scenarios_admin.airport import load_active_graph
@@ -74,12 +74,16 @@ def queue_context(
                 "session": approval.session,
                 "risk": snapshot.get("risk"),
                 "impact": snapshot.get("impact"),
-                "map": impact_map(graph, snapshot.get("impact"), restrictions) if graph else None,
+                "seconds_left": approval.seconds_left(),
             }
         )
     viewer_roles = roles if roles is not None else user_roles(user)
+    groups = incident_groups(items)
+    for group in groups:
+        group["map"] = impact_map(graph, group["impact"], restrictions) if graph else None
     return {
         "items": items,
+        "groups": groups,
         "open_count": open_count,
         "after": after if anchor is not None else "",
         "next_after": str(page[-1].pk) if more else "",
@@ -90,6 +94,42 @@ def queue_context(
         "can_decide": bool(viewer_roles & set(DECIDE_APPROVALS)),
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
     }
+
+
+def incident_groups(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The page's approvals grouped by incident (session): the session, risk and impact
+    shown once per incident, not once per action (ADR-126). Incidents whose nearest
+    deadline comes first lead, then the highest risk class; within an incident the
+    same order. The page itself stays the keyset page of the whole queue."""
+    groups: dict[Any, dict[str, Any]] = {}
+    for item in items:
+        group = groups.setdefault(
+            item["session"].pk,
+            {
+                "session": item["session"],
+                "risk": item["risk"],
+                "impact": item["impact"],
+                "items": [],
+            },
+        )
+        group["items"].append(item)
+    for group in groups.values():
+        # Within an incident the riskiest action leads; its nearest deadline leads the
+        # incident among the others.
+        group["items"].sort(key=lambda i: (-RISK_ORDER.get(i["a"].risk_class, 0), _urgency(i)))
+        group["r1_open"] = [
+            i["a"] for i in group["items"] if i["a"].risk_class == "R1" and not i["a"].is_lift
+        ]
+    return sorted(groups.values(), key=lambda g: min(_urgency(i) for i in g["items"]))
+
+
+def _urgency(item: dict[str, Any]) -> tuple[float, int, int]:
+    left = item["seconds_left"]
+    return (
+        float("inf") if left is None else left,
+        -RISK_ORDER.get(item["a"].risk_class, 0),
+        item["a"].pk,
+    )
 
 
 TODO_PAGE = 100

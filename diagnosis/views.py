@@ -93,7 +93,7 @@ def session_create(request: HtmxHttpRequest) -> HttpResponse:
 
 def _with_scenario(form: NewSessionForm, scenario: Any) -> NewSessionForm:
     """The same form, its text kept, the scenario select set (a bound form shows its data)."""
-    data = form.data.copy()
+    data = {key: form.data.get(key, "") for key in ("message",)}
     data["scenario"] = str(scenario.pk) if scenario else ""
     data["keep_scenario"] = ""
     return NewSessionForm(data)

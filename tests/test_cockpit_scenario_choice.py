@@ -52,7 +52,8 @@ def test_without_a_scenario_aero_suggests_one_and_keeps_the_text(
 
     assert "Choose a scenario. Suggested from the message: 机坪漏油." in page
     assert selected_scenario(page) == str(oil_spill.pk)
-    assert "燃油" in re.search(r'data-testid="scenario-suggestion">(.*?)</p>', page, re.S).group(1)
+    suggestion = re.search(r'data-testid="scenario-suggestion">(.*?)</p>', page, re.S)
+    assert suggestion is not None and "燃油" in suggestion.group(1)
     assert STAND_FUEL_LEAK in page
     assert not Session.objects.exists()
 
