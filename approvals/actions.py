@@ -26,6 +26,9 @@ from approvals.models import (
 from approvals.push import notify_queue
 from diagnosis.actions import ActionError, checked_text, do_apply_decision, lock_lift_sessions
 from diagnosis.events import append_event, lock_session
+from diagnosis.models import Restriction
+from diagnosis.push import notify_board
+from scenarios_admin.definition import restriction_of
 
 APPROVE = "approve"
 CONFIRM = "confirm"
@@ -248,6 +251,7 @@ def do_timeout(approval_id: int) -> bool:
             session_id=session.pk,
             title=f"{approval.action_name} ({args}) was not decided in time: handle it by hand",
         )
+        notify_board()  # the to-dos page lists it
         # Logged even when the session has ended (failed, say): nothing changes unseen.
         do_apply_decision(
             approval.tool_call_id,
@@ -276,36 +280,66 @@ def do_timeout(approval_id: int) -> bool:
     return True
 
 
-def do_resolve_todo(todo_id: int, user: Any, note: str) -> ManualTodo:
-    """Locks the to-do row."""
+def do_resolve_todo(todo_id: int, user: Any, note: str, *, in_force: bool = False) -> ManualTodo:
+    """Locks the session row, then the to-do row. `in_force`: the people did what the
+    timed-out action would have done ("closed by phone"); for a closure or suspension the
+    restriction goes on the airport board, in the same transaction as the event that says
+    so (ADR-128). When the same restriction is already in force (another session), the
+    board is left as it is and the event names the one in force."""
     note = checked_text(
         note, limit=MAX_NOTE, what="note", required="Say what was done (a note is required)."
     )
     with transaction.atomic():
-        todo = ManualTodo.objects.select_for_update().get(pk=todo_id)
+        session_id = ManualTodo.objects.values_list("session_id", flat=True).get(pk=todo_id)
+        lock_session(session_id)
+        todo = (
+            ManualTodo.objects.select_for_update()
+            .select_related("approval__tool_call")
+            .get(pk=todo_id)
+        )
         if todo.resolved_at is not None:
             raise ActionError("This to-do was already resolved.")
         todo.resolved_at = timezone.now()
         todo.resolved_by = user
         todo.note = note
         todo.save(update_fields=["resolved_at", "resolved_by", "note"])
-        append_event(
-            todo.session_id,
-            "timeline.appended",
-            {
-                "kind": "todo_resolved",
-                "todo": todo.pk,
-                "title": todo.title,
-                "by": user.get_username(),
-                "note": note,
-            },
-            producer="web",
-        )
+        payload: dict[str, Any] = {
+            "kind": "todo_resolved",
+            "todo": todo.pk,
+            "title": todo.title,
+            "by": user.get_username(),
+            "note": note,
+            "in_force": in_force,
+        }
+        tool_call = todo.approval.tool_call
+        effect = restriction_of(tool_call.tool_name, tool_call.request_payload)
+        if in_force and effect is not None:
+            kind, target = effect
+            existing = Restriction.objects.filter(
+                kind=kind, target=target, lifted_at__isnull=True
+            ).first()
+            if existing is None:
+                Restriction.objects.create(
+                    kind=kind, target=target, session_id=todo.session_id, tool_call=tool_call
+                )
+                payload["restriction"] = {
+                    "kind": kind,
+                    "target": target,
+                    "call_id": tool_call.call_id,
+                }
+            else:
+                payload["already_in_force"] = {
+                    "kind": kind,
+                    "target": target,
+                    "session": str(existing.session_id),
+                }
+        append_event(todo.session_id, "timeline.appended", payload, producer="web")
         audit(
             "todo.resolved",
             obj=todo,
             actor=user,
             session_id=todo.session_id,
-            detail={"title": todo.title, "note": note},
+            detail={"title": todo.title, "note": note, "in_force": in_force},
         )
+        notify_board()  # the to-dos page drops it; a closure done by hand shows on the board
     return todo

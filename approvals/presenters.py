@@ -10,6 +10,7 @@ from approvals.models import RISK_ORDER, Approval, ManualTodo
 from diagnosis.models import Restriction
 from diagnosis.presenters import impact_map
 from scenarios_admin.airport import load_active_graph
+from scenarios_admin.definition import restriction_of
 from scenarios_admin.models import Scenario
 
 RISK_CLASSES = ("R1", "R2", "R3")
@@ -137,9 +138,13 @@ TODO_PAGE = 100
 
 def todo_context(after: str = "") -> dict[str, Any]:
     """Open to-dos newest first, a page at a time (keyset on id, which grows with
-    created_at), and the 50 most recently resolved. Deleted sessions' to-dos are gone."""
+    created_at), and the 50 most recently resolved. Deleted sessions' to-dos are gone.
+    A to-do whose effect is already in force (the taxiway it would close was closed by
+    another session) leaves the open list for "already in force" (issue 12)."""
     todos = ManualTodo.objects.filter(session__deleted_at__isnull=True)
-    open_todos = todos.filter(resolved_at__isnull=True).select_related("session", "approval")
+    open_todos = todos.filter(resolved_at__isnull=True).select_related(
+        "session", "approval__tool_call"
+    )
     if after.isdigit():
         open_todos = open_todos.filter(pk__lt=int(after))
     page = list(open_todos.order_by("-pk")[: TODO_PAGE + 1])
@@ -148,8 +153,21 @@ def todo_context(after: str = "") -> dict[str, Any]:
         .select_related("session", "resolved_by", "approval")
         .order_by("-resolved_at")[:50]
     )
+    in_force_now = {
+        (r.kind, r.target): r for r in Restriction.objects.filter(lifted_at__isnull=True)
+    }
+    shown, in_force = [], []
+    for todo in page[:TODO_PAGE]:
+        call = todo.approval.tool_call
+        todo.restricts = restriction_of(call.tool_name, call.request_payload)  # type: ignore[attr-defined]
+        restriction = in_force_now.get(todo.restricts) if todo.restricts else None  # type: ignore[attr-defined]
+        if restriction is not None:
+            in_force.append({"todo": todo, "restriction": restriction})
+        else:
+            shown.append(todo)
     return {
-        "open": page[:TODO_PAGE],
+        "open": shown,
+        "in_force": in_force,
         "after": after if after.isdigit() else "",
         "next_after": str(page[TODO_PAGE - 1].pk) if len(page) > TODO_PAGE else "",
         "resolved": list(resolved),

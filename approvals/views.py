@@ -153,7 +153,12 @@ def todo_resolve(request: HtmxHttpRequest, todo_id: int) -> HttpResponse:
         messages.error(request, str(form.errors["note"][0]))
     else:
         try:
-            do_resolve_todo(todo.pk, request.user, form.cleaned_data["note"])
+            do_resolve_todo(
+                todo.pk,
+                request.user,
+                form.cleaned_data["note"],
+                in_force=request.POST.get("outcome") == "in_force",
+            )
         except ActionError as exc:
             messages.error(request, str(exc))
         else:

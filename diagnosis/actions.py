@@ -17,6 +17,7 @@ from diagnosis.events import append_event, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.push import notify_board
 from diagnosis.reporting import md_cell, write_report
 from diagnosis.signals import session_closing
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
@@ -357,6 +358,7 @@ def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
             status=ToolCallStatus.AWAITING_APPROVAL,
         )
         open_approval(tool_call, producer="web")
+        notify_board()  # the board shows the lift as waiting for an approver
         audit(
             "restriction.lift_requested",
             obj=restriction,
@@ -417,6 +419,7 @@ def _apply_lift_decision(
     restriction.lifted_by = user
     restriction.lift_note = note
     restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
+    notify_board()
     summary = f"{restriction} lifted"
     tool_call.status = ToolCallStatus.COMPLETED
     tool_call.completed_at = restriction.lifted_at

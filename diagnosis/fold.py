@@ -412,6 +412,10 @@ def _apply(state: FoldState, event: EventLike) -> None:
         call.status = "refused"
         call.error = p.get("error", "")
         call.completed_at = parse_ts(p.get("completed_at")) or event.ts
+    elif t == "timeline.appended" and p.get("kind") == "todo_resolved" and p.get("restriction"):
+        # Done by hand ("closed by phone"): the timed-out action's closure is in force.
+        done = p["restriction"]
+        state.restrictions.append(RestrictionState(done["kind"], done["target"], done["call_id"]))
     elif t == "timeline.appended" and p.get("kind") == "restriction_lifted":
         for item in state.restrictions:
             same = (item.kind, item.target) == (p.get("restriction"), p.get("target"))

@@ -9,7 +9,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import Q
 
-from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, user_roles
+from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
 from diagnosis.models import Event, Report, Restriction, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
@@ -204,6 +204,23 @@ def airport_board(
         "runways": rows(Restriction.Kind.RUNWAY, sorted(graph.runways)),
         "taxiways": rows(Restriction.Kind.TAXIWAY, taxiways),
         "stands": rows(Restriction.Kind.STAND, stands),
+    }
+
+
+def airport_board_context(roles: frozenset[str]) -> dict[str, Any]:
+    """The board page for a role set (the page and the live consumer render the same)."""
+    graph = load_active_graph()
+    active = list(Restriction.objects.filter(lifted_at__isnull=True).select_related("session"))
+    lifted = (
+        Restriction.objects.filter(lifted_at__isnull=False)
+        .select_related("session", "lifted_by")
+        .order_by("-lifted_at")[:20]
+    )
+    return {
+        "board": airport_board(graph, active, pending_lifts()),
+        "map": impact_map(graph, None, active),
+        "recently_lifted": lifted,
+        "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
     }
 
 

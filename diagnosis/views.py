@@ -19,11 +19,11 @@ from aero.roles import (
     VIEW_SESSIONS,
     has_role,
     role_required,
+    user_roles,
 )
 from diagnosis import actions, presenters, suggest
 from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
 from diagnosis.models import Report, Restriction, Session, SessionStatus
-from scenarios_admin.airport import load_active_graph
 
 
 def get_session_for_user(request: HtmxHttpRequest, session_id: UUID) -> Session:
@@ -266,24 +266,8 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
 @require_GET
 @role_required(VIEW_SESSIONS)
 def airport_board(request: HtmxHttpRequest) -> HttpResponse:
-    graph = load_active_graph()
-    active = list(Restriction.objects.filter(lifted_at__isnull=True).select_related("session"))
-    lifted = (
-        Restriction.objects.filter(lifted_at__isnull=False)
-        .select_related("session", "lifted_by")
-        .order_by("-lifted_at")[:20]
-    )
-    return render(
-        request,
-        "diagnosis/airport_board.html",
-        {
-            "board": presenters.airport_board(graph, active, presenters.pending_lifts()),
-            "map": presenters.impact_map(graph, None, active),
-            "recently_lifted": lifted,
-            "form": LiftForm(),
-            "can_manage_airport": has_role(request.user, MANAGE_AIRPORT),
-        },
-    )
+    context = presenters.airport_board_context(user_roles(request.user))
+    return render(request, "diagnosis/airport_board.html", {**context, "form": LiftForm()})
 
 
 @require_POST

@@ -200,6 +200,8 @@ def token_route(route: str) -> bool:
 WEBSOCKETS = {
     "ws/sessions/<uuid:session_id>/": row(False, True, True, True, True),
     "ws/approvals/": row(False, False, True, False, True),
+    "ws/airport/": row(False, True, True, True, True),
+    "ws/todos/": row(False, True, True, False, True),
 }
 
 
@@ -515,6 +517,8 @@ def test_the_websocket_routes(world: dict[str, Any], asgi_server: str) -> None:
     paths = {
         "ws/sessions/<uuid:session_id>/": f"/ws/sessions/{world['session'].pk}/",
         "ws/approvals/": "/ws/approvals/",
+        "ws/airport/": "/ws/airport/",
+        "ws/todos/": "/ws/todos/",
     }
     got = {
         route: {p: accepted(asgi_server, paths[route], world["people"][p]) for p in PERSONAS}

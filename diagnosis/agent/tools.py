@@ -17,6 +17,7 @@ from django.utils import timezone
 from diagnosis.events import append_event
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import AgentRun, Restriction, ToolCall, ToolCallStatus
+from diagnosis.push import notify_board
 from scenarios_admin.airport import AirportGraph, natural_sorted
 from scenarios_admin.definition import ACTION_TOOLS
 from scenarios_admin.models import Flight, Topology
@@ -241,6 +242,7 @@ def _restrict(
         Restriction.objects.create(
             kind=kind, target=target, session_id=ctx.session_id, tool_call=tool_call
         )
+        notify_board()  # after the commit that puts it in force
         label = dict(Restriction.Kind.choices)[kind]
         return {"summary": f"{label}: {target}", "restriction": {"kind": kind, "target": target}}
 

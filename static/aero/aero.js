@@ -46,6 +46,23 @@
       el.form.submit();
     }
   });
+  // A pushed fragment is rendered once for every viewer, so its plain forms carry no
+  // CSRF token of their own: take the page's (set once on <body hx-headers>).
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!(form instanceof HTMLFormElement) || (form.method || "").toLowerCase() !== "post") { return; }
+    if (form.querySelector("input[name=csrfmiddlewaretoken]")) { return; }
+    try {
+      var token = JSON.parse(document.body.getAttribute("hx-headers") || "{}")["X-CSRFToken"];
+      if (token) {
+        var input = document.createElement("input");
+        input.type = "hidden";
+        input.name = "csrfmiddlewaretoken";
+        input.value = token;
+        form.appendChild(input);
+      }
+    } catch (e) { /* no token on the page: the server refuses the post, as it should */ }
+  }, true);
   document.addEventListener("submit", function (event) {
     var form = event.target;
     if (form instanceof HTMLFormElement && form.hasAttribute("data-confirm") &&
