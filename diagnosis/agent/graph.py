@@ -180,6 +180,8 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     pending = dict(state.get("unconfirmed") or {})
     changed: dict[str, Any] = {}
     unconfirmed: dict[str, Any] = {}
+    # The field whose pending value the operator is answering about: a yes settles it.
+    confirming = asked if asked in pending else None
     for message in messages:
         text = message.payload.get("text", "")
 
@@ -190,7 +192,23 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             ctx.providers, "extract", extract, _recorder(ctx, run), _fallback_recorder(ctx, run)
         )
         for name, extraction in grounding.settle(definition, found, pending, asked, text):
-            if extraction.confirmed:
+            known = fields.get(name)
+            if (
+                extraction.confirmed
+                and name != confirming
+                and known is not None
+                and evidence.get(name) != "default"
+                and extraction.value != known
+            ):
+                # Another value for a known field (a second tab, a slip): the operator
+                # confirms the change first; nothing is taken or dropped unseen.
+                pending[name] = {
+                    "value": extraction.value,
+                    "evidence": extraction.evidence,
+                    "replaces": known,
+                }
+                unconfirmed[name] = pending[name]
+            elif extraction.confirmed:
                 fields[name] = extraction.value
                 evidence[name] = extraction.evidence
                 changed[name] = extraction.value
@@ -326,6 +344,9 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     """The deterministic planner: the next step from what is known. Always compliant."""
     definition = ctx.definition
     fields = state.get("fields") or {}
+    conflicts = [n for n, p in (state.get("unconfirmed") or {}).items() if "replaces" in p]
+    if conflicts:  # a changed value waits for the operator's yes or no first
+        return {"step": "ask", "field": conflicts[0]}
     missing = policy.missing_p1(definition, fields)
     if missing:
         return {"step": "ask", "field": missing[0]}
@@ -420,7 +441,11 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
         lang = state.get("language", "en")
         text = spec["ask"][lang]
         candidate = (state.get("unconfirmed") or {}).get(field)
-        if candidate is not None:
+        if candidate is not None and "replaces" in candidate:
+            text = prompts.conflict(
+                spec, candidate["value"], candidate["replaces"], candidate["evidence"], lang
+            )
+        elif candidate is not None:
             text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
         elif field in asked:
             text = _retry_hint(spec, lang) + text
