@@ -12,11 +12,19 @@ from django.utils import timezone
 
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
+from diagnosis import suggest
 from diagnosis.agent.extraction import detect_language
 from diagnosis.events import append_event, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
 from diagnosis.jobs import enqueue_advance
-from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.models import (
+    Event,
+    Restriction,
+    Session,
+    SessionStatus,
+    ToolCall,
+    ToolCallStatus,
+)
 from diagnosis.push import notify_board
 from diagnosis.reporting import md_cell, write_report
 from diagnosis.signals import session_closing
@@ -81,6 +89,7 @@ def do_create_session(
             {"text": text, "author": user.get_username()},
             producer=producer,
         )
+        note_scenario_mismatch(session, scenario, text, producer)
         audit(
             "session.created",
             obj=session,
@@ -158,6 +167,85 @@ def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
             session_id=session.pk,
             detail={"reason": reason, "approvals_closed": closed},
         )
+
+
+MISMATCH_NOTE = {
+    "zh": "这条消息更像“{name}”（提到：{words}），而不是“{chosen}”。可以切换场景，原文会带过去。",
+    "en": "This message reads more like {name} (it mentions {words}) than {chosen}. You can "
+    "switch scenario; the text is carried over.",
+}
+
+
+def note_scenario_mismatch(session: Session, scenario: Scenario, text: str, producer: str) -> None:
+    """The agent says so when the message fits another scenario better (synonym score),
+    once, in the creating transaction; the session page then offers the switch."""
+    fit = suggest.better_fit(scenario, text)
+    if fit is None:
+        return
+    lang = session.language if session.language in MISMATCH_NOTE else "en"
+    name = fit.scenario.name_zh if lang == "zh" else fit.scenario.name_en
+    chosen = scenario.name_zh if lang == "zh" else scenario.name_en
+    words = ("、" if lang == "zh" else ", ").join(fit.words)
+    append_event(
+        session.pk,
+        "agent.note",
+        {
+            "kind": "scenario_mismatch",
+            "suggested": {
+                "slug": fit.scenario.slug,
+                "name_zh": fit.scenario.name_zh,
+                "name_en": fit.scenario.name_en,
+                "score": fit.score,
+                "words": fit.words,
+            },
+            "text": MISMATCH_NOTE[lang].format(name=name, words=words, chosen=chosen),
+        },
+        producer=producer,
+    )
+
+
+def first_message(session: Session) -> str:
+    event = Event.objects.filter(session=session, type="user.message").order_by("seq").first()
+    return str(event.payload.get("text", "")) if event else ""
+
+
+def do_switch_scenario(session_id: Any, user: Any, scenario: Scenario) -> Session:
+    """Reopen the incident under another scenario (ADR-131): a new session with the same
+    first message, and the old one canceled with a reason naming the new one; each log
+    says where the other went. One transaction; locks the old session row first."""
+    with transaction.atomic():
+        old = lock_session(session_id)
+        if old.is_ended:
+            raise ActionError(f"This session is already {old.get_status_display().lower()}.")
+        if scenario.pk == old.scenario_id:
+            raise ActionError("The session already runs this scenario.")
+        text = first_message(old)
+        new = do_create_session(user, scenario, text)
+        append_event(
+            new.pk,
+            "timeline.appended",
+            {
+                "kind": "scenario_switched_from",
+                "session": str(old.pk),
+                "scenario": old.scenario.slug,
+                "by": user.get_username(),
+            },
+            producer="web",
+        )
+        reason = f"switched to scenario {scenario.slug}: continued in session {new.pk}"
+        append_event(
+            old.pk,
+            "timeline.appended",
+            {
+                "kind": "scenario_switched_to",
+                "session": str(new.pk),
+                "scenario": scenario.slug,
+                "by": user.get_username(),
+            },
+            producer="web",
+        )
+        do_cancel(old.pk, user, reason)
+    return new
 
 
 def closed_by_receivers(session: Session, user: Any, reason: str) -> list[int]:

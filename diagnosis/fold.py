@@ -61,6 +61,11 @@ def reduce_snapshot(
         return {**snapshot, "fsm": payload["to"]}
     if type == "report.ready":
         return {**snapshot, "report": True}
+    if type == "agent.note" and payload.get("kind") == "scenario_mismatch":
+        # The session page offers the switch while the session runs (ADR-131).
+        return {**snapshot, "scenario_mismatch": dict(payload["suggested"])}
+    if type == "timeline.appended" and payload.get("kind") == "scenario_switched_to":
+        return {**snapshot, "switched_to": payload["session"]}
     return None
 
 

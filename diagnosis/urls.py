@@ -13,6 +13,7 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/answer/", views.session_answer, name="session-answer"),
     path("sessions/<uuid:session_id>/cancel/", views.session_cancel, name="session-cancel"),
     path("sessions/<uuid:session_id>/retry/", views.session_retry, name="session-retry"),
+    path("sessions/<uuid:session_id>/switch/", views.session_switch, name="session-switch"),
     path("sessions/<uuid:session_id>/delete/", views.session_delete, name="session-delete"),
     path("sessions/<uuid:session_id>/events/", views.session_events, name="session-events"),
     path("sessions/<uuid:session_id>/report.md", views.session_report, name="session-report"),

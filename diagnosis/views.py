@@ -24,6 +24,7 @@ from aero.roles import (
 from diagnosis import actions, presenters, suggest
 from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
 from diagnosis.models import Report, Restriction, Session, SessionStatus
+from scenarios_admin.models import Scenario
 
 
 def get_session_for_user(request: HtmxHttpRequest, session_id: UUID) -> Session:
@@ -143,6 +144,30 @@ def session_cancel(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     except actions.ActionError as exc:
         error = str(exc)
     return _back(request, session, error)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def session_switch(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """Reopen the incident under the scenario the message fits better (text carried over)."""
+    session = get_session_for_user(request, session_id)
+    scenario = Scenario.objects.filter(
+        slug=request.POST.get("scenario", ""), is_active=True
+    ).first()
+    if scenario is None:
+        messages.error(request, gettext("Choose a scenario to switch to."))
+        return redirect("diagnosis:session-detail", session_id=session.pk)
+    try:
+        new = actions.do_switch_scenario(session.pk, request.user, scenario)
+    except actions.ActionError as exc:
+        messages.error(request, str(exc))
+        return redirect("diagnosis:session-detail", session_id=session.pk)
+    messages.success(
+        request,
+        gettext("Reopened as %(name)s with the same message; the earlier session was closed.")
+        % {"name": scenario.name_zh},
+    )
+    return redirect("diagnosis:session-detail", session_id=new.pk)
 
 
 @require_POST

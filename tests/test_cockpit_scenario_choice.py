@@ -14,8 +14,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from diagnosis.models import Session
+from diagnosis.actions import do_create_session
+from diagnosis.models import Event, Session
 from scenarios_admin.models import Scenario
+from tests.log_helpers import assert_projections_match
 from tests.scenario_helpers import assess, extract
 from tests.web_helpers import STAND_FUEL_LEAK, login
 
@@ -128,3 +130,80 @@ def test_debris_with_smoke_on_the_runway_is_tb01_not_tb03() -> None:
     risk = assess("tire_burst", fields)
 
     assert (risk["rule"], risk["score"]) == ("TB-01", 95)
+
+
+# --- after the start: the agent says so and offers to switch ----------------------------
+
+
+@pytest.fixture
+def bird_for_a_tire_burst(builtin: None, alice: User) -> Session:
+    session = do_create_session(alice, Scenario.objects.get(slug="bird_strike"), TIRE_SMOKE)
+    session.refresh_from_db()
+    return session
+
+
+@pytest.mark.services
+def test_the_agent_says_when_the_message_fits_another_scenario_better(
+    bird_for_a_tire_burst: Session, alice: User
+) -> None:
+    note = Event.objects.get(session=bird_for_a_tire_burst, type="agent.note")
+    page = (
+        login(alice)
+        .get(reverse("diagnosis:session-detail", args=[bird_for_a_tire_burst.pk]))
+        .content.decode()
+    )
+
+    assert note.payload["suggested"]["slug"] == "tire_burst"
+    assert "这条消息更像“爆胎”" in note.payload["text"]
+    banner = page[page.index('data-testid="scenario-mismatch"') :]
+    assert "This message reads more like 爆胎" in banner
+    assert 'name="scenario" value="tire_burst"' in banner
+
+
+@pytest.mark.services
+def test_switching_carries_the_text_over_and_closes_the_old_session_with_a_reason(
+    bird_for_a_tire_burst: Session, alice: User
+) -> None:
+    old = bird_for_a_tire_burst
+
+    response = login(alice).post(
+        reverse("diagnosis:session-switch", args=[old.pk]), {"scenario": "tire_burst"}
+    )
+
+    new = Session.objects.exclude(pk=old.pk).get()
+    assert response.status_code == 302
+    assert response["Location"] == reverse("diagnosis:session-detail", args=[new.pk])
+    assert new.scenario.slug == "tire_burst"
+    assert Event.objects.filter(session=new, type="user.message").first().payload["text"] == (  # type: ignore[union-attr]
+        TIRE_SMOKE
+    )
+    assert new.snapshot["fields"]["fire_or_smoke"] is True
+    old.refresh_from_db()
+    assert old.status == "canceled"
+    assert f"continued in session {new.pk}" in str(
+        Event.objects.get(session=old, type="session.canceled").payload
+    )
+    went = Event.objects.get(session=old, payload__kind="scenario_switched_to")
+    came = Event.objects.get(session=new, payload__kind="scenario_switched_from")
+    assert went.payload["session"] == str(new.pk) and came.payload["session"] == str(old.pk)
+    assert_projections_match(old)
+    assert_projections_match(new)
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[old.pk])).content.decode()
+    assert 'data-testid="scenario-mismatch"' not in page
+    assert reverse("diagnosis:session-detail", args=[new.pk]) in page
+
+
+@pytest.mark.services
+def test_a_switch_needs_a_known_scenario_and_an_operator(
+    bird_for_a_tire_burst: Session, alice: User, bob: User
+) -> None:
+    url = reverse("diagnosis:session-switch", args=[bird_for_a_tire_burst.pk])
+
+    unknown = login(alice).post(url, {"scenario": "no_such"}, follow=True)
+    denied = login(bob).post(url, {"scenario": "tire_burst"})
+
+    assert "Choose a scenario to switch to." in unknown.content.decode()
+    assert denied.status_code == 403
+    assert Session.objects.count() == 1
+    bird_for_a_tire_burst.refresh_from_db()
+    assert bird_for_a_tire_burst.status != "canceled"
