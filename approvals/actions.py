@@ -28,7 +28,8 @@ from diagnosis.actions import ActionError, checked_text, do_apply_decision, lock
 from diagnosis.events import append_event, lock_session
 from diagnosis.models import Restriction
 from diagnosis.push import notify_board
-from scenarios_admin.definition import restriction_of
+from scenarios_admin.airport import load_active_graph
+from scenarios_admin.definition import ACTION_TOOLS, below_floor, floor_message, restriction_of
 
 APPROVE = "approve"
 CONFIRM = "confirm"
@@ -96,6 +97,120 @@ def do_decide(
             _audit_and_notify("approval.first_approved", approval, user, reason)
             return approval
         return _finish(approval, user, ApprovalStatus.APPROVED, reason, producer)
+
+
+def do_edit_args(
+    approval_id: int,
+    user: Any,
+    args: dict[str, str],
+    reason: str,
+    *,
+    digest: str,
+    producer: str = "web",
+) -> Approval:
+    """An approver corrects an action's arguments before deciding it (ADR-133): "close
+    taxiway B, not A". The tool and its risk class stay (never below the tool's floor);
+    every argument is checked against the airport; the edit is an event with before and
+    after, and the approval is re-digested, so a decision shown the old arguments is
+    refused and an approve-once on them starts over. Locks the session row, then the
+    approval row. Lift requests are not editable (they name one restriction)."""
+    reason = checked_text(
+        reason, limit=MAX_REASON, what="reason", required="Say why the arguments change."
+    )
+    with transaction.atomic():
+        approval = Approval.objects.select_related("tool_call").get(pk=approval_id)
+        session = lock_session(approval.session_id)
+        approval = (
+            Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)
+        )
+        _check_still_valid(approval, session, digest)
+        if approval.is_lift:
+            raise ActionError("A lift request names one restriction; reject it instead.")
+        tool_call = approval.tool_call
+        before = dict(tool_call.request_payload)
+        after = checked_args(tool_call.tool_name, before, args)
+        if after == before:
+            raise ActionError("Nothing changed: the arguments are the same.")
+        if below_floor(tool_call.tool_name, tool_call.risk_class):
+            raise ActionError(floor_message(tool_call.tool_name, tool_call.risk_class))
+        tool_call.request_payload = after
+        tool_call.save(update_fields=["request_payload"])
+        approval.action_digest = action_digest_of(tool_call)
+        approval.digest = Approval.digest_for(tool_call, approval.state_digest)
+        approval.status = ApprovalStatus.PENDING
+        approval.first_approved_by = None
+        approval.first_approved_at = None
+        approval.save(
+            update_fields=[
+                "action_digest",
+                "digest",
+                "status",
+                "first_approved_by",
+                "first_approved_at",
+            ]
+        )
+        append_event(
+            session.pk,
+            "approval.args_edited",
+            {
+                "tool_call": tool_call.pk,
+                "call_id": tool_call.call_id,
+                "tool_name": tool_call.tool_name,
+                "before": before,
+                "args": after,
+                "risk_level": tool_call.risk_class,
+                "digest": approval.digest,
+                "by": user.get_username(),
+                "reason": reason,
+            },
+            producer=producer,
+        )
+        audit(
+            "approval.args_edited",
+            obj=approval,
+            actor=user,
+            session_id=session.pk,
+            detail={
+                "tool": tool_call.tool_name,
+                "before": before,
+                "after": after,
+                "reason": reason,
+            },
+        )
+        notify_queue()
+    return approval
+
+
+def checked_args(tool: str, before: dict[str, Any], edited: dict[str, str]) -> dict[str, Any]:
+    """The call's arguments with the edited ones, each naming something on the airport.
+    The free-text message of notify_atc stays as the agent wrote it."""
+    graph = load_active_graph()
+    names = [name for name in ACTION_TOOLS.get(tool, ()) if name != "message"]
+    after = dict(before)
+    for name in names:
+        value = (edited.get(name) or "").strip()
+        if not value:
+            raise ActionError(f"{name} is empty: give a value.")
+        value = checked_text(value, limit=32, what=name)
+        kind = ARG_KINDS.get(name)
+        if kind == "runway" and value.upper() not in graph.runways:
+            raise ActionError(f"{value} is not a runway of {graph.icao}.")
+        if kind == "taxiway" and value.upper() not in {
+            n.taxiway for n in graph.nodes.values() if n.taxiway
+        }:
+            raise ActionError(f"{value} is not a taxiway of {graph.icao}.")
+        if kind == "stand":
+            node = graph.nodes.get(value)
+            if node is None or node.kind != "stand":
+                raise ActionError(f"{value} is not a stand of {graph.icao}.")
+        if kind == "position" and graph.resolve(value) is None:
+            raise ActionError(f"{value} is not a stand, taxiway node or runway of {graph.icao}.")
+        after[name] = value.upper() if kind in ("runway", "taxiway") else value
+    return after
+
+
+# What each editable argument names on the airport (flight numbers are free text).
+ARG_KINDS = {"runway": "runway", "taxiway": "taxiway", "stand": "stand", "position": "position"}
 
 
 def do_decide_r1_batch(

@@ -7,6 +7,7 @@ from django.db.models import Q
 
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals.models import RISK_ORDER, Approval, ManualTodo
+from diagnosis.consequences import Board
 from diagnosis.models import Restriction
 from diagnosis.presenters import impact_map
 from scenarios_admin.airport import load_active_graph
@@ -66,9 +67,11 @@ def queue_context(
     page = page[:QUEUE_PAGE]
     graph = load_active_graph() if page else None
     restrictions = list(Restriction.objects.filter(lifted_at__isnull=True)) if page else []
+    board = Board(graph, restrictions) if graph else None
     items = []
     for approval in page:
         snapshot = approval.session.snapshot
+        call = approval.tool_call
         items.append(
             {
                 "a": approval,
@@ -76,6 +79,9 @@ def queue_context(
                 "risk": snapshot.get("risk"),
                 "impact": snapshot.get("impact"),
                 "seconds_left": approval.seconds_left(),
+                "consequence": board.consequence(call.tool_name, call.request_payload)
+                if board
+                else None,
             }
         )
     viewer_roles = roles if roles is not None else user_roles(user)

@@ -7,13 +7,13 @@ from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.translation import ngettext
+from django.utils.translation import gettext, ngettext
 from django.views.decorators.http import require_GET, require_POST
 
 from aero.http import HtmxHttpRequest
 from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_TODOS, role_required
 from approvals import presenters
-from approvals.actions import do_decide, do_decide_r1_batch, do_resolve_todo
+from approvals.actions import do_decide, do_decide_r1_batch, do_edit_args, do_resolve_todo
 from approvals.forms import ResolveTodoForm
 from approvals.models import Approval, ManualTodo
 from diagnosis import presenters as session_presenters
@@ -30,6 +30,9 @@ def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
         request.GET.get("scenario", ""),
         request.GET.get("after", ""),
     )
+    if not context["risk"] and not context["scenario"]:
+        # The nav's open count is this page's own: no second count query.
+        context["pending_count"] = context["open_count"]
     template = "approvals/queue.html"
     if request.htmx:
         # The filter form swaps the live block (socket URL included); other callers
@@ -69,6 +72,46 @@ def approval_decide(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
         )
     if error:
         messages.error(request, error)
+    if from_queue:
+        return redirect(_queue_url(request))
+    return redirect("diagnosis:session-detail", session_id=approval.session_id)
+
+
+@require_POST
+@role_required(DECIDE_APPROVALS)
+def approval_edit_args(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
+    """Correct an action's arguments before deciding it (re-digested, re-checked)."""
+    approval = get_object_or_404(
+        Approval.objects.select_related("session", "tool_call"), pk=approval_id
+    )
+    error = ""
+    try:
+        do_edit_args(
+            approval.pk,
+            request.user,
+            {name: request.POST.get(f"arg-{name}", "") for name in approval.editable_args},
+            request.POST.get("reason", ""),
+            digest=request.POST.get("digest", ""),
+        )
+    except ActionError as exc:
+        error = str(exc)
+    from_queue = request.POST.get("next") == "queue"
+    if request.htmx and from_queue:
+        return _queue_after_decision(request, error, approval.pk)
+    if request.htmx:
+        approval.session.refresh_from_db()
+        context = session_presenters.session_context(approval.session, request.user)
+        context["action_error"] = error
+        return render(
+            request,
+            "diagnosis/session_detail.html#session-actions",
+            context,
+            status=400 if error else 200,
+        )
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, gettext("Arguments changed: decide the action as it reads now."))
     if from_queue:
         return redirect(_queue_url(request))
     return redirect("diagnosis:session-detail", session_id=approval.session_id)

@@ -394,6 +394,17 @@ def _apply(state: FoldState, event: EventLike) -> None:
         approval.deadline = parse_ts(p.get("deadline"))
         approval.digest = p.get("digest", "")
         approval.requested_at = event.ts
+    elif t == "approval.args_edited":
+        # An approver corrected the arguments before deciding: the call runs with these,
+        # the approval's digest is new and an approve-once on the old ones starts over.
+        call = _tool_call(state, p)
+        call.args = dict(p["args"])
+        approval = _approval(state, p)
+        approval.args = dict(p["args"])
+        approval.digest = p.get("digest", "")
+        approval.status = "pending"
+        approval.first_approved_by = None
+        approval.first_approved_at = None
     elif t.startswith("approval.") and t != "approval.required":
         _decide(state, event, t.removeprefix("approval."))
     elif t == "tool.call_started":

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
+from diagnosis.consequences import Board
 from diagnosis.models import Event, Report, Restriction, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
@@ -113,20 +114,32 @@ def field_rows(session: Session) -> list[dict[str, Any]]:
     return rows
 
 
-def action_rows(session: Session) -> list[dict[str, Any]]:
+def action_rows(session: Session, board: Board | None = None) -> list[dict[str, Any]]:
+    """The session's actions; with `board`, each open one with its plain words and its
+    consequence on the airport as it is now (diagnosis.consequences)."""
     calls = (
         ToolCall.objects.filter(session=session, is_action=True)
         .select_related("decided_by")
         .order_by("position", "id")
     )
     approvals = {a.tool_call_id: a for a in _approvals_of(session)}
-    return [{"call": c, "decision": decision_of(c), "approval": approvals.get(c.pk)} for c in calls]
+    return [
+        {
+            "call": c,
+            "decision": decision_of(c),
+            "approval": approvals.get(c.pk),
+            "consequence": board.consequence(c.tool_name, c.request_payload) if board else None,
+        }
+        for c in calls
+    ]
 
 
 def _approvals_of(session: Session) -> list[Any]:
     # The approvals app owns Approval; diagnosis reads it through the reverse relation
     # name only, so it never imports that app.
-    return list(session.approvals.select_related("first_approved_by", "approver").all())
+    return list(
+        session.approvals.select_related("first_approved_by", "approver", "tool_call").all()
+    )
 
 
 def impact_map(
@@ -252,7 +265,7 @@ def session_context(
         "enrichment": snapshot.get("enrichment"),
         "fsm": snapshot.get("fsm", "INIT"),
         "map": impact_map(graph, snapshot.get("impact"), restrictions),
-        "actions": action_rows(session),
+        "actions": action_rows(session, Board(graph, restrictions)),
         "report": report,
         "report_html": markdown_to_html(report.markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,

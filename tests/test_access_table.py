@@ -64,6 +64,7 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "diagnosis:restriction-lift": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "approvals:queue": ("GET", row(LOGIN, 403, 200, 403, 200)),
     "approvals:decide": ("POST", row(LOGIN, 403, 302, 403, 302)),
+    "approvals:edit-args": ("POST", row(LOGIN, 403, 302, 403, 302)),  # empty: refused
     "approvals:bulk-decide": ("POST", row(LOGIN, 403, 302, 403, 302)),  # empty: refused
     "approvals:todo-list": ("GET", row(LOGIN, 200, 200, 403, 200)),  # approvers read
     "approvals:todo-resolve": ("POST", row(LOGIN, 302, 403, 403, 302)),
