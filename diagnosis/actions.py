@@ -13,7 +13,7 @@ from django.utils import timezone
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
 from diagnosis import suggest
-from diagnosis.agent.extraction import detect_language
+from diagnosis.agent.extraction import FLIGHT_NO, detect_language
 from diagnosis.events import append_event, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
 from diagnosis.jobs import enqueue_advance
@@ -28,6 +28,7 @@ from diagnosis.models import (
 from diagnosis.push import notify_board
 from diagnosis.reporting import md_cell, write_report
 from diagnosis.signals import session_closing
+from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
 
@@ -167,6 +168,95 @@ def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
             session_id=session.pk,
             detail={"reason": reason, "approvals_closed": closed},
         )
+
+
+def do_add_update(session_id: Any, user: Any, text: str, *, producer: str = "web") -> None:
+    """A free-text update from the operator ("fire brigade on site"): in the log and on
+    the timeline, never read as an answer. Locks the session row."""
+    text = checked_text(
+        text, limit=MAX_MESSAGE, what="update", required="Please type the update: it is empty."
+    )
+    with transaction.atomic():
+        session = lock_session(session_id)
+        if session.is_ended:
+            raise ActionError(f"This session is {session.get_status_display().lower()}.")
+        append_event(
+            session.pk,
+            "timeline.appended",
+            {"kind": "operator_update", "text": text, "by": user.get_username()},
+            producer=producer,
+        )
+
+
+def corrected_value(spec: dict[str, Any], raw: str, graph: Any) -> Any:
+    """The operator's corrected value in the form the agent stores; ActionError when the
+    field cannot take it."""
+    raw = raw.strip()
+    kind = spec["type"]
+    if not raw:
+        raise ActionError("Give the corrected value: it is empty.")
+    if kind == "enum":
+        if raw not in (spec.get("values") or {}):
+            raise ActionError(f"{raw} is not one of this field's values.")
+        return raw
+    if kind == "bool":
+        if raw not in ("true", "false"):
+            raise ActionError("Choose yes or no.")
+        return raw == "true"
+    if kind == "position":
+        node = graph.resolve(raw)
+        if node is None:
+            raise ActionError(f"{raw} is not a stand, taxiway node or runway of {graph.icao}.")
+        return raw.upper() if node.kind != "stand" else node.node_id
+    if kind == "flight_no":
+        if not FLIGHT_NO.fullmatch(raw.upper()):
+            raise ActionError(f"{raw} is not a flight number (for example CA1234).")
+        return raw.upper()
+    if kind == "number":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ActionError(f"{raw} is not a number.") from None
+    return raw[:MAX_MESSAGE]
+
+
+def do_correct_fact(
+    session_id: Any, user: Any, field: str, raw: str, *, producer: str = "web"
+) -> None:
+    """The operator corrects an extracted fact while the agent collects them (ADR-134):
+    a message carrying the correction, which the agent's input parser applies as said
+    (evidence: corrected by the operator) before it re-runs the rules; in the log like
+    an answer. Once the risk is assessed the rules have run: reopen the incident instead
+    (the switch). Locks the session row."""
+    with transaction.atomic():
+        session = lock_session(session_id)
+        if session.is_ended:
+            raise ActionError(f"This session is {session.get_status_display().lower()}.")
+        question = session.snapshot.get("question")
+        if not question:
+            raise ActionError(
+                "Facts can be corrected while the agent is collecting them (a question is "
+                "open); the risk is already assessed here."
+            )
+        definition = session.scenario_version.definition
+        spec = definition["fields"].get(field)
+        if spec is None:
+            raise ActionError(f"This scenario has no field {field}.")
+        value = corrected_value(spec, raw, load_active_graph())
+        label = spec["label"].get(session.language, field)
+        append_event(
+            session.pk,
+            "user.message",
+            {
+                "text": f"{label}: {raw.strip()}",
+                "author": user.get_username(),
+                "answers": question.get("key"),
+                "correction": {"field": field, "value": value},
+            },
+            producer=producer,
+        )
+        set_status(session.pk, SessionStatus.QUEUED, producer=producer, strict=False)
+        enqueue_advance(session.pk)
 
 
 MISMATCH_NOTE = {

@@ -109,9 +109,24 @@ def field_rows(session: Session) -> list[dict[str, Any]]:
                 "known": fields.get(name) is not None,
                 "display": display_value(spec, fields.get(name), language),
                 "evidence": evidence.get(name, ""),
+                "type": spec["type"],
+                # What a correction may choose (enum values, yes/no); None: typed in.
+                "choices": correction_choices(spec, language),
+                "raw": fields.get(name),
             }
         )
     return rows
+
+
+def correction_choices(spec: dict[str, Any], language: str) -> list[tuple[str, str]] | None:
+    if spec["type"] == "bool":
+        return [
+            ("true", display_value(spec, True, language)),
+            ("false", display_value(spec, False, language)),
+        ]
+    if spec["type"] == "enum":
+        return [(key, display_value(spec, key, language)) for key in (spec.get("values") or {})]
+    return None
 
 
 def action_rows(session: Session, board: Board | None = None) -> list[dict[str, Any]]:

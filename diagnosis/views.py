@@ -148,6 +148,32 @@ def session_cancel(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
 
 @require_POST
 @role_required(RUN_SESSIONS)
+def session_update(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """A free-text update from the operator onto the timeline."""
+    session = get_session_for_user(request, session_id)
+    try:
+        actions.do_add_update(session.pk, request.user, request.POST.get("text", ""))
+    except actions.ActionError as exc:
+        messages.error(request, str(exc))
+    return redirect("diagnosis:session-detail", session_id=session.pk)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def session_correct(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """Correct one extracted fact; the agent applies it and re-runs the rules."""
+    session = get_session_for_user(request, session_id)
+    try:
+        actions.do_correct_fact(
+            session.pk, request.user, request.POST.get("field", ""), request.POST.get("value", "")
+        )
+    except actions.ActionError as exc:
+        messages.error(request, str(exc))
+    return redirect("diagnosis:session-detail", session_id=session.pk)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
 def session_switch(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     """Reopen the incident under the scenario the message fits better (text carried over)."""
     session = get_session_for_user(request, session_id)

@@ -57,6 +57,8 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "diagnosis:session-cancel": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-retry": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-switch": ("POST", row(LOGIN, 302, 403, 403, 302)),  # no scenario
+    "diagnosis:session-update": ("POST", row(LOGIN, 302, 403, 403, 302)),  # empty: message
+    "diagnosis:session-correct": ("POST", row(LOGIN, 302, 403, 403, 302)),  # empty: message
     "diagnosis:session-events": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-report": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-delete": ("GET", row(LOGIN, 403, 403, 403, 200)),

@@ -184,6 +184,16 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     confirming = asked if asked in pending else None
     for message in messages:
         text = message.payload.get("text", "")
+        correction = message.payload.get("correction")
+        if correction and correction.get("field") in definition["fields"]:
+            # The operator corrected a fact: taken as said, no extraction, no question.
+            name = correction["field"]
+            fields[name] = correction["value"]
+            evidence[name] = f"corrected by {message.payload.get('author', 'the operator')}"
+            changed[name] = correction["value"]
+            pending.pop(name, None)
+            consumed = message.seq
+            continue
 
         def extract(provider: Provider, text: str = text) -> tuple[dict[str, Extraction], Usage]:
             return provider.extract(definition, text, ctx.graph, asked)
