@@ -26,7 +26,7 @@ from diagnosis.models import (
     ToolCallStatus,
 )
 from diagnosis.push import notify_board
-from diagnosis.reporting import md_cell, write_report
+from diagnosis.reporting import display_value, md_cell, write_report
 from diagnosis.signals import session_closing
 from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
@@ -244,11 +244,12 @@ def do_correct_fact(
             raise ActionError(f"This scenario has no field {field}.")
         value = corrected_value(spec, raw, load_active_graph())
         label = spec["label"].get(session.language, field)
+        shown = display_value(spec, value, session.language)
         append_event(
             session.pk,
             "user.message",
             {
-                "text": f"{label}: {raw.strip()}",
+                "text": f"{label}: {shown}",
                 "author": user.get_username(),
                 "answers": question.get("key"),
                 "correction": {"field": field, "value": value},

@@ -60,7 +60,8 @@ def test_correcting_a_fact(
     correct.locator("button").click()
 
     expect(page.locator("td[data-field=fluid_type]")).to_contain_text("液压")
-    expect(page.locator("#timeline-list")).to_contain_text("液压")
+    expect(page.locator("#timeline-list")).to_contain_text("液压油")
+    expect(page.get_by_test_id("question")).not_to_contain_text("未能识别")
 
 
 def test_editing_an_actions_arguments_before_approving(

@@ -37,6 +37,13 @@ def test_a_corrected_fact_is_logged_applied_and_the_rules_run_on_it(
     assert 'data-testid="correct-fluid_type"' in page
 
     post(alice, "session-correct", asking, field="fluid_type", value="HYDRAULIC")
+    asking.refresh_from_db()
+    # Asked again for the position, plainly: the correction was no failed answer.
+    assert asking.snapshot["question"]["field"] == "position"
+    assert "未能识别" not in asking.snapshot["question"]["text"]
+    assert Event.objects.filter(session=asking, type="user.message").last().payload["text"] == (  # type: ignore[union-attr]
+        "泄漏液体: 液压油"
+    )
     post(alice, "session-correct", asking, field="position", value="105")
 
     asking.refresh_from_db()

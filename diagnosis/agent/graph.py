@@ -182,6 +182,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     unconfirmed: dict[str, Any] = {}
     # The field whose pending value the operator is answering about: a yes settles it.
     confirming = asked if asked in pending else None
+    only_corrections = False
     for message in messages:
         text = message.payload.get("text", "")
         correction = message.payload.get("correction")
@@ -193,7 +194,9 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             changed[name] = correction["value"]
             pending.pop(name, None)
             consumed = message.seq
+            only_corrections = True
             continue
+        only_corrections = False
 
         def extract(provider: Provider, text: str = text) -> tuple[dict[str, Extraction], Usage]:
             return provider.extract(definition, text, ctx.graph, asked)
@@ -257,6 +260,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         "consumed_seq": consumed,
         "question": None,
         "unconfirmed": pending,
+        "only_corrections": only_corrections,
         "_summary": summary,
     }
 
@@ -457,7 +461,7 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
             )
         elif candidate is not None:
             text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
-        elif field in asked:
+        elif field in asked and not state.get("only_corrections"):
             text = _retry_hint(spec, lang) + text
         asked.append(field)
         question = {"field": field, "text": text, "key": f"q{len(asked)}"}
