@@ -90,7 +90,7 @@ def approval_edit_args(request: HtmxHttpRequest, approval_id: int) -> HttpRespon
             approval.pk,
             request.user,
             {name: request.POST.get(f"arg-{name}", "") for name in approval.editable_args},
-            request.POST.get("reason", ""),
+            request.POST.get("edit_reason", ""),
             digest=request.POST.get("digest", ""),
         )
     except ActionError as exc:

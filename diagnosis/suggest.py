@@ -73,11 +73,16 @@ def suggestion(text: str) -> Fit | None:
     return fits[0]
 
 
+# How much better another scenario must fit before AERO interrupts the operator's choice:
+# one shared word ("机位" names a stand in two scenarios) is no evidence of a wrong choice.
+MISMATCH_MARGIN = 2
+
+
 def better_fit(scenario: Scenario, text: str) -> Fit | None:
-    """Another scenario the message fits strictly better than the chosen one, if any."""
+    """Another scenario the message fits clearly better than the chosen one, if any."""
     fits = rank(text)
     own = next((f.score for f in fits if f.scenario.pk == scenario.pk), 0)
     best = fits[0] if fits else None
-    if best is None or best.scenario.pk == scenario.pk or best.score <= own:
+    if best is None or best.scenario.pk == scenario.pk or best.score < own + MISMATCH_MARGIN:
         return None
     return best

@@ -5,6 +5,7 @@ approving, the queue filter surviving a push, the airport board updating live, a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -75,7 +76,7 @@ def test_editing_an_actions_arguments_before_approving(
     card = page.locator(f"#approval-{closure.pk}")
     card.get_by_test_id("edit-args").locator("summary").click()
     card.locator("input[name=arg-taxiway]").fill("C")
-    card.locator("form.edit-args-form input[name=reason]").fill("A is the stand's only way out")
+    card.locator("input[name=edit_reason]").fill("A is the stand's only way out")
     card.locator("form.edit-args-form button").click()
 
     card = page.locator(f"#approval-{closure.pk}")
@@ -145,3 +146,25 @@ def test_a_400px_screen_never_scrolls_sideways(
     width = page.evaluate("document.documentElement.scrollWidth")
     shot(page, "400px-" + path.strip("/").replace("/", "-"))
     assert width <= 400, f"{path} is {width} px wide at a 400 px viewport"
+
+
+def test_time_left_counts_down_in_seconds_and_turns_red_in_the_last_minute(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals.models import Approval
+
+    session = waiting_session(make_user("olga", "operator"), STAND_FUEL_LEAK)
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    Approval.objects.filter(pk=crew.pk).update(deadline=timezone.now() + timedelta(seconds=75))
+    page = sign_in(browser, asgi_server, make_user("abel", "approver"))
+    page.goto(f"{asgi_server}/approvals/")
+
+    deadline = page.locator(f"#approval-{crew.pk} .deadline")
+    expect(deadline).to_have_text(re.compile(r"times out in (6\d|7\d) s"))
+    expect(deadline).not_to_have_class(re.compile("deadline-urgent"))
+    expect(deadline).to_have_class(re.compile("deadline-urgent"), timeout=30_000)  # ticking
+    expect(page).to_have_title(re.compile(r"^\(\d+\) "))

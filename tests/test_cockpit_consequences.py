@@ -138,7 +138,7 @@ def test_an_approver_edits_the_arguments_then_approves_the_edited_action(
     closure = approval_for(stand_leak, "close_taxiway", taxiway="A")
     old_digest = closure.digest
 
-    response = edit(bob, closure, **{"arg-taxiway": "c", "reason": "A is the only way out"})
+    response = edit(bob, closure, **{"arg-taxiway": "c", "edit_reason": "A is the only way out"})
 
     assert response.status_code == 200
     closure.refresh_from_db()
@@ -170,7 +170,7 @@ def test_an_edit_after_a_first_approval_starts_the_two_steps_over(
     closure.refresh_from_db()
     assert closure.status == "confirming"
 
-    edit(bob, closure, **{"arg-taxiway": "C", "reason": "wrong taxiway"})
+    edit(bob, closure, **{"arg-taxiway": "C", "edit_reason": "wrong taxiway"})
 
     closure.refresh_from_db()
     assert (closure.status, closure.first_approved_by) == ("pending", None)
@@ -181,10 +181,10 @@ def test_an_edit_after_a_first_approval_starts_the_two_steps_over(
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"arg-taxiway": "Z", "reason": "x"}, "Z is not a taxiway of"),
-        ({"arg-taxiway": "", "reason": "x"}, "taxiway is empty"),
+        ({"arg-taxiway": "Z", "edit_reason": "x"}, "Z is not a taxiway of"),
+        ({"arg-taxiway": "", "edit_reason": "x"}, "taxiway is empty"),
         ({"arg-taxiway": "C"}, "Say why the arguments change."),
-        ({"arg-taxiway": "A", "reason": "x"}, "Nothing changed"),
+        ({"arg-taxiway": "A", "edit_reason": "x"}, "Nothing changed"),
     ],
 )
 def test_a_bad_edit_is_refused_with_a_message_and_changes_nothing(
@@ -208,7 +208,7 @@ def test_operators_and_auditors_cannot_edit_arguments(
     closure = approval_for(stand_leak, "close_taxiway", taxiway="A")
 
     response = edit(
-        request.getfixturevalue(persona), closure, **{"arg-taxiway": "C", "reason": "x"}
+        request.getfixturevalue(persona), closure, **{"arg-taxiway": "C", "edit_reason": "x"}
     )
 
     assert response.status_code == 403

@@ -85,6 +85,19 @@ def test_a_message_fitting_another_scenario_better_is_flagged_before_opening(
 
 
 @pytest.mark.services
+def test_one_shared_word_does_not_interrupt_the_choice(builtin: None, alice: User) -> None:
+    oil_spill = Scenario.objects.get(slug="oil_spill")
+
+    # "机位" is a tire burst phase word too; that alone is no sign of a wrong scenario.
+    response = login(alice).post(
+        reverse("diagnosis:session-create"),
+        {"scenario": str(oil_spill.pk), "message": "CA1234 105机位 leak"},
+    )
+
+    assert response.status_code == 302
+
+
+@pytest.mark.services
 def test_the_operator_may_keep_the_chosen_scenario(builtin: None, alice: User) -> None:
     bird = Scenario.objects.get(slug="bird_strike")
 
