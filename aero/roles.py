@@ -33,6 +33,9 @@ DECIDE_APPROVALS = (ADMIN, APPROVER)
 MANAGE_AIRPORT = (ADMIN, OPERATOR)
 READ_AUDIT_LOG = (ADMIN, AUDITOR)
 DELETE_SESSIONS = (ADMIN,)
+# Approvers see the to-dos their timed-out approvals became; operators and admins
+# resolve them (RUN_SESSIONS).
+VIEW_TODOS = (ADMIN, OPERATOR, APPROVER)
 
 UserLike = Any  # AbstractBaseUser | AnonymousUser; kept loose for channels' scope["user"]
 
@@ -89,4 +92,5 @@ def roles_context(request: HttpRequest) -> dict[str, Any]:
         "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
         "can_read_audit": bool(roles & set(READ_AUDIT_LOG)),
         "can_view_history": bool(roles & set(VIEW_SESSIONS)),
+        "can_view_todos": bool(roles & set(VIEW_TODOS)),
     }

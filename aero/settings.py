@@ -172,6 +172,7 @@ TEMPLATES = [
                 "aero.live.live_context",
                 "django.template.context_processors.i18n",
                 "aero.i18n.i18n_context",
+                "approvals.context.pending_context",
             ],
         },
     },

@@ -28,6 +28,10 @@ from approvals.models import (
 from approvals.push import notify_queue
 from diagnosis.actions import ActionError, checked_text, do_apply_decision, lock_lift_sessions
 from diagnosis.events import append_event, lock_session
+from diagnosis.models import Restriction
+from diagnosis.push import notify_board
+from scenarios_admin.airport import load_active_graph
+from scenarios_admin.definition import ACTION_TOOLS, below_floor, floor_message, restriction_of
 
 APPROVE = "approve"
 CONFIRM = "confirm"
@@ -116,6 +120,168 @@ def _decide_locked(
         _audit_and_notify("approval.first_approved", approval, user, reason)
         return approval
     return _finish(approval, user, ApprovalStatus.APPROVED, reason, producer)
+
+
+def do_edit_args(
+    approval_id: int,
+    user: Any,
+    args: dict[str, str],
+    reason: str,
+    *,
+    digest: str,
+    producer: str = "web",
+) -> Approval:
+    """An approver corrects an action's arguments before deciding it (ADR-133): "close
+    taxiway B, not A". The tool and its risk class stay (never below the tool's floor);
+    every argument is checked against the airport; the edit is an event with before and
+    after, and the approval is re-digested, so a decision shown the old arguments is
+    refused and an approve-once on them starts over. Locks the session row, then the
+    approval row. Lift requests are not editable (they name one restriction)."""
+    reason = checked_text(
+        reason, limit=MAX_REASON, what="reason", required=_("Say why the arguments change.")
+    )
+    with transaction.atomic():
+        approval = Approval.objects.select_related("tool_call").get(pk=approval_id)
+        session = lock_session(approval.session_id)
+        approval = (
+            Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)
+        )
+        _check_still_valid(approval, session, digest)
+        if approval.is_lift:
+            raise ActionError(_("A lift request names one restriction; reject it instead."))
+        tool_call = approval.tool_call
+        before = dict(tool_call.request_payload)
+        after = checked_args(tool_call.tool_name, before, args)
+        if after == before:
+            raise ActionError(_("Nothing changed: the arguments are the same."))
+        if below_floor(tool_call.tool_name, tool_call.risk_class):
+            raise ActionError(floor_message(tool_call.tool_name, tool_call.risk_class))
+        tool_call.request_payload = after
+        tool_call.save(update_fields=["request_payload"])
+        approval.action_digest = action_digest_of(tool_call)
+        approval.digest = Approval.digest_for(tool_call, approval.state_digest)
+        approval.status = ApprovalStatus.PENDING
+        approval.first_approved_by = None
+        approval.first_approved_at = None
+        approval.save(
+            update_fields=[
+                "action_digest",
+                "digest",
+                "status",
+                "first_approved_by",
+                "first_approved_at",
+            ]
+        )
+        append_event(
+            session.pk,
+            "approval.args_edited",
+            {
+                "tool_call": tool_call.pk,
+                "call_id": tool_call.call_id,
+                "tool_name": tool_call.tool_name,
+                "before": before,
+                "args": after,
+                "risk_level": tool_call.risk_class,
+                "digest": approval.digest,
+                "by": user.get_username(),
+                "reason": reason,
+            },
+            producer=producer,
+        )
+        audit(
+            "approval.args_edited",
+            obj=approval,
+            actor=user,
+            session_id=session.pk,
+            detail={
+                "tool": tool_call.tool_name,
+                "before": before,
+                "after": after,
+                "reason": reason,
+            },
+        )
+        notify_queue()
+    return approval
+
+
+def checked_args(tool: str, before: dict[str, Any], edited: dict[str, str]) -> dict[str, Any]:
+    """The call's arguments with the edited ones, each naming something on the airport.
+    The free-text message of notify_atc stays as the agent wrote it."""
+    graph = load_active_graph()
+    names = [name for name in ACTION_TOOLS.get(tool, ()) if name != "message"]
+    after = dict(before)
+    for name in names:
+        value = (edited.get(name) or "").strip()
+        if not value:
+            raise ActionError(_("%(name)s is empty: give a value.") % {"name": name})
+        value = checked_text(value, limit=32, what=name)
+        kind = ARG_KINDS.get(name)
+        if kind == "runway" and value.upper() not in graph.runways:
+            raise ActionError(
+                _("%(v)s is not a runway of %(icao)s.") % {"v": value, "icao": graph.icao}
+            )
+        if kind == "taxiway" and value.upper() not in {
+            n.taxiway for n in graph.nodes.values() if n.taxiway
+        }:
+            raise ActionError(
+                _("%(v)s is not a taxiway of %(icao)s.") % {"v": value, "icao": graph.icao}
+            )
+        if kind == "stand":
+            node = graph.nodes.get(value)
+            if node is None or node.kind != "stand":
+                raise ActionError(
+                    _("%(v)s is not a stand of %(icao)s.") % {"v": value, "icao": graph.icao}
+                )
+        if kind == "position" and graph.resolve(value) is None:
+            raise ActionError(
+                _("%(v)s is not a stand, taxiway node or runway of %(icao)s.")
+                % {"v": value, "icao": graph.icao}
+            )
+        after[name] = value.upper() if kind in ("runway", "taxiway") else value
+    return after
+
+
+# What each editable argument names on the airport (flight numbers are free text).
+ARG_KINDS = {"runway": "runway", "taxiway": "taxiway", "stand": "stand", "position": "position"}
+
+
+def do_decide_r1_batch(
+    session_id: Any,
+    user: Any,
+    decision: str,
+    reason: str,
+    shown: list[tuple[int, str]],
+    *,
+    producer: str = "web",
+) -> list[Approval]:
+    """Approve or reject all the R1 actions of one incident the approver was shown, at
+    once (ADR-127): all or none, each recorded and audited as its own decision. Never
+    R2/R3 (their confirmation and reason are per action) and never a lift. `shown` is
+    the (approval id, digest) pairs on the page: an approval added since is not swept
+    in. One transaction: the first refusal rolls every decision of the batch back."""
+    if decision not in (APPROVE, REJECT):
+        raise ActionError(_("A batch can only approve or reject."))
+    if not shown:
+        raise ActionError(_("No actions were selected."))
+    ids = [pk for pk, _digest in shown]
+    approvals = {a.pk: a for a in Approval.objects.filter(pk__in=ids, session_id=session_id)}
+    for pk in ids:
+        approval = approvals.get(pk)
+        if approval is None:
+            raise ActionError(_("An action of this batch belongs to another incident; refused."))
+        if approval.risk_class != "R1" or approval.is_lift:
+            raise ActionError(
+                _(
+                    "%(action)s is %(risk)s: only R1 actions are decided in a batch; decide "
+                    "it on its own."
+                )
+                % {"action": approval.action_name, "risk": approval.risk_class}
+            )
+    with transaction.atomic():
+        return [
+            do_decide(pk, user, decision, reason, digest=digest, producer=producer)
+            for pk, digest in shown
+        ]
 
 
 def _check_still_valid(approval: Approval, session: Any, digest: str | None) -> None:
@@ -250,6 +416,7 @@ def _time_out(approval: Approval, session: Any) -> None:
         session_id=session.pk,
         title=f"{approval.action_name} ({args}) was not decided in time: handle it by hand",
     )
+    notify_board()  # the to-dos page lists it
     # Logged even when the session has ended (failed, say): nothing changes unseen.
     do_apply_decision(
         approval.tool_call_id,
@@ -278,36 +445,66 @@ def _time_out(approval: Approval, session: Any) -> None:
     notify_queue()
 
 
-def do_resolve_todo(todo_id: int, user: Any, note: str) -> ManualTodo:
-    """Locks the to-do row."""
+def do_resolve_todo(todo_id: int, user: Any, note: str, *, in_force: bool = False) -> ManualTodo:
+    """Locks the session row, then the to-do row. `in_force`: the people did what the
+    timed-out action would have done ("closed by phone"); for a closure or suspension the
+    restriction goes on the airport board, in the same transaction as the event that says
+    so (ADR-128). When the same restriction is already in force (another session), the
+    board is left as it is and the event names the one in force."""
     note = checked_text(
         note, limit=MAX_NOTE, what="note", required=_("Say what was done (a note is required).")
     )
     with transaction.atomic():
-        todo = ManualTodo.objects.select_for_update().get(pk=todo_id)
+        session_id = ManualTodo.objects.values_list("session_id", flat=True).get(pk=todo_id)
+        lock_session(session_id)
+        todo = (
+            ManualTodo.objects.select_for_update()
+            .select_related("approval__tool_call")
+            .get(pk=todo_id)
+        )
         if todo.resolved_at is not None:
             raise ActionError(_("This to-do was already resolved."))
         todo.resolved_at = timezone.now()
         todo.resolved_by = user
         todo.note = note
         todo.save(update_fields=["resolved_at", "resolved_by", "note"])
-        append_event(
-            todo.session_id,
-            "timeline.appended",
-            {
-                "kind": "todo_resolved",
-                "todo": todo.pk,
-                "title": todo.title,
-                "by": user.get_username(),
-                "note": note,
-            },
-            producer="web",
-        )
+        payload: dict[str, Any] = {
+            "kind": "todo_resolved",
+            "todo": todo.pk,
+            "title": todo.title,
+            "by": user.get_username(),
+            "note": note,
+            "in_force": in_force,
+        }
+        tool_call = todo.approval.tool_call
+        effect = restriction_of(tool_call.tool_name, tool_call.request_payload)
+        if in_force and effect is not None:
+            kind, target = effect
+            existing = Restriction.objects.filter(
+                kind=kind, target=target, lifted_at__isnull=True
+            ).first()
+            if existing is None:
+                Restriction.objects.create(
+                    kind=kind, target=target, session_id=todo.session_id, tool_call=tool_call
+                )
+                payload["restriction"] = {
+                    "kind": kind,
+                    "target": target,
+                    "call_id": tool_call.call_id,
+                }
+            else:
+                payload["already_in_force"] = {
+                    "kind": kind,
+                    "target": target,
+                    "session": str(existing.session_id),
+                }
+        append_event(todo.session_id, "timeline.appended", payload, producer="web")
         audit(
             "todo.resolved",
             obj=todo,
             actor=user,
             session_id=todo.session_id,
-            detail={"title": todo.title, "note": note},
+            detail={"title": todo.title, "note": note, "in_force": in_force},
         )
+        notify_board()  # the to-dos page drops it; a closure done by hand shows on the board
     return todo

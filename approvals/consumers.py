@@ -16,10 +16,10 @@ from django.template.loader import render_to_string
 from django.utils import translation
 
 from aero.i18n import supported
-from aero.roles import DECIDE_APPROVALS
-from approvals.presenters import queue_context
+from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_TODOS
+from approvals.presenters import queue_context, todo_context
 from approvals.push import QUEUE_GROUP
-from diagnosis.consumers import CLOSE_FORBIDDEN, hub, user_id_of
+from diagnosis.consumers import CLOSE_FORBIDDEN, PageNoticeConsumer, hub, user_id_of
 from diagnosis.push import register_server_loop
 
 
@@ -87,3 +87,22 @@ class ApprovalQueueConsumer(AsyncWebsocketConsumer):
             ),
         )
         await self.send(text_data=html)
+
+
+def render_todos(roles: frozenset[str]) -> str:
+    context = todo_context()
+    return render_to_string(
+        "approvals/todos.html#todo-list",
+        {**context, "oob": True, "can_run": bool(roles & set(RUN_SESSIONS))},
+    )
+
+
+class TodoListConsumer(PageNoticeConsumer):
+    """The to-dos page's first page, live: a to-do created by a timeout, resolved, or
+    whose effect came into force on the board (the same notice as the board)."""
+
+    may_view = VIEW_TODOS
+    page = "todos"
+
+    def render(self, roles: frozenset[str]) -> str:
+        return render_todos(roles)

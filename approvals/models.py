@@ -11,7 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from diagnosis.models import Restriction, Session, ToolCall
-from scenarios_admin.definition import LIFT_TOOL
+from scenarios_admin.definition import ACTION_TOOLS, LIFT_TOOL
 
 
 class ApprovalStatus(models.TextChoices):
@@ -179,6 +179,19 @@ class Approval(models.Model):
         if self.deadline is None or not self.is_open:
             return None
         return max(0, int((self.deadline - timezone.now()).total_seconds()))
+
+    @property
+    def editable_args(self) -> list[str]:
+        """The arguments an approver may correct before deciding (none for a lift; the
+        agent's free-text ATC message is not one)."""
+        if self.is_lift:
+            return []
+        return [n for n in ACTION_TOOLS.get(self.action_name, ()) if n != "message"]
+
+    def minutes_left(self) -> int | None:
+        """Whole minutes, rounded up: "4 min" at 4:59 left would read as earlier than it is."""
+        seconds = self.seconds_left()
+        return None if seconds is None else -(-seconds // 60)
 
 
 class ManualTodo(models.Model):

@@ -6,10 +6,12 @@ from django.conf import settings
 from django.db.models import Q
 
 from aero.roles import DECIDE_APPROVALS, user_roles
-from approvals.models import Approval, ManualTodo
+from approvals.models import RISK_ORDER, Approval, ManualTodo
+from diagnosis.consequences import Board
 from diagnosis.models import Restriction
 from diagnosis.presenters import impact_map
 from scenarios_admin.airport import load_active_graph
+from scenarios_admin.definition import restriction_of
 from scenarios_admin.models import Scenario
 
 RISK_CLASSES = ("R1", "R2", "R3")
@@ -65,21 +67,30 @@ def queue_context(
     page = page[:QUEUE_PAGE]
     graph = load_active_graph() if page else None
     restrictions = list(Restriction.objects.filter(lifted_at__isnull=True)) if page else []
+    board = Board(graph, restrictions) if graph else None
     items = []
     for approval in page:
         snapshot = approval.session.snapshot
+        call = approval.tool_call
         items.append(
             {
                 "a": approval,
                 "session": approval.session,
                 "risk": snapshot.get("risk"),
                 "impact": snapshot.get("impact"),
-                "map": impact_map(graph, snapshot.get("impact"), restrictions) if graph else None,
+                "seconds_left": approval.seconds_left(),
+                "consequence": board.consequence(call.tool_name, call.request_payload)
+                if board
+                else None,
             }
         )
     viewer_roles = roles if roles is not None else user_roles(user)
+    groups = incident_groups(items)
+    for group in groups:
+        group["map"] = impact_map(graph, group["impact"], restrictions) if graph else None
     return {
         "items": items,
+        "groups": groups,
         "open_count": open_count,
         "after": after if anchor is not None else "",
         "next_after": str(page[-1].pk) if more else "",
@@ -92,14 +103,54 @@ def queue_context(
     }
 
 
+def incident_groups(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The page's approvals grouped by incident (session): the session, risk and impact
+    shown once per incident, not once per action (ADR-126). Incidents whose nearest
+    deadline comes first lead, then the highest risk class; within an incident the
+    same order. The page itself stays the keyset page of the whole queue."""
+    groups: dict[Any, dict[str, Any]] = {}
+    for item in items:
+        group = groups.setdefault(
+            item["session"].pk,
+            {
+                "session": item["session"],
+                "risk": item["risk"],
+                "impact": item["impact"],
+                "items": [],
+            },
+        )
+        group["items"].append(item)
+    for group in groups.values():
+        # Within an incident the riskiest action leads; its nearest deadline leads the
+        # incident among the others.
+        group["items"].sort(key=lambda i: (-RISK_ORDER.get(i["a"].risk_class, 0), _urgency(i)))
+        group["r1_open"] = [
+            i["a"] for i in group["items"] if i["a"].risk_class == "R1" and not i["a"].is_lift
+        ]
+    return sorted(groups.values(), key=lambda g: min(_urgency(i) for i in g["items"]))
+
+
+def _urgency(item: dict[str, Any]) -> tuple[float, int, int]:
+    left = item["seconds_left"]
+    return (
+        float("inf") if left is None else left,
+        -RISK_ORDER.get(item["a"].risk_class, 0),
+        item["a"].pk,
+    )
+
+
 TODO_PAGE = 100
 
 
 def todo_context(after: str = "") -> dict[str, Any]:
     """Open to-dos newest first, a page at a time (keyset on id, which grows with
-    created_at), and the 50 most recently resolved. Deleted sessions' to-dos are gone."""
+    created_at), and the 50 most recently resolved. Deleted sessions' to-dos are gone.
+    A to-do whose effect is already in force (the taxiway it would close was closed by
+    another session) leaves the open list for "already in force" (issue 12)."""
     todos = ManualTodo.objects.filter(session__deleted_at__isnull=True)
-    open_todos = todos.filter(resolved_at__isnull=True).select_related("session", "approval")
+    open_todos = todos.filter(resolved_at__isnull=True).select_related(
+        "session", "approval__tool_call"
+    )
     if after.isdigit():
         open_todos = open_todos.filter(pk__lt=int(after))
     page = list(open_todos.order_by("-pk")[: TODO_PAGE + 1])
@@ -108,8 +159,21 @@ def todo_context(after: str = "") -> dict[str, Any]:
         .select_related("session", "resolved_by", "approval")
         .order_by("-resolved_at")[:50]
     )
+    in_force_now = {
+        (r.kind, r.target): r for r in Restriction.objects.filter(lifted_at__isnull=True)
+    }
+    shown, in_force = [], []
+    for todo in page[:TODO_PAGE]:
+        call = todo.approval.tool_call
+        todo.restricts = restriction_of(call.tool_name, call.request_payload)  # type: ignore[attr-defined]
+        restriction = in_force_now.get(todo.restricts) if todo.restricts else None  # type: ignore[attr-defined]
+        if restriction is not None:
+            in_force.append({"todo": todo, "restriction": restriction})
+        else:
+            shown.append(todo)
     return {
-        "open": page[:TODO_PAGE],
+        "open": shown,
+        "in_force": in_force,
         "after": after if after.isdigit() else "",
         "next_after": str(page[TODO_PAGE - 1].pk) if len(page) > TODO_PAGE else "",
         "resolved": list(resolved),

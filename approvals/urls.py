@@ -9,6 +9,12 @@ app_name = "approvals"
 urlpatterns = [
     path("", views.approval_queue, name="queue"),
     path("<int:approval_id>/decide/", views.approval_decide, name="decide"),
+    path("<int:approval_id>/edit/", views.approval_edit_args, name="edit-args"),
+    path(
+        "incidents/<uuid:session_id>/decide-r1/",
+        views.approval_bulk_decide,
+        name="bulk-decide",
+    ),
     path("todos/", views.todo_list, name="todo-list"),
     path("todos/<int:todo_id>/resolve/", views.todo_resolve, name="todo-resolve"),
 ]

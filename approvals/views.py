@@ -1,19 +1,25 @@
 from __future__ import annotations
 
+from urllib.parse import urlencode
+from uuid import UUID
+
 from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from aero.http import HtmxHttpRequest
-from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, role_required
+from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_TODOS, role_required
 from approvals import presenters
-from approvals.actions import do_decide, do_resolve_todo
+from approvals.actions import do_decide, do_decide_r1_batch, do_edit_args, do_resolve_todo
 from approvals.forms import ResolveTodoForm
 from approvals.models import Approval, ManualTodo
 from diagnosis import presenters as session_presenters
 from diagnosis.actions import ActionError
+from diagnosis.models import Session
 
 
 @require_GET
@@ -25,9 +31,15 @@ def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
         request.GET.get("scenario", ""),
         request.GET.get("after", ""),
     )
+    if not context["risk"] and not context["scenario"]:
+        # The nav's open count is this page's own: no second count query.
+        context["pending_count"] = context["open_count"]
     template = "approvals/queue.html"
     if request.htmx:
-        template += "#approval-queue"
+        # The filter form swaps the live block (socket URL included); other callers
+        # ask for the list alone.
+        live = request.htmx.target == "approval-live"
+        template += "#approval-live" if live else "#approval-queue"
     return render(request, template, context)
 
 
@@ -49,14 +61,7 @@ def approval_decide(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
     from_queue = request.POST.get("next") == "queue" or request.GET.get("next") == "queue"
     if request.htmx:
         if from_queue:
-            context = presenters.queue_context(request.user)
-            context["queue_error"] = error
-            return render(
-                request,
-                "approvals/queue.html#approval-queue",
-                context,
-                status=400 if error else 200,
-            )
+            return _queue_after_decision(request, error, approval.pk)
         approval.session.refresh_from_db()
         context = session_presenters.session_context(approval.session, request.user)
         context["action_error"] = error
@@ -69,12 +74,112 @@ def approval_decide(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
     if error:
         messages.error(request, error)
     if from_queue:
-        return redirect("approvals:queue")
+        return redirect(_queue_url(request))
     return redirect("diagnosis:session-detail", session_id=approval.session_id)
 
 
+@require_POST
+@role_required(DECIDE_APPROVALS)
+def approval_edit_args(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
+    """Correct an action's arguments before deciding it (re-digested, re-checked)."""
+    approval = get_object_or_404(
+        Approval.objects.select_related("session", "tool_call"), pk=approval_id
+    )
+    error = ""
+    try:
+        do_edit_args(
+            approval.pk,
+            request.user,
+            {name: request.POST.get(f"arg-{name}", "") for name in approval.editable_args},
+            request.POST.get("edit_reason", ""),
+            digest=request.POST.get("digest", ""),
+        )
+    except ActionError as exc:
+        error = str(exc)
+    from_queue = request.POST.get("next") == "queue"
+    if request.htmx and from_queue:
+        return _queue_after_decision(request, error, approval.pk)
+    if request.htmx:
+        approval.session.refresh_from_db()
+        context = session_presenters.session_context(approval.session, request.user)
+        context["action_error"] = error
+        return render(
+            request,
+            "diagnosis/session_detail.html#session-actions",
+            context,
+            status=400 if error else 200,
+        )
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, gettext("Arguments changed: decide the action as it reads now."))
+    if from_queue:
+        return redirect(_queue_url(request))
+    return redirect("diagnosis:session-detail", session_id=approval.session_id)
+
+
+@require_POST
+@role_required(DECIDE_APPROVALS)
+def approval_bulk_decide(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """Approve or reject all of one incident's R1 actions the approver was shown."""
+    session = get_object_or_404(Session.objects.visible(), pk=session_id)
+    error = ""
+    try:
+        shown = [_pair(value) for value in request.POST.getlist("approval")]
+        decided = do_decide_r1_batch(
+            session.pk,
+            request.user,
+            request.POST.get("decision", ""),
+            request.POST.get("reason", ""),
+            shown,
+        )
+    except ActionError as exc:
+        error = str(exc)
+    if request.htmx:
+        return _queue_after_decision(request, error, None)
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(
+            request,
+            ngettext("%d action decided.", "%d actions decided.", len(decided)) % len(decided),
+        )
+    return redirect(_queue_url(request))
+
+
+def _pair(value: str) -> tuple[int, str]:
+    pk, _, digest = value.partition(":")
+    if not pk.isdigit() or not digest:
+        raise ActionError("This batch does not say which requests it is for; reload the queue.")
+    return int(pk), digest
+
+
+def _queue_after_decision(
+    request: HtmxHttpRequest, error: str, approval_id: int | None
+) -> HttpResponse:
+    """The queue list with the viewer's filters (sent with the form), the error on the
+    card it is about when that card is still listed, else above the list."""
+    context = presenters.queue_context(
+        request.user, request.POST.get("risk", ""), request.POST.get("scenario", "")
+    )
+    context["queue_error"] = error
+    context["error_for"] = approval_id
+    context["error_shown_on_card"] = any(i["a"].pk == approval_id for i in context["items"])
+    return render(
+        request, "approvals/queue.html#approval-queue", context, status=400 if error else 200
+    )
+
+
+def _queue_url(request: HtmxHttpRequest) -> str:
+    risk, scenario = presenters.clean_filters(
+        request.POST.get("risk", ""), request.POST.get("scenario", "")
+    )
+    query = urlencode({k: v for k, v in (("risk", risk), ("scenario", scenario)) if v})
+    return reverse("approvals:queue") + (f"?{query}" if query else "")
+
+
 @require_GET
-@role_required(RUN_SESSIONS)
+@role_required(VIEW_TODOS)
 def todo_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(
         request,
@@ -92,7 +197,12 @@ def todo_resolve(request: HtmxHttpRequest, todo_id: int) -> HttpResponse:
         messages.error(request, str(form.errors["note"][0]))
     else:
         try:
-            do_resolve_todo(todo.pk, request.user, form.cleaned_data["note"])
+            do_resolve_todo(
+                todo.pk,
+                request.user,
+                form.cleaned_data["note"],
+                in_force=request.POST.get("outcome") == "in_force",
+            )
         except ActionError as exc:
             messages.error(request, str(exc))
         else:

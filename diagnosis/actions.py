@@ -13,14 +13,24 @@ from django.utils.translation import gettext as _
 
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
-from diagnosis.agent.extraction import detect_language
+from diagnosis import suggest
+from diagnosis.agent.extraction import FLIGHT_NO, detect_language
 from diagnosis.events import append_event, event_batch, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
 from diagnosis.jobs import enqueue_advance
-from diagnosis.models import Restriction, Session, SessionStatus, ToolCall, ToolCallStatus
+from diagnosis.models import (
+    Event,
+    Restriction,
+    Session,
+    SessionStatus,
+    ToolCall,
+    ToolCallStatus,
+)
 from diagnosis.outbox import enqueue_effect
-from diagnosis.reporting import md_cell, write_report
+from diagnosis.push import notify_board
+from diagnosis.reporting import display_value, md_cell, write_report
 from diagnosis.signals import session_closing
+from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
 
@@ -84,6 +94,7 @@ def do_create_session(
             {"text": text, "author": user.get_username()},
             producer=producer,
         )
+        note_scenario_mismatch(session, scenario, text, producer)
         audit(
             "session.created",
             obj=session,
@@ -166,6 +177,175 @@ def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
             session_id=session.pk,
             detail={"reason": reason, "approvals_closed": closed},
         )
+
+
+def do_add_update(session_id: Any, user: Any, text: str, *, producer: str = "web") -> None:
+    """A free-text update from the operator ("fire brigade on site"): in the log and on
+    the timeline, never read as an answer. Locks the session row."""
+    text = checked_text(
+        text, limit=MAX_MESSAGE, what="update", required="Please type the update: it is empty."
+    )
+    with transaction.atomic():
+        session = lock_session(session_id)
+        if session.is_ended:
+            raise ActionError(f"This session is {session.get_status_display().lower()}.")
+        append_event(
+            session.pk,
+            "timeline.appended",
+            {"kind": "operator_update", "text": text, "by": user.get_username()},
+            producer=producer,
+        )
+
+
+def corrected_value(spec: dict[str, Any], raw: str, graph: Any) -> Any:
+    """The operator's corrected value in the form the agent stores; ActionError when the
+    field cannot take it."""
+    raw = raw.strip()
+    kind = spec["type"]
+    if not raw:
+        raise ActionError("Give the corrected value: it is empty.")
+    if kind == "enum":
+        if raw not in (spec.get("values") or {}):
+            raise ActionError(f"{raw} is not one of this field's values.")
+        return raw
+    if kind == "bool":
+        if raw not in ("true", "false"):
+            raise ActionError("Choose yes or no.")
+        return raw == "true"
+    if kind == "position":
+        node = graph.resolve(raw)
+        if node is None:
+            raise ActionError(f"{raw} is not a stand, taxiway node or runway of {graph.icao}.")
+        return raw.upper() if node.kind != "stand" else node.node_id
+    if kind == "flight_no":
+        if not FLIGHT_NO.fullmatch(raw.upper()):
+            raise ActionError(f"{raw} is not a flight number (for example CA1234).")
+        return raw.upper()
+    if kind == "number":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ActionError(f"{raw} is not a number.") from None
+    return raw[:MAX_MESSAGE]
+
+
+def do_correct_fact(
+    session_id: Any, user: Any, field: str, raw: str, *, producer: str = "web"
+) -> None:
+    """The operator corrects an extracted fact while the agent collects them (ADR-134):
+    a message carrying the correction, which the agent's input parser applies as said
+    (evidence: corrected by the operator) before it re-runs the rules; in the log like
+    an answer. Once the risk is assessed the rules have run: reopen the incident instead
+    (the switch). Locks the session row."""
+    with transaction.atomic():
+        session = lock_session(session_id)
+        if session.is_ended:
+            raise ActionError(f"This session is {session.get_status_display().lower()}.")
+        question = session.snapshot.get("question")
+        if not question:
+            raise ActionError(
+                "Facts can be corrected while the agent is collecting them (a question is "
+                "open); the risk is already assessed here."
+            )
+        definition = session.scenario_version.definition
+        spec = definition["fields"].get(field)
+        if spec is None:
+            raise ActionError(f"This scenario has no field {field}.")
+        value = corrected_value(spec, raw, load_active_graph())
+        label = spec["label"].get(session.language, field)
+        shown = display_value(spec, value, session.language)
+        append_event(
+            session.pk,
+            "user.message",
+            {
+                "text": f"{label}: {shown}",
+                "author": user.get_username(),
+                "answers": question.get("key"),
+                "correction": {"field": field, "value": value},
+            },
+            producer=producer,
+        )
+        set_status(session.pk, SessionStatus.QUEUED, producer=producer, strict=False)
+        enqueue_advance(session.pk)
+
+
+MISMATCH_NOTE = {
+    "zh": "这条消息更像“{name}”（提到：{words}），而不是“{chosen}”。可以切换场景，原文会带过去。",
+    "en": "This message reads more like {name} (it mentions {words}) than {chosen}. You can "
+    "switch scenario; the text is carried over.",
+}
+
+
+def note_scenario_mismatch(session: Session, scenario: Scenario, text: str, producer: str) -> None:
+    """The agent says so when the message fits another scenario better (synonym score),
+    once, in the creating transaction; the session page then offers the switch."""
+    fit = suggest.better_fit(scenario, text)
+    if fit is None:
+        return
+    lang = session.language if session.language in MISMATCH_NOTE else "en"
+    name = fit.scenario.name_zh if lang == "zh" else fit.scenario.name_en
+    chosen = scenario.name_zh if lang == "zh" else scenario.name_en
+    words = ("、" if lang == "zh" else ", ").join(fit.words)
+    append_event(
+        session.pk,
+        "agent.note",
+        {
+            "kind": "scenario_mismatch",
+            "suggested": {
+                "slug": fit.scenario.slug,
+                "name_zh": fit.scenario.name_zh,
+                "name_en": fit.scenario.name_en,
+                "score": fit.score,
+                "words": fit.words,
+            },
+            "text": MISMATCH_NOTE[lang].format(name=name, words=words, chosen=chosen),
+        },
+        producer=producer,
+    )
+
+
+def first_message(session: Session) -> str:
+    event = Event.objects.filter(session=session, type="user.message").order_by("seq").first()
+    return str(event.payload.get("text", "")) if event else ""
+
+
+def do_switch_scenario(session_id: Any, user: Any, scenario: Scenario) -> Session:
+    """Reopen the incident under another scenario (ADR-131): a new session with the same
+    first message, and the old one canceled with a reason naming the new one; each log
+    says where the other went. One transaction; locks the old session row first."""
+    with transaction.atomic():
+        old = lock_session(session_id)
+        if old.is_ended:
+            raise ActionError(f"This session is already {old.get_status_display().lower()}.")
+        if scenario.pk == old.scenario_id:
+            raise ActionError("The session already runs this scenario.")
+        text = first_message(old)
+        new = do_create_session(user, scenario, text)
+        append_event(
+            new.pk,
+            "timeline.appended",
+            {
+                "kind": "scenario_switched_from",
+                "session": str(old.pk),
+                "scenario": old.scenario.slug,
+                "by": user.get_username(),
+            },
+            producer="web",
+        )
+        reason = f"switched to scenario {scenario.slug}: continued in session {new.pk}"
+        append_event(
+            old.pk,
+            "timeline.appended",
+            {
+                "kind": "scenario_switched_to",
+                "session": str(new.pk),
+                "scenario": scenario.slug,
+                "by": user.get_username(),
+            },
+            producer="web",
+        )
+        do_cancel(old.pk, user, reason)
+    return new
 
 
 def closed_by_receivers(session: Session, user: Any, reason: str) -> list[int]:
@@ -379,6 +559,7 @@ def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
             status=ToolCallStatus.AWAITING_APPROVAL,
         )
         open_approval(tool_call, producer="web")
+        notify_board()  # the board shows the lift as waiting for an approver
         audit(
             "restriction.lift_requested",
             obj=restriction,
@@ -439,6 +620,7 @@ def _apply_lift_decision(
     restriction.lifted_by = user
     restriction.lift_note = note
     restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
+    notify_board()
     # The log's own texts stay in one language whoever acted (the kind's label is
     # translated for display); the timeline words them per viewer.
     with translation.override("en"):

@@ -13,6 +13,7 @@ one query for all the viewers a notice woke.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from aero.roles import ALL_ROLES, VIEW_SESSIONS
 from aero.templatetags.aero_text import when
 from diagnosis import presenters
 from diagnosis.models import Event, Session
-from diagnosis.push import register_server_loop, session_group
+from diagnosis.push import AIRPORT_GROUP, register_server_loop, session_group
 
 BATCH = presenters.TIMELINE_PAGE
 # Largest WebSocket message the consumers send: half of daphne's 1 MB limit (over it,
@@ -405,3 +406,71 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def stop(self, code: int) -> None:
         await self.disconnect(code)
         await self.close(code=code)
+
+
+def render_board(roles: frozenset[str]) -> str:
+    context = presenters.airport_board_context(roles)
+    return render_to_string("diagnosis/airport_board.html#airport-board", {**context, "oob": True})
+
+
+class PageNoticeConsumer(AsyncWebsocketConsumer):
+    """A page that re-reads itself on a notice (no content in the notice, as for the
+    session timeline): the airport board, the to-dos page. Each pull re-checks the
+    viewer's roles and shares one render per notice and role set (ADR-129)."""
+
+    group: str = AIRPORT_GROUP
+    may_view: tuple[str, ...] = VIEW_SESSIONS
+    page: str = "board"
+    user_id: Any = None
+    joined: bool = False
+    language: str | None = None
+
+    def render(self, roles: frozenset[str]) -> str:
+        return render_board(roles)
+
+    def render_in_language(self, roles: frozenset[str]) -> str:
+        # In the page's language: the fragment replaces part of that page.
+        with translation.override(self.language or settings.LANGUAGE_CODE):
+            return self.render(roles)
+
+    async def connect(self) -> None:
+        register_server_loop(asyncio.get_running_loop())
+        self.user_id = user_id_of(self.scope)
+        query = parse_qs(self.scope.get("query_string", b"").decode())
+        self.language = supported(query.get("lang", [None])[0])
+        if await self.allowed() is None:
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.joined = True
+        await self.accept()
+        # Whatever changed between page render and connect: a render of its own.
+        await self.refresh(uuid.uuid4().hex)
+
+    async def allowed(self) -> frozenset[str] | None:
+        roles = await hub().roles_of(self.user_id)
+        return roles if roles & set(self.may_view) else None
+
+    async def disconnect(self, code: int) -> None:
+        if self.joined:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.joined = False
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        return  # changes are POSTs; nothing sent over the socket counts as one
+
+    async def board_notice(self, message: dict[str, Any]) -> None:
+        await self.refresh(str(message.get("stamp") or uuid.uuid4().hex))
+
+    async def refresh(self, stamp: str) -> None:
+        roles = await self.allowed()
+        if roles is None:
+            await self.disconnect(CLOSE_FORBIDDEN)
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        html = await hub().shared(
+            (self.page, stamp, roles, self.language),
+            lambda _: True,
+            lambda: database_sync_to_async(self.render_in_language)(roles),
+        )
+        await self.send(text_data=html)

@@ -61,6 +61,11 @@ def reduce_snapshot(
         return {**snapshot, "fsm": payload["to"]}
     if type == "report.ready":
         return {**snapshot, "report": True}
+    if type == "agent.note" and payload.get("kind") == "scenario_mismatch":
+        # The session page offers the switch while the session runs (ADR-131).
+        return {**snapshot, "scenario_mismatch": dict(payload["suggested"])}
+    if type == "timeline.appended" and payload.get("kind") == "scenario_switched_to":
+        return {**snapshot, "switched_to": payload["session"]}
     return None
 
 
@@ -402,6 +407,17 @@ def _apply(state: FoldState, event: EventLike) -> None:
         approval.deadline = parse_ts(p.get("deadline"))
         approval.digest = p.get("digest", "")
         approval.requested_at = event.ts
+    elif t == "approval.args_edited":
+        # An approver corrected the arguments before deciding: the call runs with these,
+        # the approval's digest is new and an approve-once on the old ones starts over.
+        call = _tool_call(state, p)
+        call.args = dict(p["args"])
+        approval = _approval(state, p)
+        approval.args = dict(p["args"])
+        approval.digest = p.get("digest", "")
+        approval.status = "pending"
+        approval.first_approved_by = None
+        approval.first_approved_at = None
     elif t.startswith("approval.") and t != "approval.required":
         _decide(state, event, t.removeprefix("approval."))
     elif t == "tool.call_queued":
@@ -444,6 +460,10 @@ def _apply(state: FoldState, event: EventLike) -> None:
         if effect is not None and effect.status == "pending":
             effect.status, effect.last_error = "refused", call.error
             effect.completed_at = call.completed_at
+    elif t == "timeline.appended" and p.get("kind") == "todo_resolved" and p.get("restriction"):
+        # Done by hand ("closed by phone"): the timed-out action's closure is in force.
+        done = p["restriction"]
+        state.restrictions.append(RestrictionState(done["kind"], done["target"], done["call_id"]))
     elif t == "timeline.appended" and p.get("kind") == "restriction_lifted":
         for item in state.restrictions:
             same = (item.kind, item.target) == (p.get("restriction"), p.get("target"))

@@ -10,9 +10,14 @@ from scenarios_admin.models import Scenario
 class NewSessionForm(forms.Form):
     scenario = forms.ModelChoiceField(
         queryset=Scenario.objects.filter(is_active=True, versions__isnull=False).distinct(),
-        empty_label=None,
+        # Nothing preselected: a preselected scenario once asked an oil spill about a
+        # bird strike's phase. Left empty, the form suggests one from the message.
+        empty_label=_("— choose, or let AERO suggest from the message —"),
+        required=False,
         label=_("Scenario"),
     )
+    # Set by the "open it anyway" button after AERO said another scenario fits better.
+    keep_scenario = forms.BooleanField(required=False, widget=forms.HiddenInput)
     message = LimitedTextField(
         what="message",
         widget=forms.Textarea(

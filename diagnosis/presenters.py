@@ -9,7 +9,8 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import Q
 
-from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, user_roles
+from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
+from diagnosis.consequences import Board
 from diagnosis.models import Event, Report, Restriction, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from diagnosis.templatetags.timeline import scenario_language
@@ -112,25 +113,52 @@ def field_rows(session: Session) -> list[dict[str, Any]]:
                 "known": fields.get(name) is not None,
                 "display": display_value(spec, fields.get(name), language),
                 "evidence": evidence.get(name, ""),
+                "type": spec["type"],
+                # What a correction may choose (enum values, yes/no); None: typed in.
+                "choices": correction_choices(spec, language),
+                "raw": fields.get(name),
             }
         )
     return rows
 
 
-def action_rows(session: Session) -> list[dict[str, Any]]:
+def correction_choices(spec: dict[str, Any], language: str) -> list[tuple[str, str]] | None:
+    if spec["type"] == "bool":
+        return [
+            ("true", display_value(spec, True, language)),
+            ("false", display_value(spec, False, language)),
+        ]
+    if spec["type"] == "enum":
+        return [(key, display_value(spec, key, language)) for key in (spec.get("values") or {})]
+    return None
+
+
+def action_rows(session: Session, board: Board | None = None) -> list[dict[str, Any]]:
+    """The session's actions; with `board`, each open one with its plain words and its
+    consequence on the airport as it is now (diagnosis.consequences)."""
     calls = (
         ToolCall.objects.filter(session=session, is_action=True)
         .select_related("decided_by")
         .order_by("position", "id")
     )
     approvals = {a.tool_call_id: a for a in _approvals_of(session)}
-    return [{"call": c, "decision": decision_of(c), "approval": approvals.get(c.pk)} for c in calls]
+    return [
+        {
+            "call": c,
+            "decision": decision_of(c),
+            "approval": approvals.get(c.pk),
+            "consequence": board.consequence(c.tool_name, c.request_payload) if board else None,
+        }
+        for c in calls
+    ]
 
 
 def _approvals_of(session: Session) -> list[Any]:
     # The approvals app owns Approval; diagnosis reads it through the reverse relation
     # name only, so it never imports that app.
-    return list(session.approvals.select_related("first_approved_by", "approver").all())
+    return list(
+        session.approvals.select_related("first_approved_by", "approver", "tool_call").all()
+    )
 
 
 def impact_map(
@@ -211,6 +239,23 @@ def airport_board(
     }
 
 
+def airport_board_context(roles: frozenset[str]) -> dict[str, Any]:
+    """The board page for a role set (the page and the live consumer render the same)."""
+    graph = load_active_graph()
+    active = list(Restriction.objects.filter(lifted_at__isnull=True).select_related("session"))
+    lifted = (
+        Restriction.objects.filter(lifted_at__isnull=False)
+        .select_related("session", "lifted_by")
+        .order_by("-lifted_at")[:20]
+    )
+    return {
+        "board": airport_board(graph, active, pending_lifts()),
+        "map": impact_map(graph, None, active),
+        "recently_lifted": lifted,
+        "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
+    }
+
+
 def pending_lifts() -> dict[int, dict[str, Any]]:
     """Lift requests waiting for an approver, by restriction id."""
     calls = ToolCall.objects.filter(tool_name=LIFT_TOOL, status=ToolCallStatus.AWAITING_APPROVAL)
@@ -239,7 +284,7 @@ def session_context(
         "enrichment": snapshot.get("enrichment"),
         "fsm": snapshot.get("fsm", "INIT"),
         "map": impact_map(graph, snapshot.get("impact"), restrictions),
-        "actions": action_rows(session),
+        "actions": action_rows(session, Board(graph, restrictions)),
         "report": report,
         "report_html": markdown_to_html(report.markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import threading
+import uuid
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -98,3 +99,17 @@ def group_send(group: str, message: dict[str, Any]) -> None:
 
 def notify_session(session_id: Any, seq: int) -> None:
     group_send(session_group(session_id), {"type": "session.notice", "seq": seq})
+
+
+# The airport board and the to-dos page: "the restrictions or to-dos changed" (ADR-129).
+AIRPORT_GROUP = "airport-board"
+
+
+def notify_board() -> None:
+    """Tell every open board and to-dos page to re-read, after commit. Call inside the
+    transaction that changed a restriction or a to-do."""
+    from django.db import transaction
+
+    transaction.on_commit(
+        lambda: group_send(AIRPORT_GROUP, {"type": "board.notice", "stamp": uuid.uuid4().hex})
+    )

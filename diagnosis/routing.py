@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from django.urls import path
 
-from diagnosis.consumers import SessionConsumer
+from diagnosis.consumers import PageNoticeConsumer, SessionConsumer
 
 websocket_urlpatterns = [
     path("ws/sessions/<uuid:session_id>/", SessionConsumer.as_asgi()),
+    path("ws/airport/", PageNoticeConsumer.as_asgi()),
 ]

@@ -7,6 +7,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -19,11 +20,12 @@ from aero.roles import (
     VIEW_SESSIONS,
     has_role,
     role_required,
+    user_roles,
 )
-from diagnosis import actions, presenters
+from diagnosis import actions, presenters, suggest
 from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
 from diagnosis.models import Report, Restriction, Session, SessionStatus
-from scenarios_admin.airport import load_active_graph
+from scenarios_admin.models import Scenario
 
 
 def get_session_for_user(request: HtmxHttpRequest, session_id: UUID) -> Session:
@@ -58,27 +60,53 @@ def session_list(request: HtmxHttpRequest) -> HttpResponse:
 @require_POST
 @role_required(RUN_SESSIONS)
 def session_create(request: HtmxHttpRequest) -> HttpResponse:
+    """Open a session. With no scenario chosen, or one the message fits worse than
+    another, the form comes back with AERO's suggestion and the text kept (ADR-125)."""
     form = NewSessionForm(request.POST)
+    fit = None
     if form.is_valid():
-        try:
-            session = actions.do_create_session(
-                request.user, form.cleaned_data["scenario"], form.cleaned_data["message"]
-            )
-        except actions.ActionError as exc:
-            form.add_error(None, str(exc))
+        chosen, text = form.cleaned_data["scenario"], form.cleaned_data["message"]
+        if chosen is None:
+            fit = suggest.suggestion(text)
+            form = _with_scenario(form, fit.scenario if fit else None)
+            form.add_error("scenario", _choose_message(fit))
+        elif not form.cleaned_data["keep_scenario"] and (fit := suggest.better_fit(chosen, text)):
+            form = _with_scenario(form, chosen)
         else:
-            return redirect("diagnosis:session-detail", session_id=session.pk)
+            try:
+                session = actions.do_create_session(request.user, chosen, text)
+            except actions.ActionError as exc:
+                form.add_error(None, str(exc))
+            else:
+                return redirect("diagnosis:session-detail", session_id=session.pk)
     return render(
         request,
         "diagnosis/session_list.html",
         {
             **presenters.session_page("", ""),
             "form": form,
+            "fit": fit,
             "status": "",
             "status_choices": SessionStatus.choices,
         },
         status=400,
     )
+
+
+def _with_scenario(form: NewSessionForm, scenario: Any) -> NewSessionForm:
+    """The same form, its text kept, the scenario select set (a bound form shows its data)."""
+    data = {key: form.data.get(key, "") for key in ("message",)}
+    data["scenario"] = str(scenario.pk) if scenario else ""
+    data["keep_scenario"] = ""
+    return NewSessionForm(data)
+
+
+def _choose_message(fit: suggest.Fit | None) -> str:
+    if fit is None:
+        return gettext("Choose a scenario: the message does not clearly match one.")
+    return gettext("Choose a scenario. Suggested from the message: %(name)s.") % {
+        "name": fit.scenario.name_zh
+    }
 
 
 @require_GET
@@ -117,6 +145,56 @@ def session_cancel(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     except actions.ActionError as exc:
         error = str(exc)
     return _back(request, session, error)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def session_update(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """A free-text update from the operator onto the timeline."""
+    session = get_session_for_user(request, session_id)
+    try:
+        actions.do_add_update(session.pk, request.user, request.POST.get("text", ""))
+    except actions.ActionError as exc:
+        messages.error(request, str(exc))
+    return redirect("diagnosis:session-detail", session_id=session.pk)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def session_correct(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """Correct one extracted fact; the agent applies it and re-runs the rules."""
+    session = get_session_for_user(request, session_id)
+    try:
+        actions.do_correct_fact(
+            session.pk, request.user, request.POST.get("field", ""), request.POST.get("value", "")
+        )
+    except actions.ActionError as exc:
+        messages.error(request, str(exc))
+    return redirect("diagnosis:session-detail", session_id=session.pk)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def session_switch(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """Reopen the incident under the scenario the message fits better (text carried over)."""
+    session = get_session_for_user(request, session_id)
+    scenario = Scenario.objects.filter(
+        slug=request.POST.get("scenario", ""), is_active=True
+    ).first()
+    if scenario is None:
+        messages.error(request, gettext("Choose a scenario to switch to."))
+        return redirect("diagnosis:session-detail", session_id=session.pk)
+    try:
+        new = actions.do_switch_scenario(session.pk, request.user, scenario)
+    except actions.ActionError as exc:
+        messages.error(request, str(exc))
+        return redirect("diagnosis:session-detail", session_id=session.pk)
+    messages.success(
+        request,
+        gettext("Reopened as %(name)s with the same message; the earlier session was closed.")
+        % {"name": scenario.name_zh},
+    )
+    return redirect("diagnosis:session-detail", session_id=new.pk)
 
 
 @require_POST
@@ -245,24 +323,8 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
 @require_GET
 @role_required(VIEW_SESSIONS)
 def airport_board(request: HtmxHttpRequest) -> HttpResponse:
-    graph = load_active_graph()
-    active = list(Restriction.objects.filter(lifted_at__isnull=True).select_related("session"))
-    lifted = (
-        Restriction.objects.filter(lifted_at__isnull=False)
-        .select_related("session", "lifted_by")
-        .order_by("-lifted_at")[:20]
-    )
-    return render(
-        request,
-        "diagnosis/airport_board.html",
-        {
-            "board": presenters.airport_board(graph, active, presenters.pending_lifts()),
-            "map": presenters.impact_map(graph, None, active),
-            "recently_lifted": lifted,
-            "form": LiftForm(),
-            "can_manage_airport": has_role(request.user, MANAGE_AIRPORT),
-        },
-    )
+    context = presenters.airport_board_context(user_roles(request.user))
+    return render(request, "diagnosis/airport_board.html", {**context, "form": LiftForm()})
 
 
 @require_POST

@@ -67,6 +67,7 @@ from scenarios_admin.yamlio import dump_definition
 
 class FieldInline(admin.StackedInline[ScenarioField, Scenario]):
     model = ScenarioField
+    classes = ["collapse"]
     form = ScenarioFieldForm
     formset = CheckedInlineFormSet
     extra = 0
@@ -118,6 +119,7 @@ class RuleInline(admin.TabularInline[RiskRule, Scenario]):
 
 class RadiusInline(admin.TabularInline[SpreadRadius, Scenario]):
     model = SpreadRadius
+    classes = ["collapse"]
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["key_value", "level", "hops"]
@@ -135,6 +137,7 @@ class ActionInline(admin.TabularInline[ScenarioAction, Scenario]):
 
 class ExampleInline(admin.TabularInline[ScenarioExample, Scenario]):
     model = ScenarioExample
+    classes = ["collapse"]
     form = ScenarioExampleForm
     formset = CheckedInlineFormSet
     extra = 0
@@ -144,6 +147,7 @@ class ExampleInline(admin.TabularInline[ScenarioExample, Scenario]):
 
 class ScenarioVersionInline(admin.TabularInline[ScenarioVersion, Scenario]):
     model = ScenarioVersion
+    classes = ["collapse"]
     fields = ("number", "published_at", "published_by", "note", "links")
     readonly_fields = fields
     extra = 0
@@ -201,12 +205,14 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
     list_filter = ["kind", "is_active"]
     search_fields = ["slug", "name_en", "name_zh"]
     actions = ["export_yaml"]
+    # Most edited first (synonyms, rules, actions), the rest folded (ADR-135); the page
+    # was ~9,200 px tall with everything open. A section with errors opens by itself.
     inlines = [
-        FieldInline,
         ValueInline,
         RuleInline,
-        RadiusInline,
         ActionInline,
+        FieldInline,
+        RadiusInline,
         ExampleInline,
         ScenarioVersionInline,
     ]
@@ -217,13 +223,17 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         (
             "Compliance state machine",
             {
+                "classes": ["collapse"],
                 "description": "The six states a session passes through, in order. The "
                 "agent may only assess risk once all P1 fields are known, propose actions "
                 "after the impact analysis, and report once every action is decided.",
                 "fields": [("state_1", "state_2", "state_3"), ("state_4", "state_5", "state_6")],
             },
         ),
-        ("Report template", {"fields": ["report_template_zh", "report_template_en"]}),
+        (
+            "Report template",
+            {"classes": ["collapse"], "fields": ["report_template_zh", "report_template_en"]},
+        ),
     ]
 
     @admin.display(description="Published")

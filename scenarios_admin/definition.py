@@ -44,6 +44,23 @@ ACTION_TOOLS: dict[str, tuple[str, ...]] = {
     "tow_aircraft": ("flight_no", "position"),
 }
 
+# Actions whose effect is a restriction on the airport board: tool -> (restriction kind,
+# the argument naming its target). The board, the to-dos and the consequence texts read it.
+RESTRICTING_TOOLS: dict[str, tuple[str, str]] = {
+    "suspend_stand_operations": ("stand", "stand"),
+    "close_taxiway": ("taxiway", "taxiway"),
+    "close_runway": ("runway", "runway"),
+}
+
+
+def restriction_of(tool: str, args: dict[str, Any]) -> tuple[str, str] | None:
+    """(kind, target) of the restriction this action puts in force, if it puts one."""
+    spec = RESTRICTING_TOOLS.get(tool)
+    if spec is None or args.get(spec[1]) in (None, ""):
+        return None
+    return spec[0], str(args[spec[1]])
+
+
 # The lowest risk class each action may run with, whatever a scenario says: scenario
 # data may raise a class (more approval), never lower it. Validation and publish refuse a
 # lower class and the runtime raises it again (for versions published before a floor).

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # System packages the project needs: GNU gettext's msgfmt (compiles the translations,
-# locale/*/django.po, at `make install`) and Debian's Prometheus Alertmanager (+ amtool)
-# for the alerts-in test. Idempotent: nothing happens when they are installed. Installs
-# only when allowed (root, apt-get present); otherwise says how.
+# locale/*/django.po, at `make install`), Debian's Prometheus Alertmanager (+ amtool) for
+# the alerts-in test, and CJK fonts (fonts-noto-cjk) so the browser tests' screenshots of
+# Chinese pages are readable instead of boxes. Idempotent: nothing happens when they are
+# installed. Installs only when allowed (root, apt-get present); otherwise says how.
 set -euo pipefail
 missing=()
 command -v msgfmt >/dev/null 2>&1 || missing+=(gettext)
 if ! command -v prometheus-alertmanager >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1; then
   missing+=(prometheus-alertmanager)
+fi
+if ! fc-list 2>/dev/null | grep -qi "Noto Sans CJK"; then
+  missing+=(fonts-noto-cjk)
 fi
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

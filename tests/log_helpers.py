@@ -6,7 +6,7 @@ from typing import Any
 
 from approvals.models import Approval
 from diagnosis.fold import FoldState, fold_events
-from diagnosis.models import Event, Outbox, Report, Session, ToolCall
+from diagnosis.models import Event, Outbox, Report, Restriction, Session, ToolCall
 
 
 def fold_of(session: Session) -> FoldState:
@@ -133,6 +133,17 @@ def assert_projections_match(session: Session) -> FoldState:
         for call_id, o in state.outbox.items()
     }
     assert folded_outbox == table_outbox
+
+    # The restrictions this session put in force (by an executed action, or by hand when
+    # its timed-out to-do was done), and which of them were lifted.
+    table_restrictions = sorted(
+        (r.kind, r.target, r.tool_call.call_id, r.lifted_at is not None)
+        for r in Restriction.objects.filter(session=session).select_related("tool_call")
+    )
+    folded_restrictions = sorted(
+        (r.kind, r.target, r.call_id, r.lifted_seq is not None) for r in state.restrictions
+    )
+    assert folded_restrictions == table_restrictions
 
     report = Report.objects.filter(session=session).first()
     if report is None:

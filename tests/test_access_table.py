@@ -58,6 +58,9 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "diagnosis:session-answer": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-cancel": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-retry": ("POST", row(LOGIN, 302, 403, 403, 302)),
+    "diagnosis:session-switch": ("POST", row(LOGIN, 302, 403, 403, 302)),  # no scenario
+    "diagnosis:session-update": ("POST", row(LOGIN, 302, 403, 403, 302)),  # empty: message
+    "diagnosis:session-correct": ("POST", row(LOGIN, 302, 403, 403, 302)),  # empty: message
     "diagnosis:session-events": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-report": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-delete": ("GET", row(LOGIN, 403, 403, 403, 200)),
@@ -65,7 +68,9 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "diagnosis:restriction-lift": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "approvals:queue": ("GET", row(LOGIN, 403, 200, 403, 200)),
     "approvals:decide": ("POST", row(LOGIN, 403, 302, 403, 302)),
-    "approvals:todo-list": ("GET", row(LOGIN, 200, 403, 403, 200)),
+    "approvals:edit-args": ("POST", row(LOGIN, 403, 302, 403, 302)),  # empty: refused
+    "approvals:bulk-decide": ("POST", row(LOGIN, 403, 302, 403, 302)),  # empty: refused
+    "approvals:todo-list": ("GET", row(LOGIN, 200, 200, 403, 200)),  # approvers read
     "approvals:todo-resolve": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "replay:history": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "replay:replay-step": ("GET", row(LOGIN, 200, 200, 200, 200)),
@@ -201,6 +206,8 @@ def token_route(route: str) -> bool:
 WEBSOCKETS = {
     "ws/sessions/<uuid:session_id>/": row(False, True, True, True, True),
     "ws/approvals/": row(False, False, True, False, True),
+    "ws/airport/": row(False, True, True, True, True),
+    "ws/todos/": row(False, True, True, False, True),
 }
 
 
@@ -516,6 +523,8 @@ def test_the_websocket_routes(world: dict[str, Any], asgi_server: str) -> None:
     paths = {
         "ws/sessions/<uuid:session_id>/": f"/ws/sessions/{world['session'].pk}/",
         "ws/approvals/": "/ws/approvals/",
+        "ws/airport/": "/ws/airport/",
+        "ws/todos/": "/ws/todos/",
     }
     got = {
         route: {p: accepted(asgi_server, paths[route], world["people"][p]) for p in PERSONAS}

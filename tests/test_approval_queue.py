@@ -29,17 +29,25 @@ def tools_in(html: str) -> list[str]:
     return re.findall(r'data-tool="([a-z_]+)" data-risk="R\d"', html)
 
 
-def test_queue_lists_every_open_approval_highest_risk_first(
+def test_queue_lists_every_open_approval_by_incident_nearest_deadline_first(
     builtin: None, make_user: Callable[..., User]
 ) -> None:
     olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
-    waiting_session(olga, STAND_FUEL_LEAK)
+    stand_session = waiting_session(olga, STAND_FUEL_LEAK)
     runway_session = waiting_session(olga, TAXIWAY_FUEL_LEAK)
     page = signed_in(abel).get("/approvals/")
     assert page.status_code == 200
     html = page.content.decode()
     risks = re.findall(r'data-risk="(R\d)"', html)
-    assert risks == sorted(risks, reverse=True) and risks[0] == "R3"
+    # Grouped by incident: the runway incident (an R3, the nearest deadline) leads; each
+    # incident's title appears once, its actions highest risk first.
+    incidents = re.findall(r'id="incident-([0-9a-f-]+)"', html)
+    assert incidents == [str(runway_session.pk), str(stand_session.pk)]
+    assert html.count(f">{stand_session.title}</a></h2>") == 1
+    for block in html.split('data-testid="incident"')[1:]:
+        in_block = re.findall(r'data-risk="(R\d)"', block)
+        assert in_block == sorted(in_block, reverse=True)
+    assert risks[0] == "R3"
     assert len(risks) == Approval.objects.open().count()
     runway = approval(runway_session, "close_runway", runway="06/24")
     item = html[html.index(f'id="approval-{runway.pk}"') :]

@@ -55,15 +55,17 @@ def test_the_queue_pages_through_every_open_approval_once(
     assert len(expected) > 5
     pages = walk(signed_in(abel), "/approvals/", re.compile(r'id="approval-(\d+)"'))
     assert all(len(page) == 2 for page in pages[:-1])
-    assert [int(pk) for page in pages for pk in page] == expected
+    # Each page holds the next approvals in keyset order; within a page they are shown
+    # grouped by incident (ADR-126), so compare each page as a set.
+    size = 2
+    assert [sorted(int(pk) for pk in page) for page in pages] == [
+        sorted(expected[i : i + size]) for i in range(0, len(expected), size)
+    ]
     first = signed_in(abel).get("/approvals/").content.decode()
     assert f'data-open="{len(expected)}"' in first
     # A cursor that is not an approval id shows the first page, not an error.
     assert (
-        signed_in(abel)
-        .get("/approvals/?after=nope")
-        .content.decode()
-        .count('class="card queue-item"')
+        signed_in(abel).get("/approvals/?after=nope").content.decode().count('class="queue-item"')
         == 2
     )
 

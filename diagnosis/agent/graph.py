@@ -187,8 +187,23 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     pending = dict(state.get("unconfirmed") or {})
     changed: dict[str, Any] = {}
     unconfirmed: dict[str, Any] = {}
+    # The field whose pending value the operator is answering about: a yes settles it.
+    confirming = asked if asked in pending else None
+    only_corrections = False
     for message in messages:
         text = message.payload.get("text", "")
+        correction = message.payload.get("correction")
+        if correction and correction.get("field") in definition["fields"]:
+            # The operator corrected a fact: taken as said, no extraction, no question.
+            name = correction["field"]
+            fields[name] = correction["value"]
+            evidence[name] = f"corrected by {message.payload.get('author', 'the operator')}"
+            changed[name] = correction["value"]
+            pending.pop(name, None)
+            consumed = message.seq
+            only_corrections = True
+            continue
+        only_corrections = False
 
         def extract(provider: Provider, text: str = text) -> tuple[dict[str, Extraction], Usage]:
             return provider.extract(definition, text, ctx.graph, asked)
@@ -197,7 +212,23 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             ctx.providers, "extract", extract, _recorder(ctx, run), _fallback_recorder(ctx, run)
         )
         for name, extraction in grounding.settle(definition, found, pending, asked, text):
-            if extraction.confirmed:
+            known = fields.get(name)
+            if (
+                extraction.confirmed
+                and name != confirming
+                and known is not None
+                and evidence.get(name) != "default"
+                and extraction.value != known
+            ):
+                # Another value for a known field (a second tab, a slip): the operator
+                # confirms the change first; nothing is taken or dropped unseen.
+                pending[name] = {
+                    "value": extraction.value,
+                    "evidence": extraction.evidence,
+                    "replaces": known,
+                }
+                unconfirmed[name] = pending[name]
+            elif extraction.confirmed:
                 fields[name] = extraction.value
                 evidence[name] = extraction.evidence
                 changed[name] = extraction.value
@@ -236,6 +267,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         "consumed_seq": consumed,
         "question": None,
         "unconfirmed": pending,
+        "only_corrections": only_corrections,
         "_summary": summary,
     }
 
@@ -336,6 +368,9 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     """The deterministic planner: the next step from what is known. Always compliant."""
     definition = ctx.definition
     fields = state.get("fields") or {}
+    conflicts = [n for n, p in (state.get("unconfirmed") or {}).items() if "replaces" in p]
+    if conflicts:  # a changed value waits for the operator's yes or no first
+        return {"step": "ask", "field": conflicts[0]}
     missing = policy.missing_p1(definition, fields)
     if missing:
         return {"step": "ask", "field": missing[0]}
@@ -431,9 +466,13 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
         lang = state.get("language", "en")
         text = spec["ask"][lang]
         candidate = (state.get("unconfirmed") or {}).get(field)
-        if candidate is not None:
+        if candidate is not None and "replaces" in candidate:
+            text = prompts.conflict(
+                spec, candidate["value"], candidate["replaces"], candidate["evidence"], lang
+            )
+        elif candidate is not None:
             text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
-        elif field in asked:
+        elif field in asked and not state.get("only_corrections"):
             text = _retry_hint(spec, lang) + text
         asked.append(field)
         question = {"field": field, "text": text, "key": f"q{len(asked)}"}

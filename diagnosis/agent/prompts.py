@@ -72,6 +72,19 @@ CONFIRM_NO_EVIDENCE = {
     "zh": ("请确认：{label}是否为“{value}”？您尚未明确说明。请回答“是”或“否”，或直接说明{label}。"),
 }
 
+# Put to the operator when a later message states another value for a field already known
+# (say from a second tab): shown and confirmed, never silently taken or dropped (ADR-130).
+CONFLICT = {
+    "en": (
+        'You now said {label_lower} "{value}" ("{evidence}"), but it was "{old}". '
+        'Change it to "{value}"? Answer yes to change it, no to keep "{old}".'
+    ),
+    "zh": (
+        "您刚才说{label}为“{value}”（“{evidence}”），但之前为“{old}”。"
+        "是否改为“{value}”？回答“是”则修改，回答“否”则保留“{old}”。"
+    ),
+}
+
 
 def language(lang: str) -> str:
     return lang if lang in LANGUAGES else "en"
@@ -113,3 +126,15 @@ def confirmation(spec: dict[str, Any], value: Any, evidence: str, lang: str) -> 
     shown = value_label(spec, value, lang)
     template = CONFIRM[lang] if evidence else CONFIRM_NO_EVIDENCE[lang]
     return template.format(label=label, label_lower=label.lower(), value=shown, evidence=evidence)
+
+
+def conflict(spec: dict[str, Any], value: Any, old: Any, evidence: str, lang: str) -> str:
+    lang = language(lang)
+    label = spec["label"][lang]
+    return CONFLICT[lang].format(
+        label=label,
+        label_lower=label.lower(),
+        value=value_label(spec, value, lang),
+        old=value_label(spec, old, lang),
+        evidence=evidence,
+    )

@@ -17,6 +17,8 @@ class AgentState(TypedDict, total=False):
     unconfirmed: dict[str, dict[str, Any]]  # field -> {value, evidence} awaiting confirmation
     asked: list[str]  # fields asked about, in order (a field may repeat)
     question: dict[str, Any] | None
+    # The last messages only corrected facts: the next question is no "not recognised".
+    only_corrections: bool
     enrichment: dict[str, Any] | None
     risk: dict[str, Any] | None
     impact: dict[str, Any] | None

@@ -20,6 +20,7 @@ from diagnosis.events import append_event
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import AgentRun, Outbox, OutboxStatus, Restriction, ToolCall, ToolCallStatus
 from diagnosis.outbox import enqueue_effect, execute_after_commit, prepare
+from diagnosis.push import notify_board
 from scenarios_admin.airport import AirportGraph, natural_sorted
 from scenarios_admin.definition import ACTION_TOOLS
 from scenarios_admin.models import Flight, Topology
@@ -287,6 +288,7 @@ def action_result(ctx: ToolContext, tool_call: ToolCall, remote: dict[str, Any])
         Restriction.objects.create(
             kind=kind, target=target, session_id=ctx.session_id, tool_call=tool_call
         )
+        notify_board()  # after the commit that puts it in force
         label = dict(Restriction.Kind.choices)[kind]
         return {
             "summary": f"{label}: {target}",

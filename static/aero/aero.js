@@ -52,6 +52,23 @@
       el.form.submit();
     }
   });
+  // A pushed fragment is rendered once for every viewer, so its plain forms carry no
+  // CSRF token of their own: take the page's (set once on <body hx-headers>).
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!(form instanceof HTMLFormElement) || (form.method || "").toLowerCase() !== "post") { return; }
+    if (form.querySelector("input[name=csrfmiddlewaretoken]")) { return; }
+    try {
+      var token = JSON.parse(document.body.getAttribute("hx-headers") || "{}")["X-CSRFToken"];
+      if (token) {
+        var input = document.createElement("input");
+        input.type = "hidden";
+        input.name = "csrfmiddlewaretoken";
+        input.value = token;
+        form.appendChild(input);
+      }
+    } catch (e) { /* no token on the page: the server refuses the post, as it should */ }
+  }, true);
   document.addEventListener("submit", function (event) {
     var form = event.target;
     if (form instanceof HTMLFormElement && form.hasAttribute("data-confirm") &&
@@ -60,21 +77,117 @@
     }
   });
 
-  // Deadlines count down in place; the server-rendered text stands without JS.
+  // Deadlines count down in place, in seconds near the end and red in the last minute;
+  // the server-rendered text (translated, in the data attributes) stands without JS.
   function tickDeadlines() {
     var now = Date.now();
     document.querySelectorAll("[data-deadline]").forEach(function (el) {
       var deadline = Date.parse(el.getAttribute("data-deadline"));
       if (isNaN(deadline)) { return; }
-      var minutes = Math.max(0, Math.round((deadline - now) / 60000));
-      // The words come from the page (data-left / data-passed, translated there); "{minutes}"
-      // stands for the minutes.
-      var left = el.getAttribute("data-left") || "times out in {minutes} min";
-      var passed = el.getAttribute("data-passed") || "deadline passed: becoming a manual to-do";
-      el.textContent = minutes > 0 ? left.replace("{minutes}", minutes) : passed;
+      var seconds = Math.max(0, Math.floor((deadline - now) / 1000));
+      // The words come from the page (translated there): data-text-min / data-text-sec /
+      // data-text-over with "{n}" for the number (approvals/_deadline.html); an element
+      // with the older data-left / data-passed ("{minutes}") still counts in minutes.
+      var text;
+      if (!el.hasAttribute("data-text-min") && el.hasAttribute("data-left")) {
+        var minutes = Math.max(0, Math.round((deadline - now) / 60000));
+        text = minutes > 0 ? el.getAttribute("data-left").replace("{minutes}", String(minutes))
+                           : (el.getAttribute("data-passed") || "");
+      } else if (seconds > 120) {
+        text = (el.getAttribute("data-text-min") || "{n} min").replace("{n}", String(Math.ceil(seconds / 60)));
+      } else if (seconds > 0) {
+        text = (el.getAttribute("data-text-sec") || "{n} s").replace("{n}", String(seconds));
+      } else {
+        text = el.getAttribute("data-text-over") || "";
+      }
+      el.textContent = text;
+      el.classList.toggle("deadline-urgent", seconds <= 60);
     });
   }
-  setInterval(tickDeadlines, 30000);
+  setInterval(tickDeadlines, 1000);
+
+  // The open count of a pushed queue goes into the nav badge and the tab title.
+  function showPendingCount() {
+    var queue = document.getElementById("approval-queue");
+    if (!queue || !queue.hasAttribute("data-open")) { return; }
+    var count = parseInt(queue.getAttribute("data-open"), 10) || 0;
+    var title = document.title.replace(/^\(\d+\) /, "");
+    document.title = count > 0 ? "(" + count + ") " + title : title;
+    var badge = document.querySelector("[data-testid=pending-count]");
+    if (badge) { badge.textContent = String(count); badge.hidden = count === 0; }
+  }
+
+  // Optional: a browser notification and a short tone for each new R2/R3 request. Off
+  // until the approver asks (the browser asks for permission then); remembered locally.
+  var seenRisky = null;
+  function riskyIds() {
+    var ids = {};
+    document.querySelectorAll("#approval-queue article[data-risk=R2], #approval-queue article[data-risk=R3]").forEach(function (el) {
+      ids[el.getAttribute("data-approval")] = el;
+    });
+    return ids;
+  }
+  function notifyNewRisky() {
+    var current = riskyIds();
+    var previous = seenRisky;
+    seenRisky = current;
+    if (previous === null || window.localStorage.getItem("aero-notify") !== "on") { return; }
+    var fresh = Object.keys(current).filter(function (id) { return !(id in previous); });
+    if (!fresh.length) { return; }
+    if (window.Notification && Notification.permission === "granted") {
+      fresh.forEach(function (id) {
+        var el = current[id];
+        new Notification(el.getAttribute("data-risk") + " · " + el.getAttribute("data-tool"), {tag: "aero-" + id});
+      });
+    }
+    beep();
+  }
+  function beep() {
+    var Context = window.AudioContext || window.webkitAudioContext;
+    if (!Context) { return; }
+    try {
+      var context = new Context();
+      var tone = context.createOscillator();
+      var gain = context.createGain();
+      tone.frequency.value = 880;
+      gain.gain.value = 0.1;
+      tone.connect(gain);
+      gain.connect(context.destination);
+      tone.start();
+      tone.stop(context.currentTime + 0.25);
+    } catch (e) { /* no audio device: the notification is enough */ }
+  }
+  function setUpNotifyToggle() {
+    var toggle = document.querySelector("[data-notify-toggle]");
+    if (!toggle) { return; }
+    toggle.hidden = false;
+    var button = toggle.querySelector("[data-notify-enable]");
+    var on = toggle.querySelector("[data-notify-on]");
+    function show() {
+      var enabled = window.localStorage.getItem("aero-notify") === "on";
+      button.hidden = enabled;
+      on.hidden = !enabled;
+    }
+    button.addEventListener("click", function () {
+      window.localStorage.setItem("aero-notify", "on");
+      if (window.Notification && Notification.permission === "default") { Notification.requestPermission(); }
+      show();
+    });
+    show();
+  }
+
+  function afterSwap() {
+    tickDeadlines();
+    showPendingCount();
+    notifyNewRisky();
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    seenRisky = riskyIds();
+    setUpNotifyToggle();
+    tickDeadlines();
+  });
+  document.addEventListener("htmx:afterSettle", afterSwap);
+  document.addEventListener("htmx:wsAfterMessage", afterSwap);
 
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", install);

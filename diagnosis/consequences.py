@@ -1,0 +1,137 @@
+"""What a proposed action means, in plain words, with its consequence on the airport as
+it is now (ADR-132): the airport graph plus the restrictions in force.
+
+"Close taxiway A — 2 flights lose their way to a runway"; "Close runway 06/24 — no
+runway is open afterwards; 5 flights held"; or "already in force (closed by session X)".
+Deterministic, no LLM; computed when shown, so it always reflects the current board.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.translation import gettext, ngettext
+
+from diagnosis.models import Restriction
+from scenarios_admin.airport import AirportGraph
+from scenarios_admin.definition import restriction_of
+
+
+@dataclass(frozen=True)
+class Consequence:
+    plain: str
+    consequence: str
+    warn: bool  # leaves no runway open, or cuts flights off
+    in_force: Restriction | None  # the same restriction already on the board
+
+
+def _translated(tool: str) -> str:
+    """Plain words per action tool; %(...)s are the call's arguments. gettext on each
+    literal, so makemessages finds them."""
+    return {
+        "close_runway": gettext("Close runway %(runway)s"),
+        "close_taxiway": gettext("Close taxiway %(taxiway)s"),
+        "suspend_stand_operations": gettext("Suspend operations at stand %(stand)s"),
+        "dispatch_cleanup_crew": gettext("Send the cleanup crew to %(position)s"),
+        "request_fire_standby": gettext("Fire and rescue on standby at %(position)s"),
+        "fod_sweep": gettext("FOD sweep at %(position)s"),
+        "runway_inspection": gettext("Inspect runway %(runway)s"),
+        "tow_aircraft": gettext("Tow %(flight_no)s away from %(position)s"),
+        "notify_atc": gettext("Notify ATC"),
+        "lift_restriction": gettext("Lift the closure of %(kind)s %(target)s"),
+    }.get(tool, tool)
+
+
+def plain_words(tool: str, args: dict[str, Any]) -> str:
+    template = _translated(tool)
+    try:
+        return template % {k: v for k, v in args.items()}
+    except (KeyError, TypeError, ValueError):
+        return template.split(" %")[0] if "%" in template else template
+
+
+class Board:
+    """The airport with the restrictions in force: what is closed, what can still reach
+    an open runway."""
+
+    def __init__(self, graph: AirportGraph, active: list[Restriction]) -> None:
+        self.graph = graph
+        self.active = active
+        self.closed = {(r.kind, r.target) for r in active}
+
+    def _blocked(self, closed: set[tuple[str, str]]) -> set[str]:
+        return {
+            node.node_id
+            for node in self.graph.nodes.values()
+            if ("taxiway", node.taxiway) in closed
+            or ("runway", node.runway) in closed
+            or ("stand", node.node_id) in closed
+        }
+
+    def open_runways(self, closed: set[tuple[str, str]]) -> list[str]:
+        return sorted(r for r in self.graph.runways if ("runway", r) not in closed)
+
+    def stands_cut_off(self, closed: set[tuple[str, str]]) -> set[str]:
+        """Stands from which no path over open nodes reaches an open runway."""
+        blocked = self._blocked(closed)
+        open_runways = set(self.open_runways(closed))
+        goals = {
+            n.node_id
+            for n in self.graph.nodes.values()
+            if n.kind == "runway" and n.runway in open_runways and n.node_id not in blocked
+        }
+        reached = set(goals)
+        queue = deque(goals)
+        while queue:
+            current = queue.popleft()
+            for neighbour in self.graph.adjacency.get(current, ()):
+                if neighbour not in reached and neighbour not in blocked:
+                    reached.add(neighbour)
+                    queue.append(neighbour)
+        stands = {n.node_id for n in self.graph.nodes.values() if n.kind == "stand"}
+        return stands - reached
+
+    def in_force(self, kind: str, target: str) -> Restriction | None:
+        return next((r for r in self.active if (r.kind, r.target) == (kind, target)), None)
+
+    def consequence(self, tool: str, args: dict[str, Any]) -> Consequence:
+        plain = plain_words(tool, args)
+        effect = restriction_of(tool, args)
+        if effect is None:
+            return Consequence(plain, "", False, None)
+        existing = self.in_force(*effect)
+        if existing is not None:
+            return Consequence(plain, gettext("already in force"), False, existing)
+        after = self.closed | {effect}
+        runways_left = self.open_runways(after)
+        newly_cut = self.stands_cut_off(after) - self.stands_cut_off(self.closed)
+        if effect[0] == "stand":
+            newly_cut |= {effect[1]}
+        flights = self.graph.flights_at(sorted(newly_cut))
+        parts = []
+        warn = False
+        if effect[0] == "runway" or not runways_left:
+            if runways_left:
+                parts.append(
+                    gettext("runways still open: %(runways)s")
+                    % {"runways": ", ".join(runways_left)}
+                )
+            else:
+                parts.append(gettext("afterwards no runway is open"))
+                flights = sorted(f.flight_no for f in self.graph.flights.values())
+                warn = True
+        if flights:
+            warn = True
+            parts.append(
+                ngettext(
+                    "affects %(n)d flight (%(list)s)",
+                    "affects %(n)d flights (%(list)s)",
+                    len(flights),
+                )
+                % {"n": len(flights), "list": ", ".join(flights)}
+            )
+        elif effect[0] != "runway":
+            parts.append(gettext("no flight loses its way to a runway"))
+        return Consequence(plain, "; ".join(parts), warn, None)

@@ -1,0 +1,170 @@
+"""Issue 12 in a real browser (Debian Chromium through Playwright, against daphne): the
+scenario mismatch and the switch, correcting a fact, editing an action's arguments before
+approving, the queue filter surviving a push, the airport board updating live, and a
+400 px wide screen without sideways scrolling."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Browser, Page, expect
+
+from approvals.actions import do_resolve_todo, do_timeout
+from approvals.models import ManualTodo
+from diagnosis.models import Session
+from tests.browser_helpers import ARTIFACTS, sign_in
+from tests.web_helpers import STAND_FUEL_LEAK, approval_for, make_session, waiting_session
+
+pytestmark = [pytest.mark.services, pytest.mark.browser]
+
+TIRE_SMOKE = "MU5678 在跑道06/24起飞滑跑时爆胎，跑道上有轮胎碎片，有烟"
+
+
+def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"cockpit-{name}.png"), full_page=True)
+
+
+def test_a_mismatched_scenario_is_flagged_and_switched_with_the_text(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    page = sign_in(browser, asgi_server, make_user("olga", "operator"))
+
+    page.select_option("#id_scenario", label="Bird strike / 鸟击")
+    page.fill("#id_message", TIRE_SMOKE)
+    page.click("text=Open session")
+    expect(page.get_by_test_id("scenario-suggestion")).to_contain_text("爆胎")
+    expect(page.locator("#id_message")).to_have_value(TIRE_SMOKE)  # nothing lost
+    shot(page, "mismatch")
+    page.get_by_test_id("switch-scenario").click()
+
+    expect(page.locator("h1")).to_contain_text("MU5678")
+    expect(page.locator("td[data-field=fire_or_smoke]")).to_contain_text("起火或冒烟")
+    session = Session.objects.get()
+    assert session.scenario.slug == "tire_burst"
+
+
+def test_correcting_a_fact(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    olga = make_user("olga", "operator")
+    session = make_session(olga, "CA1234 燃油泄漏，发动机运转，持续泄漏")
+    page = sign_in(browser, asgi_server, olga)
+    page.goto(f"{asgi_server}/sessions/{session.pk}/")
+
+    correct = page.get_by_test_id("correct-fluid_type")
+    correct.locator("summary").click()
+    correct.locator("select[name=value]").select_option("HYDRAULIC")
+    correct.locator("button").click()
+
+    expect(page.locator("td[data-field=fluid_type]")).to_contain_text("液压")
+    expect(page.locator("#timeline-list")).to_contain_text("液压油")
+    expect(page.get_by_test_id("question")).not_to_contain_text("未能识别")
+
+
+def test_editing_an_actions_arguments_before_approving(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    session = waiting_session(make_user("olga", "operator"), STAND_FUEL_LEAK)
+    closure = approval_for(session, "close_taxiway", taxiway="A")
+    page = sign_in(browser, asgi_server, make_user("abel", "approver"))
+    page.goto(f"{asgi_server}/approvals/")
+
+    card = page.locator(f"#approval-{closure.pk}")
+    card.get_by_test_id("edit-args").locator("summary").click()
+    card.locator("input[name=arg-taxiway]").fill("C")
+    card.locator("input[name=edit_reason]").fill("A is the stand's only way out")
+    card.locator("form.edit-args-form button").click()
+
+    card = page.locator(f"#approval-{closure.pk}")
+    expect(card).to_contain_text("taxiway=C")
+    expect(card.get_by_test_id("plain-action")).to_have_text("Close taxiway C")
+    card.locator("button[value=approve]").click()
+    expect(page.locator(f"#approval-{closure.pk} button[value=confirm]")).to_be_visible()
+
+
+def test_the_queue_filter_survives_a_push(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    olga = make_user("olga", "operator")
+    waiting_session(olga, STAND_FUEL_LEAK)
+    page = sign_in(browser, asgi_server, make_user("abel", "approver"))
+    page.goto(f"{asgi_server}/approvals/")
+
+    page.select_option("select[name=risk]", "R2")
+    items = page.locator("#approval-queue article.queue-item")
+    expect(items).to_have_count(3)  # suspend stand 105, close taxiways A and B
+    waiting_session(olga, STAND_FUEL_LEAK)  # a push: three more R2 and two R1 are open
+
+    expect(items).to_have_count(6)
+    expect(page.locator("#approval-queue article[data-risk=R1]")).to_have_count(0)
+    expect(page.locator("select[name=risk]")).to_have_value("R2")
+
+
+def test_the_board_updates_live(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    from datetime import timedelta
+    from unittest import mock
+
+    from django.utils import timezone
+
+    olga = make_user("olga", "operator")
+    session = waiting_session(olga, STAND_FUEL_LEAK)
+    closure = approval_for(session, "close_taxiway", taxiway="A")
+    with mock.patch("django.utils.timezone.now", return_value=timezone.now() + timedelta(hours=1)):
+        do_timeout(closure.pk)
+    page = sign_in(browser, asgi_server, olga)
+    page.goto(f"{asgi_server}/airport/")
+    row = page.locator("#board-taxiways tr[data-target=A]")
+    expect(row).to_contain_text("open")
+
+    do_resolve_todo(ManualTodo.objects.get().pk, olga, "closed by phone", in_force=True)
+
+    expect(row).to_contain_text("Taxiway closed")  # pushed, no reload
+
+
+@pytest.mark.parametrize(
+    "path", ["/sessions/", "session", "/approvals/", "/airport/", "/approvals/todos/"]
+)
+def test_a_400px_screen_never_scrolls_sideways(
+    builtin: None,
+    asgi_server: str,
+    browser: Browser,
+    make_user: Callable[..., User],
+    path: str,
+) -> None:
+    olga = make_user("olga", "operator")
+    session = waiting_session(olga, STAND_FUEL_LEAK)
+    page = sign_in(browser, asgi_server, make_user("root", "admin"))
+    page.set_viewport_size({"width": 400, "height": 900})
+    page.goto(asgi_server + (f"/sessions/{session.pk}/" if path == "session" else path))
+
+    width = page.evaluate("document.documentElement.scrollWidth")
+    shot(page, "400px-" + path.strip("/").replace("/", "-"))
+    assert width <= 400, f"{path} is {width} px wide at a 400 px viewport"
+
+
+def test_time_left_counts_down_in_seconds_and_turns_red_in_the_last_minute(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals.models import Approval
+
+    session = waiting_session(make_user("olga", "operator"), STAND_FUEL_LEAK)
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    Approval.objects.filter(pk=crew.pk).update(deadline=timezone.now() + timedelta(seconds=75))
+    page = sign_in(browser, asgi_server, make_user("abel", "approver"))
+    page.goto(f"{asgi_server}/approvals/")
+
+    deadline = page.locator(f"#approval-{crew.pk} .deadline")
+    expect(deadline).to_have_text(re.compile(r"times out in (6\d|7\d) s"))
+    expect(deadline).not_to_have_class(re.compile("deadline-urgent"))
+    expect(deadline).to_have_class(re.compile("deadline-urgent"), timeout=30_000)  # ticking
+    expect(page).to_have_title(re.compile(r"^\(\d+\) "))

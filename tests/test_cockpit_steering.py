@@ -1,0 +1,140 @@
+"""Issue 12, the operator steers: corrects an extracted fact (in the log, applied by the
+agent, the rules run on it), adds a free-text update, closes a session with a summary.
+
+Personas: alice operates, bob approves, carol audits."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import reverse
+
+from diagnosis.models import Event, Report, Session
+from tests.log_helpers import assert_projections_match
+from tests.web_helpers import login, make_session
+
+pytestmark = pytest.mark.services
+
+# The position is missing (the agent asks for it); the fluid was read as fuel.
+FUEL_NO_POSITION = "CA1234 燃油泄漏，发动机运转，持续泄漏"
+
+
+@pytest.fixture
+def asking(builtin: None, alice: User) -> Session:
+    session = make_session(alice, FUEL_NO_POSITION)
+    assert session.snapshot["question"]["field"] == "position"
+    return session
+
+
+def post(user: User, name: str, session: Session, **data: str):  # type: ignore[no-untyped-def]
+    return login(user).post(reverse(f"diagnosis:{name}", args=[session.pk]), data, follow=True)
+
+
+def test_a_corrected_fact_is_logged_applied_and_the_rules_run_on_it(
+    asking: Session, alice: User
+) -> None:
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[asking.pk])).content.decode()
+    assert 'data-testid="correct-fluid_type"' in page
+
+    post(alice, "session-correct", asking, field="fluid_type", value="HYDRAULIC")
+    asking.refresh_from_db()
+    # Asked again for the position, plainly: the correction was no failed answer.
+    assert asking.snapshot["question"]["field"] == "position"
+    assert "未能识别" not in asking.snapshot["question"]["text"]
+    assert Event.objects.filter(session=asking, type="user.message").last().payload["text"] == (  # type: ignore[union-attr]
+        "泄漏液体: 液压油"
+    )
+    post(alice, "session-correct", asking, field="position", value="105")
+
+    asking.refresh_from_db()
+    assert asking.snapshot["fields"]["fluid_type"] == "HYDRAULIC"
+    assert asking.snapshot["evidence"]["fluid_type"] == "corrected by alice"
+    message = Event.objects.filter(
+        session=asking, type="user.message", payload__correction__isnull=False
+    ).first()
+    assert message is not None and message.payload["correction"] == {
+        "field": "fluid_type",
+        "value": "HYDRAULIC",
+    }
+    # With every fact known the rules ran on the corrected ones (hydraulic, not fuel).
+    assert asking.snapshot["risk"]["rule"] != "OS-01"
+    assert asking.snapshot["risk"]["when"].get("fluid_type") != "FUEL"
+    assert_projections_match(asking)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("fluid_type", "WATER", "WATER is not one of this field&#x27;s values."),
+        ("position", "999", "999 is not a stand, taxiway node or runway"),
+        ("flight_no", "hello", "hello is not a flight number"),
+        ("no_such", "x", "This scenario has no field no_such."),
+        ("position", "", "Give the corrected value: it is empty."),
+    ],
+)
+def test_a_bad_correction_is_refused_with_a_message_and_changes_nothing(
+    asking: Session, alice: User, field: str, value: str, message: str
+) -> None:
+    before = asking.last_seq
+
+    response = post(alice, "session-correct", asking, field=field, value=value)
+
+    assert message in response.content.decode()
+    asking.refresh_from_db()
+    assert asking.last_seq == before
+
+
+def test_a_correction_after_the_risk_is_assessed_says_what_to_do_instead(
+    builtin: None, alice: User
+) -> None:
+    session = make_session(alice, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+
+    response = post(alice, "session-correct", session, field="fluid_type", value="HYDRAULIC")
+
+    assert "Facts can be corrected while the agent is collecting them" in response.content.decode()
+    session.refresh_from_db()
+    assert session.snapshot["fields"]["fluid_type"] == "FUEL"
+
+
+def test_a_free_text_update_goes_into_the_log_and_the_timeline(
+    asking: Session, alice: User
+) -> None:
+    response = post(alice, "session-update", asking, text="消防车已到场")
+
+    event = Event.objects.get(session=asking, payload__kind="operator_update")
+    assert event.payload == {"kind": "operator_update", "text": "消防车已到场", "by": "alice"}
+    assert "消防车已到场" in response.content.decode()
+    asking.refresh_from_db()
+    assert asking.snapshot["question"]["field"] == "position"  # not taken as the answer
+    empty = post(alice, "session-update", asking, text="  ")
+    assert "Please type the update: it is empty." in empty.content.decode()
+
+
+def test_closing_with_a_summary_puts_it_in_the_log_and_the_report(
+    asking: Session, alice: User
+) -> None:
+    post(alice, "session-cancel", asking, reason="泄漏已由机务处理，无需进一步措施")
+
+    asking.refresh_from_db()
+    assert asking.status == "canceled"
+    assert "泄漏已由机务处理" in str(
+        Event.objects.get(session=asking, type="session.canceled").payload
+    )
+    assert "泄漏已由机务处理" in Report.objects.get(session=asking).markdown
+
+
+@pytest.mark.parametrize("persona", ["bob", "carol"])
+@pytest.mark.parametrize("name", ["session-update", "session-correct"])
+def test_approvers_and_auditors_cannot_steer(
+    asking: Session, persona: str, name: str, request: pytest.FixtureRequest
+) -> None:
+    before = asking.last_seq
+
+    response = login(request.getfixturevalue(persona)).post(
+        reverse(f"diagnosis:{name}", args=[asking.pk]),
+        {"text": "x", "field": "position", "value": "105"},
+    )
+
+    assert response.status_code == 403
+    asking.refresh_from_db()
+    assert asking.last_seq == before
