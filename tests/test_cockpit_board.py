@@ -147,8 +147,10 @@ def test_the_board_and_the_todos_update_live(
     headers = {"Cookie": cookie_for(olga), "Origin": asgi_server}
     base = asgi_server.replace("http://", "ws://")
     with (
-        connect(base + "/ws/airport/?lang=en", open_timeout=10, additional_headers=headers) as board,
-        connect(base + "/ws/todos/?lang=en", open_timeout=10, additional_headers=headers) as todos,
+        connect(
+            f"{base}/ws/airport/?lang=en", open_timeout=10, additional_headers=headers
+        ) as board,
+        connect(f"{base}/ws/todos/?lang=en", open_timeout=10, additional_headers=headers) as todos,
     ):
         first = read_until(board, lambda h: 'id="airport-board"' in h)
         assert "Taxiway closed" not in board_row(first, "A")
