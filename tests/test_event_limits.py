@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.test import Client
+from playwright.sync_api import Browser, expect
 from websockets.sync.client import ClientConnection, connect
 
 from aero.text import MAX_EVENT_BYTES, MAX_MODEL_TEXT, EventTooLarge
@@ -26,6 +27,7 @@ from diagnosis.models import Event, Report, Session
 from diagnosis.reporting import MAX_REPORT_CHARS, write_report
 from scenarios_admin.models import Scenario
 from tests.api_helpers import token_for
+from tests.browser_helpers import sign_in
 from tests.llm_helpers import fake_llm, fake_provider
 
 __all__ = ["fake_llm"]  # the fixture
@@ -179,6 +181,28 @@ def test_catch_up_over_many_large_events_arrives_whole_in_messages_daphne_accept
     shown = page.get(link.group(1).replace("&amp;", "&")).content.decode()
     assert "&lt;" * 200_000 in shown  # all of it, over HTTP
     assert first_note < huge_seq
+
+
+def test_the_open_page_receives_every_large_event_live_and_a_link_for_the_huge_one(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    operator = make_user("olga", "operator")
+    session = new_session(operator)
+    page = sign_in(browser, asgi_server, operator)
+    try:
+        page.goto(f"{asgi_server}/sessions/{session.pk}/")
+        rows = page.locator("#timeline-list > li[data-seq]")
+        expect(rows.last).to_have_attribute("data-seq", str(session.last_seq))
+        before = rows.count()
+        # Appended while the page is open: ~2 MB of rows, pushed as several messages.
+        last = add_notes(session, [WIDE_NOTE] * 8 + [HUGE_ROW_NOTE, "the end"])
+        expect(rows.last).to_have_attribute("data-seq", str(last), timeout=30_000)
+        assert rows.count() == before + 10  # every one, once
+        expect(page.locator(f"#event-{last - 1}")).to_contain_text("too large to show live")
+        expect(page.locator(f"#event-{last - 2}")).to_contain_text("<" * 1000)
+        expect(page.locator(f"#event-{last}")).to_contain_text("the end")
+    finally:
+        page.context.close()
 
 
 # --- the API stream -------------------------------------------------------------------
