@@ -22,6 +22,7 @@ from aero.roles import (
     role_required,
     user_roles,
 )
+from aero.templatetags.aero_text import scenario_name
 from diagnosis import actions, presenters, suggest
 from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
 from diagnosis.models import Report, Restriction, Session, SessionStatus
@@ -105,7 +106,7 @@ def _choose_message(fit: suggest.Fit | None) -> str:
     if fit is None:
         return gettext("Choose a scenario: the message does not clearly match one.")
     return gettext("Choose a scenario. Suggested from the message: %(name)s.") % {
-        "name": fit.scenario.name_zh
+        "name": scenario_name(fit.scenario)
     }
 
 
@@ -192,7 +193,7 @@ def session_switch(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     messages.success(
         request,
         gettext("Reopened as %(name)s with the same message; the earlier session was closed.")
-        % {"name": scenario.name_zh},
+        % {"name": scenario_name(scenario)},
     )
     return redirect("diagnosis:session-detail", session_id=new.pk)
 
