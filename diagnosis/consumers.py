@@ -433,11 +433,18 @@ class PageNoticeConsumer(AsyncWebsocketConsumer):
         with translation.override(self.language or settings.LANGUAGE_CODE):
             return self.render(roles)
 
+    def read_query(self, query: dict[str, list[str]]) -> None:
+        """The page's own parameters (a subclass adds its filters): its language."""
+        self.language = supported(query.get("lang", [None])[0])
+
+    def page_key(self) -> tuple[Any, ...]:
+        """What makes two viewers' renders the same, beside the notice and the roles."""
+        return (self.page, self.language)
+
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
         self.user_id = user_id_of(self.scope)
-        query = parse_qs(self.scope.get("query_string", b"").decode())
-        self.language = supported(query.get("lang", [None])[0])
+        self.read_query(parse_qs(self.scope.get("query_string", b"").decode()))
         if await self.allowed() is None:
             await self.close(code=CLOSE_FORBIDDEN)
             return
@@ -469,7 +476,7 @@ class PageNoticeConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         html = await hub().shared(
-            (self.page, stamp, roles, self.language),
+            (*self.page_key(), stamp, roles),
             lambda _: True,
             lambda: database_sync_to_async(self.render_in_language)(roles),
         )
