@@ -28,6 +28,7 @@ ROW_FIELDS = (
     "created_at",
     "updated_at",
     "scenario__name_en",
+    "scenario__name_zh",  # |scenario_name shows the one of the page language
     "scenario__slug",  # the API lists it (api/history.py)
     "created_by__username",
 )
