@@ -36,13 +36,13 @@ def test_a_mismatched_scenario_is_flagged_and_switched_with_the_text(
     page.select_option("#id_scenario", label="Bird strike / 鸟击")
     page.fill("#id_message", TIRE_SMOKE)
     page.click("text=Open session")
-    expect(page.get_by_test_id("scenario-suggestion")).to_contain_text("爆胎")
+    expect(page.get_by_test_id("scenario-suggestion")).to_contain_text("Tire burst")
     expect(page.locator("#id_message")).to_have_value(TIRE_SMOKE)  # nothing lost
     shot(page, "mismatch")
     page.get_by_test_id("switch-scenario").click()
 
     expect(page.locator("h1")).to_contain_text("MU5678")
-    expect(page.locator("td[data-field=fire_or_smoke]")).to_contain_text("起火或冒烟")
+    expect(page.locator("td[data-field=fire_or_smoke]")).to_contain_text("Fire or smoke")
     session = Session.objects.get()
     assert session.scenario.slug == "tire_burst"
 
@@ -60,8 +60,10 @@ def test_correcting_a_fact(
     correct.locator("select[name=value]").select_option("HYDRAULIC")
     correct.locator("button").click()
 
-    expect(page.locator("td[data-field=fluid_type]")).to_contain_text("液压")
-    expect(page.locator("#timeline-list")).to_contain_text("液压油")
+    expect(page.locator("td[data-field=fluid_type]")).to_contain_text("Hydraulic fluid")
+    # The timeline words the value in the page's language (English here).
+    expect(page.locator("#timeline-list")).to_contain_text("Hydraulic fluid")
+    # The agent asks in the session's language (the message was Chinese).
     expect(page.get_by_test_id("question")).not_to_contain_text("未能识别")
 
 

@@ -133,7 +133,9 @@ def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
         session = make_session(olga)
     assert session.status == "waiting_user"
     statements = [q["sql"].split()[0].upper() for q in captured.captured_queries]
-    assert len(statements) <= 330, len(statements)
+    # 332 after the outbox, the lease fence and the scenario-fit check were merged (each
+    # alone stayed at 330; tests/test_query_budgets.py says the same).
+    assert len(statements) <= 332, len(statements)
     assert statements.count("BEGIN") <= 18, statements.count("BEGIN")
     assert sum("FOR UPDATE" in q["sql"] for q in captured.captured_queries) <= 22
 

@@ -137,7 +137,7 @@ def cookie_for(user: User) -> str:
 
 
 def page_socket(base: str, session: Session, user: User) -> ClientConnection:
-    url = base.replace("http://", "ws://") + f"/ws/sessions/{session.pk}/?last_seq=0"
+    url = base.replace("http://", "ws://") + f"/ws/sessions/{session.pk}/?last_seq=0&lang=en"
     # No client-side size limit: the test measures what the server sends.
     return connect(
         url,

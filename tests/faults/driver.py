@@ -18,6 +18,7 @@ django.setup()
 from django.contrib.auth.models import Group, User  # noqa: E402
 from django.db import connections  # noqa: E402
 from django.test import Client  # noqa: E402
+from django.utils import translation  # noqa: E402
 
 from aero.roles import ensure_role_groups  # noqa: E402
 from approvals.actions import do_decide  # noqa: E402
@@ -110,6 +111,9 @@ def race(session_id: str) -> dict[str, Any]:
 
     def decide(number: int) -> None:
         user = User.objects.get(username=f"approver{number}")
+        # The refusals are worded in the active language (zh-hans by default, and per
+        # thread): the test reads the English ones.
+        translation.activate("en")
         try:
             barrier.wait(timeout=30)
             do_decide(approval.pk, user, "approve", "race", digest=approval.digest)
