@@ -54,6 +54,8 @@ def test_correcting_a_fact(
     session = make_session(olga, "CA1234 燃油泄漏，发动机运转，持续泄漏")
     page = sign_in(browser, asgi_server, olga)
     page.goto(f"{asgi_server}/sessions/{session.pk}/")
+    # Facts are corrected while the agent collects them: wait until it asks.
+    expect(page.get_by_test_id("question")).to_be_visible()
 
     correct = page.get_by_test_id("correct-fluid_type")
     correct.locator("summary").click()

@@ -75,7 +75,8 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
         if not busy:
             # Nothing running: approve what waits, and keep new sessions coming.
             cluster.driver("step", *sessions)
-            if len(sessions) < 40:
+            # Enough sessions that some job is always running until the 20th kill.
+            if len(sessions) < 64:
                 sessions += cluster.driver("create", "4")
             continue
         pid, session = random.choice(busy)
