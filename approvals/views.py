@@ -59,6 +59,14 @@ def approval_decide(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
     except ActionError as exc:
         error = str(exc)
     from_queue = request.POST.get("next") == "queue" or request.GET.get("next") == "queue"
+    return _answer_after(request, approval, error, from_queue)
+
+
+def _answer_after(
+    request: HtmxHttpRequest, approval: Approval, error: str, from_queue: bool, success: str = ""
+) -> HttpResponse:
+    """What a decision or an argument edit answers: the queue or the session's actions
+    panel (htmx, with the error on the card), else a redirect with a message."""
     if request.htmx:
         if from_queue:
             return _queue_after_decision(request, error, approval.pk)
@@ -73,6 +81,8 @@ def approval_decide(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
         )
     if error:
         messages.error(request, error)
+    elif success:
+        messages.success(request, success)
     if from_queue:
         return redirect(_queue_url(request))
     return redirect("diagnosis:session-detail", session_id=approval.session_id)
@@ -96,26 +106,13 @@ def approval_edit_args(request: HtmxHttpRequest, approval_id: int) -> HttpRespon
         )
     except ActionError as exc:
         error = str(exc)
-    from_queue = request.POST.get("next") == "queue"
-    if request.htmx and from_queue:
-        return _queue_after_decision(request, error, approval.pk)
-    if request.htmx:
-        approval.session.refresh_from_db()
-        context = session_presenters.session_context(approval.session, request.user)
-        context["action_error"] = error
-        return render(
-            request,
-            "diagnosis/session_detail.html#session-actions",
-            context,
-            status=400 if error else 200,
-        )
-    if error:
-        messages.error(request, error)
-    else:
-        messages.success(request, gettext("Arguments changed: decide the action as it reads now."))
-    if from_queue:
-        return redirect(_queue_url(request))
-    return redirect("diagnosis:session-detail", session_id=approval.session_id)
+    return _answer_after(
+        request,
+        approval,
+        error,
+        request.POST.get("next") == "queue",
+        gettext("Arguments changed: decide the action as it reads now."),
+    )
 
 
 @require_POST
