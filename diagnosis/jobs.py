@@ -673,8 +673,12 @@ def _drive(
             set_status(session.pk, SessionStatus.COMPLETED, producer=PRODUCER, strict=False)
             return SessionStatus.COMPLETED
         set_status(session.pk, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
+        context.origin = str(snapshot.config["configurable"].get("checkpoint_id") or "")
         try:
-            graph.invoke(graph_input, config, context=context, durability="sync")
+            # Checkpointed when the graph exits (an interrupt, the end, an error), not
+            # after every step: the events are the history, and a step's keys do not
+            # depend on its checkpoint (ADR 85).
+            graph.invoke(graph_input, config, context=context, durability="exit")
         except SessionCanceled:
             return SessionStatus.CANCELED
         except (LeaseLost, shutdown.WorkerStopping):

@@ -138,12 +138,13 @@ def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Except
 
 
 def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
-    """LangGraph's task id is derived from the checkpoint, the step and the node: the same
-    for a re-run of the step, new for any later step."""
-    info = runtime.execution_info
-    if info is not None and info.task_id:
-        return f"task:{info.task_id}"
-    return f"step:{get_config()['metadata']['langgraph_step']}:{name}"
+    """The same for a re-run of the step, new for any later step. Not LangGraph's task id:
+    checkpoints are saved only when the graph exits (ADR 85), so after a crash mid-run
+    the steps after the first get new task ids (their checkpoints were never saved).
+    The checkpoint the run started from, the step number (counted from the thread's
+    start) and the node do not change: the graph is a chain, one node per step."""
+    step = get_config()["metadata"]["langgraph_step"]
+    return f"task:{runtime.context.origin or 'start'}:{step}:{name}"
 
 
 def _start_node(
