@@ -40,6 +40,7 @@ from diagnosis.events import (
     LeaseLost,
     active_fence,
     fenced,
+    known_keys,
     set_status,
     tracing,
     unfenced,
@@ -510,7 +511,7 @@ def advance_session(session_id: str) -> str:
         if token is None:
             return "busy"  # another job holds it; it re-checks inputs before it lets go
         try:
-            with Heartbeat(session_id, token), fenced(session_id, token):
+            with Heartbeat(session_id, token), fenced(session_id, token), known_keys(session_id):
                 status = _advance_locked(session_id, token)
         except LeaseLost as exc:
             logger.warning("session %s: stopped, another job took over (%s)", session_id, exc)
@@ -681,8 +682,15 @@ def _drive(
             graph.invoke(graph_input, config, context=context, durability="exit")
         except SessionCanceled:
             return SessionStatus.CANCELED
-        except (LeaseLost, shutdown.WorkerStopping):
-            raise  # not the step's failure: this job stops, the lease holder carries on
+        except LeaseLost:
+            # Canceling a session clears its lease: the step that noticed (its write was
+            # refused) and the exit checkpoint wrote nothing. Otherwise another job took
+            # over: not the step's failure, this job stops.
+            if Session.objects.filter(pk=session.pk, status=SessionStatus.CANCELED).exists():
+                return SessionStatus.CANCELED
+            raise
+        except shutdown.WorkerStopping:
+            raise  # not the step's failure: this job stops, the next one carries on
         except GraphRecursionError as exc:
             _fail(session.pk, f"the agent made no progress: {exc}")
             return SessionStatus.FAILED

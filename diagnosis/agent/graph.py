@@ -47,8 +47,6 @@ from diagnosis.models import (
     AgentRun,
     Event,
     LLMCall,
-    Session,
-    SessionStatus,
     ToolCall,
     ToolCallStatus,
 )
@@ -79,9 +77,8 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
             ctx = runtime.context
             if shutdown.stopping():
                 raise shutdown.WorkerStopping()  # before the step: the next job runs it
-            status = Session.objects.filter(pk=ctx.session_id).values_list("status", flat=True)
-            if status.first() == SessionStatus.CANCELED:
-                raise SessionCanceled()
+            # A canceled session has no lease any more: the step's write is refused
+            # under the row lock (LeaseLost) and the job ends as canceled. No query here.
             with step_scope(_task_key(runtime, name)) as scope:
                 try:
                     with transaction.atomic(), event_batch(ctx.session_id) as batch:
@@ -656,8 +653,8 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
 def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
     """Propose an action: an R0 action is handed to the outbox at once (the proposal and
     its outbox row commit together; the effect follows the commit); R1-R3 wait for
-    approval."""
-    with transaction.atomic():
+    approval. No savepoint: it runs in the step's transaction (ADR 86)."""
+    with transaction.atomic(savepoint=False):
         tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED)
         if tool_call.status in (ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING):
             run_action(tctx, tool_call.pk)  # handed to the outbox before a crash: finish it

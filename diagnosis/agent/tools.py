@@ -45,20 +45,26 @@ def idempotency_key(session_id: Any, call_id: str) -> str:
 def get_or_create_call(
     ctx: ToolContext, call: dict[str, Any], status: str
 ) -> tuple[ToolCall, bool]:
-    return ToolCall.objects.get_or_create(
-        idempotency_key=idempotency_key(ctx.session_id, call["call_id"]),
-        defaults={
-            "session_id": ctx.session_id,
-            "agent_run": ctx.run,
-            "call_id": call["call_id"],
-            "tool_name": call["tool"],
-            "risk_class": call.get("risk_class", "R0"),
-            "is_action": call.get("is_action", False),
-            "request_payload": call.get("args", {}),
-            "status": status,
-            "position": call.get("position", 0),
-        },
+    """Not QuerySet.get_or_create, whose savepoint guards against a concurrent insert:
+    only the job holding the session's lease creates its calls, inside its step's
+    transaction, and a duplicate key would fail the whole step anyway (unique index)."""
+    key = idempotency_key(ctx.session_id, call["call_id"])
+    existing = ToolCall.objects.filter(idempotency_key=key).first()
+    if existing is not None:
+        return existing, False
+    created = ToolCall.objects.create(
+        idempotency_key=key,
+        session_id=ctx.session_id,
+        agent_run=ctx.run,
+        call_id=call["call_id"],
+        tool_name=call["tool"],
+        risk_class=call.get("risk_class", "R0"),
+        is_action=call.get("is_action", False),
+        request_payload=call.get("args", {}),
+        status=status,
+        position=call.get("position", 0),
     )
+    return created, True
 
 
 # --- enrichment lookups (parallel, each with its own timeout) -----------------------
@@ -158,7 +164,9 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
     results: dict[str, Any] = {"degraded": []}
     pending: list[tuple[dict[str, Any], ToolCall]] = []
     for call in calls:
-        with transaction.atomic():  # the row and its tool.call_started event together
+        # The row and its tool.call_started event together. No savepoint: this runs in
+        # a graph step's transaction and nothing in between catches an error (ADR 86).
+        with transaction.atomic(savepoint=False):
             tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
             if tool_call.status == ToolCallStatus.COMPLETED:
                 results[ENRICHMENT_KEYS[call["tool"]]] = tool_call.response_payload
@@ -218,7 +226,8 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
 def run_deterministic(
     ctx: ToolContext, call: dict[str, Any], compute: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
-    with transaction.atomic():  # the row and its tool.call_started event together
+    # The row and its tool.call_started event together (no savepoint, ADR 86).
+    with transaction.atomic(savepoint=False):
         tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
         if tool_call.status == ToolCallStatus.COMPLETED:
             return tool_call.response_payload
@@ -318,8 +327,8 @@ def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
     logged; the request goes out once that transaction commits. A call handed over
     before a crash (`executing` or `running`, its row pending) is sent again under the
     same key: the external system never repeats the effect. Anything else is left as
-    it is."""
-    with transaction.atomic():
+    it is. No savepoint: it runs in a graph step's transaction (ADR 86)."""
+    with transaction.atomic(savepoint=False):
         tool_call = (
             ToolCall.objects.select_for_update(of=("self",))
             .select_related("outbox")
