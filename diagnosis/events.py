@@ -191,9 +191,12 @@ def _write(session: Session, events: list[Event], **fields: Any) -> None:
 
 
 class KnownKeys:
-    """The step keys ("task:...") of a session's events, for the job that holds its
-    lease: only that job writes them, so one query per job (not one per step) tells
-    whether a step was written before (a re-run); a key not in the set is new."""
+    """The keys of a session's events, for the job that holds its lease: one query per
+    job (not one per step or per keyed event) tells whether a step wrote it before (a
+    re-run); a key not in the set is new. The keys a job looks up are its own (its
+    steps', its calls' approvals and notes): only the lease holder writes them, and the
+    set takes each batch's keys when it commits. Were one missed, the unique index
+    would refuse the duplicate and the step would fail and run again."""
 
     def __init__(self, session_id: Any) -> None:
         self.session_id = str(session_id)
@@ -202,9 +205,9 @@ class KnownKeys:
     def __contains__(self, key: str) -> bool:
         if self.keys is None:
             self.keys = set(
-                Event.objects.filter(
-                    session_id=self.session_id, key__startswith="task:"
-                ).values_list("key", flat=True)
+                Event.objects.filter(session_id=self.session_id, key__gt="").values_list(
+                    "key", flat=True
+                )
             )
         return key in self.keys
 
@@ -249,13 +252,13 @@ class EventBatch:
         first lookup loads every written key of the task in one query."""
         if key in self.by_key:
             return self.by_key[key]
-        prefix = key.split("/", 1)[0] + "/" if key.startswith("task:") else ""
-        if not prefix:
-            return Event.objects.filter(session_id=self.session_id, key=key).first()
         known = _known.get()
         if known is not None and known.session_id == str(self.session_id):
             if key not in known:
                 return None  # the common case: a step that never ran before
+            return Event.objects.filter(session_id=self.session_id, key=key).first()
+        prefix = key.split("/", 1)[0] + "/" if key.startswith("task:") else ""
+        if not prefix:
             return Event.objects.filter(session_id=self.session_id, key=key).first()
         if prefix not in self.loaded_prefixes:
             self.loaded_prefixes.add(prefix)
