@@ -113,7 +113,8 @@ def main() -> None:
     parser.add_argument(
         "--what",
         default="all",
-        help="comma-separated: all, inline (per session, pages), rq (the worker), push, pages",
+        help="comma-separated: all, inline (session + page times), session (per session "
+        "only), rq (the worker), push, pages (concurrent clients)",
     )
     parser.add_argument("--viewers", type=int, default=100)
     parser.add_argument(
@@ -168,6 +169,7 @@ def main() -> None:
         (f"{n} sessions at once: at their wait", "all", "at_once_done", "", True),
         (f"{n} sessions at once: rq jobs created", "one each", "at_once_jobs", "", False),
         (f"{n} sessions at once: agent runs", "", "at_once_runs", "", False),
+        (f"{n} sessions at once: jobs the workers ran", "one each", "at_once_executed", "", False),
         (f"commit -> browser p50, {v} viewers, 1 session", "", "push_p50_ms", " ms", False),
         (f"commit -> browser p99, {v} viewers, 1 session", "< 50 ms", "push_p99_ms", " ms", False),
         (f"failed handshakes, {v} at once", "0", "push_failed_handshakes", "", False),

@@ -329,6 +329,12 @@ def at_once(count: int, timeout: float, logs: Path) -> dict[str, Any]:
         elapsed = (max(done.values()) - started) if len(done) == count else float("inf")
         jobs = len(list(connection.scan_iter("rq:job:*", count=1000))) - before
         runs = AgentRun.objects.filter(session_id__in=ids, parent__isnull=True).count()
+        # Jobs the workers ran (a duplicate that found the lease taken counts too): one
+        # per session when each was enqueued once. Read before the workers exit.
+        from rq import Worker
+
+        queue = django_rq.get_queue(settings.AERO_QUEUE)
+        executed = sum(w.successful_job_count + w.failed_job_count for w in Worker.all(queue=queue))
     finally:
         stop(procs)
     return {
@@ -337,6 +343,7 @@ def at_once(count: int, timeout: float, logs: Path) -> dict[str, Any]:
         "at_once_s": elapsed,
         "at_once_jobs": jobs,
         "at_once_runs": runs,
+        "at_once_executed": executed,
     }
 
 
@@ -543,11 +550,12 @@ def main() -> None:
     def wanted(part: str) -> bool:
         return "all" in parts or part in parts
 
-    inline_first = args.mode == "embedded" or wanted("inline")
+    inline_first = args.mode == "embedded" or wanted("inline") or wanted("session")
     setup(args.tree, args.mode, "inline" if inline_first else "rq")
     out: dict[str, Any] = {"mode": args.mode, "logs": str(logs)}
-    if wanted("inline"):
+    if wanted("inline") or wanted("session"):
         out.update(per_session(args.samples))
+    if wanted("inline"):
         out.update(pages(150, args.open, args.samples * 5))
     if args.mode == "services" and wanted("rq"):
         from django.conf import settings

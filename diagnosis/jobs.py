@@ -599,7 +599,9 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
         with unfenced():  # the session may have ended: its lease is cleared
             if outcome == SessionStatus.COMPLETED:
                 graph.checkpointer.delete_thread(str(session_id))  # the log is the history
-            elif outcome == SessionStatus.WAITING_USER:
+            elif outcome == SessionStatus.WAITING_USER and context.origins not in ([], [""]):
+                # A thread whose first run just stopped at its first wait holds one
+                # checkpoint (saved at exit, ADR 85): nothing to prune.
                 prune_checkpoints(graph.checkpointer, str(session_id))
         return outcome
 
@@ -675,6 +677,7 @@ def _drive(
             return SessionStatus.COMPLETED
         set_status(session.pk, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
         context.origin = str(snapshot.config["configurable"].get("checkpoint_id") or "")
+        context.origins.append(context.origin)
         try:
             # Checkpointed when the graph exits (an interrupt, the end, an error), not
             # after every step: the events are the history, and a step's keys do not

@@ -154,6 +154,9 @@ def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
     assert statements.count("SAVEPOINT") <= 4, statements.count("SAVEPOINT")  # was 34
     # One checkpoint and its pending writes at the interrupt (was 16 of each).
     assert saves.count("put") == 1 and saves.count("put_writes") <= 1, saves
+    with connection.cursor() as cursor:  # so its job had nothing to prune
+        cursor.execute("SELECT count(*) FROM checkpoints WHERE thread_id = %s", [str(session.pk)])
+        assert cursor.fetchone()[0] == 1
 
 
 def test_notices_share_one_long_lived_loop_per_process(

@@ -43,3 +43,4 @@ class AgentContext:
     # checkpoints written only when the graph exits (ADR 85), a re-run after a crash
     # starts from it again, so it and the step number name a step across runs.
     origin: str = ""
+    origins: list[str] = field(default_factory=list)  # of every invocation of this job
