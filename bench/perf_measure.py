@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -101,10 +102,48 @@ def new_session(text: str = STAND_FUEL_LEAK) -> Any:
     return do_create_session(user("operator"), Scenario.objects.get(slug="oil_spill"), text)
 
 
+class SaverCounter:
+    """Statements on the LangGraph checkpointer's own psycopg connection (PostgreSQL
+    only: the SQLite saver's connection cannot be hooked)."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+
+    def __enter__(self) -> SaverCounter:
+        import psycopg
+        from django.db import connection
+
+        django_conn = connection.connection
+        self._originals = (psycopg.Cursor.execute, psycopg.Cursor.executemany)
+        counter = self
+
+        def hook(original: Any) -> Any:
+            def run(cursor: Any, *args: Any, **kwargs: Any) -> Any:
+                if cursor.connection is not django_conn:
+                    counter.statements += 1
+                return original(cursor, *args, **kwargs)
+
+            return run
+
+        psycopg.Cursor.execute = hook(self._originals[0])  # type: ignore[method-assign]
+        psycopg.Cursor.executemany = hook(self._originals[1])  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import psycopg
+
+        psycopg.Cursor.execute, psycopg.Cursor.executemany = self._originals  # type: ignore[method-assign]
+
+
 def per_session(samples: int) -> dict[str, Any]:
-    cpu, queries, transactions = [], [], []
+    from django.db import connection
+
+    new_session()  # warm: the compiled graph and the checkpointer's connection
+    cpu, queries, transactions, saver = [], [], [], []
+    postgres = connection.vendor == "postgresql"
     for _ in range(samples):
-        with Counter() as counter:
+        hooked = SaverCounter() if postgres else contextlib.nullcontext()
+        with Counter() as counter, hooked as saver_counter:
             started = time.process_time()
             session = new_session()
             cpu.append((time.process_time() - started) * 1000)
@@ -112,10 +151,12 @@ def per_session(samples: int) -> dict[str, Any]:
         assert session.status == "waiting_user", session.status
         queries.append(counter.queries)
         transactions.append(counter.transactions)
+        saver.append(getattr(saver_counter, "statements", None))
     return {
         "cpu_ms": statistics.median(cpu),
         "queries": statistics.median(queries),
         "transactions": statistics.median(transactions),
+        "checkpointer_queries": statistics.median(saver) if postgres else None,
     }
 
 
@@ -288,6 +329,12 @@ def at_once(count: int, timeout: float, logs: Path) -> dict[str, Any]:
         elapsed = (max(done.values()) - started) if len(done) == count else float("inf")
         jobs = len(list(connection.scan_iter("rq:job:*", count=1000))) - before
         runs = AgentRun.objects.filter(session_id__in=ids, parent__isnull=True).count()
+        # Jobs the workers ran (a duplicate that found the lease taken counts too): one
+        # per session when each was enqueued once. Read before the workers exit.
+        from rq import Worker
+
+        queue = django_rq.get_queue(settings.AERO_QUEUE)
+        executed = sum(w.successful_job_count + w.failed_job_count for w in Worker.all(queue=queue))
     finally:
         stop(procs)
     return {
@@ -296,6 +343,7 @@ def at_once(count: int, timeout: float, logs: Path) -> dict[str, Any]:
         "at_once_s": elapsed,
         "at_once_jobs": jobs,
         "at_once_runs": runs,
+        "at_once_executed": executed,
     }
 
 
@@ -496,25 +544,31 @@ def main() -> None:
     parser.add_argument("--what", default="all")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="aero-bench-logs-"))
-    inline_first = args.mode == "embedded" or args.what in ("all", "inline")
+    # A comma-separated list: "inline,rq" measures the worker side only.
+    parts = set(args.what.split(","))
+
+    def wanted(part: str) -> bool:
+        return "all" in parts or part in parts
+
+    inline_first = args.mode == "embedded" or wanted("inline") or wanted("session")
     setup(args.tree, args.mode, "inline" if inline_first else "rq")
     out: dict[str, Any] = {"mode": args.mode, "logs": str(logs)}
-    what = args.what
-    if what in ("all", "inline"):
+    if wanted("inline") or wanted("session"):
         out.update(per_session(args.samples))
+    if wanted("inline"):
         out.update(pages(150, args.open, args.samples * 5))
-    if args.mode == "services" and what in ("all", "rq"):
+    if args.mode == "services" and wanted("rq"):
         from django.conf import settings
 
         settings.AERO_JOB_BACKEND = "rq"
         out.update(rq_latency(args.samples * 3, logs))
         out.update(at_once(args.at_once, args.at_once_timeout, logs))
-    if args.mode == "services" and what in ("all", "push"):
+    if args.mode == "services" and wanted("push"):
         out.update(live_push(args.viewers, 1, args.events, args.port, logs))
         if args.push_sessions > 1:
             many = live_push(args.push_sessions, args.push_sessions, args.events, args.port, logs)
             out.update({f"many_{k}": v for k, v in many.items()})
-    if args.mode == "services" and what in ("all", "pages"):
+    if args.mode == "services" and wanted("pages"):
         out.update(concurrent_pages(args.clients, args.seconds, args.port + 10, logs, args.head))
     print("RESULT " + json.dumps(out))
 

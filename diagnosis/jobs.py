@@ -40,6 +40,7 @@ from diagnosis.events import (
     LeaseLost,
     active_fence,
     fenced,
+    known_keys,
     set_status,
     tracing,
     unfenced,
@@ -510,7 +511,7 @@ def advance_session(session_id: str) -> str:
         if token is None:
             return "busy"  # another job holds it; it re-checks inputs before it lets go
         try:
-            with Heartbeat(session_id, token), fenced(session_id, token):
+            with Heartbeat(session_id, token), fenced(session_id, token), known_keys(session_id):
                 status = _advance_locked(session_id, token)
         except LeaseLost as exc:
             logger.warning("session %s: stopped, another job took over (%s)", session_id, exc)
@@ -598,7 +599,9 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
         with unfenced():  # the session may have ended: its lease is cleared
             if outcome == SessionStatus.COMPLETED:
                 graph.checkpointer.delete_thread(str(session_id))  # the log is the history
-            elif outcome == SessionStatus.WAITING_USER:
+            elif outcome == SessionStatus.WAITING_USER and context.origins not in ([], [""]):
+                # A thread whose first run just stopped at its first wait holds one
+                # checkpoint (saved at exit, ADR 85): nothing to prune.
                 prune_checkpoints(graph.checkpointer, str(session_id))
         return outcome
 
@@ -673,12 +676,24 @@ def _drive(
             set_status(session.pk, SessionStatus.COMPLETED, producer=PRODUCER, strict=False)
             return SessionStatus.COMPLETED
         set_status(session.pk, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
+        context.origin = str(snapshot.config["configurable"].get("checkpoint_id") or "")
+        context.origins.append(context.origin)
         try:
-            graph.invoke(graph_input, config, context=context, durability="sync")
+            # Checkpointed when the graph exits (an interrupt, the end, an error), not
+            # after every step: the events are the history, and a step's keys do not
+            # depend on its checkpoint (ADR 85).
+            graph.invoke(graph_input, config, context=context, durability="exit")
         except SessionCanceled:
             return SessionStatus.CANCELED
-        except (LeaseLost, shutdown.WorkerStopping):
-            raise  # not the step's failure: this job stops, the lease holder carries on
+        except LeaseLost:
+            # Canceling a session clears its lease: the step that noticed (its write was
+            # refused) and the exit checkpoint wrote nothing. Otherwise another job took
+            # over: not the step's failure, this job stops.
+            if Session.objects.filter(pk=session.pk, status=SessionStatus.CANCELED).exists():
+                return SessionStatus.CANCELED
+            raise
+        except shutdown.WorkerStopping:
+            raise  # not the step's failure: this job stops, the next one carries on
         except GraphRecursionError as exc:
             _fail(session.pk, f"the agent made no progress: {exc}")
             return SessionStatus.FAILED

@@ -47,8 +47,6 @@ from diagnosis.models import (
     AgentRun,
     Event,
     LLMCall,
-    Session,
-    SessionStatus,
     ToolCall,
     ToolCallStatus,
 )
@@ -79,9 +77,8 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
             ctx = runtime.context
             if shutdown.stopping():
                 raise shutdown.WorkerStopping()  # before the step: the next job runs it
-            status = Session.objects.filter(pk=ctx.session_id).values_list("status", flat=True)
-            if status.first() == SessionStatus.CANCELED:
-                raise SessionCanceled()
+            # A canceled session has no lease any more: the step's write is refused
+            # under the row lock (LeaseLost) and the job ends as canceled. No query here.
             with step_scope(_task_key(runtime, name)) as scope:
                 try:
                     with transaction.atomic(), event_batch(ctx.session_id) as batch:
@@ -138,12 +135,13 @@ def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Except
 
 
 def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
-    """LangGraph's task id is derived from the checkpoint, the step and the node: the same
-    for a re-run of the step, new for any later step."""
-    info = runtime.execution_info
-    if info is not None and info.task_id:
-        return f"task:{info.task_id}"
-    return f"step:{get_config()['metadata']['langgraph_step']}:{name}"
+    """The same for a re-run of the step, new for any later step. Not LangGraph's task id:
+    checkpoints are saved only when the graph exits (ADR 85), so after a crash mid-run
+    the steps after the first get new task ids (their checkpoints were never saved).
+    The checkpoint the run started from, the step number (counted from the thread's
+    start) and the node do not change: the graph is a chain, one node per step."""
+    step = get_config()["metadata"]["langgraph_step"]
+    return f"task:{runtime.context.origin or 'start'}:{step}:{name}"
 
 
 def _start_node(
@@ -655,8 +653,8 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
 def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
     """Propose an action: an R0 action is handed to the outbox at once (the proposal and
     its outbox row commit together; the effect follows the commit); R1-R3 wait for
-    approval."""
-    with transaction.atomic():
+    approval. No savepoint: it runs in the step's transaction (ADR 86)."""
+    with transaction.atomic(savepoint=False):
         tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED)
         if tool_call.status in (ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING):
             run_action(tctx, tool_call.pk)  # handed to the outbox before a crash: finish it
