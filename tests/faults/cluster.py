@@ -233,11 +233,11 @@ class Cluster:
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 
-    def driver(self, *args: str) -> Any:
+    def driver(self, *args: str, env: dict[str, str] | None = None) -> Any:
         result = subprocess.run(
             [PYTHON, "-m", "tests.faults.driver", *args],
             cwd=ROOT,
-            env=self.env(),
+            env=self.env(**(env or {})),
             capture_output=True,
             text=True,
             timeout=300,

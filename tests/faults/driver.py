@@ -5,6 +5,7 @@ says where). Prints one JSON line: its result."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 from collections import Counter
@@ -16,12 +17,14 @@ django.setup()
 
 from django.contrib.auth.models import Group, User  # noqa: E402
 from django.db import connections  # noqa: E402
+from django.test import Client  # noqa: E402
 from django.utils import translation  # noqa: E402
 
 from aero.roles import ensure_role_groups  # noqa: E402
 from approvals.actions import do_decide  # noqa: E402
 from approvals.models import Approval  # noqa: E402
 from diagnosis.actions import ActionError, do_create_session  # noqa: E402
+from diagnosis.events import append_event  # noqa: E402
 from diagnosis.models import Event, Session, ToolCall  # noqa: E402
 from scenarios_admin.builtin import load_builtin_data  # noqa: E402
 from scenarios_admin.models import ProviderConfig, Scenario  # noqa: E402
@@ -146,6 +149,42 @@ def dump(session_id: str) -> list[str]:
     ]
 
 
+def login() -> str:
+    """A session cookie for the operator, as a browser holds after signing in."""
+    client = Client()
+    client.force_login(User.objects.get(username="olga"))
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+class _OverCapacity(logging.Handler):
+    """Counts channels_redis's "N of M channels over capacity" (a notice dropped)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.dropped = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "over capacity" in str(record.msg):
+            args = record.args if isinstance(record.args, tuple) else ()
+            self.dropped += int(str(args[0])) if args else 1
+
+
+def append(session_id: str, count: str) -> dict[str, Any]:
+    """`count` events appended one by one, each in its own transaction and each with its
+    notice after commit, as fast as this process goes."""
+    counter = _OverCapacity()
+    layer_logger = logging.getLogger("channels_redis.core")
+    layer_logger.addHandler(counter)
+    layer_logger.setLevel(logging.INFO)
+    for number in range(int(count)):
+        append_event(session_id, "agent.note", {"text": f"note {number}"}, producer="faults")
+    return {
+        "appended": int(count),
+        "last_seq": Session.objects.get(pk=session_id).last_seq,
+        "dropped_at_publish": counter.dropped,
+    }
+
+
 def step(*session_ids: str) -> dict[str, Any]:
     """approve-all, then report: one process start instead of two."""
     approve_all()
@@ -160,6 +199,8 @@ COMMANDS: dict[str, Any] = {
     "approve-all": approve_all,
     "report": report,
     "race": race,
+    "login": login,
+    "append": append,
 }
 
 if __name__ == "__main__":

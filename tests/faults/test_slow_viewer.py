@@ -1,0 +1,118 @@
+"""A slow WebSocket viewer past the channel layer's capacity catches up from the log with
+no gap and no duplicate (issue 10). A notice carries no content: the consumer pulls what
+it has not sent from PostgreSQL, so notices the layer drops lose nothing.
+
+daphne and the process appending events run with channels_redis's core layer at a
+capacity of 2 notices per channel (tests/faults/small_layer_settings.py; production's
+pub/sub layer has no bound, so nothing would be dropped to test). The viewer connects
+and stops reading while hundreds of events are appended, each with its notice; notices
+past the capacity are dropped in Redis (counted) or in daphne's receive buffer. Then the
+viewer reads everything: every seq 1..last exactly once, in order."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from tests.faults.cluster import Cluster, wait_until
+from tests.servers import PYTHON, ROOT, free_port
+
+pytestmark = [pytest.mark.services, pytest.mark.faults]
+
+SEQ = re.compile(r'<li id="event-(\d+)" data-seq="(\d+)"')
+EVENTS = 300
+CAPACITY = 2
+SMALL_LAYER = {
+    "DJANGO_SETTINGS_MODULE": "tests.faults.small_layer_settings",
+    "AERO_TEST_CHANNEL_CAPACITY": str(CAPACITY),
+}
+
+
+def up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def test_slow_viewer_past_capacity_catches_up_without_gap_or_duplicate(cluster: Cluster) -> None:
+    (session,) = cluster.driver("create", "1")  # no worker runs: only this test appends
+    cookie: str = cluster.driver("login")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = cluster.logs / "daphne-slow-viewer.log"
+    daphne = [str(Path(PYTHON).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port)]
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [*daphne, "aero.asgi:application"],
+            cwd=ROOT,
+            env=cluster.env(**SMALL_LAYER),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(lambda: server.poll() is not None or up(base + "/healthz"), 60, "no daphne")
+        assert server.poll() is None, log.read_text()[-3000:]
+        url = base.replace("http://", "ws://") + f"/ws/sessions/{session}/?lang=en&last_seq=0"
+        # max_queue: the client buffers few messages, then stops reading the socket.
+        with connect(
+            url,
+            open_timeout=10,
+            max_queue=2,
+            additional_headers={"Cookie": cookie, "Origin": base},
+        ) as ws:
+            # The slow viewer: reads nothing while the session grows past the capacity.
+            started = time.monotonic()
+            appended = cluster.driver("append", session, str(EVENTS), env=SMALL_LAYER)
+            append_seconds = time.monotonic() - started
+            time.sleep(2)  # still not reading: the last notices land too
+            last: int = appended["last_seq"]
+
+            frames = 0
+            seqs: list[int] = []
+            deadline = time.monotonic() + 30
+            while not seqs or seqs[-1] < last:
+                assert time.monotonic() < deadline, f"stuck at {seqs[-1:]} of {last}"
+                message = ws.recv(timeout=15)
+                assert isinstance(message, str)
+                frames += 1
+                for row_id, seq in SEQ.findall(message):
+                    assert row_id == seq
+                    seqs.append(int(seq))
+            # Anything still coming would be a duplicate: listen a little longer.
+            try:
+                while True:
+                    message = ws.recv(timeout=1.5)
+                    assert isinstance(message, str)
+                    frames += 1
+                    seqs += [int(seq) for _, seq in SEQ.findall(message)]
+            except (TimeoutError, ConnectionClosed):
+                pass
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+    expected = list(range(1, last + 1))
+    seen = set(seqs)
+    gaps = [s for s in expected if s not in seen]
+    duplicates = len(seqs) - len(seen)
+    print(
+        f"\nFAULTS slow viewer (layer capacity {CAPACITY}): {appended['appended']} events "
+        f"appended in {append_seconds:.1f} s with {appended['appended']} notices published, "
+        f"{appended['dropped_at_publish']} dropped in Redis at publish (more in daphne's "
+        f"receive buffer, not counted); viewer read nothing meanwhile, then received "
+        f"{len(seqs)} rows in {frames} messages for seq 1..{last}: gaps {len(gaps)}, "
+        f"duplicates {duplicates}"
+    )
+    assert seqs == expected, f"gaps {gaps[:20]}, duplicates {duplicates}"
