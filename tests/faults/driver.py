@@ -23,8 +23,8 @@ from django.utils import translation  # noqa: E402
 from aero.roles import ensure_role_groups  # noqa: E402
 from approvals.actions import do_decide  # noqa: E402
 from approvals.models import Approval  # noqa: E402
+from diagnosis import events  # noqa: E402
 from diagnosis.actions import ActionError, do_create_session  # noqa: E402
-from diagnosis.events import append_event  # noqa: E402
 from diagnosis.models import Event, Session, ToolCall  # noqa: E402
 from scenarios_admin.builtin import load_builtin_data  # noqa: E402
 from scenarios_admin.models import ProviderConfig, Scenario  # noqa: E402
@@ -169,15 +169,18 @@ class _OverCapacity(logging.Handler):
             self.dropped += int(str(args[0])) if args else 1
 
 
-def append(session_id: str, count: str) -> dict[str, Any]:
+def append(session_id: str, count: str, notices: str = "notices") -> dict[str, Any]:
     """`count` events appended one by one, each in its own transaction and each with its
-    notice after commit, as fast as this process goes."""
+    notice after commit, as fast as this process goes; with "no-notices", none is
+    published (a notice lost whatever the layer: only the viewers' resync can bring it)."""
+    if notices == "no-notices":
+        events.notify_session = lambda *args: None
     counter = _OverCapacity()
     layer_logger = logging.getLogger("channels_redis.core")
     layer_logger.addHandler(counter)
     layer_logger.setLevel(logging.INFO)
     for number in range(int(count)):
-        append_event(session_id, "agent.note", {"text": f"note {number}"}, producer="faults")
+        events.append_event(session_id, "agent.note", {"text": f"note {number}"}, producer="faults")
     return {
         "appended": int(count),
         "last_seq": Session.objects.get(pk=session_id).last_seq,
