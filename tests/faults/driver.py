@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -185,6 +186,7 @@ def append(session_id: str, count: str, notices: str = "notices") -> dict[str, A
         "appended": int(count),
         "last_seq": Session.objects.get(pk=session_id).last_seq,
         "dropped_at_publish": counter.dropped,
+        "committed_at": time.time(),  # the last one's (same machine, same clock)
     }
 
 

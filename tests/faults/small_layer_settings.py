@@ -15,7 +15,10 @@ CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [REDIS_URL],
+            # redis-py 8 reads with a 5 s socket timeout by default, the core layer's
+            # BZPOPMIN blocks for 5 s: the read timed out on an idle channel and the
+            # consumer closed the socket with 1011. A longer socket timeout than the pop.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
             "prefix": AERO_CHANNEL_PREFIX,
             "capacity": int(os.environ.get("AERO_TEST_CHANNEL_CAPACITY", "2")),
         },
