@@ -14,7 +14,9 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +168,18 @@ class Redis:
         self.process.wait()
 
 
+def answering(url: str) -> bool:
+    """A server that answers HTTP at all is up (/healthz says 503 while no worker beats,
+    e.g. after the kill -9 test left its killed workers' rows stale)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
 def wait_until(predicate: Callable[[], Any], seconds: float, message: str) -> Any:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -220,6 +234,40 @@ class Cluster:
         )
         env.update(extra)
         return env
+
+    @contextlib.contextmanager
+    def daphne(self, name: str, **extra: str) -> Iterator[str]:
+        """daphne (HTTP + WebSocket) on this cluster, its log in logs/<name>.log; yields
+        its base URL. Started from the checkout's root with the cluster's environment."""
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        log = self.logs / f"{name}.log"
+        command = [str(Path(PYTHON).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port)]
+        with log.open("wb") as out:
+            server = subprocess.Popen(
+                [*command, "aero.asgi:application"],
+                cwd=ROOT,
+                env=self.env(**extra),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            try:
+                wait_until(
+                    lambda: server.poll() is not None or answering(base + "/healthz"),
+                    60,
+                    "no daphne",
+                )
+            except AssertionError:
+                raise AssertionError(f"no daphne: {log.read_text()[-3000:]}") from None
+            assert server.poll() is None, log.read_text()[-3000:]
+            yield base
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
     def manage(self, *args: str) -> str:
         result = subprocess.run(

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.faults.cluster import LEASE_SECONDS, Cluster, wait_until
+from tests.faults.viewer import LiveViewer
 
 pytestmark = [pytest.mark.services, pytest.mark.faults]
 
@@ -112,19 +113,40 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
 
 
 def test_redis_restart_mid_run(workers: Cluster) -> None:
+    """The queue is lost with Redis; the reconciler re-enqueues from PostgreSQL. A live
+    page (a WebSocket to daphne, production's pub/sub layer) watching a session through
+    the outage gets every event after Redis is back, each once."""
     cluster = workers
     cluster.supervise(WORKERS)
     sessions: list[str] = cluster.driver("create", "6")
-    time.sleep(2)
-    cluster.redis.kill()  # the queue and every job in it are gone
-    time.sleep(3)
-    cluster.redis.start()
-    report = drive_to_completion(cluster, sessions, 120)
+    cookie: str = cluster.driver("login")
+    with (
+        cluster.daphne("daphne-redis-restart") as base,
+        LiveViewer(base, sessions[0], cookie) as page,
+    ):
+        wait_until(lambda: page.last > 0, 30, f"the page got nothing: {page.failures}")
+        time.sleep(1)
+        cluster.redis.kill()  # the queue and every job in it are gone
+        killed = time.monotonic()
+        seen_before = len(page.seqs)
+        time.sleep(3)
+        cluster.redis.start()
+        report = drive_to_completion(cluster, sessions, 120)
+        last = report[sessions[0]]["events"]  # gap-free (checked below): the last seq
+        wait_until(lambda: page.last >= last, 30, f"the page stopped at {page.last} of {last}")
+        time.sleep(1.5)  # anything more would be a duplicate
     survived, lost = check_nothing_lost(cluster, report, sessions)
+    after = sum(1 for t in page.arrived if t > killed)
     print(
         f"\nFAULTS Redis killed for 3 s mid-run: sessions tried {len(sessions)} / survived "
-        f"{survived} / lost {lost}; workers started in all {cluster.started_workers}"
+        f"{survived} / lost {lost}; workers started in all {cluster.started_workers}; "
+        f"a live page through it: {page.connects} connection(s), {len(page.failures)} "
+        f"closed/refused, {seen_before} rows before the kill and {after} after, seq 1..{last}: "
+        f"gaps {len(set(range(1, last + 1)) - set(page.seqs))}, "
+        f"duplicates {len(page.seqs) - len(set(page.seqs))}"
     )
+    assert page.seqs == list(range(1, last + 1)), page.failures
+    assert after > 0  # the page went on after the restart (the session ran on)
 
 
 def test_postgres_restart_mid_run(workers: Cluster) -> None:

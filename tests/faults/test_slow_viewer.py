@@ -19,18 +19,13 @@ daphne "did not start" when it ran after that test in CI (ADR 107)."""
 from __future__ import annotations
 
 import re
-import subprocess
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.faults.cluster import Cluster, wait_until
-from tests.servers import PYTHON, ROOT, free_port
+from tests.faults.cluster import Cluster
 
 pytestmark = [pytest.mark.services, pytest.mark.faults]
 
@@ -42,17 +37,6 @@ SMALL_LAYER = {
     "DJANGO_SETTINGS_MODULE": "tests.faults.small_layer_settings",
     "AERO_TEST_CHANNEL_CAPACITY": str(CAPACITY),
 }
-
-
-def answering(url: str) -> bool:
-    """daphne serves: any HTTP answer counts (503 from /healthz included, see above)."""
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
 
 
 def read_rows(ws: ClientConnection, until: int, seconds: float) -> tuple[list[int], int, float]:
@@ -84,26 +68,9 @@ def read_rows(ws: ClientConnection, until: int, seconds: float) -> tuple[list[in
 def test_slow_viewer_past_capacity_catches_up_without_gap_or_duplicate(cluster: Cluster) -> None:
     (session,) = cluster.driver("create", "1")  # no worker runs: only this test appends
     cookie: str = cluster.driver("login")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = cluster.logs / "daphne-slow-viewer.log"
-    daphne = [str(Path(PYTHON).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port)]
-    with log.open("wb") as out:
-        server = subprocess.Popen(
-            [*daphne, "aero.asgi:application"],
-            cwd=ROOT,
-            env=cluster.env(**SMALL_LAYER, AERO_LIVE_RESYNC_SECONDS=str(RESYNC_SECONDS)),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        try:
-            wait_until(
-                lambda: server.poll() is not None or answering(base + "/healthz"), 60, "no daphne"
-            )
-        except AssertionError:
-            raise AssertionError(f"no daphne: {log.read_text()[-3000:]}") from None
-        assert server.poll() is None, log.read_text()[-3000:]
+    # The live pages' resync at 1 s (ADR 106) only in this daphne.
+    live = {**SMALL_LAYER, "AERO_LIVE_RESYNC_SECONDS": str(RESYNC_SECONDS)}
+    with cluster.daphne("daphne-slow-viewer", **live) as base:
         url = base.replace("http://", "ws://") + f"/ws/sessions/{session}/?lang=en&last_seq=0"
         # max_queue: the client buffers few messages, then stops reading the socket.
         with connect(
@@ -125,12 +92,6 @@ def test_slow_viewer_past_capacity_catches_up_without_gap_or_duplicate(cluster: 
             quiet = cluster.driver("append", session, "1", "no-notices", env=SMALL_LAYER)
             late, _, reached_at = read_rows(ws, quiet["last_seq"], 5 * RESYNC_SECONDS)
             late_seconds = reached_at - quiet["committed_at"]
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
     expected = list(range(1, last + 1))
     seen = set(seqs)
