@@ -115,7 +115,9 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
 def test_redis_restart_mid_run(workers: Cluster) -> None:
     """The queue is lost with Redis; the reconciler re-enqueues from PostgreSQL. A live
     page (a WebSocket to daphne, production's pub/sub layer) watching a session through
-    the outage gets every event after Redis is back, each once."""
+    the outage gets every event after Redis is back, each once; its socket dropped while
+    Redis is down, it opens a new one that the server accepts once Redis is back (or at
+    once) and that catches up from the page's last seq."""
     cluster = workers
     cluster.supervise(WORKERS)
     sessions: list[str] = cluster.driver("create", "6")
@@ -129,7 +131,9 @@ def test_redis_restart_mid_run(workers: Cluster) -> None:
         cluster.redis.kill()  # the queue and every job in it are gone
         killed = time.monotonic()
         seen_before = len(page.seqs)
-        time.sleep(3)
+        time.sleep(1)
+        page.drop()  # the page's socket closes during the outage: htmx reconnects
+        time.sleep(2)
         cluster.redis.start()
         report = drive_to_completion(cluster, sessions, 120)
         last = report[sessions[0]]["events"]  # gap-free (checked below): the last seq
@@ -147,6 +151,7 @@ def test_redis_restart_mid_run(workers: Cluster) -> None:
     )
     assert page.seqs == list(range(1, last + 1)), page.failures
     assert after > 0  # the page went on after the restart (the session ran on)
+    assert page.connects >= 2  # the new socket opened
 
 
 def test_postgres_restart_mid_run(workers: Cluster) -> None:

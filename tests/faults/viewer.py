@@ -26,6 +26,7 @@ class LiveViewer:
         self.connects = 0
         self.failures: list[str] = []  # why each socket ended or could not open
         self.done = threading.Event()
+        self.dropping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="live-viewer")
 
     def __enter__(self) -> LiveViewer:
@@ -35,6 +36,10 @@ class LiveViewer:
     def __exit__(self, *exc: object) -> None:
         self.done.set()
         self.thread.join(timeout=10)
+
+    def drop(self) -> None:
+        """Close the socket (a page reloaded, a network blip): the page opens a new one."""
+        self.dropping.set()
 
     @property
     def last(self) -> int:
@@ -54,6 +59,9 @@ class LiveViewer:
                 ) as ws:
                     self.connects += 1
                     while not self.done.is_set():
+                        if self.dropping.is_set():
+                            self.dropping.clear()
+                            break
                         try:
                             message = ws.recv(timeout=0.5)
                         except TimeoutError:
