@@ -90,7 +90,7 @@ def test_slow_viewer_past_capacity_catches_up_without_gap_or_duplicate(cluster: 
 
             # Caught up and quiet: one more event whose notice is lost.
             quiet = cluster.driver("append", session, "1", "no-notices", env=SMALL_LAYER)
-            late, _, reached_at = read_rows(ws, quiet["last_seq"], 5 * RESYNC_SECONDS)
+            late, _, reached_at = read_rows(ws, quiet["last_seq"], 10 * RESYNC_SECONDS)
             late_seconds = reached_at - quiet["committed_at"]
 
     expected = list(range(1, last + 1))
