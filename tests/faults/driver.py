@@ -1,6 +1,12 @@
 """What the fault tests do to AERO, run as `python -m tests.faults.driver <command>` in a
 process of its own against the fault suite's PostgreSQL and Redis (the environment
-says where). Prints one JSON line: its result."""
+says where). Prints one JSON line: its result.
+
+`python -m tests.faults.driver serve` is the same, kept running: one command a line on
+stdin (a JSON list), one answer a line on stdout after SERVE_MARK. The suite talks to
+one such process instead of starting Python and Django for every step (seconds each on a
+busy machine); its connections are closed after every command, so a PostgreSQL restart
+between two commands costs nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import logging
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 from typing import Any
 
@@ -29,6 +36,7 @@ from diagnosis.actions import ActionError, do_create_session  # noqa: E402
 from diagnosis.models import Event, Session, ToolCall  # noqa: E402
 from scenarios_admin.builtin import load_builtin_data  # noqa: E402
 from scenarios_admin.models import ProviderConfig, Scenario  # noqa: E402
+from tests.faults.cluster import SERVE_MARK  # noqa: E402
 
 # Fuel leak at a stand, engines running, still leaking: the agent proposes actions that
 # wait for approvers (tests/web_helpers.py).
@@ -208,5 +216,21 @@ COMMANDS: dict[str, Any] = {
     "append": append,
 }
 
+
+def serve() -> None:
+    for line in sys.stdin:
+        command, *args = json.loads(line)
+        try:
+            answer: dict[str, Any] = {"ok": COMMANDS[command](*args)}
+        except Exception:
+            answer = {"error": traceback.format_exc()}
+        finally:
+            connections.close_all()
+        print(SERVE_MARK + json.dumps(answer), flush=True)
+
+
 if __name__ == "__main__":
-    print(json.dumps(COMMANDS[sys.argv[1]](*sys.argv[2:])))
+    if sys.argv[1] == "serve":
+        serve()
+    else:
+        print(json.dumps(COMMANDS[sys.argv[1]](*sys.argv[2:])))
