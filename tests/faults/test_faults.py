@@ -63,7 +63,8 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
     deadline = time.monotonic() + 260
     while len(kills) < 20 and time.monotonic() < deadline:
         cluster.supervise(WORKERS)
-        running = {w.pid for w in cluster.workers}
+        # Not one killed already: SIGKILL takes a moment, and this loop turns fast.
+        running = {w.pid for w in cluster.workers} - {pid for _, _, pid in kills}
         busy = [
             (pid, str(session))
             # A worker running a session's job right now (its lease live): mid-node.
@@ -85,8 +86,12 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
             time.sleep(0.2)
             continue
         pid, session = random.choice(busy)
-        kills.append((datetime.now(UTC), session, pid))
-        os.kill(pid, signal.SIGKILL)
+        killed_at = datetime.now(UTC)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue  # it exited (and was reaped) meanwhile: not a kill
+        kills.append((killed_at, session, pid))
         time.sleep(random.uniform(0.2, 0.6))
 
     report = drive_to_completion(cluster, sessions, 120)
