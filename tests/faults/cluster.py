@@ -264,7 +264,7 @@ class Cluster:
             try:
                 wait_until(
                     lambda: server.poll() is not None or answering(base + "/healthz"),
-                    60,
+                    180,  # generous: on a machine shared by several suites it took 60 s
                     "no daphne",
                 )
             except AssertionError:

@@ -94,7 +94,7 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
         kills.append((killed_at, session, pid))
         time.sleep(random.uniform(0.2, 0.6))
 
-    report = drive_to_completion(cluster, sessions, 120)
+    report = drive_to_completion(cluster, sessions, 240)
     survived, lost = check_nothing_lost(cluster, report, sessions)
 
     recoveries = []
@@ -144,7 +144,7 @@ def test_redis_restart_mid_run(workers: Cluster) -> None:
         page.drop()  # the page's socket closes during the outage: htmx reconnects
         time.sleep(2)
         cluster.redis.start()
-        report = drive_to_completion(cluster, sessions, 120)
+        report = drive_to_completion(cluster, sessions, 240)
         last = report[sessions[0]]["events"]  # gap-free (checked below): the last seq
         wait_until(lambda: page.last >= last, 30, f"the page stopped at {page.last} of {last}")
         time.sleep(1.5)  # anything more would be a duplicate
@@ -171,7 +171,7 @@ def test_postgres_restart_mid_run(workers: Cluster) -> None:
     cluster.postgres.stop()
     time.sleep(2)
     cluster.postgres.start()
-    report = drive_to_completion(cluster, sessions, 120)
+    report = drive_to_completion(cluster, sessions, 240)
     survived, lost = check_nothing_lost(cluster, report, sessions)
     alive = sum(1 for w in cluster.workers if w.poll() is None)
     print(
