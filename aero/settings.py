@@ -243,6 +243,10 @@ AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
 AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
 if AERO_WS_URL:
     SECURE_CSP["connect-src"] = [CSP.SELF, AERO_WS_URL]  # the sockets' own origin
+# Live pages also re-read their sessions' last seq from PostgreSQL this often (one query
+# per web process for every watched session), so an event whose notice was lost (Redis
+# down, a full channel) still reaches an idle page within this bound (ADR 106); 0: off.
+AERO_LIVE_RESYNC_SECONDS = env_float("AERO_LIVE_RESYNC_SECONDS", 5.0)
 
 _RQ_URL = REDIS_URL or "redis://127.0.0.1:6379/0"
 if "socket_connect_timeout" not in _RQ_URL:

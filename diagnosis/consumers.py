@@ -8,16 +8,22 @@ to every viewer asking for it; viewers with other roles get their own render, so
 never mixes. The hub also batches the viewers' access checks: every pull re-reads the
 viewer's roles from the database (a role removed stops the stream at the next push), in
 one query for all the viewers a notice woke.
+
+A notice can be lost (Redis down or restarting, a channel over its capacity): the hub
+also re-reads the last seq of every session watched in this process every
+AERO_LIVE_RESYNC_SECONDS, in one query, and wakes the viewers behind it, so the newest
+event reaches an idle page with no further notice (ADR 106).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -45,6 +51,23 @@ FRAME_BYTES = 512 * 1024
 CLOSE_FORBIDDEN = 4403  # no (longer a) role that may watch this
 CLOSE_GONE = 4404  # the session does not exist or was deleted
 RENDER_CACHE_SIZE = 256
+
+logger = logging.getLogger("diagnosis.consumers")
+
+
+class Watcher(Protocol):
+    """A live viewer of one session's events (the page's timeline, the API stream)."""
+
+    sent_seq: int
+
+    async def catch_up(self) -> None: ...
+
+
+def last_seqs(session_ids: Iterable[str]) -> dict[str, int]:
+    """Each session's last seq, one query (deleted ones too: their viewers are closed
+    by the pull that follows)."""
+    rows = Session.objects.filter(pk__in=list(session_ids)).values_list("pk", "last_seq")
+    return {str(pk): last_seq for pk, last_seq in rows}
 
 
 def current_roles(user_ids: Iterable[Any]) -> dict[Any, frozenset[str]]:
@@ -234,6 +257,9 @@ class Hub:
         self.latest: dict[str, int] = {}  # session -> highest seq a notice announced
         self.pending_roles: dict[Any, list[asyncio.Future[frozenset[str]]]] = {}
         self.roles_task: asyncio.Task[None] | None = None
+        self.watchers: dict[str, set[Watcher]] = {}
+        self.resync_task: asyncio.Task[None] | None = None
+        self.catching_up: set[asyncio.Future[None]] = set()
 
     # --- access -----------------------------------------------------------------------
 
@@ -267,6 +293,46 @@ class Hub:
                             future.set_result(found.get(user_id, frozenset()))
         finally:
             self.roles_task = None
+
+    # --- resync -----------------------------------------------------------------------
+
+    def watch(self, session_id: str, viewer: Watcher) -> None:
+        self.watchers.setdefault(session_id, set()).add(viewer)
+        interval = float(settings.AERO_LIVE_RESYNC_SECONDS)
+        if interval > 0 and self.resync_task is None:
+            self.resync_task = asyncio.ensure_future(self._resync(interval))
+
+    def unwatch(self, session_id: str, viewer: Watcher) -> None:
+        viewers = self.watchers.get(session_id)
+        if viewers is not None:
+            viewers.discard(viewer)
+            if not viewers:
+                del self.watchers[session_id]
+
+    async def _resync(self, interval: float) -> None:
+        """Every `interval` while anyone watches: one query for the last seq of every
+        watched session; each viewer behind it pulls (its own lock keeps that pull from
+        overlapping one a notice started, so nothing is sent twice)."""
+        try:
+            while self.watchers:
+                await asyncio.sleep(interval)
+                if not self.watchers:
+                    return
+                try:
+                    found = await database_sync_to_async(last_seqs)(list(self.watchers))
+                except Exception:
+                    # PostgreSQL restarting: the next pass reads again.
+                    logger.warning("live resync: could not read the sessions", exc_info=True)
+                    continue
+                for session_id, last in found.items():
+                    self.announce(session_id, last)
+                    for viewer in list(self.watchers.get(session_id, ())):
+                        if viewer.sent_seq < last:
+                            task = asyncio.ensure_future(viewer.catch_up())
+                            self.catching_up.add(task)
+                            task.add_done_callback(self.catching_up.discard)
+        finally:
+            self.resync_task = None
 
     # --- renders ----------------------------------------------------------------------
 
@@ -340,6 +406,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
+        # One pull at a time: a notice and the hub's resync may both ask for one.
+        self.flushing = asyncio.Lock()
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         self.user_id = user_id_of(self.scope)
         if not await self.allowed():
@@ -358,6 +426,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         metrics.ws_connected("page", self.sent_seq)
+        hub().watch(self.session_id, self)
         await self.flush()  # catch up on everything after last_seq
 
     async def allowed(self) -> frozenset[str] | None:
@@ -366,8 +435,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-            self.group = ""
+            hub().unwatch(self.session_id, self)
+            group, self.group = self.group, ""  # a pull running now stops at its next turn
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # The page sends nothing we act on: decisions and answers are plain POSTs, so a
@@ -382,7 +452,18 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if seq > self.sent_seq:
             await self.flush()
 
+    async def catch_up(self) -> None:
+        """The hub's resync found events this viewer has not been sent."""
+        try:
+            await self.flush()
+        except Exception:  # the socket closed meanwhile: nothing to catch up
+            logger.debug("live resync of %s failed", self.session_id, exc_info=True)
+
     async def flush(self) -> None:
+        async with self.flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         """Send everything new, re-checking access first (roles may have changed since
         the last push, the session may have been deleted)."""
         while self.group:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -101,9 +102,10 @@ def job_id(session_id: Any) -> str:
 _WAITING = ("queued", "deferred", "scheduled")
 
 
-def dispatch(session_id: Any) -> bool:
+def dispatch(session_id: Any, *, at_front: bool = False) -> bool:
     """Run or enqueue the session's job unless one is already waiting or running.
-    Returns whether a job was enqueued (or run, inline).
+    Returns whether a job was enqueued (or run, inline). `at_front`: ahead of the jobs
+    waiting in the queue (a session whose job was lost has waited already).
 
     Never twice: a job waiting in the queue will see this input when it starts; a job
     holding the session's lease re-checks the inputs after it lets the lease go
@@ -117,7 +119,7 @@ def dispatch(session_id: Any) -> bool:
     if lease_is_live(session_id):
         return False
     if backend == "rq":
-        return _enqueue_rq(session_id)
+        return _enqueue_rq(session_id, at_front=at_front)
     return embedded_worker().submit(session_id)
 
 
@@ -127,7 +129,7 @@ def lease_is_live(session_id: Any) -> bool:
     ).exists()
 
 
-def _enqueue_rq(session_id: str) -> bool:
+def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
     """Enqueue under the fixed id, atomically (rq's unique enqueue: two decisions
     committing together push one job). An old job under that id is replaced only once
     it can no longer run: finished or failed, or started by a worker whose lease expired
@@ -149,6 +151,7 @@ def _enqueue_rq(session_id: str) -> bool:
                 job_timeout=600,
                 result_ttl=300,
                 failure_ttl=86400,
+                at_front=at_front,
             )
             return True
         except DuplicateJobError:
@@ -243,6 +246,7 @@ def embedded_worker() -> EmbeddedWorker:
 def requeue_stalled_sessions() -> int:
     """Re-enqueue the sessions that should be moving but have no job waiting and no live
     lease. Every worker runs this; the fixed job id makes concurrent passes harmless."""
+    release_dead_holders()
     candidates = stalled_sessions()
     if not candidates:
         return 0
@@ -251,10 +255,59 @@ def requeue_stalled_sessions() -> int:
     for session_id in candidates:
         if session_id in waiting:
             continue  # its job is in the queue, behind others: not stalled, just late
-        if dispatch(session_id):
+        # At the front: its job was lost (a killed worker, Redis restarted) after it had
+        # waited its turn once; behind a long queue it waited minutes more (ADR 109).
+        if dispatch(session_id, at_front=True):
             logger.info("re-enqueued stalled session %s", session_id)
             enqueued += 1
     return enqueued
+
+
+def _process_gone(pid: int) -> bool:
+    """Whether no process `pid` runs on this host (a zombie counts as gone: killed and
+    not yet reaped by its parent). Unsure (not ours to signal) reads as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def release_dead_holders() -> int:
+    """Let go now of the leases held by a job whose worker process is gone from this host
+    (kill -9, the OOM killer), instead of waiting for them to run out: the reconciler
+    pass that follows re-enqueues those sessions at once (ADR 109). Only the exact lease
+    the dead run took is expired (its token is in the run's input snapshot), so a lease
+    another worker has taken since is never touched; a pid reused by a live process
+    reads as alive, and then the lease runs out as before. Other hosts' processes cannot
+    be checked: their leases run out."""
+    host = socket.gethostname()
+    now = timezone.now()
+    live = Session.objects.filter(lease_token__isnull=False, lease_expires_at__gt=now)
+    runs = AgentRun.objects.filter(
+        session__in=live.values("pk"), parent__isnull=True, status="running"
+    ).values_list("session_id", "input_snapshot")
+    released = 0
+    for session_id, snapshot in runs:
+        pid, token = snapshot.get("pid"), snapshot.get("lease")
+        if snapshot.get("host") != host or not isinstance(pid, int) or not token:
+            continue
+        if pid == os.getpid() or not _process_gone(pid):
+            continue
+        if Session.objects.filter(
+            pk=session_id, lease_token=token, lease_expires_at__gt=now
+        ).update(lease_expires_at=now):
+            logger.warning(
+                "session %s: its worker (pid %s) is gone, lease released", session_id, pid
+            )
+            released += 1
+    return released
 
 
 def stalled_sessions() -> list[str]:
@@ -575,6 +628,8 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "backend": settings.AERO_JOB_BACKEND,
+                # Which lease this run holds: release_dead_holders expires exactly it.
+                "lease": str(token),
             },
         )
         context = AgentContext(
