@@ -458,7 +458,7 @@ def throughput(base: str, path: str, cookie: str, clients: int, seconds: float) 
 
 
 def concurrent_pages(clients: int, seconds: float, port: int, logs: Path, head: bool) -> dict:
-    session = big_session(150)
+    session = big_session(200)
     cookie = login_cookie("operator")
     path = f"/sessions/{session.pk}/"
     results = {}
@@ -496,25 +496,30 @@ def main() -> None:
     parser.add_argument("--what", default="all")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="aero-bench-logs-"))
-    inline_first = args.mode == "embedded" or args.what in ("all", "inline")
+    # Comma-separated: all, inline (per session + views), views (the two pages at one
+    # client), rq, push, pages (concurrent clients).
+    what = set(args.what.split(",")) if args.what != "all" else {"inline", "rq", "push", "pages"}
+    if "inline" in what:
+        what.add("views")
+    inline_first = args.mode == "embedded" or bool(what & {"inline", "views"})
     setup(args.tree, args.mode, "inline" if inline_first else "rq")
     out: dict[str, Any] = {"mode": args.mode, "logs": str(logs)}
-    what = args.what
-    if what in ("all", "inline"):
+    if "inline" in what:
         out.update(per_session(args.samples))
-        out.update(pages(150, args.open, args.samples * 5))
-    if args.mode == "services" and what in ("all", "rq"):
+    if "views" in what:
+        out.update(pages(200, args.open, args.samples * 5))
+    if args.mode == "services" and "rq" in what:
         from django.conf import settings
 
         settings.AERO_JOB_BACKEND = "rq"
         out.update(rq_latency(args.samples * 3, logs))
         out.update(at_once(args.at_once, args.at_once_timeout, logs))
-    if args.mode == "services" and what in ("all", "push"):
+    if args.mode == "services" and "push" in what:
         out.update(live_push(args.viewers, 1, args.events, args.port, logs))
         if args.push_sessions > 1:
             many = live_push(args.push_sessions, args.push_sessions, args.events, args.port, logs)
             out.update({f"many_{k}": v for k, v in many.items()})
-    if args.mode == "services" and what in ("all", "pages"):
+    if args.mode == "services" and "pages" in what:
         out.update(concurrent_pages(args.clients, args.seconds, args.port + 10, logs, args.head))
     print("RESULT " + json.dumps(out))
 

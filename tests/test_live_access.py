@@ -116,13 +116,13 @@ def test_viewers_with_the_same_roles_share_one_render_and_roles_never_mix(
     approver = make_user("abel", "approver")
     session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
     renders: list[frozenset[str]] = []
-    real = consumers.render_updates
+    real = consumers.render_batch
 
-    def counted(roles: frozenset[str], *args: Any) -> Any:
-        renders.append(roles)
-        return real(roles, *args)
+    def counted(pulls: list[consumers.Pull]) -> Any:
+        renders.extend(pull.roles for pull in pulls)
+        return real(pulls)
 
-    monkeypatch.setattr(consumers, "render_updates", counted)
+    monkeypatch.setattr(consumers, "render_batch", counted)
     sid = str(session.pk)
 
     async def viewers() -> tuple[list[Any], list[Any], int]:
