@@ -169,6 +169,21 @@ def main() -> None:
         (f"commit -> browser p50, {v} viewers, 1 session", "", "push_p50_ms", " ms", False),
         (f"commit -> browser p99, {v} viewers, 1 session", "< 50 ms", "push_p99_ms", " ms", False),
         (f"failed handshakes, {v} at once", "0", "push_failed_handshakes", "", False),
+        (f"daphne CPU per event, {v} viewers", "", "push_cpu_ms_per_event", " ms", False),
+        (
+            f"commit -> browser p50, {m} on {m} sessions",
+            "",
+            "many_push_p50_ms",
+            " ms",
+            False,
+        ),
+        (
+            f"daphne CPU per event, {m} on {m} sessions",
+            "",
+            "many_push_cpu_ms_per_event",
+            " ms",
+            False,
+        ),
         (
             f"commit -> browser p99, {m} on {m} sessions",
             "< 50 ms",

@@ -10,11 +10,9 @@ render_updates (either signature), the page URLs, `manage.py aero_worker`, daphn
 from __future__ import annotations
 
 import argparse
-import asyncio
 import http.client
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -332,11 +330,44 @@ def gunicorn(port: int, logs: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
+# The viewers run in a process of their own (as browsers do): in the appending process
+# they would wait for its GIL, and the appends' own time would count as push latency.
+VIEWERS = r"""
+import asyncio, json, re, sys, time
+from websockets.asyncio.client import connect
+
+config = json.loads(sys.argv[1])
+failed = 0
+
+async def viewer(url):
+    global failed
+    try:
+        ws = await connect(url, additional_headers=config["headers"], open_timeout=60)
+    except Exception:
+        failed += 1
+        return
+    session = url.split("/ws/sessions/")[1].split("/")[0]
+    async with ws:
+        async for message in ws:
+            now = time.time()
+            for seq in re.findall(r'data-seq="(\d+)"', str(message)):
+                print(f"M {session} {seq} {now}", flush=True)
+
+async def main():
+    tasks = [asyncio.ensure_future(viewer(url)) for url in config["urls"]]
+    await asyncio.sleep(config["settle"])
+    print(f"READY {failed}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until closed
+    for task in tasks:
+        task.cancel()
+
+asyncio.run(main())
+"""
+
+
 def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -> dict[str, Any]:
     """`viewers` sockets spread over `sessions` sessions; `events` rounds of one event per
     session; commit -> message latency for every (viewer, event)."""
-    from websockets.asyncio.client import connect
-
     from diagnosis.events import append_event
 
     server = daphne(port, logs)
@@ -344,63 +375,59 @@ def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -
     try:
         wait_up(base)
         targets = [new_session_no_job() for _ in range(sessions)]
-        cookie = login_cookie("auditor")
-        committed: dict[tuple[str, int], float] = {}
-        latencies: list[float] = []
+        config = {
+            "urls": [
+                f"ws://127.0.0.1:{port}/ws/sessions/{targets[n % sessions].pk}/"
+                f"?last_seq={targets[n % sessions].last_seq}"
+                for n in range(viewers)
+            ],
+            "headers": {"Cookie": login_cookie("auditor"), "Origin": base},
+            "settle": 3 + viewers / 50,  # handshakes and catch-up
+        }
+        client = subprocess.Popen(
+            [sys.executable, "-c", VIEWERS, json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout is not None and client.stdin is not None
+        received: list[tuple[str, int, float]] = []
         failed_handshakes = 0
-        ready = threading.Event()
-        finished = threading.Event()
-
-        async def viewer(session: Any) -> None:
-            nonlocal failed_handshakes
-            url = f"ws://127.0.0.1:{port}/ws/sessions/{session.pk}/?last_seq={session.last_seq}"
-            try:
-                ws = await connect(
-                    url, additional_headers={"Cookie": cookie, "Origin": base}, open_timeout=30
-                )
-            except Exception:
-                failed_handshakes += 1
-                return
-            async with ws:
-                while not finished.is_set():
-                    try:
-                        message = await asyncio.wait_for(ws.recv(), timeout=1)
-                    except TimeoutError:
-                        continue
-                    except Exception:
-                        return
-                    now = time.monotonic()
-                    for seq in re.findall(r'data-seq="(\d+)"', str(message)):
-                        sent = committed.get((str(session.pk), int(seq)))
-                        if sent is not None:
-                            latencies.append((now - sent) * 1000)
-
-        async def all_viewers() -> None:
-            tasks = [viewer(targets[n % sessions]) for n in range(viewers)]
-            gathered = asyncio.gather(*tasks)
-            await asyncio.sleep(0)
-            ready.set()
-            await gathered
-
-        thread = threading.Thread(target=lambda: asyncio.run(all_viewers()), daemon=True)
-        thread.start()
-        ready.wait()
-        time.sleep(3 + viewers / 50)  # handshakes and catch-up
+        for line in client.stdout:
+            if line.startswith("READY"):
+                failed_handshakes = int(line.split()[1])
+                break
+        reader = threading.Thread(
+            target=lambda: received.extend(
+                (p[1], int(p[2]), float(p[3]))
+                for p in (line.split() for line in client.stdout or ())
+                if p and p[0] == "M"
+            ),
+            daemon=True,
+        )
+        reader.start()
+        committed: dict[tuple[str, int], float] = {}
+        cpu_before = process_cpu_ms(server.pid)
         for round_ in range(events):
             for session in targets:
+                # From before the append (its commit and notice inside): an upper bound.
+                started = time.time()
                 event = append_event(session.pk, "agent.note", {"text": f"r{round_}"}, producer="b")
-                committed[(str(session.pk), event.seq)] = time.monotonic()
+                committed[(str(session.pk), event.seq)] = started
             time.sleep(0.5)
-        expected = viewers * events
+        expected = (viewers - failed_handshakes) * events
         deadline = time.monotonic() + 60
-        while (
-            len(latencies) < expected - failed_handshakes * events and time.monotonic() < deadline
-        ):
+        while time.monotonic() < deadline:
+            if sum(1 for s, q, _ in list(received) if (s, q) in committed) >= expected:
+                break
             time.sleep(0.1)
-        finished.set()
-        thread.join(timeout=10)
+        server_cpu_ms = process_cpu_ms(server.pid) - cpu_before
+        client.stdin.close()
+        client.wait(timeout=30)
+        reader.join(timeout=10)
     finally:
         stop([server])
+    latencies = [(at - committed[(s, q)]) * 1000 for s, q, at in received if (s, q) in committed]
     return {
         "push_viewers": viewers,
         "push_sessions": sessions,
@@ -409,7 +436,16 @@ def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -
         "push_received": len(latencies),
         "push_expected": viewers * events,
         "push_failed_handshakes": failed_handshakes,
+        # The server's CPU per event delivered to all its viewers: unlike the latencies,
+        # it hardly depends on what else the machine runs.
+        "push_cpu_ms_per_event": server_cpu_ms / max(1, events * sessions),
     }
+
+
+def process_cpu_ms(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc), in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def new_session_no_job() -> Any:
