@@ -199,6 +199,8 @@ def main() -> None:
             True,
         ),
         ("same, plain gunicorn", "", "pages_gunicorn_rps", " req/s", True),
+        ("same, daphne alone", "", "pages_daphne_rps", " req/s", True),
+        ("same, uvicorn, 3 workers", "", "pages_uvicorn_rps", " req/s", True),
     ]
     for figure, goal, key, unit, higher in rows:
         row(figure, goal, key, "services", unit, higher)

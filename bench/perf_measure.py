@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -330,6 +331,16 @@ def gunicorn(port: int, logs: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
+def uvicorn(port: int, logs: Path) -> subprocess.Popen[bytes]:
+    return start(
+        [str(Path(sys.executable).parent / "uvicorn"), "aero.asgi:application", "--host",
+         "127.0.0.1", "--port", str(port), "--workers", "3", "--backlog", "1024",
+         "--no-access-log"],
+        logs / f"uvicorn{port}.log",
+        AERO_JOB_BACKEND="rq",
+    )  # fmt: skip
+
+
 # The viewers run in a process of their own (as browsers do): in the appending process
 # they would wait for its GIL, and the appends' own time would count as push latency.
 VIEWERS = r"""
@@ -500,7 +511,17 @@ def concurrent_pages(clients: int, seconds: float, port: int, logs: Path, head: 
     results = {}
     # The tree's own way of serving HTTP (base: daphne; this change: gunicorn beside
     # daphne), then the same views under plain gunicorn for reference.
-    for name, server in (("served", gunicorn if head else daphne), ("gunicorn", gunicorn)):
+    # With this change, also the alternatives for the record (ADR 88): daphne alone and
+    # uvicorn's ASGI workers (when installed), three processes as gunicorn has.
+    servers: list[tuple[str, Callable[[int, Path], subprocess.Popen[bytes]]]] = [
+        ("served", gunicorn if head else daphne),
+        ("gunicorn", gunicorn),
+    ]
+    if head:
+        servers.append(("daphne", daphne))
+        if (Path(sys.executable).parent / "uvicorn").exists():
+            servers.append(("uvicorn", uvicorn))
+    for name, server in servers:
         process = server(port, logs)
         try:
             wait_up(f"http://127.0.0.1:{port}")
