@@ -501,6 +501,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 await self.send(text_data=frame)
             metrics.events_sent("page", update.seq - self.sent_seq)
             self.sent_seq, self.composer_key = update.seq, update.composer_key
+            # Sent all the render saw and all any notice announced: done. Another turn
+            # would cost every viewer a role check and a read that finds nothing; a
+            # notice arriving later runs its own flush (handled after this one).
+            if update.seq >= max(update.as_of, hub().latest.get(self.session_id, 0)):
+                return
 
     async def stop(self, code: int) -> None:
         await self.disconnect(code)
