@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import channels.consumer
 import pytest
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
@@ -155,7 +156,8 @@ def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Once a pull has sent everything the render saw and every notice announced, the
-    viewer stops: no second role check and read that would find nothing new."""
+    viewer stops: no second role check and read that would find nothing new; and the
+    notice itself costs no extra hop to the sync thread (NoticeConsumer.dispatch)."""
     from channels.db import database_sync_to_async
     from channels.testing import WebsocketCommunicator
     from django.db import connections
@@ -179,25 +181,35 @@ def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
 
     monkeypatch.setattr(consumers, "render_batch", counted_batch)
     monkeypatch.setattr(consumers, "current_roles", counted_roles)
+    hops: list[str] = []
+    real_close = channels.consumer.aclose_old_connections
+
+    async def counted_close() -> None:
+        hops.append("close")  # a hop to the sync thread the renders queue on
+        await real_close()
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted_close)
     headers = [(b"origin", b"http://testserver"), (b"cookie", cookie_for(operator).encode())]
     path = f"/ws/sessions/{session.pk}/?last_seq={session.last_seq}&lang=en"
 
-    async def watch() -> tuple[list[int], int, int]:
+    async def watch() -> tuple[int, int, int]:
         viewer = WebsocketCommunicator(page_websocket, path, headers=headers)
         connected, _ = await viewer.connect(timeout=10)
         assert connected
         await asyncio.sleep(0.3)  # the catch-up pull at connect (nothing new) is done
-        before = (len(pulls), len(role_reads))
+        before = (len(pulls), len(role_reads), len(hops))
         event = await database_sync_to_async(append_event)(
             session.pk, "agent.note", {"text": "one more"}, producer="t"
         )
         message = await viewer.receive_from(timeout=10)
         await asyncio.sleep(0.5)  # a second turn of the pull, if any, runs now
+        counts = (len(pulls) - before[0], len(role_reads) - before[1], len(hops) - before[2])
         await viewer.disconnect()
         await database_sync_to_async(connections.close_all)()  # this thread's connection
         seqs = [int(s) for s in SEQ.findall(message)]
         assert seqs == [event.seq]
-        return seqs, len(pulls) - before[0], len(role_reads) - before[1]
+        return counts
 
-    _, renders, role_checks = run_in_fresh_loop(watch)
+    renders, role_checks, cleanup_hops = run_in_fresh_loop(watch)
     assert (renders, role_checks) == (1, 1)
+    assert cleanup_hops == 0  # the notice's pull cleans up in its own database call
