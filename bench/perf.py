@@ -7,7 +7,8 @@ The base commit is checked out into a temporary `git worktree` (removed afterwar
 Embedded mode (SQLite, inline jobs) is measured for the in-process figures; the others
 need PostgreSQL and Redis: DATABASE_URL and REDIS_URL name the servers (defaults: this
 machine), and each tree gets scratch databases `aero_bench_base` / `aero_bench_head`
-(dropped and re-created) and Redis database AERO_BENCH_REDIS_DB (default 13, flushed).
+(dropped and re-created; `--db-suffix _p` makes them `aero_bench_base_p` ..., so two
+runs do not collide) and Redis database AERO_BENCH_REDIS_DB (default 13, flushed).
 Scale options keep `make bench` to a few minutes; the table says what ran.
 """
 
@@ -48,6 +49,9 @@ def run_tree(tree: Path, mode: str, head: bool, db: str, args: argparse.Namespac
         env["REDIS_URL"] = redis
         env["AERO_QUEUE"] = f"bench-{db}"
         env["AERO_CHANNEL_PREFIX"] = f"bench-{db}"
+        # Production mode requires the key from the environment (any key does here).
+        env["AERO_ENCRYPTION_KEYS"] = "aero-bench-" + "0" * 32
+        env["AERO_HTTPS"] = "0"  # plain HTTP on 127.0.0.1: no redirect to https
     command = [
         sys.executable, str(MEASURE), "--tree", str(tree), "--mode", mode,
         "--samples", str(args.samples), "--open", str(args.open),
@@ -124,6 +128,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--port", type=int, default=18500)
+    parser.add_argument(
+        "--what", default="all", help="figures to measure, comma-separated (see perf_measure.py)"
+    )
+    parser.add_argument(
+        "--db-suffix", default="", help="appended to the scratch databases' names (parallel runs)"
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="aero-base-"))
@@ -135,7 +145,7 @@ def main() -> None:
     try:
         for head, label, source in ((False, "base", tree), (True, "head", ROOT)):
             for mode in ("embedded", "services"):
-                data = run_tree(source, mode, head, f"aero_bench_{label}", args)
+                data = run_tree(source, mode, head, f"aero_bench_{label}{args.db_suffix}", args)
                 results[f"{label}-{mode}"] = data
     finally:
         subprocess.run([*git, "remove", "--force", str(tree)], check=False)
@@ -176,6 +186,21 @@ def main() -> None:
         (f"commit -> browser p50, {v} viewers, 1 session", "", "push_p50_ms", " ms", False),
         (f"commit -> browser p99, {v} viewers, 1 session", "< 50 ms", "push_p99_ms", " ms", False),
         (f"failed handshakes, {v} at once", "0", "push_failed_handshakes", "", False),
+        (f"daphne CPU per event, {v} viewers", "", "push_cpu_ms_per_event", " ms", False),
+        (
+            f"commit -> browser p50, {m} on {m} sessions",
+            "",
+            "many_push_p50_ms",
+            " ms",
+            False,
+        ),
+        (
+            f"daphne CPU per event, {m} on {m} sessions",
+            "",
+            "many_push_cpu_ms_per_event",
+            " ms",
+            False,
+        ),
         (
             f"commit -> browser p99, {m} on {m} sessions",
             "< 50 ms",
@@ -191,6 +216,8 @@ def main() -> None:
             True,
         ),
         ("same, plain gunicorn", "", "pages_gunicorn_rps", " req/s", True),
+        ("same, daphne alone", "", "pages_daphne_rps", " req/s", True),
+        ("same, uvicorn, 3 workers", "", "pages_uvicorn_rps", " req/s", True),
     ]
     for figure, goal, key, unit, higher in rows:
         row(figure, goal, key, "services", unit, higher)
