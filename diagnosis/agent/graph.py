@@ -19,7 +19,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from diagnosis import shutdown
-from diagnosis.agent import fsm, grounding, policy, prompts
+from diagnosis.agent import fsm, grounding, policy, prompts, waits
 from diagnosis.agent.extraction import Extraction
 from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
 from diagnosis.agent.state import AgentContext, AgentState
@@ -82,38 +82,56 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
             status = Session.objects.filter(pk=ctx.session_id).values_list("status", flat=True)
             if status.first() == SessionStatus.CANCELED:
                 raise SessionCanceled()
-            with step_scope(_task_key(runtime, name)) as scope:
-                try:
-                    with transaction.atomic(), event_batch(ctx.session_id) as batch:
-                        run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
-                        update = fn(state, ctx, run)
-                        summary = update.pop("_summary", "")
-                        AgentRun.objects.filter(pk=run.pk).update(
-                            status="completed",
-                            ended_at=timezone.now(),
-                            output_summary={"summary": summary},
-                        )
-                        append_step_event(
-                            ctx.session_id,
-                            "agent.node_completed",
-                            {"node": name, "run": run.pk, "summary": summary},
-                            producer=ctx.producer,
-                            run=run,
-                        )
-                except Exception as exc:
-                    if (
-                        isinstance(exc, (SessionCanceled, LeaseLost))
-                        or type(exc).__name__ == "GraphInterrupt"
-                    ):
-                        raise  # a lost lease writes nothing, not even its failure
-                    _record_failure(ctx, name, state, exc)
-                    raise
-            return update
+            task_key = _task_key(runtime, name)
+            try:
+                return _run_step(fn, name, state, ctx, task_key)
+            except waits.ModelWait as wait:
+                # The step rolled back; it re-runs from its first line once the runner
+                # has the reply (ADR 95). The interrupt carries the request.
+                waits.interrupt_for(wait)
+                raise  # not reached: interrupt_for raises the interrupt
 
         wrapper.__name__ = fn.__name__
         return wrapper
 
     return decorator
+
+
+def _run_step(
+    fn: Callable[..., dict[str, Any]],
+    name: str,
+    state: AgentState,
+    ctx: AgentContext,
+    task_key: str,
+) -> dict[str, Any]:
+    """One node's step: its rows and events in one transaction (see `recorded`)."""
+    with waits.wait_scope(ctx.session_id, task_key), step_scope(task_key) as scope:
+        try:
+            with transaction.atomic(), event_batch(ctx.session_id) as batch:
+                run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
+                update = fn(state, ctx, run)
+                summary = update.pop("_summary", "")
+                AgentRun.objects.filter(pk=run.pk).update(
+                    status="completed",
+                    ended_at=timezone.now(),
+                    output_summary={"summary": summary},
+                )
+                append_step_event(
+                    ctx.session_id,
+                    "agent.node_completed",
+                    {"node": name, "run": run.pk, "summary": summary},
+                    producer=ctx.producer,
+                    run=run,
+                )
+        except Exception as exc:
+            if (
+                isinstance(exc, (SessionCanceled, LeaseLost))
+                or type(exc).__name__ == "GraphInterrupt"
+            ):
+                raise  # a lost lease writes nothing, not even its failure
+            _record_failure(ctx, name, state, exc)
+            raise
+    return update
 
 
 def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Exception) -> None:
