@@ -181,3 +181,68 @@ def test_every_real_provider_down_falls_back_to_offline_on_the_timeline(
     client.force_login(User.objects.get(username="olga"))
     page = client.get(f"/sessions/{session.pk}/").content.decode()
     assert "falling back to offline" in page
+
+
+def test_a_runner_that_loses_its_claim_mid_call_neither_loses_nor_pays_twice(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], no_inline_runner: None
+) -> None:
+    """Runner A claims the call and stops renewing (killed, paused): its claim runs out,
+    runner B takes the request over and answers it. A's reply, arriving later, is
+    refused: one LLMCall row, the tokens counted once, the session resumed once."""
+    # A's reply comes back after B's: a runner without the claim check would record it.
+    fake_llm.set_script(
+        {"rules": [{**ANSWER, "match": {"call": 1}, "latency": 2.5}, {**ANSWER, "latency": 0.2}]}
+    )
+    fake_provider(fake_llm)
+    session = start(make_user)
+    runner_a = threading.Thread(
+        target=lambda: in_thread(lambda: llm_runner.Runner(enqueue=False).process_pending())
+    )
+    runner_a.start()
+    deadline = time.monotonic() + 10
+    while not fake_llm.requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(fake_llm.requests) == 1  # A's call is in flight
+    LLMRequest.objects.update(claim_expires_at=timezone.now())  # A stopped renewing
+
+    assert in_thread(lambda: llm_runner.Runner().process_pending()) == 1  # B took it over
+    runner_a.join(timeout=30)
+
+    session.refresh_from_db()
+    assert len(fake_llm.requests) == 2  # B made the call again: A had not finished it
+    assert attempts(session) == [("fake", "ok")]
+    assert (session.tokens_in, session.tokens_out) == (120, 30)
+    assert Event.objects.filter(session=session, type="llm.call").count() == 1
+    assert LLMRequest.objects.get(session=session).claims == 2
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+
+
+def test_a_finished_call_is_never_made_again_by_a_rerun_of_its_node(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job dies in the node after reading the reply (here: the step fails once and
+    the job runs it again from its first line): the stored reply is read again, the
+    model is not asked twice and nothing is counted twice."""
+    fake_llm.set_script({"rules": [ANSWER]})
+    fake_provider(fake_llm)
+    settle = grounding.settle
+    crashes: list[int] = []
+
+    def crash_once(*args: Any, **kwargs: Any) -> Any:
+        if LLMRequest.objects.filter(status="done").exists() and not crashes:
+            crashes.append(1)
+            raise RuntimeError("the worker died here")
+        return settle(*args, **kwargs)
+
+    monkeypatch.setattr(grounding, "settle", crash_once)
+    session = start(make_user)
+
+    assert crashes == [1]
+    assert Event.objects.filter(session=session, type="agent.node_failed").count() == 1
+    assert len(fake_llm.requests) == 1
+    assert attempts(session) == [("fake", "ok")]
+    assert (session.tokens_in, session.tokens_out) == (120, 30)
+    assert session.snapshot["risk"]["rule"] == "OS-01"
