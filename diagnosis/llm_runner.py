@@ -40,13 +40,22 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import openai
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
-from langchain_core.messages import AIMessage, message_chunk_to_message, message_to_dict
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    InvalidToolCall,
+    ToolCall,
+    message_chunk_to_message,
+    message_to_dict,
+)
+from langchain_core.messages.tool import invalid_tool_call, tool_call
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
@@ -529,14 +538,21 @@ class Runner:
             call.buffer.clear()
             await _db(reset_text)(call)  # a new attempt streams a new text
         full: Any = None
-        async for chunk in client_for(provider.config).astream(messages, **options):
-            full = chunk if full is None else full + chunk
-            if isinstance(chunk.content, str) and chunk.content:
-                call.buffer.append(chunk.content)
+        try:
+            async for chunk in client_for(provider.config).astream(messages, **options):
+                full = chunk if full is None else full + chunk
+                if isinstance(chunk.content, str) and chunk.content:
+                    call.buffer.append(chunk.content)
+        except (openai.APIError, asyncio.CancelledError, ClaimLost):
+            raise
+        except Exception as exc:
+            # A body that is no event stream (or breaks it) is an unusable reply: retried.
+            raise ProviderError(
+                f"invalid response: {type(exc).__name__}: {exc}", retryable=True
+            ) from None
         if full is None:
             raise ProviderError("the model sent an empty stream", retryable=True)
-        message = message_chunk_to_message(full)
-        assert isinstance(message, AIMessage)
+        message = strict_tool_calls(full)
         meta: dict[str, Any] = dict(message.usage_metadata or {})
         tokens_in, tokens_out = int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0))
         usage = Usage(tokens_in, tokens_out, provider.cost(tokens_in, tokens_out))
@@ -556,6 +572,43 @@ class Runner:
                     "the model's reply is not a JSON object", retryable=True, usage=usage
                 )
         return message, usage
+
+
+def strict_tool_calls(full: AIMessageChunk) -> AIMessage:
+    """The streamed reply as one message, its tool arguments parsed strictly. LangChain
+    merges streamed arguments with a lenient partial-JSON parser that completes a cut
+    reply (`{"flight_no": "CA12` becomes a valid call); unstreamed, the same reply is
+    invalid and gets the repair turn. Arguments that are not a JSON object are invalid."""
+    message = message_chunk_to_message(full)
+    assert isinstance(message, AIMessage)
+    if not full.tool_call_chunks:
+        return message
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for chunk in full.tool_call_chunks:
+        raw = chunk.get("args") or ""
+        try:
+            args = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError as exc:
+            args, problem = None, f"not valid JSON: {exc.msg}"
+        else:
+            problem = "" if isinstance(args, dict) else "not a JSON object"
+        if problem or not isinstance(args, dict):
+            invalid.append(
+                invalid_tool_call(
+                    name=chunk.get("name"), args=raw, id=chunk.get("id"), error=problem
+                )
+            )
+        else:
+            calls.append(tool_call(name=chunk.get("name") or "", args=args, id=chunk.get("id")))
+    return AIMessage(
+        content=message.content,
+        tool_calls=calls,
+        invalid_tool_calls=invalid,
+        usage_metadata=message.usage_metadata,
+        response_metadata=message.response_metadata,
+        id=message.id,
+    )
 
 
 def _ms(started: float) -> int:
