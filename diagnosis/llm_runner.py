@@ -186,7 +186,12 @@ def write_deltas(call: Claimed, text: str) -> None:
         append_event(
             call.session_id,
             "llm.delta",
-            {"request": call.key, "purpose": call.purpose, "text": text},
+            {
+                "request": call.key,
+                "attempt": f"{call.claims}.{call.attempts}",
+                "purpose": call.purpose,
+                "text": text,
+            },
             producer=PRODUCER,
         )
 

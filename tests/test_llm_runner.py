@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -129,6 +129,9 @@ def test_a_model_call_is_a_wait_and_the_worker_is_free(
     assert "".join(d.payload["text"] for d in deltas) == request.text
     call = Event.objects.get(session=session, type="llm.call", payload__provider="fake")
     assert call.payload["text"] == request.text and '"CA1234"' in request.text
+    # The page (no JavaScript needed) shows the call's final text.
+    assert session.snapshot["thinking"]["status"] == "done"
+    assert session.snapshot["thinking"]["text"] == request.text
 
 
 def test_offline_provider_needs_no_wait(builtin: None, make_user: Callable[..., User]) -> None:
