@@ -155,7 +155,7 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
     )
     for command in (["migrate", "--noinput", "-v0"], ["load_builtin"]):
         subprocess.run([PY, "manage.py", *command], cwd=ROOT, env=env, check=True)
-    log = open(Path(env["AERO_DATA_DIR"]) / "processes.log", "w")  # noqa: SIM115
+    log = (Path(env["AERO_DATA_DIR"]) / "processes.log").open("w")
     processes = [
         subprocess.Popen(
             [PY, "manage.py", "aero_worker"], cwd=ROOT, env=env, stdout=log, stderr=log
