@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -35,13 +36,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import openai
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.db.models import F, Q, Value
@@ -94,6 +95,8 @@ class Claimed:
     provider_ids: list[int]
     buffer: list[str] = field(default_factory=list)
     attempts: int = 0  # attempts recorded under this claim (their keys' counter)
+    # The call's writes, in order: its streamed text never lands after its reply.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 async def backoff_sleep(seconds: float) -> None:
@@ -101,17 +104,47 @@ async def backoff_sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
+DB_THREADS = 4
+
+
 def _db[T](fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    # One thread for the runner's database work: its queries are short and in order
-    # (a call's deltas before its reply), and the process keeps one connection.
-    return sync_to_async(fn, thread_sensitive=True)
+    """Run on the loop's database threads (`database_threads`: a few, a connection each):
+    one thread for every write of 200 calls in flight fell behind, and the renewals of
+    its claims with it (the runner then lost its own claims). A call's writes stay in
+    order (Claimed.lock)."""
+
+    async def run(*args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+
+    return run
+
+
+@contextlib.asynccontextmanager
+async def database_threads() -> AsyncIterator[None]:
+    """The loop's default executor: DB_THREADS threads, their connections closed at the
+    end (each thread closes its own; the barrier makes every thread take one)."""
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="aero-llm-db")
+    loop.set_default_executor(executor)
+    try:
+        yield
+    finally:
+        barrier = threading.Barrier(DB_THREADS)
+
+        def close() -> None:
+            connections.close_all()
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=5)
+
+        await asyncio.gather(*(loop.run_in_executor(None, close) for _ in range(DB_THREADS)))
 
 
 # --- database side (sync) ---------------------------------------------------------------
 
 
-def claim(limit: int, session_id: Any = None) -> list[Claimed]:
-    """Claim up to `limit` pending requests nobody holds (or whose claim ran out)."""
+def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()) -> list[Claimed]:
+    """Claim up to `limit` pending requests nobody holds (or whose claim ran out), never
+    one of `held` (this runner's own, in flight: a late renewal must not restart them)."""
     now = timezone.now()
     expires = now + timedelta(seconds=settings.AERO_LLM_CLAIM_SECONDS)
     claimed: list[Claimed] = []
@@ -121,6 +154,8 @@ def claim(limit: int, session_id: Any = None) -> list[Claimed]:
         )
         if session_id is not None:
             rows = rows.filter(session_id=session_id)
+        if held:
+            rows = rows.exclude(key__in=held)
         for row in rows.select_for_update(skip_locked=True).order_by("created_at")[:limit]:
             token = uuid.uuid4()
             LLMRequest.objects.filter(pk=row.pk).update(
@@ -375,7 +410,8 @@ class Runner:
                 free = settings.AERO_LLM_RUNNER_CONCURRENCY - len(self.inflight)
                 if free > 0:
                     try:
-                        for call in await _db(claim)(free):
+                        held = frozenset(self.inflight)
+                        for call in await _db(claim)(free, None, held):
                             self._start(call)
                     except DatabaseError:
                         logger.warning("llm runner: claiming failed", exc_info=True)
@@ -395,7 +431,16 @@ class Runner:
                 await _db(unregister)(self.name)
             except DatabaseError:
                 logger.warning("llm runner: could not release its claims", exc_info=True)
-            await _db(connections.close_all)()
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """run() with its own database threads."""
+        async with database_threads():
+            await self.run(stop)
+
+    async def process_pending_now(self, session_id: Any = None) -> int:
+        """process_pending() with its own database threads."""
+        async with database_threads():
+            return await self.process_pending(session_id)
 
     async def process_pending(self, session_id: Any = None) -> int:
         """Claim every pending request (of one session) and make the calls; returns how
@@ -408,7 +453,6 @@ class Runner:
         await asyncio.gather(*(t for _, t in list(self.inflight.values())), return_exceptions=True)
         flusher_stop.set()
         await flusher
-        await _db(connections.close_all)()  # the database thread's connection
         return len(calls)
 
     def _start(self, call: Claimed) -> None:
@@ -432,24 +476,29 @@ class Runner:
         interval = settings.AERO_LLM_STREAM_FLUSH
         while True:
             started = time.monotonic()
-            for call, _ in list(self.inflight.values()):
-                await self._flush(call)
+            pending = [call for call, _ in list(self.inflight.values()) if call.buffer]
+            await asyncio.gather(*(self._flush(call) for call in pending))
             if stop.is_set():
                 return
             # At most every `interval`; a slow flush simply coalesces more text.
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _flush(self, call: Claimed) -> None:
-        if not call.buffer:
-            return
-        text, call.buffer[:] = "".join(call.buffer), []
+        async with call.lock:
+            if not call.buffer:
+                return
+            text, call.buffer[:] = "".join(call.buffer), []
+            await self._write_deltas(call, text)
+
+    async def _write_deltas(self, call: Claimed, text: str) -> None:
         try:
             await _db(write_deltas)(call, text)
         except ClaimLost:
             self._drop(call)
         except Exception:
-            # The live view of the text is progress, not a fact: losing a piece of it
-            # costs nothing (the final text is recorded with the call).
+            # The database refused (too many clients, a restart): the text goes back to
+            # the front of the buffer and is written with the next piece, in order.
+            call.buffer.insert(0, text)
             logger.warning("llm runner: streamed text of %s not written", call.key, exc_info=True)
 
     def _drop(self, call: Claimed) -> None:
@@ -526,10 +575,12 @@ class Runner:
                     )
                 continue
             await self._flush(call)  # the last of the text before the reply
-            await _db(finish_ok)(call, provider, message, usage, latency, number, self.enqueue)
+            async with call.lock:
+                await _db(finish_ok)(call, provider, message, usage, latency, number, self.enqueue)
             return
         await self._flush(call)
-        await _db(finish_failed)(call, last_error, last_name, self.enqueue)
+        async with call.lock:
+            await _db(finish_failed)(call, last_error, last_name, self.enqueue)
 
     async def _stream(
         self,
@@ -540,8 +591,9 @@ class Runner:
     ) -> tuple[AIMessage, Usage]:
         """One attempt, streamed: the text goes to the call's buffer as it arrives."""
         if call.attempts:
-            call.buffer.clear()
-            await _db(reset_text)(call)  # a new attempt streams a new text
+            async with call.lock:
+                call.buffer.clear()
+                await _db(reset_text)(call)  # a new attempt streams a new text
         full: Any = None
         try:
             async for chunk in client_for(provider.config).astream(messages, **options):
@@ -631,7 +683,7 @@ def run_pending_inline(session_id: Any) -> bool:
 
     def target() -> None:
         try:
-            result.append(asyncio.run(Runner(enqueue=False).process_pending(session_id)))
+            result.append(asyncio.run(Runner(enqueue=False).process_pending_now(session_id)))
         finally:
             connections.close_all()
 
@@ -654,7 +706,7 @@ def start_in_thread() -> None:
 
         def target() -> None:
             try:
-                asyncio.run(Runner().run(asyncio.Event()))
+                asyncio.run(Runner().serve(asyncio.Event()))
             except Exception:
                 logger.exception("the embedded LLM runner stopped")
             finally:

@@ -111,7 +111,7 @@ def test_a_model_call_is_a_wait_and_the_worker_is_free(
     # The reconciler leaves a session waiting for the model alone (no job per pass).
     assert str(session.pk) not in jobs.stalled_sessions()
 
-    made = in_thread(lambda: llm_runner.Runner().process_pending())
+    made = in_thread(lambda: llm_runner.Runner().process_pending_now())
     assert made == 1
 
     session.refresh_from_db()
@@ -199,7 +199,7 @@ def test_a_runner_that_loses_its_claim_mid_call_neither_loses_nor_pays_twice(
     fake_provider(fake_llm)
     session = start(make_user)
     runner_a = threading.Thread(
-        target=lambda: in_thread(lambda: llm_runner.Runner(enqueue=False).process_pending())
+        target=lambda: in_thread(lambda: llm_runner.Runner(enqueue=False).process_pending_now())
     )
     runner_a.start()
     deadline = time.monotonic() + 10
@@ -208,7 +208,7 @@ def test_a_runner_that_loses_its_claim_mid_call_neither_loses_nor_pays_twice(
     assert len(fake_llm.requests) == 1  # A's call is in flight
     LLMRequest.objects.update(claim_expires_at=timezone.now())  # A stopped renewing
 
-    assert in_thread(lambda: llm_runner.Runner().process_pending()) == 1  # B took it over
+    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 1  # B took it over
     runner_a.join(timeout=30)
 
     session.refresh_from_db()

@@ -32,4 +32,4 @@ class Command(BaseCommand):
             loop.add_signal_handler(signum, stop.set)
         runner = Runner()
         self.stdout.write(f"LLM runner {runner.name} started")
-        await runner.run(stop)
+        await runner.serve(stop)
