@@ -36,9 +36,8 @@ def _workers() -> str:
     one that registered must have beaten within three heartbeat intervals. None
     registered is reported, not failed: sessions then wait in the queue, visibly. Read
     from PostgreSQL, so a Redis outage does not hide live workers."""
-    from diagnosis.models import WorkerBeat
-
     from diagnosis.llm_runner import BEAT_PREFIX
+    from diagnosis.models import WorkerBeat
 
     rows = list(
         WorkerBeat.objects.exclude(name__startswith=BEAT_PREFIX).values_list(
