@@ -40,8 +40,10 @@ from diagnosis.agent.state import AgentContext
 from diagnosis.events import (
     LeaseLost,
     active_fence,
+    check_fence,
     fenced,
     known_keys,
+    lock_session,
     set_status,
     tracing,
     unfenced,
@@ -51,6 +53,8 @@ from diagnosis.models import (
     ENDED_STATUSES,
     AgentRun,
     Event,
+    LLMRequest,
+    LLMRequestStatus,
     Session,
     SessionStatus,
     ToolCall,
@@ -61,6 +65,9 @@ from scenarios_admin.airport import load_active_graph
 logger = logging.getLogger("diagnosis.jobs")
 PRODUCER = "agent"
 RECURSION_LIMIT = 200
+# What a job returns when the session waits for the model (ADR 95): the session stays
+# "running" (the agent is thinking) and holds no lease; the runner enqueues it.
+WAITING_MODEL = "waiting_model"
 
 
 # --- dispatch -------------------------------------------------------------------------
@@ -114,7 +121,13 @@ def dispatch(session_id: Any, *, at_front: bool = False) -> bool:
     session_id = str(session_id)
     backend = settings.AERO_JOB_BACKEND
     if backend == "inline":
-        advance_session(session_id)
+        # Inline (the CLI, tests): the model calls a job waits for are made right here,
+        # then the job runs again, until the session waits for something else.
+        while advance_session(session_id) == WAITING_MODEL:
+            from diagnosis.llm_runner import run_pending_inline
+
+            if not run_pending_inline(session_id):
+                break
         return True
     if lease_is_live(session_id):
         return False
@@ -203,6 +216,11 @@ class EmbeddedWorker:
             target=self._reconcile_forever, daemon=True, name="aero-reconciler"
         )
         self.reconciler.start()
+        if settings.AERO_LLM_WAITS:
+            # Embedded mode: the LLM runner is an event loop on a thread of this process.
+            from diagnosis.llm_runner import start_in_thread
+
+            start_in_thread()
 
     def submit(self, session_id: Any) -> bool:
         with self.lock:
@@ -320,6 +338,8 @@ def stalled_sessions() -> list[str]:
         Session.objects.visible()
         .filter(status__in=[SessionStatus.QUEUED, SessionStatus.RUNNING, SessionStatus.RETRYING])
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+        # Waiting for the model: the runner enqueues it when the reply is stored.
+        .exclude(llm_requests__status=LLMRequestStatus.PENDING)
     )
     return [str(pk) for pk in rows.values_list("pk", flat=True)]
 
@@ -576,7 +596,7 @@ def advance_session(session_id: str) -> str:
             release_lease(session_id, token)
         # An answer or decision that arrived while we held the lease found us busy:
         # its job returned "busy", so this job takes the new input.
-        if status != SessionStatus.WAITING_USER or not resumable(session_id):
+        if status not in (SessionStatus.WAITING_USER, WAITING_MODEL) or not resumable(session_id):
             return status
 
 
@@ -610,7 +630,30 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
             .exists()
         )
         return {"decided": True} if decided else None
+    if waiting["kind"] == "model":
+        answered = (
+            LLMRequest.objects.filter(key=waiting["key"])
+            .exclude(status=LLMRequestStatus.PENDING)
+            .exists()
+        )
+        return {"model": waiting["key"]} if answered else None
     return None
+
+
+def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
+    """The request a node interrupted with, as the runner's row (once by its key: a
+    re-run of the job finds it). Fenced: only the lease holder records it."""
+    with transaction.atomic():
+        check_fence(lock_session(session_id))
+        LLMRequest.objects.get_or_create(
+            key=waiting["key"],
+            defaults={
+                "session_id": session_id,
+                "purpose": waiting.get("purpose", ""),
+                "request": waiting["request"],
+                "providers": waiting.get("providers", []),
+            },
+        )
 
 
 def _advance_locked(session_id: str, token: uuid.UUID) -> str:
@@ -654,7 +697,10 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
         with unfenced():  # the session may have ended: its lease is cleared
             if outcome == SessionStatus.COMPLETED:
                 graph.checkpointer.delete_thread(str(session_id))  # the log is the history
-            elif outcome == SessionStatus.WAITING_USER and context.origins not in ([], [""]):
+            elif outcome in (SessionStatus.WAITING_USER, WAITING_MODEL) and context.origins not in (
+                [],
+                [""],
+            ):
                 # A thread whose first run just stopped at its first wait holds one
                 # checkpoint (saved at exit, ADR 85): nothing to prune.
                 prune_checkpoints(graph.checkpointer, str(session_id))
@@ -715,7 +761,13 @@ def _drive(
                 "fsm": context.definition["compliance"]["states"][0],
             }
         elif snapshot.interrupts:
+            waiting = snapshot.interrupts[0].value
+            if waiting["kind"] == "model":
+                record_model_request(session.pk, waiting)
             value = resume_value(session.pk, snapshot)
+            if value is None and waiting["kind"] == "model":
+                # The job ends and frees its worker; the runner makes the call.
+                return WAITING_MODEL
             if value is None:
                 set_status(session.pk, SessionStatus.WAITING_USER, producer=PRODUCER, strict=False)
                 return SessionStatus.WAITING_USER

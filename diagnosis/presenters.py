@@ -46,6 +46,9 @@ PANELS_BY_EVENT = {
     "tool.call_failed": {"session-actions"},
     "tool.call_refused": {"session-actions"},
     "report.ready": {"session-report", "session-status"},
+    # The model's text as it streams (ADR 96) and its tokens once counted.
+    "llm.delta": {"session-thinking"},
+    "llm.call": {"session-thinking", "session-status"},
 }
 
 
@@ -329,6 +332,8 @@ def session_context(
         "report_html": markdown_to_html(report.markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
+        # The model's text, streaming or final (ADR 96): from the snapshot, no query.
+        "thinking": snapshot.get("thinking"),
         **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),
     }
 

@@ -164,7 +164,9 @@ def test_sigterm_finishes_the_step_and_lets_the_lease_go(
     worker = subprocess.Popen(
         [PYTHON, "manage.py", "aero_worker"],
         cwd=ROOT,
-        env=service_env(db_url, redis_url, AERO_RECONCILE_SECONDS="3600"),
+        # A model call inside the step: the blocking design (waits are ADR 95's and
+        # tests/test_llm_runner.py's), the slow step this test needs.
+        env=service_env(db_url, redis_url, AERO_RECONCILE_SECONDS="3600", AERO_LLM_WAITS="0"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

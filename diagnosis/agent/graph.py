@@ -19,7 +19,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from diagnosis import shutdown
-from diagnosis.agent import fsm, grounding, policy, prompts
+from diagnosis.agent import fsm, grounding, policy, prompts, waits
 from diagnosis.agent.extraction import Extraction
 from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
 from diagnosis.agent.state import AgentContext, AgentState
@@ -79,38 +79,58 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
                 raise shutdown.WorkerStopping()  # before the step: the next job runs it
             # A canceled session has no lease any more: the step's write is refused
             # under the row lock (LeaseLost) and the job ends as canceled. No query here.
-            with step_scope(_task_key(runtime, name)) as scope:
-                try:
-                    with transaction.atomic(), event_batch(ctx.session_id) as batch:
-                        run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
-                        update = fn(state, ctx, run)
-                        summary = update.pop("_summary", "")
-                        AgentRun.objects.filter(pk=run.pk).update(
-                            status="completed",
-                            ended_at=timezone.now(),
-                            output_summary={"summary": summary},
-                        )
-                        append_step_event(
-                            ctx.session_id,
-                            "agent.node_completed",
-                            {"node": name, "run": run.pk, "summary": summary},
-                            producer=ctx.producer,
-                            run=run,
-                        )
-                except Exception as exc:
-                    if (
-                        isinstance(exc, (SessionCanceled, LeaseLost))
-                        or type(exc).__name__ == "GraphInterrupt"
-                    ):
-                        raise  # a lost lease writes nothing, not even its failure
-                    _record_failure(ctx, name, state, exc)
-                    raise
-            return update
+            try:
+                return _run_step(
+                    fn, name, state, ctx, _task_key(runtime, name), _wait_key(runtime, name)
+                )
+            except waits.ModelWait as wait:
+                # The step rolled back; it re-runs from its first line once the runner
+                # has the reply (ADR 95). The interrupt carries the request.
+                waits.interrupt_for(wait)
+                raise  # not reached: interrupt_for raises the interrupt
 
         wrapper.__name__ = fn.__name__
         return wrapper
 
     return decorator
+
+
+def _run_step(
+    fn: Callable[..., dict[str, Any]],
+    name: str,
+    state: AgentState,
+    ctx: AgentContext,
+    task_key: str,
+    wait_key: str,
+) -> dict[str, Any]:
+    """One node's step: its rows and events in one transaction (see `recorded`)."""
+    with waits.wait_scope(ctx.session_id, wait_key), step_scope(task_key) as scope:
+        try:
+            with transaction.atomic(), event_batch(ctx.session_id) as batch:
+                run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
+                update = fn(state, ctx, run)
+                summary = update.pop("_summary", "")
+                AgentRun.objects.filter(pk=run.pk).update(
+                    status="completed",
+                    ended_at=timezone.now(),
+                    output_summary={"summary": summary},
+                )
+                append_step_event(
+                    ctx.session_id,
+                    "agent.node_completed",
+                    {"node": name, "run": run.pk, "summary": summary},
+                    producer=ctx.producer,
+                    run=run,
+                )
+        except Exception as exc:
+            if (
+                isinstance(exc, (SessionCanceled, LeaseLost))
+                or type(exc).__name__ == "GraphInterrupt"
+            ):
+                raise  # a lost lease writes nothing, not even its failure
+            _record_failure(ctx, name, state, exc)
+            raise
+    return update
 
 
 def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Exception) -> None:
@@ -142,6 +162,17 @@ def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
     start) and the node do not change: the graph is a chain, one node per step."""
     step = get_config()["metadata"]["langgraph_step"]
     return f"task:{runtime.context.origin or 'start'}:{step}:{name}"
+
+
+def _wait_key(runtime: Runtime[AgentContext], name: str) -> str:
+    """The key of a node's model calls: it must survive the interrupt a model wait ends
+    the job with, and `_task_key` does not (the resumed run starts from the checkpoint
+    saved at that interrupt: a new origin). LangGraph's task id does: the interrupted
+    task is pending in that checkpoint and keeps its id when it re-runs on resume."""
+    info = runtime.execution_info
+    if info is not None and info.task_id:
+        return f"task:{info.task_id}"
+    return _task_key(runtime, name)
 
 
 def _start_node(

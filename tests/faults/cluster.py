@@ -34,6 +34,10 @@ FAULT_ENV = {
     "AERO_HEARTBEAT_SECONDS": "2",
     "AERO_RECONCILE_SECONDS": "2",
     "AERO_LLM_BACKOFF": "0.05",
+    # The model calls run inside the jobs (the blocking design): the suite kills workers
+    # in slow steps. The LLM runner's faults (a claim taken over, a node re-run) are
+    # tests/test_llm_runner.py's; the runner is not in this cluster yet.
+    "AERO_LLM_WAITS": "0",
     "AERO_JOB_BACKOFF": "0.2",
     "AERO_QUEUE": "aero-faults",
     "AERO_CHANNEL_PREFIX": "aero-faults",
