@@ -3,9 +3,10 @@ go out after commit (append_event), never from model signals."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone, translation
@@ -13,13 +14,16 @@ from django.utils.translation import gettext as _
 
 from aero.models import audit
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
-from diagnosis import suggest
+from diagnosis import external, suggest
+from diagnosis import outbox as outbox_module
 from diagnosis.agent.extraction import FLIGHT_NO, detect_language
 from diagnosis.events import append_event, event_batch, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
 from diagnosis.jobs import enqueue_advance
 from diagnosis.models import (
     Event,
+    Outbox,
+    OutboxStatus,
     Restriction,
     Session,
     SessionStatus,
@@ -615,43 +619,159 @@ def _apply_lift_decision(
     )
     if restriction.lifted_at is not None:
         raise ActionError(_("%(restriction)s was already lifted.") % {"restriction": restriction})
-    note = tool_call.request_payload["note"]
-    restriction.lifted_at = timezone.now()
-    restriction.lifted_by = user
-    restriction.lift_note = note
-    restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
-    notify_board()
-    # The log's own texts stay in one language whoever acted (the kind's label is
-    # translated for display); the timeline words them per viewer.
-    with translation.override("en"):
-        summary = f"{restriction} lifted"
-    tool_call.status = ToolCallStatus.COMPLETED
-    tool_call.completed_at = restriction.lifted_at
-    tool_call.response_payload = {"summary": summary}
-    tool_call.duration_ms = 0  # as its event says: the lift is one database write
-    tool_call.save(update_fields=["status", "completed_at", "response_payload", "duration_ms"])
+    # Lifting reaches the airport operations system like closing does: through the
+    # outbox (ADR 115). The row commits with the decision; the request goes out after the
+    # commit with the call's idempotency key, and the lift is recorded when it is
+    # accepted. A crash in between leaves the row pending for the sweeper, never a lift
+    # recorded twice nor one done remotely and lost here.
+    outbox = enqueue_effect(tool_call, producer=producer, fresh=True)
+    if outbox is not None:
+        outbox_id = outbox.pk
+        transaction.on_commit(lambda: execute_lift(outbox_id, producer=producer))
+    return tool_call
+
+
+def execute_lift(outbox_id: int, *, producer: str = "web") -> str:
+    """Send a decided lift to the airport operations system (outside any transaction),
+    retrying a transient failure with the same key (AERO_TOOL_RETRIES, linear
+    AERO_TOOL_BACKOFF), and record the result once. Returns the row's final status."""
+    outbox = Outbox.objects.select_related("tool_call").get(pk=outbox_id)
+    if outbox.status != OutboxStatus.PENDING:
+        return outbox.status
+    tool_call = outbox.tool_call
+    args = tool_call.request_payload
+    restriction = Restriction.objects.get(pk=args["restriction"])
+    body = {"restriction": restriction.kind, "target": restriction.target, "note": args["note"]}
+    attempt = 1
+    while True:
+        try:
+            remote = external.request(external.AIRPORT_OPS, LIFT_TOOL, outbox.idempotency_key, body)
+            break
+        except Exception as exc:  # unreachable, 5xx, timeout: the same key may be re-sent
+            error = str(exc) or type(exc).__name__
+            if attempt > settings.AERO_TOOL_RETRIES:
+                return _record_lift(
+                    outbox_id, producer, error=f"gave up after {attempt} attempts: {error}"
+                )
+            delay = settings.AERO_TOOL_BACKOFF * attempt
+            with transaction.atomic():
+                row = Outbox.objects.select_for_update().get(pk=outbox_id)
+                if row.status != OutboxStatus.PENDING:
+                    return row.status
+                row.last_error = error
+                row.save(update_fields=["last_error"])
+                append_event(
+                    tool_call.session_id,
+                    "tool.call_retrying",
+                    {
+                        "tool_call": tool_call.pk,
+                        "call_id": tool_call.call_id,
+                        "tool_name": tool_call.tool_name,
+                        "attempt": attempt,
+                        "error": error,
+                        "retry_in": delay,
+                    },
+                    producer=producer,
+                )
+            outbox_module.sleep(delay)
+            attempt += 1
+    return _record_lift(outbox_id, producer, remote=remote)
+
+
+def _record_lift(
+    outbox_id: int, producer: str, *, remote: dict[str, Any] | None = None, error: str = ""
+) -> str:
+    """The lift's outcome, once: claimed by a conditional UPDATE of the pending row under
+    every touched session's lock (the order do_decide takes them in)."""
+    with transaction.atomic():
+        tool_call = ToolCall.objects.get(outbox__pk=outbox_id)
+        lock_lift_sessions(tool_call)
+        at = timezone.now()
+        claimed = Outbox.objects.filter(pk=outbox_id, status=OutboxStatus.PENDING).update(
+            status=OutboxStatus.FAILED if error else OutboxStatus.DONE,
+            last_error=error,
+            completed_at=at,
+        )
+        if not claimed:
+            return str(Outbox.objects.values_list("status", flat=True).get(pk=outbox_id))
+        tool_call = ToolCall.objects.select_for_update().get(pk=tool_call.pk)
+        if error:
+            _finish_lift_call(tool_call, at, {}, error, producer)
+            return OutboxStatus.FAILED
+        _complete_lift(tool_call, at, (remote or {}).get("reference", ""), producer)
+    return OutboxStatus.DONE
+
+
+def resume_pending_lifts(older_than: float = 30.0) -> int:
+    """The sweeper's part (every worker's maintenance pass and the web ticker): lifts
+    whose request may not have gone out (a crash after the decision's commit) are sent
+    again with their key; the operations system answers a repeat without a second
+    effect."""
+    cutoff = timezone.now() - timedelta(seconds=older_than)
+    pending = Outbox.objects.filter(
+        status=OutboxStatus.PENDING, tool_call__tool_name=LIFT_TOOL, created_at__lt=cutoff
+    ).values_list("pk", flat=True)
+    ids = list(pending[:100])
+    for outbox_id in ids:
+        execute_lift(outbox_id, producer="sweeper")
+    return len(ids)
+
+
+def _finish_lift_call(
+    tool_call: ToolCall, at: datetime, response: dict[str, Any], error: str, producer: str
+) -> None:
+    tool_call.status = ToolCallStatus.FAILED if error else ToolCallStatus.COMPLETED
+    tool_call.completed_at = at
+    tool_call.response_payload = response
+    tool_call.error = error
+    # From the decision to the operations system's answer (retries included).
+    tool_call.duration_ms = int((at - (tool_call.decided_at or at)).total_seconds() * 1000)
+    tool_call.save(
+        update_fields=["status", "completed_at", "response_payload", "error", "duration_ms"]
+    )
     append_event(
         tool_call.session_id,
-        "tool.call_completed",
+        "tool.call_failed" if error else "tool.call_completed",
         {
             "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,
             "tool_name": tool_call.tool_name,
             "args": tool_call.request_payload,
             "risk_level": tool_call.risk_class,
-            "completed_at": tool_call.completed_at.isoformat(),
-            "duration_ms": 0,
-            "response": tool_call.response_payload,
-            "error": "",
+            "completed_at": at.isoformat(),
+            "duration_ms": tool_call.duration_ms,
+            "response": response,
+            "error": error,
             "agent_run_id": None,
         },
         producer=producer,
     )
+
+
+def _complete_lift(tool_call: ToolCall, at: datetime, reference: str, producer: str) -> None:
+    """The operations system lifted it: our board follows, with an event in every
+    session that showed the restriction and an audit entry for the decider."""
+    restriction = Restriction.objects.select_for_update().get(
+        pk=tool_call.request_payload["restriction"]
+    )
+    user = tool_call.decided_by
+    note = tool_call.request_payload["note"]
+    if restriction.lifted_at is None:  # lifted by hand meanwhile: the remote lift stands
+        restriction.lifted_at = at
+        restriction.lifted_by = user
+        restriction.lift_note = note
+        restriction.save(update_fields=["lifted_at", "lifted_by", "lift_note"])
+        notify_board()
+    # The log's own texts stay in one language whoever acted (the kind's label is
+    # translated for display); the timeline words them per viewer.
+    with translation.override("en"):
+        summary = f"{restriction} lifted"
+    _finish_lift_call(tool_call, at, {"summary": summary, "reference": reference}, "", producer)
     payload = {
         "kind": "restriction_lifted",
         "restriction": restriction.kind,
         "target": restriction.target,
-        "by": user.get_username(),
+        "by": user.get_username() if user else "",
         "requested_by": tool_call.request_payload["requested_by"],
         "note": note,
         "origin_session": str(tool_call.session_id),
@@ -670,6 +790,6 @@ def _apply_lift_decision(
             "note": note,
             "requested_by": tool_call.request_payload["requested_by"],
             "tool_call": tool_call.pk,
+            "reference": reference,
         },
     )
-    return tool_call

@@ -8,11 +8,14 @@ class DiagnosisConfig(AppConfig):
     verbose_name = "Incident sessions"
 
     def ready(self) -> None:
+        from diagnosis.actions import resume_pending_lifts
         from diagnosis.jobs import delete_ended_checkpoints, requeue_stalled_sessions
         from diagnosis.maintenance import register
 
         register("requeue-stalled-sessions", requeue_stalled_sessions)
         register("delete-ended-checkpoints", delete_ended_checkpoints)
+        # A lift has no session job to finish it: the web processes sweep too (ADR 115).
+        register("resume-pending-lifts", resume_pending_lifts, web=True)
 
         # scenarios_admin may not import this app: the runtime that can run a scenario's
         # example cases registers the publish-time self-check with it.

@@ -224,3 +224,136 @@ def test_a_key_seen_before_returns_the_stored_response(builtin: None) -> None:
     assert again == first
     effect = ExternalEffect.objects.get(idempotency_key="k-2")
     assert effect.requests == 2
+
+
+# --- lifting a closure: the same outbox, no session job behind it ---------------------
+
+
+def tool_events_of(call: ToolCall) -> list[str]:
+    """The call's own events (a lift's `timeline.appended` notes name it too)."""
+    return [t for t in events_of(call.session, call) if t.startswith("tool.")]
+
+
+def decided_lift(
+    people: dict[str, User], before_deciding: Callable[[], None] = lambda: None
+) -> tuple[Restriction, ToolCall, Session]:
+    """A completed session's stand closure, and an approved-and-confirmed lift of it."""
+    from approvals.models import Approval
+    from diagnosis.actions import do_request_lift
+
+    session = waiting_session(people["olga"])
+    approve_everything(session, people["abel"])
+    closure = Restriction.objects.get(session=session, kind="stand")
+    lift = do_request_lift(closure.pk, people["olga"], "stand cleaned and inspected")
+    approval = Approval.objects.get(tool_call=lift)
+    before_deciding()
+    do_decide(approval.pk, people["abel"], APPROVE, digest=approval.digest)
+    do_decide(approval.pk, people["bea"], CONFIRM, digest=approval.digest)
+    closure.refresh_from_db()
+    lift.refresh_from_db()
+    return closure, lift, session
+
+
+def test_a_lift_reaches_the_operations_system_once_with_its_key(
+    people: dict[str, User],
+) -> None:
+    closure, lift, session = decided_lift(people)
+
+    assert closure.lifted_at is not None and closure.lifted_by == people["bea"]
+    effect = ExternalEffect.objects.get(idempotency_key=lift.idempotency_key)
+    assert (effect.system, effect.operation, effect.requests) == ("airport_ops", lift.tool_name, 1)
+    assert effect.request["target"] == closure.target
+    assert lift.status == "completed"
+    assert lift.response_payload["reference"] == effect.response["reference"]
+    assert Outbox.objects.get(tool_call=lift).status == "done"
+    assert tool_events_of(lift)[-2:] == ["tool.call_queued", "tool.call_completed"]
+    assert_projections_match(lift.session)
+
+
+def test_a_crash_after_the_lift_decision_is_finished_by_the_sweeper_once(
+    people: dict[str, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from diagnosis import actions
+
+    def crash_before_sending(*args: Any, **kwargs: Any) -> str:
+        raise Crash()  # the web process died right after the decision committed
+
+    monkeypatch.setattr(actions, "execute_lift", crash_before_sending)
+    with pytest.raises(Crash):
+        decided_lift(people)
+    monkeypatch.undo()
+    closure = Restriction.objects.get(kind="stand")
+    lift = ToolCall.objects.get(tool_name="lift_restriction")
+    assert closure.lifted_at is None  # decided, queued, not yet done: still in force
+    assert lift.status == "executing"
+    row = Outbox.objects.get(tool_call=lift)
+    assert row.status == "pending"
+
+    assert actions.resume_pending_lifts() == 0  # a fresh row may still be on its way
+    Outbox.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    assert actions.resume_pending_lifts() == 1
+    assert actions.resume_pending_lifts() == 0  # done: never sent again
+
+    closure.refresh_from_db()
+    assert closure.lifted_at is not None
+    assert ExternalEffect.objects.get(idempotency_key=lift.idempotency_key).requests == 1
+    assert tool_events_of(lift).count("tool.call_completed") == 1
+    assert_projections_match(lift.session)
+
+
+def test_a_lift_whose_answer_was_lost_is_recorded_once_without_a_second_effect(
+    people: dict[str, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operations system lifted it, then our process died before recording: the
+    repeat with the same key performs nothing and the lift is recorded once."""
+    from diagnosis import actions
+
+    real_record = actions._record_lift
+    calls: list[int] = []
+
+    def die_once(outbox_id: int, producer: str, **kwargs: Any) -> str:
+        calls.append(outbox_id)
+        if len(calls) == 1:
+            raise Crash()
+        return real_record(outbox_id, producer, **kwargs)
+
+    monkeypatch.setattr(actions, "_record_lift", die_once)
+    with pytest.raises(Crash):
+        decided_lift(people)
+    lift = ToolCall.objects.get(tool_name="lift_restriction")
+    row = Outbox.objects.get(tool_call=lift)
+    Outbox.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+
+    assert actions.resume_pending_lifts() == 1
+    effect = ExternalEffect.objects.get(idempotency_key=lift.idempotency_key)
+    assert effect.requests == 2  # sent twice, performed once (the stored answer came back)
+    lift.refresh_from_db()
+    assert lift.status == "completed"
+    assert lift.response_payload["reference"] == effect.response["reference"]
+    assert Restriction.objects.get(kind="stand").lifted_at is not None
+    assert tool_events_of(lift).count("tool.call_completed") == 1
+
+
+def test_an_unreachable_operations_system_is_retried_then_the_lift_fails_visibly(
+    people: dict[str, User], no_faults: None, delays: list[float]
+) -> None:
+    def down(system: str, operation: str, key: str) -> None:
+        raise external.ExternalUnavailable("503 from airport_ops")
+
+    def operations_system_goes_down() -> None:
+        external.fault = down
+
+    closure, lift, _ = decided_lift(people, operations_system_goes_down)
+
+    assert delays == [1.0, 2.0]  # two retries, linear, then it gives up
+    assert closure.lifted_at is None  # the closure stays in force, as on the real board
+    assert lift.status == "failed" and "gave up after 3 attempts" in lift.error
+    assert Outbox.objects.get(tool_call=lift).status == "failed"
+    assert tool_events_of(lift)[-4:] == [
+        "tool.call_queued",
+        "tool.call_retrying",
+        "tool.call_retrying",
+        "tool.call_failed",
+    ]
+    assert not ExternalEffect.objects.filter(idempotency_key=lift.idempotency_key).exists()
+    assert_projections_match(lift.session)
