@@ -496,19 +496,21 @@ def hub() -> Hub:
     return found
 
 
-# Notices are handled through the hub, whose database calls run in
+# A session notice is handled through the hub, whose database calls run in
 # database_sync_to_async (which closes stale connections before and after each call).
-NOTICES = frozenset({"session.notice", "board.notice", "queue.notice"})
+NOTICES = frozenset({"session.notice"})
 
 
 class NoticeConsumer(AsyncWebsocketConsumer):
-    """A page's socket woken by notices. Channels' dispatch first hops to the sync thread
-    to close stale database connections, for every message to every consumer: one
-    notice to 100 viewers queued 100 hops on the thread the renders need (0.70 s of the
+    """A socket woken by notices. Channels' dispatch first hops to the sync thread to
+    close stale database connections, for every message to every consumer: one notice
+    to 100 viewers queued 100 hops on the thread the renders need (0.70 s of the
     consumers' 1.10 s of dispatch in a daphne profile of 100 viewers, 5 events). A
-    notice's handler reaches the database only through database_sync_to_async, which
-    does that cleanup itself, so notices skip the hop; every other message (connect,
-    disconnect) goes through channels' dispatch."""
+    session notice's handler reaches the database only through database_sync_to_async,
+    which does that cleanup itself, so it skips the hop; every other message goes
+    through channels' dispatch. The board and queue pages keep the hop: skipping it
+    there made a browser test's open edit form on the queue get replaced (a timing
+    change not understood yet)."""
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         if message.get("type") in NOTICES:
@@ -620,7 +622,7 @@ def render_board(roles: frozenset[str]) -> str:
     return render_to_string("diagnosis/airport_board.html#airport-board", {**context, "oob": True})
 
 
-class PageNoticeConsumer(NoticeConsumer):
+class PageNoticeConsumer(AsyncWebsocketConsumer):
     """A page that re-reads itself on a notice (no content in the notice, as for the
     session timeline): the airport board, the to-dos page. Each pull re-checks the
     viewer's roles and shares one render per notice and role set (ADR-129)."""
