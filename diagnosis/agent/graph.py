@@ -47,13 +47,14 @@ from diagnosis.models import (
     AgentRun,
     Event,
     LLMCall,
+    Restriction,
     Session,
     SessionStatus,
     ToolCall,
     ToolCallStatus,
 )
 from diagnosis.reporting import write_report
-from scenarios_admin.definition import value_order
+from scenarios_admin.definition import restriction_of, value_order
 
 
 class NodeFn(Protocol):
@@ -641,7 +642,7 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         elif call.get("mode") == "execute":
             tool_call = ToolCall.objects.get(session_id=ctx.session_id, call_id=call["call_id"])
             run_action(tctx, tool_call.pk)
-        else:
+        elif not note_if_in_force(ctx, run, call):
             propose_action(tctx, call)
     if any(c.get("mode") == "propose" for c in calls) and not refusals:
         update["actions_planned"] = True
@@ -650,6 +651,42 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         f", {len(refusals)} refused" if refusals else ""
     )
     return update
+
+
+def note_if_in_force(ctx: AgentContext, run: AgentRun, call: dict[str, Any]) -> bool:
+    """A closure already on the board (put there by any session) is not proposed again:
+    the agent says so once, naming the session that holds it. Decided at proposal time;
+    a call this session already made (a re-run) is left to `propose_action`."""
+    effect = restriction_of(call["tool"], call.get("args") or {})
+    if effect is None:
+        return False
+    if ToolCall.objects.filter(session_id=ctx.session_id, call_id=call["call_id"]).exists():
+        return False
+    held = (
+        Restriction.objects.filter(kind=effect[0], target=effect[1], lifted_at__isnull=True)
+        .order_by("created_at")
+        .first()
+    )
+    if held is None:
+        return False
+    append_event_once(
+        ctx.session_id,
+        "agent.note",
+        f"in_force:{call['call_id']}",
+        {
+            "kind": "already_in_force",
+            "tool_name": call["tool"],
+            "args": call.get("args") or {},
+            "restriction": {"kind": effect[0], "target": effect[1]},
+            "held_by": str(held.session_id),
+            # The log stays language-neutral: pages word this note per viewer.
+            "text": f"{call['tool']} not proposed: {effect[0]} {effect[1]} is already "
+            f"closed by session {held.session_id}",
+        },
+        producer=ctx.producer,
+        run=run,
+    )
+    return True
 
 
 def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
