@@ -375,6 +375,9 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     missing = policy.missing_p1(definition, fields)
     if missing:
         return {"step": "ask", "field": missing[0]}
+    optional = policy.unasked_p2(definition, fields, list(state.get("asked") or []))
+    if optional and not state.get("risk"):  # once, before the rules run without it
+        return {"step": "ask", "field": optional[0]}
     if state.get("enrichment") is None:
         return {"step": "call", "calls": enrichment_calls(definition, fields)}
     if not state.get("risk"):
