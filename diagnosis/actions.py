@@ -179,6 +179,59 @@ def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
         )
 
 
+CLOSED_PREFACE = {
+    "en": "> **Closed** by {by} with this summary: {summary}. Actions still awaiting a "
+    "decision were closed undecided and were not executed.",
+    "zh": "> **会话已由{by}结束**，总结：{summary}。尚待审批的处置措施已关闭，未执行。",
+}
+
+
+def do_close(session_id: Any, user: Any, summary: str) -> None:
+    """Close a session with the operator's summary: a normal end (completed, not
+    canceled), the summary in `session.completed` (`closed_by`, `summary`) and at the top
+    of the report; open approvals close as a cancel closes them. Locks the session row,
+    then the approval rows."""
+    summary = checked_text(
+        summary,
+        limit=MAX_REASON,
+        what="summary",
+        required=_("Please write a summary: it goes into the log and the report."),
+    )
+    with transaction.atomic():
+        session = lock_session(session_id)
+        if session.is_ended:
+            raise ActionError(
+                _("This session is already %(status)s.")
+                % {"status": session.get_status_display().lower()}
+            )
+        by = user.get_username()
+        set_status(
+            session.pk,
+            SessionStatus.COMPLETED,
+            producer="web",
+            reason=summary,
+            by=by,
+            ended={"closed_by": by, "summary": summary},
+        )
+        closed = closed_by_receivers(session, user, summary)
+        session.refresh_from_db(fields=["snapshot"])
+        preface = CLOSED_PREFACE.get(session.language, CLOSED_PREFACE["en"])
+        write_report(
+            session.pk,
+            session.scenario_version.definition,
+            session.snapshot,
+            producer="web",
+            preface=preface.format(by=md_cell(by), summary=md_cell(summary)),
+        )
+        audit(
+            "session.closed",
+            obj=session,
+            actor=user,
+            session_id=session.pk,
+            detail={"summary": summary, "approvals_closed": closed},
+        )
+
+
 def do_add_update(session_id: Any, user: Any, text: str, *, producer: str = "web") -> None:
     """A free-text update from the operator ("fire brigade on site"): in the log and on
     the timeline, never read as an answer. Locks the session row."""

@@ -307,6 +307,7 @@ def set_status(
     reason: str = "",
     strict: bool = True,
     by: str = "",
+    ended: dict[str, Any] | None = None,
 ) -> bool:
     """Move the session along its state machine. Returns False when it was already there;
     an illegal move raises (strict) or is ignored."""
@@ -341,10 +342,11 @@ def set_status(
                 producer=producer,
             )
             if to in ENDED_STATUSES:
-                ended: dict[str, Any] = {"reason": reason}
+                # `ended`: what else the ending event says (an operator's closing summary).
+                payload: dict[str, Any] = {"reason": reason, **(ended or {})}
                 if by:
-                    ended["by"] = by
-                append_event(session.pk, f"session.{to}", ended, producer=producer)
+                    payload["by"] = by
+                append_event(session.pk, f"session.{to}", payload, producer=producer)
     return True
 
 

@@ -101,7 +101,7 @@ def follow_ups(state: FoldState) -> list[str]:
         elif status == "timeout":
             items.append(f"{call.tool_name} timed out unapproved: complete its manual to-do.")
         elif status == "canceled":
-            items.append(f"{call.tool_name} was never decided (session canceled): check it.")
+            items.append(f"{call.tool_name} was never decided (the session ended first): check it.")
         elif approval is not None and approval.is_open:
             items.append(f"{call.tool_name} still awaits a decision.")
         if call.status == "failed":

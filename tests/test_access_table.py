@@ -57,6 +57,7 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "diagnosis:session-detail": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-answer": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-cancel": ("POST", row(LOGIN, 302, 403, 403, 302)),
+    "diagnosis:session-close": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-retry": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-switch": ("POST", row(LOGIN, 302, 403, 403, 302)),  # no scenario
     "diagnosis:session-update": ("POST", row(LOGIN, 302, 403, 403, 302)),  # empty: message

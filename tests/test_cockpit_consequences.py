@@ -237,7 +237,9 @@ def test_the_agent_does_not_propose_a_closure_another_session_already_put_in_for
 
     proposed = set(Approval.objects.filter(session=session).values_list("action_name", flat=True))
     assert "close_runway" not in proposed and proposed  # the other actions are still asked
-    notes = Event.objects.filter(session=session, type="agent.note", payload__kind="already_in_force")
+    notes = Event.objects.filter(
+        session=session, type="agent.note", payload__kind="already_in_force"
+    )
     assert [(n.payload["tool_name"], n.payload["held_by"]) for n in notes] == [
         ("close_runway", str(holder.pk))
     ]

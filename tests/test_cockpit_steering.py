@@ -9,9 +9,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
+from approvals.models import Approval
 from diagnosis.models import Event, Report, Session
+from replay.export import render_export
 from tests.log_helpers import assert_projections_match
-from tests.web_helpers import login, make_session
+from tests.web_helpers import STAND_FUEL_LEAK, login, make_session
 
 pytestmark = pytest.mark.services
 
@@ -110,21 +112,55 @@ def test_a_free_text_update_goes_into_the_log_and_the_timeline(
     assert "Please type the update: it is empty." in empty.content.decode()
 
 
-def test_closing_with_a_summary_puts_it_in_the_log_and_the_report(
-    asking: Session, alice: User
-) -> None:
-    post(alice, "session-cancel", asking, reason="泄漏已由机务处理，无需进一步措施")
+def test_closing_with_a_summary_is_a_normal_end_not_a_cancel(builtin: None, alice: User) -> None:
+    session = make_session(alice, STAND_FUEL_LEAK)  # waits for approvals
+    open_before = Approval.objects.filter(session=session).open().count()
+    assert open_before
+
+    response = post(alice, "session-close", session, summary="泄漏已由机务处理，无需进一步措施")
+
+    session.refresh_from_db()
+    assert session.status == "completed"
+    assert not Event.objects.filter(session=session, type="session.canceled").exists()
+    ended = Event.objects.get(session=session, type="session.completed").payload
+    assert (ended["closed_by"], ended["summary"]) == ("alice", "泄漏已由机务处理，无需进一步措施")
+    # Nobody can decide the open approvals any more: closed with the session, as a cancel.
+    assert not Approval.objects.filter(session=session).open().exists()
+    assert Event.objects.filter(session=session, type="approval.canceled").count() == open_before
+    report = Report.objects.get(session=session).markdown
+    assert "**会话已由alice结束**，总结：泄漏已由机务处理" in report  # the session's language
+    assert "已取消" not in report
+    html = response.content.decode()
+    assert "Closed by alice with a summary" in html and "Session canceled" not in html
+    # Replay, history and the export say so too.
+    replay = reverse("replay:replay-step", args=[session.pk])
+    step = login(alice).get(replay, {"seq": session.last_seq}).content.decode()
+    assert "closed by alice" in step and "泄漏已由机务处理" in step
+    history = login(alice).get(reverse("replay:history")).content.decode()
+    assert 'data-testid="closed-by">closed by alice' in history
+    export = render_export(session, alice, masked=False)
+    assert "| Closed | by alice with a summary: 泄漏已由机务处理，无需进一步措施 |" in export
+    assert_projections_match(session)
+
+
+def test_closing_needs_a_summary(asking: Session, alice: User) -> None:
+    response = post(alice, "session-close", asking, summary="  ")
+
+    assert "Please write a summary" in response.content.decode()
+    asking.refresh_from_db()
+    assert asking.status != "completed"
+
+
+def test_cancel_stays_a_cancel(asking: Session, alice: User) -> None:
+    post(alice, "session-cancel", asking, reason="wrong airport")
 
     asking.refresh_from_db()
     assert asking.status == "canceled"
-    assert "泄漏已由机务处理" in str(
-        Event.objects.get(session=asking, type="session.canceled").payload
-    )
-    assert "泄漏已由机务处理" in Report.objects.get(session=asking).markdown
+    assert "wrong airport" in Report.objects.get(session=asking).markdown
 
 
 @pytest.mark.parametrize("persona", ["bob", "carol"])
-@pytest.mark.parametrize("name", ["session-update", "session-correct"])
+@pytest.mark.parametrize("name", ["session-update", "session-correct", "session-close"])
 def test_approvers_and_auditors_cannot_steer(
     asking: Session, persona: str, name: str, request: pytest.FixtureRequest
 ) -> None:
@@ -132,7 +168,7 @@ def test_approvers_and_auditors_cannot_steer(
 
     response = login(request.getfixturevalue(persona)).post(
         reverse(f"diagnosis:{name}", args=[asking.pk]),
-        {"text": "x", "field": "position", "value": "105"},
+        {"text": "x", "field": "position", "value": "105", "summary": "x"},
     )
 
     assert response.status_code == 403

@@ -81,8 +81,8 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
             if shutdown.stopping():
                 raise shutdown.WorkerStopping()  # before the step: the next job runs it
             status = Session.objects.filter(pk=ctx.session_id).values_list("status", flat=True)
-            if status.first() == SessionStatus.CANCELED:
-                raise SessionCanceled()
+            if status.first() in (SessionStatus.CANCELED, SessionStatus.COMPLETED):
+                raise SessionCanceled()  # canceled, or closed by the operator meanwhile
             with step_scope(_task_key(runtime, name)) as scope:
                 try:
                     with transaction.atomic(), event_batch(ctx.session_id) as batch:
