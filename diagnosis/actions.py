@@ -285,21 +285,22 @@ def corrected_value(spec: dict[str, Any], raw: str, graph: Any) -> Any:
 def do_correct_fact(
     session_id: Any, user: Any, field: str, raw: str, *, producer: str = "web"
 ) -> None:
-    """The operator corrects an extracted fact while the agent collects them (ADR-134):
-    a message carrying the correction, which the agent's input parser applies as said
-    (evidence: corrected by the operator) before it re-runs the rules; in the log like
-    an answer. Once the risk is assessed the rules have run: reopen the incident instead
-    (the switch). Locks the session row."""
+    """The operator corrects an extracted fact whenever the agent waits for people
+    (ADR-134, ADR-138): a message carrying the correction, which the agent's input parser
+    applies as said (evidence: corrected by the operator); in the log like an answer. With
+    a question open it answers it; while approvals wait, the agent re-runs the rules, the
+    impact and the proposals on the corrected facts. Locks the session row."""
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_ended:
-            raise ActionError(f"This session is {session.get_status_display().lower()}.")
-        question = session.snapshot.get("question")
-        if not question:
             raise ActionError(
-                "Facts can be corrected while the agent is collecting them (a question is "
-                "open); the risk is already assessed here."
+                _("This session is %(status)s.") % {"status": session.get_status_display().lower()}
             )
+        if session.status != SessionStatus.WAITING_USER:
+            raise ActionError(
+                _("The agent is working on this session; correct the fact once it waits.")
+            )
+        question = session.snapshot.get("question") or {}
         definition = session.scenario_version.definition
         spec = definition["fields"].get(field)
         if spec is None:
@@ -313,7 +314,8 @@ def do_correct_fact(
             {
                 "text": f"{label}: {shown}",
                 "author": user.get_username(),
-                "answers": question.get("key"),
+                # With a question open the correction answers it; else it stands alone.
+                **({"answers": question["key"]} if question.get("key") else {}),
                 "correction": {"field": field, "value": value},
             },
             producer=producer,

@@ -9,11 +9,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
+from approvals.actions import do_decide
 from approvals.models import Approval
 from diagnosis.models import Event, Report, Session
 from replay.export import render_export
 from tests.log_helpers import assert_projections_match
-from tests.web_helpers import STAND_FUEL_LEAK, login, make_session
+from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, make_session
 
 pytestmark = pytest.mark.services
 
@@ -86,14 +87,57 @@ def test_a_bad_correction_is_refused_with_a_message_and_changes_nothing(
     assert asking.last_seq == before
 
 
-def test_a_correction_after_the_risk_is_assessed_says_what_to_do_instead(
-    builtin: None, alice: User
+def test_a_correction_after_the_risk_is_assessed_re_runs_the_rules_and_the_proposals(
+    builtin: None, alice: User, bob: User
 ) -> None:
-    session = make_session(alice, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+    session = make_session(alice, STAND_FUEL_LEAK)  # fuel, engine running: OS-01, HIGH
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+    fire = approval_for(session, "request_fire_standby")
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk]))
+    assert 'data-testid="correct-fluid_type"' in page.content.decode()
 
-    response = post(alice, "session-correct", session, field="fluid_type", value="HYDRAULIC")
+    response = post(alice, "session-correct", session, field="fluid_type", value="OIL")
 
-    assert "Facts can be corrected while the agent is collecting them" in response.content.decode()
+    session.refresh_from_db()
+    assert session.status == "waiting_user"
+    assert session.snapshot["fields"]["fluid_type"] == "OIL"
+    risk = session.snapshot["risk"]
+    assert (risk["rule"], risk["level"]) == ("OS-09", "MEDIUM")
+    assert risk["reassessed_from"]["rule"] == "OS-01" and risk["corrected"] == {"fluid_type": "OIL"}
+    # Fire standby needs a HIGH risk: withdrawn, out of the queue, with its reason.
+    fire.refresh_from_db()
+    crew.refresh_from_db()
+    assert fire.status == crew.status == "canceled"
+    withdrawn = {
+        e.payload["tool_name"]: e.payload["withdrawn"]
+        for e in Event.objects.filter(session=session, type="approval.canceled")
+    }
+    assert withdrawn["request_fire_standby"] == "not_called_for"
+    assert withdrawn["dispatch_cleanup_crew"] == "asked_again"
+    open_now = {a.action_name: a for a in Approval.objects.filter(session=session).open()}
+    assert "request_fire_standby" not in open_now and "suspend_stand_operations" not in open_now
+    assert open_now["dispatch_cleanup_crew"].tool_call.call_id.endswith("#r1")
+    # The R0 notification went out once; nothing is sent twice.
+    assert session.tool_calls.filter(tool_name="notify_atc").count() == 1
+    html = response.content.decode()
+    assert "Re-assessed after a correction (was High):" in html
+    assert "withdrawn, the corrected facts no longer call for it" in html
+    # The new request is decidable: its digests are those of the corrected facts.
+    new_crew = open_now["dispatch_cleanup_crew"]
+    do_decide(new_crew.pk, bob, "approve", "", digest=new_crew.digest)
+    new_crew.refresh_from_db()
+    assert new_crew.status == "approved"
+    assert_projections_match(session)
+
+
+def test_a_correction_while_the_agent_works_is_refused(builtin: None, alice: User) -> None:
+    session = make_session(alice, STAND_FUEL_LEAK)
+    Session.objects.filter(pk=session.pk).update(status="running")
+
+    response = post(alice, "session-correct", session, field="fluid_type", value="OIL")
+
+    assert "correct the fact once it waits" in response.content.decode()
     session.refresh_from_db()
     assert session.snapshot["fields"]["fluid_type"] == "FUEL"
 

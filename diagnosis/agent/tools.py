@@ -43,22 +43,25 @@ def idempotency_key(session_id: Any, call_id: str) -> str:
 
 
 def get_or_create_call(
-    ctx: ToolContext, call: dict[str, Any], status: str
+    ctx: ToolContext, call: dict[str, Any], status: str, *, fresh: bool = False
 ) -> tuple[ToolCall, bool]:
-    return ToolCall.objects.get_or_create(
-        idempotency_key=idempotency_key(ctx.session_id, call["call_id"]),
-        defaults={
-            "session_id": ctx.session_id,
-            "agent_run": ctx.run,
-            "call_id": call["call_id"],
-            "tool_name": call["tool"],
-            "risk_class": call.get("risk_class", "R0"),
-            "is_action": call.get("is_action", False),
-            "request_payload": call.get("args", {}),
-            "status": status,
-            "position": call.get("position", 0),
-        },
-    )
+    """`fresh`: the caller read the session's calls in this step's transaction and this
+    one is not among them, so it is created without the lookup (and its savepoint)."""
+    key = idempotency_key(ctx.session_id, call["call_id"])
+    defaults = {
+        "session_id": ctx.session_id,
+        "agent_run": ctx.run,
+        "call_id": call["call_id"],
+        "tool_name": call["tool"],
+        "risk_class": call.get("risk_class", "R0"),
+        "is_action": call.get("is_action", False),
+        "request_payload": call.get("args", {}),
+        "status": status,
+        "position": call.get("position", 0),
+    }
+    if fresh:
+        return ToolCall.objects.create(idempotency_key=key, **defaults), True
+    return ToolCall.objects.get_or_create(idempotency_key=key, defaults=defaults)
 
 
 # --- enrichment lookups (parallel, each with its own timeout) -----------------------
