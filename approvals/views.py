@@ -52,7 +52,9 @@ def approval_notify(request: HtmxHttpRequest) -> HttpResponse:
     """Turn the approver's R2/R3 notification and sound on or off, remembered on their
     preference (and in the session, which the queue page reads)."""
     on = request.POST.get("on") == "1"
-    UserPreference.objects.update_or_create(user=request.user, defaults={"notify_risky": on})
+    user = request.user
+    assert user.is_authenticated  # role_required let only signed-in users in
+    UserPreference.objects.update_or_create(user=user, defaults={"notify_risky": on})
     request.session[NOTIFY_SESSION_KEY] = on
     if request.headers.get("X-Requested-With") == "fetch":
         return HttpResponse(status=204)

@@ -57,7 +57,8 @@ def test_the_queue_pages_by_incident_and_never_splits_one(
     assert len(open_approvals) > 5
     incident_of = {a.pk: a.session_id for a in open_approvals}
     nearest = {
-        s.pk: min(a.deadline for a in open_approvals if a.session_id == s.pk) for s in sessions
+        s.pk: min(a.deadline for a in open_approvals if a.session_id == s.pk and a.deadline)
+        for s in sessions
     }
     expected = sorted(nearest, key=lambda pk: (nearest[pk], pk))
 
