@@ -504,20 +504,25 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
                 except ScenarioError as exc:
                     refused = exc
                 else:
-                    slug = result.scenario.slug
+                    what = {
+                        "slug": result.scenario.slug,
+                        "verb": _("created") if result.created else _("replaced"),
+                    }
                     if result.version is not None:
-                        done = _("Imported %(slug)s and published it as version %(n)s.") % {
-                            "slug": slug,
+                        done = _("Imported %(slug)s: draft %(verb)s, published version %(n)s.") % {
+                            **what,
                             "n": result.version.number,
                         }
                     elif result.unchanged:
-                        done = _(
-                            "Imported %(slug)s: the draft is unchanged from the newest version."
-                        ) % {"slug": slug}
-                    elif result.created:
-                        done = _("Imported %(slug)s: draft created.") % {"slug": slug}
+                        done = (
+                            _(
+                                "Imported %(slug)s: draft %(verb)s, unchanged from the newest "
+                                "version."
+                            )
+                            % what
+                        )
                     else:
-                        done = _("Imported %(slug)s: draft replaced.") % {"slug": slug}
+                        done = _("Imported %(slug)s: draft %(verb)s.") % what
                     self.message_user(request, done, messages.SUCCESS)
                     return HttpResponseRedirect(
                         reverse("admin:scenarios_admin_scenario_change", args=[result.scenario.pk])
