@@ -116,6 +116,9 @@ def set_language(request: HttpRequest) -> HttpResponse:
     return response
 
 
+NOTIFY_SESSION_KEY = "aero_notify_risky"
+
+
 def apply_at_login(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
     """At sign-in the user's stored language wins; without one, the language picked on
     the sign-in page (the cookie) becomes their stored preference."""
@@ -123,9 +126,10 @@ def apply_at_login(sender: Any, request: HttpRequest | None, user: Any, **kwargs
 
     if request is None or not hasattr(request, "session"):
         return
-    stored = supported(
-        UserPreference.objects.filter(user=user).values_list("language", flat=True).first()
-    )
+    row = UserPreference.objects.filter(user=user).values_list("language", "notify_risky").first()
+    # The approver's notification choice rides in the session too: no query per page.
+    request.session[NOTIFY_SESSION_KEY] = bool(row and row[1])
+    stored = supported(row[0] if row else None)
     if stored is None:
         picked = supported(request.COOKIES.get(settings.LANGUAGE_COOKIE_NAME))
         if picked is None:

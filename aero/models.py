@@ -130,6 +130,8 @@ class UserPreference(models.Model):
     language = models.CharField(
         _("language"), max_length=10, choices=settings.LANGUAGES, default=settings.LANGUAGE_CODE
     )
+    # Approvers: a browser notification and a sound for each new R2/R3 request (opt-in).
+    notify_risky = models.BooleanField(_("notify of new R2/R3 requests"), default=False)
 
     class Meta:
         verbose_name = _("user preference")

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Count, Min
 
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals.models import RISK_ORDER, Approval, ManualTodo
@@ -15,7 +17,9 @@ from scenarios_admin.definition import restriction_of
 from scenarios_admin.models import Scenario
 
 RISK_CLASSES = ("R1", "R2", "R3")
-QUEUE_PAGE = 50  # ~2,000 open approvals once made a 15 MB page that took 20 s
+# Incidents a page, each with all its open approvals (ADR-136). ~2,000 open approvals on
+# one page once made a 15 MB page that took 20 s; an incident proposes a handful.
+QUEUE_PAGE = 20
 
 
 def clean_filters(risk: str, scenario: str) -> tuple[str, str]:
@@ -23,6 +27,17 @@ def clean_filters(risk: str, scenario: str) -> tuple[str, str]:
     risk = risk if risk in RISK_CLASSES else ""
     scenario = scenario if Scenario.objects.filter(slug=scenario).exists() else ""
     return risk, scenario
+
+
+def parse_incident_cursor(after: str) -> tuple[datetime, UUID] | None:
+    """`after` is "<nearest deadline, ISO>~<session id>" of the previous page's last
+    incident; anything else means the first page (never an error page)."""
+    moment, _, session = after.partition("~")
+    try:
+        parsed = datetime.fromisoformat(moment)
+        return (parsed, UUID(session)) if parsed.tzinfo else None
+    except ValueError:
+        return None
 
 
 def queue_context(
@@ -33,9 +48,12 @@ def queue_context(
     *,
     roles: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """One page of open approvals across sessions: highest risk class first, newest
-    first within (R3 > R2 > R1 also sorts as text). Keyset pagination: `after` is the id
-    of the last approval of the previous page, so a page costs the same however deep.
+    """One page of open approvals across sessions, paged by incident (ADR-136): the
+    incidents whose nearest deadline comes first, QUEUE_PAGE incidents a page, each with
+    all its open approvals (that match the filters), so an incident is never split over
+    two pages. Keyset on (nearest deadline, session id): `after` names the last incident
+    of the previous page. One grouped query lists the open incidents (it also gives the
+    open count), one reads the page's approvals.
     `roles` instead of `user`: the live consumer renders for a role set."""
     risk, scenario = clean_filters(risk, scenario)
     # A deleted session's approvals were closed when it was deleted; the filter keeps the
@@ -45,26 +63,31 @@ def queue_context(
         approvals = approvals.filter(risk_class=risk)
     if scenario:
         approvals = approvals.filter(session__scenario__slug=scenario)
-    open_count = approvals.count()
-    anchor = (
-        Approval.objects.filter(pk=int(after)).values_list("risk_class", "created_at").first()
-        if after.isdigit()
-        else None
+    cursor = parse_incident_cursor(after)
+    # One row per open incident (a few dozen, however many actions they propose): the
+    # open count is their sum, and the page the next QUEUE_PAGE after the cursor.
+    incidents = list(
+        approvals.order_by()
+        .values("session_id")
+        .annotate(nearest=Min("deadline"), open=Count("id"))
+        .order_by("nearest", "session_id")
     )
-    if anchor is not None:
-        risk_class, created_at = anchor
-        approvals = approvals.filter(
-            Q(risk_class__lt=risk_class)
-            | Q(risk_class=risk_class, created_at__lt=created_at)
-            | Q(risk_class=risk_class, created_at=created_at, pk__lt=int(after))
+    open_count = sum(row["open"] for row in incidents)
+    if cursor is not None:
+        incidents = [row for row in incidents if (row["nearest"], row["session_id"]) > cursor]
+    incident_page = incidents[: QUEUE_PAGE + 1]
+    more = len(incident_page) > QUEUE_PAGE
+    incident_page = incident_page[:QUEUE_PAGE]
+    order = {row["session_id"]: n for n, row in enumerate(incident_page)}
+    page = (
+        list(
+            approvals.filter(session_id__in=list(order)).select_related(
+                "session__scenario", "session__created_by", "tool_call", "first_approved_by"
+            )
         )
-    page = list(
-        approvals.select_related(
-            "session__scenario", "session__created_by", "tool_call", "first_approved_by"
-        ).order_by("-risk_class", "-created_at", "-pk")[: QUEUE_PAGE + 1]
+        if order
+        else []
     )
-    more = len(page) > QUEUE_PAGE
-    page = page[:QUEUE_PAGE]
     graph = load_active_graph() if page else None
     restrictions = list(Restriction.objects.filter(lifted_at__isnull=True)) if page else []
     board = Board(graph, restrictions) if graph else None
@@ -85,15 +108,18 @@ def queue_context(
             }
         )
     viewer_roles = roles if roles is not None else user_roles(user)
-    groups = incident_groups(items)
+    groups = sorted(incident_groups(items), key=lambda g: order[g["session"].pk])
     for group in groups:
         group["map"] = impact_map(graph, group["impact"], restrictions) if graph else None
+    last = incident_page[-1] if incident_page else None
     return {
-        "items": items,
+        "items": [item for group in groups for item in group["items"]],
         "groups": groups,
         "open_count": open_count,
-        "after": after if anchor is not None else "",
-        "next_after": str(page[-1].pk) if more else "",
+        "after": after if cursor is not None else "",
+        "next_after": f"{last['nearest'].isoformat()}~{last['session_id']}"
+        if more and last
+        else "",
         "risk": risk,
         "scenario": scenario,
         "risk_classes": RISK_CLASSES,
@@ -107,7 +133,7 @@ def incident_groups(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The page's approvals grouped by incident (session): the session, risk and impact
     shown once per incident, not once per action (ADR-126). Incidents whose nearest
     deadline comes first lead, then the highest risk class; within an incident the
-    same order. The page itself stays the keyset page of the whole queue."""
+    same order. The page is a keyset page of incidents (queue_context)."""
     groups: dict[Any, dict[str, Any]] = {}
     for item in items:
         group = groups.setdefault(

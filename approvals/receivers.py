@@ -9,7 +9,12 @@ from approvals.models import Approval, ApprovalStatus, action_digest_of, state_d
 from approvals.push import notify_queue
 from diagnosis.actions import do_apply_decision
 from diagnosis.models import Session, ToolCall
-from diagnosis.signals import approval_required, execution_check, session_closing
+from diagnosis.signals import (
+    approval_required,
+    approval_withdrawn,
+    execution_check,
+    session_closing,
+)
 from scenarios_admin.definition import LIFT_TOOL
 
 
@@ -81,3 +86,19 @@ def close_open_approvals(
     if closed:
         notify_queue()
     return {"approvals_closed": closed}
+
+
+@receiver(approval_withdrawn)
+def withdraw_approval(
+    sender: Any, tool_call: ToolCall, reason: str, at: Any, **kwargs: Any
+) -> None:
+    """The agent withdrew the action (a corrected fact no longer calls for it): its open
+    approval closes, out of the queue, never swept into a to-do. In the agent step's
+    transaction, which logs it."""
+    closed = (
+        Approval.objects.filter(tool_call=tool_call)
+        .open()
+        .update(status=ApprovalStatus.CANCELED, reason=reason, decided_at=at)
+    )
+    if closed:
+        notify_queue()

@@ -15,6 +15,7 @@ urlpatterns = [
         views.approval_bulk_decide,
         name="bulk-decide",
     ),
+    path("notify/", views.approval_notify, name="notify"),
     path("todos/", views.todo_list, name="todo-list"),
     path("todos/<int:todo_id>/resolve/", views.todo_resolve, name="todo-resolve"),
 ]

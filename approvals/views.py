@@ -12,6 +12,8 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
 from aero.http import HtmxHttpRequest
+from aero.i18n import NOTIFY_SESSION_KEY
+from aero.models import UserPreference
 from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_TODOS, role_required
 from approvals import presenters
 from approvals.actions import do_decide, do_decide_r1_batch, do_edit_args, do_resolve_todo
@@ -34,6 +36,7 @@ def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
     if not context["risk"] and not context["scenario"]:
         # The nav's open count is this page's own: no second count query.
         context["pending_count"] = context["open_count"]
+    context["notify_on"] = bool(request.session.get(NOTIFY_SESSION_KEY))
     template = "approvals/queue.html"
     if request.htmx:
         # The filter form swaps the live block (socket URL included); other callers
@@ -41,6 +44,21 @@ def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
         live = request.htmx.target == "approval-live"
         template += "#approval-live" if live else "#approval-queue"
     return render(request, template, context)
+
+
+@require_POST
+@role_required(DECIDE_APPROVALS)
+def approval_notify(request: HtmxHttpRequest) -> HttpResponse:
+    """Turn the approver's R2/R3 notification and sound on or off, remembered on their
+    preference (and in the session, which the queue page reads)."""
+    on = request.POST.get("on") == "1"
+    user = request.user
+    assert user.is_authenticated  # role_required let only signed-in users in
+    UserPreference.objects.update_or_create(user=user, defaults={"notify_risky": on})
+    request.session[NOTIFY_SESSION_KEY] = on
+    if request.headers.get("X-Requested-With") == "fetch":
+        return HttpResponse(status=204)
+    return redirect("approvals:queue")
 
 
 @require_POST

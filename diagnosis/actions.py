@@ -183,6 +183,59 @@ def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
         )
 
 
+CLOSED_PREFACE = {
+    "en": "> **Closed** by {by} with this summary: {summary}. Actions still awaiting a "
+    "decision were closed undecided and were not executed.",
+    "zh": "> **会话已由{by}结束**，总结：{summary}。尚待审批的处置措施已关闭，未执行。",
+}
+
+
+def do_close(session_id: Any, user: Any, summary: str) -> None:
+    """Close a session with the operator's summary: a normal end (completed, not
+    canceled), the summary in `session.completed` (`closed_by`, `summary`) and at the top
+    of the report; open approvals close as a cancel closes them. Locks the session row,
+    then the approval rows."""
+    summary = checked_text(
+        summary,
+        limit=MAX_REASON,
+        what="summary",
+        required=_("Please write a summary: it goes into the log and the report."),
+    )
+    with transaction.atomic():
+        session = lock_session(session_id)
+        if session.is_ended:
+            raise ActionError(
+                _("This session is already %(status)s.")
+                % {"status": session.get_status_display().lower()}
+            )
+        by = user.get_username()
+        set_status(
+            session.pk,
+            SessionStatus.COMPLETED,
+            producer="web",
+            reason=summary,
+            by=by,
+            ended={"closed_by": by, "summary": summary},
+        )
+        closed = closed_by_receivers(session, user, summary)
+        session.refresh_from_db(fields=["snapshot"])
+        preface = CLOSED_PREFACE.get(session.language, CLOSED_PREFACE["en"])
+        write_report(
+            session.pk,
+            session.scenario_version.definition,
+            session.snapshot,
+            producer="web",
+            preface=preface.format(by=md_cell(by), summary=md_cell(summary)),
+        )
+        audit(
+            "session.closed",
+            obj=session,
+            actor=user,
+            session_id=session.pk,
+            detail={"summary": summary, "approvals_closed": closed},
+        )
+
+
 def do_add_update(session_id: Any, user: Any, text: str, *, producer: str = "web") -> None:
     """A free-text update from the operator ("fire brigade on site"): in the log and on
     the timeline, never read as an answer. Locks the session row."""
@@ -236,21 +289,22 @@ def corrected_value(spec: dict[str, Any], raw: str, graph: Any) -> Any:
 def do_correct_fact(
     session_id: Any, user: Any, field: str, raw: str, *, producer: str = "web"
 ) -> None:
-    """The operator corrects an extracted fact while the agent collects them (ADR-134):
-    a message carrying the correction, which the agent's input parser applies as said
-    (evidence: corrected by the operator) before it re-runs the rules; in the log like
-    an answer. Once the risk is assessed the rules have run: reopen the incident instead
-    (the switch). Locks the session row."""
+    """The operator corrects an extracted fact whenever the agent waits for people
+    (ADR-134, ADR-138): a message carrying the correction, which the agent's input parser
+    applies as said (evidence: corrected by the operator); in the log like an answer. With
+    a question open it answers it; while approvals wait, the agent re-runs the rules, the
+    impact and the proposals on the corrected facts. Locks the session row."""
     with transaction.atomic():
         session = lock_session(session_id)
         if session.is_ended:
-            raise ActionError(f"This session is {session.get_status_display().lower()}.")
-        question = session.snapshot.get("question")
-        if not question:
             raise ActionError(
-                "Facts can be corrected while the agent is collecting them (a question is "
-                "open); the risk is already assessed here."
+                _("This session is %(status)s.") % {"status": session.get_status_display().lower()}
             )
+        if session.status != SessionStatus.WAITING_USER:
+            raise ActionError(
+                _("The agent is working on this session; correct the fact once it waits.")
+            )
+        question = session.snapshot.get("question") or {}
         definition = session.scenario_version.definition
         spec = definition["fields"].get(field)
         if spec is None:
@@ -264,7 +318,8 @@ def do_correct_fact(
             {
                 "text": f"{label}: {shown}",
                 "author": user.get_username(),
-                "answers": question.get("key"),
+                # With a question open the correction answers it; else it stands alone.
+                **({"answers": question["key"]} if question.get("key") else {}),
                 "correction": {"field": field, "value": value},
             },
             producer=producer,

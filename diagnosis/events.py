@@ -373,6 +373,7 @@ def set_status(
     reason: str = "",
     strict: bool = True,
     by: str = "",
+    ended: dict[str, Any] | None = None,
 ) -> bool:
     """Move the session along its state machine. Returns False when it was already there;
     an illegal move raises (strict) or is ignored."""
@@ -405,10 +406,11 @@ def set_status(
             )
         ]
         if to in ENDED_STATUSES:
-            ended: dict[str, Any] = {"reason": reason}
+            # `ended`: what else the ending event says (an operator's closing summary).
+            payload: dict[str, Any] = {"reason": reason, **(ended or {})}
             if by:
-                ended["by"] = by
-            events.append(_new_event(session.pk, f"session.{to}", ended, producer=producer))
+                payload["by"] = by
+            events.append(_new_event(session.pk, f"session.{to}", payload, producer=producer))
         batch = _batch.get()
         if batch is not None and str(batch.session_id) == str(session.pk):
             # Queued after the batch's events so far, as an append would be.

@@ -96,6 +96,10 @@ def reduce_snapshot(
     if type == "llm.fallback" and payload.get("request") and payload.get("to") == "offline":
         thinking = {"request": payload["request"], "status": "failed", "text": ""}
         return {**snapshot, "thinking": thinking}
+    if type == "session.completed" and payload.get("closed_by"):
+        # Closed by the operator with a summary: a normal end, distinct from a cancel.
+        closed = {"by": payload["closed_by"], "summary": payload.get("summary", "")}
+        return {**snapshot, "closed": closed}
     return None
 
 
@@ -240,6 +244,8 @@ class FoldState:
     deleted_at: datetime | None = None
     deleted_by: str | None = None
     deleted_reason: str = ""
+    closed_by: str = ""  # closed by the operator with a summary (session.completed)
+    closed_summary: str = ""
 
     # Convenience views for templates.
     @property
@@ -398,6 +404,9 @@ def _apply(state: FoldState, event: EventLike) -> None:
             state.ended_at = event.ts
         if p["to"] == "failed":
             state.failure = p.get("reason", "")
+    elif t == "session.completed" and p.get("closed_by"):
+        state.closed_by = p["closed_by"]
+        state.closed_summary = p.get("summary", "")
     elif t == "session.deleted":
         state.deleted_at = parse_ts(p.get("at")) or event.ts
         state.deleted_by = p.get("by")

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
-from django.db.models import Q
+from django.db.models import Exists, Q
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -624,12 +624,28 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
         ).exists()
         return {"answered": True} if has_answer else None
     if waiting["kind"] == "approval":
-        decided = (
-            ToolCall.objects.filter(pk__in=waiting["tool_calls"])
-            .exclude(status=ToolCallStatus.AWAITING_APPROVAL)
-            .exists()
+        # A decision, or a fact corrected while the approvals wait (ADR-138): one query.
+        consumed = snapshot.values.get("consumed_seq", 0)
+        found = (
+            Session.objects.filter(pk=session_id)
+            .annotate(
+                decided=Exists(
+                    ToolCall.objects.filter(pk__in=waiting["tool_calls"]).exclude(
+                        status=ToolCallStatus.AWAITING_APPROVAL
+                    )
+                ),
+                corrected=Exists(
+                    Event.objects.filter(
+                        session_id=session_id, type="user.message", seq__gt=consumed
+                    )
+                ),
+            )
+            .values_list("decided", "corrected")
+            .first()
         )
-        return {"decided": True} if decided else None
+        if found and found[0]:
+            return {"decided": True}
+        return {"corrected": True} if found and found[1] else None
     if waiting["kind"] == "model":
         answered = (
             LLMRequest.objects.filter(key=waiting["key"])

@@ -29,12 +29,13 @@ ENDED_STATUSES = frozenset({SessionStatus.COMPLETED, SessionStatus.FAILED, Sessi
 # waiting session back in the queue; a failed session may be retried by hand.
 SESSION_TRANSITIONS: dict[str, frozenset[str]] = {
     # A resumed job may find the session still waiting (nothing new to resume with).
-    SessionStatus.QUEUED: frozenset({"running", "waiting_user", "canceled", "failed"}),
+    # An operator may close a session with a summary (completed) whenever it may be canceled.
+    SessionStatus.QUEUED: frozenset({"running", "waiting_user", "canceled", "failed", "completed"}),
     SessionStatus.RUNNING: frozenset(
         {"waiting_user", "retrying", "completed", "failed", "canceled", "queued"}
     ),
-    SessionStatus.WAITING_USER: frozenset({"queued", "running", "canceled", "failed"}),
-    SessionStatus.RETRYING: frozenset({"running", "failed", "canceled", "queued"}),
+    SessionStatus.WAITING_USER: frozenset({"queued", "running", "canceled", "failed", "completed"}),
+    SessionStatus.RETRYING: frozenset({"running", "failed", "canceled", "queued", "completed"}),
     SessionStatus.FAILED: frozenset({"queued"}),
     SessionStatus.COMPLETED: frozenset(),
     SessionStatus.CANCELED: frozenset(),

@@ -27,7 +27,7 @@ DECISIONS = {
         "approved": "approved",
         "rejected": "rejected",
         "timeout": "timed out (manual to-do)",
-        "canceled": "closed undecided (session canceled)",
+        "canceled": "closed undecided",  # the reason follows: withdrawn, or the session ended
         "pending": "pending",
     },
     "zh": {
@@ -35,7 +35,7 @@ DECISIONS = {
         "approved": "已批准",
         "rejected": "已拒绝",
         "timeout": "超时（转人工）",
-        "canceled": "未决关闭（会话已取消）",
+        "canceled": "未决关闭",
         "pending": "待审批",
     },
 }

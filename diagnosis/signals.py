@@ -19,3 +19,7 @@ approval_required = Signal()  # sender=ToolCall, tool_call=ToolCall
 execution_check = Signal()  # sender=ToolCall, tool_call=ToolCall
 # sender=Session, session=Session, user=User, reason=str
 session_closing = Signal()
+# Sent inside the agent step that withdraws an action a corrected fact no longer calls
+# for (the call row is being closed); the approvals app closes its open Approval.
+# sender=ToolCall, tool_call=ToolCall, reason=str, at=datetime
+approval_withdrawn = Signal()

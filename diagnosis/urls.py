@@ -12,6 +12,7 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/", views.session_detail, name="session-detail"),
     path("sessions/<uuid:session_id>/answer/", views.session_answer, name="session-answer"),
     path("sessions/<uuid:session_id>/cancel/", views.session_cancel, name="session-cancel"),
+    path("sessions/<uuid:session_id>/close/", views.session_close, name="session-close"),
     path("sessions/<uuid:session_id>/retry/", views.session_retry, name="session-retry"),
     path("sessions/<uuid:session_id>/switch/", views.session_switch, name="session-switch"),
     path("sessions/<uuid:session_id>/update/", views.session_update, name="session-update"),

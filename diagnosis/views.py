@@ -150,6 +150,19 @@ def session_cancel(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
 
 @require_POST
 @role_required(RUN_SESSIONS)
+def session_close(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """The operator ends the session normally, with a summary (not a cancel)."""
+    session = get_session_for_user(request, session_id)
+    error = ""
+    try:
+        actions.do_close(session.pk, request.user, request.POST.get("summary", "").strip())
+    except actions.ActionError as exc:
+        error = str(exc)
+    return _back(request, session, error)
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
 def session_update(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     """A free-text update from the operator onto the timeline."""
     session = get_session_for_user(request, session_id)

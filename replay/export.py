@@ -11,6 +11,7 @@ from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from diagnosis.chain import check_events
 from diagnosis.fold import FoldState, fold_events
@@ -26,13 +27,13 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
     if event_type == "user.message":
         return f"{p.get('author', '')}: {p.get('text', '')}"
     if event_type == "agent.question":
-        return f"agent asks: {p.get('text', '')}"
+        return _("agent asks: %(text)s") % {"text": p.get("text", "")}
     if event_type == "session.status_changed":
         reason = f" ({p['reason']})" if p.get("reason") else ""
         return f"status {p.get('from')} -> {p.get('to')}{reason}"
     if event_type == "fields.extracted":
         changed = ", ".join(f"{k}={v}" for k, v in (p.get("changed") or {}).items())
-        return f"recognised {changed or 'nothing new'}"
+        return _("recognised %(what)s") % {"what": changed or _("nothing new")}
     if event_type.startswith("tool.call_"):
         args = p.get("args")
         shown = (
@@ -47,9 +48,16 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
         reason = f": {p['reason']}" if p.get("reason") else ""
         return f"{p.get('tool_name', '')} [{p.get('risk_level', '')}]{who}{reason}"
     if event_type == "risk.assessed":
-        return f"risk {p.get('level')} {p.get('score')} by rule {p.get('rule')}"
+        return _("risk %(level)s %(score)s by rule %(rule)s") % {
+            "level": p.get("level"),
+            "score": p.get("score"),
+            "rule": p.get("rule"),
+        }
     if event_type == "impact.analyzed":
-        return f"radius {p.get('radius')} from {p.get('start')}"
+        return _("radius %(radius)s from %(start)s") % {
+            "radius": p.get("radius"),
+            "start": p.get("start"),
+        }
     if event_type == "fsm.transition":
         return f"{p.get('from')} -> {p.get('to')}"
     if event_type in ("agent.node_started", "agent.node_completed", "agent.node_failed"):
@@ -57,6 +65,17 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
     if event_type == "llm.call":
         tokens = f"{p.get('tokens_in', 0)}/{p.get('tokens_out', 0)} tokens"
         return f"{p.get('provider')} {p.get('purpose')} {p.get('status')} {tokens}"
+    if event_type == "agent.note" and p.get("outcome"):
+        return _("continuing without %(tool)s (%(outcome)s): %(reason)s") % {
+            "tool": p.get("tool_name", ""),
+            "outcome": p.get("outcome"),
+            "reason": p.get("reason") or "—",
+        }
+    if event_type == "agent.note" and p.get("kind") == "already_in_force":
+        return _("%(tool)s not proposed: already in force (session %(session)s)") % {
+            "tool": p.get("tool_name", ""),
+            "session": p.get("held_by", ""),
+        }
     if event_type == "agent.note":
         return str(p.get("text", ""))
     if event_type == "timeline.appended":
@@ -91,29 +110,39 @@ def usage_rows(events: list[Event]) -> list[dict[str, Any]]:
 
 
 def follow_ups(state: FoldState) -> list[str]:
-    """What someone still has to do, derived from the log alone."""
+    """What someone still has to do, derived from the log alone, in the exporter's
+    language (ADR-139)."""
     items = []
     for call in state.actions:
         approval = state.approvals.get(call.call_id)
         status = approval.status if approval else ""
+        what = {"tool": call.tool_name}
         if status == "rejected":
-            items.append(f"{call.tool_name} was rejected: decide on another measure.")
+            items.append(_("%(tool)s was rejected: decide on another measure.") % what)
         elif status == "timeout":
-            items.append(f"{call.tool_name} timed out unapproved: complete its manual to-do.")
+            items.append(_("%(tool)s timed out unapproved: complete its manual to-do.") % what)
         elif status == "canceled":
-            items.append(f"{call.tool_name} was never decided (session canceled): check it.")
+            items.append(
+                _("%(tool)s was never decided (withdrawn, or the session ended first): check it.")
+                % what
+            )
         elif approval is not None and approval.is_open:
-            items.append(f"{call.tool_name} still awaits a decision.")
+            items.append(_("%(tool)s still awaits a decision.") % what)
         if call.status == "failed":
-            items.append(f"{call.tool_name} failed: check it was carried out by hand.")
+            items.append(_("%(tool)s failed: check it was carried out by hand.") % what)
     for restriction in state.restrictions:
         if restriction.lifted_seq is None:
-            items.append(f"{restriction.kind} {restriction.target} is closed: lift it once clear.")
+            items.append(
+                _("%(kind)s %(target)s is closed: lift it once clear.")
+                % {"kind": restriction.kind, "target": restriction.target}
+            )
     for question in state.questions:
         if question.answered_seq is None:
-            items.append(f"Unanswered question: {question.text}")
+            items.append(_("Unanswered question: %(text)s") % {"text": question.text})
     if state.status not in ("completed", "canceled", "failed"):
-        items.append(f"The session was still {state.status} when exported.")
+        items.append(
+            _("The session was still %(status)s when exported.") % {"status": state.status}
+        )
     return items
 
 

@@ -32,7 +32,7 @@ ROW_FIELDS = (
     "scenario__slug",  # the API lists it (api/history.py)
     "created_by__username",
 )
-ROW_FACTS = ("flight", "position", "risk")
+ROW_FACTS = ("flight", "position", "risk", "closed_by")
 SORT_COLUMNS = {"-created": "created_at", "created": "created_at", "-updated": "updated_at"}
 
 # The same text the indexes are built on (replay migration 0001): keep them in step.
@@ -40,11 +40,14 @@ PG_FACTS = {
     "flight": "(\"diagnosis_session\".\"snapshot\" -> 'fields' ->> 'flight_no')",
     "position": "(\"diagnosis_session\".\"snapshot\" -> 'fields' ->> 'position')",
     "risk": "(\"diagnosis_session\".\"snapshot\" -> 'risk' ->> 'level')",
+    # Closed by the operator with a summary (a row only, no index, no filter)
+    "closed_by": "(\"diagnosis_session\".\"snapshot\" -> 'closed' ->> 'by')",
 }
 SQLITE_FACTS = {
     "flight": 'json_extract("diagnosis_session"."snapshot", \'$.fields.flight_no\')',
     "position": 'json_extract("diagnosis_session"."snapshot", \'$.fields.position\')',
     "risk": 'json_extract("diagnosis_session"."snapshot", \'$.risk.level\')',
+    "closed_by": 'json_extract("diagnosis_session"."snapshot", \'$.closed.by\')',
 }
 # One search document per session (replay.models.SessionSearch: operator messages and
 # report, kept by a trigger in the events' transaction). Trigram ILIKE finds the text

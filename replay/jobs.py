@@ -17,6 +17,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.db import connections, transaction
+from django.utils import translation
 
 from aero.models import audit
 from diagnosis.models import Session
@@ -32,6 +33,8 @@ class ExportJob:
     session_id: str
     user_id: int
     masked: bool
+    # The export speaks the language of the person who asked for it (ADR-139).
+    language: str = settings.LANGUAGE_CODE
     status: str = "queued"  # queued, running, done, failed
     done: int = 0
     total: int = 0
@@ -71,6 +74,7 @@ def start_export(session: Session, user: Any, *, masked: bool) -> ExportJob:
         session_id=str(session.pk),
         user_id=user.pk,
         masked=masked,
+        language=translation.get_language() or settings.LANGUAGE_CODE,
         total=session.last_seq,
     )
     _save(job)
@@ -123,7 +127,8 @@ def run_export(job_id: str) -> str:
             pk=job.session_id
         )
         user = User.objects.get(pk=job.user_id)
-        text = render_export(session, user, masked=job.masked, progress=progress)
+        with translation.override(job.language):
+            text = render_export(session, user, masked=job.masked, progress=progress)
     except Exception as exc:
         logger.exception("export %s failed", job_id)
         job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.utils.translation import gettext as _
 
 from aero.models import audit
 from scenarios_admin.definition import definition_issues
@@ -40,7 +41,7 @@ def run_publish_checks(definition: dict[str, Any]) -> list[str]:
         # Fail closed: a version is never published without its self-check.
         return ["no self-check is installed (the diagnosis app registers it)"]
     failures: list[str] = []
-    for _, response in responses:
+    for _receiver, response in responses:
         failures.extend(list(response or []))
     return failures
 
@@ -64,16 +65,18 @@ def do_publish(
         definition, issues = assemble(scenario)
         if issues:
             raise ScenarioError(
-                "The draft is not valid, so it cannot be published.", [str(i) for i in issues]
+                _("The draft is not valid, so it cannot be published."), [str(i) for i in issues]
             )
         failures = run_publish_checks(definition)
         if failures:
             raise ScenarioError(
-                "The scenario's example cases fail, so it cannot be published.", failures
+                _("The scenario's example cases fail, so it cannot be published."), failures
             )
         latest = scenario.latest_version()
         if latest is not None and latest.checksum == ScenarioVersion.checksum_of(definition):
-            raise NothingToPublish(f"The draft is the same as version {latest.number}.")
+            raise NothingToPublish(
+                _("The draft is the same as version %(n)s.") % {"n": latest.number}
+            )
         version = ScenarioVersion.objects.create(
             scenario=scenario,
             number=(latest.number + 1) if latest else 1,
@@ -165,7 +168,7 @@ def export_text(scenario: Scenario, version: int | None = None, *, draft: bool =
         definition, issues = assemble(scenario)
         if issues:
             raise ScenarioError(
-                "The draft is not valid, so it cannot be exported.", [str(i) for i in issues]
+                _("The draft is not valid, so it cannot be exported."), [str(i) for i in issues]
             )
         return dump_definition(definition)
     chosen = (
@@ -175,8 +178,9 @@ def export_text(scenario: Scenario, version: int | None = None, *, draft: bool =
     )
     if chosen is None:
         raise ScenarioError(
-            f"{scenario.slug} has no version {version}."
+            _("%(slug)s has no version %(n)s.") % {"slug": scenario.slug, "n": version}
             if version is not None
-            else f"{scenario.slug} has no published version (export the draft instead)."
+            else _("%(slug)s has no published version (export the draft instead).")
+            % {"slug": scenario.slug}
         )
     return dump_definition(chosen.definition)

@@ -13,6 +13,8 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy as _lazy
 
 from aero.models import audit
 from scenarios_admin.actions import (
@@ -71,7 +73,9 @@ class FieldInline(admin.StackedInline[ScenarioField, Scenario]):
     form = ScenarioFieldForm
     formset = CheckedInlineFormSet
     extra = 0
-    verbose_name_plural = "Fields (the checklist: P1 fields are asked for before risk assessment)"
+    verbose_name_plural = _lazy(
+        "Fields (the checklist: P1 fields are asked for before risk assessment)"
+    )
     fieldsets = [
         (
             None,
@@ -94,7 +98,9 @@ class ValueInline(admin.TabularInline[FieldValue, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["position", "field", "value", "label_zh", "label_en", "synonyms", "fallback"]
-    verbose_name_plural = "Values of enum and bool fields, with the synonyms the extractor reads"
+    verbose_name_plural = _lazy(
+        "Values of enum and bool fields, with the synonyms the extractor reads"
+    )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[FieldValue]:
         field_position = ScenarioField.objects.filter(
@@ -114,7 +120,9 @@ class RuleInline(admin.TabularInline[RiskRule, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["position", "rule_id", "condition", "level", "score"]
-    verbose_name_plural = "Risk rules (first match wins; the last one has an empty condition)"
+    verbose_name_plural = _lazy(
+        "Risk rules (first match wins; the last one has an empty condition)"
+    )
 
 
 class RadiusInline(admin.TabularInline[SpreadRadius, Scenario]):
@@ -123,7 +131,7 @@ class RadiusInline(admin.TabularInline[SpreadRadius, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["key_value", "level", "hops"]
-    verbose_name_plural = "Spread radius (hops of the impact analysis, by value and level)"
+    verbose_name_plural = _lazy("Spread radius (hops of the impact analysis, by value and level)")
 
 
 class ActionInline(admin.TabularInline[ScenarioAction, Scenario]):
@@ -132,7 +140,9 @@ class ActionInline(admin.TabularInline[ScenarioAction, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["position", "tool", "risk_class", "condition", "for_each", "args"]
-    verbose_name_plural = "Required actions (proposed in this order when their condition holds)"
+    verbose_name_plural = _lazy(
+        "Required actions (proposed in this order when their condition holds)"
+    )
 
 
 class ExampleInline(admin.TabularInline[ScenarioExample, Scenario]):
@@ -142,7 +152,7 @@ class ExampleInline(admin.TabularInline[ScenarioExample, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["position", "text", "expected_fields", "rule", "level", "actions"]
-    verbose_name_plural = "Example cases (the self-check: all must pass before publishing)"
+    verbose_name_plural = _lazy("Example cases (the self-check: all must pass before publishing)")
 
 
 class ScenarioVersionInline(admin.TabularInline[ScenarioVersion, Scenario]):
@@ -153,7 +163,9 @@ class ScenarioVersionInline(admin.TabularInline[ScenarioVersion, Scenario]):
     extra = 0
     can_delete = False
     show_change_link = True
-    verbose_name_plural = "Published versions (immutable; sessions pin the one they start with)"
+    verbose_name_plural = _lazy(
+        "Published versions (immutable; sessions pin the one they start with)"
+    )
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -184,14 +196,14 @@ def version_links(version: ScenarioVersion) -> str:
 
 class PublishForm(forms.Form):
     note = forms.CharField(
-        max_length=200, required=False, help_text="What changed (shown in the version list)."
+        max_length=200, required=False, help_text=_lazy("What changed (shown in the version list).")
     )
 
 
 class ImportForm(forms.Form):
-    file = forms.FileField(help_text="One scenario as exported (UTF-8 YAML).")
+    file = forms.FileField(help_text=_lazy("One scenario as exported (UTF-8 YAML)."))
     publish = forms.BooleanField(
-        required=False, help_text="Publish it too (after validation and the self-check)."
+        required=False, help_text=_lazy("Publish it too (after validation and the self-check).")
     )
     note = forms.CharField(max_length=200, required=False)
 
@@ -218,30 +230,32 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
     ]
     fieldsets = [
         (None, {"fields": ["slug", ("name_zh", "name_en"), "kind", "is_active"]}),
-        ("LLM providers", {"classes": ["collapse"], "fields": ["system_prompt"]}),
-        ("Impact analysis", {"fields": [("impact_start", "radius_key", "default_radius")]}),
+        (_lazy("LLM providers"), {"classes": ["collapse"], "fields": ["system_prompt"]}),
+        (_lazy("Impact analysis"), {"fields": [("impact_start", "radius_key", "default_radius")]}),
         (
-            "Compliance state machine",
+            _lazy("Compliance state machine"),
             {
                 "classes": ["collapse"],
-                "description": "The six states a session passes through, in order. The "
-                "agent may only assess risk once all P1 fields are known, propose actions "
-                "after the impact analysis, and report once every action is decided.",
+                "description": _lazy(
+                    "The six states a session passes through, in order. The agent may only "
+                    "assess risk once all P1 fields are known, propose actions after the "
+                    "impact analysis, and report once every action is decided."
+                ),
                 "fields": [("state_1", "state_2", "state_3"), ("state_4", "state_5", "state_6")],
             },
         ),
         (
-            "Report template",
+            _lazy("Report template"),
             {"classes": ["collapse"], "fields": ["report_template_zh", "report_template_en"]},
         ),
     ]
 
-    @admin.display(description="Published")
+    @admin.display(description=_lazy("Published"))
     def latest(self, obj: Scenario) -> str:
         version = obj.latest_version()
         return f"v{version.number}" if version else "—"
 
-    @admin.display(description="Draft")
+    @admin.display(description=_lazy("Draft"))
     def draft(self, obj: Scenario) -> str:
         return draft_status_text(obj, short=True)
 
@@ -269,10 +283,15 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         renumber(form.instance)
         latest, changed = draft_status(form.instance)
         if changed:
-            serving = f"version {latest.number}" if latest else "no version (never published)"
+            serving = (
+                _("version %(n)s") % {"n": latest.number}
+                if latest
+                else _("no version (never published)")
+            )
             self.message_user(
                 request,
-                f"Draft saved. New sessions keep using {serving} until you publish.",
+                _("Draft saved. New sessions keep using %(serving)s until you publish.")
+                % {"serving": serving},
                 messages.INFO,
             )
 
@@ -348,8 +367,11 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
             else:
                 self.message_user(
                     request,
-                    f"Published {scenario.slug} version {version.number}. New sessions use it "
-                    "now; sessions already running keep the version they started with.",
+                    _(
+                        "Published %(slug)s version %(n)s. New sessions use it now; sessions "
+                        "already running keep the version they started with."
+                    )
+                    % {"slug": scenario.slug, "n": version.number},
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(change_url)
@@ -364,7 +386,7 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         return self._page(
             request,
             "publish.html",
-            title=f"Publish {scenario.slug}",
+            title=_("Publish %(slug)s") % {"slug": scenario.slug},
             original=scenario,
             form=form,
             refused=refused,
@@ -382,7 +404,7 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
             raise PermissionDenied
         numbers = list(scenario.versions.order_by("number").values_list("number", flat=True))
         choices = [str(n) for n in numbers] + ["draft"]
-        _, changed = draft_status(scenario)
+        _latest, changed = draft_status(scenario)
         default_b = "draft" if changed or not numbers else str(numbers[-1])
         default_a = (
             str(numbers[-1])
@@ -408,7 +430,7 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         return self._page(
             request,
             "diff.html",
-            title=f"Compare versions of {scenario.slug}",
+            title=_("Compare versions of %(slug)s") % {"slug": scenario.slug},
             original=scenario,
             choices=choices,
             a=a,
@@ -441,7 +463,7 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         )
         return yaml_response({f"{scenario.slug}.yaml": text})
 
-    @admin.action(description="Export selected scenarios as YAML", permissions=["view"])
+    @admin.action(description=_lazy("Export selected scenarios as YAML"), permissions=["view"])
     def export_yaml(self, request: HttpRequest, queryset: QuerySet[Scenario]) -> HttpResponse:
         files = {}
         for scenario in queryset.order_by("slug"):
@@ -469,7 +491,7 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
             try:
                 text = upload.read().decode("utf-8")
             except UnicodeDecodeError:
-                refused = ScenarioError("The file is not UTF-8 text. Nothing was changed.")
+                refused = ScenarioError(_("The file is not UTF-8 text. Nothing was changed."))
             else:
                 try:
                     result = do_import(
@@ -482,18 +504,31 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
                 except ScenarioError as exc:
                     refused = exc
                 else:
-                    verb = "created" if result.created else "replaced"
-                    done = f"Imported {result.scenario.slug}: draft {verb}"
+                    what = {
+                        "slug": result.scenario.slug,
+                        "verb": _("created") if result.created else _("replaced"),
+                    }
                     if result.version is not None:
-                        done += f", published version {result.version.number}"
+                        done = _("Imported %(slug)s: draft %(verb)s, published version %(n)s.") % {
+                            **what,
+                            "n": result.version.number,
+                        }
                     elif result.unchanged:
-                        done += ", unchanged from the newest version"
-                    self.message_user(request, done + ".", messages.SUCCESS)
+                        done = (
+                            _(
+                                "Imported %(slug)s: draft %(verb)s, unchanged from the newest "
+                                "version."
+                            )
+                            % what
+                        )
+                    else:
+                        done = _("Imported %(slug)s: draft %(verb)s.") % what
+                    self.message_user(request, done, messages.SUCCESS)
                     return HttpResponseRedirect(
                         reverse("admin:scenarios_admin_scenario_change", args=[result.scenario.pk])
                     )
         return self._page(
-            request, "import.html", title="Import a scenario", form=form, refused=refused
+            request, "import.html", title=_("Import a scenario"), form=form, refused=refused
         )
 
 
@@ -546,20 +581,22 @@ def yaml_response(files: dict[str, str]) -> HttpResponse:
 def draft_status_text(scenario: Scenario, *, short: bool = False) -> str:
     latest, changed = draft_status(scenario)
     if latest is None:
-        return "never published" if short else "This scenario has never been published."
+        return _("never published") if short else _("This scenario has never been published.")
     if not changed:
         return (
             f"= v{latest.number}"
             if short
-            else (f"The draft is the same as version {latest.number}, which new sessions use.")
+            else _("The draft is the same as version %(n)s, which new sessions use.")
+            % {"n": latest.number}
         )
     return (
-        "unpublished changes"
+        _("unpublished changes")
         if short
-        else (
-            f"The draft has changes that are not published: new sessions use version "
-            f"{latest.number} until you publish."
+        else _(
+            "The draft has changes that are not published: new sessions use version "
+            "%(n)s until you publish."
         )
+        % {"n": latest.number}
     )
 
 
@@ -581,11 +618,11 @@ class ScenarioVersionAdmin(admin.ModelAdmin[ScenarioVersion]):
     ]
     exclude = ["definition"]
 
-    @admin.display(description="Compare and download")
+    @admin.display(description=_lazy("Compare and download"))
     def links(self, obj: ScenarioVersion) -> str:
         return version_links(obj)
 
-    @admin.display(description="Definition (YAML)")
+    @admin.display(description=_lazy("Definition (YAML)"))
     def as_yaml(self, obj: ScenarioVersion) -> str:
         return format_html("<pre>{}</pre>", dump_definition(obj.definition))
 
@@ -607,7 +644,9 @@ class TopologyNodeInline(admin.TabularInline[TopologyNode, Topology]):
     formset = CheckedInlineFormSet
     fields = ["node_id", "kind", "runway", "x", "y"]
     extra = 0
-    verbose_name_plural = "Nodes (stands, taxiway nodes, runway nodes; x/y place them on the map)"
+    verbose_name_plural = _lazy(
+        "Nodes (stands, taxiway nodes, runway nodes; x/y place them on the map)"
+    )
 
 
 class TopologyEdgeInline(admin.TabularInline[TopologyEdge, Topology]):
@@ -616,7 +655,7 @@ class TopologyEdgeInline(admin.TabularInline[TopologyEdge, Topology]):
     formset = CheckedInlineFormSet
     fields = ["source_id", "target_id"]
     extra = 0
-    verbose_name_plural = "Edges (undirected; name the two nodes)"
+    verbose_name_plural = _lazy("Edges (undirected; name the two nodes)")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TopologyEdge]:
         return super().get_queryset(request).select_related("source", "target").order_by("id")
@@ -628,7 +667,7 @@ class RunwayInline(admin.TabularInline[Runway, Topology]):
     formset = CheckedInlineFormSet
     fields = ["designator", "reference_id"]
     extra = 0
-    verbose_name_plural = "Runways and their reference nodes"
+    verbose_name_plural = _lazy("Runways and their reference nodes")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Runway]:
         return super().get_queryset(request).select_related("reference_node")
@@ -649,7 +688,7 @@ class FlightInline(admin.TabularInline[Flight, Topology]):
         "pax",
     ]
     extra = 0
-    verbose_name_plural = "Flights (the flight information the agent looks up)"
+    verbose_name_plural = _lazy("Flights (the flight information the agent looks up)")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Flight]:
         return super().get_queryset(request).select_related("stand")
@@ -684,7 +723,7 @@ class TopologyAdmin(admin.ModelAdmin[Topology]):
         form.save_m2m()
         nodes, *others = formsets
         nodes.save(commit=False)
-        for node in [*nodes.new_objects, *(obj for obj, _ in nodes.changed_objects)]:
+        for node in [*nodes.new_objects, *(obj for obj, _fields in nodes.changed_objects)]:
             node.save()
         for formset in others:
             self.save_formset(request, form, formset, change)
@@ -748,16 +787,18 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
         max_length=1000,
         widget=forms.PasswordInput(render_value=False),
         help_text=(
-            "Write only. Leave empty to keep the current key. Changing the base URL clears "
-            "the stored key: enter it again in the same save to use it with the new URL."
+            _lazy(
+                "Write only. Leave empty to keep the current key. Changing the base URL clears "
+                "the stored key: enter it again in the same save to use it with the new URL."
+            )
         ),
     )
-    clear_api_key = forms.BooleanField(required=False, help_text="Remove the stored key.")
+    clear_api_key = forms.BooleanField(required=False, help_text=_lazy("Remove the stored key."))
     key_cleared_by_url = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["base_url"].help_text = (
+        self.fields["base_url"].help_text = _(
             "Changing it clears the stored API key, so the key is never sent to a host it "
             "was not given for."
         )
@@ -786,13 +827,15 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
             if not cleaned.get("base_url") and "base_url" not in self.errors:
                 self.add_error(
                     "base_url",
-                    "An OpenAI-compatible provider needs the base URL of its API "
-                    "(e.g. https://api.example.com/v1); only the offline provider has none.",
+                    _(
+                        "An OpenAI-compatible provider needs the base URL of its API "
+                        "(e.g. https://api.example.com/v1); only the offline provider has none."
+                    ),
                 )
             if not cleaned.get("model") and "model" not in self.errors:
                 self.add_error(
                     "model",
-                    "An OpenAI-compatible provider needs a model name (e.g. gpt-4o-mini).",
+                    _("An OpenAI-compatible provider needs a model name (e.g. gpt-4o-mini)."),
                 )
         return cleaned
 
@@ -803,9 +846,11 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
         key: str = self.cleaned_data.get("api_key") or ""
         if key and not (key.isascii() and key.isprintable()):
             raise ValidationError(
-                "An API key is printable ASCII (letters, digits, punctuation, spaces); this "
-                "one has line breaks or other characters an HTTP header cannot carry. "
-                "Nothing was saved: paste the key again."
+                _(
+                    "An API key is printable ASCII (letters, digits, punctuation, spaces); this "
+                    "one has line breaks or other characters an HTTP header cannot carry. "
+                    "Nothing was saved: paste the key again."
+                )
             )
         return key
 
@@ -837,16 +882,21 @@ class ProviderConfigAdmin(admin.ModelAdmin[ProviderConfig]):
         if getattr(form, "key_cleared_by_url", False):
             self.message_user(
                 request,
-                f"{obj.name}: the base URL changed, so the stored API key was cleared; "
-                "enter the key for the new URL.",
+                _(
+                    "%(name)s: the base URL changed, so the stored API key was cleared; "
+                    "enter the key for the new URL."
+                )
+                % {"name": obj.name},
                 messages.WARNING,
             )
 
-    @admin.display(boolean=True, description="API key set")
+    @admin.display(boolean=True, description=_lazy("API key set"))
     def has_key(self, obj: ProviderConfig) -> bool:
         return bool(obj.api_key_encrypted)
 
-    @admin.action(description="Test connection (one tiny chat completion)", permissions=["change"])
+    @admin.action(
+        description=_lazy("Test connection (one tiny chat completion)"), permissions=["change"]
+    )
     def test_connection(self, request: HttpRequest, queryset: QuerySet[ProviderConfig]) -> None:
         for config in queryset.order_by("priority", "name"):
             result = probe(config)

@@ -11,6 +11,9 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, QueryDict
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy as _lazy
+from django.utils.translation import ngettext
 
 from scenarios_admin.definition import ACTION_TOOLS, IMPACT_LISTS, NODE_KINDS, Issue
 from scenarios_admin.draft import ROWS, SCENARIO_COLUMNS, Draft, check_draft, split_list
@@ -20,12 +23,12 @@ from scenarios_admin.models import Scenario, ScenarioKind
 UNAVAILABLE_KINDS = frozenset({ScenarioKind.DIAGNOSIS.value})
 
 COMPLIANCE_LABELS = (
-    "1. start",
-    "2. all P1 fields known",
-    "3. risk assessed",
-    "4. impact analysed",
-    "5. actions decided",
-    "6. reported",
+    _lazy("1. start"),
+    _lazy("2. all P1 fields known"),
+    _lazy("3. risk assessed"),
+    _lazy("4. impact analysed"),
+    _lazy("5. actions decided"),
+    _lazy("6. reported"),
 )
 
 
@@ -71,8 +74,14 @@ class CrossCheck:
             self._state = "done"
         if self.summary:
             raise ValidationError(
-                f"Nothing was saved: {len(self.summary)} problem(s), listed at the top of the "
-                "page and marked on their rows."
+                ngettext(
+                    "Nothing was saved: %(n)d problem, listed at the top of the page and "
+                    "marked on its row.",
+                    "Nothing was saved: %(n)d problems, listed at the top of the page and "
+                    "marked on their rows.",
+                    len(self.summary),
+                )
+                % {"n": len(self.summary)}
             )
 
 
@@ -147,8 +156,8 @@ class DraftForm(forms.ModelForm[Any]):
                 if len(value) > MAX_DRAFT_TEXT:
                     self.add_error(
                         name,
-                        f"Too long ({len(value):,} characters, at most {MAX_DRAFT_TEXT:,}); "
-                        "nothing was saved.",
+                        _("Too long (%(n)s characters, at most %(max)s); nothing was saved.")
+                        % {"n": f"{len(value):,}", "max": f"{MAX_DRAFT_TEXT:,}"},
                     )
         return cleaned
 
@@ -175,7 +184,7 @@ class KindsField(forms.MultipleChoiceField):
 
 
 class ScenarioFieldForm(DraftForm):
-    kinds = KindsField(help_text="Position fields: node kinds accepted (none ticked: all).")
+    kinds = KindsField(help_text=_lazy("Position fields: node kinds accepted (none ticked: all)."))
 
     class Meta:
         widgets = {
@@ -202,9 +211,12 @@ class RiskRuleForm(DraftForm):
 class ScenarioActionForm(DraftForm):
     tool = forms.ChoiceField(choices=[("", "---------"), *[(t, t) for t in sorted(ACTION_TOOLS)]])
     for_each = forms.ChoiceField(
-        choices=[("", "(once)"), *[(f"impact.{n}", f"each of impact.{n}") for n in IMPACT_LISTS]],
+        choices=[
+            ("", _lazy("(once)")),
+            *[(f"impact.{n}", f"each of impact.{n}") for n in IMPACT_LISTS],
+        ],
         required=False,
-        help_text="One action per item of an impact list ({item} in the arguments).",
+        help_text=_lazy("One action per item of an impact list ({item} in the arguments)."),
     )
 
     class Meta:
@@ -472,8 +484,8 @@ class NodeRefForm(forms.ModelForm[Any]):
 
 class EdgeForm(NodeRefForm):
     node_refs = {"source_id": "source", "target_id": "target"}
-    source_id = forms.CharField(label="from node", max_length=32)
-    target_id = forms.CharField(label="to node", max_length=32)
+    source_id = forms.CharField(label=_lazy("from node"), max_length=32)
+    target_id = forms.CharField(label=_lazy("to node"), max_length=32)
 
     class Meta:
         fields: list[str] = []
@@ -482,9 +494,9 @@ class EdgeForm(NodeRefForm):
 class RunwayForm(NodeRefForm):
     node_refs = {"reference_id": "reference_node"}
     reference_id = forms.CharField(
-        label="reference node",
+        label=_lazy("reference node"),
         max_length=32,
-        help_text="Where a runway-wide impact analysis starts (one of its nodes).",
+        help_text=_lazy("Where a runway-wide impact analysis starts (one of its nodes)."),
     )
 
     class Meta:
@@ -493,7 +505,7 @@ class RunwayForm(NodeRefForm):
 
 class FlightForm(NodeRefForm):
     node_refs = {"stand_id": "stand"}
-    stand_id = forms.CharField(label="stand", max_length=32, required=False)
+    stand_id = forms.CharField(label=_lazy("stand"), max_length=32, required=False)
 
     class Meta:
         fields = ["flight_no", "airline", "aircraft", "registration", "std", "destination", "pax"]
@@ -517,8 +529,11 @@ class TopologyForm(forms.ModelForm[Any]):
         other = Topology.objects.filter(is_active=True).exclude(pk=self.instance.pk).first()
         if active and other is not None:
             raise ValidationError(
-                f"Only one topology is active (the agent's impact analysis uses it): "
-                f"deactivate {other.icao} first."
+                _(
+                    "Only one topology is active (the agent's impact analysis uses it): "
+                    "deactivate %(icao)s first."
+                )
+                % {"icao": other.icao}
             )
         return active
 

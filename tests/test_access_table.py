@@ -57,6 +57,7 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "diagnosis:session-detail": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-answer": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-cancel": ("POST", row(LOGIN, 302, 403, 403, 302)),
+    "diagnosis:session-close": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-retry": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-switch": ("POST", row(LOGIN, 302, 403, 403, 302)),  # no scenario
     "diagnosis:session-update": ("POST", row(LOGIN, 302, 403, 403, 302)),  # empty: message
@@ -70,6 +71,7 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "approvals:decide": ("POST", row(LOGIN, 403, 302, 403, 302)),
     "approvals:edit-args": ("POST", row(LOGIN, 403, 302, 403, 302)),  # empty: refused
     "approvals:bulk-decide": ("POST", row(LOGIN, 403, 302, 403, 302)),  # empty: refused
+    "approvals:notify": ("POST", row(LOGIN, 403, 302, 403, 302)),
     "approvals:todo-list": ("GET", row(LOGIN, 200, 200, 403, 200)),  # approvers read
     "approvals:todo-resolve": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "replay:history": ("GET", row(LOGIN, 200, 200, 200, 200)),

@@ -198,3 +198,71 @@ def test_time_left_counts_down_in_seconds_and_turns_red_in_the_last_minute(
     expect(deadline).not_to_have_class(re.compile("deadline-urgent"))
     expect(deadline).to_have_class(re.compile("deadline-urgent"), timeout=30_000)  # ticking
     expect(page).to_have_title(re.compile(r"^\(\d+\) "))
+
+
+# Stand-ins that record what the page asks of the browser: notifications, sounds, and
+# when its live socket is open (a push sent before that would not reach this page).
+RECORDING = """
+window.__notes = []; window.__sounds = []; window.__wsOpen = false;
+class RecordedNotification {
+  constructor(title, options) { window.__notes.push(title); }
+}
+RecordedNotification.permission = "granted";
+RecordedNotification.requestPermission = () => Promise.resolve("granted");
+window.Notification = RecordedNotification;
+HTMLMediaElement.prototype.play = function () {
+  window.__sounds.push(this.src); return Promise.resolve();
+};
+const RealSocket = window.WebSocket;
+window.WebSocket = function (url, protocols) {
+  const socket = new RealSocket(url, protocols);
+  socket.addEventListener("open", () => { window.__wsOpen = true; });
+  return socket;
+};
+window.WebSocket.prototype = RealSocket.prototype;
+Object.assign(window.WebSocket, {CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3});
+"""
+
+
+def test_a_new_r2_request_raises_a_notification_and_a_sound(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    from aero.models import UserPreference
+
+    olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
+    page = sign_in(browser, asgi_server, abel)
+    page.context.grant_permissions(["notifications"], origin=asgi_server)
+    page.context.add_init_script(RECORDING)
+    page.goto(f"{asgi_server}/approvals/")
+
+    page.locator("[data-notify-enable]").click()  # opt in: stored on the preference
+    expect(page.locator("[data-notify-on]")).to_be_visible()
+    assert UserPreference.objects.get(user=abel).notify_risky
+    page.wait_for_function("window.__wsOpen === true")
+    waiting_session(olga, STAND_FUEL_LEAK)  # pushed: R1 and R2 requests
+
+    page.wait_for_function("window.__notes.length > 0")
+    notes = page.evaluate("window.__notes")
+    assert notes and all(title.startswith("R2 · ") for title in notes), notes
+    assert page.evaluate("window.__sounds")[0].endswith("/static/aero/notify.wav")
+
+
+def test_notifications_stay_off_until_asked_and_the_choice_follows_the_user(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    from aero.models import UserPreference
+
+    olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
+    page = sign_in(browser, asgi_server, abel)
+    page.context.add_init_script(RECORDING)
+    page.goto(f"{asgi_server}/approvals/")
+    page.wait_for_function("window.__wsOpen === true")
+
+    waiting_session(olga, STAND_FUEL_LEAK)
+    expect(page.locator("#approval-queue article[data-risk=R2]").first).to_be_visible()
+    assert page.evaluate("window.__notes") == []  # off: nothing raised
+
+    UserPreference.objects.update_or_create(user=abel, defaults={"notify_risky": True})
+    other = sign_in(browser, asgi_server, abel)  # another workstation: a new sign-in
+    other.goto(f"{asgi_server}/approvals/")
+    expect(other.locator("[data-notify-on]")).to_be_visible()

@@ -214,3 +214,35 @@ def test_operators_and_auditors_cannot_edit_arguments(
     assert response.status_code == 403
     closure.refresh_from_db()
     assert closure.tool_call.request_payload == {"taxiway": "A"}
+
+
+# --- a closure already in force is not proposed again ---------------------------------
+
+
+@pytest.mark.services
+def test_the_agent_does_not_propose_a_closure_another_session_already_put_in_force(
+    builtin: None, alice: User
+) -> None:
+    holder = waiting_session(alice, STAND_FUEL_LEAK)
+    Restriction.objects.create(
+        kind="runway",
+        target="06/24",
+        session=holder,
+        tool_call=ToolCall.objects.create(
+            session=holder, call_id="by-hand", idempotency_key="k", tool_name="close_runway"
+        ),
+    )
+
+    session = waiting_session(alice, TAXIWAY_FUEL_LEAK)
+
+    proposed = set(Approval.objects.filter(session=session).values_list("action_name", flat=True))
+    assert "close_runway" not in proposed and proposed  # the other actions are still asked
+    notes = Event.objects.filter(
+        session=session, type="agent.note", payload__kind="already_in_force"
+    )
+    assert [(n.payload["tool_name"], n.payload["held_by"]) for n in notes] == [
+        ("close_runway", str(holder.pk))
+    ]
+    html = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+    assert "did not propose “Close runway 06/24”: already in force" in html
+    assert_projections_match(session)

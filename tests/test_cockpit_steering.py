@@ -9,9 +9,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
+from approvals.actions import do_decide
+from approvals.models import Approval
 from diagnosis.models import Event, Report, Session
+from replay.export import render_export
 from tests.log_helpers import assert_projections_match
-from tests.web_helpers import login, make_session
+from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, make_session
 
 pytestmark = pytest.mark.services
 
@@ -84,14 +87,57 @@ def test_a_bad_correction_is_refused_with_a_message_and_changes_nothing(
     assert asking.last_seq == before
 
 
-def test_a_correction_after_the_risk_is_assessed_says_what_to_do_instead(
-    builtin: None, alice: User
+def test_a_correction_after_the_risk_is_assessed_re_runs_the_rules_and_the_proposals(
+    builtin: None, alice: User, bob: User
 ) -> None:
-    session = make_session(alice, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+    session = make_session(alice, STAND_FUEL_LEAK)  # fuel, engine running: OS-01, HIGH
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+    fire = approval_for(session, "request_fire_standby")
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk]))
+    assert 'data-testid="correct-fluid_type"' in page.content.decode()
 
-    response = post(alice, "session-correct", session, field="fluid_type", value="HYDRAULIC")
+    response = post(alice, "session-correct", session, field="fluid_type", value="OIL")
 
-    assert "Facts can be corrected while the agent is collecting them" in response.content.decode()
+    session.refresh_from_db()
+    assert session.status == "waiting_user"
+    assert session.snapshot["fields"]["fluid_type"] == "OIL"
+    risk = session.snapshot["risk"]
+    assert (risk["rule"], risk["level"]) == ("OS-09", "MEDIUM")
+    assert risk["reassessed_from"]["rule"] == "OS-01" and risk["corrected"] == {"fluid_type": "OIL"}
+    # Fire standby needs a HIGH risk: withdrawn, out of the queue, with its reason.
+    fire.refresh_from_db()
+    crew.refresh_from_db()
+    assert fire.status == crew.status == "canceled"
+    withdrawn = {
+        e.payload["tool_name"]: e.payload["withdrawn"]
+        for e in Event.objects.filter(session=session, type="approval.canceled")
+    }
+    assert withdrawn["request_fire_standby"] == "not_called_for"
+    assert withdrawn["dispatch_cleanup_crew"] == "asked_again"
+    open_now = {a.action_name: a for a in Approval.objects.filter(session=session).open()}
+    assert "request_fire_standby" not in open_now and "suspend_stand_operations" not in open_now
+    assert open_now["dispatch_cleanup_crew"].tool_call.call_id.endswith("#r1")
+    # The R0 notification went out once; nothing is sent twice.
+    assert session.tool_calls.filter(tool_name="notify_atc").count() == 1
+    html = response.content.decode()
+    assert "Re-assessed after a correction (was High):" in html
+    assert "withdrawn, the corrected facts no longer call for it" in html
+    # The new request is decidable: its digests are those of the corrected facts.
+    new_crew = open_now["dispatch_cleanup_crew"]
+    do_decide(new_crew.pk, bob, "approve", "", digest=new_crew.digest)
+    new_crew.refresh_from_db()
+    assert new_crew.status == "approved"
+    assert_projections_match(session)
+
+
+def test_a_correction_while_the_agent_works_is_refused(builtin: None, alice: User) -> None:
+    session = make_session(alice, STAND_FUEL_LEAK)
+    Session.objects.filter(pk=session.pk).update(status="running")
+
+    response = post(alice, "session-correct", session, field="fluid_type", value="OIL")
+
+    assert "correct the fact once it waits" in response.content.decode()
     session.refresh_from_db()
     assert session.snapshot["fields"]["fluid_type"] == "FUEL"
 
@@ -110,21 +156,55 @@ def test_a_free_text_update_goes_into_the_log_and_the_timeline(
     assert "Please type the update: it is empty." in empty.content.decode()
 
 
-def test_closing_with_a_summary_puts_it_in_the_log_and_the_report(
-    asking: Session, alice: User
-) -> None:
-    post(alice, "session-cancel", asking, reason="泄漏已由机务处理，无需进一步措施")
+def test_closing_with_a_summary_is_a_normal_end_not_a_cancel(builtin: None, alice: User) -> None:
+    session = make_session(alice, STAND_FUEL_LEAK)  # waits for approvals
+    open_before = Approval.objects.filter(session=session).open().count()
+    assert open_before
+
+    response = post(alice, "session-close", session, summary="泄漏已由机务处理，无需进一步措施")
+
+    session.refresh_from_db()
+    assert session.status == "completed"
+    assert not Event.objects.filter(session=session, type="session.canceled").exists()
+    ended = Event.objects.get(session=session, type="session.completed").payload
+    assert (ended["closed_by"], ended["summary"]) == ("alice", "泄漏已由机务处理，无需进一步措施")
+    # Nobody can decide the open approvals any more: closed with the session, as a cancel.
+    assert not Approval.objects.filter(session=session).open().exists()
+    assert Event.objects.filter(session=session, type="approval.canceled").count() == open_before
+    report = Report.objects.get(session=session).markdown
+    assert "**会话已由alice结束**，总结：泄漏已由机务处理" in report  # the session's language
+    assert "已取消" not in report
+    html = response.content.decode()
+    assert "Closed by alice with a summary" in html and "Session canceled" not in html
+    # Replay, history and the export say so too.
+    replay = reverse("replay:replay-step", args=[session.pk])
+    step = login(alice).get(replay, {"seq": session.last_seq}).content.decode()
+    assert "closed by alice" in step and "泄漏已由机务处理" in step
+    history = login(alice).get(reverse("replay:history")).content.decode()
+    assert 'data-testid="closed-by">closed by alice' in history
+    export = render_export(session, alice, masked=False)
+    assert "| Closed | by alice with a summary: 泄漏已由机务处理，无需进一步措施 |" in export
+    assert_projections_match(session)
+
+
+def test_closing_needs_a_summary(asking: Session, alice: User) -> None:
+    response = post(alice, "session-close", asking, summary="  ")
+
+    assert "Please write a summary" in response.content.decode()
+    asking.refresh_from_db()
+    assert asking.status != "completed"
+
+
+def test_cancel_stays_a_cancel(asking: Session, alice: User) -> None:
+    post(alice, "session-cancel", asking, reason="wrong airport")
 
     asking.refresh_from_db()
     assert asking.status == "canceled"
-    assert "泄漏已由机务处理" in str(
-        Event.objects.get(session=asking, type="session.canceled").payload
-    )
-    assert "泄漏已由机务处理" in Report.objects.get(session=asking).markdown
+    assert "wrong airport" in Report.objects.get(session=asking).markdown
 
 
 @pytest.mark.parametrize("persona", ["bob", "carol"])
-@pytest.mark.parametrize("name", ["session-update", "session-correct"])
+@pytest.mark.parametrize("name", ["session-update", "session-correct", "session-close"])
 def test_approvers_and_auditors_cannot_steer(
     asking: Session, persona: str, name: str, request: pytest.FixtureRequest
 ) -> None:
@@ -132,7 +212,7 @@ def test_approvers_and_auditors_cannot_steer(
 
     response = login(request.getfixturevalue(persona)).post(
         reverse(f"diagnosis:{name}", args=[asking.pk]),
-        {"text": "x", "field": "position", "value": "105"},
+        {"text": "x", "field": "position", "value": "105", "summary": "x"},
     )
 
     assert response.status_code == 403

@@ -257,7 +257,7 @@ def decided_lift(
 def test_a_lift_reaches_the_operations_system_once_with_its_key(
     people: dict[str, User],
 ) -> None:
-    closure, lift, session = decided_lift(people)
+    closure, lift, _ = decided_lift(people)
 
     assert closure.lifted_at is not None and closure.lifted_by == people["bea"]
     effect = ExternalEffect.objects.get(idempotency_key=lift.idempotency_key)

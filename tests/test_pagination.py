@@ -43,31 +43,39 @@ def walk(client: Client, url: str, item: re.Pattern[str]) -> list[list[str]]:
     return pages
 
 
-def test_the_queue_pages_through_every_open_approval_once(
+def test_the_queue_pages_by_incident_and_never_splits_one(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
-    make_session(olga, STAND_FUEL_LEAK)
-    make_session(olga, TAXIWAY_FUEL_LEAK)
-    make_session(olga, STAND_FUEL_LEAK)
-    monkeypatch.setattr(queue_presenters, "QUEUE_PAGE", 2)
-    expected = [a.pk for a in Approval.objects.open().order_by("-risk_class", "-created_at", "-pk")]
-    assert len(expected) > 5
-    pages = walk(signed_in(abel), "/approvals/", re.compile(r'id="approval-(\d+)"'))
-    assert all(len(page) == 2 for page in pages[:-1])
-    # Each page holds the next approvals in keyset order; within a page they are shown
-    # grouped by incident (ADR-126), so compare each page as a set.
-    size = 2
-    assert [sorted(int(pk) for pk in page) for page in pages] == [
-        sorted(expected[i : i + size]) for i in range(0, len(expected), size)
+    sessions = [
+        make_session(olga, STAND_FUEL_LEAK),
+        make_session(olga, TAXIWAY_FUEL_LEAK),
+        make_session(olga, STAND_FUEL_LEAK),
     ]
+    monkeypatch.setattr(queue_presenters, "QUEUE_PAGE", 2)  # incidents a page
+    open_approvals = list(Approval.objects.open())
+    assert len(open_approvals) > 5
+    incident_of = {a.pk: a.session_id for a in open_approvals}
+    nearest = {
+        s.pk: min(a.deadline for a in open_approvals if a.session_id == s.pk and a.deadline)
+        for s in sessions
+    }
+    expected = sorted(nearest, key=lambda pk: (nearest[pk], pk))
+
+    pages = walk(signed_in(abel), "/approvals/", re.compile(r'id="approval-(\d+)"'))
+
+    # Every open approval once; each incident whole on one page, nearest deadline first.
+    shown = [int(pk) for page in pages for pk in page]
+    assert sorted(shown) == sorted(incident_of)
+    incidents = [list(dict.fromkeys(incident_of[int(pk)] for pk in page)) for page in pages]
+    assert [len(page) for page in incidents] == [2, 1]
+    assert [pk for page in incidents for pk in page] == expected
     first = signed_in(abel).get("/approvals/").content.decode()
-    assert f'data-open="{len(expected)}"' in first
-    # A cursor that is not an approval id shows the first page, not an error.
-    assert (
-        signed_in(abel).get("/approvals/?after=nope").content.decode().count('class="queue-item"')
-        == 2
-    )
+    assert f'data-open="{len(open_approvals)}"' in first
+    # A cursor that is no incident cursor shows the first page, not an error.
+    assert signed_in(abel).get("/approvals/?after=nope").content.decode().count(
+        'class="queue-item"'
+    ) == len(pages[0])
 
 
 def test_the_session_list_pages_newest_first(

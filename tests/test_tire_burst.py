@@ -194,9 +194,13 @@ def test_the_shipped_example_cases_pass() -> None:
 
 @pytest.mark.services
 def test_debris_at_takeoff_end_to_end(builtin: None, capsys: pytest.CaptureFixture[str]) -> None:
-    result = run_incident(capsys, SLUG, TAKEOFF_DEBRIS, "--decide", "approve")
+    # Fire or smoke is not said: asked once; "unknown" leaves it empty and moves on.
+    result = run_incident(
+        capsys, SLUG, TAKEOFF_DEBRIS, "--answer", "unknown", "--decide", "approve"
+    )
 
     assert result["status"] == "completed"
+    assert result["questions"] == ["Is there fire or smoke? (Answer “unknown” if you cannot tell.)"]
     assert result["fields"] == {
         "flight_no": "MU5678",
         "phase": "TAKEOFF_ROLL",
@@ -232,6 +236,30 @@ def test_debris_at_takeoff_end_to_end(builtin: None, capsys: pytest.CaptureFixtu
     assert report.startswith("# Tire burst response report")
     assert "TB-02" in report
     assert "| Tire debris | Debris on the ground |" in report
+
+
+@pytest.mark.services
+def test_smoke_on_the_runway_is_recognised_and_fire_wins(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_incident(capsys, SLUG, "MU5678 在跑道06/24起飞滑跑时爆胎，跑道上有轮胎碎片，有烟")
+
+    assert result["fields"]["fire_or_smoke"] is True
+    assert result["risk"] == {"rule": "TB-01", "level": "HIGH", "score": 95}
+    assert result["questions"] == []  # nothing left to ask
+
+
+@pytest.mark.services
+def test_a_missing_p2_field_is_asked_once_and_its_answer_counts(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_incident(
+        capsys, SLUG, "HU7601 着陆滑跑时在跑道18/36爆胎，跑道上有轮胎碎片", "--answer", "有烟"
+    )
+
+    assert result["questions"] == ["是否起火或冒烟？（不清楚请回答“不知道”）"]
+    assert result["fields"]["fire_or_smoke"] is True
+    assert result["risk"] == {"rule": "TB-01", "level": "HIGH", "score": 95}
 
 
 @pytest.mark.services

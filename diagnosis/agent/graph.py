@@ -47,11 +47,13 @@ from diagnosis.models import (
     AgentRun,
     Event,
     LLMCall,
+    Restriction,
     ToolCall,
     ToolCallStatus,
 )
 from diagnosis.reporting import write_report
-from scenarios_admin.definition import value_order
+from diagnosis.signals import approval_withdrawn
+from scenarios_admin.definition import restriction_of, value_order
 
 
 class NodeFn(Protocol):
@@ -273,6 +275,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             evidence[name] = "default"
             changed[name] = spec["default"]
     missing = policy.missing_p1(definition, fields)
+    replan = replan_after_correction(state, definition, changed, evidence)
     append_step_event(
         ctx.session_id,
         "fields.extracted",
@@ -297,8 +300,41 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         "question": None,
         "unconfirmed": pending,
         "only_corrections": only_corrections,
+        "new_input": False,
+        **replan,
         "_summary": summary,
     }
+
+
+def replan_after_correction(
+    state: AgentState, definition: dict[str, Any], changed: dict[str, Any], evidence: dict[str, str]
+) -> dict[str, Any]:
+    """A fact corrected after the risk was assessed (ADR-138): the risk, the impact and
+    the proposals no longer stand. They are cleared so the planner runs the rules again
+    (and the lookups, when the flight or the position changed); the proposals made next
+    are revision n, and what was open before is withdrawn then (tool_executor)."""
+    risk = state.get("risk")
+    corrected = {
+        name: value
+        for name, value in changed.items()
+        if evidence.get(name, "").startswith("corrected by")
+        and (state.get("fields") or {}).get(name) != value
+    }
+    if not risk or not corrected:
+        return {}
+    lookups_from = {definition["impact"]["start"]} | {
+        n for n, spec in definition["fields"].items() if spec["type"] == "flight_no"
+    }
+    update: dict[str, Any] = {
+        "risk": None,
+        "impact": None,
+        "actions_planned": False,
+        "revision": int(state.get("revision") or 0) + 1,
+        "replanning": {"previous_risk": risk, "corrected": corrected},
+    }
+    if lookups_from & set(corrected):
+        update["enrichment"] = None
+    return update
 
 
 def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
@@ -381,6 +417,7 @@ def facts_of(
             ToolCallStatus.REJECTED,
             ToolCallStatus.TIMEOUT,
             ToolCallStatus.REFUSED,  # by the policy at execution time
+            ToolCallStatus.CANCELED,  # withdrawn after a correction (ADR-138)
         )
         for a in actions
     )
@@ -403,17 +440,30 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     missing = policy.missing_p1(definition, fields)
     if missing:
         return {"step": "ask", "field": missing[0]}
+    optional = policy.unasked_p2(definition, fields, list(state.get("asked") or []))
+    if optional and not state.get("risk"):  # once, before the rules run without it
+        return {"step": "ask", "field": optional[0]}
+    # After a correction the lookups and analyses run again as revision n: a call id
+    # of their own, so no earlier (recorded) result is reused (ADR-138).
+    revision = int(state.get("revision") or 0)
+    suffix = f"#r{revision}" if revision else ""
     if state.get("enrichment") is None:
-        return {"step": "call", "calls": enrichment_calls(definition, fields)}
+        return {
+            "step": "call",
+            "calls": [
+                {**c, "call_id": c["call_id"] + suffix}
+                for c in enrichment_calls(definition, fields)
+            ],
+        }
     if not state.get("risk"):
         return {
             "step": "call",
-            "calls": [{"call_id": "assess_risk", "tool": "assess_risk", "args": {}}],
+            "calls": [{"call_id": "assess_risk" + suffix, "tool": "assess_risk", "args": {}}],
         }
     if not state.get("impact"):
         return {
             "step": "call",
-            "calls": [{"call_id": "analyze_impact", "tool": "analyze_impact", "args": {}}],
+            "calls": [{"call_id": "analyze_impact" + suffix, "tool": "analyze_impact", "args": {}}],
         }
     if not state.get("actions_planned"):
         proposals = policy.required_actions(
@@ -586,7 +636,17 @@ def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[st
     ]
     if waiting:
         interrupt({"kind": "approval", "tool_calls": waiting})
-    return {}
+    # A correction sent while waiting goes through the input parser first (ADR-138).
+    unread = Event.objects.filter(
+        session_id=runtime.context.session_id,
+        type="user.message",
+        seq__gt=state.get("consumed_seq", 0),
+    ).exists()
+    return {"new_input": unread}
+
+
+def route_after_wait(state: AgentState) -> Literal["input_parser", "reasoning"]:
+    return "input_parser" if state.get("new_input") else "reasoning"
 
 
 # --- tool executor --------------------------------------------------------------------
@@ -599,7 +659,8 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     calls = state["plan"].get("calls", [])
     update: dict[str, Any] = {}
     refusals: list[dict[str, Any]] = []
-    facts = facts_of(state, ctx)
+    actions = action_calls(ctx.session_id)
+    facts = facts_of(state, ctx, actions)
 
     lookups = [c for c in calls if c["tool"] in ENRICHMENT_SOURCES]
     if lookups:
@@ -619,6 +680,14 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         )
 
     fields = state.get("fields") or {}
+    proposing = [c for c in calls if c.get("mode") == "propose"]
+    if proposing and state.get("replanning"):
+        calls = [c for c in calls if c.get("mode") != "propose"] + revise_proposals(
+            ctx, run, proposing, int(state.get("revision") or 0), actions
+        )
+        update["replanning"] = None
+    made = {a.call_id for a in actions}
+    board = board_for([c for c in calls if c.get("mode") == "propose"])
     for call in calls:
         tool = call["tool"]
         if tool in ENRICHMENT_SOURCES:
@@ -636,10 +705,19 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
                 ),
             )
             update["risk"] = risk
+            replanning = state.get("replanning") or {}
+            before = replanning.get("previous_risk")
             append_step_event(
                 ctx.session_id,
                 "risk.assessed",
-                risk,
+                risk
+                if not before
+                else {
+                    **risk,
+                    # Re-run after a correction: what it was, and what was corrected.
+                    "reassessed_from": {k: before.get(k) for k in ("rule", "level", "score")},
+                    "corrected": replanning.get("corrected", {}),
+                },
                 producer=ctx.producer,
                 run=run,
             )
@@ -670,9 +748,9 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         elif call.get("mode") == "execute":
             tool_call = ToolCall.objects.get(session_id=ctx.session_id, call_id=call["call_id"])
             run_action(tctx, tool_call.pk)
-        else:
-            propose_action(tctx, call)
-    if any(c.get("mode") == "propose" for c in calls) and not refusals:
+        elif not note_if_in_force(ctx, run, call, made, board):
+            propose_action(tctx, call, fresh=call["call_id"] not in made)
+    if proposing and not refusals:
         update["actions_planned"] = True
     update["refusals"] = refusals
     update["_summary"] = f"{len(calls) - len(refusals)} call(s) handled" + (
@@ -681,12 +759,130 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     return update
 
 
-def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
+DONE_OR_UNDER_WAY = (
+    ToolCallStatus.APPROVED,
+    ToolCallStatus.EXECUTING,
+    ToolCallStatus.RUNNING,
+    ToolCallStatus.COMPLETED,
+)
+
+
+def base_call_id(call_id: str) -> str:
+    return call_id.split("#r", 1)[0]
+
+
+def revise_proposals(
+    ctx: AgentContext,
+    run: AgentRun,
+    proposals: list[dict[str, Any]],
+    revision: int,
+    actions: list[ToolCall],
+) -> list[dict[str, Any]]:
+    """The proposals after a correction (ADR-138). Approvals still open were requested
+    under the earlier facts (their state digest no longer holds): each is withdrawn with
+    an `approval.canceled` event (`withdrawn`), saying whether the corrected facts still
+    call for it (then it is asked again, as revision n: a new call id and approval) or not.
+    An action already approved or done is not proposed again. Keyed, so a re-run step
+    withdraws and proposes nothing twice."""
+    wanted = {p["call_id"] for p in proposals}
+    done = {base_call_id(a.call_id) for a in actions if a.status in DONE_OR_UNDER_WAY}
+    for call in actions:
+        if call.status != ToolCallStatus.AWAITING_APPROVAL:
+            continue
+        still = base_call_id(call.call_id) in wanted
+        reason = (
+            "requested under the earlier facts; asked again for the corrected ones"
+            if still
+            else "no longer called for by the corrected facts"
+        )
+        at = timezone.now()
+        with transaction.atomic():
+            ToolCall.objects.filter(pk=call.pk).update(
+                status=ToolCallStatus.CANCELED, decided_at=at, decision_reason=reason
+            )
+            approval_withdrawn.send(sender=ToolCall, tool_call=call, reason=reason, at=at)
+            append_event_once(
+                ctx.session_id,
+                "approval.canceled",
+                f"withdrawn:{call.pk}",
+                {
+                    "tool_call": call.pk,
+                    "call_id": call.call_id,
+                    "tool_name": call.tool_name,
+                    "args": call.request_payload,
+                    "risk_level": call.risk_class,
+                    "by": "system",
+                    "at": at.isoformat(),
+                    "reason": reason,
+                    "withdrawn": "asked_again" if still else "not_called_for",
+                },
+                producer=ctx.producer,
+                run=run,
+            )
+    return [
+        {**p, "call_id": f"{p['call_id']}#r{revision}"}
+        for p in proposals
+        if p["call_id"] not in done
+    ]
+
+
+def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Restriction]:
+    """The closures in force that these proposals would put in force again (one query,
+    none when no proposal closes anything), the oldest holder of each."""
+    effects = [restriction_of(c["tool"], c.get("args") or {}) for c in calls]
+    wanted = {e for e in effects if e is not None}
+    if not wanted:
+        return {}
+    held: dict[tuple[str, str], Restriction] = {}
+    for restriction in Restriction.objects.filter(
+        lifted_at__isnull=True, target__in={target for _, target in wanted}
+    ).order_by("-created_at"):
+        held[(restriction.kind, restriction.target)] = restriction
+    return held
+
+
+def note_if_in_force(
+    ctx: AgentContext,
+    run: AgentRun,
+    call: dict[str, Any],
+    made: set[str],
+    board: dict[tuple[str, str], Restriction],
+) -> bool:
+    """A closure already on the board (put there by any session) is not proposed again:
+    the agent says so once, naming the session that holds it. Decided at proposal time;
+    a call this session already made (`made`: a re-run) is left to `propose_action`."""
+    effect = restriction_of(call["tool"], call.get("args") or {})
+    if effect is None or call["call_id"] in made:
+        return False
+    held = board.get(effect)
+    if held is None:
+        return False
+    append_event_once(
+        ctx.session_id,
+        "agent.note",
+        f"in_force:{call['call_id']}",
+        {
+            "kind": "already_in_force",
+            "tool_name": call["tool"],
+            "args": call.get("args") or {},
+            "restriction": {"kind": effect[0], "target": effect[1]},
+            "held_by": str(held.session_id),
+            # The log stays language-neutral: pages word this note per viewer.
+            "text": f"{call['tool']} not proposed: {effect[0]} {effect[1]} is already "
+            f"closed by session {held.session_id}",
+        },
+        producer=ctx.producer,
+        run=run,
+    )
+    return True
+
+
+def propose_action(tctx: ToolContext, call: dict[str, Any], *, fresh: bool = False) -> None:
     """Propose an action: an R0 action is handed to the outbox at once (the proposal and
     its outbox row commit together; the effect follows the commit); R1-R3 wait for
     approval. No savepoint: it runs in the step's transaction (ADR 86)."""
     with transaction.atomic(savepoint=False):
-        tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED)
+        tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED, fresh=fresh)
         if tool_call.status in (ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING):
             run_action(tctx, tool_call.pk)  # handed to the outbox before a crash: finish it
             return
@@ -782,7 +978,7 @@ def build_graph() -> StateGraph[AgentState, AgentContext, AgentState, AgentState
     builder.add_conditional_edges("reasoning", route_after_reasoning)
     builder.add_edge("ask_user", "input_parser")
     builder.add_edge("tool_executor", "compliance_validator")
-    builder.add_edge("await_approval", "reasoning")
+    builder.add_conditional_edges("await_approval", route_after_wait)
     builder.add_conditional_edges("compliance_validator", route_after_validation)
     builder.add_edge("output_generator", END)
     return builder

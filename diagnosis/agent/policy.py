@@ -17,6 +17,19 @@ def missing_p1(definition: dict[str, Any], fields: dict[str, Any]) -> list[str]:
     return [name for name in p1_fields(definition) if fields.get(name) is None]
 
 
+def unasked_p2(definition: dict[str, Any], fields: dict[str, Any], asked: list[str]) -> list[str]:
+    """P2 fields the scenario wants asked (they carry an ask prompt) that are still empty
+    and were never asked: asked once, and any answer moves on ("unknown" leaves it empty)."""
+    return [
+        name
+        for name in definition["field_order"]
+        if definition["fields"][name]["priority"] == "P2"
+        and definition["fields"][name].get("ask")
+        and fields.get(name) is None
+        and name not in asked
+    ]
+
+
 def with_defaults(definition: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     merged = dict(fields)
     for name, spec in definition["fields"].items():

@@ -28,6 +28,12 @@ class AgentState(TypedDict, total=False):
     corrections: list[str]
     fsm: str
     reported: bool
+    # Operator input arrived while the agent waited for approvals (a correction).
+    new_input: bool
+    # Corrections after the risk was assessed: the rules re-run and the proposals are
+    # made again as revision n (ADR-138); `replanning` holds what it was before.
+    revision: int
+    replanning: dict[str, Any] | None
 
 
 @dataclass

@@ -43,16 +43,24 @@ def idempotency_key(session_id: Any, call_id: str) -> str:
 
 
 def get_or_create_call(
-    ctx: ToolContext, call: dict[str, Any], status: str, attempts: int = 0
+    ctx: ToolContext,
+    call: dict[str, Any],
+    status: str,
+    attempts: int = 0,
+    *,
+    fresh: bool = False,
 ) -> tuple[ToolCall, bool]:
     """Not QuerySet.get_or_create, whose savepoint guards against a concurrent insert:
     only the job holding the session's lease creates its calls, inside its step's
     transaction, and a duplicate key would fail the whole step anyway (unique index).
-    `attempts`: a call created to run at once is inserted as started (no UPDATE)."""
+    `attempts`: a call created to run at once is inserted as started (no UPDATE).
+    `fresh`: the caller read the session's calls in this step's transaction and this one
+    is not among them, so it is created without the lookup."""
     key = idempotency_key(ctx.session_id, call["call_id"])
-    existing = ToolCall.objects.filter(idempotency_key=key).first()
-    if existing is not None:
-        return existing, False
+    if not fresh:
+        existing = ToolCall.objects.filter(idempotency_key=key).first()
+        if existing is not None:
+            return existing, False
     created = ToolCall.objects.create(
         idempotency_key=key,
         session_id=ctx.session_id,

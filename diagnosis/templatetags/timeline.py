@@ -14,6 +14,7 @@ from django import template
 from django.utils.functional import Promise
 from django.utils.translation import get_language, pgettext, pgettext_lazy
 
+from diagnosis.consequences import plain_words
 from diagnosis.reporting import display_value
 from diagnosis.wording import (
     EVIDENCE_LABELS,
@@ -133,6 +134,7 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
         "internal": is_internal(event.type, payload),
         "tool": plain(TOOL_LABELS, tool) if tool else "",
         "args": ", ".join(str(v) for v in args.values()),
+        "plain": plain_words(tool, args) if tool in ACTIONS else "",
         "node": plain(NODE_LABELS, payload.get("node", "")),
         "changes": [
             {

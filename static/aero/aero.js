@@ -136,9 +136,11 @@
     if (badge) { badge.textContent = String(count); badge.hidden = count === 0; }
   }
 
-  // Optional: a browser notification and a short tone for each new R2/R3 request. Off
-  // until the approver asks (the browser asks for permission then); remembered locally.
+  // Optional: a browser notification and a short sound for each new R2/R3 request. Off
+  // until the approver turns it on (the browser asks for permission then); the choice is
+  // stored on their preference, so it follows them (ADR-139).
   var seenRisky = null;
+  function notifyToggle() { return document.querySelector("[data-notify-toggle]"); }
   function riskyIds() {
     var ids = {};
     document.querySelectorAll("#approval-queue article[data-risk=R2], #approval-queue article[data-risk=R3]").forEach(function (el) {
@@ -150,7 +152,8 @@
     var current = riskyIds();
     var previous = seenRisky;
     seenRisky = current;
-    if (previous === null || window.localStorage.getItem("aero-notify") !== "on") { return; }
+    var toggle = notifyToggle();
+    if (previous === null || !toggle || toggle.getAttribute("data-notify") !== "on") { return; }
     var fresh = Object.keys(current).filter(function (id) { return !(id in previous); });
     if (!fresh.length) { return; }
     if (window.Notification && Notification.permission === "granted") {
@@ -159,40 +162,27 @@
         new Notification(el.getAttribute("data-risk") + " · " + el.getAttribute("data-tool"), {tag: "aero-" + id});
       });
     }
-    beep();
-  }
-  function beep() {
-    var Context = window.AudioContext || window.webkitAudioContext;
-    if (!Context) { return; }
-    try {
-      var context = new Context();
-      var tone = context.createOscillator();
-      var gain = context.createGain();
-      tone.frequency.value = 880;
-      gain.gain.value = 0.1;
-      tone.connect(gain);
-      gain.connect(context.destination);
-      tone.start();
-      tone.stop(context.currentTime + 0.25);
-    } catch (e) { /* no audio device: the notification is enough */ }
+    var sound = toggle.getAttribute("data-notify-sound");
+    if (sound) {
+      try {
+        var played = new Audio(sound).play();
+        if (played && played.catch) { played.catch(function () { /* autoplay refused: the notification is enough */ }); }
+      } catch (e) { /* no audio: the notification is enough */ }
+    }
   }
   function setUpNotifyToggle() {
-    var toggle = document.querySelector("[data-notify-toggle]");
-    if (!toggle) { return; }
-    toggle.hidden = false;
-    var button = toggle.querySelector("[data-notify-enable]");
-    var on = toggle.querySelector("[data-notify-on]");
-    function show() {
-      var enabled = window.localStorage.getItem("aero-notify") === "on";
-      button.hidden = enabled;
-      on.hidden = !enabled;
-    }
-    button.addEventListener("click", function () {
-      window.localStorage.setItem("aero-notify", "on");
-      if (window.Notification && Notification.permission === "default") { Notification.requestPermission(); }
-      show();
+    var toggle = notifyToggle();
+    var enable = toggle && toggle.querySelector("[data-notify-enable]");
+    if (!enable || !window.Notification || Notification.permission !== "default") { return; }
+    // Ask for the permission on the approver's click, then store the choice.
+    var asked = false;
+    toggle.addEventListener("submit", function (event) {
+      if (asked || event.submitter !== enable) { return; }
+      event.preventDefault();
+      asked = true;
+      var send = function () { toggle.requestSubmit(enable); };
+      Promise.resolve(Notification.requestPermission()).then(send, send);
     });
-    show();
   }
 
   function afterSwap() {
