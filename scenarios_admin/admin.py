@@ -775,6 +775,9 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
             "retries",
             "priority",
             "enabled",
+            "max_steps",
+            "max_tokens",
+            "max_cost",
         ]
 
     def clean(self) -> dict[str, Any]:

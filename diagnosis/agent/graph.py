@@ -19,7 +19,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from diagnosis import shutdown
-from diagnosis.agent import fsm, grounding, policy, prompts
+from diagnosis.agent import budget, fsm, grounding, policy, prompts
 from diagnosis.agent.extraction import Extraction
 from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
 from diagnosis.agent.state import AgentContext, AgentState
@@ -52,8 +52,8 @@ from diagnosis.models import (
     ToolCall,
     ToolCallStatus,
 )
-from diagnosis.reporting import write_report
-from scenarios_admin.definition import value_order
+from diagnosis.reporting import md_cell, write_report
+from scenarios_admin.definition import BUDGET_TOOL, value_order
 
 
 class NodeFn(Protocol):
@@ -537,7 +537,7 @@ def route_after_reasoning(
         return "tool_executor"
     if step == "await":
         return "await_approval"
-    return "compliance_validator"
+    return "compliance_validator"  # finish, or stop (the budget ran out and was refused)
 
 
 # --- waits (interrupts) ---------------------------------------------------------------
@@ -555,6 +555,12 @@ def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[st
         for a in action_calls(runtime.context.session_id)
         if a.status == ToolCallStatus.AWAITING_APPROVAL
     ]
+    # A request to continue past the budget waits like an action (ADR 143).
+    waiting += ToolCall.objects.filter(
+        session_id=runtime.context.session_id,
+        tool_name=BUDGET_TOOL,
+        status=ToolCallStatus.AWAITING_APPROVAL,
+    ).values_list("pk", flat=True)
     if waiting:
         interrupt({"kind": "approval", "tool_calls": waiting})
     return {}
@@ -575,6 +581,13 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     lookups = [c for c in calls if c["tool"] in ENRICHMENT_SOURCES]
     if lookups:
         enrichment = run_enrichment(tctx, lookups)
+        earlier = state.get("enrichment")
+        if earlier:  # the model looked some sources up in an earlier step: keep them
+            enrichment = {
+                **earlier,
+                **enrichment,
+                "degraded": [*earlier.get("degraded", []), *enrichment["degraded"]],
+            }
         update["enrichment"] = enrichment
         append_step_event(
             ctx.session_id,
@@ -682,6 +695,22 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
         append_step_event(ctx.session_id, "fsm.violation", refusal, producer=ctx.producer, run=run)
     facts = facts_of(state, ctx)
     finishing = state["plan"]["step"] == "finish"
+    if state["plan"]["step"] == "stop":
+        # The budget ran out and continuing was refused: the agent ends here and
+        # reports what was done (nothing is awaiting: the model is only asked before
+        # the actions are proposed or after they are settled).
+        outcome, by, reason = budget.stop_reason(state["plan"]["request"])
+        append_event_once(
+            ctx.session_id,
+            "budget.stopped",
+            f"budget:{state['plan']['request']}:stopped",
+            {"tool_call": state["plan"]["request"], "outcome": outcome, "by": by, "reason": reason},
+            producer=ctx.producer,
+            run=run,
+        )
+        plan = dict(state["plan"])
+        plan["approved_finish"] = True
+        return {"plan": plan, "refusals": [], "_summary": "stopped: budget refused"}
     if finishing and not facts.actions_settled:
         violation = {
             "tool": "write_report",
@@ -723,6 +752,21 @@ def route_after_validation(state: AgentState) -> Literal["output_generator", "re
 
 @recorded("output_generator")
 def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    if state["plan"]["step"] == "stop":
+        outcome, by, reason = budget.stop_reason(state["plan"]["request"])
+        lang = "zh" if state.get("language") == "zh" else "en"
+        preface = prompts.BUDGET_STOPPED_PREFACE[lang].format(
+            by=md_cell(by), reason=md_cell(reason or outcome)
+        )
+        write_report(
+            ctx.session_id,
+            ctx.definition,
+            dict(state),
+            producer=ctx.producer,
+            run=run,
+            preface=preface,
+        )
+        return {"reported": True, "_summary": "report written (budget refused)"}
     facts = facts_of(state, ctx)
     violation = fsm.check_step(ctx.definition, facts, "write_report")
     if violation:
