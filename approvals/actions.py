@@ -269,7 +269,7 @@ def do_decide_r1_batch(
         approval = approvals.get(pk)
         if approval is None:
             raise ActionError(_("An action of this batch belongs to another incident; refused."))
-        if approval.risk_class != "R1" or approval.is_lift:
+        if approval.risk_class != "R1" or approval.is_lift or approval.is_budget:
             raise ActionError(
                 _(
                     "%(action)s is %(risk)s: only R1 actions are decided in a batch; decide "

@@ -171,7 +171,11 @@ def test_an_injected_instruction_and_an_unknown_tool_execute_nothing(
 
     found = violations(session)
     assert "refused: unknown tool 'launch_fireworks'" in found
-    assert any(v.startswith("refused: close_runway is not the policy's next step") for v in found)
+    assert any(v.startswith("refused: close_runway needs state") for v in found)
+    # The model is told why, as the tool message answering its call.
+    later = next(r["body"] for r in fake_llm.requests if r["call"] == 3)
+    answers = [m["content"] for m in later["messages"] if m["role"] == "tool"]
+    assert any(a.startswith("refused: close_runway needs state") for a in answers)
     assert not ToolCall.objects.filter(session=session, tool_name="close_runway").exists()
     assert session.snapshot["risk"] == {
         **session.snapshot["risk"],
