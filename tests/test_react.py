@@ -236,3 +236,102 @@ def test_when_the_model_is_down_the_policy_reasons_offline(
     assert proposed(session) == OFFLINE_ACTIONS
     hops = Event.objects.filter(session=session, type="llm.fallback")
     assert hops.count() == 4 and all(h.payload["to"] == "offline" for h in hops)
+
+
+def test_the_model_chooses_the_order_and_what_to_look_up(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    """Not a checklist: the model looks up only the stand, then assesses the risk and
+    the impact in one reply; what it chose is what runs, in its order."""
+    rules = [
+        {
+            "match": {"has_tools": True, "after_tool": "lookup_stand_location"},
+            "tool_calls": [
+                {"name": "assess_risk", "arguments": {}},
+                {"name": "analyze_impact", "arguments": {}},
+            ],
+        },
+        {
+            "match": {"has_tools": True, "after_tool": "analyze_impact"},
+            "tool_calls": ACTIONS,
+        },
+        {"match": {"has_tools": True}, "tool_calls": LOOKUPS[2:]},
+    ]
+    fake_llm.set_script({"rules": [EXTRACTION, *rules]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+
+    ran = list(ToolCall.objects.filter(session=session).order_by("id").values_list("tool_name"))
+    assert [t for (t,) in ran][:3] == ["lookup_stand_location", "assess_risk", "analyze_impact"]
+    assert not ToolCall.objects.filter(session=session, tool_name="lookup_flight_plan").exists()
+    assert proposed(session) == OFFLINE_ACTIONS
+    assert violations(session) == []
+    assert LLMCall.objects.filter(session=session, purpose="reason", status="ok").count() == 3
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+
+
+def test_the_model_cannot_change_a_rule_result_or_look_up_an_invented_value(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    rules = [
+        {
+            "match": {"has_tools": True, "after_tool": "lookup_stand_location"},
+            "tool_calls": [{"name": "assess_risk", "arguments": {}}],
+        },
+        {
+            "match": {"has_tools": True, "after_tool": "assess_risk"},
+            # The model wants another go at the risk, as if that could lower it.
+            "tool_calls": [{"name": "assess_risk", "arguments": {}}],
+            "times": 1,
+        },
+        *reasoning_rules()[1:3],
+        {
+            "match": {"has_tools": True},
+            "tool_calls": [
+                {"name": "lookup_aircraft_info", "arguments": {"flight_no": "MU5555"}},
+                *LOOKUPS[1:],
+            ],
+        },
+    ]
+    fake_llm.set_script({"rules": [EXTRACTION, *rules]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+
+    found = violations(session)
+    assert any(
+        v.startswith("lookup_aircraft_info arguments set by the policy") and "CA1234" in v
+        for v in found
+    )
+    looked_up = ToolCall.objects.get(session=session, tool_name="lookup_aircraft_info")
+    assert looked_up.request_payload == {"flight_no": "CA1234"}  # not the invented MU5555
+    assert any(
+        v.startswith("refused: the risk is assessed by the rule table (OS-01: HIGH 95)")
+        for v in found
+    )
+    assert ToolCall.objects.filter(session=session, tool_name="assess_risk").count() == 1
+    assert Event.objects.filter(session=session, type="risk.assessed").count() == 1
+    assert proposed(session) == OFFLINE_ACTIONS
+
+
+def test_an_action_the_rules_do_not_require_is_refused_at_the_proposal_step(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    fake_llm.set_script(
+        {
+            "rules": [
+                EXTRACTION,
+                *reasoning_rules(
+                    actions=[*ACTIONS, {"name": "close_runway", "arguments": {"runway": "06/24"}}]
+                ),
+            ]
+        }
+    )
+    fake_provider(fake_llm)
+    session = start(make_user)
+
+    assert any(
+        v.startswith('refused: close_runway {"runway": "06/24"} is not required')
+        for v in violations(session)
+    )
+    assert not ToolCall.objects.filter(session=session, tool_name="close_runway").exists()
+    assert proposed(session) == OFFLINE_ACTIONS
