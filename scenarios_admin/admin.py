@@ -218,7 +218,15 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
     ]
     fieldsets = [
         (None, {"fields": ["slug", ("name_zh", "name_en"), "kind", "is_active"]}),
-        ("LLM providers", {"classes": ["collapse"], "fields": ["system_prompt"]}),
+        (
+            "LLM providers",
+            {
+                "classes": ["collapse"],
+                "description": "The model budget of one session: when it runs out the session "
+                "asks an approver to continue. Empty: the provider's budget, else none.",
+                "fields": ["system_prompt", ("budget_steps", "budget_tokens", "budget_cost")],
+            },
+        ),
         ("Impact analysis", {"fields": [("impact_start", "radius_key", "default_radius")]}),
         (
             "Compliance state machine",

@@ -257,6 +257,9 @@ class ScenarioForm(DraftForm):
             "default_radius",
             "report_template_zh",
             "report_template_en",
+            "budget_steps",
+            "budget_tokens",
+            "budget_cost",
         ]
         widgets = {
             "system_prompt": forms.Textarea(attrs={"rows": 5, "cols": 100}),

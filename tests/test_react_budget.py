@@ -7,6 +7,7 @@ what was done. Every step is an event, and the fold shows it."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -14,14 +15,16 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
-from approvals.actions import do_decide
-from approvals.models import Approval
+from approvals.actions import do_decide, sweep_expired_approvals
+from approvals.models import Approval, ManualTodo
 from diagnosis.agent.budget import Amounts, base_limits
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.fold import fold_events
 from diagnosis.models import Event, LLMCall, Report, Session, SessionStatus, ToolCall
 from scenarios_admin.definition import validate_definition
+from scenarios_admin.draft import normalize
 from tests.builtin_data import oil_spill
 from tests.llm_helpers import fake_llm, fake_provider
 from tests.test_react import EXTRACTION, OFFLINE_ACTIONS, proposed, reasoning_rules, start
@@ -164,6 +167,9 @@ def test_the_budget_comes_from_the_scenario_before_the_provider(
     assert base_limits(oil_spill(), [provider]) == Amounts(5, 900, None)
     assert not base_limits(oil_spill(), [])
     assert validate_definition(definition) == []
+    # The admin editor's rows keep it (scenario fields budget_steps/_tokens/_cost).
+    assert normalize(definition)["budget"] == {"steps": 3, "cost": 1.5}
+    assert "budget" not in normalize(oil_spill())
     assert validate_definition({**oil_spill(), "budget": {"steps": 0, "coins": 1}}) == [
         "budget.coins: unknown key (allowed: steps, tokens, cost)",
         "budget.steps: must be a positive whole number",
@@ -179,3 +185,22 @@ def test_without_a_budget_nothing_pauses(
 
     assert not ToolCall.objects.filter(session=session, tool_name="continue_budget").exists()
     assert proposed(session) == OFFLINE_ACTIONS
+
+
+def test_an_undecided_continuation_stops_at_its_deadline_without_a_todo(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    fake_llm.set_script({"rules": [EXTRACTION, *reasoning_rules()]})
+    fake_provider(fake_llm, max_steps=2)
+    session = start(make_user)
+    request = paused_request(session)
+    Approval.objects.filter(pk=request.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+
+    assert sweep_expired_approvals() == 1
+
+    session.refresh_from_db()
+    assert session.status == SessionStatus.COMPLETED
+    (stopped,) = events(session, "budget.stopped")
+    assert stopped.payload["outcome"] == "timeout"
+    assert Report.objects.filter(session=session).exists()
+    assert not ManualTodo.objects.exists()  # nothing people could do by hand
