@@ -389,3 +389,39 @@ def test_an_obedient_model_served_by_the_command_closes_nothing(
     for call in ToolCall.objects.filter(session=session, is_action=True):
         assert call.status == ("completed" if call.risk_class == "R0" else "awaiting_approval")
     assert LLMCall.objects.filter(session=session, purpose="reason", status="ok").count() == 4
+
+
+def test_the_model_may_act_before_looking_up_and_the_policy_fills_in_the_lookups(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    rules = [
+        {
+            "match": {"has_tools": True, "after_tool": "analyze_impact"},
+            "tool_calls": ACTIONS,
+        },
+        {
+            "match": {"has_tools": True, "after_tool": "close_taxiway"},
+            "content": "Everything is proposed; nothing else to do.",
+        },
+        {
+            "match": {"has_tools": True},
+            "tool_calls": [
+                {"name": "assess_risk", "arguments": {}},
+                {"name": "analyze_impact", "arguments": {}},
+            ],
+        },
+    ]
+    fake_llm.set_script({"rules": [EXTRACTION, *rules]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+
+    order = list(
+        ToolCall.objects.filter(session=session).order_by("id").values_list("tool_name", flat=True)
+    )
+    assert order[:2] == ["assess_risk", "analyze_impact"]
+    assert proposed(session) == OFFLINE_ACTIONS
+    assert session.snapshot["enrichment"]["flight_plan"]["flight_no"] == "CA1234"
+    assert violations(session) == [
+        "the model stopped early; the policy's next step runs: "
+        "lookup_aircraft_info, lookup_flight_plan, lookup_stand_location"
+    ]

@@ -153,6 +153,11 @@ def test_the_queue_card_reads_well(
         assert text in card
     assert "raise=" not in card  # not the raw payload
     assert 'data-testid="bulk-r1"' not in page  # money is decided on its own, not in a batch
+    # The session page shows it among the decisions to take, with its approve button.
+    page = client.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+    row = page[page.index(f'id="action-{request.tool_call_id}"') :]
+    row = row[: row.index("</tr>")]
+    assert expected[0] in row and 'value="approve"' in row
 
 
 def test_the_budget_comes_from_the_scenario_before_the_provider(

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from langgraph.config import get_config
 from langgraph.graph import END, START, StateGraph
@@ -550,17 +551,17 @@ def ask_user(state: AgentState) -> dict[str, Any]:
 
 
 def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    waiting = [
-        a.pk
-        for a in action_calls(runtime.context.session_id)
-        if a.status == ToolCallStatus.AWAITING_APPROVAL
-    ]
-    # A request to continue past the budget waits like an action (ADR 143).
-    waiting += ToolCall.objects.filter(
-        session_id=runtime.context.session_id,
-        tool_name=BUDGET_TOOL,
-        status=ToolCallStatus.AWAITING_APPROVAL,
-    ).values_list("pk", flat=True)
+    # The actions awaiting a decision, and a request to continue past the model budget,
+    # which waits like one (ADR 143): one query.
+    waiting = list(
+        ToolCall.objects.filter(
+            Q(is_action=True) | Q(tool_name=BUDGET_TOOL),
+            session_id=runtime.context.session_id,
+            status=ToolCallStatus.AWAITING_APPROVAL,
+        )
+        .order_by("position", "id")
+        .values_list("pk", flat=True)
+    )
     if waiting:
         interrupt({"kind": "approval", "tool_calls": waiting})
     return {}

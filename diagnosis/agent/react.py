@@ -367,6 +367,7 @@ def decide(
       the model forgot is proposed anyway;
     - a call the state machine does not allow yet is refused, with the reason as its tool
       message; when nothing the model asked for can run, the policy's next step runs."""
+    from diagnosis.agent import policy
     from diagnosis.agent.graph import enrichment_calls, facts_of
 
     definition = ctx.definition
@@ -385,8 +386,21 @@ def decide(
         else set()
     )
     expected = reference.get("calls", []) if reference["step"] == "call" else []
-    proposing = any(c.get("mode") == "propose" for c in expected)
+    # The proposal step is open once risk and impact are known and nothing was proposed;
+    # the policy's list of required actions is then fixed (the model may get there while
+    # the policy would still look something up).
+    entry_facts = facts
     required = [c for c in expected if c.get("mode") == "propose"]
+    at_proposals = bool(required) or (
+        bool(risk) and bool(state.get("impact")) and not state.get("actions_planned")
+    )
+    if at_proposals and not required:
+        required = policy.required_actions(
+            definition, fields, ctx.graph, risk or {}, state.get("impact") or {}
+        )
+        for position, proposal in enumerate(required):
+            proposal.update(position=position, mode="propose")
+    proposing = bool([c for c in expected if c.get("mode") == "propose"])
     unclaimed = list(required)
     choice = Choice(reference)
     plan_calls: list[dict[str, Any]] = []
@@ -446,12 +460,15 @@ def decide(
                 accept(call, {"call_id": "analyze_impact", "tool": "analyze_impact", "args": {}})
                 facts = fsm.Facts(facts.p1_complete, True, True, False, False)
         else:
-            violation = fsm.check_step(definition, facts, name)
+            # Actions need the impact known before this step, not from the same reply:
+            # the required list depends on it.
+            violation = fsm.check_step(definition, entry_facts, name)
             if violation:
                 refuse(call, violation)
-            elif not proposing:
+            elif not at_proposals:
                 refuse(call, f"{name}: the required actions were proposed already")
             else:
+                proposing = True
                 same = [c for c in unclaimed if c["tool"] == name and c["args"] == args]
                 other = same or [c for c in unclaimed if c["tool"] == name]
                 if not other:
@@ -482,8 +499,10 @@ def decide(
                     "did not call it",
                 }
             )
-        # All required proposals, in the policy's order (positions, stable call ids).
-        choice.plan = reference
+        # All required proposals, in the policy's order (positions, stable call ids),
+        # after whatever else the model asked for in the same reply.
+        others = [c for c in plan_calls if c.get("mode") != "propose"]
+        choice.plan = {"step": "call", "calls": others + required, "by": "model"}
     elif plan_calls:
         choice.plan = {"step": "call", "calls": plan_calls, "by": "model"}
     else:
