@@ -19,12 +19,24 @@ from django.utils import timezone
 
 from approvals.actions import do_decide, sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
-from diagnosis.agent.budget import Amounts, base_limits
+from diagnosis.agent.budget import Amounts, base_limits, check
 from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.agent.providers import OpenAICompatibleProvider
+from diagnosis.agent.state import AgentContext
 from diagnosis.fold import fold_events
-from diagnosis.models import Event, LLMCall, Report, Session, SessionStatus, ToolCall
+from diagnosis.models import (
+    AgentRun,
+    Event,
+    LLMCall,
+    Report,
+    Session,
+    SessionStatus,
+    ToolCall,
+)
+from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import validate_definition
 from scenarios_admin.draft import normalize
+from scenarios_admin.models import ProviderConfig
 from tests.builtin_data import oil_spill
 from tests.llm_helpers import fake_llm, fake_provider
 from tests.test_react import EXTRACTION, OFFLINE_ACTIONS, proposed, reasoning_rules, start
@@ -64,6 +76,20 @@ def test_a_spent_step_budget_waits_for_an_approver_and_approval_resumes(
     (spent,) = events(session, "budget.exhausted")
     assert spent.payload["exhausted"] == ["steps"]
     assert proposed(session) == []  # nothing proposed, nothing executed while paused
+    # A re-run of the step (a job killed before its checkpoint) finds the request it
+    # opened and waits again: one pause, one request, one event.
+    config = ProviderConfig.objects.get(name="fake")
+    ctx = AgentContext(
+        session.pk,
+        session.scenario_version.definition,
+        load_active_graph(),
+        [OpenAICompatibleProvider(config)],
+        AgentRun.objects.filter(session=session).first(),  # type: ignore[arg-type]
+        "test",
+    )
+    assert check({}, ctx, [OpenAICompatibleProvider(config)]) == {"step": "await"}
+    assert ToolCall.objects.filter(session=session, tool_name="continue_budget").count() == 1
+    assert len(events(session, "budget.exhausted")) == 1
 
     do_decide(request.pk, make_user("abel", "approver"), "approve", digest=request.digest)
 
@@ -163,8 +189,6 @@ def test_the_queue_card_reads_well(
 def test_the_budget_comes_from_the_scenario_before_the_provider(
     builtin: None, fake_llm: FakeLLMServer
 ) -> None:
-    from diagnosis.agent.providers import OpenAICompatibleProvider
-
     provider = OpenAICompatibleProvider(fake_provider(fake_llm, max_steps=5, max_tokens=900))
     definition = {**oil_spill(), "budget": {"steps": 3, "cost": 1.5}}
 
