@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Compiled translations (not committed: built from the .po files, docs/decisions.md ADR 121).
 MO := $(patsubst %.po,%.mo,$(wildcard locale/*/LC_MESSAGES/django.po))
 
-.PHONY: install messages run worker test lint typecheck check bench clean
+.PHONY: install messages run worker llm-runner test lint typecheck check bench clean
 
 install: $(STAMP) messages
 
@@ -29,6 +29,9 @@ run: install
 
 worker: install
 	$(BIN)/python manage.py aero_worker
+
+llm-runner: install
+	$(BIN)/python manage.py aero_llm_runner
 
 test: install
 	scripts/install-browser.sh

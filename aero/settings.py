@@ -243,6 +243,10 @@ AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
 AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
 if AERO_WS_URL:
     SECURE_CSP["connect-src"] = [CSP.SELF, AERO_WS_URL]  # the sockets' own origin
+# Live pages also re-read their sessions' last seq from PostgreSQL this often (one query
+# per web process for every watched session), so an event whose notice was lost (Redis
+# down, a full channel) still reaches an idle page within this bound (ADR 106); 0: off.
+AERO_LIVE_RESYNC_SECONDS = env_float("AERO_LIVE_RESYNC_SECONDS", 5.0)
 
 _RQ_URL = REDIS_URL or "redis://127.0.0.1:6379/0"
 if "socket_connect_timeout" not in _RQ_URL:
@@ -308,6 +312,18 @@ AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
 # With a real provider configured, the model picks the reasoning node's calls (ReAct),
 # checked by the compliance policy; off: the deterministic planner alone.
 AERO_LLM_REACT = env_bool("AERO_LLM_REACT", True)
+# Model calls are waits (ADR 95): a node records the request and the job ends; the LLM
+# runner (`manage.py aero_llm_runner`, or a thread of the web process in embedded mode)
+# makes the calls. Off: the calls run inside the job (the blocking design; the inline
+# backend, i.e. the CLI and the tests, defaults to it).
+AERO_LLM_WAITS = env_bool("AERO_LLM_WAITS", AERO_JOB_BACKEND != "inline")
+# A runner's claim on a request: renewed by its heartbeat; a dead runner's claim expires
+# and another runner takes the request over.
+AERO_LLM_CLAIM_SECONDS = env_int("AERO_LLM_CLAIM_SECONDS", 20, minimum=2)
+AERO_LLM_RUNNER_CONCURRENCY = env_int("AERO_LLM_RUNNER_CONCURRENCY", 500, minimum=1)
+AERO_LLM_RUNNER_POLL = env_float("AERO_LLM_RUNNER_POLL", 0.2)
+# Streamed text goes into the log at most this often per call (seconds).
+AERO_LLM_STREAM_FLUSH = env_float("AERO_LLM_STREAM_FLUSH", 0.1)
 AERO_CHECKPOINT_SQLITE = Path(
     env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
 )

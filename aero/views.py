@@ -36,9 +36,14 @@ def _workers() -> str:
     one that registered must have beaten within three heartbeat intervals. None
     registered is reported, not failed: sessions then wait in the queue, visibly. Read
     from PostgreSQL, so a Redis outage does not hide live workers."""
+    from diagnosis.llm_runner import BEAT_PREFIX
     from diagnosis.models import WorkerBeat
 
-    rows = list(WorkerBeat.objects.values_list("beat_at", "session_id"))
+    rows = list(
+        WorkerBeat.objects.exclude(name__startswith=BEAT_PREFIX).values_list(
+            "beat_at", "session_id"
+        )
+    )
     if not rows:
         return "none registered"
     fresh = timezone.now() - timedelta(seconds=max(15.0, 3 * settings.AERO_HEARTBEAT_SECONDS))
@@ -47,6 +52,25 @@ def _workers() -> str:
         raise RuntimeError(f"{len(rows)} worker(s) registered, none with a recent heartbeat")
     busy = sum(1 for session in alive if session is not None)
     return f"{len(alive)} alive, {busy} running a job"
+
+
+def _llm_runner() -> str:
+    """The LLM runners' heartbeats (ADR 95): like the workers', rows in PostgreSQL written
+    every AERO_LLM_CLAIM_SECONDS/4. None registered is reported, not failed (sessions
+    that wait for the model then wait, visibly); registered but silent fails."""
+    from diagnosis.llm_runner import BEAT_PREFIX
+    from diagnosis.models import WorkerBeat
+
+    beats = list(
+        WorkerBeat.objects.filter(name__startswith=BEAT_PREFIX).values_list("beat_at", flat=True)
+    )
+    if not beats:
+        return "none registered"
+    fresh = timezone.now() - timedelta(seconds=max(15.0, 3 * settings.AERO_LLM_CLAIM_SECONDS / 4))
+    alive = [beat for beat in beats if beat >= fresh]
+    if not alive:
+        raise RuntimeError(f"{len(beats)} LLM runner(s) registered, none with a recent heartbeat")
+    return f"{len(alive)} alive"
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -59,6 +83,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
         probes.append(("redis", _redis))
         if settings.AERO_JOB_BACKEND == "rq":
             probes.append(("workers", _workers))
+            if settings.AERO_LLM_WAITS:
+                probes.append(("llm_runner", _llm_runner))
     for name, probe in probes:
         try:
             checks[name] = probe()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -22,8 +23,11 @@ from aero import metrics
 from aero.roles import VIEW_SESSIONS
 from api.auth import token_from_raw
 from api.presenters import envelope
+from diagnosis.consumers import hub
 from diagnosis.models import Event, Session
 from diagnosis.push import register_server_loop, session_group
+
+logger = logging.getLogger("api.consumers")
 
 BATCH = 200
 BATCH_BYTES = 1024 * 1024  # messages one pull hands to the loop, whatever their count
@@ -104,6 +108,7 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
+        self.flushing = asyncio.Lock()
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         query = parse_qs(self.scope.get("query_string", b"").decode())
         headers = dict(self.scope.get("headers", []))
@@ -126,10 +131,13 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         metrics.ws_connected(STREAM, self.sent_seq)
+        # A lost notice is made up by the hub's periodic resync (ADR 106).
+        hub().watch(self.session_id, self)
         await self.flush(live=False)  # catch up from last_seq out of the event log
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
+            hub().unwatch(self.session_id, self)
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
@@ -139,7 +147,18 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
         if message.get("seq", 0) > self.sent_seq:
             await self.flush(live=True)
 
+    async def catch_up(self) -> None:
+        try:
+            await self.flush(live=True)
+        except Exception:  # the socket closed meanwhile
+            logger.debug("stream resync of %s failed", self.session_id, exc_info=True)
+
     async def flush(self, live: bool) -> None:
+        # One pull at a time: a notice and the hub's resync may both ask for one.
+        async with self.flushing:
+            await self._flush(live)
+
+    async def _flush(self, live: bool) -> None:
         assert self.viewer is not None
         while True:
             batch = await database_sync_to_async(events_after)(

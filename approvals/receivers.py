@@ -17,24 +17,26 @@ from scenarios_admin.definition import LIFT_TOOL
 def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str, Any]:
     """Open the approval; what it was opened with goes into the `approval.required`
     event (the sender logs it in the same transaction)."""
-    state = state_digest_for(tool_call, tool_call.session)
-    approval, created = Approval.objects.get_or_create(
-        tool_call=tool_call,
-        defaults={
-            "session_id": tool_call.session_id,
-            "risk_class": tool_call.risk_class,
-            "action_name": tool_call.tool_name,
-            "action_digest": action_digest_of(tool_call),
-            "state_digest": state,
-            "digest": Approval.digest_for(tool_call, state),
+    # Not get_or_create: its savepoint guards a concurrent insert, and the caller holds
+    # the call (the job's lease, or the session's row lock): a duplicate would fail the
+    # caller's transaction on the unique tool_call (ADR 86).
+    approval = Approval.objects.filter(tool_call=tool_call).first()
+    if approval is None:
+        state = state_digest_for(tool_call, tool_call.session)
+        approval = Approval.objects.create(
+            tool_call=tool_call,
+            session_id=tool_call.session_id,
+            risk_class=tool_call.risk_class,
+            action_name=tool_call.tool_name,
+            action_digest=action_digest_of(tool_call),
+            state_digest=state,
+            digest=Approval.digest_for(tool_call, state),
             # A lift request never times out: the closure staying in force is the safe
             # state, and a timeout's manual to-do would invite an unapproved lift.
-            "deadline": None
+            deadline=None
             if tool_call.tool_name == LIFT_TOOL
             else Approval.deadline_for(tool_call.risk_class),
-        },
-    )
-    if created:
+        )
         notify_queue()
     return {
         "approval": approval.pk,

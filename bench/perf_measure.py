@@ -10,17 +10,17 @@ render_updates (either signature), the page URLs, `manage.py aero_worker`, daphn
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import http.client
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +101,48 @@ def new_session(text: str = STAND_FUEL_LEAK) -> Any:
     return do_create_session(user("operator"), Scenario.objects.get(slug="oil_spill"), text)
 
 
+class SaverCounter:
+    """Statements on the LangGraph checkpointer's own psycopg connection (PostgreSQL
+    only: the SQLite saver's connection cannot be hooked)."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+
+    def __enter__(self) -> SaverCounter:
+        import psycopg
+        from django.db import connection
+
+        django_conn = connection.connection
+        self._originals = (psycopg.Cursor.execute, psycopg.Cursor.executemany)
+        counter = self
+
+        def hook(original: Any) -> Any:
+            def run(cursor: Any, *args: Any, **kwargs: Any) -> Any:
+                if cursor.connection is not django_conn:
+                    counter.statements += 1
+                return original(cursor, *args, **kwargs)
+
+            return run
+
+        psycopg.Cursor.execute = hook(self._originals[0])  # type: ignore[method-assign]
+        psycopg.Cursor.executemany = hook(self._originals[1])  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import psycopg
+
+        psycopg.Cursor.execute, psycopg.Cursor.executemany = self._originals  # type: ignore[method-assign]
+
+
 def per_session(samples: int) -> dict[str, Any]:
-    cpu, queries, transactions = [], [], []
+    from django.db import connection
+
+    new_session()  # warm: the compiled graph and the checkpointer's connection
+    cpu, queries, transactions, saver = [], [], [], []
+    postgres = connection.vendor == "postgresql"
     for _ in range(samples):
-        with Counter() as counter:
+        hooked = SaverCounter() if postgres else contextlib.nullcontext()
+        with Counter() as counter, hooked as saver_counter:
             started = time.process_time()
             session = new_session()
             cpu.append((time.process_time() - started) * 1000)
@@ -112,10 +150,12 @@ def per_session(samples: int) -> dict[str, Any]:
         assert session.status == "waiting_user", session.status
         queries.append(counter.queries)
         transactions.append(counter.transactions)
+        saver.append(getattr(saver_counter, "statements", None))
     return {
         "cpu_ms": statistics.median(cpu),
         "queries": statistics.median(queries),
         "transactions": statistics.median(transactions),
+        "checkpointer_queries": statistics.median(saver) if postgres else None,
     }
 
 
@@ -288,6 +328,12 @@ def at_once(count: int, timeout: float, logs: Path) -> dict[str, Any]:
         elapsed = (max(done.values()) - started) if len(done) == count else float("inf")
         jobs = len(list(connection.scan_iter("rq:job:*", count=1000))) - before
         runs = AgentRun.objects.filter(session_id__in=ids, parent__isnull=True).count()
+        # Jobs the workers ran (a duplicate that found the lease taken counts too): one
+        # per session when each was enqueued once. Read before the workers exit.
+        from rq import Worker
+
+        queue = django_rq.get_queue(settings.AERO_QUEUE)
+        executed = sum(w.successful_job_count + w.failed_job_count for w in Worker.all(queue=queue))
     finally:
         stop(procs)
     return {
@@ -296,6 +342,7 @@ def at_once(count: int, timeout: float, logs: Path) -> dict[str, Any]:
         "at_once_s": elapsed,
         "at_once_jobs": jobs,
         "at_once_runs": runs,
+        "at_once_executed": executed,
     }
 
 
@@ -332,11 +379,54 @@ def gunicorn(port: int, logs: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
+def uvicorn(port: int, logs: Path) -> subprocess.Popen[bytes]:
+    return start(
+        [str(Path(sys.executable).parent / "uvicorn"), "aero.asgi:application", "--host",
+         "127.0.0.1", "--port", str(port), "--workers", "3", "--backlog", "1024",
+         "--no-access-log"],
+        logs / f"uvicorn{port}.log",
+        AERO_JOB_BACKEND="rq",
+    )  # fmt: skip
+
+
+# The viewers run in a process of their own (as browsers do): in the appending process
+# they would wait for its GIL, and the appends' own time would count as push latency.
+VIEWERS = r"""
+import asyncio, json, re, sys, time
+from websockets.asyncio.client import connect
+
+config = json.loads(sys.argv[1])
+failed = 0
+
+async def viewer(url):
+    global failed
+    try:
+        ws = await connect(url, additional_headers=config["headers"], open_timeout=60)
+    except Exception:
+        failed += 1
+        return
+    session = url.split("/ws/sessions/")[1].split("/")[0]
+    async with ws:
+        async for message in ws:
+            now = time.time()
+            for seq in re.findall(r'data-seq="(\d+)"', str(message)):
+                print(f"M {session} {seq} {now}", flush=True)
+
+async def main():
+    tasks = [asyncio.ensure_future(viewer(url)) for url in config["urls"]]
+    await asyncio.sleep(config["settle"])
+    print(f"READY {failed}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until closed
+    for task in tasks:
+        task.cancel()
+
+asyncio.run(main())
+"""
+
+
 def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -> dict[str, Any]:
     """`viewers` sockets spread over `sessions` sessions; `events` rounds of one event per
     session; commit -> message latency for every (viewer, event)."""
-    from websockets.asyncio.client import connect
-
     from diagnosis.events import append_event
 
     server = daphne(port, logs)
@@ -344,63 +434,59 @@ def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -
     try:
         wait_up(base)
         targets = [new_session_no_job() for _ in range(sessions)]
-        cookie = login_cookie("auditor")
-        committed: dict[tuple[str, int], float] = {}
-        latencies: list[float] = []
+        config = {
+            "urls": [
+                f"ws://127.0.0.1:{port}/ws/sessions/{targets[n % sessions].pk}/"
+                f"?last_seq={targets[n % sessions].last_seq}"
+                for n in range(viewers)
+            ],
+            "headers": {"Cookie": login_cookie("auditor"), "Origin": base},
+            "settle": 3 + viewers / 50,  # handshakes and catch-up
+        }
+        client = subprocess.Popen(
+            [sys.executable, "-c", VIEWERS, json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout is not None and client.stdin is not None
+        received: list[tuple[str, int, float]] = []
         failed_handshakes = 0
-        ready = threading.Event()
-        finished = threading.Event()
-
-        async def viewer(session: Any) -> None:
-            nonlocal failed_handshakes
-            url = f"ws://127.0.0.1:{port}/ws/sessions/{session.pk}/?last_seq={session.last_seq}"
-            try:
-                ws = await connect(
-                    url, additional_headers={"Cookie": cookie, "Origin": base}, open_timeout=30
-                )
-            except Exception:
-                failed_handshakes += 1
-                return
-            async with ws:
-                while not finished.is_set():
-                    try:
-                        message = await asyncio.wait_for(ws.recv(), timeout=1)
-                    except TimeoutError:
-                        continue
-                    except Exception:
-                        return
-                    now = time.monotonic()
-                    for seq in re.findall(r'data-seq="(\d+)"', str(message)):
-                        sent = committed.get((str(session.pk), int(seq)))
-                        if sent is not None:
-                            latencies.append((now - sent) * 1000)
-
-        async def all_viewers() -> None:
-            tasks = [viewer(targets[n % sessions]) for n in range(viewers)]
-            gathered = asyncio.gather(*tasks)
-            await asyncio.sleep(0)
-            ready.set()
-            await gathered
-
-        thread = threading.Thread(target=lambda: asyncio.run(all_viewers()), daemon=True)
-        thread.start()
-        ready.wait()
-        time.sleep(3 + viewers / 50)  # handshakes and catch-up
+        for line in client.stdout:
+            if line.startswith("READY"):
+                failed_handshakes = int(line.split()[1])
+                break
+        reader = threading.Thread(
+            target=lambda: received.extend(
+                (p[1], int(p[2]), float(p[3]))
+                for p in (line.split() for line in client.stdout or ())
+                if p and p[0] == "M"
+            ),
+            daemon=True,
+        )
+        reader.start()
+        committed: dict[tuple[str, int], float] = {}
+        cpu_before = process_cpu_ms(server.pid)
         for round_ in range(events):
             for session in targets:
+                # From before the append (its commit and notice inside): an upper bound.
+                started = time.time()
                 event = append_event(session.pk, "agent.note", {"text": f"r{round_}"}, producer="b")
-                committed[(str(session.pk), event.seq)] = time.monotonic()
+                committed[(str(session.pk), event.seq)] = started
             time.sleep(0.5)
-        expected = viewers * events
+        expected = (viewers - failed_handshakes) * events
         deadline = time.monotonic() + 60
-        while (
-            len(latencies) < expected - failed_handshakes * events and time.monotonic() < deadline
-        ):
+        while time.monotonic() < deadline:
+            if sum(1 for s, q, _ in list(received) if (s, q) in committed) >= expected:
+                break
             time.sleep(0.1)
-        finished.set()
-        thread.join(timeout=10)
+        server_cpu_ms = process_cpu_ms(server.pid) - cpu_before
+        client.stdin.close()
+        client.wait(timeout=30)
+        reader.join(timeout=10)
     finally:
         stop([server])
+    latencies = [(at - committed[(s, q)]) * 1000 for s, q, at in received if (s, q) in committed]
     return {
         "push_viewers": viewers,
         "push_sessions": sessions,
@@ -409,7 +495,16 @@ def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -
         "push_received": len(latencies),
         "push_expected": viewers * events,
         "push_failed_handshakes": failed_handshakes,
+        # The server's CPU per event delivered to all its viewers: unlike the latencies,
+        # it hardly depends on what else the machine runs.
+        "push_cpu_ms_per_event": server_cpu_ms / max(1, events * sessions),
     }
+
+
+def process_cpu_ms(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc), in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def new_session_no_job() -> Any:
@@ -458,13 +553,23 @@ def throughput(base: str, path: str, cookie: str, clients: int, seconds: float) 
 
 
 def concurrent_pages(clients: int, seconds: float, port: int, logs: Path, head: bool) -> dict:
-    session = big_session(150)
+    session = big_session(200)
     cookie = login_cookie("operator")
     path = f"/sessions/{session.pk}/"
     results = {}
     # The tree's own way of serving HTTP (base: daphne; this change: gunicorn beside
     # daphne), then the same views under plain gunicorn for reference.
-    for name, server in (("served", gunicorn if head else daphne), ("gunicorn", gunicorn)):
+    # With this change, also the alternatives for the record (ADR 88): daphne alone and
+    # uvicorn's ASGI workers (when installed), three processes as gunicorn has.
+    servers: list[tuple[str, Callable[[int, Path], subprocess.Popen[bytes]]]] = [
+        ("served", gunicorn if head else daphne),
+        ("gunicorn", gunicorn),
+    ]
+    if head:
+        servers.append(("daphne", daphne))
+        if (Path(sys.executable).parent / "uvicorn").exists():
+            servers.append(("uvicorn", uvicorn))
+    for name, server in servers:
         process = server(port, logs)
         try:
             wait_up(f"http://127.0.0.1:{port}")
@@ -496,25 +601,30 @@ def main() -> None:
     parser.add_argument("--what", default="all")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="aero-bench-logs-"))
-    inline_first = args.mode == "embedded" or args.what in ("all", "inline")
+    # Comma-separated: all, inline (per session + views), session (per session only),
+    # views (the two pages at one client), rq, push, pages (concurrent clients).
+    what = set(args.what.split(",")) if args.what != "all" else {"inline", "rq", "push", "pages"}
+    if "inline" in what:
+        what |= {"session", "views"}
+    inline_first = args.mode == "embedded" or bool(what & {"session", "views"})
     setup(args.tree, args.mode, "inline" if inline_first else "rq")
     out: dict[str, Any] = {"mode": args.mode, "logs": str(logs)}
-    what = args.what
-    if what in ("all", "inline"):
+    if "session" in what:
         out.update(per_session(args.samples))
-        out.update(pages(150, args.open, args.samples * 5))
-    if args.mode == "services" and what in ("all", "rq"):
+    if "views" in what:
+        out.update(pages(200, args.open, args.samples * 5))
+    if args.mode == "services" and "rq" in what:
         from django.conf import settings
 
         settings.AERO_JOB_BACKEND = "rq"
         out.update(rq_latency(args.samples * 3, logs))
         out.update(at_once(args.at_once, args.at_once_timeout, logs))
-    if args.mode == "services" and what in ("all", "push"):
+    if args.mode == "services" and "push" in what:
         out.update(live_push(args.viewers, 1, args.events, args.port, logs))
         if args.push_sessions > 1:
             many = live_push(args.push_sessions, args.push_sessions, args.events, args.port, logs)
             out.update({f"many_{k}": v for k, v in many.items()})
-    if args.mode == "services" and what in ("all", "pages"):
+    if args.mode == "services" and "pages" in what:
         out.update(concurrent_pages(args.clients, args.seconds, args.port + 10, logs, args.head))
     print("RESULT " + json.dumps(out))
 

@@ -8,22 +8,30 @@ to every viewer asking for it; viewers with other roles get their own render, so
 never mixes. The hub also batches the viewers' access checks: every pull re-reads the
 viewer's roles from the database (a role removed stops the stream at the next push), in
 one query for all the viewers a notice woke.
+
+A notice can be lost (Redis down or restarting, a channel over its capacity): the hub
+also re-reads the last seq of every session watched in this process every
+AERO_LIVE_RESYNC_SECONDS, in one query, and wakes the viewers behind it, so the newest
+event reaches an idle page with no further notice (ADR 106).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db.models import Q
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import translation
@@ -45,6 +53,23 @@ FRAME_BYTES = 512 * 1024
 CLOSE_FORBIDDEN = 4403  # no (longer a) role that may watch this
 CLOSE_GONE = 4404  # the session does not exist or was deleted
 RENDER_CACHE_SIZE = 256
+
+logger = logging.getLogger("diagnosis.consumers")
+
+
+class Watcher(Protocol):
+    """A live viewer of one session's events (the page's timeline, the API stream)."""
+
+    sent_seq: int
+
+    async def catch_up(self) -> None: ...
+
+
+def last_seqs(session_ids: Iterable[str]) -> dict[str, int]:
+    """Each session's last seq, one query (deleted ones too: their viewers are closed
+    by the pull that follows)."""
+    rows = Session.objects.filter(pk__in=list(session_ids)).values_list("pk", "last_seq")
+    return {str(pk): last_seq for pk, last_seq in rows}
 
 
 def current_roles(user_ids: Iterable[Any]) -> dict[Any, frozenset[str]]:
@@ -167,6 +192,18 @@ def pack(parts: list[str]) -> tuple[str, ...]:
     return tuple(frames)
 
 
+@dataclass(frozen=True)
+class Pull:
+    """One render a viewer asks for: the events of `session_id` after `after`, for
+    viewers holding `roles`, whose page shows `composer_key`, in `language`."""
+
+    roles: frozenset[str]
+    session_id: str
+    after: int
+    composer_key: str | None = None
+    language: str | None = None
+
+
 def render_updates(
     roles: frozenset[str],
     session_id: Any,
@@ -175,19 +212,92 @@ def render_updates(
     language: str | None = None,
 ) -> Update | None:
     """In `language` (the page's, see SessionConsumer.connect); the default otherwise."""
-    with translation.override(language or settings.LANGUAGE_CODE):
-        return _render_updates(roles, session_id, after, composer_key)
+    return render_batch([Pull(roles, str(session_id), after, composer_key, language)])[0]
+
+
+def render_batch(pulls: list[Pull]) -> list[Update | None]:
+    """The updates for `pulls`, in order, with one query for their sessions and one for
+    their events whatever their number (notices that arrive while a batch renders wait
+    for the next one, so a burst over many sessions costs a few round trips, not two
+    per session). The panels' rows are read once per session (PanelContexts); each pull
+    renders in its page's language."""
+    ids = {pull.session_id for pull in pulls}
+    sessions = {
+        str(session.pk): session
+        for session in Session.objects.visible()
+        .select_related("scenario", "scenario_version", "created_by")
+        .defer("scenario_version__definition")  # parsed once per process (presenters)
+        .filter(pk__in=ids)
+    }
+    # Seqs are gap-free, so (after, after + BATCH] holds at most one batch: every pull's
+    # range goes into the one query, bounded by its session's last_seq as read above.
+    ranges: dict[tuple[str, int], int] = {}
+    for pull in pulls:
+        session = sessions.get(pull.session_id)
+        if session is not None and session.last_seq > pull.after:
+            ranges[(pull.session_id, pull.after)] = min(session.last_seq, pull.after + BATCH)
+    found: dict[str, list[Event]] = {}
+    if ranges:
+        wanted = Q()
+        for (session_id, after), upto in ranges.items():
+            wanted |= Q(session_id=session_id, seq__gt=after, seq__lte=upto)
+        for event in Event.objects.filter(wanted).order_by("session_id", "seq"):
+            found.setdefault(str(event.session_id), []).append(event)
+    contexts = PanelContexts()
+    updates: list[Update | None] = []
+    for pull in pulls:
+        session = sessions.get(pull.session_id)
+        if session is None:
+            updates.append(None)
+            continue
+        upto = ranges.get((pull.session_id, pull.after), pull.after)
+        events = [e for e in found.get(pull.session_id, []) if pull.after < e.seq <= upto]
+        if not events and upto > pull.after:
+            # Not reached while seqs stay gap-free; if one were missing, read by count.
+            events = list(
+                Event.objects.filter(
+                    session_id=pull.session_id, seq__gt=pull.after, seq__lte=session.last_seq
+                ).order_by("seq")[:BATCH]
+            )
+        with translation.override(pull.language or settings.LANGUAGE_CODE):
+            updates.append(_render_updates(pull, session, events, contexts))
+    return updates
+
+
+class PanelContexts:
+    """The panels' context for the pulls of one batch: the airport read once, each
+    session's rows read once, worded once per language (labels and consequences are
+    worded when the context is built); only the role flags differ per pull."""
+
+    def __init__(self) -> None:
+        self.airport: tuple[Any, Any] | None = None
+        self.reads: dict[str, presenters.SessionReads] = {}
+        self.worded: dict[tuple[str, str | None], dict[str, Any]] = {}
+
+    def context(self, pull: Pull, session: Session) -> dict[str, Any]:
+        worded = self.worded.get((pull.session_id, pull.language))
+        if worded is None:
+            reads = self.reads.get(pull.session_id)
+            if reads is None:
+                self.airport = self.airport or presenters.read_airport()
+                reads = self.reads[pull.session_id] = presenters.read_session(session, self.airport)
+            worded = self.worded[(pull.session_id, pull.language)] = presenters.session_context(
+                session, None, roles=pull.roles, reads=reads
+            )
+        return {**worded, **presenters.flags_for_roles(pull.roles)}
 
 
 def _render_updates(
-    roles: frozenset[str], session_id: Any, after: int, composer_key: str | None
-) -> Update | None:
-    """HTML with hx-swap-oob fragments for the events after `after` (at most one batch)
-    and the panels they change, for viewers holding `roles`, as WebSocket messages of
-    at most FRAME_BYTES each. None when the session does not exist or was deleted.
+    pull: Pull, session: Session, events: list[Event], contexts: PanelContexts
+) -> Update:
+    """HTML with hx-swap-oob fragments for `events` (at most one batch, the events after
+    `pull.after` up to the session's last_seq as read with `session`) and the panels they
+    change, for viewers holding `pull.roles`, as WebSocket messages of at most
+    FRAME_BYTES each. `contexts` holds the panels' context, shared by the pulls of one
+    batch.
 
-    The session row is read first and only events up to its last_seq are sent: panels
-    and timeline then describe the same moment, even while a job keeps appending.
+    Only events up to the session row's last_seq are sent: panels and timeline then
+    describe the same moment, even while a job keeps appending.
     The composer (the answer box) is sent exactly when its key changes, whatever the
     events were: replacing it on every status event would wipe what the operator is
     typing, and tying it to event types missed a question committed between two reads.
@@ -195,30 +305,16 @@ def _render_updates(
     A batch is bounded by count (BATCH) and by bytes: the rows that fit in one frame;
     the rest follow in the next pull. Daphne closes the socket with 1011 on a message
     over 1 MB, which broke every catch-up of a session holding a large event (ADR 38)."""
-    session = (
-        Session.objects.visible()
-        .select_related("scenario", "scenario_version", "created_by")
-        .defer("scenario_version__definition")  # parsed once per process (presenters)
-        .filter(pk=session_id)
-        .first()
-    )
-    if session is None:
-        return None
-    events = list(
-        Event.objects.filter(
-            session_id=session_id, seq__gt=after, seq__lte=session.last_seq
-        ).order_by("seq")[:BATCH]
-    )
     if not events:
-        return Update((), after, composer_key, session.last_seq)
+        return Update((), pull.after, pull.composer_key, session.last_seq)
     rows, sent = timeline_rows(events, presenters.version_definition(session))
     panels: set[str] = set()
     for event in sent:
         panels |= presenters.PANELS_BY_EVENT.get(event.type, set())
     new_key = presenters.composer_key(session)
-    if new_key != composer_key:
+    if new_key != pull.composer_key:
         panels.add("session-composer")
-    context = presenters.session_context(session, None, roles=roles) if panels else {}
+    context = contexts.context(pull, session) if panels else {}
     parts = [rows]
     for panel in sorted(panels):
         html = render_to_string(f"diagnosis/session_detail.html#{panel}", {**context, "oob": True})
@@ -234,6 +330,11 @@ class Hub:
         self.latest: dict[str, int] = {}  # session -> highest seq a notice announced
         self.pending_roles: dict[Any, list[asyncio.Future[frozenset[str]]]] = {}
         self.roles_task: asyncio.Task[None] | None = None
+        self.watchers: dict[str, set[Watcher]] = {}
+        self.resync_task: asyncio.Task[None] | None = None
+        self.catching_up: set[asyncio.Future[None]] = set()
+        self.pending_pulls: dict[Pull, asyncio.Future[Update | None]] = {}
+        self.pulls_task: asyncio.Task[None] | None = None
 
     # --- access -----------------------------------------------------------------------
 
@@ -267,6 +368,46 @@ class Hub:
                             future.set_result(found.get(user_id, frozenset()))
         finally:
             self.roles_task = None
+
+    # --- resync -----------------------------------------------------------------------
+
+    def watch(self, session_id: str, viewer: Watcher) -> None:
+        self.watchers.setdefault(session_id, set()).add(viewer)
+        interval = float(settings.AERO_LIVE_RESYNC_SECONDS)
+        if interval > 0 and self.resync_task is None:
+            self.resync_task = asyncio.ensure_future(self._resync(interval))
+
+    def unwatch(self, session_id: str, viewer: Watcher) -> None:
+        viewers = self.watchers.get(session_id)
+        if viewers is not None:
+            viewers.discard(viewer)
+            if not viewers:
+                del self.watchers[session_id]
+
+    async def _resync(self, interval: float) -> None:
+        """Every `interval` while anyone watches: one query for the last seq of every
+        watched session; each viewer behind it pulls (its own lock keeps that pull from
+        overlapping one a notice started, so nothing is sent twice)."""
+        try:
+            while self.watchers:
+                await asyncio.sleep(interval)
+                if not self.watchers:
+                    return
+                try:
+                    found = await database_sync_to_async(last_seqs)(list(self.watchers))
+                except Exception:
+                    # PostgreSQL restarting: the next pass reads again.
+                    logger.warning("live resync: could not read the sessions", exc_info=True)
+                    continue
+                for session_id, last in found.items():
+                    self.announce(session_id, last)
+                    for viewer in list(self.watchers.get(session_id, ())):
+                        if viewer.sent_seq < last:
+                            task = asyncio.ensure_future(viewer.catch_up())
+                            self.catching_up.add(task)
+                            task.add_done_callback(self.catching_up.discard)
+        finally:
+            self.resync_task = None
 
     # --- renders ----------------------------------------------------------------------
 
@@ -308,13 +449,38 @@ class Hub:
         def fresh(update: Update | None) -> bool:
             return update is not None and update.as_of >= self.latest.get(session_id, 0)
 
-        return await self.shared(
-            ("session", session_id, after, roles, composer_key, language),
-            fresh,
-            lambda: database_sync_to_async(render_updates)(
-                roles, session_id, after, composer_key, language
-            ),
-        )
+        pull = Pull(roles, session_id, after, composer_key, language)
+        return await self.shared(("session", pull), fresh, lambda: self._render(pull))
+
+    async def _render(self, pull: Pull) -> Update | None:
+        future = self.pending_pulls.get(pull)
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
+            self.pending_pulls[pull] = future
+        if self.pulls_task is None:
+            self.pulls_task = asyncio.ensure_future(self._render_pulls())
+        return await future
+
+    async def _render_pulls(self) -> None:
+        """One database call per batch of pulls (render_batch): the pulls one notice
+        woke, or that many notices woke while the previous batch rendered."""
+        try:
+            await asyncio.sleep(0)
+            while self.pending_pulls:
+                batch, self.pending_pulls = self.pending_pulls, {}
+                pulls = list(batch)
+                try:
+                    updates = await database_sync_to_async(render_batch)(pulls)
+                except Exception as exc:
+                    for future in batch.values():
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for pull, update in zip(pulls, updates, strict=True):
+                    if not batch[pull].done():
+                        batch[pull].set_result(update)
+        finally:
+            self.pulls_task = None
 
 
 _hubs: dict[asyncio.AbstractEventLoop, Hub] = {}
@@ -330,7 +496,28 @@ def hub() -> Hub:
     return found
 
 
-class SessionConsumer(AsyncWebsocketConsumer):
+# Notices are handled through the hub, whose database calls run in
+# database_sync_to_async (which closes stale connections before and after each call).
+NOTICES = frozenset({"session.notice", "board.notice", "queue.notice"})
+
+
+class NoticeConsumer(AsyncWebsocketConsumer):
+    """A page's socket woken by notices. Channels' dispatch first hops to the sync thread
+    to close stale database connections, for every message to every consumer: one
+    notice to 100 viewers queued 100 hops on the thread the renders need (0.70 s of the
+    consumers' 1.10 s of dispatch in a daphne profile of 100 viewers, 5 events). A
+    notice's handler reaches the database only through database_sync_to_async, which
+    does that cleanup itself, so notices skip the hop; every other message (connect,
+    disconnect) goes through channels' dispatch."""
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        if message.get("type") in NOTICES:
+            await getattr(self, get_handler_name(message))(message)
+        else:
+            await super().dispatch(message)
+
+
+class SessionConsumer(NoticeConsumer):
     session_id: str
     group: str = ""
     user_id: Any = None
@@ -340,6 +527,8 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
+        # One pull at a time: a notice and the hub's resync may both ask for one.
+        self.flushing = asyncio.Lock()
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         self.user_id = user_id_of(self.scope)
         if not await self.allowed():
@@ -358,6 +547,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         metrics.ws_connected("page", self.sent_seq)
+        hub().watch(self.session_id, self)
         await self.flush()  # catch up on everything after last_seq
 
     async def allowed(self) -> frozenset[str] | None:
@@ -366,8 +556,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-            self.group = ""
+            hub().unwatch(self.session_id, self)
+            group, self.group = self.group, ""  # a pull running now stops at its next turn
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # The page sends nothing we act on: decisions and answers are plain POSTs, so a
@@ -382,7 +573,18 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if seq > self.sent_seq:
             await self.flush()
 
+    async def catch_up(self) -> None:
+        """The hub's resync found events this viewer has not been sent."""
+        try:
+            await self.flush()
+        except Exception:  # the socket closed meanwhile: nothing to catch up
+            logger.debug("live resync of %s failed", self.session_id, exc_info=True)
+
     async def flush(self) -> None:
+        async with self.flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         """Send everything new, re-checking access first (roles may have changed since
         the last push, the session may have been deleted)."""
         while self.group:
@@ -402,6 +604,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
                 await self.send(text_data=frame)
             metrics.events_sent("page", update.seq - self.sent_seq)
             self.sent_seq, self.composer_key = update.seq, update.composer_key
+            # Sent all the render saw and all any notice announced: done. Another turn
+            # would cost every viewer a role check and a read that finds nothing; a
+            # notice arriving later runs its own flush (handled after this one).
+            if update.seq >= max(update.as_of, hub().latest.get(self.session_id, 0)):
+                return
 
     async def stop(self, code: int) -> None:
         await self.disconnect(code)
@@ -413,7 +620,7 @@ def render_board(roles: frozenset[str]) -> str:
     return render_to_string("diagnosis/airport_board.html#airport-board", {**context, "oob": True})
 
 
-class PageNoticeConsumer(AsyncWebsocketConsumer):
+class PageNoticeConsumer(NoticeConsumer):
     """A page that re-reads itself on a notice (no content in the notice, as for the
     session timeline): the airport board, the to-dos page. Each pull re-checks the
     viewer's roles and shares one render per notice and role set (ADR-129)."""

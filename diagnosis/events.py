@@ -121,20 +121,7 @@ def append_event(
 
     A payload over aero.text.MAX_EVENT_BYTES raises EventTooLarge: the live path carries
     every event whole, so none may be larger than it can carry."""
-    # Stored as JSON: hash exactly what a reader will get back (tuples become lists).
-    raw = json.dumps(payload or {}, ensure_ascii=False)
-    # Refused before it is queued: a batch then writes nothing of its step (ADR 37).
-    check_event_size(type, len(raw.encode()))
-    payload = json.loads(raw)
-    event = Event(
-        session_id=session_id,
-        type=type,
-        payload=payload,
-        producer=producer,
-        run=run,
-        trace_id=current_trace_id(),
-        key=key,
-    )
+    event = _new_event(session_id, type, payload, producer=producer, run=run, key=key)
     batch = _batch.get()
     if batch is not None and str(batch.session_id) == str(session_id):
         batch.add(event)
@@ -144,10 +131,37 @@ def append_event(
     return event
 
 
-def _write(session: Session, events: list[Event]) -> None:
+def _new_event(
+    session_id: Any,
+    type: str,
+    payload: dict[str, Any] | None,
+    *,
+    producer: str,
+    run: AgentRun | None = None,
+    key: str = "",
+) -> Event:
+    """An event to write: no seq, ts or hash yet (_write gives them)."""
+    # Stored as JSON: hash exactly what a reader will get back (tuples become lists).
+    raw = json.dumps(payload or {}, ensure_ascii=False)
+    # Refused before it is queued: a batch then writes nothing of its step (ADR 37).
+    check_event_size(type, len(raw.encode()))
+    payload = json.loads(raw)
+    return Event(
+        session_id=session_id,
+        type=type,
+        payload=payload,
+        producer=producer,
+        run=run,
+        trace_id=current_trace_id(),
+        key=key,
+    )
+
+
+def _write(session: Session, events: list[Event], **fields: Any) -> None:
     """Give `events` the next seqs of the locked `session`, hash-chain them, insert them
     in one statement, update the session once and notify once, after commit, with the
-    highest seq. A job's write is fenced: refused unless it still holds the lease."""
+    highest seq. A job's write is fenced: refused unless it still holds the lease.
+    `fields`: more columns of the session to set in the same UPDATE (set_status)."""
     check_fence(session)
     now = timezone.now()
     seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
@@ -161,7 +175,7 @@ def _write(session: Session, events: list[Event]) -> None:
         reduced = reduce_snapshot(snapshot, event.type, event.payload)
         if reduced is not None:
             snapshot, changed = reduced, True
-    updates: dict[str, Any] = {"last_seq": seq, "chain_head": head, "updated_at": now}
+    updates: dict[str, Any] = {**fields, "last_seq": seq, "chain_head": head, "updated_at": now}
     if changed:
         updates["snapshot"] = snapshot
     Session.objects.filter(pk=session.pk).update(**updates)
@@ -170,6 +184,53 @@ def _write(session: Session, events: list[Event]) -> None:
     else:
         Event.objects.bulk_create(events)
     transaction.on_commit(partial(notify_session, session.pk, seq))
+    known = _known.get()
+    if known is not None and known.session_id == str(session.pk):
+        # Only once committed: a step that rolls back wrote none of its keys.
+        transaction.on_commit(partial(known.add, [e.key for e in events if e.key]))
+
+
+class KnownKeys:
+    """The keys of a session's events, for the job that holds its lease: one query per
+    job (not one per step or per keyed event) tells whether a step wrote it before (a
+    re-run); a key not in the set is new. The keys a job looks up are its own (its
+    steps', its calls' approvals and notes): only the lease holder writes them, and the
+    set takes each batch's keys when it commits. Were one missed, the unique index
+    would refuse the duplicate and the step would fail and run again."""
+
+    def __init__(self, session_id: Any) -> None:
+        self.session_id = str(session_id)
+        self.keys: set[str] | None = None
+
+    def __contains__(self, key: str) -> bool:
+        if self.keys is None:
+            self.keys = set(
+                Event.objects.filter(session_id=self.session_id, key__gt="").values_list(
+                    "key", flat=True
+                )
+            )
+        return key in self.keys
+
+    def add(self, keys: list[str]) -> None:
+        if self.keys is not None:
+            self.keys.update(keys)
+
+
+_known: contextvars.ContextVar[KnownKeys | None] = contextvars.ContextVar(
+    "aero_known_keys", default=None
+)
+
+
+@contextmanager
+def known_keys(session_id: Any) -> Iterator[KnownKeys]:
+    """For a job (it holds the lease, so it is the only writer of the session's step
+    keys): step key lookups of the session are answered from one load."""
+    known = KnownKeys(session_id)
+    token = _known.set(known)
+    try:
+        yield known
+    finally:
+        _known.reset(token)
 
 
 class EventBatch:
@@ -191,6 +252,11 @@ class EventBatch:
         first lookup loads every written key of the task in one query."""
         if key in self.by_key:
             return self.by_key[key]
+        known = _known.get()
+        if known is not None and known.session_id == str(self.session_id):
+            if key not in known:
+                return None  # the common case: a step that never ran before
+            return Event.objects.filter(session_id=self.session_id, key=key).first()
         prefix = key.split("/", 1)[0] + "/" if key.startswith("task:") else ""
         if not prefix:
             return Event.objects.filter(session_id=self.session_id, key=key).first()
@@ -330,21 +396,31 @@ def set_status(
             fields["lease_expires_at"] = None
         if to == SessionStatus.FAILED:
             fields["failure"] = reason
-        Session.objects.filter(pk=session.pk).update(**fields)
-        # Fenced above under this lock; ending the session clears the lease, so the
-        # events below must not be checked against it again.
-        with unfenced():
-            append_event(
+        events = [
+            _new_event(
                 session.pk,
                 "session.status_changed",
                 {"from": previous, "to": to, "reason": reason},
                 producer=producer,
             )
-            if to in ENDED_STATUSES:
-                ended: dict[str, Any] = {"reason": reason}
-                if by:
-                    ended["by"] = by
-                append_event(session.pk, f"session.{to}", ended, producer=producer)
+        ]
+        if to in ENDED_STATUSES:
+            ended: dict[str, Any] = {"reason": reason}
+            if by:
+                ended["by"] = by
+            events.append(_new_event(session.pk, f"session.{to}", ended, producer=producer))
+        batch = _batch.get()
+        if batch is not None and str(batch.session_id) == str(session.pk):
+            # Queued after the batch's events so far, as an append would be.
+            Session.objects.filter(pk=session.pk).update(**fields)
+            for event in events:
+                batch.add(event)
+            return True
+        # Fenced above under this lock; ending the session clears the lease, so the
+        # write must not be checked against it again. The status and the events are
+        # one UPDATE and one INSERT under the lock already held.
+        with unfenced():
+            _write(session, events, **fields)
     return True
 
 

@@ -20,6 +20,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
+from aero.text import MAX_MODEL_TEXT
+
 
 class EventLike(Protocol):
     seq: int
@@ -71,6 +73,34 @@ def reduce_snapshot(
         return {**snapshot, "budget": budget}
     if type == "timeline.appended" and payload.get("kind") == "scenario_switched_to":
         return {**snapshot, "switched_to": payload["session"]}
+    if type == "llm.delta":
+        # The model's text as it streams (ADR 96); a new attempt starts a new text.
+        current = snapshot.get("thinking") or {}
+        same = (current.get("request"), current.get("attempt")) == (
+            payload.get("request"),
+            payload.get("attempt"),
+        )
+        text = (current.get("text", "") if same else "") + payload.get("text", "")
+        thinking = {
+            "request": payload.get("request"),
+            "attempt": payload.get("attempt"),
+            "purpose": payload.get("purpose", ""),
+            "status": "pending",
+            "text": text[-MAX_MODEL_TEXT:],
+        }
+        return {**snapshot, "thinking": thinking}
+    if type == "llm.call" and payload.get("request") and payload.get("status") == "ok":
+        thinking = {
+            "request": payload["request"],
+            "purpose": payload.get("purpose", ""),
+            "status": "done",
+            "provider": payload.get("provider", ""),
+            "text": payload.get("text", ""),
+        }
+        return {**snapshot, "thinking": thinking}
+    if type == "llm.fallback" and payload.get("request") and payload.get("to") == "offline":
+        thinking = {"request": payload["request"], "status": "failed", "text": ""}
+        return {**snapshot, "thinking": thinking}
     return None
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -39,7 +40,10 @@ from diagnosis.agent.state import AgentContext
 from diagnosis.events import (
     LeaseLost,
     active_fence,
+    check_fence,
     fenced,
+    known_keys,
+    lock_session,
     set_status,
     tracing,
     unfenced,
@@ -49,6 +53,8 @@ from diagnosis.models import (
     ENDED_STATUSES,
     AgentRun,
     Event,
+    LLMRequest,
+    LLMRequestStatus,
     Session,
     SessionStatus,
     ToolCall,
@@ -59,6 +65,9 @@ from scenarios_admin.airport import load_active_graph
 logger = logging.getLogger("diagnosis.jobs")
 PRODUCER = "agent"
 RECURSION_LIMIT = 200
+# What a job returns when the session waits for the model (ADR 95): the session stays
+# "running" (the agent is thinking) and holds no lease; the runner enqueues it.
+WAITING_MODEL = "waiting_model"
 
 
 # --- dispatch -------------------------------------------------------------------------
@@ -100,9 +109,10 @@ def job_id(session_id: Any) -> str:
 _WAITING = ("queued", "deferred", "scheduled")
 
 
-def dispatch(session_id: Any) -> bool:
+def dispatch(session_id: Any, *, at_front: bool = False) -> bool:
     """Run or enqueue the session's job unless one is already waiting or running.
-    Returns whether a job was enqueued (or run, inline).
+    Returns whether a job was enqueued (or run, inline). `at_front`: ahead of the jobs
+    waiting in the queue (a session whose job was lost has waited already).
 
     Never twice: a job waiting in the queue will see this input when it starts; a job
     holding the session's lease re-checks the inputs after it lets the lease go
@@ -111,12 +121,18 @@ def dispatch(session_id: Any) -> bool:
     session_id = str(session_id)
     backend = settings.AERO_JOB_BACKEND
     if backend == "inline":
-        advance_session(session_id)
+        # Inline (the CLI, tests): the model calls a job waits for are made right here,
+        # then the job runs again, until the session waits for something else.
+        while advance_session(session_id) == WAITING_MODEL:
+            from diagnosis.llm_runner import run_pending_inline
+
+            if not run_pending_inline(session_id):
+                break
         return True
     if lease_is_live(session_id):
         return False
     if backend == "rq":
-        return _enqueue_rq(session_id)
+        return _enqueue_rq(session_id, at_front=at_front)
     return embedded_worker().submit(session_id)
 
 
@@ -126,7 +142,7 @@ def lease_is_live(session_id: Any) -> bool:
     ).exists()
 
 
-def _enqueue_rq(session_id: str) -> bool:
+def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
     """Enqueue under the fixed id, atomically (rq's unique enqueue: two decisions
     committing together push one job). An old job under that id is replaced only once
     it can no longer run: finished or failed, or started by a worker whose lease expired
@@ -148,6 +164,7 @@ def _enqueue_rq(session_id: str) -> bool:
                 job_timeout=600,
                 result_ttl=300,
                 failure_ttl=86400,
+                at_front=at_front,
             )
             return True
         except DuplicateJobError:
@@ -199,6 +216,11 @@ class EmbeddedWorker:
             target=self._reconcile_forever, daemon=True, name="aero-reconciler"
         )
         self.reconciler.start()
+        if settings.AERO_LLM_WAITS:
+            # Embedded mode: the LLM runner is an event loop on a thread of this process.
+            from diagnosis.llm_runner import start_in_thread
+
+            start_in_thread()
 
     def submit(self, session_id: Any) -> bool:
         with self.lock:
@@ -242,6 +264,7 @@ def embedded_worker() -> EmbeddedWorker:
 def requeue_stalled_sessions() -> int:
     """Re-enqueue the sessions that should be moving but have no job waiting and no live
     lease. Every worker runs this; the fixed job id makes concurrent passes harmless."""
+    release_dead_holders()
     candidates = stalled_sessions()
     if not candidates:
         return 0
@@ -250,10 +273,59 @@ def requeue_stalled_sessions() -> int:
     for session_id in candidates:
         if session_id in waiting:
             continue  # its job is in the queue, behind others: not stalled, just late
-        if dispatch(session_id):
+        # At the front: its job was lost (a killed worker, Redis restarted) after it had
+        # waited its turn once; behind a long queue it waited minutes more (ADR 109).
+        if dispatch(session_id, at_front=True):
             logger.info("re-enqueued stalled session %s", session_id)
             enqueued += 1
     return enqueued
+
+
+def _process_gone(pid: int) -> bool:
+    """Whether no process `pid` runs on this host (a zombie counts as gone: killed and
+    not yet reaped by its parent). Unsure (not ours to signal) reads as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def release_dead_holders() -> int:
+    """Let go now of the leases held by a job whose worker process is gone from this host
+    (kill -9, the OOM killer), instead of waiting for them to run out: the reconciler
+    pass that follows re-enqueues those sessions at once (ADR 109). Only the exact lease
+    the dead run took is expired (its token is in the run's input snapshot), so a lease
+    another worker has taken since is never touched; a pid reused by a live process
+    reads as alive, and then the lease runs out as before. Other hosts' processes cannot
+    be checked: their leases run out."""
+    host = socket.gethostname()
+    now = timezone.now()
+    live = Session.objects.filter(lease_token__isnull=False, lease_expires_at__gt=now)
+    runs = AgentRun.objects.filter(
+        session__in=live.values("pk"), parent__isnull=True, status="running"
+    ).values_list("session_id", "input_snapshot")
+    released = 0
+    for session_id, snapshot in runs:
+        pid, token = snapshot.get("pid"), snapshot.get("lease")
+        if snapshot.get("host") != host or not isinstance(pid, int) or not token:
+            continue
+        if pid == os.getpid() or not _process_gone(pid):
+            continue
+        if Session.objects.filter(
+            pk=session_id, lease_token=token, lease_expires_at__gt=now
+        ).update(lease_expires_at=now):
+            logger.warning(
+                "session %s: its worker (pid %s) is gone, lease released", session_id, pid
+            )
+            released += 1
+    return released
 
 
 def stalled_sessions() -> list[str]:
@@ -266,6 +338,8 @@ def stalled_sessions() -> list[str]:
         Session.objects.visible()
         .filter(status__in=[SessionStatus.QUEUED, SessionStatus.RUNNING, SessionStatus.RETRYING])
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+        # Waiting for the model: the runner enqueues it when the reply is stored.
+        .exclude(llm_requests__status=LLMRequestStatus.PENDING)
     )
     return [str(pk) for pk in rows.values_list("pk", flat=True)]
 
@@ -510,7 +584,7 @@ def advance_session(session_id: str) -> str:
         if token is None:
             return "busy"  # another job holds it; it re-checks inputs before it lets go
         try:
-            with Heartbeat(session_id, token), fenced(session_id, token):
+            with Heartbeat(session_id, token), fenced(session_id, token), known_keys(session_id):
                 status = _advance_locked(session_id, token)
         except LeaseLost as exc:
             logger.warning("session %s: stopped, another job took over (%s)", session_id, exc)
@@ -522,7 +596,7 @@ def advance_session(session_id: str) -> str:
             release_lease(session_id, token)
         # An answer or decision that arrived while we held the lease found us busy:
         # its job returned "busy", so this job takes the new input.
-        if status != SessionStatus.WAITING_USER or not resumable(session_id):
+        if status not in (SessionStatus.WAITING_USER, WAITING_MODEL) or not resumable(session_id):
             return status
 
 
@@ -556,7 +630,30 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
             .exists()
         )
         return {"decided": True} if decided else None
+    if waiting["kind"] == "model":
+        answered = (
+            LLMRequest.objects.filter(key=waiting["key"])
+            .exclude(status=LLMRequestStatus.PENDING)
+            .exists()
+        )
+        return {"model": waiting["key"]} if answered else None
     return None
+
+
+def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
+    """The request a node interrupted with, as the runner's row (once by its key: a
+    re-run of the job finds it). Fenced: only the lease holder records it."""
+    with transaction.atomic():
+        check_fence(lock_session(session_id))
+        LLMRequest.objects.get_or_create(
+            key=waiting["key"],
+            defaults={
+                "session_id": session_id,
+                "purpose": waiting.get("purpose", ""),
+                "request": waiting["request"],
+                "providers": waiting.get("providers", []),
+            },
+        )
 
 
 def _advance_locked(session_id: str, token: uuid.UUID) -> str:
@@ -574,6 +671,8 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "backend": settings.AERO_JOB_BACKEND,
+                # Which lease this run holds: release_dead_holders expires exactly it.
+                "lease": str(token),
             },
         )
         context = AgentContext(
@@ -598,7 +697,12 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
         with unfenced():  # the session may have ended: its lease is cleared
             if outcome == SessionStatus.COMPLETED:
                 graph.checkpointer.delete_thread(str(session_id))  # the log is the history
-            elif outcome == SessionStatus.WAITING_USER:
+            elif outcome in (SessionStatus.WAITING_USER, WAITING_MODEL) and context.origins not in (
+                [],
+                [""],
+            ):
+                # A thread whose first run just stopped at its first wait holds one
+                # checkpoint (saved at exit, ADR 85): nothing to prune.
                 prune_checkpoints(graph.checkpointer, str(session_id))
         return outcome
 
@@ -657,7 +761,13 @@ def _drive(
                 "fsm": context.definition["compliance"]["states"][0],
             }
         elif snapshot.interrupts:
+            waiting = snapshot.interrupts[0].value
+            if waiting["kind"] == "model":
+                record_model_request(session.pk, waiting)
             value = resume_value(session.pk, snapshot)
+            if value is None and waiting["kind"] == "model":
+                # The job ends and frees its worker; the runner makes the call.
+                return WAITING_MODEL
             if value is None:
                 set_status(session.pk, SessionStatus.WAITING_USER, producer=PRODUCER, strict=False)
                 return SessionStatus.WAITING_USER
@@ -673,12 +783,24 @@ def _drive(
             set_status(session.pk, SessionStatus.COMPLETED, producer=PRODUCER, strict=False)
             return SessionStatus.COMPLETED
         set_status(session.pk, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
+        context.origin = str(snapshot.config["configurable"].get("checkpoint_id") or "")
+        context.origins.append(context.origin)
         try:
-            graph.invoke(graph_input, config, context=context, durability="sync")
+            # Checkpointed when the graph exits (an interrupt, the end, an error), not
+            # after every step: the events are the history, and a step's keys do not
+            # depend on its checkpoint (ADR 85).
+            graph.invoke(graph_input, config, context=context, durability="exit")
         except SessionCanceled:
             return SessionStatus.CANCELED
-        except (LeaseLost, shutdown.WorkerStopping):
-            raise  # not the step's failure: this job stops, the lease holder carries on
+        except LeaseLost:
+            # Canceling a session clears its lease: the step that noticed (its write was
+            # refused) and the exit checkpoint wrote nothing. Otherwise another job took
+            # over: not the step's failure, this job stops.
+            if Session.objects.filter(pk=session.pk, status=SessionStatus.CANCELED).exists():
+                return SessionStatus.CANCELED
+            raise
+        except shutdown.WorkerStopping:
+            raise  # not the step's failure: this job stops, the next one carries on
         except GraphRecursionError as exc:
             _fail(session.pk, f"the agent made no progress: {exc}")
             return SessionStatus.FAILED

@@ -401,3 +401,52 @@ class WorkerBeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.host}:{self.pid})"
+
+
+class LLMRequestStatus(models.TextChoices):
+    PENDING = "pending", _("Waiting for the model")
+    DONE = "done", _("Answered")
+    FAILED = "failed", _("Every model provider failed")
+
+
+class LLMRequest(models.Model):
+    """A model call as a wait (ADR 95): a graph node records what it would send, keyed by
+    its LangGraph task and the call's place in the node, and interrupts; the LLM runner
+    claims the row with a lease (like a job's), makes the call with retries and fallback,
+    streams its text into the log, records the attempts (`LLMCall`) once, stores the reply
+    here and enqueues the session; the re-run node reads the reply instead of calling."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="llm_requests")
+    key = models.CharField(max_length=200, unique=True)
+    purpose = models.CharField(max_length=32)
+    # The chat request: serialized messages and the call's options (tools, response format).
+    request = models.JSONField(default=dict)
+    # The real providers to try, by ProviderConfig id, in order (the offline provider,
+    # last in every chain, is the node's own business: it needs no wait).
+    providers = models.JSONField(default=list)
+    status = models.CharField(
+        max_length=16, choices=LLMRequestStatus.choices, default=LLMRequestStatus.PENDING
+    )
+    reply = models.JSONField(null=True, blank=True)
+    # Which provider answered (its name), for the node's bookkeeping.
+    answered_by = models.CharField(max_length=80, blank=True)
+    error = models.TextField(blank=True)
+    # The text streamed so far (the live panel and a reload without JavaScript read it).
+    text = models.TextField(blank=True)
+    claim_token = models.UUIDField(null=True, blank=True)
+    claim_expires_at = models.DateTimeField(null=True, blank=True)
+    claims = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="llmrequest_pending_idx",
+                condition=models.Q(status="pending"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.status})"

@@ -3,6 +3,7 @@ pushed fragment and a full page render the same thing for the same viewer."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -45,6 +46,9 @@ PANELS_BY_EVENT = {
     "tool.call_failed": {"session-actions"},
     "tool.call_refused": {"session-actions"},
     "report.ready": {"session-report", "session-status"},
+    # The model's text as it streams (ADR 96) and its tokens once counted.
+    "llm.delta": {"session-thinking"},
+    "llm.call": {"session-thinking", "session-status"},
 }
 
 
@@ -133,16 +137,14 @@ def correction_choices(spec: dict[str, Any], language: str) -> list[tuple[str, s
     return None
 
 
-def action_rows(session: Session, board: Board | None = None) -> list[dict[str, Any]]:
+def action_rows(
+    session: Session, board: Board | None = None, reads: SessionReads | None = None
+) -> list[dict[str, Any]]:
     """The session's actions; with `board`, each open one with its plain words and its
-    consequence on the airport as it is now (diagnosis.consequences)."""
-    calls = (
-        # A request to continue past the model budget is decided here too (ADR 143).
-        ToolCall.objects.filter(Q(is_action=True) | Q(tool_name=BUDGET_TOOL), session=session)
-        .select_related("decided_by")
-        .order_by("position", "id")
-    )
-    approvals = {a.tool_call_id: a for a in _approvals_of(session)}
+    consequence on the airport as it is now (diagnosis.consequences). `reads`: the calls
+    and approvals already read (read_session)."""
+    reads = reads or read_session(session)
+    approvals = {a.tool_call_id: a for a in reads.approvals}
     return [
         {
             "call": c,
@@ -150,7 +152,7 @@ def action_rows(session: Session, board: Board | None = None) -> list[dict[str, 
             "approval": approvals.get(c.pk),
             "consequence": board.consequence(c.tool_name, c.request_payload) if board else None,
         }
-        for c in calls
+        for c in reads.calls
     ]
 
 
@@ -159,6 +161,43 @@ def _approvals_of(session: Session) -> list[Any]:
     # name only, so it never imports that app.
     return list(
         session.approvals.select_related("first_approved_by", "approver", "tool_call").all()
+    )
+
+
+@dataclass(frozen=True)
+class SessionReads:
+    """What the session panels read from the database, apart from how they word it: the
+    live consumer reads it once per session and renders it for several languages and
+    role sets. The airport (graph, restrictions in force) is the same for every session
+    and may be passed in, read once for many."""
+
+    graph: AirportGraph
+    restrictions: list[Restriction]
+    report: Report | None
+    calls: list[ToolCall]
+    approvals: list[Any]
+
+
+def read_airport() -> tuple[AirportGraph, list[Restriction]]:
+    return load_active_graph(), list(Restriction.objects.filter(lifted_at__isnull=True))
+
+
+def read_session(
+    session: Session, airport: tuple[AirportGraph, list[Restriction]] | None = None
+) -> SessionReads:
+    graph, restrictions = airport or read_airport()
+    calls = (
+        # A request to continue past the model budget is decided here too (ADR 143).
+        ToolCall.objects.filter(Q(is_action=True) | Q(tool_name=BUDGET_TOOL), session=session)
+        .select_related("decided_by")
+        .order_by("position", "id")
+    )
+    return SessionReads(
+        graph=graph,
+        restrictions=restrictions,
+        report=Report.objects.filter(session=session).first(),
+        calls=list(calls),
+        approvals=_approvals_of(session),
     )
 
 
@@ -267,13 +306,17 @@ def pending_lifts() -> dict[int, dict[str, Any]]:
 
 
 def session_context(
-    session: Session, user: Any, *, roles: frozenset[str] | None = None
+    session: Session,
+    user: Any,
+    *,
+    roles: frozenset[str] | None = None,
+    reads: SessionReads | None = None,
 ) -> dict[str, Any]:
-    """`roles` instead of `user`: the live consumer renders for a role set, not a person."""
-    graph = load_active_graph()
+    """`roles` instead of `user`: the live consumer renders for a role set, not a person.
+    `reads`: what read_session returned, for a caller rendering it more than once."""
+    reads = reads or read_session(session)
+    graph, restrictions, report = reads.graph, reads.restrictions, reads.report
     snapshot = session.snapshot
-    restrictions = list(Restriction.objects.filter(lifted_at__isnull=True))
-    report = Report.objects.filter(session=session).first()
     return {
         "session": session,
         "definition": version_definition(session),
@@ -285,11 +328,13 @@ def session_context(
         "enrichment": snapshot.get("enrichment"),
         "fsm": snapshot.get("fsm", "INIT"),
         "map": impact_map(graph, snapshot.get("impact"), restrictions),
-        "actions": action_rows(session, Board(graph, restrictions)),
+        "actions": action_rows(session, Board(graph, restrictions), reads),
         "report": report,
         "report_html": markdown_to_html(report.markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
+        # The model's text, streaming or final (ADR 96): from the snapshot, no query.
+        "thinking": snapshot.get("thinking"),
         **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),
     }
 

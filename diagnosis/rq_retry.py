@@ -5,10 +5,13 @@ exception, quitting"), and its teardown then raises too. Here the worker process
 on: it waits for Redis with a backoff (1 s doubling to 30 s, every wait logged), then
 starts a fresh worker on the same queues. Nothing is lost meanwhile: the session state is
 in PostgreSQL, and the reconciler re-enqueues whatever Redis forgot. A stop request
-(SIGTERM, SIGINT) during the wait ends the process, as it would have."""
+(SIGTERM, SIGINT) during the wait ends the process, as it would have. A worker with a
+`waiting_for_redis()` context (AeroWorker) is inside it while it waits: it keeps its
+PostgreSQL heartbeat (ADR 108)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -45,8 +48,10 @@ def work_through_outages(
         if burst or _stop_was_requested(worker):
             return restarts
         _stop_on_signals(stopping)
-        if not _wait_for_redis(worker.connection, stopping, max_backoff):
-            return restarts
+        waiting = getattr(worker, "waiting_for_redis", None)
+        with waiting() if waiting is not None else contextlib.nullcontext():
+            if not _wait_for_redis(worker.connection, stopping, max_backoff):
+                return restarts
         restarts += 1
         logger.warning("Redis answers again: starting a new worker (restart %d)", restarts)
     return restarts

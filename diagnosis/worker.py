@@ -16,16 +16,20 @@ session to another worker. A second SIGTERM is rq's cold shutdown.
 
 Heartbeat (ADR 102): a thread writes this worker's `WorkerBeat` row every
 AERO_HEARTBEAT_SECONDS (/healthz reads those rows from PostgreSQL) and runs the periodic
-tasks every AERO_RECONCILE_SECONDS, busy or not."""
+tasks every AERO_RECONCILE_SECONDS, busy or not. While the process waits for Redis
+after an outage (diagnosis.rq_retry), it keeps beating (no periodic tasks: they enqueue):
+/healthz then says Redis is down and the worker alive (ADR 108)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -48,19 +52,21 @@ class WorkerHeartbeat:
     """Writes the worker's WorkerBeat row from a thread of its own, so a long job does
     not silence it; a worker that dies stops beating and /healthz sees it go stale."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, reconciling: bool = True) -> None:
         self.name = name
+        self.reconciling = reconciling  # off while waiting for Redis: beat only
         self.started_at = timezone.now()
         self.session_id: str | None = None
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="aero-worker-beat")
 
     def start(self) -> None:
-        self.reconcile()  # at once: a worker started after a crash picks its sessions up
-        # Rows of workers killed long ago (they never removed theirs) would only clutter
-        # /healthz's count of registered workers.
-        WorkerBeat.objects.filter(beat_at__lt=timezone.now() - timedelta(hours=1)).delete()
-        self.beat()
+        if self.reconciling:
+            self.reconcile()  # at once: a worker started after a crash picks its sessions up
+            # Rows of workers killed long ago (they never removed theirs) would only
+            # clutter /healthz's count of registered workers.
+            WorkerBeat.objects.filter(beat_at__lt=timezone.now() - timedelta(hours=1)).delete()
+        self.beat_now()
         self.thread.start()
 
     def beat(self) -> None:
@@ -93,7 +99,10 @@ class WorkerHeartbeat:
                     # PostgreSQL restarting: the next beat reconnects.
                     logger.warning("worker %s: heartbeat failed", self.name)
                     connections.close_all()
-                if time.monotonic() - last_reconcile >= settings.AERO_RECONCILE_SECONDS:
+                if (
+                    self.reconciling
+                    and time.monotonic() - last_reconcile >= settings.AERO_RECONCILE_SECONDS
+                ):
                     last_reconcile = time.monotonic()
                     self.reconcile()
         finally:
@@ -135,6 +144,19 @@ class AeroWorker(SimpleWorker):
             return bool(super().work(*args, **kwargs))
         finally:
             self.beats.stop()
+
+    @contextlib.contextmanager
+    def waiting_for_redis(self) -> Iterator[None]:
+        """rq's loop quit on a Redis error and the process waits for Redis
+        (diagnosis.rq_retry): the worker is alive, so it keeps beating to PostgreSQL
+        meanwhile, under the same name, and removes its row when the wait ends (the
+        next worker registers its own)."""
+        beats = WorkerHeartbeat(self.name, reconciling=False)
+        beats.start()
+        try:
+            yield
+        finally:
+            beats.stop()
 
     def handle_warm_shutdown_request(self) -> None:
         super().handle_warm_shutdown_request()

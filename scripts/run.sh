@@ -50,6 +50,7 @@ mkdir -p "$METRICS_DIR" && rm -f "$METRICS_DIR"/*.db
 # a restart would cure. Ctrl-C or SIGTERM stops every process.
 declare -A proc_pid=() proc_started=() proc_delay=() proc_web=() proc_tries=()
 start_worker() { exec $PY manage.py aero_worker; }
+start_llmrunner() { exec $PY manage.py aero_llm_runner; }
 start_daphne() {
   if [ -n "${REDIS_URL:-}" ]; then
     exec .venv/bin/daphne -e "tcp:port=$WS_PORT:interface=$HOST:backlog=$BACKLOG" aero.asgi:application
@@ -81,6 +82,12 @@ if [ -n "${REDIS_URL:-}" ]; then
     launch "worker-$n"
   done
   echo "Mode: PostgreSQL + Redis, ${AERO_WORKERS:-1} worker(s) (more: .venv/bin/python manage.py aero_worker)"
+  # The model calls sessions wait for (ADR 95): one runner per host, supervised like a
+  # worker. AERO_LLM_WAITS=0 makes the calls inside the jobs instead (no runner).
+  case "${AERO_LLM_WAITS:-1}" in
+    0 | false | no | off) ;;
+    *) launch llmrunner ;;
+  esac
   export AERO_WS_URL=${AERO_WS_URL:-ws://$HOST:$WS_PORT}
   proc_web[daphne]=1 proc_web[gunicorn]=1
   launch daphne

@@ -124,6 +124,8 @@ def asgi_server(
         log,
         AERO_JOB_BACKEND="embedded",
         AERO_RECONCILE_SECONDS="3600",
+        # Short, so a test sees a page catch up on an event whose notice was lost.
+        AERO_LIVE_RESYNC_SECONDS="1",
     ) as base:
         yield base
     # The server's connections may outlive it by a moment; the test database must be

@@ -90,6 +90,32 @@ def test_editing_an_actions_arguments_before_approving(
     expect(page.locator(f"#approval-{closure.pk} button[value=confirm]")).to_be_visible()
 
 
+def test_a_push_never_costs_an_approver_their_open_edit(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    olga = make_user("olga", "operator")
+    session = waiting_session(olga, STAND_FUEL_LEAK)
+    closure = approval_for(session, "close_taxiway", taxiway="A")
+    page = sign_in(browser, asgi_server, make_user("abel", "approver"))
+    page.goto(f"{asgi_server}/approvals/")
+    items = page.locator("#approval-queue article.queue-item")
+    expect(items).to_have_count(5)
+
+    card = page.locator(f"#approval-{closure.pk}")
+    card.get_by_test_id("edit-args").locator("summary").click()
+    card.locator("input[name=arg-taxiway]").fill("C")
+    card.locator("input[name=edit_reason]").fill("A is the stand's only way out")
+    card.locator("input[name=reason]").fill("half-typed")
+    waiting_session(olga, STAND_FUEL_LEAK)  # a push re-renders the whole queue
+
+    expect(items).to_have_count(10)
+    card = page.locator(f"#approval-{closure.pk}")
+    expect(card.get_by_test_id("edit-args")).to_have_attribute("open", "")
+    expect(card.locator("input[name=arg-taxiway]")).to_have_value("C")
+    expect(card.locator("input[name=edit_reason]")).to_have_value("A is the stand's only way out")
+    expect(card.locator("input[name=reason]")).to_have_value("half-typed")
+
+
 def test_the_queue_filter_survives_a_push(
     builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
 ) -> None:

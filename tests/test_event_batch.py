@@ -125,19 +125,38 @@ def test_a_batch_needs_a_transaction(session: Session) -> None:
 
 
 def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
-    builtin: None, make_user: Callable[..., User]
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pinned budget (was 723 queries in 55 transactions before batching steps)."""
+    """Pinned budget (was 723 queries in 55 transactions before batching steps), and the
+    checkpoints: saved when the graph exits, not after each of its ~15 steps (ADR 85)."""
+    from diagnosis.jobs import agent_graph
+
+    saver = type(agent_graph().checkpointer)
+    saves: list[str] = []
+    for method in ("put", "put_writes"):
+        original = getattr(saver, method)
+
+        def counted(self: Any, *args: Any, _original: Any = original, _name: str = method) -> Any:
+            saves.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(saver, method, counted)
     olga = make_user("olga", "operator")
     with CaptureQueriesContext(connection) as captured:
         session = make_session(olga)
     assert session.status == "waiting_user"
     statements = [q["sql"].split()[0].upper() for q in captured.captured_queries]
-    # 332 after the outbox, the lease fence and the scenario-fit check were merged (each
-    # alone stayed at 330; tests/test_query_budgets.py says the same).
-    assert len(statements) <= 332, len(statements)
+    # 332 after the outbox, the lease fence and the scenario-fit check were merged; 231
+    # once the worker's step writes were cut (ADR 86; tests/test_query_budgets.py too).
+    assert len(statements) <= 231, len(statements)
     assert statements.count("BEGIN") <= 18, statements.count("BEGIN")
-    assert sum("FOR UPDATE" in q["sql"] for q in captured.captured_queries) <= 22
+    assert sum("FOR UPDATE" in q["sql"] for q in captured.captured_queries) <= 20
+    assert statements.count("SAVEPOINT") <= 4, statements.count("SAVEPOINT")  # was 34
+    # One checkpoint and its pending writes at the interrupt (was 16 of each).
+    assert saves.count("put") == 1 and saves.count("put_writes") <= 1, saves
+    with connection.cursor() as cursor:  # so its job had nothing to prune
+        cursor.execute("SELECT count(*) FROM checkpoints WHERE thread_id = %s", [str(session.pk)])
+        assert cursor.fetchone()[0] == 1
 
 
 def test_notices_share_one_long_lived_loop_per_process(

@@ -76,3 +76,27 @@ def test_healthz_reads_the_workers_own_heartbeats(db: None, settings: Any) -> No
 
     beats.stop()  # a worker that exits removes its row
     assert not WorkerBeat.objects.exists()
+
+
+def test_healthz_reads_the_llm_runners_heartbeat(db: None, settings: Any) -> None:
+    """The runner beats like a worker (ADR 95) and is reported on its own line: a live
+    runner is no live worker, and a silent one fails the check."""
+    from diagnosis import llm_runner
+
+    settings.AERO_JOB_BACKEND = "rq"
+    settings.AERO_LLM_WAITS = True
+    body = Client().get("/healthz").json()
+    assert body["checks"]["llm_runner"] == "none registered"
+    name = f"{llm_runner.BEAT_PREFIX}healthz-{uuid.uuid4().hex}"
+    llm_runner.beat(name, timezone.now())
+    body = Client().get("/healthz").json()
+    assert body["checks"]["llm_runner"] == "1 alive"
+    assert body["checks"]["workers"] == "none registered"
+
+    WorkerBeat.objects.filter(name=name).update(beat_at=timezone.now() - timedelta(minutes=5))
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert "none with a recent heartbeat" in response.json()["checks"]["llm_runner"]
+
+    settings.AERO_LLM_WAITS = False  # calls inside the jobs: no runner to check
+    assert "llm_runner" not in Client().get("/healthz").json()["checks"]

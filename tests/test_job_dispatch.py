@@ -4,6 +4,9 @@ is built once per process."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -16,7 +19,7 @@ from rq.job import JobStatus
 
 from diagnosis import jobs
 from diagnosis.actions import do_create_session
-from diagnosis.models import Session
+from diagnosis.models import AgentRun, Session
 from scenarios_admin.models import Scenario
 
 pytestmark = pytest.mark.services
@@ -106,3 +109,57 @@ def test_a_session_whose_job_vanished_is_requeued_at_once(
     django_rq.get_queue(settings.AERO_QUEUE).empty()
     assert [jobs.requeue_stalled_sessions() for _ in range(3)] == [1, 0, 0]
     assert queued(settings) == [jobs.job_id(rq_session.pk)]
+
+
+def held_by(session: Session, pid: int, token: Any) -> None:
+    """The session's running job, as _advance_locked records it: its pid, host, lease."""
+    AgentRun.objects.create(
+        session=session,
+        agent_name="incident_agent",
+        input_snapshot={"pid": pid, "host": socket.gethostname(), "lease": str(token)},
+    )
+
+
+def gone_pid() -> int:
+    """The pid of a process that ran on this host and is gone (exited and reaped)."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_a_lease_whose_worker_is_gone_is_released_and_the_session_requeued_first(
+    rq_session: Session, settings: Any, make_user: Callable[..., User]
+) -> None:
+    """A worker killed with -9 holds its lease until it runs out (the lease length);
+    the reconciler sees the process is gone from this host, expires exactly that lease
+    and re-enqueues the session at the front of the queue (it had waited its turn)."""
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    queue.empty()
+    other = do_create_session(
+        make_user("otto", "operator"), Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏"
+    )
+    assert queued(settings) == [jobs.job_id(other.pk)]  # another session waits already
+    token = jobs.acquire_lease(rq_session.pk)
+    held_by(rq_session, gone_pid(), token)
+
+    assert jobs.requeue_stalled_sessions() == 1
+    assert queued(settings) == [jobs.job_id(rq_session.pk), jobs.job_id(other.pk)]
+    assert not jobs.lease_is_live(rq_session.pk)
+    assert Session.objects.get(pk=rq_session.pk).lease_token == token  # expired, not taken
+
+
+def test_a_live_or_newer_holder_keeps_its_lease(rq_session: Session, settings: Any) -> None:
+    django_rq.get_queue(settings.AERO_QUEUE).empty()
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        token = jobs.acquire_lease(rq_session.pk)
+        held_by(rq_session, alive.pid, token)
+        # A run of a dead worker whose lease another job took since: not that lease.
+        held_by(rq_session, gone_pid(), uuid.uuid4())
+        assert jobs.release_dead_holders() == 0
+        assert jobs.requeue_stalled_sessions() == 0
+        assert jobs.lease_is_live(rq_session.pk)
+        assert queued(settings) == []
+    finally:
+        alive.kill()
+        alive.wait()

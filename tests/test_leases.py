@@ -189,3 +189,41 @@ def test_a_run_killed_between_a_steps_writes_and_its_checkpoint_carries_on(
     assert session.status == "waiting_user"
     assert session.snapshot["question"]["field"] == "continuous"
     assert Event.objects.filter(session=session, type="fields.extracted").count() == 1
+
+
+def test_a_session_canceled_mid_step_ends_the_job_as_canceled_with_nothing_after(
+    session: Session, monkeypatch: pytest.MonkeyPatch, make_user: Callable[..., User]
+) -> None:
+    """No status read before each step (ADR 86): canceling clears the lease, so the step
+    running meanwhile has its write refused under the row lock and the job ends as
+    canceled, not failed, with nothing of that step in the log."""
+    from diagnosis.actions import do_cancel
+
+    olga = User.objects.get(username="olga")
+    canceled = threading.Event()
+
+    def cancel_meanwhile(state: Any, ctx: AgentContext) -> dict[str, Any]:
+        if not canceled.is_set():
+
+            def cancel() -> None:
+                try:
+                    do_cancel(ctx.session_id, olga, "false alarm")
+                finally:
+                    connections.close_all()
+
+            worker = threading.Thread(target=cancel)
+            worker.start()
+            worker.join()
+            canceled.set()
+        return graph.default_plan(state, ctx)
+
+    monkeypatch.setitem(graph.PLANNER, "plan", cancel_meanwhile)
+    assert jobs.advance_session(str(session.pk)) == "canceled"
+    assert canceled.is_set()
+    types = list(
+        Event.objects.filter(session=session).order_by("seq").values_list("type", flat=True)
+    )
+    after = types[types.index("session.canceled") + 1 :]
+    assert after == ["report.ready"], types  # the cancel's report, then nothing
+    root = AgentRun.objects.get(session=session, parent__isnull=True)
+    assert root.status == "completed" and root.output_summary == {"status": "canceled"}

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import channels.consumer
 import pytest
 from django.contrib.auth.models import Group, User
 from django.utils import timezone
@@ -116,13 +117,13 @@ def test_viewers_with_the_same_roles_share_one_render_and_roles_never_mix(
     approver = make_user("abel", "approver")
     session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
     renders: list[frozenset[str]] = []
-    real = consumers.render_updates
+    real = consumers.render_batch
 
-    def counted(roles: frozenset[str], *args: Any) -> Any:
-        renders.append(roles)
-        return real(roles, *args)
+    def counted(pulls: list[consumers.Pull]) -> Any:
+        renders.extend(pull.roles for pull in pulls)
+        return real(pulls)
 
-    monkeypatch.setattr(consumers, "render_updates", counted)
+    monkeypatch.setattr(consumers, "render_batch", counted)
     sid = str(session.pk)
 
     async def viewers() -> tuple[list[Any], list[Any], int]:
@@ -149,3 +150,66 @@ def test_viewers_with_the_same_roles_share_one_render_and_roles_never_mix(
     assert len(approver_html) == 1 and len(operator_html) == 1
     assert 'name="decision"' in next(iter(approver_html))  # approvers get decision forms
     assert 'name="decision"' not in next(iter(operator_html))  # operators never do
+
+
+def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a pull has sent everything the render saw and every notice announced, the
+    viewer stops: no second role check and read that would find nothing new; and the
+    notice itself costs no extra hop to the sync thread (NoticeConsumer.dispatch)."""
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.db import connections
+
+    from aero.asgi import page_websocket
+    from tests.test_live_timeline import SEQ
+
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+    pulls: list[consumers.Pull] = []
+    role_reads: list[list[Any]] = []
+    real_batch, real_roles = consumers.render_batch, consumers.current_roles
+
+    def counted_batch(batch: list[consumers.Pull]) -> Any:
+        pulls.extend(batch)
+        return real_batch(batch)
+
+    def counted_roles(user_ids: Any) -> Any:
+        role_reads.append(list(user_ids))
+        return real_roles(user_ids)
+
+    monkeypatch.setattr(consumers, "render_batch", counted_batch)
+    monkeypatch.setattr(consumers, "current_roles", counted_roles)
+    hops: list[str] = []
+    real_close = channels.consumer.aclose_old_connections
+
+    async def counted_close() -> None:
+        hops.append("close")  # a hop to the sync thread the renders queue on
+        await real_close()
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted_close)
+    headers = [(b"origin", b"http://testserver"), (b"cookie", cookie_for(operator).encode())]
+    path = f"/ws/sessions/{session.pk}/?last_seq={session.last_seq}&lang=en"
+
+    async def watch() -> tuple[int, int, int]:
+        viewer = WebsocketCommunicator(page_websocket, path, headers=headers)
+        connected, _ = await viewer.connect(timeout=10)
+        assert connected
+        await asyncio.sleep(0.3)  # the catch-up pull at connect (nothing new) is done
+        before = (len(pulls), len(role_reads), len(hops))
+        event = await database_sync_to_async(append_event)(
+            session.pk, "agent.note", {"text": "one more"}, producer="t"
+        )
+        message = await viewer.receive_from(timeout=10)
+        await asyncio.sleep(0.5)  # a second turn of the pull, if any, runs now
+        counts = (len(pulls) - before[0], len(role_reads) - before[1], len(hops) - before[2])
+        await viewer.disconnect()
+        await database_sync_to_async(connections.close_all)()  # this thread's connection
+        seqs = [int(s) for s in SEQ.findall(message)]
+        assert seqs == [event.seq]
+        return counts
+
+    renders, role_checks, cleanup_hops = run_in_fresh_loop(watch)
+    assert (renders, role_checks) == (1, 1)
+    assert cleanup_hops == 0  # the notice's pull cleans up in its own database call

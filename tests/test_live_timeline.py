@@ -105,6 +105,30 @@ def test_pushed_events_arrive_and_reconnect_catches_up(
         assert "Proposed:" in html
 
 
+def test_an_event_whose_notice_was_lost_reaches_an_idle_page(
+    builtin: None,
+    asgi_server: str,
+    make_user: Callable[..., User],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis down or a full channel loses a notice: the server's periodic resync (1 s
+    here, AERO_LIVE_RESYNC_SECONDS) still brings the event to a page that is caught up
+    and quiet, once."""
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "105机位燃油泄漏")
+    with open_socket(asgi_server, session, operator, last_seq=0) as ws:
+        seqs, _ = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
+        assert seqs == list(range(1, session.last_seq + 1))
+        # The notice of the next event is lost: nothing is published at all.
+        monkeypatch.setattr("diagnosis.events.notify_session", lambda *args: None)
+        quiet = append_event(session.pk, "agent.note", {"text": "no notice"}, producer="test")
+        seqs, html = receive_until(ws, lambda s, _: bool(s), timeout=10)
+        assert seqs == [quiet.seq]
+        assert "no notice" in html
+        with pytest.raises(TimeoutError):  # and only once
+            ws.recv(timeout=2.5)
+
+
 COMPOSER = re.compile(r'<section id="session-composer"[^>]*data-key="([^"]*)"')
 
 

@@ -122,6 +122,9 @@ def test_a_killed_worker_is_restarted_and_the_web_stays_up(
         wait_for(lambda: healthz(port) in (200, 503), START_TIMEOUT, "the web server")
         wait_for(lambda: len(workers_of(run.pid)) == 1, 30, "the worker")
         (worker,) = workers_of(run.pid)
+        # The LLM runner runs beside the workers, under the same supervisor (ADR 95).
+        runners = [c for c, cmd in children(run.pid).items() if "aero_llm_runner" in cmd]
+        assert len(runners) == 1
 
         os.kill(worker, signal.SIGKILL)
         answers = []
@@ -143,6 +146,7 @@ def test_a_killed_worker_is_restarted_and_the_web_stays_up(
         assert run.wait(timeout=60) == 0
         assert healthz(port) == 0  # everything it started has stopped
         assert not Path(f"/proc/{restarted}").exists()
+        assert not Path(f"/proc/{runners[0]}").exists()
     finally:
         if run.poll() is None:
             run.kill()

@@ -1,6 +1,8 @@
 """A worker survives a Redis outage: Redis vanishes while the worker watches a job (the
 case where rq's own loop quits), the worker process waits for Redis with a backoff, and
-once Redis is back it runs the next session's job. SIGTERM still stops it."""
+once Redis is back it runs the next session's job. SIGTERM still stops it. While it
+waits it keeps its PostgreSQL heartbeat: /healthz says Redis is down and the worker
+alive."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import django_rq
 import pytest
 import redis
 from django.contrib.auth.models import User
+from django.test import Client
 
 from diagnosis.actions import do_create_session
-from diagnosis.models import Session
+from diagnosis.models import Session, WorkerBeat
 from scenarios_admin.models import Scenario
 from tests.fault_jobs import stop_redis_while_running
 from tests.servers import PYTHON, ROOT, free_port, service_env
@@ -83,7 +86,7 @@ def test_a_worker_outlives_a_redis_outage_and_runs_the_next_job(
         worker = subprocess.Popen(
             [PYTHON, "manage.py", "aero_worker"],
             cwd=ROOT,
-            env=service_env(db_url, url),
+            env=service_env(db_url, url, AERO_HEARTBEAT_SECONDS="1"),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -94,6 +97,20 @@ def test_a_worker_outlives_a_redis_outage_and_runs_the_next_job(
         wait_for(lambda: "trying again in" in log_path.read_text(), 30, "the worker to wait")
         time.sleep(2)  # a few backoff rounds while Redis stays down
         assert worker.poll() is None, log_path.read_text()[-3000:]
+
+        # Alive while it waits: its heartbeat row keeps moving (every second here).
+        (beat,) = WorkerBeat.objects.all()
+        wait_for(
+            lambda: WorkerBeat.objects.filter(name=beat.name, beat_at__gt=beat.beat_at).exists(),
+            5,
+            "a heartbeat while Redis is down",
+        )
+        settings.REDIS_URL = url  # /healthz probes the Redis that is down
+        health = Client().get("/healthz")
+        assert health.status_code == 503
+        checks = health.json()["checks"]
+        assert checks["redis"].startswith("failed")
+        assert checks["workers"] == "1 alive, 0 running a job"
 
         servers.append(start_redis(port, tmp_path / "redis.log"))
         wait_for(lambda: "starting a new worker" in log_path.read_text(), 30, "a new worker")

@@ -164,7 +164,9 @@ def test_sigterm_finishes_the_step_and_lets_the_lease_go(
     worker = subprocess.Popen(
         [PYTHON, "manage.py", "aero_worker"],
         cwd=ROOT,
-        env=service_env(db_url, redis_url, AERO_RECONCILE_SECONDS="3600"),
+        # A model call inside the step: the blocking design (waits are ADR 95's and
+        # tests/test_llm_runner.py's), the slow step this test needs.
+        env=service_env(db_url, redis_url, AERO_RECONCILE_SECONDS="3600", AERO_LLM_WAITS="0"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -198,3 +200,32 @@ def test_sigterm_finishes_the_step_and_lets_the_lease_go(
     assert session.snapshot["question"]["field"] == "continuous"
     types = Counter(Event.objects.filter(session=session).values_list("type", flat=True))
     assert types["fields.extracted"] == 1
+
+
+def test_a_job_killed_before_its_checkpoint_reruns_without_writing_anything_twice(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    """Checkpoints are saved when the graph exits (ADR 85): a worker killed mid-run
+    leaves only the checkpoint its job started from, and the next job runs the same
+    steps again. Their events are keyed by that checkpoint, the step and the node, not by
+    LangGraph's task ids (new ones for every unsaved step): nothing is written twice."""
+    from diagnosis.jobs import advance_session, agent_graph
+    from tests.web_helpers import make_session
+
+    session = make_session(make_user("olga", "operator"))
+    assert session.status == "waiting_user"
+
+    def log() -> Counter[str]:
+        kinds = Event.objects.filter(session=session).values_list("type", flat=True)
+        return Counter(kind for kind in kinds if kind != "session.status_changed")
+
+    before = log()
+    calls = ToolCall.objects.filter(session=session).count()
+    assert before["agent.node_completed"] >= 5 and before["approval.required"] >= 1
+    # The job was killed before its exit checkpoint: the thread has none (its first job).
+    agent_graph().checkpointer.delete_thread(str(session.pk))
+
+    assert advance_session(str(session.pk)) == "waiting_user"
+    assert log() == before
+    assert ToolCall.objects.filter(session=session).count() == calls
+    assert LLMCall.objects.filter(session=session).count() == before["llm.call"]

@@ -149,7 +149,7 @@ class FakeLLMServer:
         self._used: dict[int, int] = {}
         self._lock = threading.Lock()
         self.stopping = threading.Event()
-        self.httpd = ThreadingHTTPServer((host, port), _handler_for(self))
+        self.httpd = _Server((host, port), _handler_for(self))
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -291,6 +291,13 @@ def _tool_call(name: str, arguments: str) -> dict[str, Any]:
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
+
+
+class _Server(ThreadingHTTPServer):
+    # The stdlib listens with a backlog of 5: 200 clients connecting at once (the LLM
+    # runner's calls in bench/llm_bound.py) were refused until their retries.
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:

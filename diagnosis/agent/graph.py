@@ -20,7 +20,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from diagnosis import shutdown
-from diagnosis.agent import budget, fsm, grounding, policy, prompts
+from diagnosis.agent import budget, fsm, grounding, policy, prompts, waits
 from diagnosis.agent.extraction import Extraction
 from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
 from diagnosis.agent.state import AgentContext, AgentState
@@ -48,8 +48,6 @@ from diagnosis.models import (
     AgentRun,
     Event,
     LLMCall,
-    Session,
-    SessionStatus,
     ToolCall,
     ToolCallStatus,
 )
@@ -80,41 +78,60 @@ def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
             ctx = runtime.context
             if shutdown.stopping():
                 raise shutdown.WorkerStopping()  # before the step: the next job runs it
-            status = Session.objects.filter(pk=ctx.session_id).values_list("status", flat=True)
-            if status.first() == SessionStatus.CANCELED:
-                raise SessionCanceled()
-            with step_scope(_task_key(runtime, name)) as scope:
-                try:
-                    with transaction.atomic(), event_batch(ctx.session_id) as batch:
-                        run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
-                        update = fn(state, ctx, run)
-                        summary = update.pop("_summary", "")
-                        AgentRun.objects.filter(pk=run.pk).update(
-                            status="completed",
-                            ended_at=timezone.now(),
-                            output_summary={"summary": summary},
-                        )
-                        append_step_event(
-                            ctx.session_id,
-                            "agent.node_completed",
-                            {"node": name, "run": run.pk, "summary": summary},
-                            producer=ctx.producer,
-                            run=run,
-                        )
-                except Exception as exc:
-                    if (
-                        isinstance(exc, (SessionCanceled, LeaseLost))
-                        or type(exc).__name__ == "GraphInterrupt"
-                    ):
-                        raise  # a lost lease writes nothing, not even its failure
-                    _record_failure(ctx, name, state, exc)
-                    raise
-            return update
+            # A canceled session has no lease any more: the step's write is refused
+            # under the row lock (LeaseLost) and the job ends as canceled. No query here.
+            try:
+                return _run_step(
+                    fn, name, state, ctx, _task_key(runtime, name), _wait_key(runtime, name)
+                )
+            except waits.ModelWait as wait:
+                # The step rolled back; it re-runs from its first line once the runner
+                # has the reply (ADR 95). The interrupt carries the request.
+                waits.interrupt_for(wait)
+                raise  # not reached: interrupt_for raises the interrupt
 
         wrapper.__name__ = fn.__name__
         return wrapper
 
     return decorator
+
+
+def _run_step(
+    fn: Callable[..., dict[str, Any]],
+    name: str,
+    state: AgentState,
+    ctx: AgentContext,
+    task_key: str,
+    wait_key: str,
+) -> dict[str, Any]:
+    """One node's step: its rows and events in one transaction (see `recorded`)."""
+    with waits.wait_scope(ctx.session_id, wait_key), step_scope(task_key) as scope:
+        try:
+            with transaction.atomic(), event_batch(ctx.session_id) as batch:
+                run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
+                update = fn(state, ctx, run)
+                summary = update.pop("_summary", "")
+                AgentRun.objects.filter(pk=run.pk).update(
+                    status="completed",
+                    ended_at=timezone.now(),
+                    output_summary={"summary": summary},
+                )
+                append_step_event(
+                    ctx.session_id,
+                    "agent.node_completed",
+                    {"node": name, "run": run.pk, "summary": summary},
+                    producer=ctx.producer,
+                    run=run,
+                )
+        except Exception as exc:
+            if (
+                isinstance(exc, (SessionCanceled, LeaseLost))
+                or type(exc).__name__ == "GraphInterrupt"
+            ):
+                raise  # a lost lease writes nothing, not even its failure
+            _record_failure(ctx, name, state, exc)
+            raise
+    return update
 
 
 def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Exception) -> None:
@@ -139,12 +156,24 @@ def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Except
 
 
 def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
-    """LangGraph's task id is derived from the checkpoint, the step and the node: the same
-    for a re-run of the step, new for any later step."""
+    """The same for a re-run of the step, new for any later step. Not LangGraph's task id:
+    checkpoints are saved only when the graph exits (ADR 85), so after a crash mid-run
+    the steps after the first get new task ids (their checkpoints were never saved).
+    The checkpoint the run started from, the step number (counted from the thread's
+    start) and the node do not change: the graph is a chain, one node per step."""
+    step = get_config()["metadata"]["langgraph_step"]
+    return f"task:{runtime.context.origin or 'start'}:{step}:{name}"
+
+
+def _wait_key(runtime: Runtime[AgentContext], name: str) -> str:
+    """The key of a node's model calls: it must survive the interrupt a model wait ends
+    the job with, and `_task_key` does not (the resumed run starts from the checkpoint
+    saved at that interrupt: a new origin). LangGraph's task id does: the interrupted
+    task is pending in that checkpoint and keeps its id when it re-runs on resume."""
     info = runtime.execution_info
     if info is not None and info.task_id:
         return f"task:{info.task_id}"
-    return f"step:{get_config()['metadata']['langgraph_step']}:{name}"
+    return _task_key(runtime, name)
 
 
 def _start_node(
@@ -669,8 +698,8 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
 def propose_action(tctx: ToolContext, call: dict[str, Any]) -> None:
     """Propose an action: an R0 action is handed to the outbox at once (the proposal and
     its outbox row commit together; the effect follows the commit); R1-R3 wait for
-    approval."""
-    with transaction.atomic():
+    approval. No savepoint: it runs in the step's transaction (ADR 86)."""
+    with transaction.atomic(savepoint=False):
         tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED)
         if tool_call.status in (ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING):
             run_action(tctx, tool_call.pk)  # handed to the outbox before a crash: finish it

@@ -36,7 +36,7 @@ from tenacity import (
 )
 
 from aero.redact import redact_error
-from diagnosis.agent import prompts
+from diagnosis.agent import prompts, waits
 from diagnosis.agent.extraction import Extraction, detect_language, extract_fields
 from diagnosis.agent.grounding import Claim, ground
 from scenarios_admin.airport import AirportGraph
@@ -199,10 +199,38 @@ def call_timeout(config: ProviderConfig) -> float:
     return max(1.0, min(config.timeout_seconds, settings.AERO_LEASE_SECONDS * 3 / 4))
 
 
+_waiting_class: type[ChatOpenAI] | None = None
+
+
+def waiting_chat_class() -> type[ChatOpenAI]:
+    """ChatOpenAI whose calls made inside a graph node are waits (diagnosis.agent.waits):
+    every path to the model (extraction, a ReAct step, a repair turn) goes through it."""
+    global _waiting_class
+    if _waiting_class is None:
+        from langchain_openai import ChatOpenAI
+
+        class WaitingChatOpenAI(ChatOpenAI):
+            def _generate(
+                self,
+                messages: list[Any],
+                stop: list[str] | None = None,
+                run_manager: Any = None,
+                **kwargs: Any,
+            ) -> Any:
+                scope = waits.current_scope()
+                if scope is None:
+                    return super()._generate(messages, stop, run_manager, **kwargs)
+                return waits.answer(scope, messages, {**kwargs, **({"stop": stop} if stop else {})})
+
+        _waiting_class = WaitingChatOpenAI
+    return _waiting_class
+
+
 def client_for(config: ProviderConfig) -> ChatOpenAI:
     """One client (and its HTTP connection pool) per provider config, reused by every call
-    in the process; an edit of the config (updated_at) makes a new one."""
-    from langchain_openai import ChatOpenAI
+    in the process; an edit of the config (updated_at) makes a new one. The LLM runner's
+    asynchronous calls reuse the same client (its async pool)."""
+    ChatOpenAI = waiting_chat_class()  # noqa: N806
 
     timeout = call_timeout(config)
     key = (config.pk, config.updated_at, timeout)
@@ -213,6 +241,7 @@ def client_for(config: ProviderConfig) -> ChatOpenAI:
                 del _clients[stale]
             client = ChatOpenAI(
                 model=config.model,
+                stream_usage=True,  # the runner streams; the usage chunk counts the tokens
                 base_url=config.base_url,
                 api_key=config.api_key() or "not-needed",  # type: ignore[arg-type]
                 timeout=timeout,
@@ -359,7 +388,11 @@ def call_with_fallback[T](
     on_fallback: Callable[[str, str, str], None],
 ) -> T:
     """Try each provider with its retries; fall back to the next. The offline provider
-    cannot fail, so the chain always answers."""
+    cannot fail, so the chain always answers. Inside a graph node with waits on, the real
+    providers' part of the chain is the LLM runner's (call_waiting)."""
+    scope = waits.current_scope()
+    if scope is not None and any(not isinstance(p, OfflineProvider) for p in providers):
+        return call_waiting(scope, providers, purpose, call, record, on_fallback)
     last_error = ""
     budget = settings.AERO_LLM_BUDGET_SECONDS
     started_chain = time.monotonic()
@@ -422,6 +455,58 @@ def call_with_fallback[T](
         if index + 1 < len(providers):
             on_fallback(provider.name, providers[index + 1].name, last_error)
     raise RuntimeError(f"every provider failed for {purpose}: {last_error}")
+
+
+def call_waiting[T](
+    scope: waits.WaitScope,
+    providers: list[Provider],
+    purpose: str,
+    call: Callable[[Provider], tuple[T, Usage]],
+    record: Callable[[Attempt], None],
+    on_fallback: Callable[[str, str, str], None],
+) -> T:
+    """The chain as a wait (ADR 95). The call runs against the first real provider; its
+    model calls read the runner's stored replies or raise ModelWait (the node interrupts).
+    The runner tried every real provider with the retries above and recorded each
+    attempt, its tokens and each fallback: nothing of that is recorded again here. What is
+    left to the node: a stored reply it cannot use (recorded, then offline) and the
+    offline provider itself, which needs no wait (deterministic and instant)."""
+    real = [p for p in providers if not isinstance(p, OfflineProvider)]
+    offline = [p for p in providers if isinstance(p, OfflineProvider)]
+    scope.purpose = purpose
+    scope.provider_ids = [int(p.config.pk) for p in real if hasattr(p, "config")]
+    scope.chain_failed = False
+    first = real[0]
+    started = time.monotonic()
+    try:
+        value, _usage = call(first)
+        return value  # its tokens were counted by the runner, once
+    except Exception as exc:
+        config = getattr(first, "config", None)
+        error = classify(exc, [config.api_key()] if config is not None else [])
+        if not scope.chain_failed:
+            # The reply came back but this node could not use it (the runner checks only
+            # what every caller needs): a failed attempt of its own, no tokens (counted).
+            record(
+                Attempt(
+                    first.name,
+                    first.model,
+                    purpose,
+                    "error",
+                    _ms(started),
+                    error=str(error),
+                    attempt=1,
+                    retryable=False,
+                )
+            )
+            if offline:
+                on_fallback(first.name, offline[0].name, str(error))
+        if not offline:
+            raise RuntimeError(f"every provider failed for {purpose}: {error}") from None
+    started = time.monotonic()
+    value, usage = call(offline[0])
+    record(Attempt(offline[0].name, offline[0].model, purpose, "ok", _ms(started), usage))
+    return value
 
 
 def _ms(started: float) -> int:

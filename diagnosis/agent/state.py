@@ -39,3 +39,8 @@ class AgentContext:
     root_run: AgentRun
     producer: str
     scenario_name: dict[str, str] = field(default_factory=dict)
+    # The checkpoint this invocation of the graph resumed from ("" for the first): with
+    # checkpoints written only when the graph exits (ADR 85), a re-run after a crash
+    # starts from it again, so it and the step number name a step across runs.
+    origin: str = ""
+    origins: list[str] = field(default_factory=list)  # of every invocation of this job

@@ -43,22 +43,30 @@ def idempotency_key(session_id: Any, call_id: str) -> str:
 
 
 def get_or_create_call(
-    ctx: ToolContext, call: dict[str, Any], status: str
+    ctx: ToolContext, call: dict[str, Any], status: str, attempts: int = 0
 ) -> tuple[ToolCall, bool]:
-    return ToolCall.objects.get_or_create(
-        idempotency_key=idempotency_key(ctx.session_id, call["call_id"]),
-        defaults={
-            "session_id": ctx.session_id,
-            "agent_run": ctx.run,
-            "call_id": call["call_id"],
-            "tool_name": call["tool"],
-            "risk_class": call.get("risk_class", "R0"),
-            "is_action": call.get("is_action", False),
-            "request_payload": call.get("args", {}),
-            "status": status,
-            "position": call.get("position", 0),
-        },
+    """Not QuerySet.get_or_create, whose savepoint guards against a concurrent insert:
+    only the job holding the session's lease creates its calls, inside its step's
+    transaction, and a duplicate key would fail the whole step anyway (unique index).
+    `attempts`: a call created to run at once is inserted as started (no UPDATE)."""
+    key = idempotency_key(ctx.session_id, call["call_id"])
+    existing = ToolCall.objects.filter(idempotency_key=key).first()
+    if existing is not None:
+        return existing, False
+    created = ToolCall.objects.create(
+        idempotency_key=key,
+        session_id=ctx.session_id,
+        agent_run=ctx.run,
+        call_id=call["call_id"],
+        tool_name=call["tool"],
+        risk_class=call.get("risk_class", "R0"),
+        is_action=call.get("is_action", False),
+        request_payload=call.get("args", {}),
+        status=status,
+        position=call.get("position", 0),
+        attempts=attempts,
     )
+    return created, True
 
 
 # --- enrichment lookups (parallel, each with its own timeout) -----------------------
@@ -158,14 +166,16 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
     results: dict[str, Any] = {"degraded": []}
     pending: list[tuple[dict[str, Any], ToolCall]] = []
     for call in calls:
-        with transaction.atomic():  # the row and its tool.call_started event together
-            tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
+        # The row and its tool.call_started event together. No savepoint: this runs in
+        # a graph step's transaction and nothing in between catches an error (ADR 86).
+        with transaction.atomic(savepoint=False):
+            tool_call, created = get_or_create_call(ctx, call, ToolCallStatus.RUNNING, attempts=1)
             if tool_call.status == ToolCallStatus.COMPLETED:
                 results[ENRICHMENT_KEYS[call["tool"]]] = tool_call.response_payload
             elif tool_call.status == ToolCallStatus.FAILED:
                 results["degraded"].append({"source": call["tool"], "error": tool_call.error})
             else:
-                _started(ctx, tool_call)
+                _started(ctx, tool_call, saved=created)
                 pending.append((call, tool_call))
     remote = []
     for call, tool_call in pending:
@@ -218,11 +228,12 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
 def run_deterministic(
     ctx: ToolContext, call: dict[str, Any], compute: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
-    with transaction.atomic():  # the row and its tool.call_started event together
-        tool_call, _ = get_or_create_call(ctx, call, ToolCallStatus.RUNNING)
+    # The row and its tool.call_started event together (no savepoint, ADR 86).
+    with transaction.atomic(savepoint=False):
+        tool_call, created = get_or_create_call(ctx, call, ToolCallStatus.RUNNING, attempts=1)
         if tool_call.status == ToolCallStatus.COMPLETED:
             return tool_call.response_payload
-        _started(ctx, tool_call)
+        _started(ctx, tool_call, saved=created)
     started = time.monotonic()
     try:
         response = compute()
@@ -318,8 +329,8 @@ def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
     logged; the request goes out once that transaction commits. A call handed over
     before a crash (`executing` or `running`, its row pending) is sent again under the
     same key: the external system never repeats the effect. Anything else is left as
-    it is."""
-    with transaction.atomic():
+    it is. No savepoint: it runs in a graph step's transaction (ADR 86)."""
+    with transaction.atomic(savepoint=False):
         tool_call = (
             ToolCall.objects.select_for_update(of=("self",))
             .select_related("outbox")
@@ -350,11 +361,13 @@ def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
 # --- recording ------------------------------------------------------------------------
 
 
-def _started(ctx: ToolContext, tool_call: ToolCall) -> None:
-    tool_call.attempts += 1
-    tool_call.status = ToolCallStatus.RUNNING
-    tool_call.agent_run = ctx.run
-    tool_call.save(update_fields=["attempts", "status", "agent_run"])
+def _started(ctx: ToolContext, tool_call: ToolCall, *, saved: bool = False) -> None:
+    """`saved`: the row was just inserted as running, its first attempt counted."""
+    if not saved:
+        tool_call.attempts += 1
+        tool_call.status = ToolCallStatus.RUNNING
+        tool_call.agent_run = ctx.run
+        tool_call.save(update_fields=["attempts", "status", "agent_run"])
     append_event(
         ctx.session_id,
         "tool.call_started",

@@ -39,6 +39,7 @@ INTERNAL_TYPES = frozenset(
         "tool.call_started",
         "tool.call_queued",
         "llm.call",
+        "llm.delta",  # the live text is the thinking panel; the final text is llm.call's
         "llm.fallback",
         "fsm.transition",
         "session.status_changed",

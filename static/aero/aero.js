@@ -26,20 +26,39 @@
       if (composer) { target.searchParams.set("composer", composer.getAttribute("data-key") || ""); }
       return new WebSocket(target.toString(), []);
     };
-    // A pushed fragment may replace a form someone is typing in (a reason for a
-    // decision): keep what was typed across the swap.
-    var kept = {};
+    // A pushed fragment may replace a form someone is working in (a reason for a
+    // decision, an argument edit): keep what was typed, which editor was open and where
+    // the caret was across the swap, so a live update never costs an approver their work.
+    var kept = {}, opened = [], focused = null;
     document.body.addEventListener("htmx:wsBeforeMessage", function () {
       kept = {};
-      document.querySelectorAll("input[data-keep]").forEach(function (el) {
-        if (el.id && el.value) { kept[el.id] = el.value; }
+      document.querySelectorAll("input[data-keep], textarea[data-keep]").forEach(function (el) {
+        if (el.id && el.value !== el.defaultValue) { kept[el.id] = el.value; }
       });
+      opened = [];
+      document.querySelectorAll("details[data-keep-open][open]").forEach(function (el) {
+        if (el.id) { opened.push(el.id); }
+      });
+      var active = document.activeElement;
+      focused = active && active.id && active.hasAttribute("data-keep")
+        ? {id: active.id, start: active.selectionStart, end: active.selectionEnd} : null;
     });
     document.body.addEventListener("htmx:wsAfterMessage", function () {
+      opened.forEach(function (id) {
+        var el = document.getElementById(id);
+        if (el) { el.open = true; }
+      });
       Object.keys(kept).forEach(function (id) {
         var el = document.getElementById(id);
-        if (el && !el.value) { el.value = kept[id]; }
+        if (el && el.value === el.defaultValue) { el.value = kept[id]; }
       });
+      if (focused) {
+        var el = document.getElementById(focused.id);
+        if (el && document.activeElement !== el) {
+          el.focus();
+          try { el.setSelectionRange(focused.start, focused.end); } catch (e) { /* not a text input */ }
+        }
+      }
       showNewest();
     });
   }

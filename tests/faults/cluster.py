@@ -13,14 +13,19 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from tests.servers import PYTHON, ROOT, free_port
+
+SERVE_MARK = "DRIVER-ANSWER "  # tests/faults/driver.py serve: the line holding an answer
 
 # Short enough that the suite runs in minutes; the fault figures are printed with it.
 LEASE_SECONDS = 8
@@ -29,6 +34,10 @@ FAULT_ENV = {
     "AERO_HEARTBEAT_SECONDS": "2",
     "AERO_RECONCILE_SECONDS": "2",
     "AERO_LLM_BACKOFF": "0.05",
+    # The model calls run inside the jobs (the blocking design): the suite kills workers
+    # in slow steps. The LLM runner's faults (a claim taken over, a node re-run) are
+    # tests/test_llm_runner.py's; the runner is not in this cluster yet.
+    "AERO_LLM_WAITS": "0",
     "AERO_JOB_BACKOFF": "0.2",
     "AERO_QUEUE": "aero-faults",
     "AERO_CHANNEL_PREFIX": "aero-faults",
@@ -166,6 +175,18 @@ class Redis:
         self.process.wait()
 
 
+def answering(url: str) -> bool:
+    """A server that answers HTTP at all is up (/healthz says 503 while no worker beats,
+    e.g. after the kill -9 test left its killed workers' rows stale)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
 def wait_until(predicate: Callable[[], Any], seconds: float, message: str) -> Any:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -187,6 +208,12 @@ class Cluster:
         self.logs.mkdir()
         self.workers: list[subprocess.Popen[bytes]] = []
         self.started_workers = 0
+        self.wanted_workers = 0
+        self.workers_lock = threading.Lock()
+        self.closing = threading.Event()
+        self.supervisor: threading.Thread | None = None
+        self.driver_lock = threading.Lock()
+        self.driver_process: subprocess.Popen[str] | None = None
         self.manage("migrate", "--no-input")
         # Every model call takes 0.2 s and fails (the provider has one attempt), so the
         # agent runs on the offline provider, deterministic, with slow steps to kill.
@@ -221,6 +248,40 @@ class Cluster:
         env.update(extra)
         return env
 
+    @contextlib.contextmanager
+    def daphne(self, name: str, **extra: str) -> Iterator[str]:
+        """daphne (HTTP + WebSocket) on this cluster, its log in logs/<name>.log; yields
+        its base URL. Started from the checkout's root with the cluster's environment."""
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        log = self.logs / f"{name}.log"
+        command = [str(Path(PYTHON).parent / "daphne"), "-b", "127.0.0.1", "-p", str(port)]
+        with log.open("wb") as out:
+            server = subprocess.Popen(
+                [*command, "aero.asgi:application"],
+                cwd=ROOT,
+                env=self.env(**extra),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            try:
+                wait_until(
+                    lambda: server.poll() is not None or answering(base + "/healthz"),
+                    180,  # generous: on a machine shared by several suites it took 60 s
+                    "no daphne",
+                )
+            except AssertionError:
+                raise AssertionError(f"no daphne: {log.read_text()[-3000:]}") from None
+            assert server.poll() is None, log.read_text()[-3000:]
+            yield base
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
     def manage(self, *args: str) -> str:
         result = subprocess.run(
             [PYTHON, "manage.py", *args],
@@ -233,17 +294,50 @@ class Cluster:
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
 
-    def driver(self, *args: str) -> Any:
+    def driver(self, *args: str, env: dict[str, str] | None = None) -> Any:
+        """A command of tests/faults/driver.py, answered by the driver process kept
+        running (started on first use, again if it died); with `env`, in a process of
+        its own with that environment added."""
+        if env is None:
+            return self._served(list(args))
         result = subprocess.run(
             [PYTHON, "-m", "tests.faults.driver", *args],
             cwd=ROOT,
-            env=self.env(),
+            env=self.env(**(env or {})),
             capture_output=True,
             text=True,
             timeout=300,
         )
         assert result.returncode == 0, result.stderr[-3000:]
         return json.loads(result.stdout.strip().splitlines()[-1])
+
+    def _served(self, command: list[str]) -> Any:
+        with self.driver_lock:
+            if self.driver_process is None or self.driver_process.poll() is not None:
+                self.driver_process = subprocess.Popen(
+                    [PYTHON, "-m", "tests.faults.driver", "serve"],
+                    cwd=ROOT,
+                    env=self.env(),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=(self.logs / "driver.log").open("ab"),
+                    text=True,
+                )
+            process = self.driver_process
+            assert process.stdin is not None and process.stdout is not None
+            process.stdin.write(json.dumps(command) + "\n")
+            process.stdin.flush()
+            while True:
+                line = process.stdout.readline()
+                if not line:
+                    log = (self.logs / "driver.log").read_text()[-3000:]
+                    raise AssertionError(f"the driver died on {command}: {log}")
+                if line.startswith(SERVE_MARK):
+                    break
+        answer = json.loads(line[len(SERVE_MARK) :])
+        if "error" in answer:
+            raise AssertionError(f"driver {command}: {answer['error'][-3000:]}")
+        return answer["ok"]
 
     # --- workers, supervised ----------------------------------------------------------
 
@@ -261,15 +355,35 @@ class Cluster:
         return worker
 
     def supervise(self, count: int) -> int:
-        """Keep `count` workers running (a process manager's job): replace the dead."""
-        self.workers = [w for w in self.workers if w.poll() is None]
+        """Keep `count` workers running (a process manager's job): replace the dead now,
+        and from now on within 0.2 s of their death (a thread of the suite's own), as
+        systemd's Restart=always would."""
+        with self.workers_lock:
+            self.wanted_workers = count
+            replaced = self._replace_dead()
+        if self.supervisor is None:
+            self.supervisor = threading.Thread(
+                target=self._supervise_forever, daemon=True, name="fault-supervisor"
+            )
+            self.supervisor.start()
+        return replaced
+
+    def _replace_dead(self) -> int:
+        self.workers = [w for w in self.workers if w.poll() is None]  # reaps the dead
         replaced = 0
-        while len(self.workers) < count:
+        while len(self.workers) < self.wanted_workers:
             self.start_worker()
             replaced += 1
         return replaced
 
+    def _supervise_forever(self) -> None:
+        while not self.closing.wait(0.2):
+            with self.workers_lock:
+                self._replace_dead()
+
     def stop_workers(self) -> None:
+        with self.workers_lock:
+            self.wanted_workers = 0  # the supervisor starts none from here
         for worker in self.workers:
             if worker.poll() is None:
                 worker.send_signal(signal.SIGTERM)
@@ -281,7 +395,11 @@ class Cluster:
         self.workers = []
 
     def close(self) -> None:
+        self.closing.set()
         self.stop_workers()
+        if self.driver_process is not None:
+            self.driver_process.kill()
+            self.driver_process.wait()
         self.fake_llm.kill()
         self.redis.kill()
         with contextlib.suppress(subprocess.CalledProcessError):

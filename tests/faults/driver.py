@@ -1,12 +1,21 @@
 """What the fault tests do to AERO, run as `python -m tests.faults.driver <command>` in a
 process of its own against the fault suite's PostgreSQL and Redis (the environment
-says where). Prints one JSON line: its result."""
+says where). Prints one JSON line: its result.
+
+`python -m tests.faults.driver serve` is the same, kept running: one command a line on
+stdin (a JSON list), one answer a line on stdout after SERVE_MARK. The suite talks to
+one such process instead of starting Python and Django for every step (seconds each on a
+busy machine); its connections are closed after every command, so a PostgreSQL restart
+between two commands costs nothing."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
+import time
+import traceback
 from collections import Counter
 from typing import Any
 
@@ -16,15 +25,18 @@ django.setup()
 
 from django.contrib.auth.models import Group, User  # noqa: E402
 from django.db import connections  # noqa: E402
+from django.test import Client  # noqa: E402
 from django.utils import translation  # noqa: E402
 
 from aero.roles import ensure_role_groups  # noqa: E402
 from approvals.actions import do_decide  # noqa: E402
 from approvals.models import Approval  # noqa: E402
+from diagnosis import events  # noqa: E402
 from diagnosis.actions import ActionError, do_create_session  # noqa: E402
 from diagnosis.models import Event, Session, ToolCall  # noqa: E402
 from scenarios_admin.builtin import load_builtin_data  # noqa: E402
 from scenarios_admin.models import ProviderConfig, Scenario  # noqa: E402
+from tests.faults.cluster import SERVE_MARK  # noqa: E402
 
 # Fuel leak at a stand, engines running, still leaking: the agent proposes actions that
 # wait for approvers (tests/web_helpers.py).
@@ -146,6 +158,46 @@ def dump(session_id: str) -> list[str]:
     ]
 
 
+def login() -> str:
+    """A session cookie for the operator, as a browser holds after signing in."""
+    client = Client()
+    client.force_login(User.objects.get(username="olga"))
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+class _OverCapacity(logging.Handler):
+    """Counts channels_redis's "N of M channels over capacity" (a notice dropped)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.dropped = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "over capacity" in str(record.msg):
+            args = record.args if isinstance(record.args, tuple) else ()
+            self.dropped += int(str(args[0])) if args else 1
+
+
+def append(session_id: str, count: str, notices: str = "notices") -> dict[str, Any]:
+    """`count` events appended one by one, each in its own transaction and each with its
+    notice after commit, as fast as this process goes; with "no-notices", none is
+    published (a notice lost whatever the layer: only the viewers' resync can bring it)."""
+    if notices == "no-notices":
+        events.notify_session = lambda *args: None
+    counter = _OverCapacity()
+    layer_logger = logging.getLogger("channels_redis.core")
+    layer_logger.addHandler(counter)
+    layer_logger.setLevel(logging.INFO)
+    for number in range(int(count)):
+        events.append_event(session_id, "agent.note", {"text": f"note {number}"}, producer="faults")
+    return {
+        "appended": int(count),
+        "last_seq": Session.objects.get(pk=session_id).last_seq,
+        "dropped_at_publish": counter.dropped,
+        "committed_at": time.time(),  # the last one's (same machine, same clock)
+    }
+
+
 def step(*session_ids: str) -> dict[str, Any]:
     """approve-all, then report: one process start instead of two."""
     approve_all()
@@ -160,7 +212,25 @@ COMMANDS: dict[str, Any] = {
     "approve-all": approve_all,
     "report": report,
     "race": race,
+    "login": login,
+    "append": append,
 }
 
+
+def serve() -> None:
+    for line in sys.stdin:
+        command, *args = json.loads(line)
+        try:
+            answer: dict[str, Any] = {"ok": COMMANDS[command](*args)}
+        except Exception:
+            answer = {"error": traceback.format_exc()}
+        finally:
+            connections.close_all()
+        print(SERVE_MARK + json.dumps(answer), flush=True)
+
+
 if __name__ == "__main__":
-    print(json.dumps(COMMANDS[sys.argv[1]](*sys.argv[2:])))
+    if sys.argv[1] == "serve":
+        serve()
+    else:
+        print(json.dumps(COMMANDS[sys.argv[1]](*sys.argv[2:])))

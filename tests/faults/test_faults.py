@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 
 from tests.faults.cluster import LEASE_SECONDS, Cluster, wait_until
+from tests.faults.viewer import LiveViewer
 
 pytestmark = [pytest.mark.services, pytest.mark.faults]
 
 WORKERS = 4
+ENDED = ("completed", "failed", "canceled")
 
 
 def drive_to_completion(cluster: Cluster, sessions: list[str], seconds: float) -> dict[str, Any]:
@@ -29,11 +31,11 @@ def drive_to_completion(cluster: Cluster, sessions: list[str], seconds: float) -
     while True:
         cluster.supervise(WORKERS)
         report: dict[str, Any] = cluster.driver("step", *sessions)
-        if all(s["status"] in ("completed", "failed", "canceled") for s in report.values()):
+        if all(s["status"] in ENDED for s in report.values()):
             return report
         if time.monotonic() > deadline:
             return report
-        time.sleep(1)
+        time.sleep(0.5)
 
 
 def check_nothing_lost(
@@ -61,7 +63,8 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
     deadline = time.monotonic() + 260
     while len(kills) < 20 and time.monotonic() < deadline:
         cluster.supervise(WORKERS)
-        running = {w.pid for w in cluster.workers}
+        # Not one killed already: SIGKILL takes a moment, and this loop turns fast.
+        running = {w.pid for w in cluster.workers} - {pid for _, _, pid in kills}
         busy = [
             (pid, str(session))
             # A worker running a session's job right now (its lease live): mid-node.
@@ -74,17 +77,24 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
         ]
         if not busy:
             # Nothing running: approve what waits, and keep new sessions coming.
-            cluster.driver("step", *sessions)
-            # Enough sessions that some job is always running until the 20th kill.
-            if len(sessions) < 64:
+            states = cluster.driver("step", *sessions)
+            moving = sum(1 for s in states.values() if s["status"] not in ENDED)
+            # Enough sessions that some job is always running until the 20th kill, and
+            # not many more (the driver answers in a blink: this loop turns fast).
+            if moving < 2 * WORKERS and len(sessions) < 64:
                 sessions += cluster.driver("create", "4")
+            time.sleep(0.2)
             continue
         pid, session = random.choice(busy)
-        kills.append((datetime.now(UTC), session, pid))
-        os.kill(pid, signal.SIGKILL)
+        killed_at = datetime.now(UTC)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue  # it exited (and was reaped) meanwhile: not a kill
+        kills.append((killed_at, session, pid))
         time.sleep(random.uniform(0.2, 0.6))
 
-    report = drive_to_completion(cluster, sessions, 120)
+    report = drive_to_completion(cluster, sessions, 240)
     survived, lost = check_nothing_lost(cluster, report, sessions)
 
     recoveries = []
@@ -112,19 +122,45 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
 
 
 def test_redis_restart_mid_run(workers: Cluster) -> None:
+    """The queue is lost with Redis; the reconciler re-enqueues from PostgreSQL. A live
+    page (a WebSocket to daphne, production's pub/sub layer) watching a session through
+    the outage gets every event after Redis is back, each once; its socket dropped while
+    Redis is down, it opens a new one that the server accepts once Redis is back (or at
+    once) and that catches up from the page's last seq."""
     cluster = workers
     cluster.supervise(WORKERS)
     sessions: list[str] = cluster.driver("create", "6")
-    time.sleep(2)
-    cluster.redis.kill()  # the queue and every job in it are gone
-    time.sleep(3)
-    cluster.redis.start()
-    report = drive_to_completion(cluster, sessions, 120)
+    cookie: str = cluster.driver("login")
+    with (
+        cluster.daphne("daphne-redis-restart") as base,
+        LiveViewer(base, sessions[0], cookie) as page,
+    ):
+        wait_until(lambda: page.last > 0, 30, f"the page got nothing: {page.failures}")
+        time.sleep(1)
+        cluster.redis.kill()  # the queue and every job in it are gone
+        killed = time.monotonic()
+        seen_before = len(page.seqs)
+        time.sleep(1)
+        page.drop()  # the page's socket closes during the outage: htmx reconnects
+        time.sleep(2)
+        cluster.redis.start()
+        report = drive_to_completion(cluster, sessions, 240)
+        last = report[sessions[0]]["events"]  # gap-free (checked below): the last seq
+        wait_until(lambda: page.last >= last, 30, f"the page stopped at {page.last} of {last}")
+        time.sleep(1.5)  # anything more would be a duplicate
     survived, lost = check_nothing_lost(cluster, report, sessions)
+    after = sum(1 for t in page.arrived if t > killed)
     print(
         f"\nFAULTS Redis killed for 3 s mid-run: sessions tried {len(sessions)} / survived "
-        f"{survived} / lost {lost}; workers started in all {cluster.started_workers}"
+        f"{survived} / lost {lost}; workers started in all {cluster.started_workers}; "
+        f"a live page through it: {page.connects} connection(s), {len(page.failures)} "
+        f"closed/refused, {seen_before} rows before the kill and {after} after, seq 1..{last}: "
+        f"gaps {len(set(range(1, last + 1)) - set(page.seqs))}, "
+        f"duplicates {len(page.seqs) - len(set(page.seqs))}"
     )
+    assert page.seqs == list(range(1, last + 1)), page.failures
+    assert after > 0  # the page went on after the restart (the session ran on)
+    assert page.connects >= 2  # the new socket opened
 
 
 def test_postgres_restart_mid_run(workers: Cluster) -> None:
@@ -135,7 +171,7 @@ def test_postgres_restart_mid_run(workers: Cluster) -> None:
     cluster.postgres.stop()
     time.sleep(2)
     cluster.postgres.start()
-    report = drive_to_completion(cluster, sessions, 120)
+    report = drive_to_completion(cluster, sessions, 240)
     survived, lost = check_nothing_lost(cluster, report, sessions)
     alive = sum(1 for w in cluster.workers if w.poll() is None)
     print(

@@ -1,0 +1,347 @@
+"""Model-bound sessions (issue 11 item 9, ADR 97): model calls as waits (the LLM runner)
+against the blocking design (calls inside the rq job), measured in the same run. Prints;
+asserts nothing.
+
+  .venv/bin/python bench/llm_bound.py [--sessions 200] [--latency 3] [--blocking-timeout 120]
+
+Each session is the worked example (oil spill at stand 105) with a real provider: the
+simulated model (`manage.py fake_llm`, real HTTP, streamed replies) answers the
+extraction and the first two reasoning steps after `--latency` seconds and the last two
+reasoning steps at once, so every session makes 3 model calls of `--latency` s (5 in all)
+before it waits for its first approval: the floor is 3 x latency. Two rq workers run the
+jobs; in the waits design one `aero_llm_runner` makes the calls. Printed per design: the
+time from the first session created until all of them wait for an approval, and the
+peak total RSS of the workers (+ runner). The blocking design holds a worker for every
+call, so it stops at `--blocking-timeout` and the time for all is projected from the
+sessions done by then.
+
+Needs PostgreSQL and Redis: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres,
+the maintenance database; a scratch database `aero_bench_llm` is dropped and created per
+design) and REDIS_URL (default redis://127.0.0.1:6379; database AERO_BENCH_REDIS_DB,
+default 13, is flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+MESSAGE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
+
+
+def script(latency: float) -> dict[str, Any]:
+    """The simulated model: three slow calls and two quick ones per session."""
+    slow, quick = {"latency": latency}, {"latency": 0}
+    return {
+        "models": ["fake-1"],
+        "chunk_size": 8,
+        "rules": [
+            {
+                **slow,
+                "match": {"has_tools": False},
+                "usage": {"prompt_tokens": 420, "completion_tokens": 96},
+                "json": {
+                    "flight_no": {"value": "CA1234", "quote": "CA1234"},
+                    "position": {"value": "105", "quote": "105机位"},
+                    "fluid_type": {"value": "FUEL", "quote": "燃油泄漏"},
+                    "engine_status": {"value": "RUNNING", "quote": "发动机仍在运转"},
+                    "continuous": {"value": True, "quote": "还在持续漏"},
+                },
+            },
+            {
+                **slow,
+                "match": {"after_tool": "lookup_stand_location"},
+                "content": "Flight CA1234 is parked at stand 105. Assessing the risk.",
+                "tool_calls": [{"name": "assess_risk", "arguments": {}}],
+            },
+            {
+                **quick,
+                "match": {"after_tool": "assess_risk"},
+                "content": "Risk assessed. Working out the impact.",
+                "tool_calls": [{"name": "analyze_impact", "arguments": {}}],
+            },
+            {
+                **quick,
+                "match": {"after_tool": "analyze_impact"},
+                "content": "Proposing the response actions.",
+                "tool_calls": [
+                    {"name": "notify_atc", "arguments": {"message": "Fuel spill at 105"}},
+                    {"name": "dispatch_cleanup_crew", "arguments": {"position": "105"}},
+                    {"name": "request_fire_standby", "arguments": {"position": "105"}},
+                    {"name": "suspend_stand_operations", "arguments": {"stand": "105"}},
+                    {"name": "close_taxiway", "arguments": {"taxiway": "A"}},
+                    {"name": "close_taxiway", "arguments": {"taxiway": "B"}},
+                ],
+            },
+            {
+                **slow,
+                "match": {"has_tools": True},
+                "content": "Looking up the flight and the stand first.",
+                "tool_calls": [
+                    {"name": "lookup_aircraft_info", "arguments": {"flight_no": "CA1234"}},
+                    {"name": "lookup_flight_plan", "arguments": {"flight_no": "CA1234"}},
+                    {"name": "lookup_stand_location", "arguments": {"position": "105"}},
+                ],
+            },
+        ],
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total / 1024
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def environment(args: argparse.Namespace, waits: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
+    database = urlsplit(args.database_url)._replace(path="/aero_bench_llm").geturl()
+    redis = urlsplit(args.redis_url)._replace(path=f"/{args.redis_db}").geturl()
+    env.update(
+        DATABASE_URL=database,
+        REDIS_URL=redis,
+        AERO_SECRET_KEY="aero-bench",
+        AERO_ENCRYPTION_KEYS="aero-bench-encryption-key",
+        AERO_HTTPS="0",
+        AERO_DATA_DIR=tempfile.mkdtemp(prefix="aero-bench-llm-"),
+        AERO_QUEUE="bench-llm",
+        AERO_CHANNEL_PREFIX="bench-llm",
+        AERO_LLM_WAITS="1" if waits else "0",
+        AERO_LLM_REACT="1",
+        AERO_LOG_LEVEL="WARNING",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, Any]:
+    env = environment(args, waits)
+    subprocess.run(
+        ["psql", args.database_url, "-qc", "DROP DATABASE IF EXISTS aero_bench_llm WITH (FORCE)",
+         "-c", "CREATE DATABASE aero_bench_llm"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    subprocess.run(
+        ["redis-cli", "-u", env["REDIS_URL"], "FLUSHDB"], check=True, capture_output=True
+    )
+    for command in (["migrate", "--noinput", "-v0"], ["load_builtin"]):
+        subprocess.run([PY, "manage.py", *command], cwd=ROOT, env=env, check=True)
+    log = (Path(env["AERO_DATA_DIR"]) / "processes.log").open("w")
+    processes = [
+        subprocess.Popen(
+            [PY, "manage.py", "aero_worker"], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
+        for _ in range(2)
+    ]
+    if waits:
+        processes.append(
+            subprocess.Popen(
+                [PY, "manage.py", "aero_llm_runner"], cwd=ROOT, env=env, stdout=log, stderr=log
+            )
+        )
+    driver = subprocess.Popen(
+        [PY, __file__, "--drive", "--sessions", str(args.sessions), "--fake-url", fake_url,
+         "--timeout", str(args.timeout if waits else args.blocking_timeout)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    peak = 0.0
+    while driver.poll() is None:
+        peak = max(peak, rss_mb([p.pid for p in processes]))
+        time.sleep(0.5)
+    output = driver.stdout.read() if driver.stdout else ""
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    result: dict[str, Any] = {"peak_rss_mb": peak, "processes": len(processes)}
+    for line in output.splitlines():
+        if line.startswith("RESULT "):
+            result.update(json.loads(line[len("RESULT ") :]))
+    return result
+
+
+def drive(args: argparse.Namespace) -> None:
+    """In the design's environment: a provider, an operator, the sessions; then watch."""
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
+    import django
+
+    django.setup()
+    from decimal import Decimal
+
+    from django.contrib.auth.models import User
+    from django.db import connections
+
+    from diagnosis.actions import do_create_session
+    from diagnosis.models import Session, ToolCall
+    from scenarios_admin.models import ProviderConfig, Scenario
+
+    config = ProviderConfig(
+        name="fake",
+        kind="openai",
+        base_url=args.fake_url,
+        model="fake-1",
+        price_input_per_1k=Decimal("0.01"),
+        price_output_per_1k=Decimal("0.02"),
+        timeout_seconds=30,
+    )
+    config.set_api_key("sk-bench")
+    config.save()
+    from django.contrib.auth.models import Group
+
+    from aero.roles import ensure_role_groups
+
+    ensure_role_groups()
+    user = User.objects.create_user("bench-operator")
+    user.groups.add(Group.objects.get(name="operator"))
+    scenario = Scenario.objects.get(slug="oil_spill")
+    started = time.monotonic()
+
+    def create(_: int) -> str:
+        try:
+            return str(do_create_session(user, scenario, MESSAGE).pk)
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        ids = list(pool.map(create, range(args.sessions)))
+    created = time.monotonic() - started
+    done_at: float | None = None
+    waiting = 0
+    while time.monotonic() - started < args.timeout:
+        waiting = (
+            ToolCall.objects.filter(session_id__in=ids, status="awaiting_approval")
+            .values("session_id")
+            .distinct()
+            .count()
+        )
+        if waiting >= len(ids):
+            done_at = time.monotonic() - started
+            break
+        time.sleep(0.25)
+    elapsed = time.monotonic() - started
+    failed = Session.objects.filter(pk__in=ids, status="failed").count()
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "sessions": len(ids),
+                "created_s": round(created, 1),
+                "all_waiting_s": None if done_at is None else round(done_at, 1),
+                "waiting_at_end": waiting,
+                "elapsed_s": round(elapsed, 1),
+                "failed": failed,
+                "load": loadavg(),
+            }
+        ),
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sessions", type=int, default=200)
+    parser.add_argument("--latency", type=float, default=3.0)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--blocking-timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+    )
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379")
+    )
+    parser.add_argument("--redis-db", default=os.environ.get("AERO_BENCH_REDIS_DB", "13"))
+    parser.add_argument("--only", choices=("waits", "blocking"))
+    parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fake-url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.drive:
+        drive(args)
+        return
+
+    port = free_port()
+    script_file = Path(tempfile.mkdtemp(prefix="aero-bench-llm-")) / "script.json"
+    script_file.write_text(json.dumps(script(args.latency)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AERO_")}
+    env.update(AERO_SECRET_KEY="aero-bench", AERO_DATA_DIR=str(script_file.parent))
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    fake = subprocess.Popen(
+        [PY, "manage.py", "fake_llm", "--port", str(port), "--script", str(script_file)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(3)
+    fake_url = f"http://127.0.0.1:{port}/v1"
+    print(
+        f"{args.sessions} sessions, 3 model calls of {args.latency:g} s each (+2 instant) before"
+        f" the first approval; 2 rq workers. Load average at start: {loadavg()}",
+        flush=True,
+    )
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for design, waits in (("waits", True), ("blocking", False)):
+            if args.only and args.only != design:
+                continue
+            print(f"  measuring {design} ...", flush=True)
+            results[design] = measure(args, waits, fake_url)
+            print(f"    {results[design]}", flush=True)
+    finally:
+        fake.terminate()
+        fake.wait(timeout=10)
+    print()
+    print(f"{'design':10} {'all waiting':>14} {'peak RSS':>10} {'in flight per GB':>18}  load")
+    for design, r in results.items():
+        sessions, peak = r.get("sessions", 0), r.get("peak_rss_mb", 0.0)
+        if r.get("all_waiting_s") is not None:
+            when = f"{r['all_waiting_s']:.1f} s"
+        elif r.get("waiting_at_end"):
+            projected = r["elapsed_s"] * sessions / r["waiting_at_end"]
+            when = f"~{projected:.0f} s (proj.)"
+        else:
+            when = "none"
+        # In flight at once: every session in the waits design; one per worker blocked.
+        in_flight = sessions if design == "waits" else 2
+        per_gb = in_flight / (peak / 1024) if peak else 0.0
+        print(f"{design:10} {when:>14} {peak:>8.0f} MB {per_gb:>18.0f}  {r.get('load', '')}")
+        print(
+            f"{'':10} created in {r.get('created_s')} s; {r.get('waiting_at_end')} of "
+            f"{sessions} waiting after {r.get('elapsed_s')} s; {r.get('failed')} failed; "
+            f"{r.get('processes')} processes measured"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Model calls are waits (ADR 95): the node side.
+
+Inside a graph node (`recorded` opens a `WaitScope` when AERO_LLM_WAITS is on) a call to
+a real provider does not go out. The chat model's `_generate` (every path to the model
+goes through `providers.client_for`, whose client is a `WaitingChatOpenAI`) looks the
+call up by its key, `<task>:m<n>` (the node's LangGraph task id, the same for a re-run
+of the step, and the call's place in the node):
+
+- answered (an `LLMRequest` row the runner finished): the stored reply is returned, as
+  if the model had just answered; nothing is sent and nothing is counted again;
+- every real provider failed: a final `ProviderError`, so the chain goes on offline;
+- not yet: `ModelWait` is raised. It is a BaseException so that no `except Exception`
+  on the way (the SDK wrappers, tenacity, the chain) takes it for a failed call; the
+  node wrapper turns it into a LangGraph interrupt carrying the request, and the job
+  records the request row and ends (diagnosis.jobs).
+
+The runner (diagnosis.llm_runner) makes the calls and enqueues the session when the
+reply is stored; the job resumes the graph and the node re-runs from its first line.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
+from langchain_core.outputs import ChatGeneration, ChatResult
+
+MAX_WAITS_PER_NODE = 100
+
+
+class ModelWait(BaseException):
+    """The node must wait for the model: `payload` is the interrupt's value."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__(payload["key"])
+        self.payload = payload
+
+
+@dataclass
+class WaitScope:
+    """One execution of one graph node: numbers its model calls in order."""
+
+    session_id: Any
+    task_key: str
+    purpose: str = ""
+    provider_ids: list[int] = field(default_factory=list)
+    count: int = 0
+    # Set when the runner reported that every real provider failed: the chain goes on
+    # to the offline provider without recording anything the runner already recorded.
+    chain_failed: bool = False
+
+    def next_key(self) -> str:
+        key = f"{self.task_key}:m{self.count}"
+        self.count += 1
+        return key
+
+
+_scope: contextvars.ContextVar[WaitScope | None] = contextvars.ContextVar(
+    "aero_wait_scope", default=None
+)
+
+
+def waits_enabled() -> bool:
+    return bool(settings.AERO_LLM_WAITS)
+
+
+@contextmanager
+def wait_scope(session_id: Any, task_key: str) -> Iterator[WaitScope | None]:
+    """Model calls made inside become waits (when AERO_LLM_WAITS is on)."""
+    if not waits_enabled():
+        yield None
+        return
+    scope = WaitScope(session_id, task_key)
+    token = _scope.set(scope)
+    try:
+        yield scope
+    finally:
+        _scope.reset(token)
+
+
+def current_scope() -> WaitScope | None:
+    return _scope.get()
+
+
+@contextmanager
+def no_waits() -> Iterator[None]:
+    """Calls made inside go out directly (the runner itself, blocking mode)."""
+    token = _scope.set(None)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def serialize_request(messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What the runner sends: the messages and the call's options (tools, response
+    format), as JSON (the interrupt value and the request row hold it)."""
+    options = json.loads(json.dumps(kwargs, default=str))
+    return {"messages": messages_to_dict(list(messages)), "kwargs": options}
+
+
+def request_digest(request: dict[str, Any]) -> str:
+    return hashlib.sha256(
+        json.dumps(request, sort_keys=True, ensure_ascii=False).encode()
+    ).hexdigest()[:32]
+
+
+def deserialize_messages(request: dict[str, Any]) -> list[BaseMessage]:
+    return messages_from_dict(request["messages"])
+
+
+def answer(scope: WaitScope, messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -> ChatResult:
+    """The stored reply for this call of the node, or ModelWait."""
+    from diagnosis.agent.providers import ProviderError
+    from diagnosis.models import LLMRequest, LLMRequestStatus
+
+    key = scope.next_key()
+    row = LLMRequest.objects.filter(key=key).only("status", "reply", "error", "answered_by").first()
+    if row is not None and row.status == LLMRequestStatus.DONE and row.reply is not None:
+        # What the model answered when the call was made, even if the conversation grew
+        # meanwhile (an operator message during the wait): a paid call never repeats.
+        (message,) = messages_from_dict([row.reply])
+        return ChatResult(generations=[ChatGeneration(message=message)])
+    if row is not None and row.status == LLMRequestStatus.FAILED:
+        scope.chain_failed = True
+        raise ProviderError(row.error or "every model provider failed", retryable=False)
+    request = serialize_request(messages, kwargs)
+    raise ModelWait(
+        {
+            "kind": "model",
+            "key": key,
+            "purpose": scope.purpose,
+            "providers": scope.provider_ids,
+            "request": request,
+            "digest": request_digest(request),
+        }
+    )
+
+
+def interrupt_for(wait: ModelWait) -> None:
+    """Inside the node: interrupt with the request. A resume value left over from the
+    previous wait of this node (the node re-ran past it, reading its reply) is consumed
+    first; interrupt() raises once no resume value is left."""
+    from langgraph.types import interrupt
+
+    for _ in range(MAX_WAITS_PER_NODE):
+        interrupt(wait.payload)
+    raise RuntimeError(f"more than {MAX_WAITS_PER_NODE} model waits in one node")

@@ -1,0 +1,716 @@
+"""The LLM runner (ADR 95): model calls as waits, made by an asyncio loop.
+
+A graph node that needs the model records a keyed `LLMRequest` and its job ends
+(diagnosis.agent.waits, diagnosis.jobs). This runner:
+
+- claims pending requests with a lease of its own (`claim_token`, renewed by its
+  heartbeat every AERO_LLM_CLAIM_SECONDS/4): a killed runner's claims run out and any
+  runner takes the request over; every write of a call checks the claim (a runner that
+  lost it writes nothing more);
+- makes many calls at once on one event loop, with one client per provider config
+  (`providers.client_for`, its async pool reused), the chain's rules kept: tenacity
+  retries (3 attempts, 1/2/4 s x AERO_LLM_BACKOFF + jitter, or Retry-After), no retry on
+  a final 4xx, the next provider, the offline provider last (the node's own: it needs no
+  wait), no attempt started after AERO_LLM_BUDGET_SECONDS;
+- streams the reply's text into the log (`llm.delta` events, coalesced: each call's
+  text is written at most every AERO_LLM_STREAM_FLUSH seconds, and less often when the
+  database is the bottleneck: the text waits in the buffer meanwhile);
+- records each attempt once by its key (`llm.call` event + `LLMCall` row + the
+  session's token counters in one transaction; the successful attempt in the same
+  transaction as the stored reply), then enqueues the session's job.
+
+Production: `manage.py aero_llm_runner` beside the rq workers (scripts/run.sh supervises
+it). Embedded mode: `start_in_thread()` from the web process. The inline backend (CLI,
+tests): `run_pending_inline()` between two runs of the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import openai
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connections, transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Concat
+from django.utils import timezone
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    InvalidToolCall,
+    ToolCall,
+    message_chunk_to_message,
+    message_to_dict,
+)
+from langchain_core.messages.tool import invalid_tool_call, tool_call
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
+
+from aero.text import MAX_MODEL_TEXT, cut_generated
+from diagnosis.agent import waits
+from diagnosis.agent.providers import (
+    OpenAICompatibleProvider,
+    ProviderError,
+    Usage,
+    backoff_wait,
+    classify,
+    client_for,
+)
+from diagnosis.events import add_usage, append_event, append_keyed
+from diagnosis.models import LLMCall, LLMRequest, LLMRequestStatus, WorkerBeat
+from scenarios_admin.models import ProviderConfig
+
+logger = logging.getLogger("diagnosis.llm_runner")
+PRODUCER = "llm"
+BEAT_PREFIX = "llm-runner:"
+T = TypeVar("T")
+
+
+class ClaimLost(Exception):
+    """Another runner took the request over (this one was too slow to renew)."""
+
+
+@dataclass
+class Claimed:
+    pk: int
+    key: str
+    session_id: Any
+    token: uuid.UUID
+    claims: int
+    purpose: str
+    request: dict[str, Any]
+    provider_ids: list[int]
+    buffer: list[str] = field(default_factory=list)
+    attempts: int = 0  # attempts recorded under this claim (their keys' counter)
+    # The call's writes, in order: its streamed text never lands after its reply.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+async def backoff_sleep(seconds: float) -> None:
+    """The wait between attempts (tests replace it to record waits instead of sleeping)."""
+    await asyncio.sleep(seconds)
+
+
+DB_THREADS = 4
+
+
+def _db[T](fn: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+    """Run on the loop's database threads (`database_threads`: a few, a connection each):
+    one thread for every write of 200 calls in flight fell behind, and the renewals of
+    its claims with it (the runner then lost its own claims). A call's writes stay in
+    order (Claimed.lock)."""
+
+    async def run(*args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
+
+    return run
+
+
+@contextlib.asynccontextmanager
+async def database_threads() -> AsyncIterator[None]:
+    """The loop's default executor: DB_THREADS threads, their connections closed at the
+    end (each thread closes its own; the barrier makes every thread take one)."""
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="aero-llm-db")
+    loop.set_default_executor(executor)
+    try:
+        yield
+    finally:
+        barrier = threading.Barrier(DB_THREADS)
+
+        def close() -> None:
+            connections.close_all()
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=5)
+
+        await asyncio.gather(*(loop.run_in_executor(None, close) for _ in range(DB_THREADS)))
+
+
+# --- database side (sync) ---------------------------------------------------------------
+
+
+def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()) -> list[Claimed]:
+    """Claim up to `limit` pending requests nobody holds (or whose claim ran out), never
+    one of `held` (this runner's own, in flight: a late renewal must not restart them)."""
+    now = timezone.now()
+    expires = now + timedelta(seconds=settings.AERO_LLM_CLAIM_SECONDS)
+    claimed: list[Claimed] = []
+    with transaction.atomic():
+        rows = LLMRequest.objects.filter(status=LLMRequestStatus.PENDING).filter(
+            Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now)
+        )
+        if session_id is not None:
+            rows = rows.filter(session_id=session_id)
+        if held:
+            rows = rows.exclude(key__in=held)
+        for row in rows.select_for_update(skip_locked=True).order_by("created_at")[:limit]:
+            token = uuid.uuid4()
+            LLMRequest.objects.filter(pk=row.pk).update(
+                claim_token=token, claim_expires_at=expires, claims=F("claims") + 1, text=""
+            )
+            claimed.append(
+                Claimed(
+                    row.pk,
+                    row.key,
+                    row.session_id,
+                    token,
+                    row.claims + 1,
+                    row.purpose,
+                    row.request,
+                    list(row.providers),
+                )
+            )
+    return claimed
+
+
+def renew(tokens: list[uuid.UUID]) -> int:
+    if not tokens:
+        return 0
+    return LLMRequest.objects.filter(
+        claim_token__in=tokens, status=LLMRequestStatus.PENDING
+    ).update(claim_expires_at=timezone.now() + timedelta(seconds=settings.AERO_LLM_CLAIM_SECONDS))
+
+
+def release(tokens: list[uuid.UUID]) -> None:
+    """A stopping runner lets its unfinished calls go at once (not after the claim)."""
+    if tokens:
+        LLMRequest.objects.filter(claim_token__in=tokens, status=LLMRequestStatus.PENDING).update(
+            claim_token=None, claim_expires_at=None
+        )
+
+
+def _held(call: Claimed) -> LLMRequest:
+    row = (
+        LLMRequest.objects.select_for_update()
+        .filter(pk=call.pk, claim_token=call.token, status=LLMRequestStatus.PENDING)
+        .first()
+    )
+    if row is None:
+        raise ClaimLost(call.key)
+    return row
+
+
+def load_providers(ids: list[int]) -> list[OpenAICompatibleProvider]:
+    """The request's real providers, in its order; one disabled meanwhile is skipped."""
+    configs = {c.pk: c for c in ProviderConfig.objects.filter(pk__in=ids, enabled=True)}
+    return [OpenAICompatibleProvider(configs[i]) for i in ids if i in configs]
+
+
+def write_deltas(call: Claimed, text: str) -> None:
+    """Streamed text: the request's `text` (a reload shows it) and an `llm.delta` event
+    (the live page pulls it), in one transaction, under the claim."""
+    with transaction.atomic():
+        updated = LLMRequest.objects.filter(
+            pk=call.pk, claim_token=call.token, status=LLMRequestStatus.PENDING
+        ).update(text=Concat(F("text"), Value(text)))
+        if not updated:
+            raise ClaimLost(call.key)
+        append_event(
+            call.session_id,
+            "llm.delta",
+            {
+                "request": call.key,
+                "attempt": f"{call.claims}.{call.attempts}",
+                "purpose": call.purpose,
+                "text": text,
+            },
+            producer=PRODUCER,
+        )
+
+
+def reset_text(call: Claimed) -> None:
+    LLMRequest.objects.filter(pk=call.pk, claim_token=call.token).update(text="")
+
+
+def _record(
+    call: Claimed,
+    provider: OpenAICompatibleProvider,
+    status: str,
+    usage: Usage,
+    latency_ms: int,
+    attempt: int,
+    error: str = "",
+    text: str | None = None,
+) -> None:
+    """One attempt, once by its key: event, LLMCall row and token counters together."""
+    call.attempts += 1
+    payload: dict[str, Any] = {
+        "provider": provider.name,
+        "model": provider.model,
+        "purpose": call.purpose,
+        "status": status,
+        "tokens_in": usage.tokens_in,
+        "tokens_out": usage.tokens_out,
+        "cost": str(usage.cost),
+        "latency_ms": latency_ms,
+        "error": error,
+        "attempt": attempt,
+        "request": call.key,
+    }
+    if text is not None:
+        # The call's final text: what replay shows for it (the deltas are the live view).
+        payload["text"], cut_from = cut_generated(text, MAX_MODEL_TEXT)
+        if cut_from is not None:
+            payload["cut_from_chars"] = cut_from
+    _, new = append_keyed(
+        call.session_id,
+        "llm.call",
+        f"llm.call:{call.key}:{call.claims}:{call.attempts}",
+        payload,
+        producer=PRODUCER,
+    )
+    if not new:
+        return
+    LLMCall.objects.create(
+        session_id=call.session_id,
+        provider=provider.name,
+        model=provider.model,
+        purpose=call.purpose,
+        status=status,
+        tokens_in=usage.tokens_in,
+        tokens_out=usage.tokens_out,
+        cost=usage.cost,
+        latency_ms=latency_ms,
+        error=error,
+    )
+    if usage.tokens_in or usage.tokens_out or usage.cost:
+        add_usage(call.session_id, usage.tokens_in, usage.tokens_out, usage.cost)
+
+
+def record_failed_attempt(
+    call: Claimed,
+    provider: OpenAICompatibleProvider,
+    error: ProviderError,
+    latency_ms: int,
+    attempt: int,
+) -> None:
+    with transaction.atomic():
+        _held(call)
+        _record(call, provider, "error", error.usage, latency_ms, attempt, error=str(error))
+
+
+def record_fallback(call: Claimed, failed: str, next_provider: str, error: str, index: int) -> None:
+    with transaction.atomic():
+        _held(call)
+        append_keyed(
+            call.session_id,
+            "llm.fallback",
+            f"llm.fallback:{call.key}:{call.claims}:{index}",
+            {"from": failed, "to": next_provider, "error": error, "request": call.key},
+            producer=PRODUCER,
+        )
+
+
+def finish_ok(
+    call: Claimed,
+    provider: OpenAICompatibleProvider,
+    message: AIMessage,
+    usage: Usage,
+    latency_ms: int,
+    attempt: int,
+    enqueue: bool,
+) -> None:
+    """The successful attempt and the reply, in one transaction: a runner killed before
+    it commits leaves the request pending (the next claim makes the call again), one
+    killed after has recorded both; never one without the other."""
+    with transaction.atomic():
+        _held(call)
+        text = message.content if isinstance(message.content, str) else json.dumps(message.content)
+        _record(call, provider, "ok", usage, latency_ms, attempt, text=text)
+        LLMRequest.objects.filter(pk=call.pk).update(
+            status=LLMRequestStatus.DONE,
+            reply=message_to_dict(message),
+            answered_by=provider.name,
+            finished_at=timezone.now(),
+            claim_token=None,
+            claim_expires_at=None,
+        )
+        if enqueue:
+            _enqueue_on_commit(call.session_id)
+
+
+def finish_failed(call: Claimed, error: str, last: str, enqueue: bool) -> None:
+    """Every real provider failed: the node goes on with the offline provider."""
+    with transaction.atomic():
+        _held(call)
+        if last:
+            append_keyed(
+                call.session_id,
+                "llm.fallback",
+                f"llm.fallback:{call.key}:{call.claims}:offline",
+                {"from": last, "to": "offline", "error": error, "request": call.key},
+                producer=PRODUCER,
+            )
+        LLMRequest.objects.filter(pk=call.pk).update(
+            status=LLMRequestStatus.FAILED,
+            error=error or "no real provider is enabled",
+            finished_at=timezone.now(),
+            claim_token=None,
+            claim_expires_at=None,
+        )
+        if enqueue:
+            _enqueue_on_commit(call.session_id)
+
+
+def _enqueue_on_commit(session_id: Any) -> None:
+    from diagnosis.jobs import dispatch_after_commit
+
+    transaction.on_commit(lambda: dispatch_after_commit(session_id))
+
+
+def beat(name: str, started_at: Any) -> None:
+    WorkerBeat.objects.update_or_create(
+        name=name,
+        defaults={
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at": started_at,
+            "beat_at": timezone.now(),
+        },
+    )
+
+
+def unregister(name: str) -> None:
+    WorkerBeat.objects.filter(name=name).delete()
+
+
+# --- the calls (async) ------------------------------------------------------------------
+
+
+class Runner:
+    def __init__(self, *, enqueue: bool = True, name: str | None = None) -> None:
+        self.enqueue = enqueue
+        self.name = name or f"{BEAT_PREFIX}{socket.gethostname()}:{os.getpid()}"
+        self.inflight: dict[str, tuple[Claimed, asyncio.Task[None]]] = {}
+        self.started_at = timezone.now()
+
+    # -- loops
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and call until `stop` is set; then let the unfinished calls go."""
+        background = [
+            asyncio.create_task(self._beat_forever(stop)),
+            asyncio.create_task(self._flush_forever(stop)),
+        ]
+        try:
+            while not stop.is_set():
+                free = settings.AERO_LLM_RUNNER_CONCURRENCY - len(self.inflight)
+                if free > 0:
+                    try:
+                        held = frozenset(self.inflight)
+                        for call in await _db(claim)(free, None, held):
+                            self._start(call)
+                    except DatabaseError:
+                        logger.warning("llm runner: claiming failed", exc_info=True)
+                        await _db(close_old_connections)()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), settings.AERO_LLM_RUNNER_POLL)
+        finally:
+            tokens = [call.token for call, _ in self.inflight.values()]
+            for _, task in self.inflight.values():
+                task.cancel()
+            await asyncio.gather(*(t for _, t in self.inflight.values()), return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            try:
+                await _db(release)(tokens)
+                await _db(unregister)(self.name)
+            except DatabaseError:
+                logger.warning("llm runner: could not release its claims", exc_info=True)
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """run() with its own database threads."""
+        async with database_threads():
+            await self.run(stop)
+
+    async def process_pending_now(self, session_id: Any = None) -> int:
+        """process_pending() with its own database threads."""
+        async with database_threads():
+            return await self.process_pending(session_id)
+
+    async def process_pending(self, session_id: Any = None) -> int:
+        """Claim every pending request (of one session) and make the calls; returns how
+        many were made. The inline backend's runner."""
+        calls = await _db(claim)(10_000, session_id)
+        for call in calls:
+            self._start(call)
+        flusher_stop = asyncio.Event()
+        flusher = asyncio.create_task(self._flush_forever(flusher_stop))
+        await asyncio.gather(*(t for _, t in list(self.inflight.values())), return_exceptions=True)
+        flusher_stop.set()
+        await flusher
+        return len(calls)
+
+    def _start(self, call: Claimed) -> None:
+        task = asyncio.create_task(self._handle(call))
+        self.inflight[call.key] = (call, task)
+        task.add_done_callback(lambda _: self.inflight.pop(call.key, None))
+
+    async def _beat_forever(self, stop: asyncio.Event) -> None:
+        interval = settings.AERO_LLM_CLAIM_SECONDS / 4
+        while not stop.is_set():
+            try:
+                await _db(renew)([call.token for call, _ in self.inflight.values()])
+                await _db(beat)(self.name, self.started_at)
+            except DatabaseError:
+                logger.warning("llm runner: heartbeat failed", exc_info=True)
+                await _db(close_old_connections)()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+    async def _flush_forever(self, stop: asyncio.Event) -> None:
+        interval = settings.AERO_LLM_STREAM_FLUSH
+        while True:
+            started = time.monotonic()
+            pending = [call for call, _ in list(self.inflight.values()) if call.buffer]
+            await asyncio.gather(*(self._flush(call) for call in pending))
+            if stop.is_set():
+                return
+            # At most every `interval`; a slow flush simply coalesces more text.
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def _flush(self, call: Claimed) -> None:
+        async with call.lock:
+            if not call.buffer:
+                return
+            text, call.buffer[:] = "".join(call.buffer), []
+            await self._write_deltas(call, text)
+
+    async def _write_deltas(self, call: Claimed, text: str) -> None:
+        try:
+            await _db(write_deltas)(call, text)
+        except ClaimLost:
+            self._drop(call)
+        except Exception:
+            # The database refused (too many clients, a restart): the text goes back to
+            # the front of the buffer and is written with the next piece, in order.
+            call.buffer.insert(0, text)
+            logger.warning("llm runner: streamed text of %s not written", call.key, exc_info=True)
+
+    def _drop(self, call: Claimed) -> None:
+        entry = self.inflight.get(call.key)
+        if entry is not None and entry[0] is call:
+            entry[1].cancel()
+
+    # -- one request
+
+    async def _handle(self, call: Claimed) -> None:
+        try:
+            await self._chain(call)
+        except ClaimLost:
+            logger.warning("llm runner: lost the claim on %s; another runner has it", call.key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The claim runs out and the request is taken again (by us or another runner).
+            logger.exception("llm runner: request %s failed", call.key)
+
+    async def _chain(self, call: Claimed) -> None:
+        providers = await _db(load_providers)(call.provider_ids)
+        messages = waits.deserialize_messages(call.request)
+        options = dict(call.request.get("kwargs") or {})
+        started_chain = time.monotonic()
+        budget = settings.AERO_LLM_BUDGET_SECONDS
+        last_error, last_name = "", ""
+        for index, provider in enumerate(providers):
+            remaining = budget - (time.monotonic() - started_chain)
+            if remaining <= 0:
+                last_error = last_error or "no time left for another attempt"
+                break
+            attempt_number = 0
+
+            async def attempt(
+                provider: OpenAICompatibleProvider = provider,
+            ) -> tuple[AIMessage, Usage, int, int]:
+                nonlocal attempt_number
+                attempt_number += 1
+                started = time.monotonic()
+                try:
+                    message, usage = await self._stream(call, provider, messages, options)
+                except (ClaimLost, asyncio.CancelledError):
+                    raise
+                except Exception as exc:
+                    error = classify(exc, [provider.config.api_key()])
+                    await _db(record_failed_attempt)(
+                        call, provider, error, _ms(started), attempt_number
+                    )
+                    logger.warning(
+                        "provider %s failed (%s): %s", provider.name, call.purpose, error
+                    )
+                    raise error from None
+                return message, usage, _ms(started), attempt_number
+
+            retrying = AsyncRetrying(
+                stop=stop_after_attempt(provider.retries) | stop_before_delay(max(remaining, 0)),
+                wait=backoff_wait,
+                retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
+                sleep=lambda seconds: backoff_sleep(seconds),
+                reraise=True,
+            )
+            message: AIMessage
+            usage: Usage
+            latency: int
+            number: int
+            try:
+                message, usage, latency, number = await retrying(attempt)
+            except ProviderError as exc:
+                last_error, last_name = str(exc), provider.name
+                if index + 1 < len(providers):
+                    await _db(record_fallback)(
+                        call, provider.name, providers[index + 1].name, last_error, index
+                    )
+                continue
+            await self._flush(call)  # the last of the text before the reply
+            async with call.lock:
+                await _db(finish_ok)(call, provider, message, usage, latency, number, self.enqueue)
+            return
+        await self._flush(call)
+        async with call.lock:
+            await _db(finish_failed)(call, last_error, last_name, self.enqueue)
+
+    async def _stream(
+        self,
+        call: Claimed,
+        provider: OpenAICompatibleProvider,
+        messages: list[Any],
+        options: dict[str, Any],
+    ) -> tuple[AIMessage, Usage]:
+        """One attempt, streamed: the text goes to the call's buffer as it arrives."""
+        if call.attempts:
+            async with call.lock:
+                call.buffer.clear()
+                await _db(reset_text)(call)  # a new attempt streams a new text
+        full: Any = None
+        try:
+            async for chunk in client_for(provider.config).astream(messages, **options):
+                full = chunk if full is None else full + chunk
+                if isinstance(chunk.content, str) and chunk.content:
+                    call.buffer.append(chunk.content)
+        except (openai.APIError, asyncio.CancelledError, ClaimLost):
+            raise
+        except Exception as exc:
+            # A body that is no event stream (or breaks it) is an unusable reply: retried.
+            raise ProviderError(
+                f"invalid response: {type(exc).__name__}: {exc}", retryable=True
+            ) from None
+        if full is None:
+            raise ProviderError("the model sent an empty stream", retryable=True)
+        message = strict_tool_calls(full)
+        meta: dict[str, Any] = dict(message.usage_metadata or {})
+        tokens_in, tokens_out = int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0))
+        usage = Usage(tokens_in, tokens_out, provider.cost(tokens_in, tokens_out))
+        if "response_format" in options:
+            # Structured output: a reply that is not a JSON object is an unusable reply,
+            # retried like a failed call (and paid for); the node validates the schema.
+            try:
+                data = json.loads(str(message.content))
+            except json.JSONDecodeError as exc:
+                raise ProviderError(
+                    f"the model's reply is not valid JSON ({exc.msg} at {exc.pos})",
+                    retryable=True,
+                    usage=usage,
+                ) from None
+            if not isinstance(data, dict):
+                raise ProviderError(
+                    "the model's reply is not a JSON object", retryable=True, usage=usage
+                )
+        return message, usage
+
+
+def strict_tool_calls(full: AIMessageChunk) -> AIMessage:
+    """The streamed reply as one message, its tool arguments parsed strictly. LangChain
+    merges streamed arguments with a lenient partial-JSON parser that completes a cut
+    reply (`{"flight_no": "CA12` becomes a valid call); unstreamed, the same reply is
+    invalid and gets the repair turn. Arguments that are not a JSON object are invalid."""
+    message = message_chunk_to_message(full)
+    assert isinstance(message, AIMessage)
+    if not full.tool_call_chunks:
+        return message
+    calls: list[ToolCall] = []
+    invalid: list[InvalidToolCall] = []
+    for chunk in full.tool_call_chunks:
+        raw = chunk.get("args") or ""
+        try:
+            args = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError as exc:
+            args, problem = None, f"not valid JSON: {exc.msg}"
+        else:
+            problem = "" if isinstance(args, dict) else "not a JSON object"
+        if problem or not isinstance(args, dict):
+            invalid.append(
+                invalid_tool_call(
+                    name=chunk.get("name"), args=raw, id=chunk.get("id"), error=problem
+                )
+            )
+        else:
+            calls.append(tool_call(name=chunk.get("name") or "", args=args, id=chunk.get("id")))
+    return AIMessage(
+        content=message.content,
+        tool_calls=calls,
+        invalid_tool_calls=invalid,
+        usage_metadata=message.usage_metadata,
+        response_metadata=message.response_metadata,
+        id=message.id,
+    )
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
+
+
+# --- the three ways to run it -----------------------------------------------------------
+
+
+def run_pending_inline(session_id: Any) -> bool:
+    """Make the session's pending calls now, on an event loop of a fresh thread (the
+    caller's thread may already run one: Playwright's tests). False when there were none
+    to claim (another runner holds them)."""
+    result: list[int] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(Runner(enqueue=False).process_pending_now(session_id)))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target, name="aero-llm-inline")
+    thread.start()
+    thread.join()
+    return bool(result and result[0])
+
+
+_thread: threading.Thread | None = None
+_thread_lock = threading.Lock()
+
+
+def start_in_thread() -> None:
+    """Embedded mode: the runner as an event loop on a daemon thread of this process."""
+    global _thread
+    with _thread_lock:
+        if _thread is not None and _thread.is_alive():
+            return
+
+        def target() -> None:
+            try:
+                asyncio.run(Runner().serve(asyncio.Event()))
+            except Exception:
+                logger.exception("the embedded LLM runner stopped")
+            finally:
+                connections.close_all()
+
+        _thread = threading.Thread(target=target, daemon=True, name="aero-llm-runner")
+        _thread.start()

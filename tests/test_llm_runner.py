@@ -1,0 +1,251 @@
+"""Model calls are waits (ADR 95), through the simulated server over real HTTP: the job
+records the request and ends (its worker free, nothing sent), the LLM runner makes the
+call with the chain's retries and fallback, streams the text into the log, records the
+call once and enqueues the session; a runner that loses its claim or a job that re-runs
+its node never repeats a finished call nor counts its tokens twice."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+from django.utils import timezone
+
+from diagnosis import jobs, llm_runner
+from diagnosis.actions import do_create_session
+from diagnosis.agent import grounding
+from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.models import Event, LLMCall, LLMRequest, Session, SessionStatus
+from scenarios_admin.models import Scenario
+from tests.llm_helpers import fake_llm, fake_provider
+
+__all__ = ["fake_llm"]  # the fixture
+
+pytestmark = pytest.mark.services
+
+EXAMPLE_ONE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
+REPLY = {
+    "flight_no": {"value": "CA1234", "quote": "CA1234"},
+    "position": {"value": "105", "quote": "105机位"},
+    "fluid_type": {"value": "FUEL", "quote": "燃油"},
+    "engine_status": {"value": "RUNNING", "quote": "发动机仍在运转"},
+    "continuous": {"value": True, "quote": "还在持续漏"},
+}
+ANSWER = {"json": REPLY, "usage": {"prompt_tokens": 120, "completion_tokens": 30}}
+
+
+@pytest.fixture(autouse=True)
+def model_waits(settings: Any) -> None:
+    settings.AERO_LLM_WAITS = True
+    settings.AERO_LLM_REACT = False  # one extraction call per message: easy to count
+    settings.AERO_LLM_STREAM_FLUSH = 0.05
+
+
+@pytest.fixture
+def no_inline_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's side alone: nobody makes the calls until the test runs a runner."""
+    monkeypatch.setattr(llm_runner, "run_pending_inline", lambda session_id: False)
+
+
+@pytest.fixture
+def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    asked: list[float] = []
+
+    async def record(seconds: float) -> None:
+        asked.append(seconds)
+
+    monkeypatch.setattr(llm_runner, "backoff_sleep", record)
+    return asked
+
+
+def in_thread(coro: Callable[[], Any]) -> Any:
+    """Run a runner coroutine on its own loop and thread, as the runner process does."""
+    result: list[Any] = []
+
+    def target() -> None:
+        try:
+            result.append(asyncio.run(coro()))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    return result[0] if result else None
+
+
+def start(make_user: Callable[..., User], text: str = EXAMPLE_ONE) -> Session:
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), text
+    )
+    session.refresh_from_db()
+    return session
+
+
+def attempts(session: Session) -> list[tuple[str, str]]:
+    return [(a.provider, a.status) for a in LLMCall.objects.filter(session=session).order_by("id")]
+
+
+def test_a_model_call_is_a_wait_and_the_worker_is_free(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], no_inline_runner: None
+) -> None:
+    fake_llm.set_script({"latency": 0.3, "chunk_size": 4, "chunk_delay": 0.02, "rules": [ANSWER]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+
+    # The job ended at the model call: nothing was sent, nothing counted, no lease held.
+    request = LLMRequest.objects.get(session=session)
+    assert (request.status, request.purpose) == ("pending", "extract")
+    assert fake_llm.requests == []
+    assert not LLMCall.objects.filter(session=session).exists()
+    assert session.lease_token is None and session.status == SessionStatus.RUNNING
+    assert "risk" not in session.snapshot
+    # The reconciler leaves a session waiting for the model alone (no job per pass).
+    assert str(session.pk) not in jobs.stalled_sessions()
+
+    made = in_thread(lambda: llm_runner.Runner().process_pending_now())
+    assert made == 1
+
+    session.refresh_from_db()
+    request.refresh_from_db()
+    assert request.status == "done" and request.answered_by == "fake"
+    # The runner enqueued the session: the resumed node read the reply, did not call.
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+    assert session.status == SessionStatus.WAITING_USER
+    assert len(fake_llm.requests) == 1 and fake_llm.requests[0]["body"]["stream"] is True
+    assert attempts(session) == [("fake", "ok")]
+    assert (session.tokens_in, session.tokens_out, session.cost) == (120, 30, Decimal("0.0018"))
+    # The text streamed into the log in pieces, and adds up to the reply.
+    deltas = list(Event.objects.filter(session=session, type="llm.delta").order_by("seq"))
+    assert len(deltas) > 1
+    assert "".join(d.payload["text"] for d in deltas) == request.text
+    call = Event.objects.get(session=session, type="llm.call", payload__provider="fake")
+    assert call.payload["text"] == request.text and '"CA1234"' in request.text
+    # The page (no JavaScript needed) shows the call's final text.
+    assert session.snapshot["thinking"]["status"] == "done"
+    assert session.snapshot["thinking"]["text"] == request.text
+
+
+def test_offline_provider_needs_no_wait(builtin: None, make_user: Callable[..., User]) -> None:
+    session = start(make_user)
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+    assert not LLMRequest.objects.exists()
+    assert attempts(session) == [("offline", "ok")]
+
+
+def test_429_then_success(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], backoffs: list[float]
+) -> None:
+    fake_llm.set_script(
+        {"rules": [{"match": {"call": 1}, "fault": "429", "retry_after": 2}, ANSWER]}
+    )
+    fake_provider(fake_llm)
+    session = start(make_user)  # inline backend: the runner runs between two jobs
+
+    assert attempts(session) == [("fake", "error"), ("fake", "ok")]
+    assert backoffs == [2.0]  # the server's Retry-After, not the exponential wait
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+    assert (session.tokens_in, session.tokens_out) == (120, 30)
+    assert not Event.objects.filter(session=session, type="llm.fallback").exists()
+
+
+def test_every_real_provider_down_falls_back_to_offline_on_the_timeline(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    backoffs: list[float],
+    client: Any,
+) -> None:
+    fake_llm.set_script({"rules": [{"fault": "500"}]})
+    fake_provider(fake_llm, name="fake", priority=1)
+    fake_provider(fake_llm, name="fake2", priority=2)
+    session = start(make_user)
+
+    assert attempts(session) == [("fake", "error")] * 3 + [("fake2", "error")] * 3 + [
+        ("offline", "ok")
+    ]
+    assert len(backoffs) == 4  # two waits per provider, then the next one
+    fallbacks = [
+        (e.payload["from"], e.payload["to"])
+        for e in Event.objects.filter(session=session, type="llm.fallback").order_by("seq")
+    ]
+    assert fallbacks == [("fake", "fake2"), ("fake2", "offline")]
+    assert LLMRequest.objects.get(session=session).status == "failed"
+    # The offline extractor carried on: same facts and rule as without a model.
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+    client.force_login(User.objects.get(username="olga"))
+    page = client.get(f"/sessions/{session.pk}/").content.decode()
+    assert "falling back to offline" in page
+
+
+def test_a_runner_that_loses_its_claim_mid_call_neither_loses_nor_pays_twice(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], no_inline_runner: None
+) -> None:
+    """Runner A claims the call and stops renewing (killed, paused): its claim runs out,
+    runner B takes the request over and answers it. A's reply, arriving later, is
+    refused: one LLMCall row, the tokens counted once, the session resumed once."""
+    # A's reply comes back after B's: a runner without the claim check would record it.
+    fake_llm.set_script(
+        {"rules": [{**ANSWER, "match": {"call": 1}, "latency": 2.5}, {**ANSWER, "latency": 0.2}]}
+    )
+    fake_provider(fake_llm)
+    session = start(make_user)
+    runner_a = threading.Thread(
+        target=lambda: in_thread(lambda: llm_runner.Runner(enqueue=False).process_pending_now())
+    )
+    runner_a.start()
+    deadline = time.monotonic() + 10
+    while not fake_llm.requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(fake_llm.requests) == 1  # A's call is in flight
+    LLMRequest.objects.update(claim_expires_at=timezone.now())  # A stopped renewing
+
+    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 1  # B took it over
+    runner_a.join(timeout=30)
+
+    session.refresh_from_db()
+    assert len(fake_llm.requests) == 2  # B made the call again: A had not finished it
+    assert attempts(session) == [("fake", "ok")]
+    assert (session.tokens_in, session.tokens_out) == (120, 30)
+    assert Event.objects.filter(session=session, type="llm.call").count() == 1
+    assert LLMRequest.objects.get(session=session).claims == 2
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+
+
+def test_a_finished_call_is_never_made_again_by_a_rerun_of_its_node(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job dies in the node after reading the reply (here: the step fails once and
+    the job runs it again from its first line): the stored reply is read again, the
+    model is not asked twice and nothing is counted twice."""
+    fake_llm.set_script({"rules": [ANSWER]})
+    fake_provider(fake_llm)
+    settle = grounding.settle
+    crashes: list[int] = []
+
+    def crash_once(*args: Any, **kwargs: Any) -> Any:
+        if LLMRequest.objects.filter(status="done").exists() and not crashes:
+            crashes.append(1)
+            raise RuntimeError("the worker died here")
+        return settle(*args, **kwargs)
+
+    monkeypatch.setattr(grounding, "settle", crash_once)
+    session = start(make_user)
+
+    assert crashes == [1]
+    assert Event.objects.filter(session=session, type="agent.node_failed").count() == 1
+    assert len(fake_llm.requests) == 1
+    assert attempts(session) == [("fake", "ok")]
+    assert (session.tokens_in, session.tokens_out) == (120, 30)
+    assert session.snapshot["risk"]["rule"] == "OS-01"
