@@ -269,7 +269,7 @@ def do_decide_r1_batch(
         approval = approvals.get(pk)
         if approval is None:
             raise ActionError(_("An action of this batch belongs to another incident; refused."))
-        if approval.risk_class != "R1" or approval.is_lift:
+        if approval.risk_class != "R1" or approval.is_lift or approval.is_budget:
             raise ActionError(
                 _(
                     "%(action)s is %(risk)s: only R1 actions are decided in a batch; decide "
@@ -410,13 +410,17 @@ def _time_out(approval: Approval, session: Any) -> None:
     approval.status = ApprovalStatus.TIMEOUT
     approval.decided_at = timezone.now()
     approval.save(update_fields=["status", "decided_at"])
-    args = ", ".join(f"{k}={v}" for k, v in approval.tool_call.request_payload.items())
-    todo = ManualTodo.objects.create(
-        approval=approval,
-        session_id=session.pk,
-        title=f"{approval.action_name} ({args}) was not decided in time: handle it by hand",
-    )
-    notify_board()  # the to-dos page lists it
+    todo: ManualTodo | None = None
+    if not approval.is_budget:
+        # Continuing past the model budget is nothing people could do by hand: undecided,
+        # the agent stops and reports (ADR 143).
+        args = ", ".join(f"{k}={v}" for k, v in approval.tool_call.request_payload.items())
+        todo = ManualTodo.objects.create(
+            approval=approval,
+            session_id=session.pk,
+            title=f"{approval.action_name} ({args}) was not decided in time: handle it by hand",
+        )
+        notify_board()  # the to-dos page lists it
     # Logged even when the session has ended (failed, say): nothing changes unseen.
     do_apply_decision(
         approval.tool_call_id,
@@ -424,7 +428,7 @@ def _time_out(approval: Approval, session: Any) -> None:
         "timeout",
         "no decision before the deadline",
         producer="sweeper",
-        extra={"todo": todo.pk, "todo_title": todo.title},
+        extra={"todo": todo.pk, "todo_title": todo.title} if todo else {},
         at=approval.decided_at,
         ended_ok=True,
     )
@@ -438,7 +442,7 @@ def _time_out(approval: Approval, session: Any) -> None:
             "tool": approval.action_name,
             "risk_class": approval.risk_class,
             "deadline": approval.deadline.isoformat(),
-            "todo": todo.pk,
+            "todo": todo.pk if todo else None,
             "digest": approval.digest,
         },
     )

@@ -11,7 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from diagnosis.models import Restriction, Session, ToolCall
-from scenarios_admin.definition import ACTION_TOOLS, LIFT_TOOL
+from scenarios_admin.definition import ACTION_TOOLS, BUDGET_TOOL, LIFT_TOOL
 
 
 class ApprovalStatus(models.TextChoices):
@@ -162,6 +162,11 @@ class Approval(models.Model):
     def is_lift(self) -> bool:
         return self.action_name == LIFT_TOOL
 
+    @property
+    def is_budget(self) -> bool:
+        """The agent's request to continue past its model budget (ADR 143)."""
+        return self.action_name == BUDGET_TOOL
+
     @staticmethod
     def deadline_for(risk_class: str) -> Any:
         minutes = settings.AERO_APPROVAL_TIMEOUT_MINUTES[risk_class]
@@ -184,7 +189,7 @@ class Approval(models.Model):
     def editable_args(self) -> list[str]:
         """The arguments an approver may correct before deciding (none for a lift; the
         agent's free-text ATC message is not one)."""
-        if self.is_lift:
+        if self.is_lift or self.is_budget:
             return []
         return [n for n in ACTION_TOOLS.get(self.action_name, ()) if n != "message"]
 

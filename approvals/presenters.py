@@ -151,7 +151,11 @@ def incident_groups(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # incident among the others.
         group["items"].sort(key=lambda i: (-RISK_ORDER.get(i["a"].risk_class, 0), _urgency(i)))
         group["r1_open"] = [
-            i["a"] for i in group["items"] if i["a"].risk_class == "R1" and not i["a"].is_lift
+            i["a"]
+            for i in group["items"]
+            if i["a"].risk_class == "R1"
+            # money and lifts are decided one by one
+            and not (i["a"].is_lift or i["a"].is_budget)
         ]
     return sorted(groups.values(), key=lambda g: min(_urgency(i) for i in g["items"]))
 

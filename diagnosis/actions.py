@@ -35,7 +35,7 @@ from diagnosis.push import notify_board
 from diagnosis.reporting import display_value, md_cell, write_report
 from diagnosis.signals import session_closing
 from scenarios_admin.airport import load_active_graph
-from scenarios_admin.definition import LIFT_TOOL, risk_floor
+from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
 
 
@@ -518,9 +518,10 @@ def do_apply_decision(
             _record_decision(tool_call, user, outcome, reason, producer, at, extra)
             if session.is_ended:
                 return tool_call
-            if outcome == "approved":
+            if outcome == "approved" and tool_call.tool_name != BUDGET_TOOL:
                 # The effect's outbox row commits with the decision (ADR 110); the
-                # session's job executes it after the commit.
+                # session's job executes it after the commit. (Continuing past the
+                # budget has no effect outside AERO: the agent reads the decision.)
                 enqueue_effect(tool_call, producer=producer, fresh=True)
             if session.status == SessionStatus.WAITING_USER:
                 set_status(session.pk, SessionStatus.QUEUED, producer=producer)

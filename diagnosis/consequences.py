@@ -41,6 +41,7 @@ def _translated(tool: str) -> str:
         "tow_aircraft": gettext("Tow %(flight_no)s away from %(position)s"),
         "notify_atc": gettext("Notify ATC"),
         "lift_restriction": gettext("Lift the closure of %(kind)s %(target)s"),
+        "continue_budget": gettext("Let the agent ask the model again"),
     }.get(tool, tool)
 
 

@@ -66,6 +66,11 @@ def reduce_snapshot(
     if type == "agent.note" and payload.get("kind") == "scenario_mismatch":
         # The session page offers the switch while the session runs (ADR-131).
         return {**snapshot, "scenario_mismatch": dict(payload["suggested"])}
+    if type in ("budget.exhausted", "budget.raised", "budget.stopped"):
+        # The model budget (ADR 143): paused with what was spent, raised, or stopped.
+        state = {"budget.exhausted": "paused", "budget.raised": "running"}.get(type, "stopped")
+        budget = {**(snapshot.get("budget") or {}), **payload, "state": state}
+        return {**snapshot, "budget": budget}
     if type == "timeline.appended" and payload.get("kind") == "scenario_switched_to":
         return {**snapshot, "switched_to": payload["session"]}
     if type == "llm.delta":

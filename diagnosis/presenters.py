@@ -16,7 +16,7 @@ from diagnosis.models import Event, Report, Restriction, Session, ToolCall, Tool
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from diagnosis.templatetags.timeline import scenario_language
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
-from scenarios_admin.definition import LIFT_TOOL
+from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
 from scenarios_admin.models import ScenarioVersion
 
 TIMELINE_PAGE = 200  # rendering dominates: ~20 ms for 200 rows on this machine
@@ -187,7 +187,8 @@ def read_session(
 ) -> SessionReads:
     graph, restrictions = airport or read_airport()
     calls = (
-        ToolCall.objects.filter(session=session, is_action=True)
+        # A request to continue past the model budget is decided here too (ADR 143).
+        ToolCall.objects.filter(Q(is_action=True) | Q(tool_name=BUDGET_TOOL), session=session)
         .select_related("decided_by")
         .order_by("position", "id")
     )

@@ -20,6 +20,7 @@ TOOL_LABELS: dict[str, Promise] = {
     "fod_sweep": _("Sweep for FOD"),
     "tow_aircraft": _("Tow the aircraft"),
     "lift_restriction": _("Lift a closure"),
+    "continue_budget": _("Continue past the model budget"),
     # the agent's own lookups and analyses
     "lookup_aircraft_info": _("Look up the aircraft"),
     "lookup_flight_plan": _("Look up the flight plan"),

@@ -14,7 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy as _lazy
+from django.utils.translation import gettext_lazy
 
 from aero.models import audit
 from scenarios_admin.actions import (
@@ -73,7 +73,7 @@ class FieldInline(admin.StackedInline[ScenarioField, Scenario]):
     form = ScenarioFieldForm
     formset = CheckedInlineFormSet
     extra = 0
-    verbose_name_plural = _lazy(
+    verbose_name_plural = gettext_lazy(
         "Fields (the checklist: P1 fields are asked for before risk assessment)"
     )
     fieldsets = [
@@ -98,7 +98,7 @@ class ValueInline(admin.TabularInline[FieldValue, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["position", "field", "value", "label_zh", "label_en", "synonyms", "fallback"]
-    verbose_name_plural = _lazy(
+    verbose_name_plural = gettext_lazy(
         "Values of enum and bool fields, with the synonyms the extractor reads"
     )
 
@@ -120,7 +120,7 @@ class RuleInline(admin.TabularInline[RiskRule, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["position", "rule_id", "condition", "level", "score"]
-    verbose_name_plural = _lazy(
+    verbose_name_plural = gettext_lazy(
         "Risk rules (first match wins; the last one has an empty condition)"
     )
 
@@ -131,7 +131,9 @@ class RadiusInline(admin.TabularInline[SpreadRadius, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["key_value", "level", "hops"]
-    verbose_name_plural = _lazy("Spread radius (hops of the impact analysis, by value and level)")
+    verbose_name_plural = gettext_lazy(
+        "Spread radius (hops of the impact analysis, by value and level)"
+    )
 
 
 class ActionInline(admin.TabularInline[ScenarioAction, Scenario]):
@@ -140,7 +142,7 @@ class ActionInline(admin.TabularInline[ScenarioAction, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["position", "tool", "risk_class", "condition", "for_each", "args"]
-    verbose_name_plural = _lazy(
+    verbose_name_plural = gettext_lazy(
         "Required actions (proposed in this order when their condition holds)"
     )
 
@@ -152,7 +154,9 @@ class ExampleInline(admin.TabularInline[ScenarioExample, Scenario]):
     formset = CheckedInlineFormSet
     extra = 0
     fields = ["position", "text", "expected_fields", "rule", "level", "actions"]
-    verbose_name_plural = _lazy("Example cases (the self-check: all must pass before publishing)")
+    verbose_name_plural = gettext_lazy(
+        "Example cases (the self-check: all must pass before publishing)"
+    )
 
 
 class ScenarioVersionInline(admin.TabularInline[ScenarioVersion, Scenario]):
@@ -163,7 +167,7 @@ class ScenarioVersionInline(admin.TabularInline[ScenarioVersion, Scenario]):
     extra = 0
     can_delete = False
     show_change_link = True
-    verbose_name_plural = _lazy(
+    verbose_name_plural = gettext_lazy(
         "Published versions (immutable; sessions pin the one they start with)"
     )
 
@@ -196,14 +200,17 @@ def version_links(version: ScenarioVersion) -> str:
 
 class PublishForm(forms.Form):
     note = forms.CharField(
-        max_length=200, required=False, help_text=_lazy("What changed (shown in the version list).")
+        max_length=200,
+        required=False,
+        help_text=gettext_lazy("What changed (shown in the version list)."),
     )
 
 
 class ImportForm(forms.Form):
-    file = forms.FileField(help_text=_lazy("One scenario as exported (UTF-8 YAML)."))
+    file = forms.FileField(help_text=gettext_lazy("One scenario as exported (UTF-8 YAML)."))
     publish = forms.BooleanField(
-        required=False, help_text=_lazy("Publish it too (after validation and the self-check).")
+        required=False,
+        help_text=gettext_lazy("Publish it too (after validation and the self-check)."),
     )
     note = forms.CharField(max_length=200, required=False)
 
@@ -230,13 +237,26 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
     ]
     fieldsets = [
         (None, {"fields": ["slug", ("name_zh", "name_en"), "kind", "is_active"]}),
-        (_lazy("LLM providers"), {"classes": ["collapse"], "fields": ["system_prompt"]}),
-        (_lazy("Impact analysis"), {"fields": [("impact_start", "radius_key", "default_radius")]}),
         (
-            _lazy("Compliance state machine"),
+            gettext_lazy("LLM providers"),
             {
                 "classes": ["collapse"],
-                "description": _lazy(
+                "description": gettext_lazy(
+                    "The model budget of one session: when it runs out the session asks an "
+                    "approver to continue. Empty: the provider's budget, else none."
+                ),
+                "fields": ["system_prompt", ("budget_steps", "budget_tokens", "budget_cost")],
+            },
+        ),
+        (
+            gettext_lazy("Impact analysis"),
+            {"fields": [("impact_start", "radius_key", "default_radius")]},
+        ),
+        (
+            gettext_lazy("Compliance state machine"),
+            {
+                "classes": ["collapse"],
+                "description": gettext_lazy(
                     "The six states a session passes through, in order. The agent may only "
                     "assess risk once all P1 fields are known, propose actions after the "
                     "impact analysis, and report once every action is decided."
@@ -245,17 +265,17 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
             },
         ),
         (
-            _lazy("Report template"),
+            gettext_lazy("Report template"),
             {"classes": ["collapse"], "fields": ["report_template_zh", "report_template_en"]},
         ),
     ]
 
-    @admin.display(description=_lazy("Published"))
+    @admin.display(description=gettext_lazy("Published"))
     def latest(self, obj: Scenario) -> str:
         version = obj.latest_version()
         return f"v{version.number}" if version else "—"
 
-    @admin.display(description=_lazy("Draft"))
+    @admin.display(description=gettext_lazy("Draft"))
     def draft(self, obj: Scenario) -> str:
         return draft_status_text(obj, short=True)
 
@@ -463,7 +483,9 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         )
         return yaml_response({f"{scenario.slug}.yaml": text})
 
-    @admin.action(description=_lazy("Export selected scenarios as YAML"), permissions=["view"])
+    @admin.action(
+        description=gettext_lazy("Export selected scenarios as YAML"), permissions=["view"]
+    )
     def export_yaml(self, request: HttpRequest, queryset: QuerySet[Scenario]) -> HttpResponse:
         files = {}
         for scenario in queryset.order_by("slug"):
@@ -618,11 +640,11 @@ class ScenarioVersionAdmin(admin.ModelAdmin[ScenarioVersion]):
     ]
     exclude = ["definition"]
 
-    @admin.display(description=_lazy("Compare and download"))
+    @admin.display(description=gettext_lazy("Compare and download"))
     def links(self, obj: ScenarioVersion) -> str:
         return version_links(obj)
 
-    @admin.display(description=_lazy("Definition (YAML)"))
+    @admin.display(description=gettext_lazy("Definition (YAML)"))
     def as_yaml(self, obj: ScenarioVersion) -> str:
         return format_html("<pre>{}</pre>", dump_definition(obj.definition))
 
@@ -644,7 +666,7 @@ class TopologyNodeInline(admin.TabularInline[TopologyNode, Topology]):
     formset = CheckedInlineFormSet
     fields = ["node_id", "kind", "runway", "x", "y"]
     extra = 0
-    verbose_name_plural = _lazy(
+    verbose_name_plural = gettext_lazy(
         "Nodes (stands, taxiway nodes, runway nodes; x/y place them on the map)"
     )
 
@@ -655,7 +677,7 @@ class TopologyEdgeInline(admin.TabularInline[TopologyEdge, Topology]):
     formset = CheckedInlineFormSet
     fields = ["source_id", "target_id"]
     extra = 0
-    verbose_name_plural = _lazy("Edges (undirected; name the two nodes)")
+    verbose_name_plural = gettext_lazy("Edges (undirected; name the two nodes)")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TopologyEdge]:
         return super().get_queryset(request).select_related("source", "target").order_by("id")
@@ -667,7 +689,7 @@ class RunwayInline(admin.TabularInline[Runway, Topology]):
     formset = CheckedInlineFormSet
     fields = ["designator", "reference_id"]
     extra = 0
-    verbose_name_plural = _lazy("Runways and their reference nodes")
+    verbose_name_plural = gettext_lazy("Runways and their reference nodes")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Runway]:
         return super().get_queryset(request).select_related("reference_node")
@@ -688,7 +710,7 @@ class FlightInline(admin.TabularInline[Flight, Topology]):
         "pax",
     ]
     extra = 0
-    verbose_name_plural = _lazy("Flights (the flight information the agent looks up)")
+    verbose_name_plural = gettext_lazy("Flights (the flight information the agent looks up)")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Flight]:
         return super().get_queryset(request).select_related("stand")
@@ -787,13 +809,15 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
         max_length=1000,
         widget=forms.PasswordInput(render_value=False),
         help_text=(
-            _lazy(
+            gettext_lazy(
                 "Write only. Leave empty to keep the current key. Changing the base URL clears "
                 "the stored key: enter it again in the same save to use it with the new URL."
             )
         ),
     )
-    clear_api_key = forms.BooleanField(required=False, help_text=_lazy("Remove the stored key."))
+    clear_api_key = forms.BooleanField(
+        required=False, help_text=gettext_lazy("Remove the stored key.")
+    )
     key_cleared_by_url = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -816,6 +840,9 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
             "retries",
             "priority",
             "enabled",
+            "max_steps",
+            "max_tokens",
+            "max_cost",
         ]
 
     def clean(self) -> dict[str, Any]:
@@ -890,12 +917,13 @@ class ProviderConfigAdmin(admin.ModelAdmin[ProviderConfig]):
                 messages.WARNING,
             )
 
-    @admin.display(boolean=True, description=_lazy("API key set"))
+    @admin.display(boolean=True, description=gettext_lazy("API key set"))
     def has_key(self, obj: ProviderConfig) -> bool:
         return bool(obj.api_key_encrypted)
 
     @admin.action(
-        description=_lazy("Test connection (one tiny chat completion)"), permissions=["change"]
+        description=gettext_lazy("Test connection (one tiny chat completion)"),
+        permissions=["change"],
     )
     def test_connection(self, request: HttpRequest, queryset: QuerySet[ProviderConfig]) -> None:
         for config in queryset.order_by("priority", "name"):

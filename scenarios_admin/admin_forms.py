@@ -12,8 +12,7 @@ from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, QueryDict
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy as _lazy
-from django.utils.translation import ngettext
+from django.utils.translation import gettext_lazy, ngettext
 
 from scenarios_admin.definition import ACTION_TOOLS, IMPACT_LISTS, NODE_KINDS, Issue
 from scenarios_admin.draft import ROWS, SCENARIO_COLUMNS, Draft, check_draft, split_list
@@ -23,12 +22,12 @@ from scenarios_admin.models import Scenario, ScenarioKind
 UNAVAILABLE_KINDS = frozenset({ScenarioKind.DIAGNOSIS.value})
 
 COMPLIANCE_LABELS = (
-    _lazy("1. start"),
-    _lazy("2. all P1 fields known"),
-    _lazy("3. risk assessed"),
-    _lazy("4. impact analysed"),
-    _lazy("5. actions decided"),
-    _lazy("6. reported"),
+    gettext_lazy("1. start"),
+    gettext_lazy("2. all P1 fields known"),
+    gettext_lazy("3. risk assessed"),
+    gettext_lazy("4. impact analysed"),
+    gettext_lazy("5. actions decided"),
+    gettext_lazy("6. reported"),
 )
 
 
@@ -184,7 +183,9 @@ class KindsField(forms.MultipleChoiceField):
 
 
 class ScenarioFieldForm(DraftForm):
-    kinds = KindsField(help_text=_lazy("Position fields: node kinds accepted (none ticked: all)."))
+    kinds = KindsField(
+        help_text=gettext_lazy("Position fields: node kinds accepted (none ticked: all).")
+    )
 
     class Meta:
         widgets = {
@@ -212,11 +213,11 @@ class ScenarioActionForm(DraftForm):
     tool = forms.ChoiceField(choices=[("", "---------"), *[(t, t) for t in sorted(ACTION_TOOLS)]])
     for_each = forms.ChoiceField(
         choices=[
-            ("", _lazy("(once)")),
+            ("", gettext_lazy("(once)")),
             *[(f"impact.{n}", f"each of impact.{n}") for n in IMPACT_LISTS],
         ],
         required=False,
-        help_text=_lazy("One action per item of an impact list ({item} in the arguments)."),
+        help_text=gettext_lazy("One action per item of an impact list ({item} in the arguments)."),
     )
 
     class Meta:
@@ -269,6 +270,9 @@ class ScenarioForm(DraftForm):
             "default_radius",
             "report_template_zh",
             "report_template_en",
+            "budget_steps",
+            "budget_tokens",
+            "budget_cost",
         ]
         widgets = {
             "system_prompt": forms.Textarea(attrs={"rows": 5, "cols": 100}),
@@ -484,8 +488,8 @@ class NodeRefForm(forms.ModelForm[Any]):
 
 class EdgeForm(NodeRefForm):
     node_refs = {"source_id": "source", "target_id": "target"}
-    source_id = forms.CharField(label=_lazy("from node"), max_length=32)
-    target_id = forms.CharField(label=_lazy("to node"), max_length=32)
+    source_id = forms.CharField(label=gettext_lazy("from node"), max_length=32)
+    target_id = forms.CharField(label=gettext_lazy("to node"), max_length=32)
 
     class Meta:
         fields: list[str] = []
@@ -494,9 +498,9 @@ class EdgeForm(NodeRefForm):
 class RunwayForm(NodeRefForm):
     node_refs = {"reference_id": "reference_node"}
     reference_id = forms.CharField(
-        label=_lazy("reference node"),
+        label=gettext_lazy("reference node"),
         max_length=32,
-        help_text=_lazy("Where a runway-wide impact analysis starts (one of its nodes)."),
+        help_text=gettext_lazy("Where a runway-wide impact analysis starts (one of its nodes)."),
     )
 
     class Meta:
@@ -505,7 +509,7 @@ class RunwayForm(NodeRefForm):
 
 class FlightForm(NodeRefForm):
     node_refs = {"stand_id": "stand"}
-    stand_id = forms.CharField(label=_lazy("stand"), max_length=32, required=False)
+    stand_id = forms.CharField(label=gettext_lazy("stand"), max_length=32, required=False)
 
     class Meta:
         fields = ["flight_no", "airline", "aircraft", "registration", "std", "destination", "pax"]

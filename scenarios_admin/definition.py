@@ -66,6 +66,9 @@ def restriction_of(tool: str, args: dict[str, Any]) -> tuple[str, str] | None:
 # lower class and the runtime raises it again (for versions published before a floor).
 # `lift_restriction` is no scenario tool: it lifts a closure an action put in force.
 LIFT_TOOL = "lift_restriction"
+# Nor is `continue_budget`: the agent's request for more steps or money when its budget
+# ran out (R1: one approver says "go on", nothing outside AERO happens).
+BUDGET_TOOL = "continue_budget"
 RISK_FLOORS: dict[str, str] = {
     "notify_atc": "R0",
     "dispatch_cleanup_crew": "R1",
@@ -77,6 +80,7 @@ RISK_FLOORS: dict[str, str] = {
     "close_taxiway": "R2",
     "close_runway": "R3",
     LIFT_TOOL: "R2",
+    BUDGET_TOOL: "R1",
 }
 
 
@@ -164,8 +168,12 @@ TOP_KEYS = (
     "compliance",
     "report_template",
     "examples",
+    "budget",
 )
-REQUIRED_TOP_KEYS = tuple(k for k in TOP_KEYS if k not in ("system_prompt", "examples"))
+REQUIRED_TOP_KEYS = tuple(k for k in TOP_KEYS if k not in ("system_prompt", "examples", "budget"))
+# A session's model budget (all optional; none set = unlimited): reasoning steps that ask
+# the model, tokens in + out, and cost in the providers' currency.
+BUDGET_KEYS = ("steps", "tokens", "cost")
 FIELD_KEYS = ("label", "type", "priority", "ask", "kinds", "values", "default", "measure")
 VALUE_KEYS = ("label", "synonyms", "fallback")
 MEASURE_KEYS = ("units", "bands")
@@ -319,6 +327,20 @@ class _Checker:
         self.compliance(data["compliance"])
         self.report_template(data["report_template"])
         self.examples(data.get("examples", []), rules, tools)
+        self.budget(data.get("budget"))
+
+    def budget(self, budget: Any) -> None:
+        if budget is None:
+            return
+        if not self.mapping(budget, "budget", BUDGET_KEYS):
+            return
+        for key in BUDGET_KEYS:
+            value = budget.get(key)
+            if value is None:
+                continue
+            if not _is_number(value) or value <= 0 or (key != "cost" and not _is_int(value)):
+                kind = "a positive number" if key == "cost" else "a positive whole number"
+                self.add(f"budget.{key}", f"must be {kind}")
 
     def field_order(self, order: Any) -> None:
         if not isinstance(order, list):

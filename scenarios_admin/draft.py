@@ -47,6 +47,9 @@ SCENARIO_COLUMNS = (
     "compliance_states",
     "report_template_zh",
     "report_template_en",
+    "budget_steps",
+    "budget_tokens",
+    "budget_cost",
 )
 FIELD_COLUMNS = (
     "name",
@@ -332,6 +335,13 @@ def definition_from_draft(draft: Draft) -> tuple[dict[str, Any], list[Issue]]:
         "report_template": _texts(s["report_template_zh"], s["report_template_en"]),
         "examples": examples,
     }
+    budget = {
+        key: (float(s[f"budget_{key}"]) if key == "cost" else s[f"budget_{key}"])
+        for key in ("steps", "tokens", "cost")
+        if s.get(f"budget_{key}") is not None
+    }
+    if budget:
+        definition["budget"] = budget
     return definition, issues
 
 
@@ -394,6 +404,10 @@ def draft_from_definition(definition: dict[str, Any]) -> Draft:
             "compliance_states": list(definition["compliance"]["states"]),
             "report_template_zh": templates["zh"],
             "report_template_en": templates["en"],
+            **{
+                f"budget_{key}": (definition.get("budget") or {}).get(key)
+                for key in ("steps", "tokens", "cost")
+            },
         }
     )
     for name in definition["field_order"]:

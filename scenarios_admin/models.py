@@ -48,6 +48,16 @@ class Scenario(models.Model):
     compliance_states = models.JSONField(default=list, blank=True)
     report_template_zh = models.TextField("report template (zh)", blank=True)
     report_template_en = models.TextField("report template (en)", blank=True)
+    # The model budget of a session (ADR 143); empty: the provider's, else unlimited.
+    budget_steps = models.PositiveIntegerField(
+        "step budget", null=True, blank=True, help_text="Reasoning steps that ask the model."
+    )
+    budget_tokens = models.PositiveIntegerField(
+        "token budget", null=True, blank=True, help_text="Model tokens in + out."
+    )
+    budget_cost = models.DecimalField(
+        "cost budget (¥)", max_digits=10, decimal_places=4, null=True, blank=True
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -414,6 +424,21 @@ class ProviderConfig(models.Model):
     retries = models.PositiveSmallIntegerField(default=3)
     priority = models.PositiveSmallIntegerField(default=100, help_text="Lower is tried first.")
     enabled = models.BooleanField(default=True)
+    # A session's model budget when its scenario sets none (empty: unlimited). When it
+    # runs out the session asks an approver to continue (ADR 143).
+    max_steps = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Reasoning steps per session (empty: unlimited)."
+    )
+    max_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tokens in + out per session (empty: unlimited)."
+    )
+    max_cost = models.DecimalField(
+        max_digits=10,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="Model cost per session, in yuan (empty: unlimited).",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

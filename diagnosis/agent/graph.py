@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from langgraph.config import get_config
 from langgraph.graph import END, START, StateGraph
@@ -19,7 +20,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from diagnosis import shutdown
-from diagnosis.agent import fsm, grounding, policy, prompts, waits
+from diagnosis.agent import budget, fsm, grounding, policy, prompts, waits
 from diagnosis.agent.extraction import Extraction
 from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
 from diagnosis.agent.state import AgentContext, AgentState
@@ -51,9 +52,9 @@ from diagnosis.models import (
     ToolCall,
     ToolCallStatus,
 )
-from diagnosis.reporting import write_report
+from diagnosis.reporting import md_cell, write_report
 from diagnosis.signals import approval_withdrawn
-from scenarios_admin.definition import restriction_of, value_order
+from scenarios_admin.definition import BUDGET_TOOL, restriction_of, value_order
 
 
 class NodeFn(Protocol):
@@ -616,7 +617,7 @@ def route_after_reasoning(
         return "tool_executor"
     if step == "await":
         return "await_approval"
-    return "compliance_validator"
+    return "compliance_validator"  # finish, or stop (the budget ran out and was refused)
 
 
 # --- waits (interrupts) ---------------------------------------------------------------
@@ -629,11 +630,17 @@ def ask_user(state: AgentState) -> dict[str, Any]:
 
 
 def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    waiting = [
-        a.pk
-        for a in action_calls(runtime.context.session_id)
-        if a.status == ToolCallStatus.AWAITING_APPROVAL
-    ]
+    # The actions awaiting a decision, and a request to continue past the model budget,
+    # which waits like one (ADR 143): one query.
+    waiting = list(
+        ToolCall.objects.filter(
+            Q(is_action=True) | Q(tool_name=BUDGET_TOOL),
+            session_id=runtime.context.session_id,
+            status=ToolCallStatus.AWAITING_APPROVAL,
+        )
+        .order_by("position", "id")
+        .values_list("pk", flat=True)
+    )
     if waiting:
         interrupt({"kind": "approval", "tool_calls": waiting})
     # A correction sent while waiting goes through the input parser first (ADR-138).
@@ -665,6 +672,13 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     lookups = [c for c in calls if c["tool"] in ENRICHMENT_SOURCES]
     if lookups:
         enrichment = run_enrichment(tctx, lookups)
+        earlier = state.get("enrichment")
+        if earlier:  # the model looked some sources up in an earlier step: keep them
+            enrichment = {
+                **earlier,
+                **enrichment,
+                "degraded": [*earlier.get("degraded", []), *enrichment["degraded"]],
+            }
         update["enrichment"] = enrichment
         append_step_event(
             ctx.session_id,
@@ -907,6 +921,22 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
         append_step_event(ctx.session_id, "fsm.violation", refusal, producer=ctx.producer, run=run)
     facts = facts_of(state, ctx)
     finishing = state["plan"]["step"] == "finish"
+    if state["plan"]["step"] == "stop":
+        # The budget ran out and continuing was refused: the agent ends here and
+        # reports what was done (nothing is awaiting: the model is only asked before
+        # the actions are proposed or after they are settled).
+        outcome, by, reason = budget.stop_reason(state["plan"]["request"])
+        append_event_once(
+            ctx.session_id,
+            "budget.stopped",
+            f"budget:{state['plan']['request']}:stopped",
+            {"tool_call": state["plan"]["request"], "outcome": outcome, "by": by, "reason": reason},
+            producer=ctx.producer,
+            run=run,
+        )
+        plan = dict(state["plan"])
+        plan["approved_finish"] = True
+        return {"plan": plan, "refusals": [], "_summary": "stopped: budget refused"}
     if finishing and not facts.actions_settled:
         violation = {
             "tool": "write_report",
@@ -948,6 +978,21 @@ def route_after_validation(state: AgentState) -> Literal["output_generator", "re
 
 @recorded("output_generator")
 def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    if state["plan"]["step"] == "stop":
+        outcome, by, reason = budget.stop_reason(state["plan"]["request"])
+        lang = "zh" if state.get("language") == "zh" else "en"
+        preface = prompts.BUDGET_STOPPED_PREFACE[lang].format(
+            by=md_cell(by), reason=md_cell(reason or outcome)
+        )
+        write_report(
+            ctx.session_id,
+            ctx.definition,
+            dict(state),
+            producer=ctx.producer,
+            run=run,
+            preface=preface,
+        )
+        return {"reported": True, "_summary": "report written (budget refused)"}
     facts = facts_of(state, ctx)
     violation = fsm.check_step(ctx.definition, facts, "write_report")
     if violation:

@@ -47,6 +47,14 @@ REACT = {
 }
 KNOWN_FIELDS = {"en": "Known fields:", "zh": "已知字段："}
 
+# Under the report's title when the model budget ran out and continuing was refused.
+BUDGET_STOPPED_PREFACE = {
+    "en": "> **Stopped** when the model budget ran out: {by} did not approve continuing "
+    "({reason}). This report records what was done up to then.",
+    "zh": "> **已停止**：模型预算用尽，{by} 未批准继续（{reason}）。"
+    "本报告记录截至此时已完成的工作。",
+}
+
 ANSWERING = {
     "en": "The operator is answering the question about {field!r}.",
     "zh": "值班员正在回答关于 {field!r} 的问题。",

@@ -31,7 +31,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
-from diagnosis.agent import prompts
+from diagnosis.agent import fsm, prompts
 from diagnosis.agent.providers import (
     OfflineProvider,
     OpenAICompatibleProvider,
@@ -45,6 +45,7 @@ from diagnosis.agent.providers import (
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.events import append_event_once
 from diagnosis.models import Event, ToolCall
+from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
 
 
 class _Args(BaseModel):
@@ -130,14 +131,20 @@ def _is_action(name: str) -> bool:
 
 
 def conversation(state: AgentState, ctx: AgentContext) -> list[BaseMessage]:
-    """The operator's messages and every tool result so far, rebuilt from the session."""
+    """The operator's messages, the model's earlier picks and every tool result so far,
+    rebuilt from the session's log each step (no state of its own to lose or repeat).
+
+    A step the model chose is its `agent.note` (`kind=react`) with the calls it made,
+    each answered by a tool message: the call's result, or why it was refused. Calls the
+    policy ran without the model's pick (a forgotten required action, the offline
+    fallback, an approved action executing) appear as the policy's own tool calls."""
     lang = prompts.language(state.get("language", "en"))
-    texts = [
-        e.payload.get("text", "")
-        for e in Event.objects.filter(session_id=ctx.session_id, type="user.message").order_by(
-            "seq"
-        )
-    ]
+    events = list(
+        Event.objects.filter(session_id=ctx.session_id, type__in=("user.message", "agent.note"))
+        .order_by("seq")
+        .only("seq", "ts", "type", "payload")
+    )
+    texts = [e.payload.get("text", "") for e in events if e.type == "user.message"]
     known = {k: v for k, v in (state.get("fields") or {}).items() if v is not None}
     messages: list[BaseMessage] = [
         SystemMessage(
@@ -155,20 +162,70 @@ def conversation(state: AgentState, ctx: AgentContext) -> list[BaseMessage]:
             + json.dumps(known, ensure_ascii=False, sort_keys=True)
         ),
     ]
-    calls = ToolCall.objects.filter(session_id=ctx.session_id).order_by("id")
-    for call in calls:
-        call_id = f"aero_{call.pk}"
-        messages.append(
-            AIMessage(
-                "",
-                tool_calls=[{"name": call.tool_name, "args": call.request_payload, "id": call_id}],
+    calls = {
+        c.call_id: c
+        for c in ToolCall.objects.filter(session_id=ctx.session_id).exclude(
+            tool_name__in=(BUDGET_TOOL, LIFT_TOOL)  # people's requests, not the agent's tools
+        )
+    }
+    turns = [e for e in events if e.type == "agent.note" and e.payload.get("kind") == "react"]
+    named = {
+        str(c.get("call_id"))
+        for turn in turns
+        for c in turn.payload.get("calls", [])
+        if c.get("call_id")
+    }
+    # The model's turns and the policy's own calls, in the order they happened.
+    timeline: list[tuple[Any, int, Any]] = [(t.ts, 0, t) for t in turns]
+    timeline += [(c.created_at, 1, c) for c in calls.values() if c.call_id not in named]
+    timeline.sort(key=lambda item: (item[0], item[1], getattr(item[2], "pk", 0)))
+    for index, (_, _, item) in enumerate(timeline):
+        if isinstance(item, ToolCall):
+            turn = [(item.tool_name, item.request_payload, _result(item))]
+            messages += _tool_turn("", turn, index)
+            continue
+        picked = [
+            (
+                str(c.get("name") or "?"),
+                c.get("args") or {},
+                _result(calls[c["call_id"]])
+                if c.get("call_id") in calls
+                else "refused: " + str(c.get("refused") or "not run"),
             )
-        )
-        result = {"status": call.status, "result": call.response_payload}
-        messages.append(
-            ToolMessage(json.dumps(result, ensure_ascii=False, default=str), tool_call_id=call_id)
-        )
+            for c in item.payload.get("calls", [])
+        ]
+        messages += _tool_turn(str(item.payload.get("text", "")), picked, index)
     return messages
+
+
+def _result(call: ToolCall) -> str:
+    return json.dumps(
+        {"status": call.status, "result": call.response_payload, "error": call.error or None},
+        ensure_ascii=False,
+        default=str,
+    )
+
+
+def _tool_turn(text: str, calls: list[tuple[str, Any, str]], index: int) -> list[BaseMessage]:
+    """One assistant message with its calls and one tool message per call (the API wants
+    an answer to every id; ids are ours, so a model reusing "call_1" each turn is fine)."""
+    if not calls:
+        return [AIMessage(text)] if text else []
+    ids = [f"aero_{index}_{n}" for n in range(len(calls))]
+    turn: list[BaseMessage] = [
+        AIMessage(
+            text,
+            tool_calls=[
+                {"name": name, "args": args if isinstance(args, dict) else {}, "id": call_id}
+                for (name, args, _), call_id in zip(calls, ids, strict=True)
+            ],
+        )
+    ]
+    turn += [
+        ToolMessage(content, tool_call_id=call_id)
+        for (_, _, content), call_id in zip(calls, ids, strict=True)
+    ]
+    return turn
 
 
 # --- one reasoning step ---------------------------------------------------------------
@@ -176,12 +233,18 @@ def conversation(state: AgentState, ctx: AgentContext) -> list[BaseMessage]:
 
 @dataclass
 class Choice:
-    """What the model asked for in one step, checked against the policy."""
+    """What the model asked for in one step and what the policy made of it: the plan that
+    runs, each of the model's calls with the call it became or why it was refused, and
+    every correction (an `fsm.violation` event each)."""
 
     plan: dict[str, Any]
     text: str = ""
-    picked: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
     corrections: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def picked(self) -> list[str]:
+        return [str(c.get("name")) for c in self.calls if not c.get("refused")]
 
 
 def _validate(calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -242,7 +305,7 @@ def choose(
     tools = tool_schemas(ctx.definition)
     reply, usage = ask_model(provider, messages, tools)
     valid, problems = _validate(_calls_of(reply))
-    choice = Choice(reference, text=str(reply.content or ""))
+    text = str(reply.content or "")
     if any(p["repairable"] for p in problems):
         # One repair turn: the model sees what was wrong with its arguments.
         # Every call of the reply gets its tool message (the API requires one per id).
@@ -264,70 +327,197 @@ def choose(
             usage.cost + more.cost,
         )
         valid, problems = _validate(_calls_of(repaired))
-        choice.text = str(repaired.content or choice.text)
+        text = str(repaired.content or text)
         for problem in problems:
             problem["problem"] += " (after a repair turn)"
+    choice = decide(valid, reference, state, ctx)
+    choice.text = text
     for problem in problems:
+        choice.calls.append(
+            {
+                "name": problem.get("name") or "?",
+                "args": problem.get("args") or {},
+                "refused": problem["problem"],
+            }
+        )
         choice.corrections.append(
             {"tool": problem.get("name") or "?", "violation": "refused: " + problem["problem"]}
         )
-    choice.picked = [c["name"] for c in valid]
-    choice.corrections += check_against_policy(valid, reference)
     return choice, usage
 
 
-def check_against_policy(
-    valid: list[dict[str, Any]], reference: dict[str, Any]
-) -> list[dict[str, Any]]:
-    """The policy's step is what runs; every difference from it is a recorded correction."""
-    expected = reference.get("calls", []) if reference["step"] == "call" else []
-    expected_tools = [c["tool"] for c in expected]
-    next_step = ", ".join(expected_tools) or reference["step"]
-    corrections: list[dict[str, Any]] = []
-    for call in valid:
-        if call["name"] not in expected_tools:
-            corrections.append(
-                {
-                    "tool": call["name"],
-                    "args": call.get("args") or {},
-                    "violation": f"refused: {call['name']} is not the policy's next step "
-                    f"({next_step})",
-                }
+LOOKUPS = ("lookup_aircraft_info", "lookup_flight_plan", "lookup_stand_location")
+
+
+def decide(
+    valid: list[dict[str, Any]],
+    reference: dict[str, Any],
+    state: AgentState,
+    ctx: AgentContext,
+) -> Choice:
+    """The model's valid calls, checked one by one against the compliance state machine
+    and the policy; the ones that pass are what runs.
+
+    - a lookup runs with the arguments of the confirmed fields (a value the model made up
+      is not looked up: the operator confirms facts, not the model);
+    - risk and impact run only when the state machine allows them and only once: the
+      rule table and the BFS give their results, nothing the model says changes them;
+    - an action may be proposed only once the impact is known, only if the rule table
+      requires it, and with the policy's arguments and risk class; every required action
+      the model forgot is proposed anyway;
+    - a call the state machine does not allow yet is refused, with the reason as its tool
+      message; when nothing the model asked for can run, the policy's next step runs."""
+    from diagnosis.agent import policy
+    from diagnosis.agent.graph import enrichment_calls, facts_of
+
+    definition = ctx.definition
+    fields = state.get("fields") or {}
+    facts = facts_of(state, ctx)
+    risk = state.get("risk")
+    enrichment = state.get("enrichment") or {}
+    lookups = {c["tool"]: c for c in enrichment_calls(definition, fields)}
+    done_lookups = (
+        set(
+            ToolCall.objects.filter(session_id=ctx.session_id, tool_name__in=LOOKUPS).values_list(
+                "tool_name", flat=True
             )
-    unmatched = [(c["name"], c.get("args") or {}) for c in valid]
-    for call in expected:
-        if not call.get("is_action"):
-            continue
-        tool, args = call["tool"], call.get("args") or {}
-        same = [m for m in unmatched if m[0] == tool and (m[1] == args or tool == "notify_atc")]
-        if same:  # notify_atc's message is the model's to word, not its to decide
-            unmatched.remove(same[0])
-            continue
-        other = next((m for m in unmatched if m[0] == tool), None)
-        if other is None:
-            corrections.append(
+        )
+        if enrichment
+        else set()
+    )
+    expected = reference.get("calls", []) if reference["step"] == "call" else []
+    # The proposal step is open once risk and impact are known and nothing was proposed;
+    # the policy's list of required actions is then fixed (the model may get there while
+    # the policy would still look something up).
+    entry_facts = facts
+    required = [c for c in expected if c.get("mode") == "propose"]
+    at_proposals = bool(required) or (
+        bool(risk) and bool(state.get("impact")) and not state.get("actions_planned")
+    )
+    if at_proposals and not required:
+        required = policy.required_actions(
+            definition, fields, ctx.graph, risk or {}, state.get("impact") or {}
+        )
+        for position, proposal in enumerate(required):
+            proposal.update(position=position, mode="propose")
+    proposing = bool([c for c in expected if c.get("mode") == "propose"])
+    unclaimed = list(required)
+    choice = Choice(reference)
+    plan_calls: list[dict[str, Any]] = []
+
+    def refuse(call: dict[str, Any], why: str) -> None:
+        choice.calls.append({"name": call["name"], "args": call.get("args") or {}, "refused": why})
+        choice.corrections.append(
+            {"tool": call["name"], "args": call.get("args") or {}, "violation": "refused: " + why}
+        )
+
+    def accept(call: dict[str, Any], planned: dict[str, Any]) -> None:
+        choice.calls.append(
+            {"name": call["name"], "args": call.get("args") or {}, "call_id": planned["call_id"]}
+        )
+        if all(p["call_id"] != planned["call_id"] for p in plan_calls):
+            plan_calls.append(planned)
+
+    for call in valid:
+        name, args = call["name"], call.get("args") or {}
+        if name in LOOKUPS:
+            if name in done_lookups or any(p["call_id"] == name for p in plan_calls):
+                refuse(call, f"{name} was already run; its result is in the conversation")
+            elif name not in lookups:
+                refuse(call, f"{name}: the field it needs is not known (confirmed) yet")
+            else:
+                if args != lookups[name]["args"]:
+                    choice.corrections.append(
+                        {
+                            "tool": name,
+                            "args": args,
+                            "violation": f"{name} arguments set by the policy from the "
+                            "confirmed fields: "
+                            + json.dumps(lookups[name]["args"], ensure_ascii=False),
+                        }
+                    )
+                accept(call, lookups[name])
+        elif name == "assess_risk":
+            violation = fsm.check_step(definition, facts, name)
+            if risk:
+                refuse(
+                    call,
+                    f"the risk is assessed by the rule table ({risk['rule']}: {risk['level']} "
+                    f"{risk['score']}); it is neither re-run nor changed",
+                )
+            elif violation:
+                refuse(call, violation)
+            else:
+                accept(call, {"call_id": "assess_risk", "tool": "assess_risk", "args": {}})
+                facts = fsm.Facts(facts.p1_complete, True, False, False, False)
+        elif name == "analyze_impact":
+            violation = fsm.check_step(definition, facts, name)
+            if state.get("impact"):
+                refuse(call, "the impact is analysed by the BFS on the airport graph already")
+            elif violation:
+                refuse(call, violation)
+            else:
+                accept(call, {"call_id": "analyze_impact", "tool": "analyze_impact", "args": {}})
+                facts = fsm.Facts(facts.p1_complete, True, True, False, False)
+        else:
+            # Actions need the impact known before this step, not from the same reply:
+            # the required list depends on it.
+            violation = fsm.check_step(definition, entry_facts, name)
+            if violation:
+                refuse(call, violation)
+            elif not at_proposals:
+                refuse(call, f"{name}: the required actions were proposed already")
+            else:
+                proposing = True
+                same = [c for c in unclaimed if c["tool"] == name and c["args"] == args]
+                other = same or [c for c in unclaimed if c["tool"] == name]
+                if not other:
+                    refuse(
+                        call,
+                        f"{name} {json.dumps(args, ensure_ascii=False)} is not "
+                        "required by the scenario's rules for this incident",
+                    )
+                    continue
+                unclaimed.remove(other[0])
+                if not same and name != "notify_atc":  # the ATC message is the model's words
+                    choice.corrections.append(
+                        {
+                            "tool": name,
+                            "args": args,
+                            "violation": f"{name} arguments set by the policy: "
+                            + json.dumps(other[0]["args"], ensure_ascii=False, sort_keys=True),
+                        }
+                    )
+                accept(call, other[0])
+    if proposing:
+        for call in unclaimed:
+            choice.corrections.append(
                 {
-                    "tool": tool,
-                    "args": args,
-                    "violation": f"required action {tool} proposed although the model "
+                    "tool": call["tool"],
+                    "args": call.get("args") or {},
+                    "violation": f"required action {call['tool']} proposed although the model "
                     "did not call it",
                 }
             )
-            continue
-        unmatched.remove(other)
-        corrections.append(
+        # All required proposals, in the policy's order (positions, stable call ids),
+        # after whatever else the model asked for in the same reply.
+        others = [c for c in plan_calls if c.get("mode") != "propose"]
+        choice.plan = {"step": "call", "calls": others + required, "by": "model"}
+    elif plan_calls:
+        choice.plan = {"step": "call", "calls": plan_calls, "by": "model"}
+    else:
+        next_step = ", ".join(c["tool"] for c in expected) or reference["step"]
+        choice.corrections.append(
             {
-                "tool": tool,
-                "args": other[1],
-                "violation": f"{tool} arguments set by the policy: "
-                + json.dumps(args, ensure_ascii=False, sort_keys=True),
+                "tool": "finish",
+                "violation": (
+                    "nothing the model asked for can run" if valid else "the model stopped early"
+                )
+                + f"; the policy's next step runs: {next_step}",
             }
         )
-    if expected and not valid and not any(c.get("is_action") for c in expected):
-        corrections.append(
-            {"tool": "finish", "violation": f"the model stopped early; next step: {next_step}"}
-        )
-    return corrections
+        choice.plan = reference
+    return choice
 
 
 def react_plan(
@@ -340,17 +530,23 @@ def react_plan(
     real = [p for p in ctx.providers if isinstance(p, OpenAICompatibleProvider)]
     if not real or not settings.AERO_LLM_REACT:
         return reference
-    if reference["step"] in ("ask", "await") or any(
+    if reference["step"] != "call" or any(
         c.get("mode") == "execute" for c in reference.get("calls", [])
     ):
-        # Questions, waits and running decided actions follow the decisions, not the model.
+        # Questions, waits, the report and running decided actions follow the facts and
+        # the decisions, not the model.
         return reference
 
+    from diagnosis.agent import budget
     from diagnosis.agent.graph import _fallback_recorder, _recorder
+
+    paused = budget.check(state, ctx, real)
+    if paused is not None:
+        return paused
 
     def call(provider: Provider) -> tuple[Choice, Usage]:
         if isinstance(provider, OfflineProvider):
-            return Choice(reference, picked=["(policy)"]), Usage()
+            return Choice(reference), Usage()
         if not isinstance(provider, OpenAICompatibleProvider):
             raise ProviderError(f"{provider.name} cannot reason", retryable=False)
         return choose(provider, state, ctx, reference)
@@ -360,11 +556,17 @@ def react_plan(
         ctx.providers, "reason", call, _recorder(ctx, run), _fallback_recorder(ctx, run)
     )
     step = _step_key(state, reference)
-    if choice.text or choice.picked:
+    if choice.text or choice.calls or choice.plan is not reference:
         # The model's words are not bounded by anything a person typed: a runaway reply
         # is kept up to MAX_MODEL_TEXT, marked as cut in the text and the payload (ADR 37).
         text, cut_from = cut_generated(choice.text or "", MAX_MODEL_TEXT)
-        note: dict[str, Any] = {"text": text, "picked": choice.picked, "step": reference["step"]}
+        note: dict[str, Any] = {
+            "kind": "react",
+            "text": text,
+            "picked": choice.picked,
+            "calls": choice.calls,
+            "step": reference["step"],
+        }
         if cut_from is not None:
             note["cut_from_chars"] = cut_from
         append_event_once(
@@ -379,7 +581,7 @@ def react_plan(
             producer=ctx.producer,
             run=run,
         )
-    return reference
+    return choice.plan
 
 
 def _step_key(state: AgentState, reference: dict[str, Any]) -> str:
