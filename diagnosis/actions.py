@@ -714,21 +714,7 @@ def execute_lift(outbox_id: int, *, producer: str = "web") -> str:
                 row = Outbox.objects.select_for_update().get(pk=outbox_id)
                 if row.status != OutboxStatus.PENDING:
                     return row.status
-                row.last_error = error
-                row.save(update_fields=["last_error"])
-                append_event(
-                    tool_call.session_id,
-                    "tool.call_retrying",
-                    {
-                        "tool_call": tool_call.pk,
-                        "call_id": tool_call.call_id,
-                        "tool_name": tool_call.tool_name,
-                        "attempt": attempt,
-                        "error": error,
-                        "retry_in": delay,
-                    },
-                    producer=producer,
-                )
+                outbox_module.record_retry(row, tool_call, attempt, error, delay, producer=producer)
             outbox_module.sleep(delay)
             attempt += 1
     return _record_lift(outbox_id, producer, remote=remote)

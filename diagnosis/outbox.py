@@ -151,7 +151,9 @@ def execute(ctx: ToolContext, effect: Effect) -> str:
                     message = f"gave up after {attempt} attempts: {error}"
                     return _record_failure(ctx, outbox, tool_call, started, message)
                 delay = settings.AERO_TOOL_BACKOFF * attempt
-                _record_retry(ctx, outbox, tool_call, attempt, error, delay)
+                record_retry(
+                    outbox, tool_call, attempt, error, delay, producer=ctx.producer, run=ctx.run
+                )
             metrics.outbox_attempt("retry")
             sleep(delay)
             attempt += 1
@@ -203,9 +205,18 @@ def _lock(outbox_id: int) -> tuple[Outbox, ToolCall]:
     return outbox, outbox.tool_call
 
 
-def _record_retry(
-    ctx: ToolContext, outbox: Outbox, tool_call: ToolCall, attempt: int, error: str, delay: float
+def record_retry(
+    outbox: Outbox,
+    tool_call: ToolCall,
+    attempt: int,
+    error: str,
+    delay: float,
+    *,
+    producer: str,
+    run: AgentRun | None = None,
 ) -> None:
+    """A failed attempt that will be retried: on the row and in the log (the caller holds
+    the row's lock). Shared by the agent's actions and the approvers' lifts."""
     outbox.last_error = error
     outbox.save(update_fields=["last_error"])
     append_event(
@@ -219,8 +230,8 @@ def _record_retry(
             "error": error,
             "retry_in": delay,
         },
-        producer=ctx.producer,
-        run=ctx.run,
+        producer=producer,
+        run=run,
     )
     logger.warning(
         "%s (%s): attempt %d failed (%s); retrying in %g s",
