@@ -9,18 +9,21 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from diagnosis.models import Restriction, Session, ToolCall
 from scenarios_admin.definition import ACTION_TOOLS, BUDGET_TOOL, LIFT_TOOL
 
 
 class ApprovalStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    CONFIRMING = "confirming", "Approved once, awaiting confirmation"
-    APPROVED = "approved", "Approved"
-    REJECTED = "rejected", "Rejected"
-    TIMEOUT = "timeout", "Timed out"
-    CANCELED = "canceled", "Closed: the session was canceled"
+    PENDING = "pending", _("Pending")
+    CONFIRMING = "confirming", _("Approved once, awaiting confirmation")
+    APPROVED = "approved", _("Approved")
+    REJECTED = "rejected", _("Rejected")
+    TIMEOUT = "timeout", _("Timed out")
+    # Closed without a decision: its session was canceled or closed, or a correction
+    # withdrew it (the event says which).
+    CANCELED = "canceled", _("Closed without a decision")
 
 
 OPEN_STATUSES = (ApprovalStatus.PENDING, ApprovalStatus.CONFIRMING)

@@ -8,6 +8,8 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 
 from aero import crypto
 
@@ -26,34 +28,36 @@ class Scenario(models.Model):
     name_zh = models.CharField("name (zh)", max_length=120)
     name_en = models.CharField("name (en)", max_length=120)
     kind = models.CharField(max_length=16, choices=ScenarioKind.choices)
-    is_active = models.BooleanField(default=True, help_text="Offered for new sessions.")
+    is_active = models.BooleanField(default=True, help_text=_("Offered for new sessions."))
     system_prompt = models.TextField(
-        blank=True, help_text="Instructions for LLM providers (the offline provider ignores it)."
+        blank=True, help_text=_("Instructions for LLM providers (the offline provider ignores it).")
     )
     impact_start = models.CharField(
         "impact starts at",
         max_length=64,
         blank=True,
-        help_text="The position field whose node starts the impact analysis.",
+        help_text=_("The position field whose node starts the impact analysis."),
     )
     radius_key = models.CharField(
         "radius depends on",
         max_length=64,
         blank=True,
-        help_text="An enum field whose value selects the spread radius row; empty: by level only.",
+        help_text=_(
+            "An enum field whose value selects the spread radius row; empty: by level only."
+        ),
     )
     default_radius = models.PositiveSmallIntegerField(
-        default=1, help_text="Hops when no spread radius row matches."
+        default=1, help_text=_("Hops when no spread radius row matches.")
     )
     compliance_states = models.JSONField(default=list, blank=True)
     report_template_zh = models.TextField("report template (zh)", blank=True)
     report_template_en = models.TextField("report template (en)", blank=True)
     # The model budget of a session (ADR 143); empty: the provider's, else unlimited.
     budget_steps = models.PositiveIntegerField(
-        "step budget", null=True, blank=True, help_text="Reasoning steps that ask the model."
+        "step budget", null=True, blank=True, help_text=_("Reasoning steps that ask the model.")
     )
     budget_tokens = models.PositiveIntegerField(
-        "token budget", null=True, blank=True, help_text="Model tokens in + out."
+        "token budget", null=True, blank=True, help_text=_("Model tokens in + out.")
     )
     budget_cost = models.DecimalField(
         "cost budget (¥)", max_digits=10, decimal_places=4, null=True, blank=True
@@ -101,8 +105,8 @@ class RiskClass(models.TextChoices):
     R3 = "R3", "R3 (forced confirmation with a reason)"
 
 
-POSITION_HELP = "Order; lower first. Leave empty to add at the end."
-LIST_HELP = "Separated by commas or one per line."
+POSITION_HELP = _("Order; lower first. Leave empty to add at the end.")
+LIST_HELP = _("Separated by commas or one per line.")
 
 
 class DraftRow(models.Model):
@@ -116,7 +120,7 @@ class DraftRow(models.Model):
 
 class ScenarioField(DraftRow):
     scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_fields")
-    name = models.CharField(max_length=64, help_text="e.g. fluid_type (lower case, _).")
+    name = models.CharField(max_length=64, help_text=_("e.g. fluid_type (lower case, _)."))
     label_zh = models.CharField("label (zh)", max_length=120)
     label_en = models.CharField("label (en)", max_length=120)
     type = models.CharField(max_length=16, choices=FieldType.choices)
@@ -124,14 +128,16 @@ class ScenarioField(DraftRow):
     ask_zh = models.TextField("ask prompt (zh)", blank=True)
     ask_en = models.TextField("ask prompt (en)", blank=True)
     kinds = models.CharField(
-        max_length=64, blank=True, help_text="Position fields: node kinds accepted (empty: all)."
+        max_length=64, blank=True, help_text=_("Position fields: node kinds accepted (empty: all).")
     )
-    default = models.CharField(max_length=64, blank=True, help_text="Enum fields: value if absent.")
+    default = models.CharField(
+        max_length=64, blank=True, help_text=_("Enum fields: value if absent.")
+    )
     measure_units = models.CharField(
-        max_length=300, blank=True, help_text="Enum fields read from a quantity: its units."
+        max_length=300, blank=True, help_text=_("Enum fields read from a quantity: its units.")
     )
     measure_bands = models.CharField(
-        max_length=300, blank=True, help_text="e.g. LARGE>5, MEDIUM>=1, SMALL (first match)."
+        max_length=300, blank=True, help_text=_("e.g. LARGE>5, MEDIUM>=1, SMALL (first match).")
     )
 
     class Meta:
@@ -147,15 +153,19 @@ class ScenarioField(DraftRow):
 
 class FieldValue(DraftRow):
     scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_values")
-    field = models.CharField(max_length=64, help_text="The enum or bool field (its name).")
-    value = models.CharField(max_length=64, help_text="e.g. FUEL; bool fields: true and false.")
+    field = models.CharField(max_length=64, help_text=_("The enum or bool field (its name)."))
+    value = models.CharField(max_length=64, help_text=_("e.g. FUEL; bool fields: true and false."))
     label_zh = models.CharField("label (zh)", max_length=120, blank=True)
     label_en = models.CharField("label (en)", max_length=120, blank=True)
     synonyms = models.TextField(
-        blank=True, help_text="Words the offline extractor recognises. " + LIST_HELP
+        blank=True,
+        help_text=format_lazy("{} {}", _("Words the offline extractor recognises."), LIST_HELP),
     )
     fallback = models.TextField(
-        blank=True, help_text="Used only when no other value of the field is named. " + LIST_HELP
+        blank=True,
+        help_text=format_lazy(
+            "{} {}", _("Used only when no other value of the field is named."), LIST_HELP
+        ),
     )
 
     class Meta:
@@ -176,11 +186,13 @@ class RiskRule(DraftRow):
     rule_id = models.CharField("id", max_length=32)
     condition = models.TextField(
         blank=True,
-        help_text="e.g. fluid_type=FUEL, continuous=true · phase=TAKEOFF_ROLL|CLIMB · "
-        "phase!=STAND · a=1 OR b=2. Empty: always.",
+        help_text=_(
+            "e.g. fluid_type=FUEL, continuous=true · phase=TAKEOFF_ROLL|CLIMB · "
+            "phase!=STAND · a=1 OR b=2. Empty: always."
+        ),
     )
     level = models.CharField(max_length=8, choices=Level.choices)
-    score = models.PositiveSmallIntegerField(help_text="0-100")
+    score = models.PositiveSmallIntegerField(help_text=_("0-100"))
 
     class Meta:
         ordering = ["scenario", "position", "id"]
@@ -196,7 +208,7 @@ class RiskRule(DraftRow):
 class SpreadRadius(models.Model):
     scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_radii")
     key_value = models.CharField(
-        "value", max_length=64, blank=True, help_text="Value of the 'radius depends on' field."
+        "value", max_length=64, blank=True, help_text=_("Value of the 'radius depends on' field.")
     )
     level = models.CharField(max_length=8, choices=Level.choices)
     hops = models.PositiveSmallIntegerField()
@@ -220,14 +232,16 @@ class ScenarioAction(DraftRow):
     tool = models.CharField(max_length=64)
     risk_class = models.CharField(max_length=2, choices=RiskClass.choices)
     condition = models.TextField(
-        blank=True, help_text="As for risk rules, plus level=HIGH and impact.runways=non_empty."
+        blank=True, help_text=_("As for risk rules, plus level=HIGH and impact.runways=non_empty.")
     )
     for_each = models.CharField(
-        max_length=32, blank=True, help_text="One action per item of an impact list."
+        max_length=32, blank=True, help_text=_("One action per item of an impact list.")
     )
     args = models.TextField(
         blank=True,
-        help_text="One name=value per line; {fields.position}, {risk.level}, {item} are filled in.",
+        help_text=_(
+            "One name=value per line; {fields.position}, {risk.level}, {item} are filled in."
+        ),
     )
 
     class Meta:
@@ -240,13 +254,15 @@ class ScenarioAction(DraftRow):
 
 class ScenarioExample(DraftRow):
     scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_examples")
-    text = models.TextField(help_text="What an operator would write.")
+    text = models.TextField(help_text=_("What an operator would write."))
     expected_fields = models.TextField(
-        help_text="e.g. flight_no=CA1234, position=105, continuous=true"
+        help_text=_("e.g. flight_no=CA1234, position=105, continuous=true")
     )
     rule = models.CharField(max_length=32)
     level = models.CharField(max_length=8, choices=Level.choices)
-    actions = models.TextField(help_text="Action tools expected, in order. " + LIST_HELP)
+    actions = models.TextField(
+        help_text=format_lazy("{} {}", _("Action tools expected, in order."), LIST_HELP)
+    )
 
     class Meta:
         ordering = ["scenario", "position", "id"]
@@ -323,9 +339,9 @@ class TopologyNode(models.Model):
     node_id = models.CharField(max_length=32)
     kind = models.CharField(max_length=16, choices=NodeKind.choices)
     runway = models.CharField(
-        max_length=16, blank=True, help_text="Runway designator (runway nodes)."
+        max_length=16, blank=True, help_text=_("Runway designator (runway nodes).")
     )
-    x = models.PositiveIntegerField(default=0, help_text="Map position (SVG units).")
+    x = models.PositiveIntegerField(default=0, help_text=_("Map position (SVG units)."))
     y = models.PositiveIntegerField(default=0)
 
     class Meta:
@@ -391,7 +407,7 @@ class Flight(models.Model):
     stand = models.ForeignKey(
         TopologyNode, null=True, blank=True, on_delete=models.SET_NULL, related_name="flights"
     )
-    std = models.TimeField(help_text="Scheduled time of departure (local).")
+    std = models.TimeField(help_text=_("Scheduled time of departure (local)."))
     destination = models.CharField(max_length=4)
     pax = models.PositiveIntegerField()
 
@@ -422,22 +438,22 @@ class ProviderConfig(models.Model):
     price_output_per_1k = models.DecimalField(max_digits=10, decimal_places=6, default=Decimal(0))
     timeout_seconds = models.FloatField(default=30.0)
     retries = models.PositiveSmallIntegerField(default=3)
-    priority = models.PositiveSmallIntegerField(default=100, help_text="Lower is tried first.")
+    priority = models.PositiveSmallIntegerField(default=100, help_text=_("Lower is tried first."))
     enabled = models.BooleanField(default=True)
     # A session's model budget when its scenario sets none (empty: unlimited). When it
     # runs out the session asks an approver to continue (ADR 143).
     max_steps = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Reasoning steps per session (empty: unlimited)."
+        null=True, blank=True, help_text=_("Reasoning steps per session (empty: unlimited).")
     )
     max_tokens = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Tokens in + out per session (empty: unlimited)."
+        null=True, blank=True, help_text=_("Tokens in + out per session (empty: unlimited).")
     )
     max_cost = models.DecimalField(
         max_digits=10,
         decimal_places=4,
         null=True,
         blank=True,
-        help_text="Model cost per session, in yuan (empty: unlimited).",
+        help_text=_("Model cost per session, in yuan (empty: unlimited)."),
     )
     updated_at = models.DateTimeField(auto_now=True)
 

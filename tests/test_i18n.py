@@ -313,3 +313,28 @@ def test_the_json_api_answers_in_english_whatever_the_default(alice: User) -> No
     assert response.status_code in (401, 404)
     assert response["Content-Language"] == "en"
     assert settings.LANGUAGE_COOKIE_NAME not in response.cookies  # her choice stays
+
+
+def test_admin_help_texts_and_approval_states_speak_chinese() -> None:
+    """Model help texts and choice labels are UI text too (the admin forms, the queue):
+    a string there that is not in the catalogue shows in English to Chinese admins."""
+    from django.apps import apps
+
+    from approvals.models import ApprovalStatus
+
+    same_in_both = {"0-100"}  # a range reads the same in either language
+    english: list[str] = []
+    for model in apps.get_app_config("scenarios_admin").get_models():
+        for field in model._meta.get_fields():
+            help_text = getattr(field, "help_text", "")
+            if not help_text or str(help_text) in same_in_both:
+                continue
+            with translation.override("zh-hans"):
+                chinese = str(help_text)
+            with translation.override("en"):
+                if chinese == str(help_text):
+                    english.append(f"{model.__name__}.{field.name}: {help_text}")
+    assert english == []
+    with translation.override("zh-hans"):
+        assert ApprovalStatus.CANCELED.label == "未经决定即关闭"
+        assert ApprovalStatus.PENDING.label == "待审批"
