@@ -34,10 +34,11 @@ pytestmark = pytest.mark.services
 # merged; each branch alone stayed at 330.) 231 / 58 / 102 after the worker's step writes
 # were cut (ADR 86: set_status in one write, step keys known per job, no savepoints in a
 # step, no status read per step); the checkpointer's own statements are not counted here
-# (tests/test_event_batch.py pins its writes).
+# (tests/test_event_batch.py pins its writes). DECIDE 103: a resumed approval wait asks
+# once whether a fact was corrected meanwhile (ADR 138), merged with the step-write cuts.
 CREATE_TO_FIRST_WAIT = 231
 ANSWER = 58
-DECIDE = 102
+DECIDE = 103
 SESSION_PAGE = 10
 QUEUE_PAGE = 9
 CONSUMER_FLUSH = 9
