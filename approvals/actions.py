@@ -293,6 +293,20 @@ def _check_still_valid(approval: Approval, session: Any, digest: str | None) -> 
             )
         )
     if not approval.is_open:
+        if approval.status == ApprovalStatus.CANCELED:
+            # Closed without a decision: say by what (its session's end, or a correction).
+            if session.is_ended:
+                raise ActionError(
+                    _(
+                        "This action was closed when the session was %(status)s; your "
+                        "decision was not recorded."
+                    )
+                    % {"status": session.get_status_display().lower()}
+                )
+            raise ActionError(
+                _("This action was withdrawn (%(reason)s); your decision was not recorded.")
+                % {"reason": approval.reason}
+            )
         raise ActionError(
             _("This action was already %(status)s; your decision was not recorded.")
             % {"status": approval.get_status_display().lower()}
