@@ -129,9 +129,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--port", type=int, default=18500)
     parser.add_argument(
-        "--what", default="all", help="figures to measure, comma-separated (see perf_measure.py)"
-    )
-    parser.add_argument(
         "--db-suffix", default="", help="appended to the scratch databases' names (parallel runs)"
     )
     args = parser.parse_args()
