@@ -238,10 +238,10 @@ def test_a_new_r2_request_raises_a_notification_and_a_sound(
     page.locator("[data-notify-enable]").click()  # opt in: stored on the preference
     expect(page.locator("[data-notify-on]")).to_be_visible()
     assert UserPreference.objects.get(user=abel).notify_risky
-    page.wait_for_function("window.__wsOpen === true")
+    page.wait_for_function("() => window.__wsOpen === true")
     waiting_session(olga, STAND_FUEL_LEAK)  # pushed: R1 and R2 requests
 
-    page.wait_for_function("window.__notes.length > 0")
+    page.wait_for_function("() => window.__notes.length > 0")
     notes = page.evaluate("window.__notes")
     assert notes and all(title.startswith("R2 · ") for title in notes), notes
     assert page.evaluate("window.__sounds")[0].endswith("/static/aero/notify.wav")
@@ -256,7 +256,7 @@ def test_notifications_stay_off_until_asked_and_the_choice_follows_the_user(
     page = sign_in(browser, asgi_server, abel)
     page.context.add_init_script(RECORDING)
     page.goto(f"{asgi_server}/approvals/")
-    page.wait_for_function("window.__wsOpen === true")
+    page.wait_for_function("() => window.__wsOpen === true")
 
     waiting_session(olga, STAND_FUEL_LEAK)
     expect(page.locator("#approval-queue article[data-risk=R2]").first).to_be_visible()
