@@ -335,7 +335,9 @@ class Hub:
         self.latest: dict[str, int] = {}  # session -> highest seq a notice announced
         self.pending_roles: dict[Any, list[asyncio.Future[frozenset[str]]]] = {}
         self.roles_task: asyncio.Task[None] | None = None
-        self.watchers: dict[str, set[Watcher]] = {}
+        # session -> its viewers here, in the order they joined (a dict as an ordered set):
+        # a fan-out writes to them in that order.
+        self.watchers: dict[str, dict[Watcher, None]] = {}
         self.resync_task: asyncio.Task[None] | None = None
         self.catching_up: set[asyncio.Future[None]] = set()
         self.pending_pulls: dict[Pull, asyncio.Future[Update | None]] = {}
@@ -381,7 +383,7 @@ class Hub:
     # --- resync -----------------------------------------------------------------------
 
     def watch(self, session_id: str, viewer: Watcher) -> None:
-        self.watchers.setdefault(session_id, set()).add(viewer)
+        self.watchers.setdefault(session_id, {})[viewer] = None
         interval = float(settings.AERO_LIVE_RESYNC_SECONDS)
         if interval > 0 and self.resync_task is None:
             self.resync_task = asyncio.ensure_future(self._resync(interval))
@@ -389,7 +391,7 @@ class Hub:
     def unwatch(self, session_id: str, viewer: Watcher) -> None:
         viewers = self.watchers.get(session_id)
         if viewers is not None:
-            viewers.discard(viewer)
+            viewers.pop(viewer, None)
             if not viewers:
                 del self.watchers[session_id]
 
