@@ -264,6 +264,37 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
     return updates
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A viewer a notice woke: who (their roles are read now) and what their page shows."""
+
+    user_id: Any
+    session_id: str
+    after: int
+    composer_key: str | None
+    language: str | None
+
+
+def check_and_render(asks: list[Ask]) -> list[tuple[frozenset[str] | None, Update | None]]:
+    """For each viewer: their roles as the database says now (None when they may no
+    longer watch) and the update their page needs (None when the session is gone). One
+    query for the roles of all of them and one render_batch, in which viewers with the
+    same roles and page share one render (so masking stays per role set)."""
+    found = current_roles({ask.user_id for ask in asks if ask.user_id is not None})
+    pulls: list[Pull | None] = []
+    for ask in asks:
+        roles = found.get(ask.user_id, frozenset())
+        may_watch = bool(roles & set(VIEW_SESSIONS))
+        pulls.append(
+            Pull(roles, ask.session_id, ask.after, ask.composer_key, ask.language)
+            if may_watch
+            else None
+        )
+    distinct = list(dict.fromkeys(pull for pull in pulls if pull is not None))
+    updates = dict(zip(distinct, render_batch(distinct), strict=True)) if distinct else {}
+    return [(None, None) if pull is None else (pull.roles, updates[pull]) for pull in pulls]
+
+
 class PanelContexts:
     """The panels' context for the pulls of one batch: the airport read once, each
     session's rows read once, worded once per language (labels and consequences are
@@ -346,6 +377,8 @@ class Hub:
         # in the session's group, and the task reading it), shared by all its viewers.
         self.subscriptions: dict[str, asyncio.Future[Subscription]] = {}
         self.fanning: dict[str, asyncio.Task[None]] = {}  # session -> its running fan-out
+        self.pending_asks: list[tuple[list[Ask], asyncio.Future[Any]]] = []
+        self.asks_task: asyncio.Task[None] | None = None
 
     # --- access -----------------------------------------------------------------------
 
@@ -514,30 +547,13 @@ class Hub:
         if not pages:
             return
         try:
-            users = list({viewer.user_id for viewer in pages})
-            found = dict(zip(users, await asyncio.gather(*map(self.roles_of, users)), strict=True))
-            pulls: dict[SessionConsumer, Pull] = {}
-            for viewer in pages:
-                roles = found[viewer.user_id]
-                if roles & set(VIEW_SESSIONS):
-                    pulls[viewer] = Pull(
-                        roles, session_id, viewer.sent_seq, viewer.composer_key, viewer.language
-                    )
-            wanted = list(set(pulls.values()))
-            rendered = await asyncio.gather(
-                *[
-                    self.session_update(p.roles, p.session_id, p.after, p.composer_key, p.language)
-                    for p in wanted
-                ]
-            )
-            updates = dict(zip(wanted, rendered, strict=True))
-            for viewer in pages:
-                pull = pulls.get(viewer)
+            asks = [
+                Ask(v.user_id, session_id, v.sent_seq, v.composer_key, v.language) for v in pages
+            ]
+            answers = await self.check_and_render(asks)
+            for viewer, (roles, update) in zip(pages, answers, strict=True):
                 try:
-                    caught_up = await viewer.apply(
-                        None if pull is None else pull.roles,
-                        None if pull is None else updates[pull],
-                    )
+                    caught_up = await viewer.apply(roles, update)
                 except Exception:  # this socket broke: the others still get theirs
                     logger.debug("live push to a viewer of %s failed", session_id, exc_info=True)
                     continue
@@ -546,6 +562,40 @@ class Hub:
         finally:
             for viewer in pages:
                 viewer.flushing.release()
+
+    async def check_and_render(
+        self, asks: list[Ask]
+    ) -> list[tuple[frozenset[str] | None, Update | None]]:
+        """`check_and_render` for `asks`, batched with the fan-outs of other sessions
+        that ask meanwhile: one database call (one thread hop) for all of them."""
+        future: asyncio.Future[list[tuple[frozenset[str] | None, Update | None]]]
+        future = asyncio.get_running_loop().create_future()
+        self.pending_asks.append((asks, future))
+        if self.asks_task is None:
+            self.asks_task = asyncio.ensure_future(self._check_and_render_asks())
+        return await future
+
+    async def _check_and_render_asks(self) -> None:
+        try:
+            await asyncio.sleep(0)
+            while self.pending_asks:
+                batch, self.pending_asks = self.pending_asks, []
+                try:
+                    answers = await database_sync_to_async(check_and_render)(
+                        [ask for asks, _ in batch for ask in asks]
+                    )
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                start = 0
+                for asks, future in batch:
+                    if not future.done():
+                        future.set_result(answers[start : start + len(asks)])
+                    start += len(asks)
+        finally:
+            self.asks_task = None
 
     def later(self, viewer: Watcher) -> None:
         """`viewer` pulls on its own (after any pull it is running)."""
