@@ -9,6 +9,13 @@ never mixes. The hub also batches the viewers' access checks: every pull re-read
 viewer's roles from the database (a role removed stops the stream at the next push), in
 one query for all the viewers a notice woke.
 
+One notice per process, not per viewer (ADR 155): the hub holds one subscription to each
+session watched in this process (a channel of its own in the session's group) and fans a
+notice out itself: the idle viewers behind it get their roles read in one query and one
+render per role set (one database call, batched with other sessions' fan-outs), then the
+same frames written to each, one after another. A viewer whose socket breaks meanwhile
+is skipped; one already pulling pulls again on its own, under its lock.
+
 A notice can be lost (Redis down or restarting, a channel over its capacity): the hub
 also re-reads the last seq of every session watched in this process every
 AERO_LIVE_RESYNC_SECONDS, in one query, and wakes the viewers behind it, so the newest
@@ -517,18 +524,21 @@ class Hub:
         `latest`, and it goes round again (coalesced)."""
         self.announce(session_id, seq)
         if session_id not in self.fanning:
-            task = asyncio.ensure_future(self._fan_out(session_id))
-            self.fanning[session_id] = task
-            task.add_done_callback(lambda _: self.fanning.pop(session_id, None))
+            self.fanning[session_id] = asyncio.ensure_future(self._fan_out(session_id))
 
     async def _fan_out(self, session_id: str) -> None:
         done = 0
-        while (target := self.latest.get(session_id, 0)) > done:
-            done = target
-            try:
-                await self._fan_out_once(session_id, target)
-            except Exception:  # a database error: the next notice or resync retries
-                logger.warning("live fan-out of %s failed", session_id, exc_info=True)
+        try:
+            while (target := self.latest.get(session_id, 0)) > done:
+                done = target
+                try:
+                    await self._fan_out_once(session_id, target)
+                except Exception:  # a database error: the next notice or resync retries
+                    logger.warning("live fan-out of %s failed", session_id, exc_info=True)
+        finally:
+            # Here, not in a done callback: between the last check of `latest` and a
+            # callback, a notice would find this task still registered and be skipped.
+            self.fanning.pop(session_id, None)
 
     async def _fan_out_once(self, session_id: str, target: int) -> None:
         """One round for the viewers behind `target`: the page viewers that are idle
