@@ -127,25 +127,20 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
             self.sent_seq = max(0, int(query.get("last_seq", ["0"])[0]))
         except ValueError:
             self.sent_seq = 0
+        # Notices arrive through the hub's subscription to the session (one per process);
+        # a lost one is made up by its periodic resync (ADR 106).
+        await hub().join(self.session_id, self)
         self.group = session_group(self.session_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         metrics.ws_connected(STREAM, self.sent_seq)
-        # A lost notice is made up by the hub's periodic resync (ADR 106).
-        hub().watch(self.session_id, self)
         await self.flush(live=False)  # catch up from last_seq out of the event log
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
-            hub().unwatch(self.session_id, self)
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await hub().leave(self.session_id, self)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         return  # read-only stream: decisions and answers are REST calls
-
-    async def session_notice(self, message: dict[str, Any]) -> None:
-        if message.get("seq", 0) > self.sent_seq:
-            await self.flush(live=True)
 
     async def catch_up(self) -> None:
         try:

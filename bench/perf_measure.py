@@ -427,17 +427,24 @@ asyncio.run(main())
 def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -> dict[str, Any]:
     """`viewers` sockets spread over `sessions` sessions; `events` rounds of one event per
     session; commit -> message latency for every (viewer, event)."""
+    from urllib.parse import quote
+
     from diagnosis.events import append_event
+    from diagnosis.presenters import composer_key
 
     server = daphne(port, logs)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_up(base)
         targets = [new_session_no_job() for _ in range(sessions)]
+        # The URL the session page opens: with the answer box it shows and its language.
+        # Without `composer` the first push re-sent every viewer the answer box, with its
+        # panel's reads (~18 ms a session), which the page never asks for (ADR 155).
         config = {
             "urls": [
                 f"ws://127.0.0.1:{port}/ws/sessions/{targets[n % sessions].pk}/"
                 f"?last_seq={targets[n % sessions].last_seq}"
+                f"&composer={quote(composer_key(targets[n % sessions]))}&lang=en"
                 for n in range(viewers)
             ],
             "headers": {"Cookie": login_cookie("auditor"), "Origin": base},

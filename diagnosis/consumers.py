@@ -9,6 +9,13 @@ never mixes. The hub also batches the viewers' access checks: every pull re-read
 viewer's roles from the database (a role removed stops the stream at the next push), in
 one query for all the viewers a notice woke.
 
+One notice per process, not per viewer (ADR 155): the hub holds one subscription to each
+session watched in this process (a channel of its own in the session's group) and fans a
+notice out itself: the idle viewers behind it get their roles read in one query and one
+render per role set (one database call, batched with other sessions' fan-outs), then the
+same frames written to each, one after another. A viewer whose socket breaks meanwhile
+is skipped; one already pulling pulls again on its own, under its lock.
+
 A notice can be lost (Redis down or restarting, a channel over its capacity): the hub
 also re-reads the last seq of every session watched in this process every
 AERO_LIVE_RESYNC_SECONDS, in one query, and wakes the viewers behind it, so the newest
@@ -26,9 +33,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qs
 
-from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Q
@@ -264,6 +271,37 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
     return updates
 
 
+@dataclass(frozen=True)
+class Ask:
+    """A viewer a notice woke: who (their roles are read now) and what their page shows."""
+
+    user_id: Any
+    session_id: str
+    after: int
+    composer_key: str | None
+    language: str | None
+
+
+def check_and_render(asks: list[Ask]) -> list[tuple[frozenset[str] | None, Update | None]]:
+    """For each viewer: their roles as the database says now (None when they may no
+    longer watch) and the update their page needs (None when the session is gone). One
+    query for the roles of all of them and one render_batch, in which viewers with the
+    same roles and page share one render (so masking stays per role set)."""
+    found = current_roles({ask.user_id for ask in asks if ask.user_id is not None})
+    pulls: list[Pull | None] = []
+    for ask in asks:
+        roles = found.get(ask.user_id, frozenset())
+        may_watch = bool(roles & set(VIEW_SESSIONS))
+        pulls.append(
+            Pull(roles, ask.session_id, ask.after, ask.composer_key, ask.language)
+            if may_watch
+            else None
+        )
+    distinct = list(dict.fromkeys(pull for pull in pulls if pull is not None))
+    updates = dict(zip(distinct, render_batch(distinct), strict=True)) if distinct else {}
+    return [(None, None) if pull is None else (pull.roles, updates[pull]) for pull in pulls]
+
+
 class PanelContexts:
     """The panels' context for the pulls of one batch: the airport read once, each
     session's rows read once, worded once per language (labels and consequences are
@@ -322,19 +360,32 @@ def _render_updates(
     return Update(pack(parts), sent[-1].seq, new_key, session.last_seq)
 
 
+# A hub's channel in one session's group, and the task that reads its notices.
+Subscription = tuple[str, asyncio.Task[None]]
+
+
 class Hub:
-    """Per process (and event loop): shared renders and batched role checks."""
+    """Per process (and event loop): one subscription to each watched session's notices,
+    fanned out to its viewers here; shared renders and batched role checks."""
 
     def __init__(self) -> None:
         self.renders: OrderedDict[Hashable, asyncio.Future[Any]] = OrderedDict()
         self.latest: dict[str, int] = {}  # session -> highest seq a notice announced
         self.pending_roles: dict[Any, list[asyncio.Future[frozenset[str]]]] = {}
         self.roles_task: asyncio.Task[None] | None = None
-        self.watchers: dict[str, set[Watcher]] = {}
+        # session -> its viewers here, in the order they joined (a dict as an ordered set):
+        # a fan-out writes to them in that order.
+        self.watchers: dict[str, dict[Watcher, None]] = {}
         self.resync_task: asyncio.Task[None] | None = None
         self.catching_up: set[asyncio.Future[None]] = set()
         self.pending_pulls: dict[Pull, asyncio.Future[Update | None]] = {}
         self.pulls_task: asyncio.Task[None] | None = None
+        # session -> this process's subscription to its notices (a channel of the hub's
+        # in the session's group, and the task reading it), shared by all its viewers.
+        self.subscriptions: dict[str, asyncio.Future[Subscription]] = {}
+        self.fanning: dict[str, asyncio.Task[None]] = {}  # session -> its running fan-out
+        self.pending_asks: list[tuple[list[Ask], asyncio.Future[Any]]] = []
+        self.asks_task: asyncio.Task[None] | None = None
 
     # --- access -----------------------------------------------------------------------
 
@@ -372,7 +423,7 @@ class Hub:
     # --- resync -----------------------------------------------------------------------
 
     def watch(self, session_id: str, viewer: Watcher) -> None:
-        self.watchers.setdefault(session_id, set()).add(viewer)
+        self.watchers.setdefault(session_id, {})[viewer] = None
         interval = float(settings.AERO_LIVE_RESYNC_SECONDS)
         if interval > 0 and self.resync_task is None:
             self.resync_task = asyncio.ensure_future(self._resync(interval))
@@ -380,7 +431,7 @@ class Hub:
     def unwatch(self, session_id: str, viewer: Watcher) -> None:
         viewers = self.watchers.get(session_id)
         if viewers is not None:
-            viewers.discard(viewer)
+            viewers.pop(viewer, None)
             if not viewers:
                 del self.watchers[session_id]
 
@@ -400,14 +451,167 @@ class Hub:
                     logger.warning("live resync: could not read the sessions", exc_info=True)
                     continue
                 for session_id, last in found.items():
-                    self.announce(session_id, last)
-                    for viewer in list(self.watchers.get(session_id, ())):
-                        if viewer.sent_seq < last:
-                            task = asyncio.ensure_future(viewer.catch_up())
-                            self.catching_up.add(task)
-                            task.add_done_callback(self.catching_up.discard)
+                    self.notice(session_id, last)
         finally:
             self.resync_task = None
+
+    # --- notices: one subscription per session and process, fanned out here ------------
+
+    async def join(self, session_id: str, viewer: Watcher) -> None:
+        """Watch `session_id`: its notices reach `viewer` through this hub. The first
+        viewer of a session in this process subscribes the hub to the session's group (one
+        channel-layer message per notice and process, not one per viewer); the others
+        wait for that subscription, so a notice published once `join` returns is seen."""
+        self.watch(session_id, viewer)
+        subscription = self.subscriptions.get(session_id)
+        if subscription is None:
+            subscription = asyncio.ensure_future(self._subscribe(session_id))
+            self.subscriptions[session_id] = subscription
+        try:
+            await asyncio.shield(subscription)
+        except Exception:
+            # Redis unreachable: the next viewer tries again; this one is refused.
+            if self.subscriptions.get(session_id) is subscription:
+                del self.subscriptions[session_id]
+            self.unwatch(session_id, viewer)
+            raise
+
+    async def leave(self, session_id: str, viewer: Watcher) -> None:
+        """`viewer` stops watching; the last viewer of a session in this process ends the
+        hub's subscription (a later viewer makes a new one, on a new channel)."""
+        self.unwatch(session_id, viewer)
+        if session_id in self.watchers or session_id not in self.subscriptions:
+            return
+        subscription = self.subscriptions.pop(session_id)
+        try:
+            channel, reader = await subscription
+        except Exception:
+            return  # it never subscribed
+        try:
+            await get_channel_layer().group_discard(session_group(session_id), channel)
+        finally:
+            reader.cancel()
+
+    async def _subscribe(self, session_id: str) -> Subscription:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(session_group(session_id), channel)
+        return channel, asyncio.ensure_future(self._listen(session_id, channel))
+
+    async def _listen(self, session_id: str, channel: str) -> None:
+        layer = get_channel_layer()
+        while True:
+            try:
+                message = await layer.receive(channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Redis restarting: wait, join the group again (a flushed Redis forgot
+                # it); notices lost meanwhile are made up by the resync (ADR 106).
+                logger.warning("live notices of %s: receive failed", session_id, exc_info=True)
+                await asyncio.sleep(1)
+                try:
+                    await layer.group_add(session_group(session_id), channel)
+                except Exception:
+                    logger.debug("live notices of %s: rejoin failed", session_id, exc_info=True)
+                continue
+            if message.get("type") == "session.notice":
+                self.notice(session_id, int(message.get("seq", 0)))
+
+    def notice(self, session_id: str, seq: int) -> None:
+        """Events up to `seq` exist: bring every viewer of the session here up to it.
+        One fan-out per session at a time; notices arriving while it runs only raise
+        `latest`, and it goes round again (coalesced)."""
+        self.announce(session_id, seq)
+        if session_id not in self.fanning:
+            self.fanning[session_id] = asyncio.ensure_future(self._fan_out(session_id))
+
+    async def _fan_out(self, session_id: str) -> None:
+        done = 0
+        try:
+            while (target := self.latest.get(session_id, 0)) > done:
+                done = target
+                try:
+                    await self._fan_out_once(session_id, target)
+                except Exception:  # a database error: the next notice or resync retries
+                    logger.warning("live fan-out of %s failed", session_id, exc_info=True)
+        finally:
+            # Here, not in a done callback: between the last check of `latest` and a
+            # callback, a notice would find this task still registered and be skipped.
+            self.fanning.pop(session_id, None)
+
+    async def _fan_out_once(self, session_id: str, target: int) -> None:
+        """One round for the viewers behind `target`: the page viewers that are idle
+        are checked together (one role read for their users), share one render per
+        (roles, seq, answer box, language) and get the same frames, written one after
+        another with no task or channel-layer message per viewer. A viewer already
+        pulling (its lock held), and API streams, pull on their own, after."""
+        behind = [v for v in list(self.watchers.get(session_id, ())) if v.sent_seq < target]
+        pages: list[SessionConsumer] = []
+        for viewer in behind:
+            if isinstance(viewer, SessionConsumer) and not viewer.flushing.locked():
+                await viewer.flushing.acquire()  # free: taken without waiting
+                pages.append(viewer)
+            else:
+                self.later(viewer)
+        if not pages:
+            return
+        try:
+            asks = [
+                Ask(v.user_id, session_id, v.sent_seq, v.composer_key, v.language) for v in pages
+            ]
+            answers = await self.check_and_render(asks)
+            for viewer, (roles, update) in zip(pages, answers, strict=True):
+                try:
+                    caught_up = await viewer.apply(roles, update)
+                except Exception:  # this socket broke: the others still get theirs
+                    logger.debug("live push to a viewer of %s failed", session_id, exc_info=True)
+                    continue
+                if not caught_up:
+                    self.later(viewer)  # more than one batch behind: it pulls the rest
+        finally:
+            for viewer in pages:
+                viewer.flushing.release()
+
+    async def check_and_render(
+        self, asks: list[Ask]
+    ) -> list[tuple[frozenset[str] | None, Update | None]]:
+        """`check_and_render` for `asks`, batched with the fan-outs of other sessions
+        that ask meanwhile: one database call (one thread hop) for all of them."""
+        future: asyncio.Future[list[tuple[frozenset[str] | None, Update | None]]]
+        future = asyncio.get_running_loop().create_future()
+        self.pending_asks.append((asks, future))
+        if self.asks_task is None:
+            self.asks_task = asyncio.ensure_future(self._check_and_render_asks())
+        return await future
+
+    async def _check_and_render_asks(self) -> None:
+        try:
+            await asyncio.sleep(0)
+            while self.pending_asks:
+                batch, self.pending_asks = self.pending_asks, []
+                try:
+                    answers = await database_sync_to_async(check_and_render)(
+                        [ask for asks, _ in batch for ask in asks]
+                    )
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                start = 0
+                for asks, future in batch:
+                    if not future.done():
+                        future.set_result(answers[start : start + len(asks)])
+                    start += len(asks)
+        finally:
+            self.asks_task = None
+
+    def later(self, viewer: Watcher) -> None:
+        """`viewer` pulls on its own (after any pull it is running)."""
+        task = asyncio.ensure_future(viewer.catch_up())
+        self.catching_up.add(task)
+        task.add_done_callback(self.catching_up.discard)
 
     # --- renders ----------------------------------------------------------------------
 
@@ -496,30 +700,10 @@ def hub() -> Hub:
     return found
 
 
-# A session notice is handled through the hub, whose database calls run in
-# database_sync_to_async (which closes stale connections before and after each call).
-NOTICES = frozenset({"session.notice"})
+class SessionConsumer(AsyncWebsocketConsumer):
+    """The session page's live timeline. It joins no channel-layer group itself: the hub
+    holds one subscription per session and process and fans each notice out (ADR 155)."""
 
-
-class NoticeConsumer(AsyncWebsocketConsumer):
-    """A socket woken by notices. Channels' dispatch first hops to the sync thread to
-    close stale database connections, for every message to every consumer: one notice
-    to 100 viewers queued 100 hops on the thread the renders need (0.70 s of the
-    consumers' 1.10 s of dispatch in a daphne profile of 100 viewers, 5 events). A
-    session notice's handler reaches the database only through database_sync_to_async,
-    which does that cleanup itself, so it skips the hop; every other message goes
-    through channels' dispatch. The board and queue pages keep the hop: skipping it
-    there made a browser test's open edit form on the queue get replaced (a timing
-    change not understood yet)."""
-
-    async def dispatch(self, message: dict[str, Any]) -> None:
-        if message.get("type") in NOTICES:
-            await getattr(self, get_handler_name(message))(message)
-        else:
-            await super().dispatch(message)
-
-
-class SessionConsumer(NoticeConsumer):
     session_id: str
     group: str = ""
     user_id: Any = None
@@ -545,11 +729,12 @@ class SessionConsumer(NoticeConsumer):
         self.composer_key = query.get("composer", [None])[0]
         # The page's language: fragments must match the page they are swapped into.
         self.language = supported(query.get("lang", [None])[0])
+        # Notices reach this viewer through the hub's subscription (one per session and
+        # process), taken before the catch-up below reads the log.
+        await hub().join(self.session_id, self)
         self.group = session_group(self.session_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         metrics.ws_connected("page", self.sent_seq)
-        hub().watch(self.session_id, self)
         await self.flush()  # catch up on everything after last_seq
 
     async def allowed(self) -> frozenset[str] | None:
@@ -558,22 +743,13 @@ class SessionConsumer(NoticeConsumer):
 
     async def disconnect(self, code: int) -> None:
         if self.group:
-            hub().unwatch(self.session_id, self)
-            group, self.group = self.group, ""  # a pull running now stops at its next turn
-            await self.channel_layer.group_discard(group, self.channel_name)
+            self.group = ""  # a pull running now stops at its next turn
+            await hub().leave(self.session_id, self)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # The page sends nothing we act on: decisions and answers are plain POSTs, so a
         # WebSocket message can never count as an approval.
         return
-
-    async def session_notice(self, message: dict[str, Any]) -> None:
-        seq = int(message.get("seq", 0))
-        hub().announce(self.session_id, seq)
-        # Notices are handled one after another: those that arrive while a flush runs
-        # and announce nothing it has not sent are dropped here (coalesced).
-        if seq > self.sent_seq:
-            await self.flush()
 
     async def catch_up(self) -> None:
         """The hub's resync found events this viewer has not been sent."""
@@ -591,26 +767,37 @@ class SessionConsumer(NoticeConsumer):
         the last push, the session may have been deleted)."""
         while self.group:
             roles = await self.allowed()
-            if roles is None:
-                await self.stop(CLOSE_FORBIDDEN)
+            update = None
+            if roles is not None:
+                update = await hub().session_update(
+                    roles, self.session_id, self.sent_seq, self.composer_key, self.language
+                )
+            if await self.apply(roles, update):
                 return
-            update = await hub().session_update(
-                roles, self.session_id, self.sent_seq, self.composer_key, self.language
-            )
-            if update is None:
-                await self.stop(CLOSE_GONE)
-                return
-            if not update.frames:
-                return
-            for frame in update.frames:
-                await self.send(text_data=frame)
-            metrics.events_sent("page", update.seq - self.sent_seq)
-            self.sent_seq, self.composer_key = update.seq, update.composer_key
-            # Sent all the render saw and all any notice announced: done. Another turn
-            # would cost every viewer a role check and a read that finds nothing; a
-            # notice arriving later runs its own flush (handled after this one).
-            if update.seq >= max(update.as_of, hub().latest.get(self.session_id, 0)):
-                return
+
+    async def apply(self, roles: frozenset[str] | None, update: Update | None) -> bool:
+        """One turn of a pull, with the flushing lock held (by `flush` or the hub's
+        fan-out): close the socket if the viewer may no longer watch (`roles` None) or
+        the session is gone (`update` None), else send the update. True when nothing is
+        left to send."""
+        if not self.group:
+            return True  # disconnected while the render ran
+        if roles is None:
+            await self.stop(CLOSE_FORBIDDEN)
+            return True
+        if update is None:
+            await self.stop(CLOSE_GONE)
+            return True
+        if not update.frames:
+            return True
+        for frame in update.frames:
+            await self.send(text_data=frame)
+        metrics.events_sent("page", update.seq - self.sent_seq)
+        self.sent_seq, self.composer_key = update.seq, update.composer_key
+        # Sent all the render saw and all any notice announced: done. Another turn
+        # would cost every viewer a role check and a read that finds nothing; a
+        # notice arriving later starts its own fan-out.
+        return update.seq >= max(update.as_of, hub().latest.get(self.session_id, 0))
 
     async def stop(self, code: int) -> None:
         await self.disconnect(code)

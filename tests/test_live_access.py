@@ -157,7 +157,8 @@ def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
 ) -> None:
     """Once a pull has sent everything the render saw and every notice announced, the
     viewer stops: no second role check and read that would find nothing new; and the
-    notice itself costs no extra hop to the sync thread (NoticeConsumer.dispatch)."""
+    notice itself costs no extra hop to the sync thread (the hub receives it, no consumer's
+    dispatch runs: ADR 155)."""
     from channels.db import database_sync_to_async
     from channels.testing import WebsocketCommunicator
     from django.db import connections

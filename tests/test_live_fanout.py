@@ -1,0 +1,177 @@
+"""One notice, many viewers in one process: the hub receives it once, checks the viewers'
+roles in one read, renders once per role set and writes the same frames to every viewer
+of that set; a viewer that goes away mid-fan-out costs the others nothing (ADR 155)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.db import connections
+
+from aero.asgi import page_websocket
+from diagnosis import consumers
+from diagnosis.events import append_event
+from diagnosis.models import Session
+from tests.test_live_access import run_in_fresh_loop
+from tests.test_live_timeline import SEQ, cookie_for, new_session
+
+pytestmark = pytest.mark.services
+
+# Needs an approval: approvers see decision forms in the actions panel, operators never.
+WITH_APPROVAL = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
+
+
+class Counts:
+    """What the process did for the notices under test."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pulls: list[consumers.Pull] = []
+        self.role_reads = 0
+        self.notices = 0
+        real_batch, real_roles = consumers.render_batch, consumers.current_roles
+        real_notice = consumers.Hub.notice
+
+        def counted_batch(batch: list[consumers.Pull]) -> Any:
+            self.pulls.extend(batch)
+            return real_batch(batch)
+
+        def counted_roles(user_ids: Any) -> Any:
+            self.role_reads += 1
+            return real_roles(user_ids)
+
+        def counted_notice(hub: consumers.Hub, session_id: str, seq: int) -> None:
+            self.notices += 1
+            real_notice(hub, session_id, seq)
+
+        monkeypatch.setattr(consumers, "render_batch", counted_batch)
+        monkeypatch.setattr(consumers, "current_roles", counted_roles)
+        monkeypatch.setattr(consumers.Hub, "notice", counted_notice)
+
+    def now(self) -> tuple[int, int, int]:
+        return len(self.pulls), self.role_reads, self.notices
+
+
+def cookies_for(users: list[User]) -> list[bytes]:
+    """Logged-in cookies, made in the test's thread (a login inside the event loop's
+    thread would leave that thread's database connection open)."""
+    return [cookie_for(user).encode() for user in users]
+
+
+async def connect_all(session: Session, cookies: list[bytes]) -> list[WebsocketCommunicator]:
+    path = f"/ws/sessions/{session.pk}/?last_seq={session.last_seq}&lang=en"
+    viewers = []
+    for cookie in cookies:
+        headers = [(b"origin", b"http://testserver"), (b"cookie", cookie)]
+        viewer = WebsocketCommunicator(page_websocket, path, headers=headers)
+        connected, _ = await viewer.connect(timeout=10)
+        assert connected
+        viewers.append(viewer)
+    await asyncio.sleep(0.3)  # their catch-up pulls at connect (nothing new) are done
+    return viewers
+
+
+async def close_all(viewers: list[WebsocketCommunicator]) -> None:
+    for viewer in viewers:
+        await viewer.disconnect()
+    await database_sync_to_async(connections.close_all)()  # this thread's connection
+
+
+async def status_event(session: Session) -> int:
+    """An event that re-renders the actions panel (where decision forms live)."""
+    event = await database_sync_to_async(append_event)(
+        session.pk,
+        "session.status_changed",
+        {"from": "waiting_approval", "to": "waiting_approval"},
+        producer="t",
+    )
+    return event.seq
+
+
+@pytest.mark.parametrize("per_role", [1, 12])
+def test_a_notice_costs_one_render_per_role_set_whatever_the_number_of_viewers(
+    per_role: int,
+    builtin: None,
+    make_user: Callable[..., User],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    operators = [make_user(f"op{n}", "operator") for n in range(per_role)]
+    approvers = [make_user(f"ap{n}", "approver") for n in range(per_role)]
+    session = new_session(operators[0], WITH_APPROVAL)
+    cookies = cookies_for(operators + approvers)
+    counts = Counts(monkeypatch)
+
+    async def watch() -> tuple[tuple[int, int, int], list[str], int]:
+        viewers = await connect_all(session, cookies)
+        before = counts.now()
+        seq = await status_event(session)
+        received = [await viewer.receive_from(timeout=10) for viewer in viewers]
+        await asyncio.sleep(0.5)  # any second round of the fan-out runs now
+        spent = tuple(now - then for now, then in zip(counts.now(), before, strict=True))
+        await close_all(viewers)
+        return spent, received, seq  # type: ignore[return-value]
+
+    (renders, role_reads, notices), received, seq = run_in_fresh_loop(watch)
+    assert (renders, role_reads, notices) == (2, 1, 1)  # 2 viewers or 24: the same work
+    for html in received:
+        assert [int(s) for s in SEQ.findall(html)] == [seq]
+    # Same roles, same frames; masking per role set, never mixed.
+    for_operators, for_approvers = set(received[:per_role]), set(received[per_role:])
+    assert len(for_operators) == 1 and len(for_approvers) == 1
+    assert 'name="decision"' in next(iter(for_approvers))
+    assert 'name="decision"' not in next(iter(for_operators))
+
+
+def test_viewers_that_go_away_mid_fan_out_do_not_stop_the_others(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second viewer closes its socket while the notice's render runs, the fourth
+    one's socket breaks as its frame is written (the hub writes in join order, so both
+    come before others): every other viewer still gets each event, once."""
+    users = [make_user(f"op{n}", "operator") for n in range(6)]
+    gone_user, broken_user = users[1], users[3]
+    session = new_session(users[0], WITH_APPROVAL)
+    cookies = cookies_for(users)
+    real_batch, real_send = consumers.render_batch, consumers.SessionConsumer.send
+    during_render: list[Callable[[], None]] = []
+
+    def render_then(batch: list[consumers.Pull]) -> Any:
+        while during_render:
+            during_render.pop()()  # in the sync thread: the event loop is free meanwhile
+        return real_batch(batch)
+
+    async def send_or_break(consumer: consumers.SessionConsumer, *args: Any, **kw: Any) -> None:
+        if consumer.user_id == broken_user.pk:
+            raise ConnectionResetError("the socket broke")
+        await real_send(consumer, *args, **kw)
+
+    monkeypatch.setattr(consumers, "render_batch", render_then)
+    monkeypatch.setattr(consumers.SessionConsumer, "send", send_or_break)
+
+    async def watch() -> tuple[list[list[int]], list[int], bool]:
+        loop = asyncio.get_running_loop()
+        viewers = await connect_all(session, cookies)
+        gone = viewers[users.index(gone_user)]
+        others = [
+            v for u, v in zip(users, viewers, strict=True) if u not in (gone_user, broken_user)
+        ]
+        during_render.append(
+            lambda: asyncio.run_coroutine_threadsafe(gone.disconnect(), loop).result(10)
+        )
+        sent = [await status_event(session), await status_event(session)]
+        got: list[list[int]] = [[] for _ in others]
+        for mine, viewer in zip(got, others, strict=True):
+            while len(mine) < 2:
+                mine += [int(s) for s in SEQ.findall(await viewer.receive_from(timeout=10))]
+        nothing_more = all([await viewer.receive_nothing(timeout=0.5) for viewer in others])
+        await close_all([v for v in viewers if v is not gone])
+        return got, sent, nothing_more
+
+    got, sent, nothing_more = run_in_fresh_loop(watch)
+    assert got == [sent] * 4  # nothing lost, nothing twice
+    assert nothing_more
