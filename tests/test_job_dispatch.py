@@ -112,7 +112,11 @@ def test_a_session_whose_job_vanished_is_requeued_at_once(
 
 
 def held_by(session: Session, pid: int, token: Any) -> None:
-    """The session's running job, as _advance_locked records it: its pid, host, lease."""
+    """The lease `token`, as acquire_lease records its holder (host and pid), and the
+    session's running job as _advance_locked records it."""
+    Session.objects.filter(pk=session.pk, lease_token=token).update(
+        lease_holder=f"{socket.gethostname()}:{pid}"
+    )
     AgentRun.objects.create(
         session=session,
         agent_name="incident_agent",
@@ -159,6 +163,73 @@ def test_a_live_or_newer_holder_keeps_its_lease(rq_session: Session, settings: A
         assert jobs.release_dead_holders() == 0
         assert jobs.requeue_stalled_sessions() == 0
         assert jobs.lease_is_live(rq_session.pk)
+        assert queued(settings) == []
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_a_lease_taken_by_a_process_that_died_at_once_is_released_at_the_next_pass(
+    rq_session: Session, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed right after it took the lease, before it wrote anything else (no run row:
+    a fresh worker was still building its graph). The lease names its holder from the
+    UPDATE that took it, so the next reconciler pass sees the holder gone and
+    re-enqueues the session at once instead of after the whole lease (ADR 117)."""
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    queue.empty()
+    dead = gone_pid()
+    monkeypatch.setattr(jobs.os, "getpid", lambda: dead)  # the lease taken in process `dead`
+    token = jobs.acquire_lease(rq_session.pk)
+    monkeypatch.undo()
+    assert token is not None
+    assert not AgentRun.objects.filter(session=rq_session).exists()
+    assert jobs.lease_is_live(rq_session.pk)
+
+    assert jobs.requeue_stalled_sessions() == 1
+    assert queued(settings) == [jobs.job_id(rq_session.pk)]
+    assert jobs.requeue_stalled_sessions() == 0  # once
+
+
+def test_a_lease_taken_by_this_live_process_is_kept(rq_session: Session, settings: Any) -> None:
+    django_rq.get_queue(settings.AERO_QUEUE).empty()
+    token = jobs.acquire_lease(rq_session.pk)
+    assert Session.objects.get(pk=rq_session.pk).lease_holder == jobs.lease_holder()
+    assert jobs.requeue_stalled_sessions() == 0
+    assert jobs.lease_is_live(rq_session.pk)
+    jobs.release_lease(rq_session.pk, token)  # type: ignore[arg-type]
+    assert Session.objects.get(pk=rq_session.pk).lease_holder == ""
+
+
+def test_a_job_started_by_a_worker_that_died_before_the_lease_is_enqueued_again(
+    rq_session: Session, settings: Any
+) -> None:
+    """A worker killed after it dequeued the job and before it took the lease: the job
+    stays "started" in rq with no lease. Its worker is gone from this host, so the next
+    pass replaces the job instead of taking it for one just starting."""
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    job = queue.fetch_job(jobs.job_id(rq_session.pk))
+    assert job is not None
+    queue.remove(job.id)
+    job.worker_name = f"aero-{socket.gethostname()}-{gone_pid()}-abcdef"
+    job.save()
+    job.set_status(JobStatus.STARTED)
+
+    assert jobs.requeue_stalled_sessions() == 1
+    assert queued(settings) == [jobs.job_id(rq_session.pk)]
+
+
+def test_a_job_started_by_a_live_worker_is_left_to_it(rq_session: Session, settings: Any) -> None:
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    job = queue.fetch_job(jobs.job_id(rq_session.pk))
+    assert job is not None
+    queue.remove(job.id)
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        job.worker_name = f"aero-{socket.gethostname()}-{alive.pid}-abcdef"
+        job.save()
+        job.set_status(JobStatus.STARTED)
+        assert jobs.requeue_stalled_sessions() == 0
         assert queued(settings) == []
     finally:
         alive.kill()
