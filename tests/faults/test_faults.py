@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import statistics
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
+from django.conf import settings
 
 from tests.faults.cluster import LEASE_SECONDS, Cluster, wait_until
 from tests.faults.viewer import LiveViewer
@@ -54,11 +58,72 @@ def check_nothing_lost(
     return survived, lost
 
 
+def lease_at_kill(cluster: Cluster, session: str, pid: int) -> tuple[Any, ...]:
+    """Right after the kill: who holds the session's lease, until when, and whether the
+    killed process had written its run row for that lease yet."""
+    rows = cluster.postgres.query(
+        "SELECT s.lease_holder, s.lease_expires_at, EXISTS (SELECT 1 FROM diagnosis_agentrun r"
+        " WHERE r.session_id = s.id AND r.parent_id IS NULL"
+        " AND r.input_snapshot->>'lease' = s.lease_token::text"
+        " AND (r.input_snapshot->>'pid')::int = %s) FROM diagnosis_session s WHERE s.id = %s",
+        (pid, session),
+    )
+    return tuple(rows[0]) if rows else ("", None, False)
+
+
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(lease released|re-enqueued)")
+
+
+def log_times(logs: Path, session: str) -> dict[str, list[datetime]]:
+    """When any worker released a dead holder's lease on `session` or re-enqueued it."""
+    found: dict[str, list[datetime]] = {"lease released": [], "re-enqueued": []}
+    for path in logs.glob("worker-*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if session in line and (match := LOG_LINE.match(line)):
+                # Django sets the process's TZ to TIME_ZONE: asctime is in that zone.
+                at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").replace(
+                    tzinfo=ZoneInfo(settings.TIME_ZONE)
+                )
+                found[match[2]].append(at)
+    return found
+
+
+def print_timelines(
+    cluster: Cluster, kills: list[tuple[datetime, str, int]], at_kill: dict[int, tuple[Any, ...]]
+) -> None:
+    """Per kill: kill -> lease released (or its expiry) -> re-enqueued -> next run, in
+    seconds after the kill (where the recovery time went)."""
+    print("\nFAULTS per kill: +s after the kill; holder at kill; lease end; release; requeue; run")
+    for index, (killed_at, session, pid) in enumerate(kills):
+        holder, expires, run_row = at_kill.get(index, ("", None, False))
+        times = log_times(cluster.logs, session)
+
+        def after(moments: list[datetime], start: datetime = killed_at) -> str:
+            later = sorted(m for m in moments if m >= start)
+            return f"{(later[0] - killed_at).total_seconds():5.1f}" if later else "    -"
+
+        rows = cluster.postgres.query(
+            "SELECT min(started_at) FROM diagnosis_agentrun WHERE session_id = %s"
+            " AND parent_id IS NULL AND started_at > %s AND (input_snapshot->>'pid')::int <> %s",
+            (session, killed_at, pid),
+        )
+        run = rows[0][0] if rows and rows[0][0] is not None else None
+        ends = f"{(expires - killed_at).total_seconds():5.1f}" if expires else "    -"
+        print(
+            f"  kill {index + 1:2d} pid {pid} session {session[:8]} holder "
+            f"{'killed' if holder.endswith(f':{pid}') else holder or 'none'}"
+            f"{'' if run_row else ' (no run row yet)'}: lease end {ends}, released "
+            f"{after(times['lease released'])}, re-enqueued {after(times['re-enqueued'])}, "
+            f"next run {after([run] if run else [])}"
+        )
+
+
 def test_kill_9_workers_mid_node(workers: Cluster) -> None:
     cluster = workers
     cluster.supervise(WORKERS)
     sessions: list[str] = cluster.driver("create", "16")
     kills: list[tuple[datetime, str, int]] = []
+    at_kill: dict[int, tuple[Any, ...]] = {}  # per kill: the lease as the kill found it
     random.seed(10)
     deadline = time.monotonic() + 260
     while len(kills) < 20 and time.monotonic() < deadline:
@@ -91,6 +156,7 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             continue  # it exited (and was reaped) meanwhile: not a kill
+        at_kill[len(kills)] = lease_at_kill(cluster, session, pid)
         kills.append((killed_at, session, pid))
         time.sleep(random.uniform(0.2, 0.6))
 
@@ -106,6 +172,7 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
         )
         if rows and rows[0][0] is not None:
             recoveries.append((rows[0][0] - killed_at).total_seconds())
+    print_timelines(cluster, kills, at_kill)
     executed = sum(len(s["executions"]) for s in report.values())
     print(
         f"\nFAULTS kill -9: {len(kills)} kills mid-job over {len(sessions)} sessions, "
