@@ -93,14 +93,16 @@ def print_timelines(
 ) -> None:
     """Per kill: kill -> lease released (or its expiry) -> re-enqueued -> next run, in
     seconds after the kill (where the recovery time went)."""
+
+    def after(moments: list[datetime], killed_at: datetime) -> str:
+        """The first moment after the kill, in seconds after it."""
+        later = sorted(m for m in moments if m >= killed_at)
+        return f"{(later[0] - killed_at).total_seconds():5.1f}" if later else "    -"
+
     print("\nFAULTS per kill: +s after the kill; holder at kill; lease end; release; requeue; run")
     for index, (killed_at, session, pid) in enumerate(kills):
         holder, expires, run_row = at_kill.get(index, ("", None, False))
         times = log_times(cluster.logs, session)
-
-        def after(moments: list[datetime], start: datetime = killed_at) -> str:
-            later = sorted(m for m in moments if m >= start)
-            return f"{(later[0] - killed_at).total_seconds():5.1f}" if later else "    -"
 
         rows = cluster.postgres.query(
             "SELECT min(started_at) FROM diagnosis_agentrun WHERE session_id = %s"
@@ -113,8 +115,9 @@ def print_timelines(
             f"  kill {index + 1:2d} pid {pid} session {session[:8]} holder "
             f"{'killed' if holder.endswith(f':{pid}') else holder or 'none'}"
             f"{'' if run_row else ' (no run row yet)'}: lease end {ends}, released "
-            f"{after(times['lease released'])}, re-enqueued {after(times['re-enqueued'])}, "
-            f"next run {after([run] if run else [])}"
+            f"{after(times['lease released'], killed_at)}, re-enqueued "
+            f"{after(times['re-enqueued'], killed_at)}, next run "
+            f"{after([run] if run else [], killed_at)}"
         )
 
 
