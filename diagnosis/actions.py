@@ -729,7 +729,8 @@ def _enqueue_lift(outbox_id: int, producer: str) -> None:
     from rq.exceptions import DuplicateJobError, NoSuchJobError
     from rq.job import Job
 
-    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    # The priority queue: an approver waits for the board to change; a lift is short.
+    queue = django_rq.get_queue(settings.AERO_PRIORITY_QUEUE)
     for _attempt in range(3):
         try:
             queue.enqueue(
@@ -741,7 +742,6 @@ def _enqueue_lift(outbox_id: int, producer: str) -> None:
                 job_timeout=600,
                 result_ttl=300,
                 failure_ttl=86400,
-                at_front=True,  # an approver waits for the board to change; a lift is short
             )
             return
         except DuplicateJobError:

@@ -112,7 +112,9 @@ _WAITING = ("queued", "deferred", "scheduled")
 def dispatch(session_id: Any, *, at_front: bool = False) -> bool:
     """Run or enqueue the session's job unless one is already waiting or running.
     Returns whether a job was enqueued (or run, inline). `at_front`: ahead of the jobs
-    waiting in the queue (a session whose job was lost has waited already).
+    waiting in the queue (a session whose job was lost has waited already): the rq
+    backend puts it in the priority queue, behind only the sessions re-enqueued before
+    it (ADR 119).
 
     Never twice: a job waiting in the queue will see this input when it starts; a job
     holding the session's lease re-checks the inputs after it lets the lease go
@@ -152,7 +154,11 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
     from rq.exceptions import DuplicateJobError, NoSuchJobError
     from rq.job import Job
 
-    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    # Re-enqueued after its job was lost: the priority queue, in order. Pushed at the
+    # front of the one queue, a session re-enqueued later went first (last in, first
+    # out): one killed over and over kept jumping ahead of one lost a minute before
+    # (ADR 119).
+    queue = django_rq.get_queue(settings.AERO_PRIORITY_QUEUE if at_front else settings.AERO_QUEUE)
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         try:
@@ -164,7 +170,6 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
                 job_timeout=600,
                 result_ttl=300,
                 failure_ttl=86400,
-                at_front=at_front,
             )
             return True
         except DuplicateJobError:
@@ -174,6 +179,9 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
         except NoSuchJobError:
             continue  # expired or deleted meanwhile: enqueue again
         status = job.get_status()
+        if status == "queued" and not _in_a_queue(queue.connection, job.id):
+            job.delete()  # popped by a worker that died before starting it: lost
+            continue
         if status in _WAITING:
             return False
         if status == "started":
@@ -188,6 +196,20 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
                 continue
         job.delete()  # it can no longer run: the id is free for the next job
     logger.warning("session %s: its job stayed busy; the reconciler will enqueue it", session_id)
+    return False
+
+
+def _in_a_queue(redis: Any, name: str) -> bool:
+    """Whether the job id is in one of AERO's rq queues (or rq's list of jobs being
+    dequeued): a "queued" job that is in none was taken by a worker killed before it
+    started the job, and nothing would ever run it."""
+    import django_rq
+
+    for queue_name in (settings.AERO_PRIORITY_QUEUE, settings.AERO_QUEUE):
+        queue = django_rq.get_queue(queue_name)
+        for key in (queue.key, queue.intermediate_queue_key):
+            if redis.lpos(key, name) is not None:
+                return True
     return False
 
 
@@ -213,7 +235,8 @@ def queued_job_ids() -> set[str]:
     prefix = job_id("")
     return {
         name.removeprefix(prefix)
-        for name in django_rq.get_queue(settings.AERO_QUEUE).get_job_ids()
+        for queue in (settings.AERO_PRIORITY_QUEUE, settings.AERO_QUEUE)
+        for name in django_rq.get_queue(queue).get_job_ids()
         if name.startswith(prefix)
     }
 

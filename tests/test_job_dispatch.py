@@ -26,7 +26,12 @@ pytestmark = pytest.mark.services
 
 
 def queued(settings: Any) -> list[str]:
-    return list(django_rq.get_queue(settings.AERO_QUEUE).get_job_ids())
+    """The jobs waiting, in the order workers take them: the priority queue first."""
+    return [
+        name
+        for queue in (settings.AERO_PRIORITY_QUEUE, settings.AERO_QUEUE)
+        for name in django_rq.get_queue(queue).get_job_ids()
+    ]
 
 
 def stale(session: Session) -> None:
@@ -234,3 +239,35 @@ def test_a_job_started_by_a_live_worker_is_left_to_it(rq_session: Session, setti
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_sessions_whose_job_was_lost_run_in_the_order_they_were_lost(
+    rq_session: Session, settings: Any, make_user: Callable[..., User]
+) -> None:
+    """Re-enqueued sessions go ahead of the queue, first lost first run: one whose job
+    is lost again and again does not keep jumping ahead of one lost before it (pushed
+    at the front of one queue, the last re-enqueued ran first)."""
+    user = make_user("otto", "operator")
+    scenario = Scenario.objects.get(slug="oil_spill")
+    first, again = (do_create_session(user, scenario, "105机位燃油泄漏") for _ in range(2))
+    for queue in (settings.AERO_QUEUE, settings.AERO_PRIORITY_QUEUE):
+        django_rq.get_queue(queue).empty()
+    fresh = do_create_session(user, scenario, "105机位燃油泄漏")  # waits its turn
+    assert jobs.dispatch(rq_session.pk, at_front=True) is True  # lost first
+    assert jobs.dispatch(first.pk, at_front=True) is True
+    assert jobs.dispatch(again.pk, at_front=True) is True  # lost last
+    assert queued(settings) == [jobs.job_id(s.pk) for s in (rq_session, first, again, fresh)]
+
+
+def test_a_queued_job_taken_by_a_worker_that_died_is_enqueued_again(
+    rq_session: Session, settings: Any
+) -> None:
+    """A worker popped the job and was killed before starting it: the job says
+    "queued" and is in no queue. It is lost, not waiting: the next pass enqueues it."""
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    assert queue.connection.lpop(queue.key) == jobs.job_id(rq_session.pk).encode()
+    job = queue.fetch_job(jobs.job_id(rq_session.pk))
+    assert job is not None and job.get_status() == JobStatus.QUEUED
+
+    assert jobs.requeue_stalled_sessions() == 1
+    assert queued(settings) == [jobs.job_id(rq_session.pk)]

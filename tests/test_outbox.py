@@ -402,7 +402,7 @@ def test_a_lift_is_sent_in_the_background_not_in_the_deciding_request(
     assert Outbox.objects.get(tool_call=lift).status == "pending"
     board = approver.get(reverse("diagnosis:airport-board")).content.decode()
     assert 'data-testid="lift-sending"' in board
-    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    queue = django_rq.get_queue(settings.AERO_PRIORITY_QUEUE)  # ahead of session jobs
     assert queue.get_job_ids() == [lift_job_id(Outbox.objects.get(tool_call=lift).pk)]
 
     SimpleWorker([queue], connection=queue.connection).work(burst=True)

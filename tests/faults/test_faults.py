@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import time
@@ -71,53 +72,72 @@ def lease_at_kill(cluster: Cluster, session: str, pid: int) -> tuple[Any, ...]:
     return tuple(rows[0]) if rows else ("", None, False)
 
 
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?(lease released|re-enqueued)")
+LOG_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?"
+    r"(?:session (\S+?):? .*lease released|re-enqueued stalled session (\S+)"
+    r"|worker \S+: job aero-advance-(\S+) started|worker \S+: (ready))"
+)
 
 
-def log_times(logs: Path, session: str) -> dict[str, list[datetime]]:
-    """When any worker released a dead holder's lease on `session` or re-enqueued it."""
-    found: dict[str, list[datetime]] = {"lease released": [], "re-enqueued": []}
+def worker_log(logs: Path) -> list[tuple[datetime, str, str]]:
+    """(when, what, session) from every worker's log: "released" a dead holder's lease,
+    "requeued", "dequeued" (a job started), "ready" (a started worker took jobs)."""
+    zone = ZoneInfo(settings.TIME_ZONE)  # Django sets the process's TZ: asctime is in it
+    kinds = ("released", "requeued", "dequeued", "ready")
+    found = []
     for path in logs.glob("worker-*.log"):
         for line in path.read_text(errors="replace").splitlines():
-            if session in line and (match := LOG_LINE.match(line)):
-                # Django sets the process's TZ to TIME_ZONE: asctime is in that zone.
-                at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").replace(
-                    tzinfo=ZoneInfo(settings.TIME_ZONE)
-                )
-                found[match[2]].append(at)
-    return found
+            if match := LOG_LINE.match(line):
+                at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=zone)
+                kind = next(k for k, g in zip(kinds, match.groups()[1:], strict=True) if g)
+                found.append((at, kind, "" if kind == "ready" else match[kinds.index(kind) + 2]))
+    return sorted(found)
 
 
 def print_timelines(
     cluster: Cluster, kills: list[tuple[datetime, str, int]], at_kill: dict[int, tuple[Any, ...]]
 ) -> None:
-    """Per kill: kill -> lease released (or its expiry) -> re-enqueued -> next run, in
-    seconds after the kill (where the recovery time went)."""
+    """Per kill, in seconds after it: the lease's end as the kill found it, the dead
+    holder's lease released, the session re-enqueued, its job dequeued, its next run
+    started; and how many replaced workers became ready and how many other jobs started
+    between the kill and the dequeue (where the recovery time went)."""
+    log = worker_log(cluster.logs)
+    if keep := os.environ.get("FAULTS_KEEP_LOGS"):  # to read a slow recovery line by line
+        shutil.copytree(cluster.logs, keep, dirs_exist_ok=True)
 
-    def after(moments: list[datetime], killed_at: datetime) -> str:
-        """The first moment after the kill, in seconds after it."""
-        later = sorted(m for m in moments if m >= killed_at)
-        return f"{(later[0] - killed_at).total_seconds():5.1f}" if later else "    -"
+    def first(kind: str, session: str, killed_at: datetime) -> datetime | None:
+        return next(
+            (at for at, k, s in log if k == kind and s == session and at >= killed_at), None
+        )
 
-    print("\nFAULTS per kill: +s after the kill; holder at kill; lease end; release; requeue; run")
+    def secs(moment: datetime | None, killed_at: datetime) -> str:
+        return f"{(moment - killed_at).total_seconds():5.1f}" if moment else "    -"
+
+    print(
+        "\nFAULTS per kill (s after the kill): lease end | released | requeued | dequeued | run"
+        " | workers ready, other jobs started before the dequeue"
+    )
     for index, (killed_at, session, pid) in enumerate(kills):
         holder, expires, run_row = at_kill.get(index, ("", None, False))
-        times = log_times(cluster.logs, session)
-
         rows = cluster.postgres.query(
             "SELECT min(started_at) FROM diagnosis_agentrun WHERE session_id = %s"
             " AND parent_id IS NULL AND started_at > %s AND (input_snapshot->>'pid')::int <> %s",
             (session, killed_at, pid),
         )
         run = rows[0][0] if rows and rows[0][0] is not None else None
-        ends = f"{(expires - killed_at).total_seconds():5.1f}" if expires else "    -"
+        dequeued = first("dequeued", session, killed_at)
+        until = dequeued or run or killed_at
+        ready = sum(1 for at, k, _ in log if k == "ready" and killed_at <= at <= until)
+        others = sum(
+            1 for at, k, s in log if k == "dequeued" and s != session and killed_at <= at <= until
+        )
         print(
-            f"  kill {index + 1:2d} pid {pid} session {session[:8]} holder "
-            f"{'killed' if holder.endswith(f':{pid}') else holder or 'none'}"
-            f"{'' if run_row else ' (no run row yet)'}: lease end {ends}, released "
-            f"{after(times['lease released'], killed_at)}, re-enqueued "
-            f"{after(times['re-enqueued'], killed_at)}, next run "
-            f"{after([run] if run else [], killed_at)}"
+            f"  kill {index + 1:2d} pid {pid} session {session[:8]}"
+            f"{'' if holder.endswith(f':{pid}') else f' (holder {holder or None})'}"
+            f"{'' if run_row else ' (no run row yet)'}: {secs(expires, killed_at)} |"
+            f" {secs(first('released', session, killed_at), killed_at)} |"
+            f" {secs(first('requeued', session, killed_at), killed_at)} |"
+            f" {secs(dequeued, killed_at)} | {secs(run, killed_at)} | {ready}, {others}"
         )
 
 
