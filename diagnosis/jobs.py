@@ -180,8 +180,13 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
             continue  # expired or deleted meanwhile: enqueue again
         status = job.get_status()
         if status == "queued" and not _in_a_queue(queue.connection, job.id):
-            job.delete()  # popped by a worker that died before starting it: lost
-            continue
+            # Popped by a worker: a live one marks it started within milliseconds; one
+            # killed before it started the job leaves it "queued" forever: lost.
+            time.sleep(0.05)
+            if job.get_status() == "queued":
+                job.delete()
+                continue
+            status = job.get_status()
         if status in _WAITING:
             return False
         if status == "started":
