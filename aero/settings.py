@@ -236,6 +236,9 @@ AERO_WEB_TICK_SECONDS = env_float("AERO_WEB_TICK_SECONDS", 10.0)
 AERO_JOB_ATTEMPTS = env_int("AERO_JOB_ATTEMPTS", 3, minimum=1)
 AERO_JOB_BACKOFF = env_float("AERO_JOB_BACKOFF", 1.0)  # seconds x attempt, between retries
 AERO_QUEUE = env_str("AERO_QUEUE", "aero")
+# Workers take from this queue first, in order (ADR 119): sessions whose job was lost (a
+# killed worker, Redis restarted) re-enqueued by the reconciler, and decided lifts.
+AERO_PRIORITY_QUEUE = f"{AERO_QUEUE}-first"
 AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
 # Where pages open their WebSockets when HTTP and WebSockets are served by different
 # processes (scripts/run.sh in production: gunicorn for HTTP, daphne for WebSockets),
@@ -254,7 +257,10 @@ if "socket_connect_timeout" not in _RQ_URL:
     # OS's connect timeout (minutes): the enqueue after commit fails fast and is left to
     # the reconciler (ADR 111). redis-py reads the option from the URL.
     _RQ_URL += ("&" if "?" in _RQ_URL else "?") + "socket_connect_timeout=3"
-RQ_QUEUES = {AERO_QUEUE: {"URL": _RQ_URL, "DEFAULT_TIMEOUT": 600}}
+RQ_QUEUES = {
+    AERO_QUEUE: {"URL": _RQ_URL, "DEFAULT_TIMEOUT": 600},
+    AERO_PRIORITY_QUEUE: {"URL": _RQ_URL, "DEFAULT_TIMEOUT": 600},
+}
 
 if REDIS_URL:
     # The pub/sub layer reconnects after a Redis restart (the core layer closes every

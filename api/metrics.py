@@ -161,7 +161,8 @@ class DatabaseCollector(Collector):
                 import django_rq
 
                 queue = django_rq.get_queue(settings.AERO_QUEUE)
-                family.add_metric([backend, "queued"], queue.count)
+                first = django_rq.get_queue(settings.AERO_PRIORITY_QUEUE)
+                family.add_metric([backend, "queued"], queue.count + first.count)
                 family.add_metric([backend, "started"], queue.started_job_registry.count)
                 family.add_metric([backend, "failed"], queue.failed_job_registry.count)
             except Exception:

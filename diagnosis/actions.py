@@ -3,11 +3,12 @@ go out after commit (append_event), never from model signals."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
@@ -19,7 +20,7 @@ from diagnosis import outbox as outbox_module
 from diagnosis.agent.extraction import FLIGHT_NO, detect_language
 from diagnosis.events import append_event, event_batch, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
-from diagnosis.jobs import enqueue_advance
+from diagnosis.jobs import embedded_worker, enqueue_advance
 from diagnosis.models import (
     Event,
     Outbox,
@@ -37,6 +38,8 @@ from diagnosis.signals import session_closing
 from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL, risk_floor
 from scenarios_admin.models import Scenario
+
+logger = logging.getLogger("diagnosis.actions")
 
 
 class ActionError(Exception):
@@ -676,15 +679,89 @@ def _apply_lift_decision(
     if restriction.lifted_at is not None:
         raise ActionError(_("%(restriction)s was already lifted.") % {"restriction": restriction})
     # Lifting reaches the airport operations system like closing does: through the
-    # outbox (ADR 115). The row commits with the decision; the request goes out after the
-    # commit with the call's idempotency key, and the lift is recorded when it is
-    # accepted. A crash in between leaves the row pending for the sweeper, never a lift
-    # recorded twice nor one done remotely and lost here.
+    # outbox (ADR 115). The row commits with the decision; a background job sends the
+    # request after the commit with the call's idempotency key (ADR 118: never in the
+    # deciding request, whose approver would wait out the retries), and the lift is
+    # recorded when it is accepted. A crash in between leaves the row pending for the
+    # sweeper, never a lift recorded twice nor one done remotely and lost here.
     outbox = enqueue_effect(tool_call, producer=producer, fresh=True)
     if outbox is not None:
         outbox_id = outbox.pk
-        transaction.on_commit(lambda: execute_lift(outbox_id, producer=producer))
+        transaction.on_commit(lambda: dispatch_lift(outbox_id, producer=producer))
+        notify_board()  # the board shows the lift as being sent
     return tool_call
+
+
+def lift_job_id(outbox_id: int) -> str:
+    """A lift's job has this fixed id: a second enqueue of the same row finds the first."""
+    return f"aero-lift-{outbox_id}"
+
+
+def dispatch_lift(outbox_id: int, *, producer: str = "web") -> None:
+    """Hand a decided lift to the background (after the decision's commit): an rq job,
+    or a thread of the embedded worker; the inline backend (the CLI, tests) sends it
+    here. A queue that cannot take it (Redis down) is logged, not raised: the decision
+    committed, and the sweeper (resume_pending_lifts) sends rows left pending."""
+    backend = settings.AERO_JOB_BACKEND
+    if backend == "inline":
+        execute_lift(outbox_id, producer=producer)
+        return
+    try:
+        if backend == "rq":
+            _enqueue_lift(outbox_id, producer)
+        else:
+            embedded_worker().pool.submit(_execute_lift_in_thread, outbox_id, producer)
+    except Exception as exc:
+        logger.warning(
+            "lift outbox %s: not handed to a worker (%s: %s); the sweeper will send it",
+            outbox_id,
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _enqueue_lift(outbox_id: int, producer: str) -> None:
+    """The lift's rq job under its fixed id. A job already waiting or running sends the
+    row; an old one that ended (finished, failed: a row decided again never is, but a
+    Redis that outlived a restored database may hold one) is replaced, as the executor
+    checks the row's status anyway."""
+    import django_rq
+    from rq.exceptions import DuplicateJobError, NoSuchJobError
+    from rq.job import Job
+
+    # The priority queue: an approver waits for the board to change; a lift is short.
+    queue = django_rq.get_queue(settings.AERO_PRIORITY_QUEUE)
+    for _attempt in range(3):
+        try:
+            queue.enqueue(
+                execute_lift,
+                outbox_id,
+                producer=producer,
+                job_id=lift_job_id(outbox_id),
+                unique=True,
+                job_timeout=600,
+                result_ttl=300,
+                failure_ttl=86400,
+            )
+            return
+        except DuplicateJobError:
+            pass
+        try:
+            job = Job.fetch(lift_job_id(outbox_id), connection=queue.connection)
+        except NoSuchJobError:
+            continue
+        if job.get_status() in ("queued", "deferred", "scheduled", "started"):
+            return  # it sends the row
+        job.delete()
+
+
+def _execute_lift_in_thread(outbox_id: int, producer: str) -> None:
+    try:
+        execute_lift(outbox_id, producer=producer)
+    except Exception:
+        logger.exception("lift outbox %s: sending failed; the sweeper will retry", outbox_id)
+    finally:
+        connections.close_all()  # this pool thread's own
 
 
 def execute_lift(outbox_id: int, *, producer: str = "web") -> str:
@@ -739,6 +816,7 @@ def _record_lift(
         tool_call = ToolCall.objects.select_for_update().get(pk=tool_call.pk)
         if error:
             _finish_lift_call(tool_call, at, {}, error, producer)
+            notify_board()  # no longer being sent: the closure stays, a lift may be asked again
             return OutboxStatus.FAILED
         _complete_lift(tool_call, at, (remote or {}).get("reference", ""), producer)
     return OutboxStatus.DONE

@@ -112,7 +112,9 @@ _WAITING = ("queued", "deferred", "scheduled")
 def dispatch(session_id: Any, *, at_front: bool = False) -> bool:
     """Run or enqueue the session's job unless one is already waiting or running.
     Returns whether a job was enqueued (or run, inline). `at_front`: ahead of the jobs
-    waiting in the queue (a session whose job was lost has waited already).
+    waiting in the queue (a session whose job was lost has waited already): the rq
+    backend puts it in the priority queue, behind only the sessions re-enqueued before
+    it (ADR 119).
 
     Never twice: a job waiting in the queue will see this input when it starts; a job
     holding the session's lease re-checks the inputs after it lets the lease go
@@ -152,7 +154,11 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
     from rq.exceptions import DuplicateJobError, NoSuchJobError
     from rq.job import Job
 
-    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    # Re-enqueued after its job was lost: the priority queue, in order. Pushed at the
+    # front of the one queue, a session re-enqueued later went first (last in, first
+    # out): one killed over and over kept jumping ahead of one lost a minute before
+    # (ADR 119).
+    queue = django_rq.get_queue(settings.AERO_PRIORITY_QUEUE if at_front else settings.AERO_QUEUE)
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         try:
@@ -164,7 +170,6 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
                 job_timeout=600,
                 result_ttl=300,
                 failure_ttl=86400,
-                at_front=at_front,
             )
             return True
         except DuplicateJobError:
@@ -174,6 +179,14 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
         except NoSuchJobError:
             continue  # expired or deleted meanwhile: enqueue again
         status = job.get_status()
+        if status == "queued" and not _in_a_queue(queue.connection, job.id):
+            # Popped by a worker: a live one marks it started within milliseconds; one
+            # killed before it started the job leaves it "queued" forever: lost.
+            time.sleep(0.05)
+            if job.get_status() == "queued":
+                job.delete()
+                continue
+            status = job.get_status()
         if status in _WAITING:
             return False
         if status == "started":
@@ -183,12 +196,39 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
             token, expires = lease.first() or (None, None)
             if token is not None and expires is not None and expires > timezone.now():
                 return False  # the holder re-checks the inputs before it lets go
-            if token is None:
+            if token is None and not _worker_gone(job.worker_name):
                 time.sleep(0.02)
                 continue
         job.delete()  # it can no longer run: the id is free for the next job
     logger.warning("session %s: its job stayed busy; the reconciler will enqueue it", session_id)
     return False
+
+
+def _in_a_queue(redis: Any, name: str) -> bool:
+    """Whether the job id is in one of AERO's rq queues (or rq's list of jobs being
+    dequeued): a "queued" job that is in none was taken by a worker killed before it
+    started the job, and nothing would ever run it."""
+    import django_rq
+
+    for queue_name in (settings.AERO_PRIORITY_QUEUE, settings.AERO_QUEUE):
+        queue = django_rq.get_queue(queue_name)
+        for key in (queue.key, queue.intermediate_queue_key):
+            if redis.lpos(key, name) is not None:
+                return True
+    return False
+
+
+def _worker_gone(worker_name: str | None) -> bool:
+    """Whether the rq worker that started a job is a process gone from this host (its
+    name is aero-<host>-<pid>-<hex>, diagnosis.worker): killed after it dequeued the job
+    and before it took the lease, it left the job "started" with no lease, which reads
+    as a job just starting, and the session would wait for rq to clean its registry
+    (the job's 600 s timeout). Other hosts' workers and other names read as alive."""
+    prefix = f"aero-{socket.gethostname()}-"
+    if not worker_name or not worker_name.startswith(prefix):
+        return False
+    pid = worker_name.removeprefix(prefix).split("-", 1)[0]
+    return pid.isdigit() and int(pid) != os.getpid() and _process_gone(int(pid))
 
 
 def queued_job_ids() -> set[str]:
@@ -200,7 +240,8 @@ def queued_job_ids() -> set[str]:
     prefix = job_id("")
     return {
         name.removeprefix(prefix)
-        for name in django_rq.get_queue(settings.AERO_QUEUE).get_job_ids()
+        for queue in (settings.AERO_PRIORITY_QUEUE, settings.AERO_QUEUE)
+        for name in django_rq.get_queue(queue).get_job_ids()
         if name.startswith(prefix)
     }
 
@@ -297,26 +338,31 @@ def _process_gone(pid: int) -> bool:
         return False
 
 
+def lease_holder() -> str:
+    """This process, as a lease records its holder: "host:pid"."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def release_dead_holders() -> int:
     """Let go now of the leases held by a job whose worker process is gone from this host
     (kill -9, the OOM killer), instead of waiting for them to run out: the reconciler
-    pass that follows re-enqueues those sessions at once (ADR 109). Only the exact lease
-    the dead run took is expired (its token is in the run's input snapshot), so a lease
-    another worker has taken since is never touched; a pid reused by a live process
-    reads as alive, and then the lease runs out as before. Other hosts' processes cannot
-    be checked: their leases run out."""
+    pass that follows re-enqueues those sessions at once (ADR 109). The holder is read
+    from the session row, written by the same UPDATE that took the lease (ADR 117): a
+    job killed right after taking it (before its run row existed, while a fresh worker
+    was still building its graph) was invisible here and its session waited out the
+    whole lease. Only the exact lease the dead process took is expired (by its token),
+    so a lease another worker has taken since is never touched; a pid reused by a live
+    process reads as alive, and then the lease runs out as before. Other hosts'
+    processes cannot be checked: their leases run out."""
     host = socket.gethostname()
     now = timezone.now()
-    live = Session.objects.filter(lease_token__isnull=False, lease_expires_at__gt=now)
-    runs = AgentRun.objects.filter(
-        session__in=live.values("pk"), parent__isnull=True, status="running"
-    ).values_list("session_id", "input_snapshot")
+    leases = Session.objects.filter(
+        lease_token__isnull=False, lease_expires_at__gt=now, lease_holder__startswith=f"{host}:"
+    ).values_list("pk", "lease_token", "lease_holder")
     released = 0
-    for session_id, snapshot in runs:
-        pid, token = snapshot.get("pid"), snapshot.get("lease")
-        if snapshot.get("host") != host or not isinstance(pid, int) or not token:
-            continue
-        if pid == os.getpid() or not _process_gone(pid):
+    for session_id, token, holder in leases:
+        pid = _holder_pid(holder, host)
+        if pid is None or pid == os.getpid() or not _process_gone(pid):
             continue
         if Session.objects.filter(
             pk=session_id, lease_token=token, lease_expires_at__gt=now
@@ -326,6 +372,12 @@ def release_dead_holders() -> int:
             )
             released += 1
     return released
+
+
+def _holder_pid(holder: str, host: str) -> int | None:
+    """The pid in a "host:pid" holder on this host, else None."""
+    name, _, pid = holder.rpartition(":")
+    return int(pid) if name == host and pid.isdigit() else None
 
 
 def stalled_sessions() -> list[str]:
@@ -354,7 +406,11 @@ def acquire_lease(session_id: Any) -> uuid.UUID | None:
         Session.objects.filter(pk=session_id)
         .filter(Q(lease_token__isnull=True) | Q(lease_expires_at__lt=now))
         .update(
-            lease_token=token, lease_expires_at=now + timedelta(seconds=settings.AERO_LEASE_SECONDS)
+            lease_token=token,
+            lease_expires_at=now + timedelta(seconds=settings.AERO_LEASE_SECONDS),
+            # In the same statement: from the moment the lease is taken the reconciler
+            # can tell that its holder died (ADR 117).
+            lease_holder=lease_holder(),
         )
     )
     return token if taken else None
@@ -418,7 +474,7 @@ class Heartbeat:
 
 def release_lease(session_id: Any, token: uuid.UUID) -> None:
     Session.objects.filter(pk=session_id, lease_token=token).update(
-        lease_token=None, lease_expires_at=None
+        lease_token=None, lease_expires_at=None, lease_holder=""
     )
 
 
@@ -687,7 +743,7 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "backend": settings.AERO_JOB_BACKEND,
-                # Which lease this run holds: release_dead_holders expires exactly it.
+                # Which lease this run holds (the session row names its holder too).
                 "lease": str(token),
             },
         )

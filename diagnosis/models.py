@@ -85,6 +85,9 @@ class Session(models.Model):
     # One job at a time per session: a lease in the database, not Redis.
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Who holds it, "host:pid", written by the UPDATE that takes the lease: a holder
+    # killed before it wrote anything else is still seen to be gone (ADR 117).
+    lease_holder = models.CharField(max_length=300, blank=True, default="")
     job_attempts = models.PositiveSmallIntegerField(default=0)
     failure = models.TextField(blank=True)
 

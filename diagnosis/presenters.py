@@ -297,11 +297,19 @@ def airport_board_context(roles: frozenset[str]) -> dict[str, Any]:
 
 
 def pending_lifts() -> dict[int, dict[str, Any]]:
-    """Lift requests waiting for an approver, by restriction id."""
-    calls = ToolCall.objects.filter(tool_name=LIFT_TOOL, status=ToolCallStatus.AWAITING_APPROVAL)
+    """Lift requests not done yet, by restriction id: waiting for an approver, or
+    approved and being sent to the airport operations system ("sending": a background
+    job sends it and retries, ADR 118; the board changes when it answers)."""
+    calls = ToolCall.objects.filter(
+        tool_name=LIFT_TOOL,
+        status__in=[ToolCallStatus.AWAITING_APPROVAL, ToolCallStatus.EXECUTING],
+    )
     return {
-        call.request_payload["restriction"]: call.request_payload
-        for call in calls.only("request_payload")
+        call.request_payload["restriction"]: {
+            **call.request_payload,
+            "sending": call.status == ToolCallStatus.EXECUTING,
+        }
+        for call in calls.only("request_payload", "status")
     }
 
 

@@ -140,6 +140,9 @@ class AeroWorker(SimpleWorker):
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         self.beats.start()
+        # With its first reconcile pass done: the fault suite's per-kill timeline reads
+        # when replaced workers became able to pick sessions up.
+        logger.info("worker %s: ready", self.name)
         try:
             return bool(super().work(*args, **kwargs))
         finally:
@@ -168,6 +171,7 @@ class AeroWorker(SimpleWorker):
         close_old_connections()
         self.beats.session_id = job.args[0] if job.args else None
         self.beats.beat_now()  # /healthz shows what the worker runs from the start
+        logger.info("worker %s: job %s started", self.name, job.id)
         try:
             super().execute_job(job, queue)
         finally:

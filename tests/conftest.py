@@ -141,10 +141,14 @@ def asgi_server(
 def clean_queue() -> Iterator[None]:
     import django_rq
 
-    queue = django_rq.get_queue(settings.AERO_QUEUE)
-    queue.empty()  # this run's queue only: other runs may share the Redis database
+    queues = [
+        django_rq.get_queue(name) for name in (settings.AERO_QUEUE, settings.AERO_PRIORITY_QUEUE)
+    ]
+    for queue in queues:
+        queue.empty()  # this run's queues only: other runs may share the Redis database
     yield
-    queue.empty()
+    for queue in queues:
+        queue.empty()
 
 
 @pytest.fixture

@@ -26,7 +26,12 @@ pytestmark = pytest.mark.services
 
 
 def queued(settings: Any) -> list[str]:
-    return list(django_rq.get_queue(settings.AERO_QUEUE).get_job_ids())
+    """The jobs waiting, in the order workers take them: the priority queue first."""
+    return [
+        name
+        for queue in (settings.AERO_PRIORITY_QUEUE, settings.AERO_QUEUE)
+        for name in django_rq.get_queue(queue).get_job_ids()
+    ]
 
 
 def stale(session: Session) -> None:
@@ -112,7 +117,11 @@ def test_a_session_whose_job_vanished_is_requeued_at_once(
 
 
 def held_by(session: Session, pid: int, token: Any) -> None:
-    """The session's running job, as _advance_locked records it: its pid, host, lease."""
+    """The lease `token`, as acquire_lease records its holder (host and pid), and the
+    session's running job as _advance_locked records it."""
+    Session.objects.filter(pk=session.pk, lease_token=token).update(
+        lease_holder=f"{socket.gethostname()}:{pid}"
+    )
     AgentRun.objects.create(
         session=session,
         agent_name="incident_agent",
@@ -163,3 +172,102 @@ def test_a_live_or_newer_holder_keeps_its_lease(rq_session: Session, settings: A
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_a_lease_taken_by_a_process_that_died_at_once_is_released_at_the_next_pass(
+    rq_session: Session, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed right after it took the lease, before it wrote anything else (no run row:
+    a fresh worker was still building its graph). The lease names its holder from the
+    UPDATE that took it, so the next reconciler pass sees the holder gone and
+    re-enqueues the session at once instead of after the whole lease (ADR 117)."""
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    queue.empty()
+    dead = gone_pid()
+    monkeypatch.setattr(jobs.os, "getpid", lambda: dead)  # the lease taken in process `dead`
+    token = jobs.acquire_lease(rq_session.pk)
+    monkeypatch.undo()
+    assert token is not None
+    assert not AgentRun.objects.filter(session=rq_session).exists()
+    assert jobs.lease_is_live(rq_session.pk)
+
+    assert jobs.requeue_stalled_sessions() == 1
+    assert queued(settings) == [jobs.job_id(rq_session.pk)]
+    assert jobs.requeue_stalled_sessions() == 0  # once
+
+
+def test_a_lease_taken_by_this_live_process_is_kept(rq_session: Session, settings: Any) -> None:
+    django_rq.get_queue(settings.AERO_QUEUE).empty()
+    token = jobs.acquire_lease(rq_session.pk)
+    assert Session.objects.get(pk=rq_session.pk).lease_holder == jobs.lease_holder()
+    assert jobs.requeue_stalled_sessions() == 0
+    assert jobs.lease_is_live(rq_session.pk)
+    jobs.release_lease(rq_session.pk, token)  # type: ignore[arg-type]
+    assert Session.objects.get(pk=rq_session.pk).lease_holder == ""
+
+
+def test_a_job_started_by_a_worker_that_died_before_the_lease_is_enqueued_again(
+    rq_session: Session, settings: Any
+) -> None:
+    """A worker killed after it dequeued the job and before it took the lease: the job
+    stays "started" in rq with no lease. Its worker is gone from this host, so the next
+    pass replaces the job instead of taking it for one just starting."""
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    job = queue.fetch_job(jobs.job_id(rq_session.pk))
+    assert job is not None
+    queue.remove(job.id)
+    job.worker_name = f"aero-{socket.gethostname()}-{gone_pid()}-abcdef"
+    job.save()
+    job.set_status(JobStatus.STARTED)
+
+    assert jobs.requeue_stalled_sessions() == 1
+    assert queued(settings) == [jobs.job_id(rq_session.pk)]
+
+
+def test_a_job_started_by_a_live_worker_is_left_to_it(rq_session: Session, settings: Any) -> None:
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    job = queue.fetch_job(jobs.job_id(rq_session.pk))
+    assert job is not None
+    queue.remove(job.id)
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        job.worker_name = f"aero-{socket.gethostname()}-{alive.pid}-abcdef"
+        job.save()
+        job.set_status(JobStatus.STARTED)
+        assert jobs.requeue_stalled_sessions() == 0
+        assert queued(settings) == []
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_sessions_whose_job_was_lost_run_in_the_order_they_were_lost(
+    rq_session: Session, settings: Any, make_user: Callable[..., User]
+) -> None:
+    """Re-enqueued sessions go ahead of the queue, first lost first run: one whose job
+    is lost again and again does not keep jumping ahead of one lost before it (pushed
+    at the front of one queue, the last re-enqueued ran first)."""
+    user = make_user("otto", "operator")
+    scenario = Scenario.objects.get(slug="oil_spill")
+    first, again = (do_create_session(user, scenario, "105机位燃油泄漏") for _ in range(2))
+    for queue in (settings.AERO_QUEUE, settings.AERO_PRIORITY_QUEUE):
+        django_rq.get_queue(queue).empty()
+    fresh = do_create_session(user, scenario, "105机位燃油泄漏")  # waits its turn
+    assert jobs.dispatch(rq_session.pk, at_front=True) is True  # lost first
+    assert jobs.dispatch(first.pk, at_front=True) is True
+    assert jobs.dispatch(again.pk, at_front=True) is True  # lost last
+    assert queued(settings) == [jobs.job_id(s.pk) for s in (rq_session, first, again, fresh)]
+
+
+def test_a_queued_job_taken_by_a_worker_that_died_is_enqueued_again(
+    rq_session: Session, settings: Any
+) -> None:
+    """A worker popped the job and was killed before starting it: the job says
+    "queued" and is in no queue. It is lost, not waiting: the next pass enqueues it."""
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    assert queue.connection.lpop(queue.key) == jobs.job_id(rq_session.pk).encode()
+    job = queue.fetch_job(jobs.job_id(rq_session.pk))
+    assert job is not None and job.get_status() == JobStatus.QUEUED
+
+    assert jobs.requeue_stalled_sessions() == 1
+    assert queued(settings) == [jobs.job_id(rq_session.pk)]

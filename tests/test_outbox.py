@@ -357,3 +357,102 @@ def test_an_unreachable_operations_system_is_retried_then_the_lift_fails_visibly
     ]
     assert not ExternalEffect.objects.filter(idempotency_key=lift.idempotency_key).exists()
     assert_projections_match(lift.session)
+
+
+def test_a_lift_is_sent_in_the_background_not_in_the_deciding_request(
+    people: dict[str, User],
+    no_faults: None,
+    delays: list[float],
+    settings: Any,
+    clean_queue: None,
+) -> None:
+    """The operations system is down. The approver who confirms the lift gets the page
+    back with the lift "being sent": no attempt and no retry happened in the request.
+    The background job then tries three times (two retries logged) and records the
+    failure once; the board offers the lift again and the closure stays in force."""
+    import django_rq
+    from rq import SimpleWorker
+
+    from approvals.models import Approval
+    from diagnosis.actions import do_request_lift, lift_job_id
+
+    session = waiting_session(people["olga"])
+    approve_everything(session, people["abel"])
+    closure = Restriction.objects.get(session=session, kind="stand")
+    lift = do_request_lift(closure.pk, people["olga"], "stand cleaned and inspected")
+    approval = Approval.objects.get(tool_call=lift)
+    do_decide(approval.pk, people["abel"], APPROVE, digest=approval.digest)
+
+    attempts: list[str] = []
+
+    def down(system: str, operation: str, key: str) -> None:
+        attempts.append(key)
+        raise external.ExternalUnavailable("503 from airport_ops")
+
+    external.fault = down
+    settings.AERO_JOB_BACKEND = "rq"  # as under `make run`: workers on Redis
+    approver = login(people["bea"])
+    answer = approver.post(
+        reverse("approvals:decide", args=[approval.pk]),
+        {"decision": CONFIRM, "digest": approval.digest},
+    )
+    assert answer.status_code == 302
+    assert attempts == []  # nothing sent, nothing waited for in the request
+    assert tool_events_of(lift)[-1] == "tool.call_queued"
+    assert Outbox.objects.get(tool_call=lift).status == "pending"
+    board = approver.get(reverse("diagnosis:airport-board")).content.decode()
+    assert 'data-testid="lift-sending"' in board
+    queue = django_rq.get_queue(settings.AERO_PRIORITY_QUEUE)  # ahead of session jobs
+    assert queue.get_job_ids() == [lift_job_id(Outbox.objects.get(tool_call=lift).pk)]
+
+    SimpleWorker([queue], connection=queue.connection).work(burst=True)
+
+    assert len(attempts) == 3 and set(attempts) == {lift.idempotency_key}
+    assert delays == [1.0, 2.0]
+    lift.refresh_from_db()
+    assert lift.status == "failed" and "gave up after 3 attempts" in lift.error
+    assert tool_events_of(lift)[-4:] == [
+        "tool.call_queued",
+        "tool.call_retrying",
+        "tool.call_retrying",
+        "tool.call_failed",
+    ]
+    board = approver.get(reverse("diagnosis:airport-board")).content.decode()
+    assert 'data-testid="lift-sending"' not in board
+    # In force still, with nothing under way: the lift may be asked for again.
+    assert f'<tr class="closed" data-target="{closure.target}">' in board
+    assert 'data-testid="lift-pending"' not in board
+    Outbox.objects.filter(tool_call=lift).update(created_at=timezone.now() - timedelta(minutes=5))
+    from diagnosis.actions import resume_pending_lifts
+
+    assert resume_pending_lifts() == 0  # recorded once: never sent again
+    assert len(attempts) == 3
+    assert_projections_match(lift.session)
+
+
+def test_a_lift_the_queue_cannot_take_is_left_to_the_sweeper(
+    people: dict[str, User], settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis down when the decision commits: the decision stands (no error for the
+    approver), the row stays pending, and the sweeper sends it once."""
+    import django_rq
+
+    from diagnosis import actions
+
+    def no_redis(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("Redis is down")
+
+    def redis_goes_down() -> None:
+        settings.AERO_JOB_BACKEND = "rq"
+        monkeypatch.setattr(django_rq, "get_queue", no_redis)
+
+    closure, lift, _ = decided_lift(people, redis_goes_down)
+    monkeypatch.undo()
+    settings.AERO_JOB_BACKEND = "inline"
+    assert closure.lifted_at is None and lift.status == "executing"
+    row = Outbox.objects.get(tool_call=lift)
+    Outbox.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    assert actions.resume_pending_lifts() == 1
+    closure.refresh_from_db()
+    assert closure.lifted_at is not None
+    assert ExternalEffect.objects.get(idempotency_key=lift.idempotency_key).requests == 1

@@ -42,7 +42,10 @@ def redis_down(settings: Any, clean_queue: None) -> Iterator[str]:
     down = f"redis://127.0.0.1:{closed_port()}/0"
     live_queue = settings.RQ_QUEUES[settings.AERO_QUEUE]
     settings.AERO_JOB_BACKEND = "rq"
-    settings.RQ_QUEUES = {settings.AERO_QUEUE: {**live_queue, "URL": down}}
+    settings.RQ_QUEUES = {
+        name: {**live_queue, "URL": down}
+        for name in (settings.AERO_QUEUE, settings.AERO_PRIORITY_QUEUE)
+    }
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
@@ -50,11 +53,18 @@ def redis_down(settings: Any, clean_queue: None) -> Iterator[str]:
         }
     }
     yield down
-    settings.RQ_QUEUES = {settings.AERO_QUEUE: live_queue}
+    settings.RQ_QUEUES = {
+        name: live_queue for name in (settings.AERO_QUEUE, settings.AERO_PRIORITY_QUEUE)
+    }
 
 
 def queued(settings: Any) -> list[str]:
-    return list(django_rq.get_queue(settings.AERO_QUEUE).get_job_ids())
+    """The jobs waiting, in the order workers take them: the priority queue first."""
+    return [
+        name
+        for queue in (settings.AERO_PRIORITY_QUEUE, settings.AERO_QUEUE)
+        for name in django_rq.get_queue(queue).get_job_ids()
+    ]
 
 
 def enqueue_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -85,7 +95,8 @@ def test_creating_a_session_with_redis_down_succeeds_and_the_reconciler_queues_i
 
     # Redis is back: the reconciler's next pass enqueues the session, once.
     settings.RQ_QUEUES = {
-        settings.AERO_QUEUE: {**settings.RQ_QUEUES[settings.AERO_QUEUE], "URL": settings.REDIS_URL}
+        name: {**settings.RQ_QUEUES[name], "URL": settings.REDIS_URL}
+        for name in (settings.AERO_QUEUE, settings.AERO_PRIORITY_QUEUE)
     }
     Session.objects.filter(pk=session.pk).update(updated_at=timezone.now() - timedelta(hours=1))
     assert jobs.requeue_stalled_sessions() == 1

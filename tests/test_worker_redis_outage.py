@@ -80,7 +80,10 @@ def test_a_worker_outlives_a_redis_outage_and_runs_the_next_job(
     port, servers = own_redis
     url = f"redis://127.0.0.1:{port}/0"
     settings.AERO_JOB_BACKEND = "rq"
-    settings.RQ_QUEUES = {settings.AERO_QUEUE: {"URL": url, "DEFAULT_TIMEOUT": 600}}
+    settings.RQ_QUEUES = {
+        name: {"URL": url, "DEFAULT_TIMEOUT": 600}
+        for name in (settings.AERO_QUEUE, settings.AERO_PRIORITY_QUEUE)
+    }
     queue = django_rq.get_queue(settings.AERO_QUEUE)
     log_path = tmp_path / "worker.log"
     with log_path.open("w") as log:

@@ -44,7 +44,8 @@ FAULT_ENV = {
     "AERO_SECRET_KEY": "aero-faults-not-secret",
     "AERO_ENCRYPTION_KEYS": "aero-faults-encryption-key-not-secret",
     "AERO_HTTPS": "0",
-    "AERO_LOG_LEVEL": "WARNING",
+    # INFO: the kill test reads the re-enqueues from the workers' logs (its timeline).
+    "AERO_LOG_LEVEL": "INFO",
     "PYTHONUNBUFFERED": "1",
     "DJANGO_SETTINGS_MODULE": "aero.settings",
 }

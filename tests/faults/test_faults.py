@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import os
 import random
+import re
+import shutil
 import signal
 import statistics
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
+from django.conf import settings
 
 from tests.faults.cluster import LEASE_SECONDS, Cluster, wait_until
 from tests.faults.viewer import LiveViewer
@@ -54,11 +59,94 @@ def check_nothing_lost(
     return survived, lost
 
 
+def lease_at_kill(cluster: Cluster, session: str, pid: int) -> tuple[Any, ...]:
+    """Right after the kill: who holds the session's lease, until when, and whether the
+    killed process had written its run row for that lease yet."""
+    rows = cluster.postgres.query(
+        "SELECT s.lease_holder, s.lease_expires_at, EXISTS (SELECT 1 FROM diagnosis_agentrun r"
+        " WHERE r.session_id = s.id AND r.parent_id IS NULL"
+        " AND r.input_snapshot->>'lease' = s.lease_token::text"
+        " AND (r.input_snapshot->>'pid')::int = %s) FROM diagnosis_session s WHERE s.id = %s",
+        (pid, session),
+    )
+    return tuple(rows[0]) if rows else ("", None, False)
+
+
+LOG_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?"
+    r"(?:session (\S+?):? .*lease released|re-enqueued stalled session (\S+)"
+    r"|worker \S+: job aero-advance-(\S+) started|worker \S+: (ready))"
+)
+
+
+def worker_log(logs: Path) -> list[tuple[datetime, str, str]]:
+    """(when, what, session) from every worker's log: "released" a dead holder's lease,
+    "requeued", "dequeued" (a job started), "ready" (a started worker took jobs)."""
+    zone = ZoneInfo(settings.TIME_ZONE)  # Django sets the process's TZ: asctime is in it
+    kinds = ("released", "requeued", "dequeued", "ready")
+    found = []
+    for path in logs.glob("worker-*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if match := LOG_LINE.match(line):
+                at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=zone)
+                kind = next(k for k, g in zip(kinds, match.groups()[1:], strict=True) if g)
+                found.append((at, kind, "" if kind == "ready" else match[kinds.index(kind) + 2]))
+    return sorted(found)
+
+
+def print_timelines(
+    cluster: Cluster, kills: list[tuple[datetime, str, int]], at_kill: dict[int, tuple[Any, ...]]
+) -> None:
+    """Per kill, in seconds after it: the lease's end as the kill found it, the dead
+    holder's lease released, the session re-enqueued, its job dequeued, its next run
+    started; and how many replaced workers became ready and how many other jobs started
+    between the kill and the dequeue (where the recovery time went)."""
+    log = worker_log(cluster.logs)
+    if keep := os.environ.get("FAULTS_KEEP_LOGS"):  # to read a slow recovery line by line
+        shutil.copytree(cluster.logs, keep, dirs_exist_ok=True)
+
+    def first(kind: str, session: str, killed_at: datetime) -> datetime | None:
+        return next(
+            (at for at, k, s in log if k == kind and s == session and at >= killed_at), None
+        )
+
+    def secs(moment: datetime | None, killed_at: datetime) -> str:
+        return f"{(moment - killed_at).total_seconds():5.1f}" if moment else "    -"
+
+    print(
+        "\nFAULTS per kill (s after the kill): lease end | released | requeued | dequeued | run"
+        " | workers ready, other jobs started before the dequeue"
+    )
+    for index, (killed_at, session, pid) in enumerate(kills):
+        holder, expires, run_row = at_kill.get(index, ("", None, False))
+        rows = cluster.postgres.query(
+            "SELECT min(started_at) FROM diagnosis_agentrun WHERE session_id = %s"
+            " AND parent_id IS NULL AND started_at > %s AND (input_snapshot->>'pid')::int <> %s",
+            (session, killed_at, pid),
+        )
+        run = rows[0][0] if rows and rows[0][0] is not None else None
+        dequeued = first("dequeued", session, killed_at)
+        until = dequeued or run or killed_at
+        ready = sum(1 for at, k, _ in log if k == "ready" and killed_at <= at <= until)
+        others = sum(
+            1 for at, k, s in log if k == "dequeued" and s != session and killed_at <= at <= until
+        )
+        print(
+            f"  kill {index + 1:2d} pid {pid} session {session[:8]}"
+            f"{'' if holder.endswith(f':{pid}') else f' (holder {holder or None})'}"
+            f"{'' if run_row else ' (no run row yet)'}: {secs(expires, killed_at)} |"
+            f" {secs(first('released', session, killed_at), killed_at)} |"
+            f" {secs(first('requeued', session, killed_at), killed_at)} |"
+            f" {secs(dequeued, killed_at)} | {secs(run, killed_at)} | {ready}, {others}"
+        )
+
+
 def test_kill_9_workers_mid_node(workers: Cluster) -> None:
     cluster = workers
     cluster.supervise(WORKERS)
     sessions: list[str] = cluster.driver("create", "16")
     kills: list[tuple[datetime, str, int]] = []
+    at_kill: dict[int, tuple[Any, ...]] = {}  # per kill: the lease as the kill found it
     random.seed(10)
     deadline = time.monotonic() + 260
     while len(kills) < 20 and time.monotonic() < deadline:
@@ -91,6 +179,7 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             continue  # it exited (and was reaped) meanwhile: not a kill
+        at_kill[len(kills)] = lease_at_kill(cluster, session, pid)
         kills.append((killed_at, session, pid))
         time.sleep(random.uniform(0.2, 0.6))
 
@@ -106,6 +195,7 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
         )
         if rows and rows[0][0] is not None:
             recoveries.append((rows[0][0] - killed_at).total_seconds())
+    print_timelines(cluster, kills, at_kill)
     executed = sum(len(s["executions"]) for s in report.values())
     print(
         f"\nFAULTS kill -9: {len(kills)} kills mid-job over {len(sessions)} sessions, "

@@ -21,8 +21,12 @@ class Command(BaseCommand):
             raise CommandError(
                 "REDIS_URL is not set: embedded mode runs jobs inside the web process"
             )
-        queue = django_rq.get_queue(settings.AERO_QUEUE)
+        # The priority queue first: rq takes from the first non-empty queue (ADR 119).
+        queues = [
+            django_rq.get_queue(settings.AERO_PRIORITY_QUEUE),
+            django_rq.get_queue(settings.AERO_QUEUE),
+        ]
         # A Redis outage does not end the process: it waits for Redis and works on.
         work_through_outages(
-            lambda: AeroWorker([queue], connection=queue.connection), burst=options["burst"]
+            lambda: AeroWorker(queues, connection=queues[0].connection), burst=options["burst"]
         )
