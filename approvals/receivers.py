@@ -19,13 +19,18 @@ from scenarios_admin.definition import LIFT_TOOL
 
 
 @receiver(approval_required)
-def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str, Any]:
+def create_approval(
+    sender: Any, tool_call: ToolCall, fresh: bool = False, **kwargs: Any
+) -> dict[str, Any]:
     """Open the approval; what it was opened with goes into the `approval.required`
-    event (the sender logs it in the same transaction)."""
+    event (the sender logs it in the same transaction). `fresh`: the call was inserted
+    in the sender's transaction, so it has no approval yet. The state digest is taken
+    from `tool_call.session` as the sender set it (the agent passes the session as its
+    log will read when its step group commits, ADR 145)."""
     # Not get_or_create: its savepoint guards a concurrent insert, and the caller holds
     # the call (the job's lease, or the session's row lock): a duplicate would fail the
     # caller's transaction on the unique tool_call (ADR 86).
-    approval = Approval.objects.filter(tool_call=tool_call).first()
+    approval = None if fresh else Approval.objects.filter(tool_call=tool_call).first()
     if approval is None:
         state = state_digest_for(tool_call, tool_call.session)
         approval = Approval.objects.create(

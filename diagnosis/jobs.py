@@ -805,7 +805,14 @@ def _drive(
             # Checkpointed when the graph exits (an interrupt, the end, an error), not
             # after every step: the events are the history, and a step's keys do not
             # depend on its checkpoint (ADR 85).
-            graph.invoke(graph_input, config, context=context, durability="exit")
+            try:
+                graph.invoke(graph_input, config, context=context, durability="exit")
+            finally:
+                # Steps commit before anything that ends the run (ADR 145); an error
+                # LangGraph raises between two steps (the recursion limit) leaves their
+                # group open: what they did happened, and their checkpoint was saved.
+                if context.group is not None:
+                    context.group.commit()
         except SessionCanceled:
             return SessionStatus.CANCELED
         except LeaseLost:

@@ -8,6 +8,7 @@ keyed (events by key, tool calls by idempotency key) and is safe to repeat.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
@@ -35,12 +36,13 @@ from diagnosis.agent.tools import (
 from diagnosis.events import (
     EventBatch,
     LeaseLost,
+    StepGroup,
     add_usage,
     append_event,
     append_event_once,
     append_keyed,
     append_step_event,
-    event_batch,
+    current_batch,
     step_scope,
 )
 from diagnosis.execution import open_approval
@@ -49,6 +51,7 @@ from diagnosis.models import (
     Event,
     LLMCall,
     Restriction,
+    Session,
     ToolCall,
     ToolCallStatus,
 )
@@ -65,32 +68,45 @@ class SessionCanceled(Exception):
     pass
 
 
-def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
+def recorded(
+    name: str, *, last: bool = False
+) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
     """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
 
-    One graph step is one transaction (ADR 55): the node's rows and its events (queued
-    by event_batch, written at the end under one lock) commit together or not at all; a
-    crash mid-step leaves nothing half-written and a failure is logged on its own. The
-    events are keyed by the step's task (StepScope): if the step committed but its
-    checkpoint did not, the re-run writes nothing twice."""
+    The steps between two waits are one transaction (a StepGroup, ADR 145; one per step
+    before, ADR 55): each node's rows and its events (queued, written when the group
+    commits, under one lock) commit together or not at all; a crash mid-group leaves
+    nothing half-written and a failed step is logged on its own after the steps before
+    it commit. The events are keyed by the step's task (StepScope): if the group
+    committed but its checkpoint did not, the re-run writes nothing twice. `last`: the
+    graph ends after this node, so the group commits when it returns."""
 
     def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
         # No functools.wraps: LangGraph reads the signature to inject `runtime`.
         def wrapper(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
             ctx = runtime.context
+            group = step_group(ctx)
             if shutdown.stopping():
+                group.commit()  # the steps before this one: their checkpoint follows
                 raise shutdown.WorkerStopping()  # before the step: the next job runs it
-            # A canceled session has no lease any more: the step's write is refused
+            # A canceled session has no lease any more: the group's write is refused
             # under the row lock (LeaseLost) and the job ends as canceled. No query here.
             try:
-                return _run_step(
+                update = _run_step(
                     fn, name, state, ctx, _task_key(runtime, name), _wait_key(runtime, name)
                 )
             except waits.ModelWait as wait:
-                # The step rolled back; it re-runs from its first line once the runner
-                # has the reply (ADR 95). The interrupt carries the request.
+                # The step rolled back, the steps before it commit; it re-runs from its
+                # first line once the runner has the reply (ADR 95). The interrupt
+                # carries the request.
+                group.commit()
                 waits.interrupt_for(wait)
                 raise  # not reached: interrupt_for raises the interrupt
+            if update.pop("_commit", False) or last:
+                # The graph ends after this node (its checkpoint follows), or the step
+                # handed effects to the outbox, which go out once it commits.
+                group.commit()
+            return update
 
         wrapper.__name__ = fn.__name__
         return wrapper
@@ -107,17 +123,14 @@ def _run_step(
     wait_key: str,
 ) -> dict[str, Any]:
     """One node's step: its rows and events in one transaction (see `recorded`)."""
+    group = step_group(ctx)
     with waits.wait_scope(ctx.session_id, wait_key), step_scope(task_key) as scope:
         try:
-            with transaction.atomic(), event_batch(ctx.session_id) as batch:
+            with group.step() as batch:
                 run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
                 update = fn(state, ctx, run)
                 summary = update.pop("_summary", "")
-                AgentRun.objects.filter(pk=run.pk).update(
-                    status="completed",
-                    ended_at=timezone.now(),
-                    output_summary={"summary": summary},
-                )
+                group.finish_run(run.pk, summary)  # written with the group's commit
                 append_step_event(
                     ctx.session_id,
                     "agent.node_completed",
@@ -126,14 +139,30 @@ def _run_step(
                     run=run,
                 )
         except Exception as exc:
-            if (
-                isinstance(exc, (SessionCanceled, LeaseLost))
-                or type(exc).__name__ == "GraphInterrupt"
-            ):
-                raise  # a lost lease writes nothing, not even its failure
+            ctx.actions = None  # the step's own changes to them rolled back
+            if isinstance(exc, (SessionCanceled, LeaseLost)):
+                group.rollback()  # a lost lease writes nothing, not even its failure
+                raise
+            group.commit()  # the steps before this one did their work: keep it
+            if type(exc).__name__ == "GraphInterrupt":
+                raise
             _record_failure(ctx, name, state, exc)
             raise
     return update
+
+
+def step_group(ctx: AgentContext) -> StepGroup:
+    if ctx.group is None:
+        ctx.group = StepGroup(ctx.session_id)
+    return ctx.group
+
+
+def commit_steps(ctx: AgentContext) -> None:
+    """Before a wait: the steps so far commit, before the checkpoint of the interrupt.
+    The action calls are read again after the wait (a decision may have landed)."""
+    if ctx.group is not None:
+        ctx.group.commit()
+    ctx.actions = None
 
 
 def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Exception) -> None:
@@ -341,7 +370,7 @@ def replan_after_correction(
 def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
     def record(attempt: Attempt) -> None:
         usage = attempt.usage
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):  # inside the step (ADR 86)
             _, new = append_step_event(
                 ctx.session_id,
                 "llm.call",
@@ -406,10 +435,21 @@ def action_calls(session_id: Any) -> list[ToolCall]:
     )
 
 
+def action_calls_of(ctx: AgentContext) -> list[ToolCall]:
+    """The session's action calls, read once per step group (ADR 145), not once per step:
+    the group's own steps are the only ones that change them (tool_executor forgets them
+    when it did), and a decision landing meanwhile is seen when the group ends at a wait
+    (await_approval reads the calls itself and forgets these): a stale list can only
+    make the agent wait where it could have gone on, never act on a call undecided."""
+    if ctx.actions is None:
+        ctx.actions = action_calls(ctx.session_id)
+    return ctx.actions
+
+
 def facts_of(
     state: AgentState, ctx: AgentContext, actions: list[ToolCall] | None = None
 ) -> fsm.Facts:
-    actions = action_calls(ctx.session_id) if actions is None else actions
+    actions = action_calls_of(ctx) if actions is None else actions
     settled = state.get("actions_planned", False) and all(
         a.status
         in (
@@ -474,7 +514,7 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
             proposal["position"] = position
             proposal["mode"] = "propose"
         return {"step": "call", "calls": proposals}
-    actions = action_calls(ctx.session_id)
+    actions = action_calls_of(ctx)
     # Approved, or handed to the outbox and not recorded yet (a crash in between): run.
     approved = [a for a in actions if a.status in UNFINISHED_EXECUTION]
     if approved:
@@ -576,7 +616,7 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
 def note_unexecuted_actions(ctx: AgentContext, run: AgentRun) -> None:
     """A rejected or timed-out action goes back to the agent with its reason: it carries
     on without it (the report records it) and says so on the timeline, once."""
-    for call in action_calls(ctx.session_id):
+    for call in action_calls_of(ctx):
         if call.status not in (ToolCallStatus.REJECTED, ToolCallStatus.TIMEOUT):
             continue
         outcome = "rejected" if call.status == ToolCallStatus.REJECTED else "timed out"
@@ -623,13 +663,15 @@ def route_after_reasoning(
 # --- waits (interrupts) ---------------------------------------------------------------
 
 
-def ask_user(state: AgentState) -> dict[str, Any]:
+def ask_user(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+    commit_steps(runtime.context)
     question = state.get("question") or {}
     interrupt({"kind": "question", "field": question.get("field"), "key": question.get("key")})
     return {}
 
 
 def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+    commit_steps(runtime.context)
     # The actions awaiting a decision, and a request to continue past the model budget,
     # which waits like one (ADR 143): one query.
     waiting = list(
@@ -666,7 +708,7 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     calls = state["plan"].get("calls", [])
     update: dict[str, Any] = {}
     refusals: list[dict[str, Any]] = []
-    actions = action_calls(ctx.session_id)
+    actions = action_calls_of(ctx)
     facts = facts_of(state, ctx, actions)
 
     lookups = [c for c in calls if c["tool"] in ENRICHMENT_SOURCES]
@@ -764,6 +806,11 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
             run_action(tctx, tool_call.pk)
         elif not note_if_in_force(ctx, run, call, made, board):
             propose_action(tctx, call, fresh=call["call_id"] not in made)
+    if any(c["tool"] not in NOT_ACTIONS for c in calls):
+        ctx.actions = None  # proposed, executed or withdrawn here: read them again
+        # An action handed to the outbox goes out when its transaction commits, and
+        # the next steps must see its result: the group ends with this step.
+        update["_commit"] = True
     if proposing and not refusals:
         update["actions_planned"] = True
     update["refusals"] = refusals
@@ -772,6 +819,8 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     )
     return update
 
+
+NOT_ACTIONS = frozenset({*ENRICHMENT_SOURCES, "assess_risk", "analyze_impact"})
 
 DONE_OR_UNDER_WAY = (
     ToolCallStatus.APPROVED,
@@ -810,7 +859,7 @@ def revise_proposals(
             else "no longer called for by the corrected facts"
         )
         at = timezone.now()
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):  # inside the step (ADR 86)
             ToolCall.objects.filter(pk=call.pk).update(
                 status=ToolCallStatus.CANCELED, decided_at=at, decision_reason=reason
             )
@@ -895,19 +944,39 @@ def propose_action(tctx: ToolContext, call: dict[str, Any], *, fresh: bool = Fal
     """Propose an action: an R0 action is handed to the outbox at once (the proposal and
     its outbox row commit together; the effect follows the commit); R1-R3 wait for
     approval. No savepoint: it runs in the step's transaction (ADR 86)."""
+    # An R1-R3 call is inserted awaiting approval (one INSERT, no UPDATE after it).
+    waits_for_people = call.get("risk_class", "R0") != "R0"
+    status = ToolCallStatus.AWAITING_APPROVAL if waits_for_people else ToolCallStatus.PROPOSED
     with transaction.atomic(savepoint=False):
-        tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED, fresh=fresh)
+        tool_call, created = get_or_create_call(tctx, call, status, fresh=fresh)
         if tool_call.status in (ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING):
             run_action(tctx, tool_call.pk)  # handed to the outbox before a crash: finish it
+            return
+        if created and tool_call.status == ToolCallStatus.AWAITING_APPROVAL:
+            # Its approval is digested against the session as the log will read once
+            # this group commits (the risk and impact it logged are not written yet).
+            tool_call.session = logged_session(tctx)
+            open_approval(tool_call, producer=tctx.producer, run=tctx.run, fresh=True)
             return
         if tool_call.status != ToolCallStatus.PROPOSED:
             return  # proposed before this re-run: already decided or executed
         if tool_call.risk_class == "R0":
             run_action(tctx, tool_call.pk)
         else:
+            # Proposed before this change of status-at-insert (an older re-run).
             tool_call.status = ToolCallStatus.AWAITING_APPROVAL
             tool_call.save(update_fields=["status"])
             open_approval(tool_call, producer=tctx.producer, run=tctx.run)
+
+
+def logged_session(tctx: ToolContext) -> Session:
+    """The session (read once per step) with the events queued in this group folded into
+    its snapshot: what the approvals' state digest must be taken from (ADR 145)."""
+    if tctx.session is None:
+        tctx.session = Session.objects.get(pk=tctx.session_id)
+    session = copy.copy(tctx.session)
+    batch = current_batch(tctx.session_id)
+    return batch.projected(session) if batch is not None else session
 
 
 # --- compliance validator -------------------------------------------------------------
@@ -976,7 +1045,7 @@ def route_after_validation(state: AgentState) -> Literal["output_generator", "re
 # --- output generator -----------------------------------------------------------------
 
 
-@recorded("output_generator")
+@recorded("output_generator", last=True)
 def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     if state["plan"]["step"] == "stop":
         outcome, by, reason = budget.stop_reason(state["plan"]["request"])
