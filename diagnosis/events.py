@@ -342,6 +342,8 @@ class StepGroup:
         self.batch: EventBatch | None = None
         # The node runs its steps finished: one UPDATE for all of them at the commit.
         self.finished: list[AgentRun] = []
+        # A step locked the session row (usage counted): the group ends with it.
+        self.end_after_step = False
 
     def finish_run(self, run_id: int, summary: str) -> None:
         """Mark a step's AgentRun completed when the group commits (a step that rolls
@@ -392,6 +394,7 @@ class StepGroup:
         if atomic is None or batch is None:
             return
         self.atomic, self.batch, self.finished = None, None, []
+        self.end_after_step = False
         try:
             if finished:
                 AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
@@ -407,6 +410,7 @@ class StepGroup:
         if atomic is None:
             return
         self.atomic, self.batch, self.finished = None, None, []
+        self.end_after_step = False
         exc = _GroupRolledBack()
         atomic.__exit__(type(exc), exc, None)
 

@@ -191,3 +191,64 @@ def test_notices_share_one_long_lived_loop_per_process(
     assert async_to_sync(listen)() == [1, 2, 3]
     assert len(loops) == 3 and len(set(map(id, loops))) == 1
     assert [t.name for t in threading.enumerate()].count("aero-push") == 1
+
+
+def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_nothing(
+    builtin: None,
+    make_user: Callable[..., User],
+    monkeypatch: pytest.MonkeyPatch,
+    notices: list[tuple[str, int, bool]],
+    settings: Any,
+) -> None:
+    """The ~14 steps to the first wait are a few transactions, not one each (ADR 145),
+    each with one notice after commit. The impact analysis fails on its first try, in
+    the middle of a group: the steps before it (the lookups, the risk) stay committed,
+    the failed step leaves no row and no event but its failure, and the job's retry
+    carries on to the wait with every fact logged once, seqs gap-free, chain intact."""
+    import diagnosis.agent.policy as policy_module
+    from diagnosis.models import AgentRun, ToolCall
+    from tests.log_helpers import assert_projections_match
+
+    settings.AERO_JOB_BACKOFF = 0
+    original = policy_module.analyze_impact
+    failures = {"left": 1}
+
+    def fail_once(*args: Any) -> Any:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("impact graph unavailable")
+        return original(*args)
+
+    monkeypatch.setattr(policy_module, "analyze_impact", fail_once)
+    session = make_session(make_user("olga", "operator"))
+    assert session.status == "waiting_user"
+    events = Event.objects.filter(session=session)
+    types = list(events.order_by("seq").values_list("type", flat=True))
+    assert [s for s, in events.order_by("seq").values_list("seq")] == list(
+        range(1, session.last_seq + 1)
+    )
+    assert verify_chain(session.pk).ok
+    failed = events.get(type="agent.node_failed")
+    assert failed.payload["node"] == "tool_executor"
+    assert "impact graph unavailable" in failed.payload["error"]
+    # What the steps before the failure did was logged before it, once; the failed
+    # step's analysis only once, after it (by the retry).
+    assert types.count("risk.assessed") == 1 and types.count("impact.analyzed") == 1
+    assert types.index("risk.assessed") < types.index("agent.node_failed")
+    assert types.index("agent.node_failed") < types.index("impact.analyzed")
+    assert ToolCall.objects.filter(session=session, tool_name="analyze_impact").count() == 1
+    assert ToolCall.objects.filter(session=session, tool_name="assess_risk").count() == 1
+    # No run of a step is left "running": the failed one was rolled back whole.
+    runs = AgentRun.objects.filter(session=session, parent__isnull=False)
+    assert not runs.filter(status="running").exists()
+    assert runs.filter(status="failed").count() == 1
+    assert_projections_match(session)
+    # Far fewer notices than the 14 steps (one per commit: creation, running, the group
+    # up to the failure, the failure, retrying, running, the group up to the proposals,
+    # the R0 action's result, the group up to the wait, waiting), each after its
+    # commit, the last carrying the session's last seq. One per step would be 25+.
+    mine = [(seq, open_tx) for sid, seq, open_tx in notices if sid == str(session.pk)]
+    steps = types.count("agent.node_started")
+    assert steps >= 14 and len(mine) <= 10, (steps, len(mine))
+    assert all(not open_tx for _, open_tx in mine)
+    assert mine[-1][0] == session.last_seq

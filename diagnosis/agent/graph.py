@@ -102,7 +102,7 @@ def recorded(
                 group.commit()
                 waits.interrupt_for(wait)
                 raise  # not reached: interrupt_for raises the interrupt
-            if update.pop("_commit", False) or last:
+            if update.pop("_commit", False) or last or group.end_after_step:
                 # The graph ends after this node (its checkpoint follows), or the step
                 # handed effects to the outbox, which go out once it commits.
                 group.commit()
@@ -406,6 +406,10 @@ def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
             )
             if usage.tokens_in or usage.tokens_out or usage.cost:
                 add_usage(ctx.session_id, usage.tokens_in, usage.tokens_out, usage.cost)
+                # That UPDATE holds the session row until the commit: the group ends
+                # with this step, so a slow model call in the next one does not keep
+                # decisions, cancels and the heartbeat waiting.
+                step_group(ctx).end_after_step = True
 
     return record
 
