@@ -80,6 +80,13 @@ def open_approval(
     for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call, fresh=fresh):
         if isinstance(response, dict):
             opened.update(response)
+    log_approval_required(tool_call, opened, producer=producer, run=run)
+
+
+def log_approval_required(
+    tool_call: ToolCall, opened: dict[str, Any], *, producer: str, run: AgentRun | None = None
+) -> None:
+    """The `approval.required` event of a call whose approval was opened (keyed)."""
     append_event_once(
         tool_call.session_id,
         "approval.required",

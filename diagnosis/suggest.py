@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagnosis.agent.extraction import _occurrences
 from django.db.models import OuterRef, Subquery
 
+from diagnosis.agent.extraction import _occurrences
 from scenarios_admin.models import Scenario, ScenarioVersion
 
 NAME_WEIGHT = 3

@@ -224,7 +224,7 @@ def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_not
     assert session.status == "waiting_user"
     events = Event.objects.filter(session=session)
     types = list(events.order_by("seq").values_list("type", flat=True))
-    assert [s for s, in events.order_by("seq").values_list("seq")] == list(
+    assert [s for (s,) in events.order_by("seq").values_list("seq")] == list(
         range(1, session.last_seq + 1)
     )
     assert verify_chain(session.pk).ok

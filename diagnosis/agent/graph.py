@@ -29,6 +29,7 @@ from diagnosis.agent.tools import (
     ENRICHMENT_SOURCES,
     ToolContext,
     get_or_create_call,
+    new_call,
     run_action,
     run_deterministic,
     run_enrichment,
@@ -45,7 +46,7 @@ from diagnosis.events import (
     current_batch,
     step_scope,
 )
-from diagnosis.execution import open_approval
+from diagnosis.execution import log_approval_required, open_approval
 from diagnosis.models import (
     AgentRun,
     Event,
@@ -56,7 +57,7 @@ from diagnosis.models import (
     ToolCallStatus,
 )
 from diagnosis.reporting import md_cell, write_report
-from diagnosis.signals import approval_withdrawn
+from diagnosis.signals import approval_withdrawn, approvals_required
 from scenarios_admin.definition import BUDGET_TOOL, restriction_of, value_order
 
 
@@ -68,9 +69,7 @@ class SessionCanceled(Exception):
     pass
 
 
-def recorded(
-    name: str, *, last: bool = False
-) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
+def recorded(name: str, *, last: bool = False) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
     """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
 
     The steps between two waits are one transaction (a StepGroup, ADR 145; one per step
@@ -708,7 +707,7 @@ def route_after_wait(state: AgentState) -> Literal["input_parser", "reasoning"]:
 @recorded("tool_executor")
 def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     definition = ctx.definition
-    tctx = ToolContext(ctx.session_id, ctx.graph, run, ctx.producer)
+    tctx = ToolContext(ctx.session_id, ctx.graph, run, ctx.producer, definition=definition)
     calls = state["plan"].get("calls", [])
     update: dict[str, Any] = {}
     refusals: list[dict[str, Any]] = []
@@ -748,6 +747,7 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         update["replanning"] = None
     made = {a.call_id for a in actions}
     board = board_for([c for c in calls if c.get("mode") == "propose"])
+    opened = open_proposals(tctx, calls, facts, made, board)
     for call in calls:
         tool = call["tool"]
         if tool in ENRICHMENT_SOURCES:
@@ -808,6 +808,8 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         elif call.get("mode") == "execute":
             tool_call = ToolCall.objects.get(session_id=ctx.session_id, call_id=call["call_id"])
             run_action(tctx, tool_call.pk)
+        elif call["call_id"] in opened:
+            proposed(tctx, *opened[call["call_id"]])
         elif not note_if_in_force(ctx, run, call, made, board):
             propose_action(tctx, call, fresh=call["call_id"] not in made)
     if any(c["tool"] not in NOT_ACTIONS for c in calls):
@@ -971,6 +973,68 @@ def propose_action(tctx: ToolContext, call: dict[str, Any], *, fresh: bool = Fal
             tool_call.status = ToolCallStatus.AWAITING_APPROVAL
             tool_call.save(update_fields=["status"])
             open_approval(tool_call, producer=tctx.producer, run=tctx.run)
+
+
+def open_proposals(
+    tctx: ToolContext,
+    calls: list[dict[str, Any]],
+    facts: fsm.Facts,
+    made: set[str],
+    board: dict[tuple[str, str], Restriction],
+) -> dict[str, tuple[ToolCall, dict[str, Any]]]:
+    """A step that only proposes (the planner's proposals) inserts all its new calls in
+    one statement and their approvals in one more, instead of two per call (ADR 145).
+    Returns, by call id, each new call and what its approval was opened with; the step
+    then logs them in the calls' order (`proposed`). Calls refused by the compliance
+    check, already in force or made before (a re-run) are left to the step's loop."""
+    if not calls or any(c.get("mode") != "propose" for c in calls):
+        return {}
+    new = [
+        c
+        for c in calls
+        if c["call_id"] not in made
+        and not fsm.check_step(tctx.definition, facts, c["tool"])
+        and _held(c, board) is None
+    ]
+    if not new:
+        return {}
+    rows = ToolCall.objects.bulk_create(
+        [
+            new_call(
+                tctx,
+                c,
+                ToolCallStatus.PROPOSED
+                if c.get("risk_class", "R0") == "R0"
+                else ToolCallStatus.AWAITING_APPROVAL,
+            )
+            for c in new
+        ]
+    )
+    waiting = [r for r in rows if r.status == ToolCallStatus.AWAITING_APPROVAL]
+    approvals: dict[int, dict[str, Any]] = {}
+    if waiting:
+        # Digested against the session as the log will read once this group commits.
+        session = logged_session(tctx)
+        for _, response in approvals_required.send(
+            sender=ToolCall, tool_calls=waiting, session=session
+        ):
+            if isinstance(response, dict):
+                approvals.update(response)
+    return {r.call_id: (r, approvals.get(r.pk, {})) for r in rows}
+
+
+def proposed(tctx: ToolContext, tool_call: ToolCall, opened: dict[str, Any]) -> None:
+    """Log a call `open_proposals` inserted: an R0 one is handed to the outbox at once;
+    one awaiting approval gets its `approval.required` event."""
+    if tool_call.status == ToolCallStatus.PROPOSED:
+        run_action(tctx, tool_call.pk)
+    else:
+        log_approval_required(tool_call, opened, producer=tctx.producer, run=tctx.run)
+
+
+def _held(call: dict[str, Any], board: dict[tuple[str, str], Restriction]) -> Restriction | None:
+    effect = restriction_of(call["tool"], call.get("args") or {})
+    return board.get(effect) if effect is not None else None
 
 
 def logged_session(tctx: ToolContext) -> Session:

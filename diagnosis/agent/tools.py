@@ -3,16 +3,18 @@ keyed by an idempotency key (session + call id): a completed call is reused, nev
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from diagnosis import external
@@ -41,6 +43,7 @@ class ToolContext:
     run: AgentRun | None
     producer: str
     session: Session | None = None  # read once per step where needed (logged_session)
+    definition: dict[str, Any] = field(default_factory=dict)  # the scenario's
 
 
 class ToolFailure(Exception):
@@ -65,13 +68,20 @@ def get_or_create_call(
     `attempts`: a call created to run at once is inserted as started (no UPDATE).
     `fresh`: the caller read the session's calls in this step's transaction and this one
     is not among them, so it is created without the lookup."""
-    key = idempotency_key(ctx.session_id, call["call_id"])
     if not fresh:
+        key = idempotency_key(ctx.session_id, call["call_id"])
         existing = ToolCall.objects.filter(idempotency_key=key).first()
         if existing is not None:
             return existing, False
-    created = ToolCall.objects.create(
-        idempotency_key=key,
+    created = new_call(ctx, call, status, attempts)
+    created.save(force_insert=True)
+    return created, True
+
+
+def new_call(ctx: ToolContext, call: dict[str, Any], status: str, attempts: int = 0) -> ToolCall:
+    """The row of a call about to be made, not saved yet."""
+    return ToolCall(
+        idempotency_key=idempotency_key(ctx.session_id, call["call_id"]),
         session_id=ctx.session_id,
         agent_run=ctx.run,
         call_id=call["call_id"],
@@ -83,16 +93,26 @@ def get_or_create_call(
         position=call.get("position", 0),
         attempts=attempts,
     )
-    return created, True
 
 
 # --- enrichment lookups (parallel, each with its own timeout) -----------------------
 
 
+# The lookups of one step share one read of the active topology (run_enrichment).
+_topology: contextvars.ContextVar[dict[str, Topology] | None] = contextvars.ContextVar(
+    "aero_lookup_topology", default=None
+)
+
+
 def _active_topology() -> Topology:
-    topology = Topology.objects.filter(is_active=True).first()
+    shared = _topology.get()
+    topology = shared.get("active") if shared is not None else None
+    if topology is None:
+        topology = Topology.objects.filter(is_active=True).first()
     if topology is None:
         raise ToolFailure("no active airport topology")
+    if shared is not None:
+        shared["active"] = topology
     return topology
 
 
@@ -134,10 +154,10 @@ def lookup_stand_location(args: dict[str, Any]) -> dict[str, Any]:
         node = runway.reference_node if runway else None
     if node is None:
         raise ToolFailure(f"{ref} is not a position of {topology.icao}")
-    neighbours = [
-        *topology.edges.filter(source=node).values_list("target__node_id", flat=True),
-        *topology.edges.filter(target=node).values_list("source__node_id", flat=True),
-    ]
+    ends = topology.edges.filter(Q(source=node) | Q(target=node)).values_list(
+        "source__node_id", "target__node_id"
+    )
+    neighbours = [target if source == node.node_id else source for source, target in ends]
     return {
         "node_id": node.node_id,
         "kind": node.kind,
@@ -180,6 +200,14 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
     """Run the lookups: in-process ones inline, remote ones in parallel threads under
     AERO_ENRICHMENT_TIMEOUT. A failing or slow source is recorded and degrades: the result
     lists it under `degraded` and the agent goes on without it."""
+    token = _topology.set({})  # read once by the first in-process lookup, not per call
+    try:
+        return _run_enrichment(ctx, calls)
+    finally:
+        _topology.reset(token)
+
+
+def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, Any]:
     results: dict[str, Any] = {"degraded": []}
     pending: list[tuple[dict[str, Any], ToolCall]] = []
     # The calls this step made before (a re-run), in one query for all the lookups.
