@@ -23,7 +23,13 @@ from langgraph.types import interrupt
 from diagnosis import shutdown
 from diagnosis.agent import budget, fsm, grounding, policy, prompts, waits
 from diagnosis.agent.extraction import Extraction
-from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
+from diagnosis.agent.providers import (
+    Attempt,
+    OpenAICompatibleProvider,
+    Provider,
+    Usage,
+    call_with_fallback,
+)
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.agent.tools import (
     ENRICHMENT_SOURCES,
@@ -101,9 +107,10 @@ def recorded(name: str, *, last: bool = False) -> Callable[[Callable[..., dict[s
                 group.commit()
                 waits.interrupt_for(wait)
                 raise  # not reached: interrupt_for raises the interrupt
-            if update.pop("_commit", False) or last or group.end_after_step:
+            if update.pop("_commit", False) or last or group.end_after_step or reasons(ctx):
                 # The graph ends after this node (its checkpoint follows), or the step
-                # handed effects to the outbox, which go out once it commits.
+                # handed effects to the outbox, which go out once it commits; a session
+                # a model reasons for commits every step (see `reasons`).
                 group.commit()
             return update
 
@@ -148,6 +155,15 @@ def _run_step(
             _record_failure(ctx, name, state, exc)
             raise
     return update
+
+
+def reasons(ctx: AgentContext) -> bool:
+    """Whether a real model picks this session's steps (diagnosis.agent.react). Its
+    steps are not grouped: the conversation and the budget are rebuilt from the log at
+    every step (ADR 99), so each step's events must be written before the next one
+    reads them, and a model call may take seconds. Grouping is for the deterministic
+    steps that follow each other with nothing to wait for (ADR 145)."""
+    return any(isinstance(p, OpenAICompatibleProvider) for p in ctx.providers)
 
 
 def step_group(ctx: AgentContext) -> StepGroup:
