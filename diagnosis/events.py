@@ -56,6 +56,14 @@ class Fence:
     def __init__(self, session_id: Any, token: uuid.UUID) -> None:
         self.session_id = str(session_id)
         self.token = token
+        # Set when a step group failed to commit (ADR 145): LangGraph still holds those
+        # steps' state, so this run's exit checkpoint must not be saved (the savers
+        # refuse it) and the retry starts again from the checkpoint before them.
+        self.steps_lost = False
+
+
+class StepsLost(Exception):
+    """A step group's commit failed after its steps ran: their checkpoint is refused."""
 
 
 _fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("aero_fence", default=None)
@@ -362,8 +370,11 @@ class StepGroup:
         return self.atomic is not None
 
     @contextmanager
-    def step(self) -> Iterator[EventBatch]:
-        """One node's step inside the group (opened here if it is the first)."""
+    def step(self, *, savepoint: bool = True) -> Iterator[EventBatch]:
+        """One node's step inside the group (opened here if it is the first).
+        `savepoint=False`: for a step that writes no row but its AgentRun (its events
+        are only queued): if it fails, its events are dropped and its run row stays in
+        the group, for the caller to mark failed; two statements saved per step."""
         first = self.atomic is None
         if first:
             self.atomic = transaction.atomic()
@@ -374,7 +385,7 @@ class StepGroup:
         mark, finished = len(batch.pending), len(self.finished)
         token = _batch.set(batch)
         try:
-            if first:
+            if first or not savepoint:
                 yield batch
             else:
                 with transaction.atomic():  # a savepoint: this step alone rolls back
@@ -396,19 +407,36 @@ class StepGroup:
         self.atomic, self.batch, self.finished = None, None, []
         self.end_after_step = False
         try:
-            if finished:
-                AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
-            if batch.pending:
-                _write(lock_session(self.session_id), batch.pending)
+            self._flush(batch, finished)
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
+            self._lost()
             raise
-        atomic.__exit__(None, None, None)
+        try:
+            atomic.__exit__(None, None, None)  # COMMIT: deferred constraints may fail here
+        except BaseException:
+            self._lost()
+            raise
 
-    def rollback(self) -> None:
+    def _lost(self) -> None:
+        fence = current_fence(self.session_id)
+        if fence is not None:
+            fence.steps_lost = True
+
+    def _flush(self, batch: EventBatch, finished: list[AgentRun]) -> None:
+        if finished:
+            AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
+        if batch.pending:
+            _write(lock_session(self.session_id), batch.pending)
+
+    def rollback(self, *, lost: bool = False) -> None:
+        """`lost`: steps before the current one are rolled back too (a lost lease): their
+        checkpoint must not be saved either."""
         atomic = self.atomic
         if atomic is None:
             return
+        if lost:
+            self._lost()
         self.atomic, self.batch, self.finished = None, None, []
         self.end_after_step = False
         exc = _GroupRolledBack()

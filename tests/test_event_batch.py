@@ -5,6 +5,7 @@ leaves nothing. Notices go out over one long-lived loop per process."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -257,3 +258,83 @@ def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_not
     assert steps >= 14 and len(mine) <= 10, (steps, len(mine))
     assert all(not open_tx for _, open_tx in mine)
     assert mine[-1][0] == session.last_seq
+
+
+def test_a_step_without_a_savepoint_that_fails_leaves_its_run_marked_failed(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """The validator and the reasoning write no row but their run, so they join their
+    group without a savepoint (ADR 145). The second validation fails once, mid-group:
+    its events are dropped, its run row (kept with the group) is the failed run, and
+    the retry carries on with nothing logged twice."""
+    import diagnosis.agent.fsm as fsm_module
+    from diagnosis.models import AgentRun
+    from tests.log_helpers import assert_projections_match
+
+    settings.AERO_JOB_BACKOFF = 0
+    original = fsm_module.state_index
+    calls = {"n": 0}
+
+    def fail_second(*args: Any) -> Any:
+        if sys._getframe(1).f_code.co_name == "compliance_validator":
+            calls["n"] += 1
+            if calls["n"] == 2:  # the second validation: in the middle of a group
+                raise RuntimeError("validator crashed")
+        return original(*args)
+
+    monkeypatch.setattr(fsm_module, "state_index", fail_second)
+    session = make_session(make_user("olga", "operator"))
+    assert session.status == "waiting_user"
+    events = Event.objects.filter(session=session)
+    failed = events.get(type="agent.node_failed")
+    assert failed.payload["node"] == "compliance_validator"
+    assert "validator crashed" in failed.payload["error"]
+    runs = AgentRun.objects.filter(session=session, parent__isnull=False)
+    assert not runs.filter(status="running").exists()
+    assert list(runs.filter(status="failed").values_list("pk", flat=True)) == [
+        failed.payload["run"]
+    ]
+    # The failed run logged no start: its node_started was queued and dropped with it.
+    assert not events.filter(type="agent.node_started", payload__run=failed.payload["run"])
+    types = list(events.order_by("seq").values_list("type", flat=True))
+    assert types.count("risk.assessed") == 1 and types.count("impact.analyzed") == 1
+    assert verify_chain(session.pk).ok
+    assert_projections_match(session)
+
+
+def test_a_step_without_a_savepoint_may_not_write_a_row(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """A planner that writes a row from the reasoning step (which has no savepoint when
+    it joins a group) is refused loudly. That spoils the group's transaction: the steps
+    before it are lost with it, so their checkpoint is refused too (StepsLost) and the
+    retry runs them again from the start; nothing is missing, nothing is doubled."""
+    from diagnosis.agent import graph as graph_module
+    from diagnosis.models import Restriction, ToolCall
+    from tests.log_helpers import assert_projections_match
+
+    settings.AERO_JOB_ATTEMPTS = 2
+    settings.AERO_JOB_BACKOFF = 0
+    original = graph_module.PLANNER["plan"]
+    calls = {"n": 0}
+
+    def writing(state: Any, ctx: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second reasoning step: in the middle of a group
+            Restriction.objects.filter(pk=-1).update(target="nowhere")
+        return original(state, ctx)
+
+    monkeypatch.setitem(graph_module.PLANNER, "plan", writing)
+    session = make_session(make_user("olga", "operator"))
+    assert session.status == "waiting_user"
+    events = Event.objects.filter(session=session)
+    failed = events.get(type="agent.node_failed")
+    assert failed.payload["node"] == "reasoning"
+    assert "reasoning wrote a row" in failed.payload["error"]
+    # The lookups ran in the lost group: the retry ran them again, from the start.
+    enrichment = events.filter(type="timeline.appended", payload__kind="enrichment")
+    assert enrichment.count() == 1
+    assert ToolCall.objects.filter(session=session, tool_name__startswith="lookup_").count() == 3
+    assert events.filter(type="fields.extracted").count() == 1
+    assert verify_chain(session.pk).ok
+    assert_projections_match(session)

@@ -9,10 +9,11 @@ keyed (events by key, tool calls by idempotency key) and is safe to repeat.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any, Literal, Protocol
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from langgraph.config import get_config
@@ -75,7 +76,9 @@ class SessionCanceled(Exception):
     pass
 
 
-def recorded(name: str, *, last: bool = False) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
+def recorded(
+    name: str, *, last: bool = False, rows: bool = True
+) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
     """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
 
     The steps between two waits are one transaction (a StepGroup, ADR 145; one per step
@@ -84,7 +87,10 @@ def recorded(name: str, *, last: bool = False) -> Callable[[Callable[..., dict[s
     nothing half-written and a failed step is logged on its own after the steps before
     it commit. The events are keyed by the step's task (StepScope): if the group
     committed but its checkpoint did not, the re-run writes nothing twice. `last`: the
-    graph ends after this node, so the group commits when it returns."""
+    graph ends after this node, so the group commits when it returns. `rows=False`: the
+    node writes no row but its run (it only reads, and queues events) when no model
+    reasons for the session: it joins its group without a savepoint (a write would be
+    refused)."""
 
     def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
         # No functools.wraps: LangGraph reads the signature to inject `runtime`.
@@ -98,7 +104,13 @@ def recorded(name: str, *, last: bool = False) -> Callable[[Callable[..., dict[s
             # under the row lock (LeaseLost) and the job ends as canceled. No query here.
             try:
                 update = _run_step(
-                    fn, name, state, ctx, _task_key(runtime, name), _wait_key(runtime, name)
+                    fn,
+                    name,
+                    state,
+                    ctx,
+                    _task_key(runtime, name),
+                    _wait_key(runtime, name),
+                    lean=not rows and group.is_open and not reasons(ctx),
                 )
             except waits.ModelWait as wait:
                 # The step rolled back, the steps before it commit; it re-runs from its
@@ -127,14 +139,19 @@ def _run_step(
     ctx: AgentContext,
     task_key: str,
     wait_key: str,
+    *,
+    lean: bool = False,
 ) -> dict[str, Any]:
-    """One node's step: its rows and events in one transaction (see `recorded`)."""
+    """One node's step: its rows and events in one transaction (see `recorded`).
+    `lean`: a step without a savepoint, that may write no row but its run."""
     group = step_group(ctx)
+    run: AgentRun | None = None
     with waits.wait_scope(ctx.session_id, wait_key), step_scope(task_key) as scope:
         try:
-            with group.step() as batch:
+            with group.step(savepoint=not lean) as batch:
                 run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
-                update = fn(state, ctx, run)
+                with writes_refused(name) if lean else nullcontext():
+                    update = fn(state, ctx, run)
                 summary = update.pop("_summary", "")
                 group.finish_run(run.pk, summary)  # written with the group's commit
                 append_step_event(
@@ -147,14 +164,35 @@ def _run_step(
         except Exception as exc:
             ctx.actions = None  # the step's own changes to them rolled back
             if isinstance(exc, (SessionCanceled, LeaseLost)):
-                group.rollback()  # a lost lease writes nothing, not even its failure
+                group.rollback(lost=True)  # a lost lease writes nothing, not its failure
                 raise
-            group.commit()  # the steps before this one did their work: keep it
+            try:
+                group.commit()  # the steps before this one did their work: keep it
+            except Exception:
+                # Lost with them (a lean step's database error spoils the transaction):
+                # their checkpoint is refused and the retry runs them all again.
+                _record_failure(ctx, name, state, exc)
+                raise
             if type(exc).__name__ == "GraphInterrupt":
                 raise
-            _record_failure(ctx, name, state, exc)
+            # A lean step's run row was kept with the group: it is the failed run.
+            _record_failure(ctx, name, state, exc, run if lean else None)
             raise
     return update
+
+
+@contextmanager
+def writes_refused(name: str) -> Iterator[None]:
+    """A lean step has no savepoint to roll a row back to: any write is a bug, refused
+    (the step fails and says so) rather than left in the group after a failure."""
+
+    def refuse(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+            raise RuntimeError(f"{name} wrote a row: it must be recorded with rows=True")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refuse):
+        yield
 
 
 def reasons(ctx: AgentContext) -> bool:
@@ -180,18 +218,24 @@ def commit_steps(ctx: AgentContext) -> None:
     ctx.actions = None
 
 
-def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Exception) -> None:
+def _record_failure(
+    ctx: AgentContext, name: str, state: AgentState, exc: Exception, run: AgentRun | None = None
+) -> None:
     """The step rolled back; its failure is a fact of its own (not keyed: a second
-    failure of the step is a new one)."""
+    failure of the step is a new one). `run`: the failed step's run row, committed with
+    its group (a lean step): marked failed rather than a second row made."""
     with transaction.atomic():
-        run = AgentRun.objects.create(
-            session_id=ctx.session_id,
-            parent=ctx.root_run,
-            agent_name=name,
-            status="failed",
-            ended_at=timezone.now(),
-            input_snapshot={"fsm": state.get("fsm", "")},
-        )
+        if run is not None:
+            AgentRun.objects.filter(pk=run.pk).update(status="failed", ended_at=timezone.now())
+        else:
+            run = AgentRun.objects.create(
+                session_id=ctx.session_id,
+                parent=ctx.root_run,
+                agent_name=name,
+                status="failed",
+                ended_at=timezone.now(),
+                input_snapshot={"fsm": state.get("fsm", "")},
+            )
         append_event(
             ctx.session_id,
             "agent.node_failed",
@@ -593,7 +637,7 @@ def default_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
 PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": default_plan}
 
 
-@recorded("reasoning")
+@recorded("reasoning", rows=False)
 def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     note_unexecuted_actions(ctx, run)
     plan = PLANNER["plan"](state, ctx)
@@ -1066,7 +1110,7 @@ def logged_session(tctx: ToolContext) -> Session:
 # --- compliance validator -------------------------------------------------------------
 
 
-@recorded("compliance_validator")
+@recorded("compliance_validator", rows=False)
 def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     corrections = list(state.get("corrections") or [])
     for refusal in state.get("refusals") or []:
