@@ -128,8 +128,8 @@ def test_a_batch_needs_a_transaction(session: Session) -> None:
 def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pinned budget (was 723 queries in 55 transactions before batching steps, 231 in 18
-    before grouping them, ADR 145), and the
+    """Pinned budget (was 723 queries in 55 transactions before batching steps, 231 with
+    18 BEGINs before grouping them, ADR 145), and the
     checkpoints: saved when the graph exits, not after each of its ~15 steps (ADR 85)."""
     from diagnosis.jobs import agent_graph
 
@@ -149,15 +149,16 @@ def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
     assert session.status == "waiting_user"
     statements = [q["sql"].split()[0].upper() for q in captured.captured_queries]
     # 332 after the outbox, the lease fence and the scenario-fit check were merged; 231
-    # once the worker's step writes were cut (ADR 86); 119 with the steps between two
+    # once the worker's step writes were cut (ADR 86); 103 with the steps between two
     # waits in one transaction (ADR 145; tests/test_query_budgets.py too).
-    assert len(statements) <= 121, len(statements)
+    assert len(statements) <= 105, len(statements)
     assert statements.count("BEGIN") <= 6, statements.count("BEGIN")  # was 18
     assert sum("FOR UPDATE" in q["sql"] for q in captured.captured_queries) <= 7  # was 20
-    # Was 4 (34 before ADR 86): each step after the first of a group has a savepoint, so
-    # that a failed step rolls back alone (ADR 145); 2 statements where a transaction
-    # of its own cost 3 (lock, session update, insert) and a commit.
-    assert statements.count("SAVEPOINT") <= 13, statements.count("SAVEPOINT")
+    # Was 4 (34 before ADR 86): a step that writes rows and joins a group has a
+    # savepoint, so that it rolls back alone if it fails (ADR 145; the reasoning and the
+    # validation write none and take none): 2 statements where a transaction of its own
+    # cost 3 (lock, session update, insert) and a commit.
+    assert statements.count("SAVEPOINT") <= 5, statements.count("SAVEPOINT")
     # One checkpoint and its pending writes at the interrupt (was 16 of each).
     assert saves.count("put") == 1 and saves.count("put_writes") <= 1, saves
     with connection.cursor() as cursor:  # so its job had nothing to prune
