@@ -1,6 +1,7 @@
-"""One transaction per graph step: the step's events are written together under one lock,
-gap-free and in order, with one notice after commit carrying the highest seq; a crash
-leaves nothing. Notices go out over one long-lived loop per process."""
+"""One transaction per graph step, and per group of steps between two waits (ADR 145):
+the events are written together under one lock, gap-free and in order, with one notice
+after commit carrying the highest seq; a crash or a failed step leaves nothing of it.
+Notices go out over one long-lived loop per process."""
 
 from __future__ import annotations
 
