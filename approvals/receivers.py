@@ -12,41 +12,71 @@ from diagnosis.models import Session, ToolCall
 from diagnosis.signals import (
     approval_required,
     approval_withdrawn,
+    approvals_required,
     execution_check,
     session_closing,
 )
 from scenarios_admin.definition import LIFT_TOOL
 
 
+def new_approval(tool_call: ToolCall, session: Session) -> Approval:
+    """The approval of a call awaiting one, not saved yet."""
+    state = state_digest_for(tool_call, session)
+    return Approval(
+        tool_call=tool_call,
+        session_id=tool_call.session_id,
+        risk_class=tool_call.risk_class,
+        action_name=tool_call.tool_name,
+        action_digest=action_digest_of(tool_call),
+        state_digest=state,
+        digest=Approval.digest_for(tool_call, state),
+        # A lift request never times out: the closure staying in force is the safe
+        # state, and a timeout's manual to-do would invite an unapproved lift.
+        deadline=None
+        if tool_call.tool_name == LIFT_TOOL
+        else Approval.deadline_for(tool_call.risk_class),
+    )
+
+
 @receiver(approval_required)
-def create_approval(sender: Any, tool_call: ToolCall, **kwargs: Any) -> dict[str, Any]:
+def create_approval(
+    sender: Any, tool_call: ToolCall, fresh: bool = False, **kwargs: Any
+) -> dict[str, Any]:
     """Open the approval; what it was opened with goes into the `approval.required`
-    event (the sender logs it in the same transaction)."""
+    event (the sender logs it in the same transaction). `fresh`: the call was inserted
+    in the sender's transaction, so it has no approval yet. The state digest is taken
+    from `tool_call.session` as the sender set it (the agent passes the session as its
+    log will read when its step group commits, ADR 145)."""
     # Not get_or_create: its savepoint guards a concurrent insert, and the caller holds
     # the call (the job's lease, or the session's row lock): a duplicate would fail the
     # caller's transaction on the unique tool_call (ADR 86).
-    approval = Approval.objects.filter(tool_call=tool_call).first()
+    approval = None if fresh else Approval.objects.filter(tool_call=tool_call).first()
     if approval is None:
-        state = state_digest_for(tool_call, tool_call.session)
-        approval = Approval.objects.create(
-            tool_call=tool_call,
-            session_id=tool_call.session_id,
-            risk_class=tool_call.risk_class,
-            action_name=tool_call.tool_name,
-            action_digest=action_digest_of(tool_call),
-            state_digest=state,
-            digest=Approval.digest_for(tool_call, state),
-            # A lift request never times out: the closure staying in force is the safe
-            # state, and a timeout's manual to-do would invite an unapproved lift.
-            deadline=None
-            if tool_call.tool_name == LIFT_TOOL
-            else Approval.deadline_for(tool_call.risk_class),
-        )
+        approval = new_approval(tool_call, tool_call.session)
+        approval.save(force_insert=True)
         notify_queue()
     return {
         "approval": approval.pk,
         "digest": approval.digest,
         "deadline": approval.deadline.isoformat() if approval.deadline else None,
+    }
+
+
+@receiver(approvals_required)
+def create_approvals(
+    sender: Any, tool_calls: list[ToolCall], session: Session, **kwargs: Any
+) -> dict[int, dict[str, Any]]:
+    """Open the approvals of calls inserted together in the sender's transaction (none
+    has one yet): one INSERT for all, one queue notice."""
+    approvals = Approval.objects.bulk_create([new_approval(t, session) for t in tool_calls])
+    notify_queue()
+    return {
+        approval.tool_call_id: {
+            "approval": approval.pk,
+            "digest": approval.digest,
+            "deadline": approval.deadline.isoformat() if approval.deadline else None,
+        }
+        for approval in approvals
     }
 
 

@@ -83,25 +83,27 @@ def do_create_session(
             language=detect_language(text),
             created_by=user,
         )
-        append_event(
-            session.pk,
-            "session.created",
-            {
-                "scenario": scenario.slug,
-                "version": version.number,
-                "created_by": user.get_username(),
-                "title": session.title,
-                "language": session.language,
-            },
-            producer=producer,
-        )
-        append_event(
-            session.pk,
-            "user.message",
-            {"text": text, "author": user.get_username()},
-            producer=producer,
-        )
-        note_scenario_mismatch(session, scenario, text, producer)
+        # The first events in one write: one lock, one insert, one notice (ADR 145).
+        with event_batch(session.pk):
+            append_event(
+                session.pk,
+                "session.created",
+                {
+                    "scenario": scenario.slug,
+                    "version": version.number,
+                    "created_by": user.get_username(),
+                    "title": session.title,
+                    "language": session.language,
+                },
+                producer=producer,
+            )
+            append_event(
+                session.pk,
+                "user.message",
+                {"text": text, "author": user.get_username()},
+                producer=producer,
+            )
+            note_scenario_mismatch(session, scenario, text, producer)
         audit(
             "session.created",
             obj=session,

@@ -56,6 +56,14 @@ class Fence:
     def __init__(self, session_id: Any, token: uuid.UUID) -> None:
         self.session_id = str(session_id)
         self.token = token
+        # Set when a step group failed to commit (ADR 145): LangGraph still holds those
+        # steps' state, so this run's exit checkpoint must not be saved (the savers
+        # refuse it) and the retry starts again from the checkpoint before them.
+        self.steps_lost = False
+
+
+class StepsLost(Exception):
+    """A step group's commit failed after its steps ran: their checkpoint is refused."""
 
 
 _fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("aero_fence", default=None)
@@ -247,6 +255,24 @@ class EventBatch:
         if event.key:
             self.by_key[event.key] = event
 
+    def truncate(self, mark: int) -> None:
+        """Forget the events queued after the first `mark` (a step that rolled back)."""
+        for event in self.pending[mark:]:
+            if event.key:
+                self.by_key.pop(event.key, None)
+        del self.pending[mark:]
+
+    def projected(self, session: Session) -> Session:
+        """`session` as it will read once the queued events are written: its snapshot
+        with theirs folded in (what an approval's state digest is taken from)."""
+        snapshot = session.snapshot
+        for event in self.pending:
+            reduced = reduce_snapshot(snapshot, event.type, event.payload)
+            if reduced is not None:
+                snapshot = reduced
+        session.snapshot = snapshot
+        return session
+
     def find(self, key: str) -> Event | None:
         """The event with this key, queued or written. Step keys share a task prefix: the
         first lookup loads every written key of the task in one query."""
@@ -274,6 +300,12 @@ _batch: contextvars.ContextVar[EventBatch | None] = contextvars.ContextVar(
 )
 
 
+def current_batch(session_id: Any) -> EventBatch | None:
+    """The batch queuing this session's events right now, if any."""
+    batch = _batch.get()
+    return batch if batch is not None and str(batch.session_id) == str(session_id) else None
+
+
 @contextmanager
 def event_batch(session_id: Any) -> Iterator[EventBatch]:
     """Queue the session's events appended inside and write them when the block ends
@@ -291,6 +323,124 @@ def event_batch(session_id: Any) -> Iterator[EventBatch]:
         _batch.reset(token)
     if batch.pending:
         _write(lock_session(session_id), batch.pending)
+
+
+class _GroupRolledBack(Exception):
+    pass
+
+
+class StepGroup:
+    """Graph steps that follow each other with no wait between them (the rules, the
+    impact, the lookups, the proposals...), written as ONE transaction: one row lock,
+    one block of seqs, one bulk insert, one session update and one notice after commit
+    for all of them (issue 8 item 1, ADR 145). It is opened by the first step and
+    committed before anything that ends the graph's run: a wait (the waiting nodes and a
+    model wait commit it first), the last node, a failure, the worker stopping; so the
+    checkpoint LangGraph saves when the run exits never gets ahead of the log.
+
+    Each step after the first runs in a savepoint: a step that fails or waits for the
+    model leaves nothing (its queued events are dropped too), the steps before it
+    commit, and its failure is logged on its own. A crash (kill -9) mid-group loses the
+    whole group and its checkpoint alike: the next job re-runs those steps from the
+    checkpoint, under the same step keys."""
+
+    def __init__(self, session_id: Any) -> None:
+        self.session_id = session_id
+        self.atomic: Any = None
+        self.batch: EventBatch | None = None
+        # The node runs its steps finished: one UPDATE for all of them at the commit.
+        self.finished: list[AgentRun] = []
+        # A step locked the session row (usage counted): the group ends with it.
+        self.end_after_step = False
+
+    def finish_run(self, run_id: int, summary: str) -> None:
+        """Mark a step's AgentRun completed when the group commits (a step that rolls
+        back after this has its row rolled back too: the update then finds nothing)."""
+        self.finished.append(
+            AgentRun(
+                pk=run_id,
+                status="completed",
+                ended_at=timezone.now(),
+                output_summary={"summary": summary},
+            )
+        )
+
+    @property
+    def is_open(self) -> bool:
+        return self.atomic is not None
+
+    @contextmanager
+    def step(self, *, savepoint: bool = True) -> Iterator[EventBatch]:
+        """One node's step inside the group (opened here if it is the first).
+        `savepoint=False`: for a step that writes no row but its AgentRun (its events
+        are only queued): if it fails, its events are dropped and its run row stays in
+        the group, for the caller to mark failed; two statements saved per step."""
+        first = self.atomic is None
+        if first:
+            self.atomic = transaction.atomic()
+            self.atomic.__enter__()
+            self.batch = EventBatch(self.session_id)
+        batch = self.batch
+        assert batch is not None
+        mark, finished = len(batch.pending), len(self.finished)
+        token = _batch.set(batch)
+        try:
+            if first or not savepoint:
+                yield batch
+            else:
+                with transaction.atomic():  # a savepoint: this step alone rolls back
+                    yield batch
+        except BaseException:
+            batch.truncate(mark)
+            del self.finished[finished:]
+            if first:
+                self.rollback()  # nothing else in the group: nothing to keep
+            raise
+        finally:
+            _batch.reset(token)
+
+    def commit(self) -> None:
+        """Write the group's events (lock, seqs, one insert, one update) and commit."""
+        atomic, batch, finished = self.atomic, self.batch, self.finished
+        if atomic is None or batch is None:
+            return
+        self.atomic, self.batch, self.finished = None, None, []
+        self.end_after_step = False
+        try:
+            self._flush(batch, finished)
+        except BaseException as exc:
+            atomic.__exit__(type(exc), exc, exc.__traceback__)
+            self._lost()
+            raise
+        try:
+            atomic.__exit__(None, None, None)  # COMMIT: deferred constraints may fail here
+        except BaseException:
+            self._lost()
+            raise
+
+    def _lost(self) -> None:
+        fence = current_fence(self.session_id)
+        if fence is not None:
+            fence.steps_lost = True
+
+    def _flush(self, batch: EventBatch, finished: list[AgentRun]) -> None:
+        if finished:
+            AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
+        if batch.pending:
+            _write(lock_session(self.session_id), batch.pending)
+
+    def rollback(self, *, lost: bool = False) -> None:
+        """`lost`: steps before the current one are rolled back too (a lost lease): their
+        checkpoint must not be saved either."""
+        atomic = self.atomic
+        if atomic is None:
+            return
+        if lost:
+            self._lost()
+        self.atomic, self.batch, self.finished = None, None, []
+        self.end_after_step = False
+        exc = _GroupRolledBack()
+        atomic.__exit__(type(exc), exc, None)
 
 
 def append_keyed(

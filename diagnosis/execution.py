@@ -69,14 +69,24 @@ def refuse_execution(
     )
 
 
-def open_approval(tool_call: ToolCall, *, producer: str, run: AgentRun | None = None) -> None:
+def open_approval(
+    tool_call: ToolCall, *, producer: str, run: AgentRun | None = None, fresh: bool = False
+) -> None:
     """A call awaiting approval enters the queue (the approvals app opens its Approval on
     the signal) and the log, with what the approval was opened with (digest, deadline), in
-    the caller's transaction. Keyed: a re-run step logs it once."""
+    the caller's transaction. Keyed: a re-run step logs it once. `fresh`: the call was
+    inserted in this transaction, so no approval of it can exist yet (no lookup)."""
     opened: dict[str, Any] = {}
-    for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call):
+    for _, response in approval_required.send(sender=ToolCall, tool_call=tool_call, fresh=fresh):
         if isinstance(response, dict):
             opened.update(response)
+    log_approval_required(tool_call, opened, producer=producer, run=run)
+
+
+def log_approval_required(
+    tool_call: ToolCall, opened: dict[str, Any], *, producer: str, run: AgentRun | None = None
+) -> None:
+    """The `approval.required` event of a call whose approval was opened (keyed)."""
     append_event_once(
         tool_call.session_id,
         "approval.required",

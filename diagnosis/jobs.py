@@ -39,6 +39,7 @@ from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import (
     LeaseLost,
+    StepsLost,
     active_fence,
     check_fence,
     fenced,
@@ -560,6 +561,8 @@ def _fenced_saver_class() -> type[Any]:
         @contextmanager
         def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
             fence = active_fence()
+            if pipeline and fence is not None and fence.steps_lost:
+                raise StepsLost(f"session {fence.session_id}: checkpoint refused, steps lost")
             if not pipeline or fence is None:
                 with super()._cursor(pipeline=pipeline) as cur:
                     yield cur
@@ -613,13 +616,32 @@ def _try_lock(cursor: Any) -> bool:
     return bool(row and row["got"])
 
 
+def _refuse_if_steps_lost() -> None:
+    fence = active_fence()
+    if fence is not None and fence.steps_lost:
+        raise StepsLost(f"session {fence.session_id}: checkpoint refused, steps lost")
+
+
 def _sqlite_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     path = settings.AERO_CHECKPOINT_SQLITE
     path.parent.mkdir(parents=True, exist_ok=True)
+
+    class StepsFencedSqliteSaver(SqliteSaver):
+        """Refuses the exit checkpoint of a run whose step group failed to commit (ADR
+        145), like the PostgreSQL saver's fence."""
+
+        def put(self, *args: Any, **kwargs: Any) -> Any:
+            _refuse_if_steps_lost()
+            return super().put(*args, **kwargs)
+
+        def put_writes(self, *args: Any, **kwargs: Any) -> Any:
+            _refuse_if_steps_lost()
+            return super().put_writes(*args, **kwargs)
+
     conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30)
-    saver = SqliteSaver(conn)
+    saver = StepsFencedSqliteSaver(conn)
     saver.setup()
     return conn, saver
 
@@ -861,7 +883,17 @@ def _drive(
             # Checkpointed when the graph exits (an interrupt, the end, an error), not
             # after every step: the events are the history, and a step's keys do not
             # depend on its checkpoint (ADR 85).
-            graph.invoke(graph_input, config, context=context, durability="exit")
+            fence = active_fence()
+            if fence is not None:
+                fence.steps_lost = False  # this run's checkpoint may be saved again
+            try:
+                graph.invoke(graph_input, config, context=context, durability="exit")
+            finally:
+                # Steps commit before anything that ends the run (ADR 145); an error
+                # LangGraph raises between two steps (the recursion limit) leaves their
+                # group open: what they did happened, and their checkpoint was saved.
+                if context.group is not None:
+                    context.group.commit()
         except SessionCanceled:
             return SessionStatus.CANCELED
         except LeaseLost:

@@ -13,6 +13,11 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 approval_required = Signal()  # sender=ToolCall, tool_call=ToolCall
+# The same for calls the agent inserted together in its step (one INSERT for their
+# approvals); `session` is what their state digest is taken from. Receivers return
+# {tool_call pk: what its approval was opened with}.
+# sender=ToolCall, tool_calls=list[ToolCall], session=Session
+approvals_required = Signal()
 
 # Sent (inside the executing transaction, the call row locked) before an approved call
 # runs; receivers return a list of reasons it must not run. No receiver: nothing runs.

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import OuterRef, Subquery
+
 from diagnosis.agent.extraction import _occurrences
-from scenarios_admin.models import Scenario
+from scenarios_admin.models import Scenario, ScenarioVersion
 
 NAME_WEIGHT = 3
 
@@ -55,10 +57,18 @@ def rank(text: str) -> list[Fit]:
     """Active, published scenarios by how well the message fits, best first; only those
     with a score above zero."""
     fits = []
-    for scenario in Scenario.objects.filter(is_active=True).order_by("slug"):
-        version = scenario.latest_version()
-        if version is None:
-            continue
+    # Each active scenario's newest version, in one query (not one per scenario: this
+    # runs on every session created, ADR 145).
+    newest = ScenarioVersion.objects.filter(scenario=OuterRef("scenario")).order_by("-number")
+    versions = (
+        ScenarioVersion.objects.filter(
+            scenario__is_active=True, number=Subquery(newest.values("number")[:1])
+        )
+        .select_related("scenario")
+        .order_by("scenario__slug")
+    )
+    for version in versions:
+        scenario = version.scenario
         score, words = fit_of(version.definition, (scenario.name_zh, scenario.name_en), text)
         if score:
             fits.append(Fit(scenario, score, words))

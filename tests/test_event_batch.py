@@ -1,10 +1,12 @@
-"""One transaction per graph step: the step's events are written together under one lock,
-gap-free and in order, with one notice after commit carrying the highest seq; a crash
-leaves nothing. Notices go out over one long-lived loop per process."""
+"""One transaction per graph step, and per group of steps between two waits (ADR 145):
+the events are written together under one lock, gap-free and in order, with one notice
+after commit carrying the highest seq; a crash or a failed step leaves nothing of it.
+Notices go out over one long-lived loop per process."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -127,7 +129,8 @@ def test_a_batch_needs_a_transaction(session: Session) -> None:
 def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pinned budget (was 723 queries in 55 transactions before batching steps), and the
+    """Pinned budget (was 723 queries in 55 transactions before batching steps, 231 with
+    18 BEGINs before grouping them, ADR 145), and the
     checkpoints: saved when the graph exits, not after each of its ~15 steps (ADR 85)."""
     from diagnosis.jobs import agent_graph
 
@@ -147,11 +150,16 @@ def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
     assert session.status == "waiting_user"
     statements = [q["sql"].split()[0].upper() for q in captured.captured_queries]
     # 332 after the outbox, the lease fence and the scenario-fit check were merged; 231
-    # once the worker's step writes were cut (ADR 86; tests/test_query_budgets.py too).
-    assert len(statements) <= 231, len(statements)
-    assert statements.count("BEGIN") <= 18, statements.count("BEGIN")
-    assert sum("FOR UPDATE" in q["sql"] for q in captured.captured_queries) <= 20
-    assert statements.count("SAVEPOINT") <= 4, statements.count("SAVEPOINT")  # was 34
+    # once the worker's step writes were cut (ADR 86); 103 with the steps between two
+    # waits in one transaction (ADR 145; tests/test_query_budgets.py too).
+    assert len(statements) <= 105, len(statements)
+    assert statements.count("BEGIN") <= 6, statements.count("BEGIN")  # was 18
+    assert sum("FOR UPDATE" in q["sql"] for q in captured.captured_queries) <= 7  # was 20
+    # Was 4 (34 before ADR 86): a step that writes rows and joins a group has a
+    # savepoint, so that it rolls back alone if it fails (ADR 145; the reasoning and the
+    # validation write none and take none): 2 statements where a transaction of its own
+    # cost 3 (lock, session update, insert) and a commit.
+    assert statements.count("SAVEPOINT") <= 5, statements.count("SAVEPOINT")
     # One checkpoint and its pending writes at the interrupt (was 16 of each).
     assert saves.count("put") == 1 and saves.count("put_writes") <= 1, saves
     with connection.cursor() as cursor:  # so its job had nothing to prune
@@ -191,3 +199,144 @@ def test_notices_share_one_long_lived_loop_per_process(
     assert async_to_sync(listen)() == [1, 2, 3]
     assert len(loops) == 3 and len(set(map(id, loops))) == 1
     assert [t.name for t in threading.enumerate()].count("aero-push") == 1
+
+
+def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_nothing(
+    builtin: None,
+    make_user: Callable[..., User],
+    monkeypatch: pytest.MonkeyPatch,
+    notices: list[tuple[str, int, bool]],
+    settings: Any,
+) -> None:
+    """The ~14 steps to the first wait are a few transactions, not one each (ADR 145),
+    each with one notice after commit. The impact analysis fails on its first try, in
+    the middle of a group: the steps before it (the lookups, the risk) stay committed,
+    the failed step leaves no row and no event but its failure, and the job's retry
+    carries on to the wait with every fact logged once, seqs gap-free, chain intact."""
+    import diagnosis.agent.policy as policy_module
+    from diagnosis.models import AgentRun, ToolCall
+    from tests.log_helpers import assert_projections_match
+
+    settings.AERO_JOB_BACKOFF = 0
+    original = policy_module.analyze_impact
+    failures = {"left": 1}
+
+    def fail_once(*args: Any) -> Any:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("impact graph unavailable")
+        return original(*args)
+
+    monkeypatch.setattr(policy_module, "analyze_impact", fail_once)
+    session = make_session(make_user("olga", "operator"))
+    assert session.status == "waiting_user"
+    events = Event.objects.filter(session=session)
+    types = list(events.order_by("seq").values_list("type", flat=True))
+    assert [s for (s,) in events.order_by("seq").values_list("seq")] == list(
+        range(1, session.last_seq + 1)
+    )
+    assert verify_chain(session.pk).ok
+    failed = events.get(type="agent.node_failed")
+    assert failed.payload["node"] == "tool_executor"
+    assert "impact graph unavailable" in failed.payload["error"]
+    # What the steps before the failure did was logged before it, once; the failed
+    # step's analysis only once, after it (by the retry).
+    assert types.count("risk.assessed") == 1 and types.count("impact.analyzed") == 1
+    assert types.index("risk.assessed") < types.index("agent.node_failed")
+    assert types.index("agent.node_failed") < types.index("impact.analyzed")
+    assert ToolCall.objects.filter(session=session, tool_name="analyze_impact").count() == 1
+    assert ToolCall.objects.filter(session=session, tool_name="assess_risk").count() == 1
+    # No run of a step is left "running": the failed one was rolled back whole.
+    runs = AgentRun.objects.filter(session=session, parent__isnull=False)
+    assert not runs.filter(status="running").exists()
+    assert runs.filter(status="failed").count() == 1
+    assert_projections_match(session)
+    # Far fewer notices than the 14 steps (one per commit: creation, running, the group
+    # up to the failure, the failure, retrying, running, the group up to the proposals,
+    # the R0 action's result, the group up to the wait, waiting), each after its
+    # commit, the last carrying the session's last seq. One per step would be 25+.
+    mine = [(seq, open_tx) for sid, seq, open_tx in notices if sid == str(session.pk)]
+    steps = types.count("agent.node_started")
+    assert steps >= 14 and len(mine) <= 10, (steps, len(mine))
+    assert all(not open_tx for _, open_tx in mine)
+    assert mine[-1][0] == session.last_seq
+
+
+def test_a_step_without_a_savepoint_that_fails_leaves_its_run_marked_failed(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """The validator and the reasoning write no row but their run, so they join their
+    group without a savepoint (ADR 145). The second validation fails once, mid-group:
+    its events are dropped, its run row (kept with the group) is the failed run, and
+    the retry carries on with nothing logged twice."""
+    import diagnosis.agent.fsm as fsm_module
+    from diagnosis.models import AgentRun
+    from tests.log_helpers import assert_projections_match
+
+    settings.AERO_JOB_BACKOFF = 0
+    original = fsm_module.state_index
+    calls = {"n": 0}
+
+    def fail_second(*args: Any) -> Any:
+        if sys._getframe(1).f_code.co_name == "compliance_validator":
+            calls["n"] += 1
+            if calls["n"] == 2:  # the second validation: in the middle of a group
+                raise RuntimeError("validator crashed")
+        return original(*args)
+
+    monkeypatch.setattr(fsm_module, "state_index", fail_second)
+    session = make_session(make_user("olga", "operator"))
+    assert session.status == "waiting_user"
+    events = Event.objects.filter(session=session)
+    failed = events.get(type="agent.node_failed")
+    assert failed.payload["node"] == "compliance_validator"
+    assert "validator crashed" in failed.payload["error"]
+    runs = AgentRun.objects.filter(session=session, parent__isnull=False)
+    assert not runs.filter(status="running").exists()
+    assert list(runs.filter(status="failed").values_list("pk", flat=True)) == [
+        failed.payload["run"]
+    ]
+    # The failed run logged no start: its node_started was queued and dropped with it.
+    assert not events.filter(type="agent.node_started", payload__run=failed.payload["run"])
+    types = list(events.order_by("seq").values_list("type", flat=True))
+    assert types.count("risk.assessed") == 1 and types.count("impact.analyzed") == 1
+    assert verify_chain(session.pk).ok
+    assert_projections_match(session)
+
+
+def test_a_step_without_a_savepoint_may_not_write_a_row(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """A planner that writes a row from the reasoning step (which has no savepoint when
+    it joins a group) is refused loudly. That spoils the group's transaction: the steps
+    before it are lost with it, so their checkpoint is refused too (StepsLost) and the
+    retry runs them again from the start; nothing is missing, nothing is doubled."""
+    from diagnosis.agent import graph as graph_module
+    from diagnosis.models import Restriction, ToolCall
+    from tests.log_helpers import assert_projections_match
+
+    settings.AERO_JOB_ATTEMPTS = 2
+    settings.AERO_JOB_BACKOFF = 0
+    original = graph_module.PLANNER["plan"]
+    calls = {"n": 0}
+
+    def writing(state: Any, ctx: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second reasoning step: in the middle of a group
+            Restriction.objects.filter(pk=-1).update(target="nowhere")
+        return original(state, ctx)
+
+    monkeypatch.setitem(graph_module.PLANNER, "plan", writing)
+    session = make_session(make_user("olga", "operator"))
+    assert session.status == "waiting_user"
+    events = Event.objects.filter(session=session)
+    failed = events.get(type="agent.node_failed")
+    assert failed.payload["node"] == "reasoning"
+    assert "reasoning wrote a row" in failed.payload["error"]
+    # The lookups ran in the lost group: the retry ran them again, from the start.
+    enrichment = events.filter(type="timeline.appended", payload__kind="enrichment")
+    assert enrichment.count() == 1
+    assert ToolCall.objects.filter(session=session, tool_name__startswith="lookup_").count() == 3
+    assert events.filter(type="fields.extracted").count() == 1
+    assert verify_chain(session.pk).ok
+    assert_projections_match(session)

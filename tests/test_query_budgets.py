@@ -36,9 +36,14 @@ pytestmark = pytest.mark.services
 # step, no status read per step); the checkpointer's own statements are not counted here
 # (tests/test_event_batch.py pins its writes). DECIDE 103: a resumed approval wait asks
 # once whether a fact was corrected meanwhile (ADR 138), merged with the step-write cuts.
-CREATE_TO_FIRST_WAIT = 231
-ANSWER = 58
-DECIDE = 103
+# 103 / 50 / 89 with the steps between two waits in one transaction (ADR 145: one lock,
+# insert and session update per group, savepoints only for steps that write rows;
+# action calls read once per group; proposals and their approvals inserted in one
+# statement each; lookups and analyses inserted with their result; a session's first
+# events in one write).
+CREATE_TO_FIRST_WAIT = 105
+ANSWER = 52
+DECIDE = 91
 SESSION_PAGE = 10
 QUEUE_PAGE = 9
 CONSUMER_FLUSH = 9

@@ -8,10 +8,12 @@ keyed (events by key, tool calls by idempotency key) and is safe to repeat.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any, Literal, Protocol
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from langgraph.config import get_config
@@ -22,12 +24,19 @@ from langgraph.types import interrupt
 from diagnosis import shutdown
 from diagnosis.agent import budget, fsm, grounding, policy, prompts, waits
 from diagnosis.agent.extraction import Extraction
-from diagnosis.agent.providers import Attempt, Provider, Usage, call_with_fallback
+from diagnosis.agent.providers import (
+    Attempt,
+    OpenAICompatibleProvider,
+    Provider,
+    Usage,
+    call_with_fallback,
+)
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.agent.tools import (
     ENRICHMENT_SOURCES,
     ToolContext,
     get_or_create_call,
+    new_call,
     run_action,
     run_deterministic,
     run_enrichment,
@@ -35,25 +44,27 @@ from diagnosis.agent.tools import (
 from diagnosis.events import (
     EventBatch,
     LeaseLost,
+    StepGroup,
     add_usage,
     append_event,
     append_event_once,
     append_keyed,
     append_step_event,
-    event_batch,
+    current_batch,
     step_scope,
 )
-from diagnosis.execution import open_approval
+from diagnosis.execution import log_approval_required, open_approval
 from diagnosis.models import (
     AgentRun,
     Event,
     LLMCall,
     Restriction,
+    Session,
     ToolCall,
     ToolCallStatus,
 )
 from diagnosis.reporting import md_cell, write_report
-from diagnosis.signals import approval_withdrawn
+from diagnosis.signals import approval_withdrawn, approvals_required
 from scenarios_admin.definition import BUDGET_TOOL, restriction_of, value_order
 
 
@@ -65,32 +76,55 @@ class SessionCanceled(Exception):
     pass
 
 
-def recorded(name: str) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
+def recorded(
+    name: str, *, last: bool = False, rows: bool = True
+) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
     """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
 
-    One graph step is one transaction (ADR 55): the node's rows and its events (queued
-    by event_batch, written at the end under one lock) commit together or not at all; a
-    crash mid-step leaves nothing half-written and a failure is logged on its own. The
-    events are keyed by the step's task (StepScope): if the step committed but its
-    checkpoint did not, the re-run writes nothing twice."""
+    The steps between two waits are one transaction (a StepGroup, ADR 145; one per step
+    before, ADR 55): each node's rows and its events (queued, written when the group
+    commits, under one lock) commit together or not at all; a crash mid-group leaves
+    nothing half-written and a failed step is logged on its own after the steps before
+    it commit. The events are keyed by the step's task (StepScope): if the group
+    committed but its checkpoint did not, the re-run writes nothing twice. `last`: the
+    graph ends after this node, so the group commits when it returns. `rows=False`: the
+    node writes no row but its run (it only reads, and queues events) when no model
+    reasons for the session: it joins its group without a savepoint (a write would be
+    refused)."""
 
     def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
         # No functools.wraps: LangGraph reads the signature to inject `runtime`.
         def wrapper(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
             ctx = runtime.context
+            group = step_group(ctx)
             if shutdown.stopping():
+                group.commit()  # the steps before this one: their checkpoint follows
                 raise shutdown.WorkerStopping()  # before the step: the next job runs it
-            # A canceled session has no lease any more: the step's write is refused
+            # A canceled session has no lease any more: the group's write is refused
             # under the row lock (LeaseLost) and the job ends as canceled. No query here.
             try:
-                return _run_step(
-                    fn, name, state, ctx, _task_key(runtime, name), _wait_key(runtime, name)
+                update = _run_step(
+                    fn,
+                    name,
+                    state,
+                    ctx,
+                    _task_key(runtime, name),
+                    _wait_key(runtime, name),
+                    lean=not rows and group.is_open and not reasons(ctx),
                 )
             except waits.ModelWait as wait:
-                # The step rolled back; it re-runs from its first line once the runner
-                # has the reply (ADR 95). The interrupt carries the request.
+                # The step rolled back, the steps before it commit; it re-runs from its
+                # first line once the runner has the reply (ADR 95). The interrupt
+                # carries the request.
+                group.commit()
                 waits.interrupt_for(wait)
                 raise  # not reached: interrupt_for raises the interrupt
+            if update.pop("_commit", False) or last or group.end_after_step or reasons(ctx):
+                # The graph ends after this node (its checkpoint follows), or the step
+                # handed effects to the outbox, which go out once it commits; a session
+                # a model reasons for commits every step (see `reasons`).
+                group.commit()
+            return update
 
         wrapper.__name__ = fn.__name__
         return wrapper
@@ -105,19 +139,21 @@ def _run_step(
     ctx: AgentContext,
     task_key: str,
     wait_key: str,
+    *,
+    lean: bool = False,
 ) -> dict[str, Any]:
-    """One node's step: its rows and events in one transaction (see `recorded`)."""
+    """One node's step: its rows and events in one transaction (see `recorded`).
+    `lean`: a step without a savepoint, that may write no row but its run."""
+    group = step_group(ctx)
+    run: AgentRun | None = None
     with waits.wait_scope(ctx.session_id, wait_key), step_scope(task_key) as scope:
         try:
-            with transaction.atomic(), event_batch(ctx.session_id) as batch:
+            with group.step(savepoint=not lean) as batch:
                 run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
-                update = fn(state, ctx, run)
+                with writes_refused(name) if lean else nullcontext():
+                    update = fn(state, ctx, run)
                 summary = update.pop("_summary", "")
-                AgentRun.objects.filter(pk=run.pk).update(
-                    status="completed",
-                    ended_at=timezone.now(),
-                    output_summary={"summary": summary},
-                )
+                group.finish_run(run.pk, summary)  # written with the group's commit
                 append_step_event(
                     ctx.session_id,
                     "agent.node_completed",
@@ -126,28 +162,80 @@ def _run_step(
                     run=run,
                 )
         except Exception as exc:
-            if (
-                isinstance(exc, (SessionCanceled, LeaseLost))
-                or type(exc).__name__ == "GraphInterrupt"
-            ):
-                raise  # a lost lease writes nothing, not even its failure
-            _record_failure(ctx, name, state, exc)
+            ctx.actions = None  # the step's own changes to them rolled back
+            if isinstance(exc, (SessionCanceled, LeaseLost)):
+                group.rollback(lost=True)  # a lost lease writes nothing, not its failure
+                raise
+            try:
+                group.commit()  # the steps before this one did their work: keep it
+            except Exception:
+                # Lost with them (a lean step's database error spoils the transaction):
+                # their checkpoint is refused and the retry runs them all again.
+                _record_failure(ctx, name, state, exc)
+                raise
+            if type(exc).__name__ == "GraphInterrupt":
+                raise
+            # A lean step's run row was kept with the group: it is the failed run.
+            _record_failure(ctx, name, state, exc, run if lean else None)
             raise
     return update
 
 
-def _record_failure(ctx: AgentContext, name: str, state: AgentState, exc: Exception) -> None:
+@contextmanager
+def writes_refused(name: str) -> Iterator[None]:
+    """A lean step has no savepoint to roll a row back to: any write is a bug, refused
+    (the step fails and says so) rather than left in the group after a failure."""
+
+    def refuse(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+            raise RuntimeError(f"{name} wrote a row: it must be recorded with rows=True")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refuse):
+        yield
+
+
+def reasons(ctx: AgentContext) -> bool:
+    """Whether a real model picks this session's steps (diagnosis.agent.react). Its
+    steps are not grouped: the conversation and the budget are rebuilt from the log at
+    every step (ADR 99), so each step's events must be written before the next one
+    reads them, and a model call may take seconds. Grouping is for the deterministic
+    steps that follow each other with nothing to wait for (ADR 145)."""
+    return any(isinstance(p, OpenAICompatibleProvider) for p in ctx.providers)
+
+
+def step_group(ctx: AgentContext) -> StepGroup:
+    if ctx.group is None:
+        ctx.group = StepGroup(ctx.session_id)
+    return ctx.group
+
+
+def commit_steps(ctx: AgentContext) -> None:
+    """Before a wait: the steps so far commit, before the checkpoint of the interrupt.
+    The action calls are read again after the wait (a decision may have landed)."""
+    if ctx.group is not None:
+        ctx.group.commit()
+    ctx.actions = None
+
+
+def _record_failure(
+    ctx: AgentContext, name: str, state: AgentState, exc: Exception, run: AgentRun | None = None
+) -> None:
     """The step rolled back; its failure is a fact of its own (not keyed: a second
-    failure of the step is a new one)."""
+    failure of the step is a new one). `run`: the failed step's run row, committed with
+    its group (a lean step): marked failed rather than a second row made."""
     with transaction.atomic():
-        run = AgentRun.objects.create(
-            session_id=ctx.session_id,
-            parent=ctx.root_run,
-            agent_name=name,
-            status="failed",
-            ended_at=timezone.now(),
-            input_snapshot={"fsm": state.get("fsm", "")},
-        )
+        if run is not None:
+            AgentRun.objects.filter(pk=run.pk).update(status="failed", ended_at=timezone.now())
+        else:
+            run = AgentRun.objects.create(
+                session_id=ctx.session_id,
+                parent=ctx.root_run,
+                agent_name=name,
+                status="failed",
+                ended_at=timezone.now(),
+                input_snapshot={"fsm": state.get("fsm", "")},
+            )
         append_event(
             ctx.session_id,
             "agent.node_failed",
@@ -341,7 +429,7 @@ def replan_after_correction(
 def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
     def record(attempt: Attempt) -> None:
         usage = attempt.usage
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):  # inside the step (ADR 86)
             _, new = append_step_event(
                 ctx.session_id,
                 "llm.call",
@@ -377,6 +465,10 @@ def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
             )
             if usage.tokens_in or usage.tokens_out or usage.cost:
                 add_usage(ctx.session_id, usage.tokens_in, usage.tokens_out, usage.cost)
+                # That UPDATE holds the session row until the commit: the group ends
+                # with this step, so a slow model call in the next one does not keep
+                # decisions, cancels and the heartbeat waiting.
+                step_group(ctx).end_after_step = True
 
     return record
 
@@ -406,10 +498,21 @@ def action_calls(session_id: Any) -> list[ToolCall]:
     )
 
 
+def action_calls_of(ctx: AgentContext) -> list[ToolCall]:
+    """The session's action calls, read once per step group (ADR 145), not once per step:
+    the group's own steps are the only ones that change them (tool_executor forgets them
+    when it did), and a decision landing meanwhile is seen when the group ends at a wait
+    (await_approval reads the calls itself and forgets these): a stale list can only
+    make the agent wait where it could have gone on, never act on a call undecided."""
+    if ctx.actions is None:
+        ctx.actions = action_calls(ctx.session_id)
+    return ctx.actions
+
+
 def facts_of(
     state: AgentState, ctx: AgentContext, actions: list[ToolCall] | None = None
 ) -> fsm.Facts:
-    actions = action_calls(ctx.session_id) if actions is None else actions
+    actions = action_calls_of(ctx) if actions is None else actions
     settled = state.get("actions_planned", False) and all(
         a.status
         in (
@@ -474,7 +577,7 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
             proposal["position"] = position
             proposal["mode"] = "propose"
         return {"step": "call", "calls": proposals}
-    actions = action_calls(ctx.session_id)
+    actions = action_calls_of(ctx)
     # Approved, or handed to the outbox and not recorded yet (a crash in between): run.
     approved = [a for a in actions if a.status in UNFINISHED_EXECUTION]
     if approved:
@@ -534,7 +637,7 @@ def default_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
 PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": default_plan}
 
 
-@recorded("reasoning")
+@recorded("reasoning", rows=False)
 def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     note_unexecuted_actions(ctx, run)
     plan = PLANNER["plan"](state, ctx)
@@ -576,7 +679,7 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
 def note_unexecuted_actions(ctx: AgentContext, run: AgentRun) -> None:
     """A rejected or timed-out action goes back to the agent with its reason: it carries
     on without it (the report records it) and says so on the timeline, once."""
-    for call in action_calls(ctx.session_id):
+    for call in action_calls_of(ctx):
         if call.status not in (ToolCallStatus.REJECTED, ToolCallStatus.TIMEOUT):
             continue
         outcome = "rejected" if call.status == ToolCallStatus.REJECTED else "timed out"
@@ -623,13 +726,15 @@ def route_after_reasoning(
 # --- waits (interrupts) ---------------------------------------------------------------
 
 
-def ask_user(state: AgentState) -> dict[str, Any]:
+def ask_user(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+    commit_steps(runtime.context)
     question = state.get("question") or {}
     interrupt({"kind": "question", "field": question.get("field"), "key": question.get("key")})
     return {}
 
 
 def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+    commit_steps(runtime.context)
     # The actions awaiting a decision, and a request to continue past the model budget,
     # which waits like one (ADR 143): one query.
     waiting = list(
@@ -662,11 +767,11 @@ def route_after_wait(state: AgentState) -> Literal["input_parser", "reasoning"]:
 @recorded("tool_executor")
 def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     definition = ctx.definition
-    tctx = ToolContext(ctx.session_id, ctx.graph, run, ctx.producer)
+    tctx = ToolContext(ctx.session_id, ctx.graph, run, ctx.producer, definition=definition)
     calls = state["plan"].get("calls", [])
     update: dict[str, Any] = {}
     refusals: list[dict[str, Any]] = []
-    actions = action_calls(ctx.session_id)
+    actions = action_calls_of(ctx)
     facts = facts_of(state, ctx, actions)
 
     lookups = [c for c in calls if c["tool"] in ENRICHMENT_SOURCES]
@@ -702,6 +807,7 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         update["replanning"] = None
     made = {a.call_id for a in actions}
     board = board_for([c for c in calls if c.get("mode") == "propose"])
+    opened = open_proposals(tctx, calls, facts, made, board)
     for call in calls:
         tool = call["tool"]
         if tool in ENRICHMENT_SOURCES:
@@ -762,8 +868,15 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         elif call.get("mode") == "execute":
             tool_call = ToolCall.objects.get(session_id=ctx.session_id, call_id=call["call_id"])
             run_action(tctx, tool_call.pk)
+        elif call["call_id"] in opened:
+            proposed(tctx, *opened[call["call_id"]])
         elif not note_if_in_force(ctx, run, call, made, board):
             propose_action(tctx, call, fresh=call["call_id"] not in made)
+    if any(c["tool"] not in NOT_ACTIONS for c in calls):
+        ctx.actions = None  # proposed, executed or withdrawn here: read them again
+        # An action handed to the outbox goes out when its transaction commits, and
+        # the next steps must see its result: the group ends with this step.
+        update["_commit"] = True
     if proposing and not refusals:
         update["actions_planned"] = True
     update["refusals"] = refusals
@@ -772,6 +885,8 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     )
     return update
 
+
+NOT_ACTIONS = frozenset({*ENRICHMENT_SOURCES, "assess_risk", "analyze_impact"})
 
 DONE_OR_UNDER_WAY = (
     ToolCallStatus.APPROVED,
@@ -810,7 +925,7 @@ def revise_proposals(
             else "no longer called for by the corrected facts"
         )
         at = timezone.now()
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):  # inside the step (ADR 86)
             ToolCall.objects.filter(pk=call.pk).update(
                 status=ToolCallStatus.CANCELED, decided_at=at, decision_reason=reason
             )
@@ -895,25 +1010,107 @@ def propose_action(tctx: ToolContext, call: dict[str, Any], *, fresh: bool = Fal
     """Propose an action: an R0 action is handed to the outbox at once (the proposal and
     its outbox row commit together; the effect follows the commit); R1-R3 wait for
     approval. No savepoint: it runs in the step's transaction (ADR 86)."""
+    # An R1-R3 call is inserted awaiting approval (one INSERT, no UPDATE after it).
+    waits_for_people = call.get("risk_class", "R0") != "R0"
+    status = ToolCallStatus.AWAITING_APPROVAL if waits_for_people else ToolCallStatus.PROPOSED
     with transaction.atomic(savepoint=False):
-        tool_call, _ = get_or_create_call(tctx, call, ToolCallStatus.PROPOSED, fresh=fresh)
+        tool_call, created = get_or_create_call(tctx, call, status, fresh=fresh)
         if tool_call.status in (ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING):
             run_action(tctx, tool_call.pk)  # handed to the outbox before a crash: finish it
+            return
+        if created and tool_call.status == ToolCallStatus.AWAITING_APPROVAL:
+            # Its approval is digested against the session as the log will read once
+            # this group commits (the risk and impact it logged are not written yet).
+            tool_call.session = logged_session(tctx)
+            open_approval(tool_call, producer=tctx.producer, run=tctx.run, fresh=True)
             return
         if tool_call.status != ToolCallStatus.PROPOSED:
             return  # proposed before this re-run: already decided or executed
         if tool_call.risk_class == "R0":
             run_action(tctx, tool_call.pk)
         else:
+            # Proposed before this change of status-at-insert (an older re-run).
             tool_call.status = ToolCallStatus.AWAITING_APPROVAL
             tool_call.save(update_fields=["status"])
             open_approval(tool_call, producer=tctx.producer, run=tctx.run)
 
 
+def open_proposals(
+    tctx: ToolContext,
+    calls: list[dict[str, Any]],
+    facts: fsm.Facts,
+    made: set[str],
+    board: dict[tuple[str, str], Restriction],
+) -> dict[str, tuple[ToolCall, dict[str, Any]]]:
+    """A step that only proposes (the planner's proposals) inserts all its new calls in
+    one statement and their approvals in one more, instead of two per call (ADR 145).
+    Returns, by call id, each new call and what its approval was opened with; the step
+    then logs them in the calls' order (`proposed`). Calls refused by the compliance
+    check, already in force or made before (a re-run) are left to the step's loop."""
+    if not calls or any(c.get("mode") != "propose" for c in calls):
+        return {}
+    new = [
+        c
+        for c in calls
+        if c["call_id"] not in made
+        and not fsm.check_step(tctx.definition, facts, c["tool"])
+        and _held(c, board) is None
+    ]
+    if not new:
+        return {}
+    rows = ToolCall.objects.bulk_create(
+        [
+            new_call(
+                tctx,
+                c,
+                ToolCallStatus.PROPOSED
+                if c.get("risk_class", "R0") == "R0"
+                else ToolCallStatus.AWAITING_APPROVAL,
+            )
+            for c in new
+        ]
+    )
+    waiting = [r for r in rows if r.status == ToolCallStatus.AWAITING_APPROVAL]
+    approvals: dict[int, dict[str, Any]] = {}
+    if waiting:
+        # Digested against the session as the log will read once this group commits.
+        session = logged_session(tctx)
+        for _, response in approvals_required.send(
+            sender=ToolCall, tool_calls=waiting, session=session
+        ):
+            if isinstance(response, dict):
+                approvals.update(response)
+    return {r.call_id: (r, approvals.get(r.pk, {})) for r in rows}
+
+
+def proposed(tctx: ToolContext, tool_call: ToolCall, opened: dict[str, Any]) -> None:
+    """Log a call `open_proposals` inserted: an R0 one is handed to the outbox at once;
+    one awaiting approval gets its `approval.required` event."""
+    if tool_call.status == ToolCallStatus.PROPOSED:
+        run_action(tctx, tool_call.pk)
+    else:
+        log_approval_required(tool_call, opened, producer=tctx.producer, run=tctx.run)
+
+
+def _held(call: dict[str, Any], board: dict[tuple[str, str], Restriction]) -> Restriction | None:
+    effect = restriction_of(call["tool"], call.get("args") or {})
+    return board.get(effect) if effect is not None else None
+
+
+def logged_session(tctx: ToolContext) -> Session:
+    """The session (read once per step) with the events queued in this group folded into
+    its snapshot: what the approvals' state digest must be taken from (ADR 145)."""
+    if tctx.session is None:
+        tctx.session = Session.objects.get(pk=tctx.session_id)
+    session = copy.copy(tctx.session)
+    batch = current_batch(tctx.session_id)
+    return batch.projected(session) if batch is not None else session
+
+
 # --- compliance validator -------------------------------------------------------------
 
 
-@recorded("compliance_validator")
+@recorded("compliance_validator", rows=False)
 def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     corrections = list(state.get("corrections") or [])
     for refusal in state.get("refusals") or []:
@@ -976,7 +1173,7 @@ def route_after_validation(state: AgentState) -> Literal["output_generator", "re
 # --- output generator -----------------------------------------------------------------
 
 
-@recorded("output_generator")
+@recorded("output_generator", last=True)
 def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     if state["plan"]["step"] == "stop":
         outcome, by, reason = budget.stop_reason(state["plan"]["request"])

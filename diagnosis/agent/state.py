@@ -4,7 +4,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from diagnosis.agent.providers import Provider
-from diagnosis.models import AgentRun
+from diagnosis.events import StepGroup
+from diagnosis.models import AgentRun, ToolCall
 from scenarios_admin.airport import AirportGraph
 
 
@@ -50,3 +51,9 @@ class AgentContext:
     # starts from it again, so it and the step number name a step across runs.
     origin: str = ""
     origins: list[str] = field(default_factory=list)  # of every invocation of this job
+    # The steps between two waits write as one transaction (ADR 145): opened by the
+    # first step, committed before the run can exit.
+    group: StepGroup | None = None
+    # The session's action calls as this group's steps see them (read once per group,
+    # again after a step changed them; see graph.action_calls_of).
+    actions: list[ToolCall] | None = None

@@ -3,22 +3,32 @@ keyed by an idempotency key (session + call id): a completed call is reused, nev
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from diagnosis import external
 from diagnosis.events import append_event
 from diagnosis.execution import execution_problems, refuse_execution
-from diagnosis.models import AgentRun, Outbox, OutboxStatus, Restriction, ToolCall, ToolCallStatus
+from diagnosis.models import (
+    AgentRun,
+    Outbox,
+    OutboxStatus,
+    Restriction,
+    Session,
+    ToolCall,
+    ToolCallStatus,
+)
 from diagnosis.outbox import enqueue_effect, execute_after_commit, prepare
 from diagnosis.push import notify_board
 from scenarios_admin.airport import AirportGraph, natural_sorted
@@ -32,6 +42,8 @@ class ToolContext:
     graph: AirportGraph
     run: AgentRun | None
     producer: str
+    session: Session | None = None  # read once per step where needed (logged_session)
+    definition: dict[str, Any] = field(default_factory=dict)  # the scenario's
 
 
 class ToolFailure(Exception):
@@ -56,13 +68,20 @@ def get_or_create_call(
     `attempts`: a call created to run at once is inserted as started (no UPDATE).
     `fresh`: the caller read the session's calls in this step's transaction and this one
     is not among them, so it is created without the lookup."""
-    key = idempotency_key(ctx.session_id, call["call_id"])
     if not fresh:
+        key = idempotency_key(ctx.session_id, call["call_id"])
         existing = ToolCall.objects.filter(idempotency_key=key).first()
         if existing is not None:
             return existing, False
-    created = ToolCall.objects.create(
-        idempotency_key=key,
+    created = new_call(ctx, call, status, attempts)
+    created.save(force_insert=True)
+    return created, True
+
+
+def new_call(ctx: ToolContext, call: dict[str, Any], status: str, attempts: int = 0) -> ToolCall:
+    """The row of a call about to be made, not saved yet."""
+    return ToolCall(
+        idempotency_key=idempotency_key(ctx.session_id, call["call_id"]),
         session_id=ctx.session_id,
         agent_run=ctx.run,
         call_id=call["call_id"],
@@ -74,16 +93,26 @@ def get_or_create_call(
         position=call.get("position", 0),
         attempts=attempts,
     )
-    return created, True
 
 
 # --- enrichment lookups (parallel, each with its own timeout) -----------------------
 
 
+# The lookups of one step share one read of the active topology (run_enrichment).
+_topology: contextvars.ContextVar[dict[str, Topology] | None] = contextvars.ContextVar(
+    "aero_lookup_topology", default=None
+)
+
+
 def _active_topology() -> Topology:
-    topology = Topology.objects.filter(is_active=True).first()
+    shared = _topology.get()
+    topology = shared.get("active") if shared is not None else None
+    if topology is None:
+        topology = Topology.objects.filter(is_active=True).first()
     if topology is None:
         raise ToolFailure("no active airport topology")
+    if shared is not None:
+        shared["active"] = topology
     return topology
 
 
@@ -125,10 +154,10 @@ def lookup_stand_location(args: dict[str, Any]) -> dict[str, Any]:
         node = runway.reference_node if runway else None
     if node is None:
         raise ToolFailure(f"{ref} is not a position of {topology.icao}")
-    neighbours = [
-        *topology.edges.filter(source=node).values_list("target__node_id", flat=True),
-        *topology.edges.filter(target=node).values_list("source__node_id", flat=True),
-    ]
+    ends = topology.edges.filter(Q(source=node) | Q(target=node)).values_list(
+        "source__node_id", "target__node_id"
+    )
+    neighbours = [target if source == node.node_id else source for source, target in ends]
     return {
         "node_id": node.node_id,
         "kind": node.kind,
@@ -171,13 +200,47 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
     """Run the lookups: in-process ones inline, remote ones in parallel threads under
     AERO_ENRICHMENT_TIMEOUT. A failing or slow source is recorded and degrades: the result
     lists it under `degraded` and the agent goes on without it."""
+    token = _topology.set({})  # read once by the first in-process lookup, not per call
+    try:
+        return _run_enrichment(ctx, calls)
+    finally:
+        _topology.reset(token)
+
+
+def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, Any]:
     results: dict[str, Any] = {"degraded": []}
     pending: list[tuple[dict[str, Any], ToolCall]] = []
-    for call in calls:
+    # The calls this step made before (a re-run), in one query for all the lookups.
+    keys = [idempotency_key(ctx.session_id, call["call_id"]) for call in calls]
+    made = {t.idempotency_key: t for t in ToolCall.objects.filter(idempotency_key__in=keys)}
+    remote = []
+    done: list[tuple[dict[str, Any], ToolCall]] = []
+    for key, call in zip(keys, calls, strict=True):
+        source = ENRICHMENT_SOURCES[call["tool"]]
+        tool_call = made.get(key)
+        if tool_call is None and source in IN_PROCESS_SOURCES:
+            # Looked up first, then inserted with the others and their answers: one
+            # INSERT for all of them (ADR 145).
+            started = time.monotonic()
+            try:
+                response, error = source(call["args"]), ""
+            except Exception as exc:  # a broken source degrades, it never blocks the agent
+                response, error = {}, str(exc) or type(exc).__name__
+            done.append((call, _done_row(ctx, call, started, response=response, error=error)))
+            if error:
+                results["degraded"].append({"source": call["tool"], "error": error})
+            else:
+                results[ENRICHMENT_KEYS[call["tool"]]] = response
+            continue
         # The row and its tool.call_started event together. No savepoint: this runs in
         # a graph step's transaction and nothing in between catches an error (ADR 86).
         with transaction.atomic(savepoint=False):
-            tool_call, created = get_or_create_call(ctx, call, ToolCallStatus.RUNNING, attempts=1)
+            if tool_call is None:
+                tool_call, created = get_or_create_call(
+                    ctx, call, ToolCallStatus.RUNNING, attempts=1, fresh=True
+                )
+            else:
+                created = False
             if tool_call.status == ToolCallStatus.COMPLETED:
                 results[ENRICHMENT_KEYS[call["tool"]]] = tool_call.response_payload
             elif tool_call.status == ToolCallStatus.FAILED:
@@ -185,12 +248,19 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
             else:
                 _started(ctx, tool_call, saved=created)
                 pending.append((call, tool_call))
-    remote = []
+    if done:
+        rows = ToolCall.objects.bulk_create([row for _, row in done])
+        # Logged as two writes would log them: every start, then every outcome.
+        for row in rows:
+            _started(ctx, row, saved=True)
+        for row in rows:
+            _finished_event(ctx, row, response=row.response_payload, error=row.error)
     for call, tool_call in pending:
         source = ENRICHMENT_SOURCES[call["tool"]]
         if source not in IN_PROCESS_SOURCES:
             remote.append((call, tool_call))
             continue
+        # Started before a crash, under an older release: finish the row it left.
         started = time.monotonic()
         try:
             response = source(call["args"])
@@ -236,12 +306,21 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
 def run_deterministic(
     ctx: ToolContext, call: dict[str, Any], compute: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
-    # The row and its tool.call_started event together (no savepoint, ADR 86).
-    with transaction.atomic(savepoint=False):
-        tool_call, created = get_or_create_call(ctx, call, ToolCallStatus.RUNNING, attempts=1)
-        if tool_call.status == ToolCallStatus.COMPLETED:
-            return tool_call.response_payload
-        _started(ctx, tool_call, saved=created)
+    key = idempotency_key(ctx.session_id, call["call_id"])
+    tool_call = ToolCall.objects.filter(idempotency_key=key).first()
+    if tool_call is None:
+        # Computed first, then inserted with its result: one INSERT (ADR 145). A
+        # failure raises and the step rolls back, as it did with the row inserted first.
+        started = time.monotonic()
+        try:
+            response = compute()
+        except Exception as exc:
+            raise ToolFailure(f"{call['tool']} failed: {exc}") from exc
+        _record_done(ctx, call, started, response=response)
+        return response
+    if tool_call.status == ToolCallStatus.COMPLETED:
+        return tool_call.response_payload
+    _started(ctx, tool_call)  # left running by an older release's crashed step
     started = time.monotonic()
     try:
         response = compute()
@@ -395,6 +474,52 @@ def _started(ctx: ToolContext, tool_call: ToolCall, *, saved: bool = False) -> N
     )
 
 
+def _record_done(
+    ctx: ToolContext,
+    call: dict[str, Any],
+    started: float,
+    *,
+    response: dict[str, Any],
+    error: str = "",
+) -> ToolCall:
+    """A call that ran before its row existed: the row inserted with its outcome (one
+    INSERT), then its tool.call_started and its tool.call_completed/failed events, in
+    that order, as a call recorded in two writes logs them."""
+    tool_call = _done_row(ctx, call, started, response=response, error=error)
+    tool_call.save(force_insert=True)
+    _started(ctx, tool_call, saved=True)
+    _finished_event(ctx, tool_call, response=tool_call.response_payload, error=error)
+    return tool_call
+
+
+def _done_row(
+    ctx: ToolContext,
+    call: dict[str, Any],
+    started: float,
+    *,
+    response: dict[str, Any],
+    error: str = "",
+) -> ToolCall:
+    """The row of a call that has run, not saved yet."""
+    return ToolCall(
+        idempotency_key=idempotency_key(ctx.session_id, call["call_id"]),
+        session_id=ctx.session_id,
+        agent_run=ctx.run,
+        call_id=call["call_id"],
+        tool_name=call["tool"],
+        risk_class=call.get("risk_class", "R0"),
+        is_action=call.get("is_action", False),
+        request_payload=call.get("args", {}),
+        position=call.get("position", 0),
+        attempts=1,
+        status=ToolCallStatus.FAILED if error else ToolCallStatus.COMPLETED,
+        response_payload=response if not error else {},
+        error=error,
+        duration_ms=int((time.monotonic() - started) * 1000),
+        completed_at=timezone.now(),
+    )
+
+
 def _finished(
     ctx: ToolContext,
     tool_call: ToolCall,
@@ -412,6 +537,13 @@ def _finished(
     tool_call.save(
         update_fields=["duration_ms", "completed_at", "status", "response_payload", "error"]
     )
+    _finished_event(ctx, tool_call, response=response or {}, error=error)
+
+
+def _finished_event(
+    ctx: ToolContext, tool_call: ToolCall, *, response: dict[str, Any], error: str
+) -> None:
+    assert tool_call.completed_at is not None
     append_event(
         ctx.session_id,
         "tool.call_failed" if error else "tool.call_completed",
