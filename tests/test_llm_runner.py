@@ -21,9 +21,10 @@ from django.db import connections
 from django.utils import timezone
 
 from diagnosis import jobs, llm_runner
-from diagnosis.actions import do_create_session
+from diagnosis.actions import do_cancel, do_close, do_create_session
 from diagnosis.agent import grounding
 from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import Event, LLMCall, LLMRequest, Session, SessionStatus
 from scenarios_admin.models import Scenario
 from tests.llm_helpers import fake_llm, fake_provider
@@ -344,3 +345,41 @@ def test_a_runner_killed_mid_stream_is_replaced_and_the_call_is_paid_once(
     calls = Event.objects.filter(session=session, type="llm.call")
     assert [c.payload["text"] for c in calls] == [request.text]
     assert len(fake_llm.requests) == 2  # the resumed node read the reply, asked nothing
+
+
+def test_the_maintenance_loop_prunes_the_requests_of_ended_sessions(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    no_inline_runner: None,
+) -> None:
+    """A request's reply is kept for a re-run of the node that asked; an ended session
+    runs no node. The loop deletes the requests of completed and canceled sessions (a
+    canceled session's pending call is never made), keeps those of sessions still going
+    and of failed ones (a retry re-runs the node and must read the reply, not pay
+    again), and the ended sessions' calls stay on their timeline."""
+    fake_llm.set_script({"rules": [ANSWER]})
+    fake_provider(fake_llm)
+    olga = make_user("olga", "operator")
+    oil_spill = Scenario.objects.get(slug="oil_spill")
+    going, closed, canceled, failed = (
+        do_create_session(olga, oil_spill, EXAMPLE_ONE) for _ in range(4)
+    )
+    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 4
+    pending = do_create_session(olga, oil_spill, EXAMPLE_ONE)  # its call not made yet
+    do_close(closed.pk, olga, "spill contained")
+    do_cancel(canceled.pk, olga, "duplicate report")
+    do_cancel(pending.pk, olga, "duplicate report")
+    Session.objects.filter(pk=failed.pk).update(status=SessionStatus.FAILED)
+    assert LLMRequest.objects.count() == 5
+
+    run_periodic_tasks()
+
+    kept = set(LLMRequest.objects.values_list("session_id", flat=True))
+    assert kept == {going.pk, failed.pk}
+    # What the ended sessions' model said stays in their log (replay shows it).
+    for ended in (closed, canceled):
+        assert Event.objects.filter(session=ended, type="llm.call", payload__status="ok").exists()
+    # Nobody makes the canceled session's call any more.
+    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 0
+    assert len(fake_llm.requests) == 4
