@@ -160,9 +160,9 @@ def test_a_job_that_resumes_after_a_model_call_stays_within_budget(
     assert LLMRequest.objects.filter(session=session, status="done").count() == 5
     assert LLMCall.objects.filter(session=session, status="ok").count() == 5
     assert len(fake_llm.requests) == 5
-    calls = LLMCall.objects.filter(session=session)
-    assert session.tokens_in == sum(c.tokens_in for c in calls)  # each call counted once
-    assert session.tokens_out == sum(c.tokens_out for c in calls)
+    made = LLMCall.objects.filter(session=session)
+    assert session.tokens_in == sum(c.tokens_in for c in made)  # each call counted once
+    assert session.tokens_out == sum(c.tokens_out for c in made)
     seqs = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))
     # A model wait is no status change: the timeline shows one run, then the approvals.
