@@ -16,8 +16,8 @@ call, so it stops at `--blocking-timeout` and the time for all is projected from
 sessions done by then.
 
 Needs PostgreSQL and Redis: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres,
-the maintenance database; a scratch database `aero_bench_llm` is dropped and created per
-design) and REDIS_URL (default redis://127.0.0.1:6379; database AERO_BENCH_REDIS_DB,
+the maintenance database; a scratch database `aero_bench_llm<--db-suffix>` is dropped and
+created per design) and REDIS_URL (default redis://127.0.0.1:6379; database AERO_BENCH_REDIS_DB,
 default 13, is flushed).
 """
 
@@ -118,13 +118,31 @@ def rss_mb(pids: list[int]) -> float:
     return total / 1024
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of the processes so far (load changes it far less than
+    wall time: the per-job figure to compare between runs)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass
+    return total / ticks
+
+
+def scratch_name(args: argparse.Namespace) -> str:
+    return f"aero_bench_llm{args.db_suffix}"
+
+
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def environment(args: argparse.Namespace, waits: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
-    database = urlsplit(args.database_url)._replace(path="/aero_bench_llm").geturl()
+    database = urlsplit(args.database_url)._replace(path=f"/{scratch_name(args)}").geturl()
     redis = urlsplit(args.redis_url)._replace(path=f"/{args.redis_db}").geturl()
     env.update(
         DATABASE_URL=database,
@@ -146,8 +164,9 @@ def environment(args: argparse.Namespace, waits: bool) -> dict[str, str]:
 def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, Any]:
     env = environment(args, waits)
     subprocess.run(
-        ["psql", args.database_url, "-qc", "DROP DATABASE IF EXISTS aero_bench_llm WITH (FORCE)",
-         "-c", "CREATE DATABASE aero_bench_llm"],
+        ["psql", args.database_url, "-qc",
+         f"DROP DATABASE IF EXISTS {scratch_name(args)} WITH (FORCE)",
+         "-c", f"CREATE DATABASE {scratch_name(args)}"],
         check=True, capture_output=True,
     )  # fmt: skip
     subprocess.run(
@@ -178,6 +197,8 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
         peak = max(peak, rss_mb([p.pid for p in processes]))
         time.sleep(0.5)
     output = driver.stdout.read() if driver.stdout else ""
+    workers_cpu = cpu_seconds([p.pid for p in processes[:2]])
+    runner_cpu = cpu_seconds([p.pid for p in processes[2:]])
     for process in processes:
         process.send_signal(signal.SIGTERM)
     for process in processes:
@@ -185,10 +206,18 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
-    result: dict[str, Any] = {"peak_rss_mb": peak, "processes": len(processes)}
+    result: dict[str, Any] = {
+        "peak_rss_mb": peak,
+        "processes": len(processes),
+        "workers_cpu_s": round(workers_cpu, 1),
+        "runner_cpu_s": round(runner_cpu, 1),
+    }
     for line in output.splitlines():
         if line.startswith("RESULT "):
             result.update(json.loads(line[len("RESULT ") :]))
+    if result.get("jobs"):
+        # Includes the workers' start-up (imports, ~2-3 s of CPU each): a ceiling.
+        result["worker_cpu_ms_per_job"] = round(1000 * workers_cpu / result["jobs"], 1)
     return result
 
 
@@ -205,7 +234,7 @@ def drive(args: argparse.Namespace) -> None:
     from django.db import connections
 
     from diagnosis.actions import do_create_session
-    from diagnosis.models import Session, ToolCall
+    from diagnosis.models import AgentRun, Session, ToolCall
     from scenarios_admin.models import ProviderConfig, Scenario
 
     config = ProviderConfig(
@@ -253,6 +282,8 @@ def drive(args: argparse.Namespace) -> None:
         time.sleep(0.25)
     elapsed = time.monotonic() - started
     failed = Session.objects.filter(pk__in=ids, status="failed").count()
+    # Jobs that ran the graph (each takes the lease and opens one root run).
+    jobs = AgentRun.objects.filter(session_id__in=ids, parent__isnull=True).count()
     print(
         "RESULT "
         + json.dumps(
@@ -263,6 +294,7 @@ def drive(args: argparse.Namespace) -> None:
                 "waiting_at_end": waiting,
                 "elapsed_s": round(elapsed, 1),
                 "failed": failed,
+                "jobs": jobs,
                 "load": loadavg(),
             }
         ),
@@ -285,6 +317,9 @@ def main() -> None:
     )
     parser.add_argument("--redis-db", default=os.environ.get("AERO_BENCH_REDIS_DB", "13"))
     parser.add_argument("--only", choices=("waits", "blocking"))
+    parser.add_argument(
+        "--db-suffix", default="", help="appended to the scratch database's name (parallel runs)"
+    )
     parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fake-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -340,6 +375,11 @@ def main() -> None:
             f"{'':10} created in {r.get('created_s')} s; {r.get('waiting_at_end')} of "
             f"{sessions} waiting after {r.get('elapsed_s')} s; {r.get('failed')} failed; "
             f"{r.get('processes')} processes measured"
+        )
+        print(
+            f"{'':10} {r.get('jobs')} jobs; workers' CPU {r.get('workers_cpu_s')} s"
+            f" ({r.get('worker_cpu_ms_per_job')} ms per job, start-up included);"
+            f" runner's CPU {r.get('runner_cpu_s')} s"
         )
 
 

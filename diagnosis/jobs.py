@@ -663,7 +663,7 @@ def advance_session(session_id: str) -> str:
             return "busy"  # another job holds it; it re-checks inputs before it lets go
         try:
             with Heartbeat(session_id, token), fenced(session_id, token), known_keys(session_id):
-                status = _advance_locked(session_id, token)
+                status, waiting = _advance_locked(session_id, token)
         except LeaseLost as exc:
             logger.warning("session %s: stopped, another job took over (%s)", session_id, exc)
             return "lease_lost"
@@ -674,16 +674,31 @@ def advance_session(session_id: str) -> str:
             release_lease(session_id, token)
         # An answer or decision that arrived while we held the lease found us busy:
         # its job returned "busy", so this job takes the new input.
-        if status not in (SessionStatus.WAITING_USER, WAITING_MODEL) or not resumable(session_id):
+        if status not in (SessionStatus.WAITING_USER, WAITING_MODEL):
+            return status
+        if not resumable(session_id, waiting):
             return status
 
 
-def resumable(session_id: Any) -> bool:
-    session = Session.objects.get(pk=session_id)
-    if session.is_ended:
-        return False
-    snapshot = agent_graph().get_state(_config(session_id))
-    return resume_value(session_id, snapshot) is not None
+def resumable(session_id: Any, waiting: Any = None) -> bool:
+    """Whether an input the job's wait is for arrived while the job held the lease (its
+    job found the lease live and did not enqueue). `waiting`: the state the job stopped
+    in (`_advance_locked` read it under the lease; nothing else advanced the graph), so
+    no second read of the checkpoint. For a model wait, whether its reply is stored: one
+    query (ADR 150). If the state moved on meanwhile (another job), the loop's next job
+    reads the checkpoint again and finds nothing to do."""
+    if isinstance(waiting, dict) and waiting.get("kind") == "model":
+        return model_answered(waiting["key"])
+    if waiting is None:
+        session = Session.objects.get(pk=session_id)
+        if session.is_ended:
+            return False
+        waiting = agent_graph().get_state(_config(session_id))
+    return resume_value(session_id, waiting) is not None
+
+
+def model_answered(key: str) -> bool:
+    return LLMRequest.objects.filter(key=key).exclude(status=LLMRequestStatus.PENDING).exists()
 
 
 def _config(session_id: Any) -> RunnableConfig:
@@ -725,12 +740,7 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
             return {"decided": True}
         return {"corrected": True} if found and found[1] else None
     if waiting["kind"] == "model":
-        answered = (
-            LLMRequest.objects.filter(key=waiting["key"])
-            .exclude(status=LLMRequestStatus.PENDING)
-            .exists()
-        )
-        return {"model": waiting["key"]} if answered else None
+        return {"model": waiting["key"]} if model_answered(waiting["key"]) else None
     return None
 
 
@@ -739,21 +749,28 @@ def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
     re-run of the job finds it). Fenced: only the lease holder records it."""
     with transaction.atomic():
         check_fence(lock_session(session_id))
-        LLMRequest.objects.get_or_create(
-            key=waiting["key"],
-            defaults={
-                "session_id": session_id,
-                "purpose": waiting.get("purpose", ""),
-                "request": waiting["request"],
-                "providers": waiting.get("providers", []),
-            },
+        # One statement (INSERT ... ON CONFLICT DO NOTHING), not a read, a savepoint and
+        # an insert: a re-run finds its row by the unique key.
+        LLMRequest.objects.bulk_create(
+            [
+                LLMRequest(
+                    key=waiting["key"],
+                    session_id=session_id,
+                    purpose=waiting.get("purpose", ""),
+                    request=waiting["request"],
+                    providers=waiting.get("providers", []),
+                )
+            ],
+            ignore_conflicts=True,
         )
 
 
-def _advance_locked(session_id: str, token: uuid.UUID) -> str:
+def _advance_locked(session_id: str, token: uuid.UUID) -> tuple[str, Any]:
+    """The job under the lease. Returns the status it left and, at a wait, what it waits
+    for (the model wait's interrupt value, or the state snapshot of a human wait)."""
     session = Session.objects.select_related("scenario_version", "scenario").get(pk=session_id)
     if session.is_ended:
-        return session.status
+        return session.status, None
     with tracing():
         graph = agent_graph()
         config = _config(session_id)
@@ -777,7 +794,7 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
             root_run=root,
             producer=PRODUCER,
         )
-        outcome = _drive(session, graph, config, context, token)
+        outcome, waiting = _drive(session, graph, config, context, token)
         runs = AgentRun.objects.filter(pk=root.pk)
         if outcome not in ENDED_STATUSES:
             # Fenced in the statement itself (no extra query): an ended session has no
@@ -791,14 +808,14 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> str:
         with unfenced():  # the session may have ended: its lease is cleared
             if outcome == SessionStatus.COMPLETED:
                 graph.checkpointer.delete_thread(str(session_id))  # the log is the history
-            elif outcome in (SessionStatus.WAITING_USER, WAITING_MODEL) and context.origins not in (
-                [],
-                [""],
-            ):
+            elif outcome == SessionStatus.WAITING_USER and context.origins not in ([], [""]):
                 # A thread whose first run just stopped at its first wait holds one
-                # checkpoint (saved at exit, ADR 85): nothing to prune.
+                # checkpoint (saved at exit, ADR 85): nothing to prune. Not at a model
+                # wait (ADR 150): a session's few model waits add one checkpoint each, and
+                # its next human wait (or its end) prunes them all at once; a prune is
+                # several statements, each model wait's job paid them.
                 prune_checkpoints(graph.checkpointer, str(session_id))
-        return outcome
+        return outcome, waiting
 
 
 def prune_checkpoints(saver: BaseCheckpointSaver[Any], thread_id: str) -> None:
@@ -843,10 +860,16 @@ def delete_ended_checkpoints() -> int:
 
 def _drive(
     session: Session, graph: Any, config: RunnableConfig, context: AgentContext, token: uuid.UUID
-) -> str:
+) -> tuple[str, Any]:
+    """Run the graph until it ends or waits. Returns the status and, at a wait, what it
+    waits for (see _advance_locked)."""
     attempts = 0
+    # The status as this job knows it: only this job (the lease holder) moves it, but
+    # for its end (a cancel, noticed by the fence), so an unchanged status is not asked
+    # for again under a row lock (a model wait leaves the session running; ADR 150).
+    status = session.status
+    snapshot: Any = graph.get_state(config)
     while True:
-        snapshot = graph.get_state(config)
         if not snapshot.values:
             graph_input: Any = {
                 "session_id": str(session.pk),
@@ -856,15 +879,17 @@ def _drive(
             }
         elif snapshot.interrupts:
             waiting = snapshot.interrupts[0].value
-            if waiting["kind"] == "model":
-                record_model_request(session.pk, waiting)
             value = resume_value(session.pk, snapshot)
             if value is None and waiting["kind"] == "model":
-                # The job ends and frees its worker; the runner makes the call.
-                return WAITING_MODEL
+                # Its request row may be missing (a job killed between its checkpoint and
+                # the row): recorded here, once by key. An answered request has its row
+                # (the usual resume: nothing to record, ADR 150). The job ends and frees
+                # its worker; the runner makes the call.
+                record_model_request(session.pk, waiting)
+                return WAITING_MODEL, waiting
             if value is None:
                 set_status(session.pk, SessionStatus.WAITING_USER, producer=PRODUCER, strict=False)
-                return SessionStatus.WAITING_USER
+                return SessionStatus.WAITING_USER, snapshot
             graph_input = Command(resume=value)
         elif snapshot.next or snapshot.tasks:
             # A crashed run: continue from the last checkpoint. `next` leaves out tasks
@@ -875,8 +900,10 @@ def _drive(
             graph_input = None
         else:
             set_status(session.pk, SessionStatus.COMPLETED, producer=PRODUCER, strict=False)
-            return SessionStatus.COMPLETED
-        set_status(session.pk, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
+            return SessionStatus.COMPLETED, None
+        if status != SessionStatus.RUNNING:
+            set_status(session.pk, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
+            status = SessionStatus.RUNNING
         context.origin = str(snapshot.config["configurable"].get("checkpoint_id") or "")
         context.origins.append(context.origin)
         try:
@@ -887,7 +914,7 @@ def _drive(
             if fence is not None:
                 fence.steps_lost = False  # this run's checkpoint may be saved again
             try:
-                graph.invoke(graph_input, config, context=context, durability="exit")
+                result = graph.invoke(graph_input, config, context=context, durability="exit")
             finally:
                 # Steps commit before anything that ends the run (ADR 145); an error
                 # LangGraph raises between two steps (the recursion limit) leaves their
@@ -895,31 +922,56 @@ def _drive(
                 if context.group is not None:
                     context.group.commit()
         except SessionCanceled:
-            return SessionStatus.CANCELED
+            return SessionStatus.CANCELED, None
         except LeaseLost:
             # Canceling a session clears its lease: the step that noticed (its write was
             # refused) and the exit checkpoint wrote nothing. Otherwise another job took
             # over: not the step's failure, this job stops.
             if Session.objects.filter(pk=session.pk, status=SessionStatus.CANCELED).exists():
-                return SessionStatus.CANCELED
+                return SessionStatus.CANCELED, None
             raise
         except shutdown.WorkerStopping:
             raise  # not the step's failure: this job stops, the next one carries on
         except GraphRecursionError as exc:
             _fail(session.pk, f"the agent made no progress: {exc}")
-            return SessionStatus.FAILED
+            return SessionStatus.FAILED, None
         except Exception as exc:
             attempts += 1
             reason = f"{type(exc).__name__}: {exc}"
             logger.exception("session %s: agent step failed (attempt %s)", session.pk, attempts)
             if attempts >= settings.AERO_JOB_ATTEMPTS:
                 _fail(session.pk, reason)
-                return SessionStatus.FAILED
+                return SessionStatus.FAILED, None
             set_status(
                 session.pk, SessionStatus.RETRYING, producer=PRODUCER, reason=reason, strict=False
             )
+            status = SessionStatus.RETRYING
             # Linear backoff, then resume from the last checkpoint.
             time.sleep(min(4.0, settings.AERO_JOB_BACKOFF * attempts))
+            snapshot = graph.get_state(config)
+            continue
+        model_wait = _model_interrupt(result)
+        if model_wait is not None:
+            # The graph stopped at a model call (ADR 150): its request is in the invoke's
+            # own result, so the state is not read again; the job records the request
+            # and ends. A reply stored meanwhile is seen by advance_session's re-check.
+            record_model_request(session.pk, model_wait)
+            return WAITING_MODEL, model_wait
+        snapshot = graph.get_state(config)
+
+
+def _model_interrupt(result: Any) -> dict[str, Any] | None:
+    """The model wait the graph run stopped at, from invoke()'s result (its values carry
+    `__interrupt__` when the run was interrupted), or None."""
+    if not isinstance(result, dict):
+        return None
+    interrupts = result.get("__interrupt__") or ()
+    if not interrupts:
+        return None
+    value = getattr(interrupts[0], "value", None)
+    if isinstance(value, dict) and value.get("kind") == "model":
+        return value
+    return None
 
 
 def _fail(session_id: Any, reason: str) -> None:

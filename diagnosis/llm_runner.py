@@ -70,7 +70,7 @@ from diagnosis.agent.providers import (
     client_for,
 )
 from diagnosis.events import add_usage, append_event, append_keyed
-from diagnosis.models import LLMCall, LLMRequest, LLMRequestStatus, WorkerBeat
+from diagnosis.models import LLMCall, LLMRequest, LLMRequestStatus, SessionStatus, WorkerBeat
 from scenarios_admin.models import ProviderConfig
 
 logger = logging.getLogger("diagnosis.llm_runner")
@@ -385,6 +385,28 @@ def beat(name: str, started_at: Any) -> None:
 
 def unregister(name: str) -> None:
     WorkerBeat.objects.filter(name=name).delete()
+
+
+# Rows per prune pass: a backlog goes in a few passes, never one long DELETE.
+PRUNE_BATCH = 5000
+
+
+def prune_requests() -> int:
+    """Periodic (the workers' maintenance loop): delete the requests of completed and
+    canceled sessions. Their replies were only there for a re-run of the node that asked
+    (a paid call is never made again); an ended session runs no node, and its calls stay
+    in the log (`llm.call`, the text included) and in `LLMCall`. A canceled session's
+    pending request goes too, so no runner makes that call any more (one making it now
+    finds its claim gone at its next write). Failed sessions keep theirs, like their
+    checkpoints: a retry re-runs the node from its checkpoint and reads the replies."""
+    ended = LLMRequest.objects.filter(
+        session__status__in=[SessionStatus.COMPLETED, SessionStatus.CANCELED]
+    )
+    pks = list(ended.values_list("pk", flat=True)[:PRUNE_BATCH])
+    if not pks:
+        return 0
+    deleted, _ = LLMRequest.objects.filter(pk__in=pks).delete()
+    return deleted
 
 
 # --- the calls (async) ------------------------------------------------------------------

@@ -82,6 +82,21 @@ class WorkerHeartbeat:
             },
         )
 
+    def beat_job(self) -> None:
+        """The beat around each job (what the worker runs, or idle again): one UPDATE of
+        the row start() created, not update_or_create's transaction, row lock and write
+        (ADR 150: four statements twice per job, on the path every resume takes). A row
+        deleted meanwhile (a sweep of stale rows) is written again in full."""
+        try:
+            updated = WorkerBeat.objects.filter(name=self.name).update(
+                beat_at=timezone.now(), session_id=self.session_id, stopping=shutdown.stopping()
+            )
+            if not updated:
+                self.beat()
+        except DatabaseError:
+            logger.warning("worker %s: heartbeat failed", self.name)
+            connections["default"].close()  # reconnect on the next use
+
     def beat_now(self) -> None:
         try:
             self.beat()
@@ -170,14 +185,14 @@ class AeroWorker(SimpleWorker):
         # no requests, so do it around each job (CONN_MAX_AGE keeps healthy ones).
         close_old_connections()
         self.beats.session_id = job.args[0] if job.args else None
-        self.beats.beat_now()  # /healthz shows what the worker runs from the start
+        self.beats.beat_job()  # /healthz shows what the worker runs from the start
         logger.info("worker %s: job %s started", self.name, job.id)
         try:
             super().execute_job(job, queue)
         finally:
             self.beats.session_id = None
             close_old_connections()
-            self.beats.beat_now()  # idle again, at once
+            self.beats.beat_job()  # idle again, at once
 
     def run_maintenance_tasks(self) -> None:
         # rq's registry cleaning only: AERO's periodic tasks run in the heartbeat thread.

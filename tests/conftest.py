@@ -110,31 +110,56 @@ def asgi_server(
     django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     """daphne serving AERO (HTTP + WebSocket) in a subprocess, on the test database, with
-    channels_redis and the embedded job worker inside it."""
+    channels_redis and the embedded job worker inside it. Without the embedded LLM
+    runner: this server lives for the whole run, and its runner thread beat into the
+    test database's WorkerBeat table long after the test that needed it (the heartbeat
+    tests counted it); the streaming test starts a server of its own with one
+    (`asgi_server_with_llm_runner`)."""
     from tests.servers import daphne
 
     if connection.vendor != "postgresql":
         pytest.skip("the ASGI server tests need PostgreSQL")
     log = tmp_path_factory.mktemp("daphne") / "daphne.log"
-    # The server's reconciler stays quiet during the run: a tick that reads tables while
-    # a transactional test's flush TRUNCATEs them can deadlock the flush.
-    with daphne(
-        test_db_url(),
-        str(settings.REDIS_URL),
-        log,
-        AERO_JOB_BACKEND="embedded",
-        AERO_RECONCILE_SECONDS="3600",
-        # Short, so a test sees a page catch up on an event whose notice was lost.
-        AERO_LIVE_RESYNC_SECONDS="1",
-    ) as base:
+    env = {**ASGI_ENV, "AERO_LLM_WAITS": "0"}
+    with daphne(test_db_url(), str(settings.REDIS_URL), log, **env) as base:
         yield base
     # The server's connections may outlive it by a moment; the test database must be
     # droppable at the end of the run.
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
+    with django_db_blocker.unblock():
+        close_other_connections()
+
+
+# The test daphne's settings. Its reconciler stays quiet during the run: a tick that
+# reads tables while a transactional test's flush TRUNCATEs them can deadlock the flush.
+ASGI_ENV = {
+    "AERO_JOB_BACKEND": "embedded",
+    "AERO_RECONCILE_SECONDS": "3600",
+    # Short, so a test sees a page catch up on an event whose notice was lost.
+    "AERO_LIVE_RESYNC_SECONDS": "1",
+}
+
+
+def close_other_connections() -> None:
+    with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
+
+
+@pytest.fixture
+def asgi_server_with_llm_runner(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """asgi_server, with the embedded LLM runner (model calls are waits, ADR 95), for one
+    test: stopped at its end, so no runner thread outlives the test that needs it."""
+    from tests.servers import daphne
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the ASGI server tests need PostgreSQL")
+    log = tmp_path_factory.mktemp("daphne") / "daphne.log"
+    with daphne(test_db_url(), str(settings.REDIS_URL), log, **ASGI_ENV) as base:
+        yield base
 
 
 @pytest.fixture

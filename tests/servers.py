@@ -103,17 +103,18 @@ call_command("aero_worker", burst=True)
 
 
 def run_worker_burst(
-    db_url: str, redis_url: str, *, checkpointer: str = "postgres"
+    db_url: str, redis_url: str, *, checkpointer: str = "postgres", **extra: str
 ) -> subprocess.CompletedProcess[str]:
     """One `manage.py aero_worker --burst` process: runs what is queued, then exits.
-    checkpointer="memory": the same worker with an in-memory checkpointer."""
+    checkpointer="memory": the same worker with an in-memory checkpointer. `extra`: more
+    environment (settings) for the worker."""
     command = [PYTHON, "manage.py", "aero_worker", "--burst"]
     if checkpointer == "memory":
         command = [PYTHON, "-c", _MEMORY_CHECKPOINTER_WORKER]
     return subprocess.run(
         command,
         cwd=ROOT,
-        env=service_env(db_url, redis_url),
+        env=service_env(db_url, redis_url, **extra),
         capture_output=True,
         text=True,
         timeout=120,

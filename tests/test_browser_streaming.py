@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.services, pytest.mark.browser]
 
 def test_the_models_text_streams_onto_the_page(
     builtin: None,
-    asgi_server: str,
+    asgi_server_with_llm_runner: str,
     browser: Browser,
     fake_llm: FakeLLMServer,
     make_user: Callable[..., User],
@@ -56,6 +56,7 @@ def test_the_models_text_streams_onto_the_page(
     fake_provider(fake_llm)
     olga = make_user("olga", "operator")
     session = do_create_session(olga, Scenario.objects.get(slug="oil_spill"), EXAMPLE_ONE)
+    asgi_server = asgi_server_with_llm_runner
     page = sign_in(browser, asgi_server, olga)
     page.goto(f"{asgi_server}/sessions/{session.pk}/")
     expect(page.locator("#live[ws-connect]")).to_be_visible()

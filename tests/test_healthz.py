@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -100,3 +101,17 @@ def test_healthz_reads_the_llm_runners_heartbeat(db: None, settings: Any) -> Non
 
     settings.AERO_LLM_WAITS = False  # calls inside the jobs: no runner to check
     assert "llm_runner" not in Client().get("/healthz").json()["checks"]
+
+
+def test_the_shared_test_server_leaves_no_llm_runner_beating(
+    transactional_db: None, asgi_server: str
+) -> None:
+    """The daphne the live tests share lives for the whole run: an LLM runner in it beat
+    into this database for every later test (the heartbeat tests counted it). It runs
+    none; the streaming test's own server has one, stopped with that test."""
+    from diagnosis import llm_runner
+
+    WorkerBeat.objects.filter(name__startswith=llm_runner.BEAT_PREFIX).delete()
+    # A runner beats every AERO_LLM_CLAIM_SECONDS / 4 (5 s by default).
+    time.sleep(6)
+    assert not WorkerBeat.objects.filter(name__startswith=llm_runner.BEAT_PREFIX).exists()

@@ -7,6 +7,8 @@ its node never repeats a finished call nor counts its tokens twice."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -19,12 +21,14 @@ from django.db import connections
 from django.utils import timezone
 
 from diagnosis import jobs, llm_runner
-from diagnosis.actions import do_create_session
+from diagnosis.actions import do_cancel, do_close, do_create_session
 from diagnosis.agent import grounding
 from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import Event, LLMCall, LLMRequest, Session, SessionStatus
 from scenarios_admin.models import Scenario
 from tests.llm_helpers import fake_llm, fake_provider
+from tests.servers import PYTHON, ROOT, run_worker_burst, service_env
 
 __all__ = ["fake_llm"]  # the fixture
 
@@ -249,3 +253,133 @@ def test_a_finished_call_is_never_made_again_by_a_rerun_of_its_node(
     assert attempts(session) == [("fake", "ok")]
     assert (session.tokens_in, session.tokens_out) == (120, 30)
     assert session.snapshot["risk"]["rule"] == "OS-01"
+
+
+def wait_until(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def start_runner(db_url: str, redis_url: str, log: Any) -> subprocess.Popen[str]:
+    """A real `manage.py aero_llm_runner` on the test database (rq backend: it enqueues
+    the session it answered), with a short claim so that a killed one is replaced fast."""
+    return subprocess.Popen(
+        [PYTHON, "manage.py", "aero_llm_runner"],
+        cwd=ROOT,
+        env=service_env(
+            db_url, redis_url, AERO_LLM_CLAIM_SECONDS="2", AERO_LLM_STREAM_FLUSH="0.05"
+        ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_runner_killed_mid_stream_is_replaced_and_the_call_is_paid_once(
+    builtin: None,
+    clean_queue: None,
+    db_url: str,
+    redis_url: str,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    no_inline_runner: None,
+    tmp_path: Any,
+) -> None:
+    """Issue 11 item 8: `aero_llm_runner` gets SIGKILL while the model's reply streams in
+    (part of its text already in the log). A new runner takes the request over once the
+    dead one's claim runs out, makes the call again (it was not finished: recorded means
+    finished) and records it once; the session goes on with the model's reading, its
+    tokens counted once and the request's text the reply's, not the dead attempt's
+    half plus the whole."""
+    # About 4 s of streaming per call: time to kill the first runner mid-stream.
+    fake_llm.set_script({"chunk_size": 8, "chunk_delay": 0.15, "rules": [ANSWER]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+    request = LLMRequest.objects.get(session=session)
+    log_path = tmp_path / "runners.log"
+    with log_path.open("w") as log:
+        first = start_runner(db_url, redis_url, log)
+        second: subprocess.Popen[str] | None = None
+        try:
+            wait_until(
+                lambda: LLMRequest.objects.filter(pk=request.pk).exclude(text="").exists(),
+                60,
+                "the first runner to stream part of the reply",
+            )
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=10)
+            request.refresh_from_db()
+            assert request.status == "pending" and request.claims == 1
+            assert not LLMCall.objects.filter(session=session).exists()  # nothing paid yet
+            partial = request.text
+
+            second = start_runner(db_url, redis_url, log)
+            wait_until(
+                lambda: LLMRequest.objects.filter(pk=request.pk, status="done").exists(),
+                60,
+                "the second runner to answer the request",
+            )
+        finally:
+            for runner in (first, second):
+                if runner is not None and runner.poll() is None:
+                    runner.send_signal(signal.SIGTERM)
+                    runner.wait(timeout=30)
+    request.refresh_from_db()
+    assert request.claims == 2, log_path.read_text()[-3000:]
+    assert len(fake_llm.requests) == 2  # made again: the killed attempt had not finished
+    assert len(partial) < len(request.text)
+    # The text is the reply, once: the dead attempt's part was not kept in front of it.
+    assert request.text.count('"flight_no"') == 1
+
+    # The session goes on (the runner enqueued it; a worker runs the job).
+    # (One model call per message, as in this file's other tests.)
+    burst = run_worker_burst(db_url, redis_url, AERO_LLM_REACT="0")
+    assert burst.returncode == 0, burst.stderr[-2000:]
+    session.refresh_from_db()
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+    assert session.status == SessionStatus.WAITING_USER
+    assert attempts(session) == [("fake", "ok")]
+    assert (session.tokens_in, session.tokens_out) == (120, 30)
+    calls = Event.objects.filter(session=session, type="llm.call")
+    assert [c.payload["text"] for c in calls] == [request.text]
+    assert len(fake_llm.requests) == 2  # the resumed node read the reply, asked nothing
+
+
+def test_the_maintenance_loop_prunes_the_requests_of_ended_sessions(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    no_inline_runner: None,
+) -> None:
+    """A request's reply is kept for a re-run of the node that asked; an ended session
+    runs no node. The loop deletes the requests of completed and canceled sessions (a
+    canceled session's pending call is never made), keeps those of sessions still going
+    and of failed ones (a retry re-runs the node and must read the reply, not pay
+    again), and the ended sessions' calls stay on their timeline."""
+    fake_llm.set_script({"rules": [ANSWER]})
+    fake_provider(fake_llm)
+    olga = make_user("olga", "operator")
+    oil_spill = Scenario.objects.get(slug="oil_spill")
+    going, closed, canceled, failed = (
+        do_create_session(olga, oil_spill, EXAMPLE_ONE) for _ in range(4)
+    )
+    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 4
+    pending = do_create_session(olga, oil_spill, EXAMPLE_ONE)  # its call not made yet
+    do_close(closed.pk, olga, "spill contained")
+    do_cancel(canceled.pk, olga, "duplicate report")
+    do_cancel(pending.pk, olga, "duplicate report")
+    Session.objects.filter(pk=failed.pk).update(status=SessionStatus.FAILED)
+    assert LLMRequest.objects.count() == 5
+
+    run_periodic_tasks()
+
+    kept = set(LLMRequest.objects.values_list("session_id", flat=True))
+    assert kept == {going.pk, failed.pk}
+    # What the ended sessions' model said stays in their log (replay shows it).
+    for ended in (closed, canceled):
+        assert Event.objects.filter(session=ended, type="llm.call", payload__status="ok").exists()
+    # Nobody makes the canceled session's call any more.
+    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 0
+    assert len(fake_llm.requests) == 4

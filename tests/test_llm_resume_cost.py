@@ -1,0 +1,183 @@
+"""What one job costs when it resumes a session after a model call (issue 11 item 9,
+ADR 150): the bench needs ~1,200 of them for 200 sessions, so their queries and the
+checkpointer's statements are pinned here, where load does not change them. The session
+is the bench's: the worked example with ReAct on, a scripted model answering at once;
+no runner runs between the jobs but the one this test drives."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+
+from diagnosis import jobs, llm_runner
+from diagnosis.actions import do_create_session
+from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.models import Event, LLMCall, LLMRequest, Session, SessionStatus
+from scenarios_admin.models import Scenario
+from tests.llm_helpers import fake_llm, fake_provider
+
+__all__ = ["fake_llm"]  # the fixture
+
+pytestmark = pytest.mark.services
+
+MESSAGE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
+# The bench's model (bench/llm_bound.py), without its latency.
+SCRIPT: dict[str, Any] = {
+    "rules": [
+        {
+            "match": {"has_tools": False},
+            "usage": {"prompt_tokens": 420, "completion_tokens": 96},
+            "json": {
+                "flight_no": {"value": "CA1234", "quote": "CA1234"},
+                "position": {"value": "105", "quote": "105机位"},
+                "fluid_type": {"value": "FUEL", "quote": "燃油泄漏"},
+                "engine_status": {"value": "RUNNING", "quote": "发动机仍在运转"},
+                "continuous": {"value": True, "quote": "还在持续漏"},
+            },
+        },
+        {
+            "match": {"after_tool": "lookup_stand_location"},
+            "content": "Assessing the risk.",
+            "tool_calls": [{"name": "assess_risk", "arguments": {}}],
+        },
+        {
+            "match": {"after_tool": "assess_risk"},
+            "content": "Working out the impact.",
+            "tool_calls": [{"name": "analyze_impact", "arguments": {}}],
+        },
+        {
+            "match": {"after_tool": "analyze_impact"},
+            "content": "Proposing the response actions.",
+            "tool_calls": [
+                {"name": "notify_atc", "arguments": {"message": "Fuel spill at 105"}},
+                {"name": "dispatch_cleanup_crew", "arguments": {"position": "105"}},
+            ],
+        },
+        {
+            "match": {"has_tools": True},
+            "content": "Looking up the flight and the stand first.",
+            "tool_calls": [
+                {"name": "lookup_aircraft_info", "arguments": {"flight_no": "CA1234"}},
+                {"name": "lookup_flight_plan", "arguments": {"flight_no": "CA1234"}},
+                {"name": "lookup_stand_location", "arguments": {"position": "105"}},
+            ],
+        },
+    ]
+}
+# Today's counts plus a small margin (ADR 150): lower them as the resume gets cheaper,
+# never raise them. Django's queries of one job that resumes after a model call and
+# stops at the next one (the steps in between are the other engineers' budgets: the
+# worst such job here runs one ReAct step and its tools).
+RESUME_TO_NEXT_MODEL_WAIT = 68
+# The checkpointer's calls per such job: one read of the state, one write at exit, no
+# prune and no second read (ADR 150).
+CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "put": 1, "put_writes": 1})
+
+
+@pytest.fixture(autouse=True)
+def react_with_waits(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.AERO_LLM_WAITS = True
+    settings.AERO_LLM_REACT = True
+    settings.AERO_LLM_STREAM_FLUSH = 0.05
+    # This test runs the runner itself, between the jobs it measures.
+    monkeypatch.setattr(llm_runner, "run_pending_inline", lambda session_id: False)
+
+
+@pytest.fixture
+def checkpointer_calls() -> Iterator[Counter[str]]:
+    """The checkpointer's reads, writes and prunes, counted by method."""
+    saver = jobs.agent_graph().checkpointer
+    counts: Counter[str] = Counter()
+    names = ("get_tuple", "list", "put", "put_writes", "prune", "delete_thread")
+    originals = {name: getattr(saver, name) for name in names}
+
+    def counting(name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    for name in names:
+        setattr(saver, name, counting(name))
+    yield counts
+    for name in names:
+        delattr(saver, name)  # the instance attribute: the class's method again
+
+
+def run_the_runner() -> int:
+    made: list[int] = []
+
+    def target() -> None:
+        try:
+            made.append(asyncio.run(llm_runner.Runner(enqueue=False).process_pending_now()))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=60)
+    return made[0] if made else 0
+
+
+def test_a_job_that_resumes_after_a_model_call_stays_within_budget(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    checkpointer_calls: Counter[str],
+) -> None:
+    fake_llm.set_script(SCRIPT)
+    fake_provider(fake_llm)
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+    resumes: list[tuple[str, int, Counter[str], float]] = []
+    for _ in range(10):
+        if not run_the_runner():
+            break
+        checkpointer_calls.clear()
+        started = time.process_time()
+        with CaptureQueriesContext(connection) as queries:
+            status = jobs.advance_session(str(session.pk))
+        cpu_ms = (time.process_time() - started) * 1000
+        resumes.append((status, len(queries), Counter(checkpointer_calls), cpu_ms))
+    for status, count, calls, cpu_ms in resumes:
+        print(f"resume job: {status}, {count} queries, checkpointer {dict(calls)}, {cpu_ms:.0f} ms")
+
+    # What a user sees: every model call made once, and the session at its approvals.
+    session.refresh_from_db()
+    assert session.status == SessionStatus.WAITING_USER
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+    assert LLMRequest.objects.filter(session=session, status="done").count() == 5
+    assert LLMCall.objects.filter(session=session, status="ok").count() == 5
+    assert len(fake_llm.requests) == 5
+    made = LLMCall.objects.filter(session=session)
+    assert session.tokens_in == sum(c.tokens_in for c in made)  # each call counted once
+    assert session.tokens_out == sum(c.tokens_out for c in made)
+    seqs = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+    # A model wait is no status change: the timeline shows one run, then the approvals.
+    statuses = [
+        e.payload["to"]
+        for e in Event.objects.filter(session=session, type="session.status_changed").order_by(
+            "seq"
+        )
+    ]
+    assert statuses == ["running", "waiting_user"]
+
+    # What each resume cost: the jobs that stop at the next model call.
+    model_waits = [r for r in resumes if r[0] == jobs.WAITING_MODEL]
+    assert len(model_waits) == 4 and resumes[-1][0] == SessionStatus.WAITING_USER
+    for _, count, calls, _ in model_waits:
+        assert count <= RESUME_TO_NEXT_MODEL_WAIT
+        assert calls == CHECKPOINTER_CALLS
+    assert Session.objects.get(pk=session.pk).lease_token is None
