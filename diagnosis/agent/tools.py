@@ -501,23 +501,14 @@ def _done_row(
     error: str = "",
 ) -> ToolCall:
     """The row of a call that has run, not saved yet."""
-    return ToolCall(
-        idempotency_key=idempotency_key(ctx.session_id, call["call_id"]),
-        session_id=ctx.session_id,
-        agent_run=ctx.run,
-        call_id=call["call_id"],
-        tool_name=call["tool"],
-        risk_class=call.get("risk_class", "R0"),
-        is_action=call.get("is_action", False),
-        request_payload=call.get("args", {}),
-        position=call.get("position", 0),
-        attempts=1,
-        status=ToolCallStatus.FAILED if error else ToolCallStatus.COMPLETED,
-        response_payload=response if not error else {},
-        error=error,
-        duration_ms=int((time.monotonic() - started) * 1000),
-        completed_at=timezone.now(),
+    row = new_call(
+        ctx, call, ToolCallStatus.FAILED if error else ToolCallStatus.COMPLETED, attempts=1
     )
+    row.response_payload = response if not error else {}
+    row.error = error
+    row.duration_ms = int((time.monotonic() - started) * 1000)
+    row.completed_at = timezone.now()
+    return row
 
 
 def _finished(
