@@ -143,11 +143,9 @@ def _response_schema(schema: type[BaseModel]) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _extraction_model(fields_json: str) -> type[BaseModel]:
-    pairs = json.loads(fields_json)
-    definition = {"field_order": [name for name, _ in pairs], "fields": dict(pairs)}
+    pairs: list[tuple[str, dict[str, Any]]] = json.loads(fields_json)
     properties: dict[str, Any] = {}
-    for name in definition["field_order"]:
-        spec = definition["fields"][name]
+    for name, spec in pairs:
         value_type: Any
         if spec["type"] == "enum":
             value_type = Literal[tuple(value_order(spec))]
