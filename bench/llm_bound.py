@@ -132,6 +132,39 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / ticks
 
 
+def process_cpu(pid: int) -> float:
+    return cpu_seconds([pid])
+
+
+class BackendCPU:
+    """PostgreSQL's CPU for the scratch database: its backends' user + system time,
+    polled (a backend that exits between two polls loses at most its last interval)."""
+
+    def __init__(self, database_url: str, name: str) -> None:
+        self.database_url, self.name = database_url, name
+        self.seen: dict[int, float] = {}
+
+    def poll(self) -> None:
+        result = subprocess.run(
+            ["psql", self.database_url, "-Atc",
+             f"SELECT pid FROM pg_stat_activity WHERE datname = '{self.name}'"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        for line in result.stdout.split():
+            pid = int(line)
+            self.seen[pid] = max(self.seen.get(pid, 0.0), process_cpu(pid))
+
+    @property
+    def total(self) -> float:
+        return sum(self.seen.values())
+
+
+def redis_pid() -> int | None:
+    result = subprocess.run(["pgrep", "-x", "redis-server"], capture_output=True, text=True)
+    pids = result.stdout.split()
+    return int(pids[0]) if pids else None
+
+
 def scratch_name(args: argparse.Namespace) -> str:
     return f"aero_bench_llm{args.db_suffix}"
 
@@ -192,13 +225,39 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
          "--timeout", str(args.timeout if waits else args.blocking_timeout)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    spies = []
+    if args.profile:
+        # py-spy (measuring only, not a dependency): collapsed stacks per process.
+        named = [("worker1", processes[0].pid), ("worker2", processes[1].pid)]
+        named += [("runner", p.pid) for p in processes[2:]]
+        named += [("fake_llm", args.fake_pid)] if args.fake_pid else []
+        for label, pid in named:
+            out = Path(args.profile) / f"{'waits' if waits else 'blocking'}-{label}.txt"
+            spies.append(subprocess.Popen(
+                [str(Path(PY).parent / "py-spy"), "record", "--pid", str(pid), "--rate", "50",
+                 "--format", "raw", "--nonblocking", "--output", str(out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))  # fmt: skip
     peak = 0.0
+    backends = BackendCPU(args.database_url, scratch_name(args))
+    redis = redis_pid()
+    redis_before = process_cpu(redis) if redis else 0.0
+    fake_before = process_cpu(args.fake_pid) if args.fake_pid else 0.0
     while driver.poll() is None:
         peak = max(peak, rss_mb([p.pid for p in processes]))
+        backends.poll()
         time.sleep(0.5)
     output = driver.stdout.read() if driver.stdout else ""
+    backends.poll()
     workers_cpu = cpu_seconds([p.pid for p in processes[:2]])
     runner_cpu = cpu_seconds([p.pid for p in processes[2:]])
+    fake_cpu = (process_cpu(args.fake_pid) - fake_before) if args.fake_pid else 0.0
+    # The machine's one Redis: other engineers' use is in this figure too (a ceiling).
+    redis_cpu = (process_cpu(redis) - redis_before) if redis else 0.0
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)
+    for spy in spies:
+        spy.wait(timeout=30)
     for process in processes:
         process.send_signal(signal.SIGTERM)
     for process in processes:
@@ -211,6 +270,9 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
         "processes": len(processes),
         "workers_cpu_s": round(workers_cpu, 1),
         "runner_cpu_s": round(runner_cpu, 1),
+        "fake_llm_cpu_s": round(fake_cpu, 1),
+        "postgres_cpu_s": round(backends.total, 1),
+        "redis_cpu_s": round(redis_cpu, 1),
     }
     for line in output.splitlines():
         if line.startswith("RESULT "):
@@ -322,6 +384,8 @@ def main() -> None:
     )
     parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fake-url", help=argparse.SUPPRESS)
+    parser.add_argument("--profile", help="a folder: py-spy's collapsed stacks per process")
+    parser.set_defaults(fake_pid=None)
     args = parser.parse_args()
     if args.drive:
         drive(args)
@@ -339,6 +403,7 @@ def main() -> None:
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     time.sleep(3)
+    args.fake_pid = fake.pid
     fake_url = f"http://127.0.0.1:{port}/v1"
     print(
         f"{args.sessions} sessions, 3 model calls of {args.latency:g} s each (+2 instant) before"
@@ -380,6 +445,11 @@ def main() -> None:
             f"{'':10} {r.get('jobs')} jobs; workers' CPU {r.get('workers_cpu_s')} s"
             f" ({r.get('worker_cpu_ms_per_job')} ms per job, start-up included);"
             f" runner's CPU {r.get('runner_cpu_s')} s"
+        )
+        print(
+            f"{'':10} fake_llm's CPU {r.get('fake_llm_cpu_s')} s; PostgreSQL backends'"
+            f" {r.get('postgres_cpu_s')} s; redis-server's {r.get('redis_cpu_s')} s"
+            " (the machine's one Redis: a ceiling)"
         )
 
 

@@ -151,7 +151,6 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
     it can no longer run: finished or failed, or started by a worker whose lease expired
     (it crashed). A job that is started but holds no lease is just starting (it will see
     this input) or just finishing (it may not): wait a moment to tell which."""
-    import django_rq
     from rq.exceptions import DuplicateJobError, NoSuchJobError
     from rq.job import Job
 
@@ -159,7 +158,7 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
     # front of the one queue, a session re-enqueued later went first (last in, first
     # out): one killed over and over kept jumping ahead of one lost a minute before
     # (ADR 119).
-    queue = django_rq.get_queue(settings.AERO_PRIORITY_QUEUE if at_front else settings.AERO_QUEUE)
+    queue = _queue(settings.AERO_PRIORITY_QUEUE if at_front else settings.AERO_QUEUE)
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         try:
@@ -203,6 +202,23 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
         job.delete()  # it can no longer run: the id is free for the next job
     logger.warning("session %s: its job stayed busy; the reconciler will enqueue it", session_id)
     return False
+
+
+_queues: dict[tuple[int, str, str], Any] = {}
+
+
+def _queue(name: str) -> Any:
+    """The rq queue, one per process and connection settings: django_rq.get_queue builds
+    a new Redis client (a new connection) per call, and the LLM runner enqueues a session
+    at every reply (a third of its CPU for enqueues was connecting; ADR 160). redis-py's
+    pool is thread-safe and reconnects after an outage."""
+    import django_rq
+
+    key = (os.getpid(), name, repr(sorted(settings.RQ_QUEUES.get(name, {}).items())))
+    queue = _queues.get(key)
+    if queue is None:
+        queue = _queues[key] = django_rq.get_queue(name)
+    return queue
 
 
 def _in_a_queue(redis: Any, name: str) -> bool:

@@ -138,6 +138,29 @@ def test_a_model_call_is_a_wait_and_the_worker_is_free(
     assert session.snapshot["thinking"]["text"] == request.text
 
 
+def test_a_reply_that_comes_in_one_burst_is_in_the_log_whole(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    no_inline_runner: None,
+    settings: Any,
+) -> None:
+    # No periodic flush comes before the reply is complete: its text is written with the
+    # reply (ADR 160), still as a delta, so the live page and a reload agree.
+    settings.AERO_LLM_STREAM_FLUSH = 3  # longer than the whole call
+    fake_llm.set_script({"chunk_size": 4, "rules": [ANSWER]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 1
+
+    request = LLMRequest.objects.get(session=session)
+    deltas = list(Event.objects.filter(session=session, type="llm.delta").order_by("seq"))
+    call = Event.objects.get(session=session, type="llm.call", payload__provider="fake")
+    assert len(deltas) == 1 and deltas[0].seq < call.seq
+    assert deltas[0].payload["text"] == request.text == call.payload["text"]
+    assert '"CA1234"' in request.text
+
+
 def test_offline_provider_needs_no_wait(builtin: None, make_user: Callable[..., User]) -> None:
     session = start(make_user)
     assert session.snapshot["risk"]["rule"] == "OS-01"

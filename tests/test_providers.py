@@ -5,6 +5,8 @@ per-call timeout below the lease, one client per provider config."""
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
@@ -419,3 +421,24 @@ def test_admin_never_renders_the_api_key_back(
     assert "sk-very-secret" not in page.content.decode()
     assert config.api_key_encrypted not in page.content.decode()
     assert not Session.objects.exists()
+
+
+def test_the_reply_schema_follows_an_edited_scenario() -> None:
+    # Built once per process and scenario fields (ADR 160): an edit is a new schema, and
+    # what one caller does to its copy never reaches the next call.
+    definition = copy.deepcopy(oil_spill())  # the shipped one is shared: never edited
+    before = providers.response_schema(providers.extraction_model(definition))
+    before["schema"]["title"] = "changed by a caller"
+    again = providers.response_schema(providers.extraction_model(oil_spill()))
+    assert again["schema"]["title"] != "changed by a caller"
+    definition["fields"]["fluid_type"]["values"]["DEICING"] = {
+        "label": {"zh": "除冰液", "en": "De-icing fluid"},
+        "synonyms": ["除冰液"],
+    }
+    edited = providers.response_schema(providers.extraction_model(definition))
+    assert "DEICING" in json.dumps(edited) and "DEICING" not in json.dumps(again)
+    model = providers.extraction_model(definition)
+    claims, dropped = providers.parse_reply(
+        model, json.dumps({"fluid_type": {"value": "DEICING", "quote": "除冰液"}})
+    )
+    assert claims["fluid_type"].value == "DEICING" and dropped == []

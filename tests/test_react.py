@@ -425,3 +425,18 @@ def test_the_model_may_act_before_looking_up_and_the_policy_fills_in_the_lookups
         "the model stopped early; the policy's next step runs: "
         "lookup_aircraft_info, lookup_flight_plan, lookup_stand_location"
     ]
+
+
+def test_a_caller_changing_its_tool_schemas_changes_nobody_elses() -> None:
+    # The schemas are generated once per process (ADR 160); each call gets its own copy.
+    first = tool_schemas(oil_spill())
+    first[0]["function"]["parameters"]["properties"].clear()
+    first[0]["function"]["description"] = "changed"
+    again = tool_schemas(oil_spill())
+    assert again[0]["function"]["parameters"]["properties"]
+    assert again[0]["function"]["description"] != "changed"
+    # A scenario without an action tool is not offered it.
+    fewer = {**oil_spill()}  # the shipped one is shared: never edited
+    fewer["actions"] = [a for a in fewer["actions"] if a["tool"] != "close_taxiway"]
+    assert "close_taxiway" in {s["function"]["name"] for s in again}
+    assert "close_taxiway" not in {s["function"]["name"] for s in tool_schemas(fewer)}

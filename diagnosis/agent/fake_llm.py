@@ -411,9 +411,11 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
+            # Chunked, so the connection stays open for the client's next call, as a real
+            # provider's does: closing it after every stream made the LLM runner open a
+            # TCP connection per call (ADR 160). Closed only when a stream breaks off.
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            self.close_connection = True
             chunk_id = f"chatcmpl-{uuid.uuid4().hex[:8]}"
 
             def send(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bool:
@@ -427,13 +429,13 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 if usage is not None:
                     payload["usage"] = usage
                 line = "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
-                try:
-                    self.wfile.write(line.encode())
-                    self.wfile.flush()
-                except OSError:
+                if not self._chunk(line.encode()):
                     return False  # the client went away
                 delay = server.script.chunk_delay
-                return not (delay and server.stopping.wait(delay))
+                if delay and server.stopping.wait(delay):
+                    self.close_connection = True  # cut off: the client sees it end
+                    return False
+                return True
 
             message = reply["message"]
             if not send([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]):
@@ -468,10 +470,18 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 return
             if include_usage:
                 send([], reply["usage"])
+            if self._chunk(b"data: [DONE]\n\n"):
+                self._chunk(b"")  # the last chunk: the reply is complete
+
+        def _chunk(self, data: bytes) -> bool:
+            """One chunk of a chunked body (empty: the end). False, and the connection
+            closed, when the client went away."""
             try:
-                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
             except OSError:
-                return
+                self.close_connection = True
+                return False
+            return True
 
     return Handler

@@ -13,6 +13,7 @@ while the chain runs, and a hung call ends before a lease it could not renew run
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import logging
 import random
@@ -124,10 +125,27 @@ class OfflineProvider:
 def extraction_model(definition: dict[str, Any]) -> type[BaseModel]:
     """The reply schema for one scenario: per field an optional {value, quote}; enum values
     are the scenario's values. Sent as the json_schema response format and used to validate
-    the reply."""
+    the reply. Built once per process and scenario fields (ADR 160): building the pydantic
+    classes and their JSON schema was paid at every extraction, a resumed step included."""
+    fields = [[name, definition["fields"][name]] for name in definition["field_order"]]
+    return _extraction_model(json.dumps(fields, sort_keys=True, ensure_ascii=False))
+
+
+def response_schema(schema: type[BaseModel]) -> dict[str, Any]:
+    """The json_schema response format of a reply schema (a copy of the cached one)."""
+    return json.loads(_response_schema(schema))
+
+
+@functools.lru_cache(maxsize=64)
+def _response_schema(schema: type[BaseModel]) -> str:
+    return json.dumps({"name": schema.__name__, "schema": schema.model_json_schema()})
+
+
+@functools.lru_cache(maxsize=64)
+def _extraction_model(fields_json: str) -> type[BaseModel]:
+    pairs: list[tuple[str, dict[str, Any]]] = json.loads(fields_json)
     properties: dict[str, Any] = {}
-    for name in definition["field_order"]:
-        spec = definition["fields"][name]
+    for name, spec in pairs:
         value_type: Any
         if spec["type"] == "enum":
             value_type = Literal[tuple(value_order(spec))]
@@ -321,7 +339,7 @@ class OpenAICompatibleProvider:
         # drops one field, not the whole reply, and a failed parse still counts its tokens.
         response_format = {
             "type": "json_schema",
-            "json_schema": {"name": schema.__name__, "schema": schema.model_json_schema()},
+            "json_schema": response_schema(schema),
         }
         try:
             raw = client_for(self.config).invoke(

@@ -19,6 +19,7 @@ When every real provider fails, the offline provider "chooses" the policy's own 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -107,14 +108,22 @@ def tool_schemas(definition: dict[str, Any]) -> list[dict[str, Any]]:
     """The OpenAI tool list for a scenario: the lookups, risk, impact, and the action tools
     the scenario uses, each with the JSON schema of its pydantic argument model."""
     used = {action["tool"] for action in definition.get("actions", [])}
-    schemas = []
-    for name, (model, description) in TOOL_ARGS.items():
-        if name in used or not _is_action(name):
-            schema = convert_to_openai_tool(model)
-            schema["function"]["name"] = name
-            schema["function"]["description"] = description
-            schemas.append(schema)
-    return schemas
+    # Copies: a caller may add to a schema; the cached one stays as generated.
+    return [
+        json.loads(_tool_schema(name)) for name in TOOL_ARGS if name in used or not _is_action(name)
+    ]
+
+
+@functools.cache
+def _tool_schema(name: str) -> str:
+    """One tool's schema, generated once per process (as JSON): pydantic's schema
+    generation was ~7 % of a worker's CPU in bench/llm_bound.py, paid at every model
+    call of every resumed step for the same dozen fixed models (ADR 160)."""
+    model, description = TOOL_ARGS[name]
+    schema = convert_to_openai_tool(model)
+    schema["function"]["name"] = name
+    schema["function"]["description"] = description
+    return json.dumps(schema)
 
 
 def _is_action(name: str) -> bool:

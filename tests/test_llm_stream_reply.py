@@ -1,0 +1,85 @@
+"""The LLM runner reads the streamed reply itself (ADR 160): what it stores for the node
+must be what LangChain reads from the same reply unstreamed (the blocking mode's path),
+or a session would reason differently with the runner than without it. Through the
+simulated server over HTTP, chunked small so that every text and argument is split."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+
+from diagnosis.agent import waits
+from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.agent.providers import client_for
+from diagnosis.agent.react import tool_schemas
+from diagnosis.llm_runner import stream_reply
+from tests.builtin_data import oil_spill
+from tests.llm_helpers import fake_llm, fake_provider
+
+__all__ = ["fake_llm"]  # the fixture
+
+pytestmark = pytest.mark.django_db
+
+LOOKUPS = [
+    {"name": "lookup_aircraft_info", "arguments": {"flight_no": "CA1234"}},
+    {"name": "lookup_stand_location", "arguments": {"position": "105机位"}},
+]
+REPLIES: dict[str, dict[str, Any]] = {
+    "text and two tool calls": {"content": "先查航班和机位。Looking up.", "tool_calls": LOOKUPS},
+    # Cut arguments: invalid (the repair turn), never completed into a valid call.
+    "malformed arguments": {"content": "Assessing.", "fault": "malformed_tool_args"},
+    "an unknown tool": {"fault": "unknown_tool"},
+    "text only": {"content": "No tool is needed: the stand is already closed."},
+    "structured output": {
+        "json": {"flight_no": {"value": "CA1234", "quote": "CA1234"}},
+        "usage": {"prompt_tokens": 420, "completion_tokens": 96},
+    },
+}
+
+
+def calls(message: AIMessage) -> tuple[list[Any], list[Any]]:
+    return (
+        [(c["name"], c["args"]) for c in message.tool_calls],
+        [(c["name"], c["args"]) for c in message.invalid_tool_calls],
+    )
+
+
+@pytest.mark.parametrize("case", list(REPLIES))
+def test_the_runner_reads_a_streamed_reply_as_langchain_reads_it_unstreamed(
+    fake_llm: FakeLLMServer, case: str
+) -> None:
+    fake_llm.set_script({"chunk_size": 3, "rules": [REPLIES[case]]})
+    client = client_for(fake_provider(fake_llm))
+    messages = [SystemMessage("You are the incident agent."), HumanMessage("105机位燃油泄漏")]
+    options: dict[str, Any] = {"tools": tool_schemas(oil_spill())}
+    if case == "structured output":
+        options = {"response_format": {"type": "json_object"}}
+    buffer: list[str] = []
+
+    streamed = asyncio.run(stream_reply(client, messages, options, buffer))
+    with waits.no_waits():
+        unstreamed = client.invoke(messages, **options)
+
+    assert fake_llm.requests[0]["body"]["stream"] is True
+    assert fake_llm.requests[0]["body"]["stream_options"] == {"include_usage": True}
+    assert not fake_llm.requests[1]["body"].get("stream")
+    # The same request: the conversation and the tools as LangChain sends them.
+    for key in ("messages", "tools", "response_format", "model", "temperature"):
+        assert fake_llm.requests[0]["body"].get(key) == fake_llm.requests[1]["body"].get(key)
+    assert streamed.content == unstreamed.content
+    assert "".join(buffer) == streamed.content  # the text streamed as it came, all of it
+    assert calls(streamed) == calls(unstreamed)
+    if case == "malformed arguments":
+        assert streamed.invalid_tool_calls and not streamed.tool_calls
+    assert streamed.usage_metadata is not None and unstreamed.usage_metadata is not None
+    counted = ("input_tokens", "output_tokens", "total_tokens")
+    assert [streamed.usage_metadata.get(k) for k in counted] == [
+        unstreamed.usage_metadata.get(k) for k in counted
+    ]
+    assert (
+        streamed.response_metadata["finish_reason"]
+        == (unstreamed.response_metadata["finish_reason"])
+    )
