@@ -29,6 +29,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
+def django_db_modify_db_settings_xdist_suffix() -> None:
+    """pytest-django would suffix the test database with the xdist worker's id; the
+    name in tests/settings.py has it already (queues and scratch databases derive from
+    the same name)."""
+
+
+@pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
     # The test flush TRUNCATEs every table; the audit log refuses TRUNCATE for everyone.
     # This disposable database's owner (the suite connects as it, as migrations do in
