@@ -33,10 +33,14 @@ worker: install
 llm-runner: install
 	$(BIN)/python manage.py aero_llm_runner
 
+# The suite runs in TEST_WORKERS pytest-xdist processes (2: the CI machine's cores; 0 runs
+# it in this process). loadgroup keeps the tests marked xdist_group("faults") in one
+# worker, one after another (ADR 165).
+TEST_WORKERS ?= 2
 test: install
 	scripts/install-browser.sh
 	scripts/install-system-deps.sh
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -35,7 +35,7 @@ def service_env(db_url: str, redis_url: str, **extra: str) -> dict[str, str]:
             "AERO_HTTPS": "0",
             "AERO_CHANNEL_PREFIX": os.environ["AERO_CHANNEL_PREFIX"],
             "AERO_QUEUE": os.environ["AERO_QUEUE"],
-            "AERO_DATA_DIR": str(ROOT / "var" / "test"),
+            "AERO_DATA_DIR": os.environ["AERO_DATA_DIR"],  # this xdist worker's
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -24,6 +24,24 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 REQUIRE_SERVICES = os.environ.get("AERO_REQUIRE_SERVICES") == "1"
 TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/aero")
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# pytest-xdist runs the suite in worker processes (gw0, gw1, ...: ADR 165). Each worker
+# is a run of its own: its own test database, Redis database, queue and channel prefix,
+# data directory (the metrics files daphne sums) and scratch databases, so two workers
+# never read each other's jobs, notices or rows.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def _worker_redis_url(url: str, worker: str) -> str:
+    """The Redis database after TEST_REDIS_URL's, one per worker (gw0 keeps it; 16
+    databases wrap around): workers never share rq's registries or channel groups."""
+    if not worker:
+        return url
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    return parts._replace(path=f"/{(base + int(worker.removeprefix('gw'))) % 16}").geturl()
+
+
+TEST_REDIS_URL = _worker_redis_url(TEST_REDIS_URL, XDIST_WORKER)
 
 
 def _postgres_up(url: str) -> bool:
@@ -45,9 +63,15 @@ os.environ["AERO_JOB_BACKEND"] = "inline"
 # Parallel runs (CI and a developer, several checkouts) share Redis database 15: each run
 # gets its own queue and channel prefix, named after its test database.
 TEST_DB_NAME = os.environ.get("AERO_TEST_DB", "test_aero")
+if XDIST_WORKER:
+    # The name every worker-owned thing derives from (tests/conftest.py keeps
+    # pytest-django from suffixing it a second time).
+    TEST_DB_NAME = f"{TEST_DB_NAME}_{XDIST_WORKER}"
 os.environ["AERO_CHANNEL_PREFIX"] = f"aero-{TEST_DB_NAME}"
 os.environ["AERO_QUEUE"] = f"aero-{TEST_DB_NAME}"
-os.environ.setdefault("AERO_DATA_DIR", str(Path(__file__).resolve().parent.parent / "var" / "test"))
+os.environ.setdefault(
+    "AERO_DATA_DIR", str(Path(__file__).resolve().parent.parent / "var" / "test" / XDIST_WORKER)
+)
 
 from aero.settings import *  # noqa: E402,F403
 

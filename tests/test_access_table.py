@@ -515,7 +515,10 @@ def accepted(base: str, path: str, user: User | None) -> bool:
     headers = {"Origin": base} | ({"Cookie": cookie_for(user)} if user else {})
     url = base.replace("http://", "ws://") + path
     try:
-        with connect(url, open_timeout=10, additional_headers=headers) as ws:
+        # max_queue=None: frames the test leaves unread never stop the client reading, so
+        # its close sees the server's close frame (past 16 unread frames websockets stops
+        # reading and every close waited out its 10 s timeout: ADR 165).
+        with connect(url, open_timeout=10, max_queue=None, additional_headers=headers) as ws:
             return isinstance(ws.recv(timeout=10), str)  # a first update arrives
     except (InvalidStatus, ConnectionClosed):
         return False
@@ -541,7 +544,7 @@ def api_stream_opens(base: str, path: str, token: str | None) -> bool:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     url = base.replace("http://", "ws://") + path
     try:
-        with connect(url, open_timeout=10, additional_headers=headers) as ws:
+        with connect(url, open_timeout=10, max_queue=None, additional_headers=headers) as ws:
             return '"event_id"' in str(ws.recv(timeout=10))
     except (InvalidStatus, ConnectionClosed):
         return False

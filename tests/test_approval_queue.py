@@ -118,8 +118,14 @@ def test_queue_updates_live(
 
     olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
     url = asgi_server.replace("http://", "ws://") + "/ws/approvals/?risk=R2"
+    # max_queue=None: frames the test leaves unread never stop the client reading, so
+    # its close sees the server's close frame (past 16 unread frames websockets stops
+    # reading and every close waited out its 10 s timeout: ADR 165).
     with connect(
-        url, open_timeout=10, additional_headers={"Cookie": cookie_for(abel), "Origin": asgi_server}
+        url,
+        open_timeout=10,
+        max_queue=None,
+        additional_headers={"Cookie": cookie_for(abel), "Origin": asgi_server},
     ) as ws:
         first = read_queue(ws, lambda html: "approval-queue" in html)
         assert 'data-count="0"' in first
@@ -153,6 +159,7 @@ def test_queue_socket_refuses_non_approvers(
         connect(
             url,
             open_timeout=10,
+            max_queue=None,
             additional_headers={"Cookie": cookie_for(operator), "Origin": asgi_server},
         ) as ws,
     ):

@@ -147,10 +147,18 @@ def test_the_board_and_the_todos_update_live(
     headers = {"Cookie": cookie_for(olga), "Origin": asgi_server}
     base = asgi_server.replace("http://", "ws://")
     with (
+        # max_queue=None: frames the test leaves unread never stop the client reading, so
+        # its close sees the server's close frame (past 16 unread frames websockets stops
+        # reading and every close waited out its 10 s timeout: ADR 165).
         connect(
-            f"{base}/ws/airport/?lang=en", open_timeout=10, additional_headers=headers
+            f"{base}/ws/airport/?lang=en",
+            open_timeout=10,
+            max_queue=None,
+            additional_headers=headers,
         ) as board,
-        connect(f"{base}/ws/todos/?lang=en", open_timeout=10, additional_headers=headers) as todos,
+        connect(
+            f"{base}/ws/todos/?lang=en", open_timeout=10, max_queue=None, additional_headers=headers
+        ) as todos,
     ):
         first = read_until(board, lambda h: 'id="airport-board"' in h)
         assert "Taxiway closed" not in board_row(first, "A")
@@ -175,6 +183,6 @@ def test_auditors_may_not_watch_the_todos(
     headers = {"Cookie": cookie_for(carol), "Origin": asgi_server}
     with (
         pytest.raises((InvalidStatus, ConnectionClosed)),
-        connect(url, open_timeout=10, additional_headers=headers) as ws,
+        connect(url, open_timeout=10, max_queue=None, additional_headers=headers) as ws,
     ):
         ws.recv(timeout=5)

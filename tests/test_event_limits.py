@@ -139,9 +139,13 @@ def cookie_for(user: User) -> str:
 def page_socket(base: str, session: Session, user: User) -> ClientConnection:
     url = base.replace("http://", "ws://") + f"/ws/sessions/{session.pk}/?last_seq=0&lang=en"
     # No client-side size limit: the test measures what the server sends.
+    # max_queue=None: frames the test leaves unread never stop the client reading, so
+    # its close sees the server's close frame (past 16 unread frames websockets stops
+    # reading and every close waited out its 10 s timeout: ADR 165).
     return connect(
         url,
         open_timeout=10,
+        max_queue=None,
         max_size=None,
         additional_headers={"Cookie": cookie_for(user), "Origin": base},
     )
@@ -213,6 +217,7 @@ def api_stream(base: str, session: Session, token: str) -> ClientConnection:
     return connect(
         url,
         open_timeout=10,
+        max_queue=None,
         max_size=None,
         additional_headers={"Authorization": f"Bearer {token}"},
     )

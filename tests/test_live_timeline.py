@@ -40,9 +40,13 @@ def ws_url(base: str, session: Session, last_seq: int | None = None) -> str:
 def open_socket(
     base: str, session: Session, user: User, last_seq: int | None = None
 ) -> ClientConnection:
+    # max_queue=None: frames the test leaves unread never stop the client reading, so
+    # its close sees the server's close frame (past 16 unread frames websockets stops
+    # reading and every close waited out its 10 s timeout: ADR 165).
     return connect(
         ws_url(base, session, last_seq),
         open_timeout=10,
+        max_queue=None,
         additional_headers={"Cookie": cookie_for(user), "Origin": base},
     )
 
@@ -187,7 +191,7 @@ def test_socket_refuses_anonymous_roleless_and_missing_origin(
 
     def refused(headers: dict[str, Any]) -> bool:
         try:
-            with connect(url, open_timeout=10, additional_headers=headers) as ws:
+            with connect(url, open_timeout=10, max_queue=None, additional_headers=headers) as ws:
                 ws.recv(timeout=5)
         except InvalidStatus:
             return True

@@ -24,7 +24,9 @@ from django.conf import settings
 from tests.faults.cluster import LEASE_SECONDS, Cluster, wait_until
 from tests.faults.viewer import LiveViewer
 
-pytestmark = [pytest.mark.services, pytest.mark.faults]
+# One xdist worker runs the whole fault suite, one test after another: they share one
+# cluster (started once) and kill its processes on purpose (ADR 165).
+pytestmark = [pytest.mark.services, pytest.mark.faults, pytest.mark.xdist_group("faults")]
 
 WORKERS = 4
 ENDED = ("completed", "failed", "canceled")

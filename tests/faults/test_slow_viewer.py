@@ -27,7 +27,9 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.faults.cluster import Cluster
 
-pytestmark = [pytest.mark.services, pytest.mark.faults]
+# One xdist worker runs the whole fault suite, one test after another: they share one
+# cluster (started once) and kill its processes on purpose (ADR 165).
+pytestmark = [pytest.mark.services, pytest.mark.faults, pytest.mark.xdist_group("faults")]
 
 SEQ = re.compile(r'<li id="event-(\d+)" data-seq="(\d+)"')
 EVENTS = 300
