@@ -325,6 +325,10 @@ def event_batch(session_id: Any) -> Iterator[EventBatch]:
         _write(lock_session(session_id), batch.pending)
 
 
+# Node-run ids reserved per query: a session's first job runs ~14 nodes to its first wait.
+RUN_ID_BLOCK = 16
+
+
 class _GroupRolledBack(Exception):
     pass
 
@@ -348,17 +352,51 @@ class StepGroup:
         self.session_id = session_id
         self.atomic: Any = None
         self.batch: EventBatch | None = None
-        # The node runs its steps finished: one UPDATE for all of them at the commit.
+        # The node runs its steps finished that already had a row (a re-run step, or a
+        # database without sequences): one UPDATE for all of them at the commit.
         self.finished: list[AgentRun] = []
+        # The node runs of its steps that have no row yet (ADR 156): inserted in ONE
+        # statement at the commit, already completed, with their own timing.
+        self.new_runs: list[AgentRun] = []
+        # Run ids reserved from the sequence, a block at a time, for `new_runs`: the
+        # steps' tool calls, model calls and events name their run before its row is
+        # written (the foreign keys are checked at the commit: deferred).
+        self.run_ids: list[int] = []
         # A step locked the session row (usage counted): the group ends with it.
         self.end_after_step = False
 
-    def finish_run(self, run_id: int, summary: str) -> None:
+    def new_run(self, **fields: Any) -> AgentRun | None:
+        """A node run to be inserted with the group's commit, its id reserved now; None
+        where ids cannot be reserved (SQLite: the caller inserts the row itself)."""
+        if transaction.get_connection().vendor != "postgresql":
+            return None
+        if not self.run_ids:
+            with transaction.get_connection().cursor() as cursor:
+                # nextval is not transactional: a block is never handed out twice, and
+                # ids a rolled-back step reserved are a gap (ids are not a count). A
+                # block per job, so a later job's runs still sort after this one's.
+                cursor.execute(
+                    "SELECT nextval(pg_get_serial_sequence('diagnosis_agentrun', 'id'))"
+                    " FROM generate_series(1, %s)",
+                    [RUN_ID_BLOCK],
+                )
+                self.run_ids = [row[0] for row in cursor.fetchall()]
+        run = AgentRun(pk=self.run_ids.pop(0), started_at=timezone.now(), **fields)
+        self.new_runs.append(run)
+        return run
+
+    def finish_run(self, run: AgentRun, summary: str) -> None:
         """Mark a step's AgentRun completed when the group commits (a step that rolls
-        back after this has its row rolled back too: the update then finds nothing)."""
+        back after this is forgotten: its run is not written, or its row is rolled
+        back too and the update finds nothing)."""
+        if any(pending is run for pending in self.new_runs):
+            run.status = "completed"
+            run.ended_at = timezone.now()
+            run.output_summary = {"summary": summary}
+            return
         self.finished.append(
             AgentRun(
-                pk=run_id,
+                pk=run.pk,
                 status="completed",
                 ended_at=timezone.now(),
                 output_summary={"summary": summary},
@@ -382,7 +420,7 @@ class StepGroup:
             self.batch = EventBatch(self.session_id)
         batch = self.batch
         assert batch is not None
-        mark, finished = len(batch.pending), len(self.finished)
+        mark, finished, runs = len(batch.pending), len(self.finished), len(self.new_runs)
         token = _batch.set(batch)
         try:
             if first or not savepoint:
@@ -393,6 +431,7 @@ class StepGroup:
         except BaseException:
             batch.truncate(mark)
             del self.finished[finished:]
+            del self.new_runs[runs:]  # the failed step's run is the caller's to record
             if first:
                 self.rollback()  # nothing else in the group: nothing to keep
             raise
@@ -401,13 +440,13 @@ class StepGroup:
 
     def commit(self) -> None:
         """Write the group's events (lock, seqs, one insert, one update) and commit."""
-        atomic, batch, finished = self.atomic, self.batch, self.finished
+        atomic, batch, finished, runs = self.atomic, self.batch, self.finished, self.new_runs
         if atomic is None or batch is None:
             return
-        self.atomic, self.batch, self.finished = None, None, []
+        self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
         self.end_after_step = False
         try:
-            self._flush(batch, finished)
+            self._flush(batch, finished, runs)
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
             self._lost()
@@ -423,7 +462,9 @@ class StepGroup:
         if fence is not None:
             fence.steps_lost = True
 
-    def _flush(self, batch: EventBatch, finished: list[AgentRun]) -> None:
+    def _flush(self, batch: EventBatch, finished: list[AgentRun], runs: list[AgentRun]) -> None:
+        if runs:
+            AgentRun.objects.bulk_create(runs)
         if finished:
             AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
         if batch.pending:
@@ -437,7 +478,7 @@ class StepGroup:
             return
         if lost:
             self._lost()
-        self.atomic, self.batch, self.finished = None, None, []
+        self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
         self.end_after_step = False
         exc = _GroupRolledBack()
         atomic.__exit__(type(exc), exc, None)
