@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
+from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
 from aero.text import check_event_size
@@ -186,16 +187,46 @@ def _write(session: Session, events: list[Event], **fields: Any) -> None:
     updates: dict[str, Any] = {**fields, "last_seq": seq, "chain_head": head, "updated_at": now}
     if changed:
         updates["snapshot"] = snapshot
-    Session.objects.filter(pk=session.pk).update(**updates)
-    if len(events) == 1:
-        events[0].save(force_insert=True)
+    connection = transaction.get_connection()
+    if connection.vendor == "postgresql":
+        _update_and_insert(connection, session.pk, updates, events)
     else:
-        Event.objects.bulk_create(events)
+        Session.objects.filter(pk=session.pk).update(**updates)
+        if len(events) == 1:
+            events[0].save(force_insert=True)
+        else:
+            Event.objects.bulk_create(events)
     transaction.on_commit(partial(notify_session, session.pk, seq))
     known = _known.get()
     if known is not None and known.session_id == str(session.pk):
         # Only once committed: a step that rolls back wrote none of its keys.
         transaction.on_commit(partial(known.add, [e.key for e in events if e.key]))
+
+
+def _update_and_insert(
+    connection: Any, session_id: Any, updates: dict[str, Any], events: list[Event]
+) -> None:
+    """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
+    CTE, PostgreSQL; ADR 156): the same SQL Django writes for each, one round trip."""
+    update = Session.objects.filter(pk=session_id).query.chain(UpdateQuery)
+    update.add_update_values(updates)
+    update_sql, update_params = update.get_compiler(connection=connection).as_sql()
+    insert = InsertQuery(Event)
+    pk = Event._meta.pk
+    insert.insert_values([f for f in Event._meta.concrete_fields if f is not pk], events)
+    compiler = insert.get_compiler(connection=connection)
+    compiler.returning_fields = [pk]
+    ((insert_sql, insert_params),) = compiler.as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH session_row AS ({update_sql}) {insert_sql}",
+            (*update_params, *insert_params),
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    for event, event_pk in zip(events, ids, strict=True):
+        event.pk = event_pk
+        event._state.adding = False
+        event._state.db = connection.alias
 
 
 class KnownKeys:
@@ -325,6 +356,31 @@ def event_batch(session_id: Any) -> Iterator[EventBatch]:
         _write(lock_session(session_id), batch.pending)
 
 
+@contextmanager
+def _step_savepoint() -> Iterator[None]:
+    """A savepoint a failing step rolls back to, like `atomic()`'s, but not released when
+    the step succeeds (ADR 156): the database keeps it until the group commits, one
+    statement saved per step. As `atomic()` does, the step's on-commit callbacks carry
+    the savepoint, so rolling back to it drops them with its rows."""
+    connection = transaction.get_connection()
+    sid = connection.savepoint()
+    connection.savepoint_ids.append(sid)
+    try:
+        yield
+        if connection.needs_rollback:
+            # A database error inside the step that its code caught: the step failed.
+            raise transaction.TransactionManagementError("a step swallowed a database error")
+    except BaseException:
+        connection.savepoint_ids.pop()
+        connection.needs_rollback = False
+        try:
+            connection.savepoint_rollback(sid)
+        except Exception:
+            connection.needs_rollback = True  # the whole group rolls back (as atomic())
+        raise
+    connection.savepoint_ids.pop()
+
+
 # Node-run ids reserved per query: a session's first job runs ~14 nodes to its first wait.
 RUN_ID_BLOCK = 16
 
@@ -364,6 +420,23 @@ class StepGroup:
         self.run_ids: list[int] = []
         # A step locked the session row (usage counted): the group ends with it.
         self.end_after_step = False
+        # The job's move to `running`, written as the first event of the next group
+        # rather than on its own (ADR 156): (from, to, producer) and its queued event.
+        self.status: tuple[str, str, str] | None = None
+        self.status_event: Event | None = None
+
+    def defer_status(self, previous: str, to: str, producer: str) -> None:
+        """Move the session from `previous` to `to` with the next group's commit, its
+        event first in the group. `write_status` writes it on its own if no group did."""
+        self.status = (previous, to, producer)
+
+    def write_status(self) -> None:
+        """The deferred move, written now (no group carried it: no step ran, or the
+        first one failed; its failure is logged after it, as before)."""
+        if self.status is not None:
+            previous, to, producer = self.status
+            self.status = None
+            set_status(self.session_id, to, producer=producer, strict=False)
 
     def new_run(self, **fields: Any) -> AgentRun | None:
         """A node run to be inserted with the group's commit, its id reserved now; None
@@ -418,6 +491,15 @@ class StepGroup:
             self.atomic = transaction.atomic()
             self.atomic.__enter__()
             self.batch = EventBatch(self.session_id)
+            if self.status is not None:
+                previous, to, producer = self.status
+                self.status_event = _new_event(
+                    self.session_id,
+                    "session.status_changed",
+                    {"from": previous, "to": to, "reason": ""},
+                    producer=producer,
+                )
+                self.batch.add(self.status_event)
         batch = self.batch
         assert batch is not None
         mark, finished, runs = len(batch.pending), len(self.finished), len(self.new_runs)
@@ -426,7 +508,7 @@ class StepGroup:
             if first or not savepoint:
                 yield batch
             else:
-                with transaction.atomic():  # a savepoint: this step alone rolls back
+                with _step_savepoint():  # this step alone rolls back
                     yield batch
         except BaseException:
             batch.truncate(mark)
@@ -467,8 +549,22 @@ class StepGroup:
             AgentRun.objects.bulk_create(runs)
         if finished:
             AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
-        if batch.pending:
-            _write(lock_session(self.session_id), batch.pending)
+        status, event = self.status, self.status_event
+        if not batch.pending:
+            return
+        session = lock_session(self.session_id)
+        fields: dict[str, Any] = {}
+        if status is not None and event is not None and batch.pending[0] is event:
+            previous, to, producer = status
+            if session.status == previous and session.can_transition(to):
+                fields, _ = _status_change(session, previous, to, producer)
+            else:
+                # Moved meanwhile (only a cancel can, and it clears the lease, so the
+                # write below is refused anyway): the move is not this group's to write.
+                batch.pending.pop(0)
+        _write(session, batch.pending, **fields)
+        if event is not None:
+            self.status, self.status_event = None, None
 
     def rollback(self, *, lost: bool = False) -> None:
         """`lost`: steps before the current one are rolled back too (a lost lease): their
@@ -480,6 +576,7 @@ class StepGroup:
             self._lost()
         self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
         self.end_after_step = False
+        self.status_event = None  # `status` stays deferred: write_status or the next group
         exc = _GroupRolledBack()
         atomic.__exit__(type(exc), exc, None)
 
@@ -577,25 +674,7 @@ def set_status(
             if strict:
                 raise IllegalTransition(f"session {session.pk}: {session.status} -> {to}")
             return False
-        previous = session.status
-        now = timezone.now()
-        fields: dict[str, Any] = {"status": to}
-        if to == SessionStatus.RUNNING and session.started_at is None:
-            fields["started_at"] = now
-        if to in ENDED_STATUSES:
-            fields["ended_at"] = now
-            fields["lease_token"] = None
-            fields["lease_expires_at"] = None
-        if to == SessionStatus.FAILED:
-            fields["failure"] = reason
-        events = [
-            _new_event(
-                session.pk,
-                "session.status_changed",
-                {"from": previous, "to": to, "reason": reason},
-                producer=producer,
-            )
-        ]
+        fields, events = _status_change(session, session.status, to, producer, reason)
         if to in ENDED_STATUSES:
             # `ended`: what else the ending event says (an operator's closing summary).
             payload: dict[str, Any] = {"reason": reason, **(ended or {})}
@@ -615,6 +694,29 @@ def set_status(
         with unfenced():
             _write(session, events, **fields)
     return True
+
+
+def _status_change(
+    session: Session, previous: str, to: str, producer: str, reason: str = ""
+) -> tuple[dict[str, Any], list[Event]]:
+    """The session's columns and the event of a move from `previous` to `to`."""
+    now = timezone.now()
+    fields: dict[str, Any] = {"status": to}
+    if to == SessionStatus.RUNNING and session.started_at is None:
+        fields["started_at"] = now
+    if to in ENDED_STATUSES:
+        fields["ended_at"] = now
+        fields["lease_token"] = None
+        fields["lease_expires_at"] = None
+    if to == SessionStatus.FAILED:
+        fields["failure"] = reason
+    event = _new_event(
+        session.pk,
+        "session.status_changed",
+        {"from": previous, "to": to, "reason": reason},
+        producer=producer,
+    )
+    return fields, [event]
 
 
 def add_usage(session_id: Any, tokens_in: int, tokens_out: int, cost: Any) -> None:

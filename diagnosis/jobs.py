@@ -34,7 +34,7 @@ from langgraph.types import Command
 
 from aero import metrics
 from diagnosis import shutdown
-from diagnosis.agent.graph import SessionCanceled, build_graph
+from diagnosis.agent.graph import SessionCanceled, build_graph, step_group
 from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import (
@@ -902,7 +902,8 @@ def _drive(
             set_status(session.pk, SessionStatus.COMPLETED, producer=PRODUCER, strict=False)
             return SessionStatus.COMPLETED, None
         if status != SessionStatus.RUNNING:
-            set_status(session.pk, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
+            # Written as the first event of the first step group, not on its own (ADR 156).
+            step_group(context).defer_status(status, SessionStatus.RUNNING, PRODUCER)
             status = SessionStatus.RUNNING
         context.origin = str(snapshot.config["configurable"].get("checkpoint_id") or "")
         context.origins.append(context.origin)
@@ -936,6 +937,8 @@ def _drive(
             _fail(session.pk, f"the agent made no progress: {exc}")
             return SessionStatus.FAILED, None
         except Exception as exc:
+            if context.group is not None:
+                context.group.write_status()  # before the retry's move, as it was
             attempts += 1
             reason = f"{type(exc).__name__}: {exc}"
             logger.exception("session %s: agent step failed (attempt %s)", session.pk, attempts)
@@ -950,6 +953,8 @@ def _drive(
             time.sleep(min(4.0, settings.AERO_JOB_BACKOFF * attempts))
             snapshot = graph.get_state(config)
             continue
+        if context.group is not None:
+            context.group.write_status()  # no step group carried it
         model_wait = _model_interrupt(result)
         if model_wait is not None:
             # The graph stopped at a model call (ADR 150): its request is in the invoke's

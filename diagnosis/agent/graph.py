@@ -225,6 +225,7 @@ def _record_failure(
     failure of the step is a new one). `run`: the failed step's run row, committed with
     its group (a lean step): marked failed rather than a second row made."""
     with transaction.atomic():
+        step_group(ctx).write_status()  # the job's move to running comes first
         if run is not None and run._state.adding:
             # A lean step's run, never written (ADR 156): written now, as failed.
             run.status, run.ended_at = "failed", timezone.now()
