@@ -338,12 +338,15 @@ def current_batch(session_id: Any) -> EventBatch | None:
 
 
 @contextmanager
-def event_batch(session_id: Any) -> Iterator[EventBatch]:
+def event_batch(session_id: Any, *, created: Session | None = None) -> Iterator[EventBatch]:
     """Queue the session's events appended inside and write them when the block ends
     without an error: one row lock, one bulk insert, one session update, one notice
     after commit (a graph step, ADR 55). Must run inside the caller's transaction, so
     the step's other writes commit or roll back with its events. Events appended inside
-    a savepoint that rolls back are still written: do not append inside one."""
+    a savepoint that rolls back are still written: do not append inside one.
+    `created`: the session, inserted by this same transaction: no other transaction can
+    see its row yet (and the INSERT holds its lock), so it is written as it is in hand,
+    without a locking read (ADR 156)."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("event_batch needs an open transaction")
     batch = EventBatch(session_id)
@@ -353,7 +356,7 @@ def event_batch(session_id: Any) -> Iterator[EventBatch]:
     finally:
         _batch.reset(token)
     if batch.pending:
-        _write(lock_session(session_id), batch.pending)
+        _write(created if created is not None else lock_session(session_id), batch.pending)
 
 
 @contextmanager
