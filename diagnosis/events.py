@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Model, Q
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
@@ -208,12 +208,14 @@ def _update_and_insert(
 ) -> None:
     """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
     CTE, PostgreSQL; ADR 156): the same SQL Django writes for each, one round trip."""
-    update = Session.objects.filter(pk=session_id).query.chain(UpdateQuery)
+    update = UpdateQuery(Session)
+    update.add_q(Q(pk=session_id))
     update.add_update_values(updates)
     update_sql, update_params = update.get_compiler(connection=connection).as_sql()
     insert = InsertQuery(Event)
     pk = Event._meta.pk
-    insert.insert_values([f for f in Event._meta.concrete_fields if f is not pk], events)
+    rows: list[Model] = [*events]
+    insert.insert_values([f for f in Event._meta.concrete_fields if f is not pk], rows)
     compiler = insert.get_compiler(connection=connection)
     compiler.returning_fields = [pk]
     ((insert_sql, insert_params),) = compiler.as_sql()
@@ -437,7 +439,7 @@ class StepGroup:
         """The deferred move, written now (no group carried it: no step ran, or the
         first one failed; its failure is logged after it, as before)."""
         if self.status is not None:
-            previous, to, producer = self.status
+            _, to, producer = self.status
             self.status = None
             set_status(self.session_id, to, producer=producer, strict=False)
 

@@ -412,11 +412,8 @@ def take_lease(session_id: Any) -> tuple[uuid.UUID, Session] | None:
     RETURNING, ADR 156): the job reads nothing else of the row to start."""
     token = uuid.uuid4()
     now = timezone.now()
-    update = (
-        Session.objects.filter(pk=session_id)
-        .filter(Q(lease_token__isnull=True) | Q(lease_expires_at__lt=now))
-        .query.chain(UpdateQuery)
-    )
+    update = UpdateQuery(Session)
+    update.add_q(Q(pk=session_id) & (Q(lease_token__isnull=True) | Q(lease_expires_at__lt=now)))
     update.add_update_values(
         {
             "lease_token": token,
@@ -427,7 +424,8 @@ def take_lease(session_id: Any) -> tuple[uuid.UUID, Session] | None:
         }
     )
     sql, params = update.get_compiler(connection=connection).as_sql()
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in Session._meta.concrete_fields)
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(str(f.column)) for f in Session._meta.concrete_fields)
     rows = list(Session.objects.raw(f"{sql} RETURNING {columns}", params))
     return (token, rows[0]) if rows else None
 
