@@ -405,7 +405,8 @@ def test_a_groups_node_runs_are_written_at_its_commit_each_with_its_own_times(
     for run, following in pairwise(children):
         assert run.ended_at is not None
         assert run.started_at <= run.ended_at <= following.started_at, run.agent_name
-    assert children[0].started_at < children[-1].ended_at
+    last_ended = children[-1].ended_at
+    assert last_ended is not None and children[0].started_at < last_ended
 
 
 def test_a_failed_steps_effect_is_dropped_with_it_and_goes_out_once(
