@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -29,13 +29,31 @@ def clean_filters(risk: str, scenario: str) -> tuple[str, str]:
     return risk, scenario
 
 
-def parse_incident_cursor(after: str) -> tuple[datetime, UUID] | None:
-    """`after` is "<nearest deadline, ISO>~<session id>" of the previous page's last
-    incident; anything else means the first page (never an error page)."""
+# An incident's place in the queue: nearest deadline first; incidents with no deadline
+# at all (only lift requests, which never time out) after every timed one, as PostgreSQL
+# sorts NULLs last. Sorted in Python: SQLite (the embedded default) sorts NULLs first.
+IncidentKey = tuple[bool, datetime, UUID]
+NO_DEADLINE = "none"
+
+
+def incident_key(nearest: datetime | None, session_id: UUID) -> IncidentKey:
+    return (nearest is None, nearest or datetime.min.replace(tzinfo=UTC), session_id)
+
+
+def incident_cursor(nearest: datetime | None, session_id: UUID) -> str:
+    """The `after` value naming an incident: "<nearest deadline, ISO, or none>~<session id>"."""
+    return f"{nearest.isoformat() if nearest else NO_DEADLINE}~{session_id}"
+
+
+def parse_incident_cursor(after: str) -> IncidentKey | None:
+    """`after` as incident_cursor writes it; anything else means the first page (never an
+    error page)."""
     moment, _, session = after.partition("~")
     try:
+        if moment == NO_DEADLINE:
+            return incident_key(None, UUID(session))
         parsed = datetime.fromisoformat(moment)
-        return (parsed, UUID(session)) if parsed.tzinfo else None
+        return incident_key(parsed, UUID(session)) if parsed.tzinfo else None
     except ValueError:
         return None
 
@@ -66,15 +84,17 @@ def queue_context(
     cursor = parse_incident_cursor(after)
     # One row per open incident (a few dozen, however many actions they propose): the
     # open count is their sum, and the page the next QUEUE_PAGE after the cursor.
-    incidents = list(
+    incidents = sorted(
         approvals.order_by()
         .values("session_id")
-        .annotate(nearest=Min("deadline"), open=Count("id"))
-        .order_by("nearest", "session_id")
+        .annotate(nearest=Min("deadline"), open=Count("id")),
+        key=lambda row: incident_key(row["nearest"], row["session_id"]),
     )
     open_count = sum(row["open"] for row in incidents)
     if cursor is not None:
-        incidents = [row for row in incidents if (row["nearest"], row["session_id"]) > cursor]
+        incidents = [
+            row for row in incidents if incident_key(row["nearest"], row["session_id"]) > cursor
+        ]
     incident_page = incidents[: QUEUE_PAGE + 1]
     more = len(incident_page) > QUEUE_PAGE
     incident_page = incident_page[:QUEUE_PAGE]
@@ -117,9 +137,7 @@ def queue_context(
         "groups": groups,
         "open_count": open_count,
         "after": after if cursor is not None else "",
-        "next_after": f"{last['nearest'].isoformat()}~{last['session_id']}"
-        if more and last
-        else "",
+        "next_after": incident_cursor(last["nearest"], last["session_id"]) if more and last else "",
         "risk": risk,
         "scenario": scenario,
         "risk_classes": RISK_CLASSES,

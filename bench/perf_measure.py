@@ -216,6 +216,8 @@ def open_approvals(count: int) -> None:
             risk_class=call.risk_class,
             action_name=call.tool_name,
             digest="0" * 64,
+            # as the agent opens them: R1-R3 requests time out (lifts alone do not)
+            deadline=Approval.deadline_for(call.risk_class),
         )
         for call in calls
     )

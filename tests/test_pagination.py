@@ -78,6 +78,30 @@ def test_the_queue_pages_by_incident_and_never_splits_one(
     ) == len(pages[0])
 
 
+def test_incidents_without_a_deadline_page_after_the_timed_ones(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lift request never times out (no deadline). Incidents with only such requests
+    come after every timed one, and a page that ends on one still links to the next page
+    (it was a server error)."""
+    olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
+    timed, *untimed = [
+        make_session(olga, STAND_FUEL_LEAK),
+        make_session(olga, TAXIWAY_FUEL_LEAK),
+        make_session(olga, STAND_FUEL_LEAK),
+    ]
+    Approval.objects.filter(session__in=untimed).update(deadline=None)
+    monkeypatch.setattr(queue_presenters, "QUEUE_PAGE", 2)  # incidents a page
+    incident_of = {a.pk: a.session_id for a in Approval.objects.open()}
+
+    pages = walk(signed_in(abel), "/approvals/", re.compile(r'id="approval-(\d+)"'))
+
+    shown = [int(pk) for page in pages for pk in page]
+    assert sorted(shown) == sorted(incident_of)
+    incidents = [list(dict.fromkeys(incident_of[int(pk)] for pk in page)) for page in pages]
+    assert incidents == [[timed.pk, min(s.pk for s in untimed)], [max(s.pk for s in untimed)]]
+
+
 def test_the_session_list_pages_newest_first(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:

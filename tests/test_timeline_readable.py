@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.urls import reverse
 from playwright.sync_api import Browser, expect
@@ -159,3 +160,49 @@ def test_switching_language_in_the_header(
     expect(page).to_have_url(re.compile(r"/sessions/$"))
     page.get_by_role("button", name="English").click()
     expect(page.locator("header nav")).to_contain_text("Sessions")
+
+
+def test_every_kind_of_event_has_its_line_and_every_line_a_kind() -> None:
+    """diagnosis/_event.html shows the line `event_line` names: a name without its partial
+    would be a server error on any page showing that event; a partial no row names is a
+    line no event can reach."""
+    from django.template.loader import get_template
+
+    from diagnosis.templatetags.timeline import EVENT_LINES, EVENT_LINES_TEMPLATE
+
+    source = (settings.BASE_DIR / "templates" / EVENT_LINES_TEMPLATE).read_text()
+    defined = set(re.findall(r"\{% partialdef ([\w-]+) %\}", source))
+    named = {name for *_, name in EVENT_LINES} | {"cockpit", "other"}
+    assert defined == named
+    for name in named:
+        get_template(f"{EVENT_LINES_TEMPLATE}#{name}")
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload", "line"),
+    [
+        ("approval.canceled", {"withdrawn": "not_called_for"}, "approval-canceled-not-called-for"),
+        ("approval.canceled", {"withdrawn": "corrected"}, "approval-canceled-withdrawn"),
+        ("approval.canceled", {"withdrawn": ""}, "approval-canceled"),
+        ("agent.note", {"kind": "already_in_force", "outcome": "x"}, "agent-note-already-in-force"),
+        ("agent.note", {"outcome": "rejected"}, "agent-note-rejected"),
+        ("agent.note", {"outcome": "timeout"}, "agent-note-outcome"),
+        ("agent.note", {"text": "t"}, "agent-note"),
+        ("approval.timeout", {"tool_name": "continue_budget"}, "approval-timeout-continue-budget"),
+        ("session.completed", {"closed_by": "olga"}, "session-completed-closed-by"),
+        ("timeline.appended", {"kind": "alert"}, "timeline-appended-alert"),
+        ("timeline.appended", {"kind": "operator_update"}, "cockpit"),
+        ("approval.args_edited", {}, "cockpit"),
+        # the cockpit's kinds take any type the table does not name...
+        ("scenario.note", {"kind": "scenario_switched_to"}, "cockpit"),
+        # ...but a type it names keeps its own line
+        ("user.message", {"kind": "operator_update"}, "user-message"),
+        ("no.such.type", {}, "other"),
+    ],
+)
+def test_an_event_is_shown_by_the_first_line_that_matches_it(
+    kind: str, payload: dict[str, str], line: str
+) -> None:
+    from diagnosis.templatetags.timeline import EVENT_LINES_TEMPLATE, event_line
+
+    assert event_line(kind, payload) == f"{EVENT_LINES_TEMPLATE}#{line}"
