@@ -68,7 +68,9 @@ class AuditLog(models.Model):
         # Stored exactly as hashed: the JSON column gives back what was digested.
         self.detail = json.loads(json.dumps(self.detail, cls=DjangoJSONEncoder))
         using = kwargs.get("using") or router.db_for_write(AuditLog)
-        with transaction.atomic(using=using):
+        # No savepoint inside a caller's transaction (two statements per entry): an
+        # error here fails the caller's transaction, as it must (the entry belongs to it).
+        with transaction.atomic(using=using, savepoint=False):
             connection = transaction.get_connection(using)
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:

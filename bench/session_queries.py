@@ -56,11 +56,14 @@ class Capture:
     def __init__(self) -> None:
         self.statements: list[tuple[str, str, str]] = []  # (connection, shape, caller)
         self.commits = 0
+        # (connection, transactions before it, shape, caller), in the order they ran.
+        self.order: list[tuple[str, int, str, str]] = []
 
     def django(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         from django.db import connection
 
         self.statements.append(("django", shape(sql), caller()))
+        self.order.append(("django", self.commits, shape(sql)[:110], caller()))
         if not connection.in_atomic_block:
             self.commits += 1  # autocommit: its own transaction
         return execute(sql, params, many, context)
@@ -75,6 +78,9 @@ def main() -> None:
     )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--trace", action="store_true", help="every statement in order, with its transaction"
+    )
     args = parser.parse_args()
 
     subprocess.run(
@@ -119,19 +125,34 @@ def main() -> None:
     capture = Capture()
     django_conn = connection.connection
     saver_statements: list[tuple[str, str, str]] = []
+    saver_transactions = [0]
     original_execute = psycopg.Cursor.execute
     original_many = psycopg.Cursor.executemany
+    original_transaction = psycopg.Connection.transaction
+
+    def saver_statement(cursor: Any, query: Any) -> None:
+        text = shape(query if isinstance(query, str) else str(query))
+        saver_statements.append(("checkpointer", text, caller()))
+        capture.order.append(("checkpointer", capture.commits, text[:110], caller()))
+        if cursor.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            saver_transactions[0] += 1  # autocommit: its own transaction
 
     def saver_execute(cursor: Any, query: Any, *a: Any, **k: Any) -> Any:
         if cursor.connection is not django_conn:
-            text = query if isinstance(query, str) else str(query)
-            saver_statements.append(("checkpointer", shape(text), caller()))
+            saver_statement(cursor, query)
         return original_execute(cursor, query, *a, **k)
 
     def saver_many(cursor: Any, query: Any, *a: Any, **k: Any) -> Any:
         if cursor.connection is not django_conn:
-            saver_statements.append(("checkpointer", shape(str(query)), caller()))
+            saver_statement(cursor, query)
         return original_many(cursor, query, *a, **k)
+
+    def saver_transaction(conn: Any, *a: Any, **k: Any) -> Any:
+        if conn is not django_conn:
+            saver_transactions[0] += 1  # a transaction block: BEGIN ... COMMIT
+        return original_transaction(conn, *a, **k)
+
+    psycopg.Connection.transaction = saver_transaction  # type: ignore[method-assign,assignment]
 
     psycopg.Cursor.execute = saver_execute  # type: ignore[method-assign,assignment]
     psycopg.Cursor.executemany = saver_many  # type: ignore[method-assign,assignment]
@@ -149,6 +170,7 @@ def main() -> None:
     connection.commit = original_commit  # type: ignore[method-assign]
     psycopg.Cursor.execute = original_execute  # type: ignore[method-assign]
     psycopg.Cursor.executemany = original_many  # type: ignore[method-assign]
+    psycopg.Connection.transaction = original_transaction  # type: ignore[method-assign]
 
     statements = capture.statements
     verbs = Counter(s.split()[0].upper() for _, s, _ in statements)
@@ -157,7 +179,14 @@ def main() -> None:
     print(f"  SELECT ... FOR UPDATE: {sum('FOR UPDATE' in s for _, s, _ in statements)}")
     savepoints = Counter(w for _, s, w in statements if s.startswith("SAVEPOINT"))
     print("  savepoints by caller:", dict(savepoints.most_common()))
-    print(f"Checkpointer connection: {len(saver_statements)} statements")
+    print(
+        f"Checkpointer connection: {len(saver_statements)} statements,"
+        f" {saver_transactions[0]} transactions"
+    )
+    print(
+        f"Both: {len(statements) + len(saver_statements)} statements,"
+        f" {capture.commits + saver_transactions[0]} transactions (issue 8: <= 60 / <= 15)"
+    )
     print(f"CPU of the session (warm process): {cpu:.0f} ms")
     print(f"\nBy shape (top {args.top}):")
     everything = statements + saver_statements
@@ -166,6 +195,11 @@ def main() -> None:
     print(f"\nBy caller (top {args.top}):")
     for (conn, where), count in Counter((c, w) for c, _, w in everything).most_common(args.top):
         print(f"{count:4d} {conn[:5]} {where}")
+
+    if args.trace:
+        print("\nIn order (django: transactions committed before it):")
+        for conn, commits, text, where in capture.order:
+            print(f"  {conn[:5]} {commits:3d} {where:45.45s} {text}")
 
     if args.profile:
         profiler = cProfile.Profile()

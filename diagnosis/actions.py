@@ -84,7 +84,7 @@ def do_create_session(
             created_by=user,
         )
         # The first events in one write: one lock, one insert, one notice (ADR 145).
-        with event_batch(session.pk):
+        with event_batch(session.pk, created=session):
             append_event(
                 session.pk,
                 "session.created",

@@ -11,7 +11,8 @@ from functools import partial
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Model, Q
+from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
 from aero.text import check_event_size
@@ -186,16 +187,48 @@ def _write(session: Session, events: list[Event], **fields: Any) -> None:
     updates: dict[str, Any] = {**fields, "last_seq": seq, "chain_head": head, "updated_at": now}
     if changed:
         updates["snapshot"] = snapshot
-    Session.objects.filter(pk=session.pk).update(**updates)
-    if len(events) == 1:
-        events[0].save(force_insert=True)
+    connection = transaction.get_connection()
+    if connection.vendor == "postgresql":
+        _update_and_insert(connection, session.pk, updates, events)
     else:
-        Event.objects.bulk_create(events)
+        Session.objects.filter(pk=session.pk).update(**updates)
+        if len(events) == 1:
+            events[0].save(force_insert=True)
+        else:
+            Event.objects.bulk_create(events)
     transaction.on_commit(partial(notify_session, session.pk, seq))
     known = _known.get()
     if known is not None and known.session_id == str(session.pk):
         # Only once committed: a step that rolls back wrote none of its keys.
         transaction.on_commit(partial(known.add, [e.key for e in events if e.key]))
+
+
+def _update_and_insert(
+    connection: Any, session_id: Any, updates: dict[str, Any], events: list[Event]
+) -> None:
+    """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
+    CTE, PostgreSQL; ADR 156): the same SQL Django writes for each, one round trip."""
+    update = UpdateQuery(Session)
+    update.add_q(Q(pk=session_id))
+    update.add_update_values(updates)
+    update_sql, update_params = update.get_compiler(connection=connection).as_sql()
+    insert = InsertQuery(Event)
+    pk = Event._meta.pk
+    rows: list[Model] = [*events]
+    insert.insert_values([f for f in Event._meta.concrete_fields if f is not pk], rows)
+    compiler = insert.get_compiler(connection=connection)
+    compiler.returning_fields = [pk]
+    ((insert_sql, insert_params),) = compiler.as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH session_row AS ({update_sql}) {insert_sql}",
+            (*update_params, *insert_params),
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    for event, event_pk in zip(events, ids, strict=True):
+        event.pk = event_pk
+        event._state.adding = False
+        event._state.db = connection.alias
 
 
 class KnownKeys:
@@ -307,12 +340,15 @@ def current_batch(session_id: Any) -> EventBatch | None:
 
 
 @contextmanager
-def event_batch(session_id: Any) -> Iterator[EventBatch]:
+def event_batch(session_id: Any, *, created: Session | None = None) -> Iterator[EventBatch]:
     """Queue the session's events appended inside and write them when the block ends
     without an error: one row lock, one bulk insert, one session update, one notice
     after commit (a graph step, ADR 55). Must run inside the caller's transaction, so
     the step's other writes commit or roll back with its events. Events appended inside
-    a savepoint that rolls back are still written: do not append inside one."""
+    a savepoint that rolls back are still written: do not append inside one.
+    `created`: the session, inserted by this same transaction: no other transaction can
+    see its row yet (and the INSERT holds its lock), so it is written as it is in hand,
+    without a locking read (ADR 156)."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("event_batch needs an open transaction")
     batch = EventBatch(session_id)
@@ -322,7 +358,36 @@ def event_batch(session_id: Any) -> Iterator[EventBatch]:
     finally:
         _batch.reset(token)
     if batch.pending:
-        _write(lock_session(session_id), batch.pending)
+        _write(created if created is not None else lock_session(session_id), batch.pending)
+
+
+@contextmanager
+def _step_savepoint() -> Iterator[None]:
+    """A savepoint a failing step rolls back to, like `atomic()`'s, but not released when
+    the step succeeds (ADR 156): the database keeps it until the group commits, one
+    statement saved per step. As `atomic()` does, the step's on-commit callbacks carry
+    the savepoint, so rolling back to it drops them with its rows."""
+    connection = transaction.get_connection()
+    sid = connection.savepoint()
+    connection.savepoint_ids.append(sid)
+    try:
+        yield
+        if connection.needs_rollback:
+            # A database error inside the step that its code caught: the step failed.
+            raise transaction.TransactionManagementError("a step swallowed a database error")
+    except BaseException:
+        connection.savepoint_ids.pop()
+        connection.needs_rollback = False
+        try:
+            connection.savepoint_rollback(sid)
+        except Exception:
+            connection.needs_rollback = True  # the whole group rolls back (as atomic())
+        raise
+    connection.savepoint_ids.pop()
+
+
+# Node-run ids reserved per query: a session's first job runs ~14 nodes to its first wait.
+RUN_ID_BLOCK = 16
 
 
 class _GroupRolledBack(Exception):
@@ -348,17 +413,68 @@ class StepGroup:
         self.session_id = session_id
         self.atomic: Any = None
         self.batch: EventBatch | None = None
-        # The node runs its steps finished: one UPDATE for all of them at the commit.
+        # The node runs its steps finished that already had a row (a re-run step, or a
+        # database without sequences): one UPDATE for all of them at the commit.
         self.finished: list[AgentRun] = []
+        # The node runs of its steps that have no row yet (ADR 156): inserted in ONE
+        # statement at the commit, already completed, with their own timing.
+        self.new_runs: list[AgentRun] = []
+        # Run ids reserved from the sequence, a block at a time, for `new_runs`: the
+        # steps' tool calls, model calls and events name their run before its row is
+        # written (the foreign keys are checked at the commit: deferred).
+        self.run_ids: list[int] = []
         # A step locked the session row (usage counted): the group ends with it.
         self.end_after_step = False
+        # The job's move to `running`, written as the first event of the next group
+        # rather than on its own (ADR 156): (from, to, producer) and its queued event.
+        self.status: tuple[str, str, str] | None = None
+        self.status_event: Event | None = None
 
-    def finish_run(self, run_id: int, summary: str) -> None:
+    def defer_status(self, previous: str, to: str, producer: str) -> None:
+        """Move the session from `previous` to `to` with the next group's commit, its
+        event first in the group. `write_status` writes it on its own if no group did."""
+        self.status = (previous, to, producer)
+
+    def write_status(self) -> None:
+        """The deferred move, written now (no group carried it: no step ran, or the
+        first one failed; its failure is logged after it, as before)."""
+        if self.status is not None:
+            _, to, producer = self.status
+            self.status = None
+            set_status(self.session_id, to, producer=producer, strict=False)
+
+    def new_run(self, **fields: Any) -> AgentRun | None:
+        """A node run to be inserted with the group's commit, its id reserved now; None
+        where ids cannot be reserved (SQLite: the caller inserts the row itself)."""
+        if transaction.get_connection().vendor != "postgresql":
+            return None
+        if not self.run_ids:
+            with transaction.get_connection().cursor() as cursor:
+                # nextval is not transactional: a block is never handed out twice, and
+                # ids a rolled-back step reserved are a gap (ids are not a count). A
+                # block per job, so a later job's runs still sort after this one's.
+                cursor.execute(
+                    "SELECT nextval(pg_get_serial_sequence('diagnosis_agentrun', 'id'))"
+                    " FROM generate_series(1, %s)",
+                    [RUN_ID_BLOCK],
+                )
+                self.run_ids = [row[0] for row in cursor.fetchall()]
+        run = AgentRun(pk=self.run_ids.pop(0), started_at=timezone.now(), **fields)
+        self.new_runs.append(run)
+        return run
+
+    def finish_run(self, run: AgentRun, summary: str) -> None:
         """Mark a step's AgentRun completed when the group commits (a step that rolls
-        back after this has its row rolled back too: the update then finds nothing)."""
+        back after this is forgotten: its run is not written, or its row is rolled
+        back too and the update finds nothing)."""
+        if any(pending is run for pending in self.new_runs):
+            run.status = "completed"
+            run.ended_at = timezone.now()
+            run.output_summary = {"summary": summary}
+            return
         self.finished.append(
             AgentRun(
-                pk=run_id,
+                pk=run.pk,
                 status="completed",
                 ended_at=timezone.now(),
                 output_summary={"summary": summary},
@@ -380,19 +496,29 @@ class StepGroup:
             self.atomic = transaction.atomic()
             self.atomic.__enter__()
             self.batch = EventBatch(self.session_id)
+            if self.status is not None:
+                previous, to, producer = self.status
+                self.status_event = _new_event(
+                    self.session_id,
+                    "session.status_changed",
+                    {"from": previous, "to": to, "reason": ""},
+                    producer=producer,
+                )
+                self.batch.add(self.status_event)
         batch = self.batch
         assert batch is not None
-        mark, finished = len(batch.pending), len(self.finished)
+        mark, finished, runs = len(batch.pending), len(self.finished), len(self.new_runs)
         token = _batch.set(batch)
         try:
             if first or not savepoint:
                 yield batch
             else:
-                with transaction.atomic():  # a savepoint: this step alone rolls back
+                with _step_savepoint():  # this step alone rolls back
                     yield batch
         except BaseException:
             batch.truncate(mark)
             del self.finished[finished:]
+            del self.new_runs[runs:]  # the failed step's run is the caller's to record
             if first:
                 self.rollback()  # nothing else in the group: nothing to keep
             raise
@@ -401,13 +527,13 @@ class StepGroup:
 
     def commit(self) -> None:
         """Write the group's events (lock, seqs, one insert, one update) and commit."""
-        atomic, batch, finished = self.atomic, self.batch, self.finished
+        atomic, batch, finished, runs = self.atomic, self.batch, self.finished, self.new_runs
         if atomic is None or batch is None:
             return
-        self.atomic, self.batch, self.finished = None, None, []
+        self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
         self.end_after_step = False
         try:
-            self._flush(batch, finished)
+            self._flush(batch, finished, runs)
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
             self._lost()
@@ -423,11 +549,27 @@ class StepGroup:
         if fence is not None:
             fence.steps_lost = True
 
-    def _flush(self, batch: EventBatch, finished: list[AgentRun]) -> None:
+    def _flush(self, batch: EventBatch, finished: list[AgentRun], runs: list[AgentRun]) -> None:
+        if runs:
+            AgentRun.objects.bulk_create(runs)
         if finished:
             AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
-        if batch.pending:
-            _write(lock_session(self.session_id), batch.pending)
+        status, event = self.status, self.status_event
+        if not batch.pending:
+            return
+        session = lock_session(self.session_id)
+        fields: dict[str, Any] = {}
+        if status is not None and event is not None and batch.pending[0] is event:
+            previous, to, producer = status
+            if session.status == previous and session.can_transition(to):
+                fields, _ = _status_change(session, previous, to, producer)
+            else:
+                # Moved meanwhile (only a cancel can, and it clears the lease, so the
+                # write below is refused anyway): the move is not this group's to write.
+                batch.pending.pop(0)
+        _write(session, batch.pending, **fields)
+        if event is not None:
+            self.status, self.status_event = None, None
 
     def rollback(self, *, lost: bool = False) -> None:
         """`lost`: steps before the current one are rolled back too (a lost lease): their
@@ -437,8 +579,9 @@ class StepGroup:
             return
         if lost:
             self._lost()
-        self.atomic, self.batch, self.finished = None, None, []
+        self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
         self.end_after_step = False
+        self.status_event = None  # `status` stays deferred: write_status or the next group
         exc = _GroupRolledBack()
         atomic.__exit__(type(exc), exc, None)
 
@@ -536,25 +679,7 @@ def set_status(
             if strict:
                 raise IllegalTransition(f"session {session.pk}: {session.status} -> {to}")
             return False
-        previous = session.status
-        now = timezone.now()
-        fields: dict[str, Any] = {"status": to}
-        if to == SessionStatus.RUNNING and session.started_at is None:
-            fields["started_at"] = now
-        if to in ENDED_STATUSES:
-            fields["ended_at"] = now
-            fields["lease_token"] = None
-            fields["lease_expires_at"] = None
-        if to == SessionStatus.FAILED:
-            fields["failure"] = reason
-        events = [
-            _new_event(
-                session.pk,
-                "session.status_changed",
-                {"from": previous, "to": to, "reason": reason},
-                producer=producer,
-            )
-        ]
+        fields, events = _status_change(session, session.status, to, producer, reason)
         if to in ENDED_STATUSES:
             # `ended`: what else the ending event says (an operator's closing summary).
             payload: dict[str, Any] = {"reason": reason, **(ended or {})}
@@ -574,6 +699,29 @@ def set_status(
         with unfenced():
             _write(session, events, **fields)
     return True
+
+
+def _status_change(
+    session: Session, previous: str, to: str, producer: str, reason: str = ""
+) -> tuple[dict[str, Any], list[Event]]:
+    """The session's columns and the event of a move from `previous` to `to`."""
+    now = timezone.now()
+    fields: dict[str, Any] = {"status": to}
+    if to == SessionStatus.RUNNING and session.started_at is None:
+        fields["started_at"] = now
+    if to in ENDED_STATUSES:
+        fields["ended_at"] = now
+        fields["lease_token"] = None
+        fields["lease_expires_at"] = None
+    if to == SessionStatus.FAILED:
+        fields["failure"] = reason
+    event = _new_event(
+        session.pk,
+        "session.status_changed",
+        {"from": previous, "to": to, "reason": reason},
+        producer=producer,
+    )
+    return fields, [event]
 
 
 def add_usage(session_id: Any, tokens_in: int, tokens_out: int, cost: Any) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import Exists, Q
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -34,7 +35,7 @@ from langgraph.types import Command
 
 from aero import metrics
 from diagnosis import shutdown
-from diagnosis.agent.graph import SessionCanceled, build_graph
+from diagnosis.agent.graph import SessionCanceled, build_graph, step_group
 from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import (
@@ -62,6 +63,7 @@ from diagnosis.models import (
     ToolCallStatus,
 )
 from scenarios_admin.airport import load_active_graph
+from scenarios_admin.models import ScenarioVersion
 
 logger = logging.getLogger("diagnosis.jobs")
 PRODUCER = "agent"
@@ -417,20 +419,31 @@ def stalled_sessions() -> list[str]:
 
 
 def acquire_lease(session_id: Any) -> uuid.UUID | None:
+    taken = take_lease(session_id)
+    return taken[0] if taken is not None else None
+
+
+def take_lease(session_id: Any) -> tuple[uuid.UUID, Session] | None:
+    """The lease and the session row as the lease left it, in one statement (UPDATE ...
+    RETURNING, ADR 156): the job reads nothing else of the row to start."""
     token = uuid.uuid4()
     now = timezone.now()
-    taken = (
-        Session.objects.filter(pk=session_id)
-        .filter(Q(lease_token__isnull=True) | Q(lease_expires_at__lt=now))
-        .update(
-            lease_token=token,
-            lease_expires_at=now + timedelta(seconds=settings.AERO_LEASE_SECONDS),
+    update = UpdateQuery(Session)
+    update.add_q(Q(pk=session_id) & (Q(lease_token__isnull=True) | Q(lease_expires_at__lt=now)))
+    update.add_update_values(
+        {
+            "lease_token": token,
+            "lease_expires_at": now + timedelta(seconds=settings.AERO_LEASE_SECONDS),
             # In the same statement: from the moment the lease is taken the reconciler
             # can tell that its holder died (ADR 117).
-            lease_holder=lease_holder(),
-        )
+            "lease_holder": lease_holder(),
+        }
     )
-    return token if taken else None
+    sql, params = update.get_compiler(connection=connection).as_sql()
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(str(f.column)) for f in Session._meta.concrete_fields)
+    rows = list(Session.objects.raw(f"{sql} RETURNING {columns}", params))
+    return (token, rows[0]) if rows else None
 
 
 def renew_lease(session_id: Any, token: uuid.UUID) -> bool:
@@ -589,8 +602,8 @@ def _fenced_saver_class() -> type[Any]:
                 conn.transaction(),
                 conn.cursor(binary=True, row_factory=dict_row) as cur,
             ):
-                # Never wait long for the row: a stuck lock becomes this write's error.
-                cur.execute("SET LOCAL lock_timeout = '10s'")
+                # Never wait long for the row: the connection's lock_timeout (set once
+                # when it was opened, ADR 156) makes a stuck lock this write's error.
                 cur.execute(
                     "SELECT lease_token FROM diagnosis_session WHERE id = %s FOR SHARE",
                     (fence.session_id,),
@@ -624,6 +637,11 @@ def _postgres_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
             saver.setup()
         finally:
             cursor.execute("SELECT pg_advisory_unlock(7410001)")
+        # For every statement of this connection from now on (not before: the setup's
+        # CREATE INDEX CONCURRENTLY may wait longer), rather than a SET LOCAL in each
+        # fenced write (two statements per job, ADR 156). Only this job's writes touch
+        # its thread's rows, so a wait of 10 s is a stuck lock, never a queue.
+        cursor.execute("SET lock_timeout = '10s'")
     return conn, saver
 
 
@@ -674,12 +692,13 @@ def advance_session(session_id: str) -> str:
     while True:
         if shutdown.stopping():
             return "stopped"  # the reconciler gives the session to a running worker
-        token = acquire_lease(session_id)
-        if token is None:
+        taken = take_lease(session_id)
+        if taken is None:
             return "busy"  # another job holds it; it re-checks inputs before it lets go
+        token, leased = taken
         try:
             with Heartbeat(session_id, token), fenced(session_id, token), known_keys(session_id):
-                status, waiting = _advance_locked(session_id, token)
+                status, waiting = _advance_locked(session_id, token, leased)
         except LeaseLost as exc:
             logger.warning("session %s: stopped, another job took over (%s)", session_id, exc)
             return "lease_lost"
@@ -781,15 +800,34 @@ def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
         )
 
 
-def _advance_locked(session_id: str, token: uuid.UUID) -> tuple[str, Any]:
+# Published scenario versions are immutable (ScenarioVersion.save): their definitions,
+# read once per process.
+_definitions: dict[int, dict[str, Any]] = {}
+
+
+def _definition(session: Session) -> dict[str, Any]:
+    found = _definitions.get(session.scenario_version_id)
+    if found is None:
+        found = ScenarioVersion.objects.values_list("definition", flat=True).get(
+            pk=session.scenario_version_id
+        )
+        _definitions[session.scenario_version_id] = found
+    return found
+
+
+def _advance_locked(
+    session_id: str, token: uuid.UUID, leased: Session | None = None
+) -> tuple[str, Any]:
     """The job under the lease. Returns the status it left and, at a wait, what it waits
     for (the model wait's interrupt value, or the state snapshot of a human wait)."""
-    session = Session.objects.select_related("scenario_version", "scenario").get(pk=session_id)
-    if session.is_ended:
-        return session.status, None
-    with tracing():
-        graph = agent_graph()
-        config = _config(session_id)
+    # What the job reads to start, and its root run: one transaction, not four (ADR 156).
+    with transaction.atomic():
+        # `leased`: the row as taking the lease returned it (nothing else moves it but
+        # a cancel, which the fence notices).
+        session = leased or Session.objects.get(pk=session_id)
+        if session.is_ended:
+            return session.status, None
+        definition = _definition(session)
         root = AgentRun.objects.create(
             session=session,
             agent_name="incident_agent",
@@ -802,11 +840,15 @@ def _advance_locked(session_id: str, token: uuid.UUID) -> tuple[str, Any]:
                 "lease": str(token),
             },
         )
+        airport, providers = load_active_graph(), configured_providers()
+    with tracing():
+        graph = agent_graph()
+        config = _config(session_id)
         context = AgentContext(
             session_id=session.pk,
-            definition=session.scenario_version.definition,
-            graph=load_active_graph(),
-            providers=configured_providers(),
+            definition=definition,
+            graph=airport,
+            providers=providers,
             root_run=root,
             producer=PRODUCER,
         )
@@ -918,7 +960,8 @@ def _drive(
             set_status(session.pk, SessionStatus.COMPLETED, producer=PRODUCER, strict=False)
             return SessionStatus.COMPLETED, None
         if status != SessionStatus.RUNNING:
-            set_status(session.pk, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
+            # Written as the first event of the first step group, not on its own (ADR 156).
+            step_group(context).defer_status(status, SessionStatus.RUNNING, PRODUCER)
             status = SessionStatus.RUNNING
         context.origin = str(snapshot.config["configurable"].get("checkpoint_id") or "")
         context.origins.append(context.origin)
@@ -952,6 +995,8 @@ def _drive(
             _fail(session.pk, f"the agent made no progress: {exc}")
             return SessionStatus.FAILED, None
         except Exception as exc:
+            if context.group is not None:
+                context.group.write_status()  # before the retry's move, as it was
             attempts += 1
             reason = f"{type(exc).__name__}: {exc}"
             logger.exception("session %s: agent step failed (attempt %s)", session.pk, attempts)
@@ -966,6 +1011,8 @@ def _drive(
             time.sleep(min(4.0, settings.AERO_JOB_BACKOFF * attempts))
             snapshot = graph.get_state(config)
             continue
+        if context.group is not None:
+            context.group.write_status()  # no step group carried it
         model_wait = _model_interrupt(result)
         if model_wait is not None:
             # The graph stopped at a model call (ADR 150): its request is in the invoke's

@@ -139,7 +139,9 @@ class AgentRun(models.Model):
     agent_name = models.CharField(max_length=64)
     mode = models.CharField(max_length=16, default="react")
     status = models.CharField(max_length=16, default="running")
-    started_at = models.DateTimeField(auto_now_add=True)
+    # Not auto_now_add: a node run is written with its group's commit, after it ran, with
+    # the time it started (ADR 156).
+    started_at = models.DateTimeField(default=timezone.now, editable=False)
     ended_at = models.DateTimeField(null=True, blank=True)
     input_snapshot = models.JSONField(default=dict)
     output_summary = models.JSONField(default=dict)

@@ -153,7 +153,7 @@ def _run_step(
                 with writes_refused(name) if lean else nullcontext():
                     update = fn(state, ctx, run)
                 summary = update.pop("_summary", "")
-                group.finish_run(run.pk, summary)  # written with the group's commit
+                group.finish_run(run, summary)  # written with the group's commit
                 append_step_event(
                     ctx.session_id,
                     "agent.node_completed",
@@ -225,7 +225,12 @@ def _record_failure(
     failure of the step is a new one). `run`: the failed step's run row, committed with
     its group (a lean step): marked failed rather than a second row made."""
     with transaction.atomic():
-        if run is not None:
+        step_group(ctx).write_status()  # the job's move to running comes first
+        if run is not None and run._state.adding:
+            # A lean step's run, never written (ADR 156): written now, as failed.
+            run.status, run.ended_at = "failed", timezone.now()
+            run.save(force_insert=True)
+        elif run is not None:
             AgentRun.objects.filter(pk=run.pk).update(status="failed", ended_at=timezone.now())
         else:
             run = AgentRun.objects.create(
@@ -273,13 +278,17 @@ def _start_node(
     if started is not None and started.run_id is not None:
         # The step committed before (its checkpoint did not): carry on with its run.
         AgentRun.objects.filter(pk=started.run_id).update(status="running", ended_at=None)
-        return AgentRun(pk=started.run_id, session_id=ctx.session_id, agent_name=name)
-    run = AgentRun.objects.create(
-        session_id=ctx.session_id,
-        parent=ctx.root_run,
-        agent_name=name,
-        input_snapshot={"fsm": state.get("fsm", "")},
-    )
+        run = AgentRun(pk=started.run_id, session_id=ctx.session_id, agent_name=name)
+        run._state.adding = False  # its row exists: a failure updates it
+        return run
+    fields = {
+        "session_id": ctx.session_id,
+        "parent": ctx.root_run,
+        "agent_name": name,
+        "input_snapshot": {"fsm": state.get("fsm", "")},
+    }
+    # Written with the group's commit, already completed (ADR 156); SQLite: now.
+    run = step_group(ctx).new_run(**fields) or AgentRun.objects.create(**fields)
     append_keyed(
         ctx.session_id,
         "agent.node_started",

@@ -15,6 +15,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Q
+from django.db.models.constants import OnConflict
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from diagnosis import external
@@ -307,17 +309,20 @@ def run_deterministic(
     ctx: ToolContext, call: dict[str, Any], compute: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
     key = idempotency_key(ctx.session_id, call["call_id"])
+    # Computed first (a pure function of the state: cheap, no effect), then inserted
+    # with its result unless the call has a row already (a re-run): one statement,
+    # INSERT ... ON CONFLICT DO NOTHING, not a read and an insert (ADR 145, 156).
+    started = time.monotonic()
+    try:
+        response, failure = compute(), None
+    except Exception as exc:
+        response, failure = {}, exc
+    if failure is None and _record_done(ctx, call, started, response=response, new_only=True):
+        return response
     tool_call = ToolCall.objects.filter(idempotency_key=key).first()
     if tool_call is None:
-        # Computed first, then inserted with its result: one INSERT (ADR 145). A
-        # failure raises and the step rolls back, as it did with the row inserted first.
-        started = time.monotonic()
-        try:
-            response = compute()
-        except Exception as exc:
-            raise ToolFailure(f"{call['tool']} failed: {exc}") from exc
-        _record_done(ctx, call, started, response=response)
-        return response
+        # A failure raises and the step rolls back, as it did with the row inserted first.
+        raise ToolFailure(f"{call['tool']} failed: {failure}") from failure
     if tool_call.status == ToolCallStatus.COMPLETED:
         return tool_call.response_payload
     _started(ctx, tool_call)  # left running by an older release's crashed step
@@ -481,15 +486,42 @@ def _record_done(
     *,
     response: dict[str, Any],
     error: str = "",
-) -> ToolCall:
+    new_only: bool = False,
+) -> ToolCall | None:
     """A call that ran before its row existed: the row inserted with its outcome (one
     INSERT), then its tool.call_started and its tool.call_completed/failed events, in
-    that order, as a call recorded in two writes logs them."""
+    that order, as a call recorded in two writes logs them. `new_only`: None, and
+    nothing written, if the call has a row already (its idempotency key)."""
     tool_call = _done_row(ctx, call, started, response=response, error=error)
-    tool_call.save(force_insert=True)
+    if new_only:
+        if not _insert_unless_exists(tool_call):
+            return None
+    else:
+        tool_call.save(force_insert=True)
     _started(ctx, tool_call, saved=True)
     _finished_event(ctx, tool_call, response=tool_call.response_payload, error=error)
     return tool_call
+
+
+def _insert_unless_exists(tool_call: ToolCall) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING id: whether the row is new (and its
+    pk set). The step holds the lease, so a conflict is a re-run's own earlier row."""
+    connection = transaction.get_connection()
+    query = InsertQuery(ToolCall, on_conflict=OnConflict.IGNORE)
+    pk = ToolCall._meta.pk
+    query.insert_values([f for f in ToolCall._meta.concrete_fields if f is not pk], [tool_call])
+    compiler = query.get_compiler(connection=connection)
+    compiler.returning_fields = [pk]
+    ((sql, params),) = compiler.as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    tool_call.pk = row[0]
+    tool_call._state.adding = False
+    tool_call._state.db = connection.alias
+    return True
 
 
 def _done_row(
