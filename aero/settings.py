@@ -189,6 +189,11 @@ if DATABASE_URL:
             conn_health_checks=True,
         )
     }
+    # Parameters bound by the server, not pasted into the SQL text: the same statement
+    # text is then prepared once per connection (psycopg prepares a statement run more
+    # than 5 times), so PostgreSQL parses and plans the hot statements once, and psycopg
+    # no longer quotes every literal into the text (ADR 166).
+    DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {

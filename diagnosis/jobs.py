@@ -170,7 +170,10 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
                 job_id=job_id(session_id),
                 unique=True,
                 job_timeout=600,
-                result_ttl=300,
+                # Nobody reads the return value; a finished job kept under the fixed id
+                # made the next enqueue (the runner's, at every reply) fail as a duplicate,
+                # fetch the job, read its status and delete it before enqueuing again.
+                result_ttl=0,
                 failure_ttl=86400,
             )
             return True
