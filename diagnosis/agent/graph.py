@@ -119,10 +119,15 @@ def recorded(
                 group.commit()
                 waits.interrupt_for(wait)
                 raise  # not reached: interrupt_for raises the interrupt
-            if update.pop("_commit", False) or last or group.end_after_step or reasons(ctx):
+            if (
+                update.pop("_commit", False)
+                or last
+                or group.end_after_step
+                or commits_after(ctx, name)
+            ):
                 # The graph ends after this node (its checkpoint follows), or the step
                 # handed effects to the outbox, which go out once it commits; a session
-                # a model reasons for commits every step (see `reasons`).
+                # a model reasons for commits after its model's steps (`commits_after`).
                 group.commit()
             return update
 
@@ -202,6 +207,22 @@ def reasons(ctx: AgentContext) -> bool:
     reads them, and a model call may take seconds. Grouping is for the deterministic
     steps that follow each other with nothing to wait for (ADR 145)."""
     return any(isinstance(p, OpenAICompatibleProvider) for p in ctx.providers)
+
+
+def commits_after(ctx: AgentContext, name: str) -> bool:
+    """Whether the group commits after this step of a session a model reasons for.
+
+    Model calls inside the step (blocking mode, AERO_LLM_WAITS off) take seconds: every
+    step commits, so the session's page shows each one as it ends. With model calls as
+    waits no step blocks, and only the reasoning step commits at once: the conversation
+    and the budget are rebuilt from the log (ADR 99), and the next reasoning step must
+    find this one's `agent.note` there, written before the calls it led to (the
+    conversation orders the model's turns and the policy's own calls by time). The steps
+    after it (the tools, the compliance check, the next reasoning step up to its model
+    wait) are one group, like a session without a model's (ADR 169)."""
+    if not reasons(ctx):
+        return False
+    return name == "reasoning" or not waits.waits_enabled()
 
 
 def step_group(ctx: AgentContext) -> StepGroup:

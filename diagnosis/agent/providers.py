@@ -342,7 +342,8 @@ class OpenAICompatibleProvider:
             "json_schema": response_schema(schema),
         }
         try:
-            raw = client_for(self.config).invoke(
+            # A resume reads the stored reply without LangChain's call path (ADR 166).
+            raw = waits.stored_reply() or client_for(self.config).invoke(
                 [("system", system), ("human", user)], response_format=response_format
             )
         except Exception as exc:

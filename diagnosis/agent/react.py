@@ -32,7 +32,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
-from diagnosis.agent import fsm, prompts
+from diagnosis.agent import fsm, prompts, waits
 from diagnosis.agent.providers import (
     OfflineProvider,
     OpenAICompatibleProvider,
@@ -298,9 +298,13 @@ def ask_model(
     except Exception as exc:
         raise classify(exc, [provider.config.api_key()]) from None
     assert isinstance(reply, AIMessage)
+    return reply, usage_of(provider, reply)
+
+
+def usage_of(provider: OpenAICompatibleProvider, reply: AIMessage) -> Usage:
     meta: dict[str, Any] = dict(reply.usage_metadata or {})
     tokens_in, tokens_out = int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0))
-    return reply, Usage(tokens_in, tokens_out, provider.cost(tokens_in, tokens_out))
+    return Usage(tokens_in, tokens_out, provider.cost(tokens_in, tokens_out))
 
 
 def choose(
@@ -310,14 +314,21 @@ def choose(
     reference: dict[str, Any],
 ) -> tuple[Choice, Usage]:
     """One model step, with one repair turn for invalid arguments, checked by the policy."""
-    messages = conversation(state, ctx)
     tools = tool_schemas(ctx.definition)
-    reply, usage = ask_model(provider, messages, tools)
+    messages: list[BaseMessage] | None = None
+    stored = waits.stored_reply()  # a resume: the reply is all it needs
+    if isinstance(stored, AIMessage):
+        reply, usage = stored, usage_of(provider, stored)
+    else:
+        messages = conversation(state, ctx)
+        reply, usage = ask_model(provider, messages, tools)
     valid, problems = _validate(_calls_of(reply))
     text = str(reply.content or "")
     if any(p["repairable"] for p in problems):
         # One repair turn: the model sees what was wrong with its arguments.
         # Every call of the reply gets its tool message (the API requires one per id).
+        if messages is None:
+            messages = conversation(state, ctx)
         messages.append(reply)
         for call in valid:
             messages.append(

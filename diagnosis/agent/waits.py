@@ -55,9 +55,14 @@ class WaitScope:
     # Set when the runner reported that every real provider failed: the chain goes on
     # to the offline provider without recording anything the runner already recorded.
     chain_failed: bool = False
+    # A key `stored_reply` found no row for: `answer` does not look it up again.
+    missing: str | None = None
+
+    def peek_key(self) -> str:
+        return f"{self.task_key}:m{self.count}"
 
     def next_key(self) -> str:
-        key = f"{self.task_key}:m{self.count}"
+        key = self.peek_key()
         self.count += 1
         return key
 
@@ -116,21 +121,56 @@ def deserialize_messages(request: dict[str, Any]) -> list[BaseMessage]:
     return messages_from_dict(request["messages"])
 
 
-def answer(scope: WaitScope, messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -> ChatResult:
-    """The stored reply for this call of the node, or ModelWait."""
+def _stored(scope: WaitScope, key: str) -> BaseMessage | None:
+    """The runner's reply to the call `key`: the message, or None while there is none
+    (no row, pending). Every real provider failed: ProviderError (final)."""
     from diagnosis.agent.providers import ProviderError
     from diagnosis.models import LLMRequest, LLMRequestStatus
 
-    key = scope.next_key()
+    if scope.missing == key:
+        return None  # stored_reply just looked: no row
     row = LLMRequest.objects.filter(key=key).only("status", "reply", "error", "answered_by").first()
-    if row is not None and row.status == LLMRequestStatus.DONE and row.reply is not None:
+    if row is None:
+        scope.missing = key
+        return None
+    if row.status == LLMRequestStatus.DONE and row.reply is not None:
         # What the model answered when the call was made, even if the conversation grew
         # meanwhile (an operator message during the wait): a paid call never repeats.
         (message,) = messages_from_dict([row.reply])
-        return ChatResult(generations=[ChatGeneration(message=message)])
-    if row is not None and row.status == LLMRequestStatus.FAILED:
+        return message
+    if row.status == LLMRequestStatus.FAILED:
         scope.chain_failed = True
         raise ProviderError(row.error or "every model provider failed", retryable=False)
+    return None
+
+
+def stored_reply() -> BaseMessage | None:
+    """Inside a wait scope: the stored reply to the node's next model call, taken before
+    the caller builds the call's messages. The job that resumes after the call needs only
+    the reply; the run that waited built and recorded the request (rebuilding it cost the
+    conversation's queries and LangChain's call path at every resume: ADR 166). None
+    without a scope or a reply: the caller builds the messages and calls the model, whose
+    `answer` then waits, without looking the key up a second time."""
+    scope = current_scope()
+    if scope is None:
+        return None
+    key = scope.peek_key()
+    try:
+        message = _stored(scope, key)
+    except BaseException:
+        scope.next_key()  # the failed call is this one: the next call is the next key
+        raise
+    if message is not None:
+        scope.next_key()
+    return message
+
+
+def answer(scope: WaitScope, messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -> ChatResult:
+    """The stored reply for this call of the node, or ModelWait."""
+    key = scope.next_key()
+    message = _stored(scope, key)
+    if message is not None:
+        return ChatResult(generations=[ChatGeneration(message=message)])
     request = serialize_request(messages, kwargs)
     raise ModelWait(
         {
