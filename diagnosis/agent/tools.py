@@ -14,7 +14,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import Q
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
@@ -33,9 +32,8 @@ from diagnosis.models import (
 )
 from diagnosis.outbox import enqueue_effect, execute_after_commit, prepare
 from diagnosis.push import notify_board
-from scenarios_admin.airport import AirportGraph, natural_sorted
+from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
 from scenarios_admin.definition import ACTION_TOOLS
-from scenarios_admin.models import Flight, Topology
 
 
 @dataclass
@@ -100,26 +98,27 @@ def new_call(ctx: ToolContext, call: dict[str, Any], status: str, attempts: int 
 # --- enrichment lookups (parallel, each with its own timeout) -----------------------
 
 
-# The lookups of one step share one read of the active topology (run_enrichment).
-_topology: contextvars.ContextVar[dict[str, Topology] | None] = contextvars.ContextVar(
-    "aero_lookup_topology", default=None
+# The airport graph the lookups read: the job's (ToolContext.graph, built once per process
+# and checked against the active topology's stamp when the job starts), set by
+# run_enrichment; outside a step, the active one. Five queries per lookup step before
+# (the topology, a flight twice, the node, its edges), none now (ADR 169).
+_lookup_graph: contextvars.ContextVar[AirportGraph | None] = contextvars.ContextVar(
+    "aero_lookup_graph", default=None
 )
 
 
-def _active_topology() -> Topology:
-    shared = _topology.get()
-    topology = shared.get("active") if shared is not None else None
-    if topology is None:
-        topology = Topology.objects.filter(is_active=True).first()
-    if topology is None:
-        raise ToolFailure("no active airport topology")
-    if shared is not None:
-        shared["active"] = topology
-    return topology
+def _graph() -> AirportGraph:
+    graph = _lookup_graph.get()
+    if graph is not None:
+        return graph
+    try:
+        return load_active_graph()
+    except LookupError:
+        raise ToolFailure("no active airport topology") from None
 
 
 def lookup_aircraft_info(args: dict[str, Any]) -> dict[str, Any]:
-    flight = Flight.objects.filter(topology=_active_topology(), flight_no=args["flight_no"]).first()
+    flight = _graph().flights.get(args["flight_no"])
     if flight is None:
         raise ToolFailure(f"flight {args['flight_no']} is not in the flight information system")
     return {
@@ -131,35 +130,34 @@ def lookup_aircraft_info(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def lookup_flight_plan(args: dict[str, Any]) -> dict[str, Any]:
-    flight = (
-        Flight.objects.filter(topology=_active_topology(), flight_no=args["flight_no"])
-        .select_related("stand")
-        .first()
-    )
+    flight = _graph().flights.get(args["flight_no"])
     if flight is None:
         raise ToolFailure(f"no flight plan for {args['flight_no']}")
     return {
         "flight_no": flight.flight_no,
-        "std": flight.std.strftime("%H:%M"),
+        "std": flight.std,
         "destination": flight.destination,
         "pax": flight.pax,
-        "stand": flight.stand.node_id if flight.stand else "",
+        "stand": flight.stand,
     }
 
 
 def lookup_stand_location(args: dict[str, Any]) -> dict[str, Any]:
-    topology = _active_topology()
+    graph = _graph()
     ref = str(args["position"])
-    node = topology.nodes.filter(node_id=ref.upper()).first()
+    # A node by its id (as the operator may type it in lower case), else a runway by its
+    # designator, as written.
+    node = graph.nodes.get(ref.upper())
+    if node is None and ref in graph.runways:
+        node = graph.nodes.get(graph.runways[ref])
     if node is None:
-        runway = topology.runways.filter(designator=ref).select_related("reference_node").first()
-        node = runway.reference_node if runway else None
-    if node is None:
-        raise ToolFailure(f"{ref} is not a position of {topology.icao}")
-    ends = topology.edges.filter(Q(source=node) | Q(target=node)).values_list(
-        "source__node_id", "target__node_id"
-    )
-    neighbours = [target if source == node.node_id else source for source, target in ends]
+        raise ToolFailure(f"{ref} is not a position of {graph.icao}")
+    # Every edge that ends at the node, as stored (one neighbour per edge).
+    neighbours = [
+        target if source == node.node_id else source
+        for source, target in graph.edges
+        if node.node_id in (source, target)
+    ]
     return {
         "node_id": node.node_id,
         "kind": node.kind,
@@ -202,11 +200,11 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
     """Run the lookups: in-process ones inline, remote ones in parallel threads under
     AERO_ENRICHMENT_TIMEOUT. A failing or slow source is recorded and degrades: the result
     lists it under `degraded` and the agent goes on without it."""
-    token = _topology.set({})  # read once by the first in-process lookup, not per call
+    token = _lookup_graph.set(ctx.graph)
     try:
         return _run_enrichment(ctx, calls)
     finally:
-        _topology.reset(token)
+        _lookup_graph.reset(token)
 
 
 def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, Any]:
