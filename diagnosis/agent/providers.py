@@ -342,10 +342,12 @@ class OpenAICompatibleProvider:
             "json_schema": response_schema(schema),
         }
         try:
-            # A resume reads the stored reply without LangChain's call path (ADR 166).
-            raw = waits.stored_reply() or client_for(self.config).invoke(
-                [("system", system), ("human", user)], response_format=response_format
-            )
+            # A resume reads the stored reply without LangChain's call path (ADR 169).
+            raw = waits.stored_reply()
+            if raw is None:
+                raw = client_for(self.config).invoke(
+                    [("system", system), ("human", user)], response_format=response_format
+                )
         except Exception as exc:
             # from None: the SDK's exception may quote the key; only the redacted text
             # travels on (tracebacks in logs included).

@@ -148,7 +148,7 @@ def stored_reply() -> BaseMessage | None:
     """Inside a wait scope: the stored reply to the node's next model call, taken before
     the caller builds the call's messages. The job that resumes after the call needs only
     the reply; the run that waited built and recorded the request (rebuilding it cost the
-    conversation's queries and LangChain's call path at every resume: ADR 166). None
+    conversation's queries and LangChain's call path at every resume: ADR 169). None
     without a scope or a reply: the caller builds the messages and calls the model, whose
     `answer` then waits, without looking the key up a second time."""
     scope = current_scope()
