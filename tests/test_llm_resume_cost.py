@@ -77,7 +77,7 @@ SCRIPT: dict[str, Any] = {
 # never raise them. Django's queries of one job that resumes after a model call and
 # stops at the next one (the steps in between are the other engineers' budgets: the
 # worst such job here runs one ReAct step and its tools).
-RESUME_TO_NEXT_MODEL_WAIT = 44
+RESUME_TO_NEXT_MODEL_WAIT = 37
 # The checkpointer's calls per such job: one read of the state, one write at exit, no
 # prune and no second read (ADR 150).
 CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "put": 1, "put_writes": 1})
