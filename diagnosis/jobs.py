@@ -170,10 +170,12 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
                 job_id=job_id(session_id),
                 unique=True,
                 job_timeout=600,
-                # Nobody reads the return value; a finished job kept under the fixed id
-                # made the next enqueue (the runner's, at every reply) fail as a duplicate,
-                # fetch the job, read its status and delete it before enqueuing again.
-                result_ttl=0,
+                # Kept finished, not deleted at once (result_ttl=0): rq deletes such a job
+                # in its success pipeline while the worker still has steps of its own to
+                # run on that id, and the next enqueue under the same fixed id (the
+                # runner's, at its reply) then let a second worker start it meanwhile
+                # (ADR 166). The next enqueue deletes a finished job itself (below).
+                result_ttl=300,
                 failure_ttl=86400,
             )
             return True
