@@ -46,7 +46,8 @@ import httpx
 import openai
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
-from django.db.models import F, Model, Q, Value
+from django.db.models import BooleanField, F, Model, Q, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Concat
 from django.utils import timezone
 from langchain_core.messages import AIMessage, InvalidToolCall, ToolCall, message_to_dict
@@ -159,12 +160,18 @@ def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()
     )
     if session_id is not None:
         rows = rows.filter(session_id=session_id)
-    if held:
-        rows = rows.exclude(key__in=held)
     rows = rows.order_by("created_at")
     connection = connections[LLMRequest.objects.db]
     if connection.vendor != "postgresql":
+        if held:
+            rows = rows.exclude(key__in=held)
         return _claim_each(rows.select_for_update(skip_locked=True)[:limit], expires)
+    # `held` as ONE array parameter, not an IN list of a parameter per key (up to the
+    # runner's ~500 calls in flight): the statement's text is then the same at every
+    # poll, so psycopg prepares it once and PostgreSQL stops parsing and planning it.
+    rows = rows.alias(
+        is_held=RawSQL("key = ANY(%s)", (sorted(held),), output_field=BooleanField())
+    ).filter(is_held=False)
     pick_sql, pick_params = (
         rows.values("pk")[:limit].query.get_compiler(connection=connection).as_sql()
     )

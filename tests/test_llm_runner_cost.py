@@ -94,6 +94,10 @@ def test_a_claim_is_one_statement_and_a_token_per_request(
     assert len(polling) == 1  # 3 before
     # Its claim run out, another runner takes it over under a token of its own.
     LLMRequest.objects.filter(pk=call.pk).update(claim_expires_at=timezone.now())
+    # ...but not by its own holder, whose renewal was only late (it has it in flight).
+    with CaptureQueriesContext(connection) as holding:
+        assert llm_runner.claim(10, None, frozenset({call.key, "another"})) == []
+    assert len(holding) == 1
     (again,) = llm_runner.claim(10)
     assert again.claims == 2 and again.token != call.token
     with pytest.raises(llm_runner.ClaimLost):
