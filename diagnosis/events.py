@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextvars
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Model, Q
+from django.db.models import Exists, F, Model, OuterRef, Q
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
@@ -166,11 +166,15 @@ def _new_event(
     )
 
 
-def _write(session: Session, events: list[Event], **fields: Any) -> None:
+def _write(
+    session: Session, events: list[Event], rows: Sequence[Model] = (), **fields: Any
+) -> None:
     """Give `events` the next seqs of the locked `session`, hash-chain them, insert them
     in one statement, update the session once and notify once, after commit, with the
     highest seq. A job's write is fenced: refused unless it still holds the lease.
-    `fields`: more columns of the session to set in the same UPDATE (set_status)."""
+    `fields`: more columns of the session to set in the same UPDATE (set_status, the
+    token counters). `rows`: other new rows (of other models) inserted in the same
+    statement (an LLM call's `LLMCall`, ADR 167); their pks are not read back."""
     check_fence(session)
     now = timezone.now()
     seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
@@ -189,13 +193,15 @@ def _write(session: Session, events: list[Event], **fields: Any) -> None:
         updates["snapshot"] = snapshot
     connection = transaction.get_connection()
     if connection.vendor == "postgresql":
-        _update_and_insert(connection, session.pk, updates, events)
+        _update_and_insert(connection, session.pk, updates, events, rows)
     else:
         Session.objects.filter(pk=session.pk).update(**updates)
         if len(events) == 1:
             events[0].save(force_insert=True)
         else:
             Event.objects.bulk_create(events)
+        for row in rows:
+            row.save(force_insert=True)
     transaction.on_commit(partial(notify_session, session.pk, seq))
     known = _known.get()
     if known is not None and known.session_id == str(session.pk):
@@ -204,26 +210,39 @@ def _write(session: Session, events: list[Event], **fields: Any) -> None:
 
 
 def _update_and_insert(
-    connection: Any, session_id: Any, updates: dict[str, Any], events: list[Event]
+    connection: Any,
+    session_id: Any,
+    updates: dict[str, Any],
+    events: list[Event],
+    rows: Sequence[Model] = (),
 ) -> None:
     """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
-    CTE, PostgreSQL; ADR 156): the same SQL Django writes for each, one round trip."""
+    CTE, PostgreSQL; ADR 156): the same SQL Django writes for each, one round trip.
+    `rows`: each another INSERT in the same WITH (PostgreSQL runs every data-modifying
+    CTE to completion, read or not; ADR 167)."""
     update = UpdateQuery(Session)
     update.add_q(Q(pk=session_id))
     update.add_update_values(updates)
     update_sql, update_params = update.get_compiler(connection=connection).as_sql()
+    ctes, params = [f"session_row AS ({update_sql})"], [*update_params]
+    for number, row in enumerate(rows):
+        model = type(row)
+        row_insert = InsertQuery(model)
+        row_insert.insert_values(
+            [f for f in model._meta.concrete_fields if f is not model._meta.pk], [row]
+        )
+        ((row_sql, row_params),) = row_insert.get_compiler(connection=connection).as_sql()
+        ctes.append(f"row_{number} AS ({row_sql})")
+        params.extend(row_params)
     insert = InsertQuery(Event)
     pk = Event._meta.pk
-    rows: list[Model] = [*events]
-    insert.insert_values([f for f in Event._meta.concrete_fields if f is not pk], rows)
+    event_rows: list[Model] = [*events]
+    insert.insert_values([f for f in Event._meta.concrete_fields if f is not pk], event_rows)
     compiler = insert.get_compiler(connection=connection)
     compiler.returning_fields = [pk]
     ((insert_sql, insert_params),) = compiler.as_sql()
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH session_row AS ({update_sql}) {insert_sql}",
-            (*update_params, *insert_params),
-        )
+        cursor.execute(f"WITH {', '.join(ctes)} {insert_sql}", (*params, *insert_params))
         ids = [row[0] for row in cursor.fetchall()]
     for event, event_pk in zip(events, ids, strict=True):
         event.pk = event_pk
@@ -727,8 +746,62 @@ def _status_change(
 def add_usage(session_id: Any, tokens_in: int, tokens_out: int, cost: Any) -> None:
     """Count an LLM call's usage; call it in the transaction that appends its `llm.call`
     event, and only when that event is new (a re-run counts nothing twice)."""
-    Session.objects.filter(pk=session_id).update(
-        tokens_in=F("tokens_in") + tokens_in,
-        tokens_out=F("tokens_out") + tokens_out,
-        cost=F("cost") + cost,
-    )
+    Session.objects.filter(pk=session_id).update(**usage_fields(tokens_in, tokens_out, cost))
+
+
+def usage_fields(tokens_in: int, tokens_out: int, cost: Any) -> dict[str, Any]:
+    """The session's token counters raised by one call's usage (add_usage's UPDATE), for
+    `append_projected`'s `fields`."""
+    return {
+        "tokens_in": F("tokens_in") + tokens_in,
+        "tokens_out": F("tokens_out") + tokens_out,
+        "cost": F("cost") + cost,
+    }
+
+
+def new_event(
+    session_id: Any, type: str, payload: dict[str, Any], *, producer: str, key: str = ""
+) -> Event:
+    """An event for `append_projected` (checked for size now, written there)."""
+    return _new_event(session_id, type, payload, producer=producer, key=key)
+
+
+def append_projected(
+    session_id: Any,
+    events: list[Event],
+    *,
+    fields: dict[str, Any] | None = None,
+    rows: Sequence[Model] = (),
+) -> tuple[Session, bool]:
+    """Append `events` (from `new_event`; at most one of them keyed) and, only when the
+    keyed one is new, its projections: `fields`, more columns of the session (the token
+    counters: `usage_fields`) and `rows`, other new rows (its `LLMCall`). Two statements
+    in all (ADR 167): the session row locked by a read that also tells whether the key
+    is in the log (what append_keyed asks in a SELECT of its own, after a second lock),
+    then ONE statement that updates the session and inserts the events and the rows. A
+    keyed event already in the log is not written again, nor are its projections: a
+    re-run counts nothing twice. Returns the session as read under the lock (its lease,
+    say) and whether the keyed event was new (True when none is keyed).
+
+    Must run inside the caller's transaction (its other writes commit with these), and
+    the caller must hold what makes it the only writer of the key (the runner: the
+    request's row, locked by its claim check before this): the key is read once, not
+    re-read under the session lock (a read that waited for the lock sees the log as it
+    was when the statement began)."""
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("append_projected needs an open transaction")
+    keyed = [event for event in events if event.key]
+    if len(keyed) > 1:
+        raise ValueError("append_projected takes at most one keyed event")
+    sessions = Session.objects.select_for_update()
+    if keyed:
+        sessions = sessions.annotate(
+            key_found=Exists(Event.objects.filter(session_id=OuterRef("pk"), key=keyed[0].key))
+        )
+    session = sessions.get(pk=session_id)
+    new = not (keyed and getattr(session, "key_found", False))
+    if new:
+        _write(session, events, rows, **(fields or {}))
+    elif unkeyed := [event for event in events if not event.key]:
+        _write(session, unkeyed)
+    return session, new

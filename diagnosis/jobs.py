@@ -81,16 +81,17 @@ def enqueue_advance(session_id: Any) -> None:
     transaction.on_commit(lambda: dispatch_after_commit(session_id))
 
 
-def dispatch_after_commit(session_id: Any) -> bool:
+def dispatch_after_commit(session_id: Any, *, lease_read: bool = False) -> bool:
     """dispatch(), for a change that has already committed: a broken queue (Redis down,
     say) is logged and left to the reconciler, which re-enqueues every session that
     should move and has no job. Raising here would answer 500 for something that was
     saved, and a user who retries creates a duplicate (ADR 111). The inline backend
-    (tests, the CLI) runs the job itself here, so its failures still surface."""
+    (tests, the CLI) runs the job itself here, so its failures still surface.
+    `lease_read`: see dispatch."""
     if settings.AERO_JOB_BACKEND == "inline":
-        return dispatch(session_id)
+        return dispatch(session_id, lease_read=lease_read)
     try:
-        return dispatch(session_id)
+        return dispatch(session_id, lease_read=lease_read)
     except Exception as exc:
         metrics.enqueue_failed()
         logger.warning(
@@ -112,7 +113,7 @@ def job_id(session_id: Any) -> str:
 _WAITING = ("queued", "deferred", "scheduled")
 
 
-def dispatch(session_id: Any, *, at_front: bool = False) -> bool:
+def dispatch(session_id: Any, *, at_front: bool = False, lease_read: bool = False) -> bool:
     """Run or enqueue the session's job unless one is already waiting or running.
     Returns whether a job was enqueued (or run, inline). `at_front`: ahead of the jobs
     waiting in the queue (a session whose job was lost has waited already): the rq
@@ -122,7 +123,10 @@ def dispatch(session_id: Any, *, at_front: bool = False) -> bool:
     Never twice: a job waiting in the queue will see this input when it starts; a job
     holding the session's lease re-checks the inputs after it lets the lease go
     (advance_session), so an input committed before we read the lease is never missed.
-    A lease is read after the caller's commit (dispatch runs on commit)."""
+    A lease is read after the caller's commit (dispatch runs on commit). `lease_read`:
+    the caller read it instead, under the session's row lock in the transaction that
+    committed the input, and found none live (the LLM runner, ADR 167): a job that took
+    the lease since started after that commit."""
     session_id = str(session_id)
     backend = settings.AERO_JOB_BACKEND
     if backend == "inline":
@@ -134,7 +138,7 @@ def dispatch(session_id: Any, *, at_front: bool = False) -> bool:
             if not run_pending_inline(session_id):
                 break
         return True
-    if lease_is_live(session_id):
+    if not lease_read and lease_is_live(session_id):
         return False
     if backend == "rq":
         return _enqueue_rq(session_id, at_front=at_front)

@@ -46,7 +46,8 @@ import httpx
 import openai
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
-from django.db.models import F, Q, Value
+from django.db.models import BooleanField, F, Model, Q, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Concat
 from django.utils import timezone
 from langchain_core.messages import AIMessage, InvalidToolCall, ToolCall, message_to_dict
@@ -64,8 +65,16 @@ from diagnosis.agent.providers import (
     classify,
     client_for,
 )
-from diagnosis.events import add_usage, append_event, append_keyed
-from diagnosis.models import LLMCall, LLMRequest, LLMRequestStatus, SessionStatus, WorkerBeat
+from diagnosis.events import append_projected, new_event, usage_fields
+from diagnosis.models import (
+    Event,
+    LLMCall,
+    LLMRequest,
+    LLMRequestStatus,
+    Session,
+    SessionStatus,
+    WorkerBeat,
+)
 from scenarios_admin.models import ProviderConfig
 
 logger = logging.getLogger("diagnosis.llm_runner")
@@ -139,35 +148,78 @@ async def database_threads() -> AsyncIterator[None]:
 
 def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()) -> list[Claimed]:
     """Claim up to `limit` pending requests nobody holds (or whose claim ran out), never
-    one of `held` (this runner's own, in flight: a late renewal must not restart them)."""
+    one of `held` (this runner's own, in flight: a late renewal must not restart them).
+    Each claimed row gets a token of its own. On PostgreSQL ONE statement (ADR 167):
+    UPDATE ... WHERE pk IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING, in autocommit;
+    it was a transaction with a SELECT and one UPDATE per row (a poll that found nothing
+    was still BEGIN, SELECT, COMMIT)."""
     now = timezone.now()
     expires = now + timedelta(seconds=settings.AERO_LLM_CLAIM_SECONDS)
-    claimed: list[Claimed] = []
-    with transaction.atomic():
-        rows = LLMRequest.objects.filter(status=LLMRequestStatus.PENDING).filter(
-            Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now)
-        )
-        if session_id is not None:
-            rows = rows.filter(session_id=session_id)
+    rows = LLMRequest.objects.filter(status=LLMRequestStatus.PENDING).filter(
+        Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now)
+    )
+    if session_id is not None:
+        rows = rows.filter(session_id=session_id)
+    rows = rows.order_by("created_at")
+    connection = connections[LLMRequest.objects.db]
+    if connection.vendor != "postgresql":
         if held:
             rows = rows.exclude(key__in=held)
-        for row in rows.select_for_update(skip_locked=True).order_by("created_at")[:limit]:
+        return _claim_each(rows.select_for_update(skip_locked=True)[:limit], expires)
+    # `held` as ONE array parameter, not an IN list of a parameter per key (up to the
+    # runner's ~500 calls in flight): the statement's text is then the same at every
+    # poll, so psycopg prepares it once and PostgreSQL stops parsing and planning it.
+    rows = rows.alias(
+        is_held=RawSQL("key = ANY(%s)", (sorted(held),), output_field=BooleanField())
+    ).filter(is_held=False)
+    pick_sql, pick_params = (
+        rows.values("pk")[:limit].query.get_compiler(connection=connection).as_sql()
+    )
+    # The lock clause written here: Django refuses to compile select_for_update outside
+    # a transaction, and this statement is a transaction of its own (autocommit).
+    pick_sql += " " + connection.ops.for_update_sql(skip_locked=True)
+    table = connection.ops.quote_name(LLMRequest._meta.db_table)
+    # gen_random_uuid(): a token per row, drawn by PostgreSQL (13+), so that every check
+    # keys on (pk, token) exactly as before.
+    claimed = LLMRequest.objects.raw(
+        f"UPDATE {table} SET claim_token = gen_random_uuid(), claim_expires_at = %s,"
+        " claims = claims + 1, \"text\" = ''"
+        f" WHERE id IN ({pick_sql})"
+        " RETURNING id, key, session_id, claim_token, claims, purpose, request, providers,"
+        " created_at",
+        (expires, *pick_params),
+    )
+    # RETURNING follows no order: the calls start oldest first, as the SELECT had them.
+    calls: list[Claimed] = []
+    for row in sorted(claimed, key=lambda row: (row.created_at, row.pk)):
+        assert row.claim_token is not None  # set by this very statement
+        calls.append(_claimed(row, row.claim_token, row.claims))
+    return calls
+
+
+def _claimed(row: LLMRequest, token: uuid.UUID, claims: int) -> Claimed:
+    return Claimed(
+        row.pk,
+        row.key,
+        row.session_id,
+        token,
+        claims,
+        row.purpose,
+        row.request,
+        list(row.providers),
+    )
+
+
+def _claim_each(rows: Any, expires: Any) -> list[Claimed]:
+    """claim() where UPDATE ... RETURNING of a subquery is not at hand (SQLite)."""
+    claimed: list[Claimed] = []
+    with transaction.atomic():
+        for row in rows:
             token = uuid.uuid4()
             LLMRequest.objects.filter(pk=row.pk).update(
                 claim_token=token, claim_expires_at=expires, claims=F("claims") + 1, text=""
             )
-            claimed.append(
-                Claimed(
-                    row.pk,
-                    row.key,
-                    row.session_id,
-                    token,
-                    row.claims + 1,
-                    row.purpose,
-                    row.request,
-                    list(row.providers),
-                )
-            )
+            claimed.append(_claimed(row, token, row.claims + 1))
     return claimed
 
 
@@ -213,11 +265,11 @@ def write_deltas(call: Claimed, text: str) -> None:
         ).update(text=Concat(F("text"), Value(text)))
         if not updated:
             raise ClaimLost(call.key)
-        _delta_event(call, text)
+        append_projected(call.session_id, [_delta_event(call, text)])
 
 
-def _delta_event(call: Claimed, text: str) -> None:
-    append_event(
+def _delta_event(call: Claimed, text: str) -> Event:
+    return new_event(
         call.session_id,
         "llm.delta",
         {
@@ -234,7 +286,7 @@ def reset_text(call: Claimed) -> None:
     LLMRequest.objects.filter(pk=call.pk, claim_token=call.token).update(text="")
 
 
-def _record(
+def _attempt(
     call: Claimed,
     provider: OpenAICompatibleProvider,
     status: str,
@@ -243,8 +295,10 @@ def _record(
     attempt: int,
     error: str = "",
     text: str | None = None,
-) -> None:
-    """One attempt, once by its key: event, LLMCall row and token counters together."""
+) -> tuple[Event, dict[str, Any], list[Model]]:
+    """One attempt, to be written once by its key (append_projected): its `llm.call`
+    event, and what is written with it only if that event is new: the token counters
+    (the session's UPDATE) and the LLMCall row (the same statement)."""
     call.attempts += 1
     payload: dict[str, Any] = {
         "provider": provider.name,
@@ -264,16 +318,14 @@ def _record(
         payload["text"], cut_from = cut_generated(text, MAX_MODEL_TEXT)
         if cut_from is not None:
             payload["cut_from_chars"] = cut_from
-    _, new = append_keyed(
+    event = new_event(
         call.session_id,
         "llm.call",
-        f"llm.call:{call.key}:{call.claims}:{call.attempts}",
         payload,
         producer=PRODUCER,
+        key=f"llm.call:{call.key}:{call.claims}:{call.attempts}",
     )
-    if not new:
-        return
-    LLMCall.objects.create(
+    row = LLMCall(
         session_id=call.session_id,
         provider=provider.name,
         model=provider.model,
@@ -285,8 +337,9 @@ def _record(
         latency_ms=latency_ms,
         error=error,
     )
-    if usage.tokens_in or usage.tokens_out or usage.cost:
-        add_usage(call.session_id, usage.tokens_in, usage.tokens_out, usage.cost)
+    counted = usage.tokens_in or usage.tokens_out or usage.cost
+    fields = usage_fields(usage.tokens_in, usage.tokens_out, usage.cost) if counted else {}
+    return event, fields, [row]
 
 
 def record_failed_attempt(
@@ -296,21 +349,25 @@ def record_failed_attempt(
     latency_ms: int,
     attempt: int,
 ) -> None:
+    event, fields, rows = _attempt(
+        call, provider, "error", error.usage, latency_ms, attempt, error=str(error)
+    )
     with transaction.atomic():
         _held(call)
-        _record(call, provider, "error", error.usage, latency_ms, attempt, error=str(error))
+        append_projected(call.session_id, [event], fields=fields, rows=rows)
 
 
 def record_fallback(call: Claimed, failed: str, next_provider: str, error: str, index: int) -> None:
+    event = new_event(
+        call.session_id,
+        "llm.fallback",
+        {"from": failed, "to": next_provider, "error": error, "request": call.key},
+        producer=PRODUCER,
+        key=f"llm.fallback:{call.key}:{call.claims}:{index}",
+    )
     with transaction.atomic():
         _held(call)
-        append_keyed(
-            call.session_id,
-            "llm.fallback",
-            f"llm.fallback:{call.key}:{call.claims}:{index}",
-            {"from": failed, "to": next_provider, "error": error, "request": call.key},
-            producer=PRODUCER,
-        )
+        append_projected(call.session_id, [event])
 
 
 def finish_ok(
@@ -327,53 +384,78 @@ def finish_ok(
     it commits leaves the request pending (the next claim makes the call again), one
     killed after has recorded both; never one without the other. `tail`: the streamed
     text not written yet, written here as its last delta (ADR 160: one transaction per
-    call fewer than a flush of its own, the same events in the same order)."""
+    call fewer than a flush of its own, the same events in the same order).
+    Three statements (ADR 167): the request's UPDATE, which is also the claim check (no
+    row: ClaimLost, nothing written); the session's locked read; one statement for the
+    session's UPDATE (seqs, token counters) and the INSERTs of the events and LLMCall."""
+    events = [_delta_event(call, tail)] if tail else []
+    text = message.content if isinstance(message.content, str) else json.dumps(message.content)
+    event, fields, rows = _attempt(call, provider, "ok", usage, latency_ms, attempt, text=text)
+    reply = message_to_dict(message)
     with transaction.atomic():
-        _held(call)
-        if tail:
-            _delta_event(call, tail)
-        text = message.content if isinstance(message.content, str) else json.dumps(message.content)
-        _record(call, provider, "ok", usage, latency_ms, attempt, text=text)
-        LLMRequest.objects.filter(pk=call.pk).update(
+        updated = LLMRequest.objects.filter(
+            pk=call.pk, claim_token=call.token, status=LLMRequestStatus.PENDING
+        ).update(
             text=Concat(F("text"), Value(tail)),
             status=LLMRequestStatus.DONE,
-            reply=message_to_dict(message),
+            reply=reply,
             answered_by=provider.name,
             finished_at=timezone.now(),
             claim_token=None,
             claim_expires_at=None,
         )
+        if not updated:
+            raise ClaimLost(call.key)
+        session, _ = append_projected(call.session_id, [*events, event], fields=fields, rows=rows)
         if enqueue:
-            _enqueue_on_commit(call.session_id)
+            _enqueue_on_commit(call.session_id, session)
 
 
 def finish_failed(call: Claimed, error: str, last: str, enqueue: bool) -> None:
     """Every real provider failed: the node goes on with the offline provider."""
     with transaction.atomic():
-        _held(call)
-        if last:
-            append_keyed(
-                call.session_id,
-                "llm.fallback",
-                f"llm.fallback:{call.key}:{call.claims}:offline",
-                {"from": last, "to": "offline", "error": error, "request": call.key},
-                producer=PRODUCER,
-            )
-        LLMRequest.objects.filter(pk=call.pk).update(
+        updated = LLMRequest.objects.filter(
+            pk=call.pk, claim_token=call.token, status=LLMRequestStatus.PENDING
+        ).update(
             status=LLMRequestStatus.FAILED,
             error=error or "no real provider is enabled",
             finished_at=timezone.now(),
             claim_token=None,
             claim_expires_at=None,
         )
+        if not updated:
+            raise ClaimLost(call.key)
+        session = None
+        if last:
+            event = new_event(
+                call.session_id,
+                "llm.fallback",
+                {"from": last, "to": "offline", "error": error, "request": call.key},
+                producer=PRODUCER,
+                key=f"llm.fallback:{call.key}:{call.claims}:offline",
+            )
+            session, _ = append_projected(call.session_id, [event])
         if enqueue:
-            _enqueue_on_commit(call.session_id)
+            _enqueue_on_commit(call.session_id, session)
 
 
-def _enqueue_on_commit(session_id: Any) -> None:
+def _enqueue_on_commit(session_id: Any, locked: Session | None) -> None:
+    """The session's job, once this commits. `locked`: the session as read under its row
+    lock in this transaction (ADR 167): a live lease seen there is held by a job that
+    can only let it go after this commits (that UPDATE waits for the lock), and it
+    looks for answered requests after letting it go (advance_session): no job to add.
+    No live lease there: enqueue without reading the lease again after the commit (one
+    SELECT per call fewer); a job that took it meanwhile started after this commit and
+    sees the reply, and rq's unique enqueue keeps its one job."""
     from diagnosis.jobs import dispatch_after_commit
 
-    transaction.on_commit(lambda: dispatch_after_commit(session_id))
+    if locked is None:
+        transaction.on_commit(lambda: dispatch_after_commit(session_id))
+        return
+    expires = locked.lease_expires_at
+    if locked.lease_token is not None and expires is not None and expires > timezone.now():
+        return
+    transaction.on_commit(lambda: dispatch_after_commit(session_id, lease_read=True))
 
 
 def beat(name: str, started_at: Any) -> None:
