@@ -143,6 +143,14 @@ class WorkerHeartbeat:
             return None
         return max(0.0, idle_since + IDLE_SETTLE_SECONDS - time.monotonic())
 
+    def write_settled_idle(self) -> None:
+        """The "idle" write, if the worker has been idle long enough. Decided under the
+        lock job_started() takes: a job that started meanwhile is never overwritten."""
+        with self.lock:
+            if self._settled_idle() == 0.0:
+                self.idle_since = None
+                self.beat_job()
+
     def _run(self) -> None:
         last_reconcile = time.monotonic()
         next_beat = time.monotonic() + settings.AERO_HEARTBEAT_SECONDS
@@ -155,11 +163,7 @@ class WorkerHeartbeat:
                 if self.done.is_set():
                     break
                 if time.monotonic() < next_beat:
-                    if self._settled_idle() == 0.0:
-                        with self.lock:
-                            if self._settled_idle() == 0.0:  # no job started meanwhile
-                                self.idle_since = None
-                                self.beat_job()
+                    self.write_settled_idle()
                     continue
                 next_beat = time.monotonic() + settings.AERO_HEARTBEAT_SECONDS
                 try:
