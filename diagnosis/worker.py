@@ -17,9 +17,10 @@ session to another worker. A second SIGTERM is rq's cold shutdown.
 Heartbeat (ADR 102): a thread writes this worker's `WorkerBeat` row every
 AERO_HEARTBEAT_SECONDS (/healthz reads those rows from PostgreSQL) and runs the periodic
 tasks every AERO_RECONCILE_SECONDS, busy or not. A job's start is written at once; the
-worker's return to idle once it stayed idle IDLE_SETTLE_SECONDS (ADR 168). While the process waits for Redis
-after an outage (diagnosis.rq_retry), it keeps beating (no periodic tasks: they enqueue):
-/healthz then says Redis is down and the worker alive (ADR 108)."""
+worker's return to idle once it stayed idle IDLE_SETTLE_SECONDS (ADR 168). While the
+process waits for Redis after an outage (diagnosis.rq_retry), it keeps beating (no
+periodic tasks: they enqueue): /healthz then says Redis is down and the worker alive
+(ADR 108)."""
 
 from __future__ import annotations
 
