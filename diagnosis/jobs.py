@@ -38,6 +38,7 @@ from diagnosis import shutdown
 from diagnosis.agent.graph import SessionCanceled, build_graph, step_group
 from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.state import AgentContext
+from diagnosis.conn_health import psycopg_quiet
 from diagnosis.events import (
     LeaseLost,
     StepsLost,
@@ -540,7 +541,10 @@ class _AgentRuntime:
             else:
                 if self.conn.closed or self.conn.broken:
                     return False
-                self.conn.execute("SELECT 1")
+                # A quiet socket needs no round trip (ADR 168): a backend that ended
+                # (PostgreSQL restarted) left its FATAL message or a hang-up on it.
+                if not psycopg_quiet(self.conn):
+                    self.conn.execute("SELECT 1")
         except Exception:
             return False
         return True

@@ -16,9 +16,11 @@ session to another worker. A second SIGTERM is rq's cold shutdown.
 
 Heartbeat (ADR 102): a thread writes this worker's `WorkerBeat` row every
 AERO_HEARTBEAT_SECONDS (/healthz reads those rows from PostgreSQL) and runs the periodic
-tasks every AERO_RECONCILE_SECONDS, busy or not. While the process waits for Redis
-after an outage (diagnosis.rq_retry), it keeps beating (no periodic tasks: they enqueue):
-/healthz then says Redis is down and the worker alive (ADR 108)."""
+tasks every AERO_RECONCILE_SECONDS, busy or not. A job's start is written at once; the
+worker's return to idle once it stayed idle IDLE_SETTLE_SECONDS (ADR 168). While the
+process waits for Redis after an outage (diagnosis.rq_retry), it keeps beating (no
+periodic tasks: they enqueue): /healthz then says Redis is down and the worker alive
+(ADR 108)."""
 
 from __future__ import annotations
 
@@ -42,10 +44,17 @@ from rq.worker import SimpleWorker
 
 import diagnosis.agent.graph  # noqa: F401  (import langgraph once, at start)
 from diagnosis import shutdown
+from diagnosis.conn_health import check_django_connections
 from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import WorkerBeat
 
 logger = logging.getLogger("diagnosis.worker")
+
+
+# How long a worker that finished a job stays idle before its row says so (ADR 168): a
+# worker with jobs waiting starts the next one within milliseconds, and that job's beat
+# names its session; the "idle again" write is for a worker that has nothing to do.
+IDLE_SETTLE_SECONDS = 1.0
 
 
 class WorkerHeartbeat:
@@ -57,6 +66,13 @@ class WorkerHeartbeat:
         self.reconciling = reconciling  # off while waiting for Redis: beat only
         self.started_at = timezone.now()
         self.session_id: str | None = None
+        # Since when the worker is idle with its row still naming its last job's session
+        # (monotonic), or None: the beat thread writes "idle" once it has settled.
+        self.idle_since: float | None = None
+        # Held while the row is written from what this object says, so the beat thread
+        # never writes a state the job thread has changed meanwhile over a newer one.
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="aero-worker-beat")
 
@@ -82,6 +98,24 @@ class WorkerHeartbeat:
             },
         )
 
+    def job_started(self, session_id: str | None) -> None:
+        """/healthz shows what the worker runs from the start: written at once. It also
+        says the worker is no longer idle, so a pending "idle" write is dropped."""
+        with self.lock:
+            self.session_id = session_id
+            self.idle_since = None
+            self.beat_job()
+
+    def job_ended(self) -> None:
+        """Idle again: written by the beat thread once the worker stayed idle for
+        IDLE_SETTLE_SECONDS, not here (ADR 168): with jobs waiting, the next job's
+        job_started() overwrites the row within milliseconds, and the "idle" UPDATE in
+        between was one statement per job that nobody could see."""
+        with self.lock:
+            self.session_id = None
+            self.idle_since = time.monotonic()
+        self.wake.set()
+
     def beat_job(self) -> None:
         """The beat around each job (what the worker runs, or idle again): one UPDATE of
         the row start() created, not update_or_create's transaction, row lock and write
@@ -104,12 +138,40 @@ class WorkerHeartbeat:
             logger.warning("worker %s: heartbeat failed", self.name)
             connections["default"].close()  # reconnect on the next use
 
+    def _settled_idle(self) -> float | None:
+        """Seconds until a pending "idle" write is due (0: now), or None if none is."""
+        idle_since = self.idle_since
+        if idle_since is None:
+            return None
+        return max(0.0, idle_since + IDLE_SETTLE_SECONDS - time.monotonic())
+
+    def write_settled_idle(self) -> None:
+        """The "idle" write, if the worker has been idle long enough. Decided under the
+        lock job_started() takes: a job that started meanwhile is never overwritten."""
+        with self.lock:
+            if self._settled_idle() == 0.0:
+                self.idle_since = None
+                self.beat_job()
+
     def _run(self) -> None:
         last_reconcile = time.monotonic()
+        next_beat = time.monotonic() + settings.AERO_HEARTBEAT_SECONDS
         try:
-            while not self.done.wait(settings.AERO_HEARTBEAT_SECONDS):
+            while not self.done.is_set():
+                timeout = max(0.0, next_beat - time.monotonic())
+                idle_due = self._settled_idle()
+                self.wake.wait(timeout if idle_due is None else min(timeout, idle_due))
+                self.wake.clear()
+                if self.done.is_set():
+                    break
+                if time.monotonic() < next_beat:
+                    self.write_settled_idle()
+                    continue
+                next_beat = time.monotonic() + settings.AERO_HEARTBEAT_SECONDS
                 try:
-                    self.beat()
+                    with self.lock:
+                        self.idle_since = None  # the full beat writes the idle state too
+                        self.beat()
                 except DatabaseError:
                     # PostgreSQL restarting: the next beat reconnects.
                     logger.warning("worker %s: heartbeat failed", self.name)
@@ -134,6 +196,7 @@ class WorkerHeartbeat:
 
     def stop(self) -> None:
         self.done.set()
+        self.wake.set()
         if self.thread.is_alive():
             self.thread.join(timeout=10)
         try:
@@ -154,6 +217,10 @@ class AeroWorker(SimpleWorker):
         self.beats = WorkerHeartbeat(self.name)
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
+        # rq's own lines (three or four per job: started, completed, "Job OK", "result
+        # discarded") at AERO's level, not INFO: with AERO_LOG_LEVEL=WARNING a worker
+        # formatted and wrote them for every job (ADR 168).
+        kwargs.setdefault("logging_level", logging.getLogger("diagnosis").getEffectiveLevel())
         self.beats.start()
         # With its first reconcile pass done: the fault suite's per-kill timeline reads
         # when replaced workers became able to pick sessions up.
@@ -182,17 +249,17 @@ class AeroWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         # Django closes stale or broken connections around each request; a worker has
-        # no requests, so do it around each job (CONN_MAX_AGE keeps healthy ones).
+        # no requests, so do it before each job (CONN_MAX_AGE keeps healthy ones). Once,
+        # not before and after: nothing runs on the connection in between (ADR 168). Its
+        # health check is a poll of the socket, not a SELECT 1 (diagnosis.conn_health).
         close_old_connections()
-        self.beats.session_id = job.args[0] if job.args else None
-        self.beats.beat_job()  # /healthz shows what the worker runs from the start
+        check_django_connections()
+        self.beats.job_started(job.args[0] if job.args else None)
         logger.info("worker %s: job %s started", self.name, job.id)
         try:
             super().execute_job(job, queue)
         finally:
-            self.beats.session_id = None
-            close_old_connections()
-            self.beats.beat_job()  # idle again, at once
+            self.beats.job_ended()  # written once the worker stays idle (ADR 168)
 
     def run_maintenance_tasks(self) -> None:
         # rq's registry cleaning only: AERO's periodic tasks run in the heartbeat thread.

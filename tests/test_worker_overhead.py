@@ -1,0 +1,161 @@
+"""What a worker pays around each job, besides the job (issue 11 item 9, ADR 168): its
+connections' health checks are a poll of the socket, not a `SELECT 1` round trip each,
+yet a connection whose backend ended is still replaced before the job uses it; and the
+worker's heartbeat row names the job's session at once but says "idle" only once the
+worker stayed idle, not between two jobs that follow each other."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import close_old_connections, connection, connections
+
+from diagnosis import conn_health, jobs, worker
+from diagnosis.models import WorkerBeat
+
+pytestmark = pytest.mark.services
+
+
+def terminate_backend(pid: int) -> None:
+    """End one backend from another connection (what a PostgreSQL restart does to all)."""
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+    time.sleep(0.2)  # its FATAL message and hang-up reach our socket
+
+
+def count_usable(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Django's own health check (`SELECT 1`), recorded each time it runs."""
+    checks: list[bool] = []
+    original = type(connections["default"]).is_usable
+
+    def is_usable(self: Any) -> bool:
+        checks.append(result := original(self))
+        return bool(result)
+
+    monkeypatch.setattr(type(connections["default"]), "is_usable", is_usable)
+    return checks
+
+
+def test_a_healthy_connection_is_checked_without_a_round_trip(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connection.ensure_connection()
+    checks = count_usable(monkeypatch)
+    close_old_connections()  # what the worker does before each job
+    conn_health.check_django_connections()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    assert checks == []  # no SELECT 1 of Django's before the job's first query
+
+
+def test_a_connection_whose_backend_ended_is_replaced_before_the_job_uses_it(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    terminate_backend(pid)
+    checks = count_usable(monkeypatch)
+    close_old_connections()
+    conn_health.check_django_connections()
+    with connection.cursor() as cursor:  # would raise on the dead socket
+        cursor.execute("SELECT pg_backend_pid()")
+        (new_pid,) = cursor.fetchone()
+    assert checks == [False] and new_pid != pid  # Django's check ran, and reconnected
+
+
+def test_the_checkpointer_connection_is_checked_without_a_round_trip(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph = jobs.agent_graph()
+    runtime = jobs._runtime
+    assert runtime is not None
+    executed: list[str] = []
+    original = runtime.conn.execute
+
+    def execute(query: Any, *args: Any, **kwargs: Any) -> Any:
+        executed.append(str(query))
+        return original(query, *args, **kwargs)
+
+    monkeypatch.setattr(runtime.conn, "execute", execute)
+    assert jobs.agent_graph() is graph  # reused, nothing sent to check it
+    assert executed == []
+
+    pid = runtime.conn.info.backend_pid
+    terminate_backend(pid)
+    rebuilt = jobs.agent_graph()  # its backend ended: a new connection, a working graph
+    assert rebuilt is not graph
+    assert jobs._runtime is not None and jobs._runtime.conn.info.backend_pid != pid
+    rebuilt.get_state(jobs._config(str(uuid.uuid4())))
+
+
+def wait_for(check: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
+
+
+def test_the_row_names_the_job_at_once_and_says_idle_once_the_worker_settles(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker, "IDLE_SETTLE_SECONDS", 0.5)
+    beats = worker.WorkerHeartbeat(f"overhead-{uuid.uuid4().hex}", reconciling=False)
+    beats.start()
+    writes: list[str | None] = []
+    original = beats.beat_job
+
+    def beat_job() -> None:
+        writes.append(beats.session_id)
+        original()
+
+    monkeypatch.setattr(beats, "beat_job", beat_job)
+    row = WorkerBeat.objects.filter(name=beats.name)
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    try:
+        beats.job_started(first)
+        assert str(row.get().session_id) == first  # from the start of the job
+        beats.job_ended()
+        beats.job_started(second)  # the next job, within the settle time
+        assert str(row.get().session_id) == second
+        beats.job_ended()
+        assert str(row.get().session_id) == second  # not yet: it may start another
+        assert wait_for(lambda: row.get().session_id is None, 3.0)  # then idle
+        # Two jobs' starts and one "idle": the idle in between was never written.
+        assert writes == [first, second, None]
+    finally:
+        beats.stop()
+    assert not row.exists()
+
+
+def test_an_idle_write_never_overwrites_a_job_that_started_meanwhile(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The beat thread decides to write "idle" under the lock job_started() takes: an
+    idle write due when the next job started is dropped, not written over the job."""
+    monkeypatch.setattr(worker, "IDLE_SETTLE_SECONDS", 3600.0)  # the thread never writes
+    beats = worker.WorkerHeartbeat(f"overhead-{uuid.uuid4().hex}", reconciling=False)
+    beats.start()
+    row = WorkerBeat.objects.filter(name=beats.name)
+    session = str(uuid.uuid4())
+    try:
+        beats.job_ended()
+        monkeypatch.setattr(worker, "IDLE_SETTLE_SECONDS", 0.0)  # the idle write is due
+        beats.job_started(session)  # ... and the next job starts first
+        beats.write_settled_idle()  # the beat thread's turn
+        assert str(row.get().session_id) == session
+        beats.job_ended()
+        beats.write_settled_idle()
+        assert row.get().session_id is None
+    finally:
+        beats.stop()
