@@ -329,6 +329,9 @@ def drive(args: argparse.Namespace) -> None:
     up_by = time.monotonic() + 60
     while WorkerBeat.objects.count() < args.ready and time.monotonic() < up_by:
         time.sleep(0.1)
+    if WorkerBeat.objects.count() < args.ready:
+        print("warning: not every process was up after 60 s; the clock starts anyway",
+              file=sys.stderr, flush=True)  # fmt: skip
     (Path(os.environ["AERO_DATA_DIR"]) / "clock-started").touch()
     started = time.monotonic()
 

@@ -45,7 +45,7 @@ def check_django_connections() -> None:
     socket is quiet, so its next query runs at once. A connection with anything on its
     socket keeps Django's own check (`SELECT 1`, close and reconnect if it fails)."""
     for wrapper in connections.all(initialized_only=True):
-        conn: Any = wrapper  # the stubs lack the health-check attributes (Django 4.1+)
+        conn: Any = wrapper  # django-stubs does not declare health_check_enabled/_done
         if (
             conn.vendor == "postgresql"
             and conn.connection is not None

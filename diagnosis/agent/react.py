@@ -317,7 +317,8 @@ def choose(
     tools = tool_schemas(ctx.definition)
     messages: list[BaseMessage] | None = None
     stored = waits.stored_reply()  # a resume: the reply is all it needs
-    if isinstance(stored, AIMessage):
+    if stored is not None:
+        assert isinstance(stored, AIMessage)  # as ask_model's reply
         reply, usage = stored, usage_of(provider, stored)
     else:
         messages = conversation(state, ctx)
