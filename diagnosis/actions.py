@@ -20,7 +20,7 @@ from diagnosis import outbox as outbox_module
 from diagnosis.agent.extraction import FLIGHT_NO, detect_language
 from diagnosis.events import append_event, event_batch, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
-from diagnosis.jobs import embedded_worker, enqueue_advance
+from diagnosis.jobs import embedded_worker, enqueue_advance, request_opening_extraction
 from diagnosis.models import (
     Event,
     Outbox,
@@ -97,7 +97,7 @@ def do_create_session(
                 },
                 producer=producer,
             )
-            append_event(
+            message = append_event(
                 session.pk,
                 "user.message",
                 {"text": text, "author": user.get_username()},
@@ -111,7 +111,12 @@ def do_create_session(
             session_id=session.pk,
             detail={"scenario": scenario.slug, "version": version.number},
         )
-        enqueue_advance(session.pk)
+        # A model reads the opening message first: its request is recorded now and the
+        # runner enqueues the first job with the reply (ADR 170). Inline (the CLI,
+        # tests), the job is also the runner: it runs now and makes the call.
+        requested = request_opening_extraction(session, message)
+        if not requested or settings.AERO_JOB_BACKEND == "inline":
+            enqueue_advance(session.pk)
     return session
 
 

@@ -35,8 +35,14 @@ from langgraph.types import Command
 
 from aero import metrics
 from diagnosis import shutdown
+from diagnosis.agent import waits
 from diagnosis.agent.graph import SessionCanceled, build_graph, step_group
-from diagnosis.agent.providers import configured_providers
+from diagnosis.agent.providers import (
+    OfflineProvider,
+    Provider,
+    call_with_fallback,
+    configured_providers,
+)
 from diagnosis.agent.state import AgentContext
 from diagnosis.conn_health import psycopg_quiet
 from diagnosis.events import (
@@ -811,6 +817,43 @@ def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
             ],
             ignore_conflicts=True,
         )
+
+
+def request_opening_extraction(session: Session, message: Event) -> bool:
+    """With model calls as waits: record the extraction of a new session's opening
+    message as the runner's request, in the transaction that creates the session, so
+    that the session needs no job until the model has answered (ADR 170). The request is
+    what the input parser would ask (its own call path, run up to the wait) under the
+    key the parser uses for that message; the runner enqueues the session's first job
+    with the reply, and that job reads it as a resume does. Returns whether a request was
+    recorded: not without waits, nor when only the offline provider is configured (it
+    needs no wait)."""
+    if not waits.waits_enabled():
+        return False
+    providers = configured_providers()
+    if all(isinstance(p, OfflineProvider) for p in providers):
+        return False
+    definition = _definition(session)
+    text = message.payload.get("text", "")
+    airport = load_active_graph()
+
+    def extract(provider: Provider) -> Any:
+        return provider.extract(definition, text, airport, None)
+
+    def unreachable(*args: Any) -> None:
+        # Only a stored reply the node cannot use, or the offline provider, records an
+        # attempt or a fallback; a new session has neither before its request exists.
+        raise AssertionError("the opening extraction recorded an attempt before its call")
+
+    waiting = waits.request_outside_graph(
+        session.pk,
+        waits.extraction_key(session.pk, message.seq),
+        lambda: call_with_fallback(providers, "extract", extract, unreachable, unreachable),
+    )
+    if waiting is None:
+        return False
+    record_model_request(session.pk, waiting)
+    return True
 
 
 # Published scenario versions are immutable (ScenarioVersion.save): their definitions,

@@ -243,3 +243,121 @@ def test_the_steps_after_a_model_turn_are_one_transaction_and_the_next_turn_sees
     # The job between the second and the third call: its start (lease run), its
     # reasoning step, the tools up to the model wait, the request (was 5: one per step).
     assert commits[1] == 4
+
+
+@pytest.fixture
+def enqueued(settings: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The rq backend, its queue replaced by a list: the sessions enqueued, in order."""
+    settings.AERO_JOB_BACKEND = "rq"
+    pushed: list[str] = []
+
+    def enqueue(session_id: str, *, at_front: bool = False) -> bool:
+        pushed.append(session_id)
+        return True
+
+    monkeypatch.setattr(jobs, "_enqueue_rq", enqueue)
+    return pushed
+
+
+def run_the_runner_enqueuing() -> int:
+    """The runner as `aero_llm_runner` runs it: each reply enqueues its session's job."""
+    made: list[int] = []
+
+    def target() -> None:
+        try:
+            runner = llm_runner.Runner(enqueue=True)
+            made.append(asyncio.run(runner.process_pending_now()))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=60)
+    return made[0] if made else 0
+
+
+def test_a_new_session_asks_the_model_before_any_job_runs(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    enqueued: list[str],
+) -> None:
+    """The opening message's extraction is recorded with the session (ADR 170): no job
+    runs until the model has answered, and the job the reply enqueues starts the session
+    and goes on to the next model call. Each call is made once and counted once; three
+    calls take three jobs, not four."""
+    fake_llm.set_script(THREE_CALLS)
+    fake_provider(fake_llm)
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+    assert enqueued == []  # nothing for a worker to do yet
+    (request,) = LLMRequest.objects.filter(session=session)
+    message = Event.objects.get(session=session, type="user.message")
+    assert request.key == f"extract:{session.pk}:{message.seq}"
+    assert request.status == "pending" and request.purpose == "extract"
+    sent = request.request["messages"]
+    assert sent[-1]["data"]["content"] == MESSAGE  # what the parser would send
+    assert Session.objects.get(pk=session.pk).status == SessionStatus.QUEUED
+    assert jobs.stalled_sessions() == []  # the reconciler leaves it to the runner
+
+    jobs_run: list[tuple[str, int]] = []
+    for _ in range(10):
+        before = len(enqueued)
+        if not run_the_runner_enqueuing():
+            break
+        assert enqueued[before:] == [str(session.pk)]  # the reply enqueued the session
+        with CaptureQueriesContext(connection) as queries:
+            status = jobs.advance_session(str(session.pk))
+        jobs_run.append((status, len(queries)))
+
+    session.refresh_from_db()
+    assert session.status == SessionStatus.WAITING_USER
+    assert [status for status, _ in jobs_run] == [
+        jobs.WAITING_MODEL,
+        jobs.WAITING_MODEL,
+        SessionStatus.WAITING_USER,
+    ]
+    assert len(fake_llm.requests) == 3
+    assert LLMCall.objects.filter(session=session, status="ok").count() == 3
+    made = LLMCall.objects.filter(session=session)
+    assert session.tokens_in == sum(c.tokens_in for c in made)
+    assert session.snapshot["risk"]["rule"] == "OS-01"
+    # The first job starts the session and resumes after the reply in one: within the
+    # budget of a resume.
+    assert jobs_run[0][1] <= RESUME_TO_NEXT_MODEL_WAIT
+    statuses = [
+        e.payload["to"]
+        for e in Event.objects.filter(session=session, type="session.status_changed").order_by(
+            "seq"
+        )
+    ]
+    assert statuses == ["running", "waiting_user"]
+
+
+def test_without_a_real_provider_a_new_session_is_queued_at_once(
+    builtin: None, make_user: Callable[..., User], enqueued: list[str]
+) -> None:
+    """The offline provider needs no wait: no request, the first job is enqueued."""
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+    assert enqueued == [str(session.pk)]
+    assert not LLMRequest.objects.filter(session=session).exists()
+
+
+def test_with_calls_inside_the_job_a_new_session_is_queued_at_once(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    enqueued: list[str],
+    settings: Any,
+) -> None:
+    """The blocking design (no runner): the job makes the call, so it is enqueued."""
+    settings.AERO_LLM_WAITS = False
+    fake_provider(fake_llm)
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+    assert enqueued == [str(session.pk)]
+    assert not LLMRequest.objects.filter(session=session).exists()

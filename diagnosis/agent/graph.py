@@ -358,9 +358,12 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         def extract(provider: Provider, text: str = text) -> tuple[dict[str, Extraction], Usage]:
             return provider.extract(definition, text, ctx.graph, asked)
 
-        found = call_with_fallback(
-            ctx.providers, "extract", extract, _recorder(ctx, run), _fallback_recorder(ctx, run)
-        )
+        # Keyed by the message, not by the call's place in this step: the session's
+        # creation records the opening message's request under the same key (ADR 170).
+        with waits.call_key(waits.extraction_key(ctx.session_id, message.seq)):
+            found = call_with_fallback(
+                ctx.providers, "extract", extract, _recorder(ctx, run), _fallback_recorder(ctx, run)
+            )
         for name, extraction in grounding.settle(definition, found, pending, asked, text):
             known = fields.get(name)
             if (

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,13 +57,18 @@ class WaitScope:
     chain_failed: bool = False
     # A key `stored_reply` found no row for: `answer` does not look it up again.
     missing: str | None = None
+    # The next call's own key (`call_key`), instead of its place in the node.
+    fixed: str | None = None
 
     def peek_key(self) -> str:
-        return f"{self.task_key}:m{self.count}"
+        return self.fixed if self.fixed is not None else f"{self.task_key}:m{self.count}"
 
     def next_key(self) -> str:
         key = self.peek_key()
-        self.count += 1
+        if self.fixed is not None:
+            self.fixed = None  # the numbered keys of the node's other calls do not shift
+        else:
+            self.count += 1
         return key
 
 
@@ -92,6 +97,45 @@ def wait_scope(session_id: Any, task_key: str) -> Iterator[WaitScope | None]:
 
 def current_scope() -> WaitScope | None:
     return _scope.get()
+
+
+@contextmanager
+def call_key(key: str) -> Iterator[None]:
+    """The next model call inside is keyed `key`, not by its place in the node: a call
+    whose request is known before any job runs the node (the extraction of a session's
+    opening message, recorded with the session: ADR 170) has a key that the session's
+    creation and the node both derive from the log. Without a wait scope: no effect."""
+    scope = current_scope()
+    if scope is None:
+        yield
+        return
+    scope.fixed = key
+    try:
+        yield
+    finally:
+        scope.fixed = None
+
+
+def extraction_key(session_id: Any, seq: int) -> str:
+    """The key of the extraction of the operator's message `seq` (one per message)."""
+    return f"extract:{session_id}:{seq}"
+
+
+def request_outside_graph(
+    session_id: Any, key: str, call: Callable[[], Any]
+) -> dict[str, Any] | None:
+    """The request `call` makes through the model as a wait, keyed `key`, without a
+    graph node: the interrupt value a node would raise (see `answer`), or None when the
+    call needed no model (offline only) or its reply is stored already."""
+    token = _scope.set(WaitScope(session_id, task_key=key))
+    try:
+        with call_key(key):
+            call()
+    except ModelWait as wait:
+        return wait.payload
+    finally:
+        _scope.reset(token)
+    return None
 
 
 @contextmanager
