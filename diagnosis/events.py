@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, F, Model, OuterRef, Q
+from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
@@ -167,14 +168,21 @@ def _new_event(
 
 
 def _write(
-    session: Session, events: list[Event], rows: Sequence[Model] = (), **fields: Any
+    session: Session,
+    events: list[Event],
+    rows: Sequence[Model] = (),
+    *,
+    once: Sequence[Model] = (),
+    **fields: Any,
 ) -> None:
     """Give `events` the next seqs of the locked `session`, hash-chain them, insert them
     in one statement, update the session once and notify once, after commit, with the
     highest seq. A job's write is fenced: refused unless it still holds the lease.
     `fields`: more columns of the session to set in the same UPDATE (set_status, the
     token counters). `rows`: other new rows (of other models) inserted in the same
-    statement (an LLM call's `LLMCall`, ADR 167); their pks are not read back."""
+    statement (an LLM call's `LLMCall`, ADR 167); their pks are not read back. `once`:
+    rows inserted the same way unless their unique key exists (ON CONFLICT DO NOTHING: a
+    re-run's model request, ADR 172)."""
     check_fence(session)
     now = timezone.now()
     seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
@@ -193,7 +201,7 @@ def _write(
         updates["snapshot"] = snapshot
     connection = transaction.get_connection()
     if connection.vendor == "postgresql":
-        _update_and_insert(connection, session.pk, updates, events, rows)
+        _update_and_insert(connection, session.pk, updates, events, rows, once)
     else:
         Session.objects.filter(pk=session.pk).update(**updates)
         if len(events) == 1:
@@ -202,6 +210,8 @@ def _write(
             Event.objects.bulk_create(events)
         for row in rows:
             row.save(force_insert=True)
+        for row in once:
+            type(row)._default_manager.bulk_create([row], ignore_conflicts=True)
     transaction.on_commit(partial(notify_session, session.pk, seq))
     known = _known.get()
     if known is not None and known.session_id == str(session.pk):
@@ -215,19 +225,21 @@ def _update_and_insert(
     updates: dict[str, Any],
     events: list[Event],
     rows: Sequence[Model] = (),
+    once: Sequence[Model] = (),
 ) -> None:
     """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
     CTE, PostgreSQL; ADR 156): the same SQL Django writes for each, one round trip.
     `rows`: each another INSERT in the same WITH (PostgreSQL runs every data-modifying
-    CTE to completion, read or not; ADR 167)."""
+    CTE to completion, read or not; ADR 167); `once`: the same, ON CONFLICT DO NOTHING."""
     update = UpdateQuery(Session)
     update.add_q(Q(pk=session_id))
     update.add_update_values(updates)
     update_sql, update_params = update.get_compiler(connection=connection).as_sql()
     ctes, params = [f"session_row AS ({update_sql})"], [*update_params]
-    for number, row in enumerate(rows):
+    ignore = [False] * len(rows) + [True] * len(once)
+    for number, (row, skip_existing) in enumerate(zip([*rows, *once], ignore, strict=True)):
         model = type(row)
-        row_insert = InsertQuery(model)
+        row_insert = InsertQuery(model, on_conflict=OnConflict.IGNORE if skip_existing else None)
         row_insert.insert_values(
             [f for f in model._meta.concrete_fields if f is not model._meta.pk], [row]
         )
@@ -448,6 +460,9 @@ class StepGroup:
         # rather than on its own (ADR 156): (from, to, producer) and its queued event.
         self.status: tuple[str, str, str] | None = None
         self.status_event: Event | None = None
+        # Rows the commit inserts unless they exist (the model request the group's
+        # next step stopped at, ADR 172): written with the group's events, fenced alike.
+        self.once: list[Model] = []
 
     def defer_status(self, previous: str, to: str, producer: str) -> None:
         """Move the session from `previous` to `to` with the next group's commit, its
@@ -544,15 +559,24 @@ class StepGroup:
         finally:
             _batch.reset(token)
 
+    def insert_once(self, row: Model) -> bool:
+        """Insert `row` with the group's commit unless its unique key exists (see
+        `once`). False when no group is open: the caller writes it itself."""
+        if self.atomic is None:
+            return False
+        self.once.append(row)
+        return True
+
     def commit(self) -> None:
         """Write the group's events (lock, seqs, one insert, one update) and commit."""
         atomic, batch, finished, runs = self.atomic, self.batch, self.finished, self.new_runs
         if atomic is None or batch is None:
             return
+        once, self.once = self.once, []
         self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
         self.end_after_step = False
         try:
-            self._flush(batch, finished, runs)
+            self._flush(batch, finished, runs, once)
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
             self._lost()
@@ -568,13 +592,23 @@ class StepGroup:
         if fence is not None:
             fence.steps_lost = True
 
-    def _flush(self, batch: EventBatch, finished: list[AgentRun], runs: list[AgentRun]) -> None:
+    def _flush(
+        self,
+        batch: EventBatch,
+        finished: list[AgentRun],
+        runs: list[AgentRun],
+        once: list[Model],
+    ) -> None:
         if runs:
             AgentRun.objects.bulk_create(runs)
         if finished:
             AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
         status, event = self.status, self.status_event
         if not batch.pending:
+            if once:
+                check_fence(lock_session(self.session_id))
+                for row in once:
+                    type(row)._default_manager.bulk_create([row], ignore_conflicts=True)
             return
         session = lock_session(self.session_id)
         fields: dict[str, Any] = {}
@@ -586,7 +620,7 @@ class StepGroup:
                 # Moved meanwhile (only a cancel can, and it clears the lease, so the
                 # write below is refused anyway): the move is not this group's to write.
                 batch.pending.pop(0)
-        _write(session, batch.pending, **fields)
+        _write(session, batch.pending, once=once, **fields)
         if event is not None:
             self.status, self.status_event = None, None
 
@@ -599,6 +633,7 @@ class StepGroup:
         if lost:
             self._lost()
         self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
+        self.once = []
         self.end_after_step = False
         self.status_event = None  # `status` stays deferred: write_status or the next group
         exc = _GroupRolledBack()

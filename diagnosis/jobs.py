@@ -806,16 +806,7 @@ def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
         # One statement (INSERT ... ON CONFLICT DO NOTHING), not a read, a savepoint and
         # an insert: a re-run finds its row by the unique key.
         LLMRequest.objects.bulk_create(
-            [
-                LLMRequest(
-                    key=waiting["key"],
-                    session_id=session_id,
-                    purpose=waiting.get("purpose", ""),
-                    request=waiting["request"],
-                    providers=waiting.get("providers", []),
-                )
-            ],
-            ignore_conflicts=True,
+            [waits.request_row(session_id, waiting)], ignore_conflicts=True
         )
 
 
@@ -1073,8 +1064,10 @@ def _drive(
         if model_wait is not None:
             # The graph stopped at a model call (ADR 150): its request is in the invoke's
             # own result, so the state is not read again; the job records the request
-            # and ends. A reply stored meanwhile is seen by advance_session's re-check.
-            record_model_request(session.pk, model_wait)
+            # (unless the step group before the call wrote it, ADR 172) and ends. A
+            # reply stored meanwhile is seen by advance_session's re-check.
+            if model_wait["key"] not in context.requested:
+                record_model_request(session.pk, model_wait)
             return WAITING_MODEL, model_wait
         snapshot = graph.get_state(config)
 

@@ -241,8 +241,11 @@ def test_the_steps_after_a_model_turn_are_one_transaction_and_the_next_turn_sees
     assert [m["role"] for m in results] == ["tool"] * 5
     assert [m["tool_call_id"] for m in results] == [c["id"] for c in assistant[0]["tool_calls"]]
     # The job between the second and the third call: its start (lease run), its
-    # reasoning step, the tools up to the model wait, the request (was 5: one per step).
-    assert commits[1] == 4
+    # reasoning step, the tools up to the model wait with the request's row (was 5: one
+    # per step; 4 with the request in a transaction of its own, ADR 172).
+    assert commits[1] == 3
+    # The request the tools' group wrote is the one the runner answered.
+    assert LLMRequest.objects.filter(session=session, status="done").count() == 3
 
 
 @pytest.fixture

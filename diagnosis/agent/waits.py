@@ -26,11 +26,14 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
 from langchain_core.outputs import ChatGeneration, ChatResult
+
+if TYPE_CHECKING:
+    from diagnosis.models import LLMRequest
 
 MAX_WAITS_PER_NODE = 100
 
@@ -159,6 +162,19 @@ def request_digest(request: dict[str, Any]) -> str:
     return hashlib.sha256(
         json.dumps(request, sort_keys=True, ensure_ascii=False).encode()
     ).hexdigest()[:32]
+
+
+def request_row(session_id: Any, waiting: dict[str, Any]) -> LLMRequest:
+    """The runner's row for the request a node waits with (an unsaved `LLMRequest`)."""
+    from diagnosis.models import LLMRequest
+
+    return LLMRequest(
+        key=waiting["key"],
+        session_id=session_id,
+        purpose=waiting.get("purpose", ""),
+        request=waiting["request"],
+        providers=waiting.get("providers", []),
+    )
 
 
 def deserialize_messages(request: dict[str, Any]) -> list[BaseMessage]:
