@@ -716,7 +716,12 @@ def advance_session(session_id: str) -> str:
             return "busy"  # another job holds it; it re-checks inputs before it lets go
         token, leased = taken
         try:
-            with Heartbeat(session_id, token), fenced(session_id, token), known_keys(session_id):
+            with (
+                Heartbeat(session_id, token),
+                fenced(session_id, token),
+                known_keys(session_id),
+                waits.answered_requests(),
+            ):
                 status, waiting = _advance_locked(session_id, token, leased)
         except LeaseLost as exc:
             logger.warning("session %s: stopped, another job took over (%s)", session_id, exc)
@@ -752,7 +757,17 @@ def resumable(session_id: Any, waiting: Any = None) -> bool:
 
 
 def model_answered(key: str) -> bool:
-    return LLMRequest.objects.filter(key=key).exclude(status=LLMRequestStatus.PENDING).exists()
+    """Whether the request `key` is answered. The row is read whole and kept for the
+    job's node that reads the reply next (`waits.answered_requests`): one query, not two."""
+    row = (
+        LLMRequest.objects.filter(key=key)
+        .exclude(status=LLMRequestStatus.PENDING)
+        .only("key", "status", "reply", "error", "answered_by")
+        .first()
+    )
+    if row is not None:
+        waits.keep_answered(row)
+    return row is not None
 
 
 def _config(session_id: Any) -> RunnableConfig:

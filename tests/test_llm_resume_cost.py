@@ -76,8 +76,10 @@ SCRIPT: dict[str, Any] = {
 # Today's counts plus a small margin (ADR 150): lower them as the resume gets cheaper,
 # never raise them. Django's queries of one job that resumes after a model call and
 # stops at the next one (the steps in between are the other engineers' budgets: the
-# worst such job here runs one ReAct step and its tools).
-RESUME_TO_NEXT_MODEL_WAIT = 37
+# worst such job here runs one ReAct step and its tools). 37 before the request was
+# written with its step group and the answered row was read once (ADR 172, 173): 31, no
+# margin, so that either coming undone fails here.
+RESUME_TO_NEXT_MODEL_WAIT = 31
 # The checkpointer's calls per such job: one read of the state, one write at exit, no
 # prune and no second read (ADR 150).
 CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "put": 1, "put_writes": 1})

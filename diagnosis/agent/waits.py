@@ -181,6 +181,30 @@ def deserialize_messages(request: dict[str, Any]) -> list[BaseMessage]:
     return messages_from_dict(request["messages"])
 
 
+# The answered requests the job read before running the graph (the one it resumes at):
+# a node's first look at its reply takes the row from here, not from a second query.
+_answered: contextvars.ContextVar[dict[str, LLMRequest] | None] = contextvars.ContextVar(
+    "aero_answered_requests", default=None
+)
+
+
+@contextmanager
+def answered_requests() -> Iterator[None]:
+    """For a job: answered request rows read before the graph runs are kept for it. An
+    answered (done or failed) row never changes again, so the copy is the row."""
+    token = _answered.set({})
+    try:
+        yield
+    finally:
+        _answered.reset(token)
+
+
+def keep_answered(row: LLMRequest) -> None:
+    kept = _answered.get()
+    if kept is not None:
+        kept[row.key] = row
+
+
 def _stored(scope: WaitScope, key: str) -> BaseMessage | None:
     """The runner's reply to the call `key`: the message, or None while there is none
     (no row, pending). Every real provider failed: ProviderError (final)."""
@@ -189,7 +213,14 @@ def _stored(scope: WaitScope, key: str) -> BaseMessage | None:
 
     if scope.missing == key:
         return None  # stored_reply just looked: no row
-    row = LLMRequest.objects.filter(key=key).only("status", "reply", "error", "answered_by").first()
+    kept = _answered.get()
+    row = kept.pop(key, None) if kept is not None else None
+    if row is None:
+        row = (
+            LLMRequest.objects.filter(key=key)
+            .only("key", "status", "reply", "error", "answered_by")
+            .first()
+        )
     if row is None:
         scope.missing = key
         return None
