@@ -19,7 +19,14 @@ from django.utils import timezone
 from aero.text import check_event_size
 from diagnosis.chain import event_hash
 from diagnosis.fold import reduce_snapshot
-from diagnosis.models import ENDED_STATUSES, AgentRun, Event, Session, SessionStatus
+from diagnosis.models import (
+    ENDED_STATUSES,
+    SESSION_TRANSITIONS,
+    AgentRun,
+    Event,
+    Session,
+    SessionStatus,
+)
 from diagnosis.push import notify_session
 
 _trace_id: contextvars.ContextVar[str] = contextvars.ContextVar("aero_trace_id", default="")
@@ -463,6 +470,9 @@ class StepGroup:
         # Rows the commit inserts unless they exist (the model request the group's
         # next step stopped at, ADR 172): written with the group's events, fenced alike.
         self.once: list[Model] = []
+        # The move the group's commit ends with (to waiting_user at a human wait, ADR
+        # 174): (from, to, producer), its event the group's last.
+        self.end_status: tuple[str, str, str] | None = None
 
     def defer_status(self, previous: str, to: str, producer: str) -> None:
         """Move the session from `previous` to `to` with the next group's commit, its
@@ -559,6 +569,16 @@ class StepGroup:
         finally:
             _batch.reset(token)
 
+    def end_with_status(self, previous: str, to: str, producer: str) -> bool:
+        """Move the session from `previous` to `to` with this group's commit, its event
+        after the group's others (a wait the steps end at). False when no group is open:
+        the caller moves it itself. Not written if the session moved meanwhile (only a
+        cancel can: it clears the lease, and the commit is refused anyway)."""
+        if self.atomic is None or self.batch is None:
+            return False
+        self.end_status = (previous, to, producer)
+        return True
+
     def insert_once(self, row: Model) -> bool:
         """Insert `row` with the group's commit unless its unique key exists (see
         `once`). False when no group is open: the caller writes it itself."""
@@ -573,10 +593,11 @@ class StepGroup:
         if atomic is None or batch is None:
             return
         once, self.once = self.once, []
+        end, self.end_status = self.end_status, None
         self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
         self.end_after_step = False
         try:
-            self._flush(batch, finished, runs, once)
+            self._flush(batch, finished, runs, once, end)
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
             self._lost()
@@ -598,6 +619,7 @@ class StepGroup:
         finished: list[AgentRun],
         runs: list[AgentRun],
         once: list[Model],
+        end: tuple[str, str, str] | None = None,
     ) -> None:
         if runs:
             AgentRun.objects.bulk_create(runs)
@@ -620,6 +642,13 @@ class StepGroup:
                 # Moved meanwhile (only a cancel can, and it clears the lease, so the
                 # write below is refused anyway): the move is not this group's to write.
                 batch.pending.pop(0)
+        if end is not None:
+            previous, to, producer = end
+            current = fields.get("status", session.status)  # after the group's start move
+            if current == previous and to in SESSION_TRANSITIONS[current]:
+                more, events = _status_change(session, previous, to, producer)
+                fields.update(more)
+                batch.pending.extend(events)
         _write(session, batch.pending, once=once, **fields)
         if event is not None:
             self.status, self.status_event = None, None
@@ -633,7 +662,7 @@ class StepGroup:
         if lost:
             self._lost()
         self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
-        self.once = []
+        self.once, self.end_status = [], None
         self.end_after_step = False
         self.status_event = None  # `status` stays deferred: write_status or the next group
         exc = _GroupRolledBack()

@@ -1034,6 +1034,7 @@ def _drive(
             fence = active_fence()
             if fence is not None:
                 fence.steps_lost = False  # this run's checkpoint may be saved again
+            context.waiting_written = False
             try:
                 result = graph.invoke(graph_input, config, context=context, durability="exit")
             finally:
@@ -1084,11 +1085,16 @@ def _drive(
             if model_wait["key"] not in context.requested:
                 record_model_request(session.pk, model_wait)
             return WAITING_MODEL, model_wait
+        if context.waiting_written and _interrupt_value(result) is not None:
+            # A human wait: its group wrote the move to waiting_user (ADR 174). What it
+            # waits for is in the invoke's result: the state is not read again, and an
+            # input that came meanwhile is seen by advance_session's re-check.
+            return SessionStatus.WAITING_USER, Stopped(result)
         snapshot = graph.get_state(config)
 
 
-def _model_interrupt(result: Any) -> dict[str, Any] | None:
-    """The model wait the graph run stopped at, from invoke()'s result (its values carry
+def _interrupt_value(result: Any) -> dict[str, Any] | None:
+    """What the graph run stopped at, from invoke()'s result (its values carry
     `__interrupt__` when the run was interrupted), or None."""
     if not isinstance(result, dict):
         return None
@@ -1096,9 +1102,22 @@ def _model_interrupt(result: Any) -> dict[str, Any] | None:
     if not interrupts:
         return None
     value = getattr(interrupts[0], "value", None)
-    if isinstance(value, dict) and value.get("kind") == "model":
-        return value
-    return None
+    return value if isinstance(value, dict) else None
+
+
+def _model_interrupt(result: Any) -> dict[str, Any] | None:
+    """The model wait the graph run stopped at, or None."""
+    value = _interrupt_value(result)
+    return value if value is not None and value.get("kind") == "model" else None
+
+
+class Stopped:
+    """The state a run stopped in, from invoke()'s result: what `resume_value` reads of
+    a state snapshot (the interrupts and the values), without reading the checkpoint."""
+
+    def __init__(self, result: dict[str, Any]) -> None:
+        self.interrupts = tuple(result["__interrupt__"])
+        self.values = {k: v for k, v in result.items() if k != "__interrupt__"}
 
 
 def _fail(session_id: Any, reason: str) -> None:

@@ -80,6 +80,10 @@ SCRIPT: dict[str, Any] = {
 # written with its step group and the answered row was read once (ADR 172, 173): 31, no
 # margin, so that either coming undone fails here.
 RESUME_TO_NEXT_MODEL_WAIT = 31
+# The job that ends at the human wait (the proposals, the R0 action's effect, the
+# approvals): 53 before its move to waiting_user was written with its last group, and
+# its state not read again after the run (ADR 174).
+RESUME_TO_FIRST_APPROVAL = 48
 # The checkpointer's calls per such job: one read of the state, one write at exit, no
 # prune and no second read (ADR 150).
 CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "put": 1, "put_writes": 1})
@@ -182,6 +186,9 @@ def test_a_job_that_resumes_after_a_model_call_stays_within_budget(
     for _, count, calls, _ in model_waits:
         assert count <= RESUME_TO_NEXT_MODEL_WAIT
         assert calls == CHECKPOINTER_CALLS
+    _, count, calls, _ = resumes[-1]
+    assert count <= RESUME_TO_FIRST_APPROVAL
+    assert calls == CHECKPOINTER_CALLS + Counter({"prune": 1})  # the state read once
     assert Session.objects.get(pk=session.pk).lease_token is None
 
 

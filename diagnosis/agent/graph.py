@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from langgraph.config import get_config
+from langgraph.errors import GraphInterrupt
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
@@ -60,6 +61,7 @@ from diagnosis.models import (
     LLMCall,
     Restriction,
     Session,
+    SessionStatus,
     ToolCall,
     ToolCallStatus,
 )
@@ -126,7 +128,7 @@ def recorded(
                 update.pop("_commit", False)
                 or last
                 or group.end_after_step
-                or commits_after(ctx, name)
+                or commits_after(ctx, name, update)
             ):
                 # The graph ends after this node (its checkpoint follows), or the step
                 # handed effects to the outbox, which go out once it commits; a session
@@ -212,7 +214,7 @@ def reasons(ctx: AgentContext) -> bool:
     return any(isinstance(p, OpenAICompatibleProvider) for p in ctx.providers)
 
 
-def commits_after(ctx: AgentContext, name: str) -> bool:
+def commits_after(ctx: AgentContext, name: str, update: dict[str, Any] | None = None) -> bool:
     """Whether the group commits after this step of a session a model reasons for.
 
     Model calls inside the step (blocking mode, AERO_LLM_WAITS off) take seconds: every
@@ -222,10 +224,18 @@ def commits_after(ctx: AgentContext, name: str) -> bool:
     find this one's `agent.note` there, written before the calls it led to (the
     conversation orders the model's turns and the policy's own calls by time). The steps
     after it (the tools, the compliance check, the next reasoning step up to its model
-    wait) are one group, like a session without a model's (ADR 169)."""
+    wait) are one group, like a session without a model's (ADR 169). A reasoning step
+    whose plan is a human wait (approvals, a question) leaves the commit to that wait,
+    the very next step: nothing comes between them, and the wait's commit carries the
+    move to waiting_user (ADR 174)."""
     if not reasons(ctx):
         return False
-    return name == "reasoning" or not waits.waits_enabled()
+    if not waits.waits_enabled():
+        return True
+    if name != "reasoning":
+        return False
+    step = ((update or {}).get("plan") or {}).get("step")
+    return step not in ("await", "ask")
 
 
 def step_group(ctx: AgentContext) -> StepGroup:
@@ -762,17 +772,38 @@ def route_after_reasoning(
 # --- waits (interrupts) ---------------------------------------------------------------
 
 
+def wait_for_user(ctx: AgentContext, value: dict[str, Any]) -> None:
+    """Interrupt for a human (a question, approvals). When the graph really stops here
+    (no resume value), the steps so far commit before the interrupt's checkpoint, with
+    the session's move to waiting_user as their group's last event (ADR 174): the job
+    then needs no transaction of its own for it, nor a read of the state it stopped in.
+    Resumed, the steps go on in their group."""
+    try:
+        interrupt(value)
+    except GraphInterrupt:
+        group = ctx.group
+        if group is not None and group.end_with_status(
+            SessionStatus.RUNNING, SessionStatus.WAITING_USER, ctx.producer
+        ):
+            ctx.waiting_written = True
+        commit_steps(ctx)
+        raise
+    commit_steps(ctx)
+
+
 def ask_user(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    commit_steps(runtime.context)
     question = state.get("question") or {}
-    interrupt({"kind": "question", "field": question.get("field"), "key": question.get("key")})
+    wait_for_user(
+        runtime.context,
+        {"kind": "question", "field": question.get("field"), "key": question.get("key")},
+    )
     return {}
 
 
 def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    commit_steps(runtime.context)
     # The actions awaiting a decision, and a request to continue past the model budget,
-    # which waits like one (ADR 143): one query.
+    # which waits like one (ADR 143): one query (in the steps' transaction, if open: it
+    # sees their proposals).
     waiting = list(
         ToolCall.objects.filter(
             Q(is_action=True) | Q(tool_name=BUDGET_TOOL),
@@ -783,7 +814,9 @@ def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[st
         .values_list("pk", flat=True)
     )
     if waiting:
-        interrupt({"kind": "approval", "tool_calls": waiting})
+        wait_for_user(runtime.context, {"kind": "approval", "tool_calls": waiting})
+    else:
+        commit_steps(runtime.context)
     # A correction sent while waiting goes through the input parser first (ADR-138).
     unread = Event.objects.filter(
         session_id=runtime.context.session_id,
