@@ -296,6 +296,25 @@ def load_providers(
     return [chain[pk] for pk in ids if pk in chain]
 
 
+def cached_providers(
+    ids: list[int], versions: dict[int, str] | None
+) -> list[OpenAICompatibleProvider] | None:
+    """load_providers() from the cache alone, or None when a provider must be read. No
+    query: the runner calls it on its loop, which saves the call a hand-off to a
+    database thread and back (ADR 171)."""
+    if versions is None:
+        return None
+    chain: list[OpenAICompatibleProvider] = []
+    for pk in ids:
+        if pk not in versions:
+            continue  # disabled or deleted: skipped, as load_providers does
+        cached = _providers.get(pk)
+        if cached is None or cached[0] != versions[pk]:
+            return None
+        chain.append(cached[1])
+    return chain
+
+
 def write_deltas(call: Claimed, text: str) -> None:
     """Streamed text: the request's `text` (a reload shows it) and an `llm.delta` event
     (the live page pulls it), in one transaction, under the claim."""
@@ -687,7 +706,9 @@ class Runner:
             logger.exception("llm runner: request %s failed", call.key)
 
     async def _chain(self, call: Claimed) -> None:
-        providers = await _db(load_providers)(call.provider_ids, call.provider_versions)
+        providers = cached_providers(call.provider_ids, call.provider_versions)
+        if providers is None:
+            providers = await _db(load_providers)(call.provider_ids, call.provider_versions)
         messages = waits.deserialize_messages(call.request)
         options = dict(call.request.get("kwargs") or {})
         started_chain = time.monotonic()

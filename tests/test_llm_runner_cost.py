@@ -98,6 +98,12 @@ def test_a_claim_is_one_statement_and_a_token_per_request(
     with CaptureQueriesContext(connection) as loading:
         assert llm_runner.load_providers(call.provider_ids, call.provider_versions) == [built]
     assert len(loading) == 0  # 1 per call before
+    # ...and the runner finds them on its loop, without a database thread; a row whose
+    # version changed is read again.
+    assert llm_runner.cached_providers(call.provider_ids, call.provider_versions) == [built]
+    changed = {config.pk: "another version"}
+    assert llm_runner.cached_providers(call.provider_ids, changed) is None
+    assert llm_runner.cached_providers(call.provider_ids, {}) == []  # disabled: skipped
 
     # Held, it is not claimed again; a poll that finds nothing is one statement too.
     with CaptureQueriesContext(connection) as polling:
