@@ -8,7 +8,8 @@ A graph node that needs the model records a keyed `LLMRequest` and its job ends
   runner takes the request over; every write of a call checks the claim (a runner that
   lost it writes nothing more);
 - makes many calls at once on one event loop, with one client per provider config
-  (`providers.client_for`, its async pool reused), the chain's rules kept: tenacity
+  (`providers.client_for`; its SDK client with a connection pool of the runner's own,
+  kept between calls, ADR 171), the chain's rules kept: tenacity
   retries (3 attempts, 1/2/4 s x AERO_LLM_BACKOFF + jitter, or Retry-After), no retry on
   a final 4xx, the next provider, the offline provider last (the node's own: it needs no
   wait), no attempt started after AERO_LLM_BUDGET_SECONDS;
@@ -53,6 +54,7 @@ from django.utils import timezone
 from langchain_core.messages import AIMessage, InvalidToolCall, ToolCall, message_to_dict
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import invalid_tool_call, tool_call
+from openai._streaming_cleanup import drain_response_async
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
@@ -61,6 +63,7 @@ from diagnosis.agent.providers import (
     OpenAICompatibleProvider,
     ProviderError,
     Usage,
+    async_client_of_its_own,
     backoff_wait,
     classify,
     client_for,
@@ -97,6 +100,9 @@ class Claimed:
     purpose: str
     request: dict[str, Any]
     provider_ids: list[int]
+    # The enabled ones among them, each with its row version (PostgreSQL's xmin) as the
+    # claim read it; None where the claim cannot read them (SQLite): loaded per call.
+    provider_versions: dict[int, str] | None = None
     buffer: list[str] = field(default_factory=list)
     attempts: int = 0  # attempts recorded under this claim (their keys' counter)
     # The call's writes, in order: its streamed text never lands after its reply.
@@ -179,21 +185,30 @@ def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()
     # a transaction, and this statement is a transaction of its own (autocommit).
     pick_sql += " " + connection.ops.for_update_sql(skip_locked=True)
     table = connection.ops.quote_name(LLMRequest._meta.db_table)
+    configs = connection.ops.quote_name(ProviderConfig._meta.db_table)
     # gen_random_uuid(): a token per row, drawn by PostgreSQL (13+), so that every check
-    # keys on (pk, token) exactly as before.
+    # keys on (pk, token) exactly as before. `provider_versions`: the request's enabled
+    # provider configs as "id:xmin" (ADR 171): xmin changes with every write of the row
+    # (the admin's, a queryset update, the key rotation), so the runner rebuilds a
+    # provider only when its row changed, and reads no ProviderConfig per call.
     claimed = LLMRequest.objects.raw(
         f"UPDATE {table} SET claim_token = gen_random_uuid(), claim_expires_at = %s,"
         " claims = claims + 1, \"text\" = ''"
         f" WHERE id IN ({pick_sql})"
         " RETURNING id, key, session_id, claim_token, claims, purpose, request, providers,"
-        " created_at",
+        " created_at,"
+        f" (SELECT array_agg(p.id::text || ':' || p.xmin::text) FROM {configs} p"
+        f" WHERE p.enabled AND {table}.providers @> to_jsonb(p.id)) AS provider_versions",
         (expires, *pick_params),
     )
     # RETURNING follows no order: the calls start oldest first, as the SELECT had them.
     calls: list[Claimed] = []
     for row in sorted(claimed, key=lambda row: (row.created_at, row.pk)):
         assert row.claim_token is not None  # set by this very statement
-        calls.append(_claimed(row, row.claim_token, row.claims))
+        call = _claimed(row, row.claim_token, row.claims)
+        pairs = (item.split(":") for item in row.provider_versions or ())  # type: ignore[attr-defined]
+        call.provider_versions = {int(pk): version for pk, version in pairs}
+        calls.append(call)
     return calls
 
 
@@ -250,10 +265,55 @@ def _held(call: Claimed) -> LLMRequest:
     return row
 
 
-def load_providers(ids: list[int]) -> list[OpenAICompatibleProvider]:
-    """The request's real providers, in its order; one disabled meanwhile is skipped."""
-    configs = {c.pk: c for c in ProviderConfig.objects.filter(pk__in=ids, enabled=True)}
-    return [OpenAICompatibleProvider(configs[i]) for i in ids if i in configs]
+# Providers built from their configs, by config id: (the row's version, the provider).
+# Read by the loop's database threads; a dict's get and set are atomic.
+_providers: dict[int, tuple[str, OpenAICompatibleProvider]] = {}
+
+
+def load_providers(
+    ids: list[int], versions: dict[int, str] | None = None
+) -> list[OpenAICompatibleProvider]:
+    """The request's real providers, in its order; one disabled meanwhile is skipped.
+    `versions` (the claim's read, PostgreSQL): the enabled ones and their row versions;
+    a provider built from that version of its row is reused, the others are read again
+    (ADR 171: the query and the providers' building were a sixth of the database
+    threads' time). A config edited after the claim is used from the next claim on."""
+    if versions is None:
+        configs = {c.pk: c for c in ProviderConfig.objects.filter(pk__in=ids, enabled=True)}
+        return [OpenAICompatibleProvider(configs[i]) for i in ids if i in configs]
+    chain: dict[int, OpenAICompatibleProvider] = {}
+    for pk in ids:
+        cached = _providers.get(pk)
+        if pk in versions and cached is not None and cached[0] == versions[pk]:
+            chain[pk] = cached[1]
+    missing = [pk for pk in ids if pk in versions and pk not in chain]
+    if missing:
+        rows = ProviderConfig.objects.filter(pk__in=missing, enabled=True).annotate(
+            version=RawSQL("xmin::text", ())
+        )
+        for config in rows:
+            provider = chain[config.pk] = OpenAICompatibleProvider(config)
+            _providers[config.pk] = (config.version, provider)
+    return [chain[pk] for pk in ids if pk in chain]
+
+
+def cached_providers(
+    ids: list[int], versions: dict[int, str] | None
+) -> list[OpenAICompatibleProvider] | None:
+    """load_providers() from the cache alone, or None when a provider must be read. No
+    query: the runner calls it on its loop, which saves the call a hand-off to a
+    database thread and back (ADR 171)."""
+    if versions is None:
+        return None
+    chain: list[OpenAICompatibleProvider] = []
+    for pk in ids:
+        if pk not in versions:
+            continue  # disabled or deleted: skipped, as load_providers does
+        cached = _providers.get(pk)
+        if cached is None or cached[0] != versions[pk]:
+            return None
+        chain.append(cached[1])
+    return chain
 
 
 def write_deltas(call: Claimed, text: str) -> None:
@@ -505,6 +565,22 @@ class Runner:
         self.name = name or f"{BEAT_PREFIX}{socket.gethostname()}:{os.getpid()}"
         self.inflight: dict[str, tuple[Claimed, asyncio.Task[None]]] = {}
         self.started_at = timezone.now()
+        # Per LangChain client (one per provider config, `client_for`): its SDK client
+        # with a connection pool of this runner's loop (ADR 171), closed at the loop's
+        # end. A client replaced by a config edit keeps its entry (the calls in flight
+        # still use its pool; its idle connections expire after a few seconds).
+        self.sdk_clients: dict[int, tuple[Any, openai.AsyncOpenAI]] = {}
+
+    def _sdk_client(self, client: Any) -> openai.AsyncOpenAI:
+        entry = self.sdk_clients.get(id(client))
+        if entry is None or entry[0] is not client:
+            entry = self.sdk_clients[id(client)] = (client, async_client_of_its_own(client))
+        return entry[1]
+
+    async def _close_clients(self) -> None:
+        clients = [sdk for _, sdk in self.sdk_clients.values()]
+        self.sdk_clients.clear()
+        await asyncio.gather(*(sdk.close() for sdk in clients), return_exceptions=True)
 
     # -- loops
 
@@ -540,6 +616,7 @@ class Runner:
                 await _db(unregister)(self.name)
             except DatabaseError:
                 logger.warning("llm runner: could not release its claims", exc_info=True)
+            await self._close_clients()
 
     async def serve(self, stop: asyncio.Event) -> None:
         """run() with its own database threads."""
@@ -562,6 +639,7 @@ class Runner:
         await asyncio.gather(*(t for _, t in list(self.inflight.values())), return_exceptions=True)
         flusher_stop.set()
         await flusher
+        await self._close_clients()
         return len(calls)
 
     def _start(self, call: Claimed) -> None:
@@ -629,7 +707,9 @@ class Runner:
             logger.exception("llm runner: request %s failed", call.key)
 
     async def _chain(self, call: Claimed) -> None:
-        providers = await _db(load_providers)(call.provider_ids)
+        providers = cached_providers(call.provider_ids, call.provider_versions)
+        if providers is None:
+            providers = await _db(load_providers)(call.provider_ids, call.provider_versions)
         messages = waits.deserialize_messages(call.request)
         options = dict(call.request.get("kwargs") or {})
         started_chain = time.monotonic()
@@ -708,7 +788,9 @@ class Runner:
                 await _db(reset_text)(call)  # a new attempt streams a new text
         try:
             client = client_for(provider.config)
-            message = await stream_reply(client, messages, options, call.buffer)
+            message = await stream_reply(
+                client, messages, options, call.buffer, self._sdk_client(client)
+            )
         except (openai.APIError, asyncio.CancelledError, ClaimLost):
             raise
         except Exception as exc:
@@ -738,7 +820,11 @@ class Runner:
 
 
 async def stream_reply(
-    client: Any, messages: list[Any], options: dict[str, Any], buffer: list[str]
+    client: Any,
+    messages: list[Any],
+    options: dict[str, Any],
+    buffer: list[str],
+    sdk: openai.AsyncOpenAI | None = None,
 ) -> AIMessage:
     """One streamed chat completion, read as plain server-sent events (ADR 160): the text
     goes to `buffer` as it arrives; the reply is one AIMessage, its tool arguments parsed
@@ -746,7 +832,8 @@ async def stream_reply(
     same messages, tools and options as `astream`) sent by the same SDK client (its pool,
     timeout and HTTP errors); only the reading is ours: `astream` built an SDK pydantic
     object, a LangChain chunk and a merged message per chunk, about half of the runner's
-    CPU with 200 calls in flight."""
+    CPU with 200 calls in flight. `sdk`: the client's SDK client with the caller's own
+    connection pool (`Runner._sdk_client`); LangChain's by default."""
     payload = client._get_request_payload(
         messages, stream=True, stream_options={"include_usage": True}, **options
     )
@@ -754,7 +841,8 @@ async def stream_reply(
     tools: dict[int, dict[str, Any]] = {}
     usage: dict[str, Any] | None = None
     meta: dict[str, Any] = {}
-    create = client.root_async_client.chat.completions.with_streaming_response.create
+    sdk = sdk or client.root_async_client
+    create = sdk.chat.completions.with_streaming_response.create
     # The body goes as `extra_body`, which the SDK sends as it is: passed as `create`'s
     # own arguments, the SDK walked every message and tool schema against its TypedDicts
     # first (`async_maybe_transform`, ~5 ms per call here, a fifth of the runner's CPU);
@@ -769,6 +857,12 @@ async def stream_reply(
                     continue  # blank separators, comments, `event:` lines
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    # What the SDK's own stream does at [DONE]: read the rest of the body
+                    # (the chunked end, at most 0.1 s) so that HTTP/1.1 keeps the
+                    # connection for the next call. Closed unread, every call opened a
+                    # TCP connection of its own (about a tenth of the runner's CPU).
+                    if response.http_response.http_version == "HTTP/1.1":
+                        await drain_response_async(response.http_response)
                     break
                 chunk = json.loads(data)
                 if not isinstance(chunk, dict):

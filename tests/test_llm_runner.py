@@ -26,7 +26,7 @@ from diagnosis.agent import grounding
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import Event, LLMCall, LLMRequest, Session, SessionStatus
-from scenarios_admin.models import Scenario
+from scenarios_admin.models import ProviderConfig, Scenario
 from tests.llm_helpers import fake_llm, fake_provider
 from tests.servers import PYTHON, ROOT, run_worker_burst, service_env
 
@@ -406,3 +406,46 @@ def test_the_maintenance_loop_prunes_the_requests_of_ended_sessions(
     # Nobody makes the canceled session's call any more.
     assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 0
     assert len(fake_llm.requests) == 4
+
+
+def test_an_edited_provider_config_is_used_from_the_next_call_on(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], no_inline_runner: None
+) -> None:
+    """The runner builds a provider once per version of its config's row (ADR 171: the
+    claim reads the versions, xmin): an admin's edit (model, base URL, key) and a write
+    that leaves updated_at alone (a queryset update) are both used by the next call."""
+    other = FakeLLMServer().start()
+    try:
+        for server in (fake_llm, other):
+            server.set_script({"rules": [ANSWER]})
+        config = fake_provider(fake_llm)
+        user = make_user("olga", "operator")
+        scenario = Scenario.objects.get(slug="oil_spill")
+
+        def one_call() -> Session:
+            session = do_create_session(user, scenario, EXAMPLE_ONE)
+            assert in_thread(lambda: llm_runner.Runner(enqueue=False).process_pending_now()) == 1
+            assert attempts(session) == [("fake", "ok")]
+            return session
+
+        one_call()
+        one_call()  # the cached provider, and a new loop's own connections
+        sent = [(r["body"]["model"], r["auth"]) for r in fake_llm.requests]
+        assert sent == [("fake-1", "Bearer sk-test-123")] * 2
+
+        config.model, config.base_url = "fake-2", other.url
+        config.set_api_key("sk-new-456")
+        config.save()  # the admin's edit
+        session = one_call()
+        assert [(r["body"]["model"], r["auth"]) for r in other.requests] == [
+            ("fake-2", "Bearer sk-new-456")
+        ]
+        assert LLMCall.objects.get(session=session).model == "fake-2"
+
+        ProviderConfig.objects.filter(pk=config.pk).update(model="fake-3")  # updated_at kept
+        session = one_call()
+        assert [r["body"]["model"] for r in other.requests] == ["fake-2", "fake-3"]
+        assert LLMCall.objects.get(session=session).model == "fake-3"
+        assert len(fake_llm.requests) == 2
+    finally:
+        other.stop()

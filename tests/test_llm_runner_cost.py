@@ -24,7 +24,7 @@ from diagnosis.actions import do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.agent.providers import OpenAICompatibleProvider, ProviderError, Usage
 from diagnosis.models import Event, LLMCall, LLMRequest, Session
-from scenarios_admin.models import Scenario
+from scenarios_admin.models import ProviderConfig, Scenario
 from tests.llm_helpers import fake_llm, fake_provider
 
 __all__ = ["fake_llm"]  # the fixture
@@ -87,6 +87,23 @@ def test_a_claim_is_one_statement_and_a_token_per_request(
     assert (call.token, call.claims, row.claims, row.text) == (row.claim_token, 1, 1, "")
     assert row.claim_expires_at is not None and row.claim_expires_at > timezone.now()
     assert (call.key, call.purpose, call.request) == (row.key, row.purpose, row.request)
+    # The same statement read the enabled providers' row versions (ADR 171): the call's
+    # chain is built once per version, then read from no table.
+    (config,) = ProviderConfig.objects.filter(enabled=True)
+    assert call.provider_ids == [config.pk] and set(call.provider_versions or {}) == {config.pk}
+    llm_runner._providers.clear()
+    with CaptureQueriesContext(connection) as building:
+        (built,) = llm_runner.load_providers(call.provider_ids, call.provider_versions)
+    assert len(building) == 1 and built.model == config.model
+    with CaptureQueriesContext(connection) as loading:
+        assert llm_runner.load_providers(call.provider_ids, call.provider_versions) == [built]
+    assert len(loading) == 0  # 1 per call before
+    # ...and the runner finds them on its loop, without a database thread; a row whose
+    # version changed is read again.
+    assert llm_runner.cached_providers(call.provider_ids, call.provider_versions) == [built]
+    changed = {config.pk: "another version"}
+    assert llm_runner.cached_providers(call.provider_ids, changed) is None
+    assert llm_runner.cached_providers(call.provider_ids, {}) == []  # disabled: skipped
 
     # Held, it is not claimed again; a poll that finds nothing is one statement too.
     with CaptureQueriesContext(connection) as polling:

@@ -15,7 +15,7 @@ from diagnosis.agent import waits
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.agent.providers import client_for
 from diagnosis.agent.react import tool_schemas
-from diagnosis.llm_runner import stream_reply
+from diagnosis.llm_runner import Runner, stream_reply
 from tests.builtin_data import oil_spill
 from tests.llm_helpers import fake_llm, fake_provider
 
@@ -83,3 +83,67 @@ def test_the_runner_reads_a_streamed_reply_as_langchain_reads_it_unstreamed(
         streamed.response_metadata["finish_reason"]
         == (unstreamed.response_metadata["finish_reason"])
     )
+
+
+def count_connections(server: FakeLLMServer) -> list[int]:
+    """The TCP connections the server accepts, counted."""
+    accepted = [0]
+    process = server.httpd.process_request
+
+    def counting(request: Any, address: Any) -> None:
+        accepted[0] += 1
+        process(request, address)
+
+    server.httpd.process_request = counting  # type: ignore[method-assign,assignment]
+    return accepted
+
+
+def test_calls_in_turn_keep_one_connection_and_a_loop_never_gets_another_loops(
+    fake_llm: FakeLLMServer,
+) -> None:
+    """ADR 171: the runner reads the body to its end after [DONE] (as the SDK's stream
+    does), so HTTP/1.1 keeps the connection for the next call: closed unread, every call
+    opened one. Each runner's loop has a pool of its own: a connection kept by one
+    loop's pool broke in the next loop ("Event loop is closed")."""
+    fake_llm.set_script({"rules": [REPLIES["text only"]]})
+    client = client_for(fake_provider(fake_llm))
+    accepted = count_connections(fake_llm)
+    messages = [HumanMessage("105机位燃油泄漏")]
+
+    async def three_calls() -> list[str]:
+        runner = Runner(enqueue=False)
+        sdk = runner._sdk_client(client)
+        assert runner._sdk_client(client) is sdk  # one per LangChain client and loop
+        replies = [await stream_reply(client, messages, {}, [], sdk) for _ in range(3)]
+        await runner._close_clients()
+        return [str(reply.content) for reply in replies]
+
+    assert asyncio.run(three_calls()) == [REPLIES["text only"]["content"]] * 3
+    assert accepted[0] == 1
+    # The next loop (run_pending_inline runs one per call) opens its own.
+    assert asyncio.run(three_calls()) == [REPLIES["text only"]["content"]] * 3
+    assert accepted[0] == 2
+
+
+def test_without_langchains_private_pool_builder_the_runner_still_gets_a_pool_of_its_own(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`async_client_of_its_own` borrows LangChain's private builder; if an upgrade
+    moves it, the runner falls back to the SDK's public default pool, still its own (not
+    LangChain's shared one), and its calls still go out."""
+    import sys
+
+    from diagnosis.agent.providers import async_client_of_its_own
+
+    monkeypatch.setitem(sys.modules, "langchain_openai.chat_models._client_utils", None)
+    fake_llm.set_script({"rules": [REPLIES["text only"]]})
+    client = client_for(fake_provider(fake_llm))
+    sdk = async_client_of_its_own(client)
+    assert sdk._client is not client.root_async_client._client
+
+    async def one_call() -> str:
+        reply = await stream_reply(client, [HumanMessage("105机位燃油泄漏")], {}, [], sdk)
+        await sdk.close()
+        return str(reply.content)
+
+    assert asyncio.run(one_call()) == REPLIES["text only"]["content"]

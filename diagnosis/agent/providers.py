@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -208,7 +207,7 @@ def parse_reply(model: type[BaseModel], content: str) -> tuple[dict[str, Claim],
 
 # --- OpenAI-compatible ------------------------------------------------------------------
 
-_clients: dict[tuple[int, datetime, float], ChatOpenAI] = {}
+_clients: dict[tuple[int, str, str, str, float], ChatOpenAI] = {}
 _clients_lock = threading.Lock()
 
 
@@ -246,12 +245,14 @@ def waiting_chat_class() -> type[ChatOpenAI]:
 
 def client_for(config: ProviderConfig) -> ChatOpenAI:
     """One client (and its HTTP connection pool) per provider config, reused by every call
-    in the process; an edit of the config (updated_at) makes a new one. The LLM runner's
-    asynchronous calls reuse the same client (its async pool)."""
+    in the process; a change of what the client is built from (model, base URL, key,
+    timeout) makes a new one. Keyed by those values, not by updated_at: a write that does
+    not touch updated_at (a queryset update, the key rotation) is seen too. The LLM
+    runner's asynchronous calls use the same client (its payload, its SDK client)."""
     ChatOpenAI = waiting_chat_class()  # noqa: N806
 
     timeout = call_timeout(config)
-    key = (config.pk, config.updated_at, timeout)
+    key = (config.pk, config.model, config.base_url, config.api_key_encrypted, timeout)
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
@@ -268,6 +269,38 @@ def client_for(config: ProviderConfig) -> ChatOpenAI:
             )
             _clients[key] = client
         return client
+
+
+def async_client_of_its_own(chat: ChatOpenAI) -> openai.AsyncOpenAI:
+    """`chat`'s SDK async client (its key, base URL, timeout, no SDK retries) with an HTTP
+    connection pool of its own, for one event loop: the LLM runner keeps connections
+    alive between calls (ADR 171), and LangChain's default pool is one per process and
+    base URL, shared by every loop: a connection left in it by one loop (a
+    `run_pending_inline` run) broke in the next ("Event loop is closed"). The pool is
+    built by LangChain's own builder with the options LangChain would choose (TCP
+    keepalive, or none when a proxy is set in the environment), only not shared; its
+    owner closes it (`aclose`) before its loop ends."""
+    try:
+        from langchain_openai.chat_models._client_utils import (
+            _build_async_httpx_client,
+            _resolve_socket_options,
+            _should_bypass_socket_options_for_proxy_env,
+        )
+    except ImportError:
+        # LangChain's private builder moved (an upgrade): the SDK's public default pool,
+        # still one of its own, without LangChain's TCP keepalive options (the client's
+        # own timeout still applies per request).
+        return chat.root_async_client.copy(http_client=openai.DefaultAsyncHttpxClient())
+
+    bypass = _should_bypass_socket_options_for_proxy_env(
+        http_socket_options=chat.http_socket_options,
+        http_client=chat.http_client,
+        http_async_client=chat.http_async_client,
+        openai_proxy=chat.openai_proxy,
+    )
+    options = () if bypass else _resolve_socket_options(chat.http_socket_options)
+    http = _build_async_httpx_client(chat.openai_api_base, chat.request_timeout, options)
+    return chat.root_async_client.copy(http_client=http)
 
 
 def _retry_after(response: Any) -> float | None:
