@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from diagnosis import jobs, llm_runner
 from diagnosis.actions import do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
-from diagnosis.models import Event, LLMCall, LLMRequest, Session, SessionStatus
+from diagnosis.models import AgentRun, Event, LLMCall, LLMRequest, Session, SessionStatus
 from scenarios_admin.models import Scenario
 from tests.llm_helpers import fake_llm, fake_provider
 
@@ -78,12 +78,13 @@ SCRIPT: dict[str, Any] = {
 # stops at the next one (the steps in between are the other engineers' budgets: the
 # worst such job here runs one ReAct step and its tools). 37 before the request was
 # written with its step group and the answered row was read once (ADR 172, 173): 31, no
-# margin, so that either coming undone fails here.
-RESUME_TO_NEXT_MODEL_WAIT = 31
+# margin, so that either coming undone fails here; 30 with the root run ended in the
+# lease's release (ADR 175).
+RESUME_TO_NEXT_MODEL_WAIT = 30
 # The job that ends at the human wait (the proposals, the R0 action's effect, the
 # approvals): 53 before its move to waiting_user was written with its last group, and
 # its state not read again after the run (ADR 174).
-RESUME_TO_FIRST_APPROVAL = 48
+RESUME_TO_FIRST_APPROVAL = 47
 # The checkpointer's calls per such job: one read of the state, one write at exit, no
 # prune and no second read (ADR 150).
 CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "put": 1, "put_writes": 1})
@@ -188,6 +189,12 @@ def test_a_job_that_resumes_after_a_model_call_stays_within_budget(
         assert calls == CHECKPOINTER_CALLS
     _, count, calls, _ = resumes[-1]
     assert count <= RESUME_TO_FIRST_APPROVAL
+    # Each job's root run ended with its lease, saying where the job left the session.
+    roots = AgentRun.objects.filter(session=session, parent__isnull=True).order_by("pk")
+    assert [(r.status, r.output_summary["status"]) for r in roots][-len(resumes) :] == [
+        ("completed", status) for status, *_ in resumes
+    ]
+    assert all(r.ended_at is not None for r in roots)
     assert calls == CHECKPOINTER_CALLS + Counter({"prune": 1})  # the state read once
     assert Session.objects.get(pk=session.pk).lease_token is None
 
