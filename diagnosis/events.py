@@ -12,7 +12,6 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, F, Model, OuterRef, Q
-from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
@@ -24,6 +23,7 @@ from diagnosis.models import (
     SESSION_TRANSITIONS,
     AgentRun,
     Event,
+    LLMRequest,
     Session,
     SessionStatus,
 )
@@ -175,21 +175,14 @@ def _new_event(
 
 
 def _write(
-    session: Session,
-    events: list[Event],
-    rows: Sequence[Model] = (),
-    *,
-    once: Sequence[Model] = (),
-    **fields: Any,
+    session: Session, events: list[Event], rows: Sequence[Model] = (), **fields: Any
 ) -> None:
     """Give `events` the next seqs of the locked `session`, hash-chain them, insert them
     in one statement, update the session once and notify once, after commit, with the
     highest seq. A job's write is fenced: refused unless it still holds the lease.
     `fields`: more columns of the session to set in the same UPDATE (set_status, the
     token counters). `rows`: other new rows (of other models) inserted in the same
-    statement (an LLM call's `LLMCall`, ADR 167); their pks are not read back. `once`:
-    rows inserted the same way unless their unique key exists (ON CONFLICT DO NOTHING: a
-    re-run's model request, ADR 172)."""
+    statement (an LLM call's `LLMCall`, ADR 167); their pks are not read back."""
     check_fence(session)
     now = timezone.now()
     seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
@@ -208,7 +201,7 @@ def _write(
         updates["snapshot"] = snapshot
     connection = transaction.get_connection()
     if connection.vendor == "postgresql":
-        _update_and_insert(connection, session.pk, updates, events, rows, once)
+        _update_and_insert(connection, session.pk, updates, events, rows)
     else:
         Session.objects.filter(pk=session.pk).update(**updates)
         if len(events) == 1:
@@ -217,8 +210,6 @@ def _write(
             Event.objects.bulk_create(events)
         for row in rows:
             row.save(force_insert=True)
-        for row in once:
-            type(row)._default_manager.bulk_create([row], ignore_conflicts=True)
     transaction.on_commit(partial(notify_session, session.pk, seq))
     known = _known.get()
     if known is not None and known.session_id == str(session.pk):
@@ -232,21 +223,19 @@ def _update_and_insert(
     updates: dict[str, Any],
     events: list[Event],
     rows: Sequence[Model] = (),
-    once: Sequence[Model] = (),
 ) -> None:
     """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
     CTE, PostgreSQL; ADR 156): the same SQL Django writes for each, one round trip.
     `rows`: each another INSERT in the same WITH (PostgreSQL runs every data-modifying
-    CTE to completion, read or not; ADR 167); `once`: the same, ON CONFLICT DO NOTHING."""
+    CTE to completion, read or not; ADR 167)."""
     update = UpdateQuery(Session)
     update.add_q(Q(pk=session_id))
     update.add_update_values(updates)
     update_sql, update_params = update.get_compiler(connection=connection).as_sql()
     ctes, params = [f"session_row AS ({update_sql})"], [*update_params]
-    ignore = [False] * len(rows) + [True] * len(once)
-    for number, (row, skip_existing) in enumerate(zip([*rows, *once], ignore, strict=True)):
+    for number, row in enumerate(rows):
         model = type(row)
-        row_insert = InsertQuery(model, on_conflict=OnConflict.IGNORE if skip_existing else None)
+        row_insert = InsertQuery(model)
         row_insert.insert_values(
             [f for f in model._meta.concrete_fields if f is not model._meta.pk], [row]
         )
@@ -280,15 +269,48 @@ class KnownKeys:
     def __init__(self, session_id: Any) -> None:
         self.session_id = str(session_id)
         self.keys: set[str] | None = None
+        # The keys of the session's model requests when the job loaded its keys (None:
+        # not known, look each up). Only the lease holder records a session's requests
+        # (and its creation, before any job), and a job that records one stops at it.
+        self.requests: set[str] | None = None
+        # Node-run ids reserved with the load, for the job's first step group.
+        self.run_ids: list[int] = []
 
     def __contains__(self, key: str) -> bool:
         if self.keys is None:
+            self._load()
+        assert self.keys is not None
+        return key in self.keys
+
+    def _load(self) -> None:
+        connection = transaction.get_connection()
+        if connection.vendor != "postgresql":
             self.keys = set(
                 Event.objects.filter(session_id=self.session_id, key__gt="").values_list(
                     "key", flat=True
                 )
             )
-        return key in self.keys
+            return
+        # One statement (ADR 176): the events' keys, the requests' keys and a block of
+        # run ids, where they were three (nextval is not transactional either way).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT ARRAY(SELECT key FROM {Event._meta.db_table}"
+                "   WHERE session_id = %s AND key > ''),"
+                f" ARRAY(SELECT key FROM {LLMRequest._meta.db_table} WHERE session_id = %s),"
+                " ARRAY(SELECT nextval(pg_get_serial_sequence(%s, 'id'))"
+                "   FROM generate_series(1, %s))",
+                [self.session_id, self.session_id, AgentRun._meta.db_table, RUN_ID_BLOCK],
+            )
+            keys, requests, run_ids = cursor.fetchone()
+        self.keys, self.requests, self.run_ids = set(keys), set(requests), list(run_ids)
+
+    def request_absent(self, key: str) -> bool:
+        """Whether the session had no model request `key` when the job started (False
+        when that is not known)."""
+        if self.keys is None:
+            self._load()
+        return self.requests is not None and key not in self.requests
 
     def add(self, keys: list[str]) -> None:
         if self.keys is not None:
@@ -298,6 +320,12 @@ class KnownKeys:
 _known: contextvars.ContextVar[KnownKeys | None] = contextvars.ContextVar(
     "aero_known_keys", default=None
 )
+
+
+def current_known(session_id: Any) -> KnownKeys | None:
+    """The job's known keys of this session, if a job holding its lease is running."""
+    known = _known.get()
+    return known if known is not None and known.session_id == str(session_id) else None
 
 
 @contextmanager
@@ -467,9 +495,6 @@ class StepGroup:
         # rather than on its own (ADR 156): (from, to, producer) and its queued event.
         self.status: tuple[str, str, str] | None = None
         self.status_event: Event | None = None
-        # Rows the commit inserts unless they exist (the model request the group's
-        # next step stopped at, ADR 172): written with the group's events, fenced alike.
-        self.once: list[Model] = []
         # The move the group's commit ends with (to waiting_user at a human wait, ADR
         # 174): (from, to, producer), its event the group's last.
         self.end_status: tuple[str, str, str] | None = None
@@ -492,6 +517,10 @@ class StepGroup:
         where ids cannot be reserved (SQLite: the caller inserts the row itself)."""
         if transaction.get_connection().vendor != "postgresql":
             return None
+        if not self.run_ids:
+            known = current_known(self.session_id)
+            if known is not None and known.run_ids:
+                self.run_ids, known.run_ids = known.run_ids, []
         if not self.run_ids:
             with transaction.get_connection().cursor() as cursor:
                 # nextval is not transactional: a block is never handed out twice, and
@@ -579,25 +608,16 @@ class StepGroup:
         self.end_status = (previous, to, producer)
         return True
 
-    def insert_once(self, row: Model) -> bool:
-        """Insert `row` with the group's commit unless its unique key exists (see
-        `once`). False when no group is open: the caller writes it itself."""
-        if self.atomic is None:
-            return False
-        self.once.append(row)
-        return True
-
     def commit(self) -> None:
         """Write the group's events (lock, seqs, one insert, one update) and commit."""
         atomic, batch, finished, runs = self.atomic, self.batch, self.finished, self.new_runs
         if atomic is None or batch is None:
             return
-        once, self.once = self.once, []
         end, self.end_status = self.end_status, None
         self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
         self.end_after_step = False
         try:
-            self._flush(batch, finished, runs, once, end)
+            self._flush(batch, finished, runs, end)
         except BaseException as exc:
             atomic.__exit__(type(exc), exc, exc.__traceback__)
             self._lost()
@@ -618,7 +638,6 @@ class StepGroup:
         batch: EventBatch,
         finished: list[AgentRun],
         runs: list[AgentRun],
-        once: list[Model],
         end: tuple[str, str, str] | None = None,
     ) -> None:
         if runs:
@@ -627,10 +646,6 @@ class StepGroup:
             AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
         status, event = self.status, self.status_event
         if not batch.pending:
-            if once:
-                check_fence(lock_session(self.session_id))
-                for row in once:
-                    type(row)._default_manager.bulk_create([row], ignore_conflicts=True)
             return
         session = lock_session(self.session_id)
         fields: dict[str, Any] = {}
@@ -649,7 +664,7 @@ class StepGroup:
                 more, events = _status_change(session, previous, to, producer)
                 fields.update(more)
                 batch.pending.extend(events)
-        _write(session, batch.pending, once=once, **fields)
+        _write(session, batch.pending, **fields)
         if event is not None:
             self.status, self.status_event = None, None
 
@@ -662,7 +677,7 @@ class StepGroup:
         if lost:
             self._lost()
         self.atomic, self.batch, self.finished, self.new_runs = None, None, [], []
-        self.once, self.end_status = [], None
+        self.end_status = None
         self.end_after_step = False
         self.status_event = None  # `status` stays deferred: write_status or the next group
         exc = _GroupRolledBack()

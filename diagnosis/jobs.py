@@ -1118,10 +1118,9 @@ def _drive(
         if model_wait is not None:
             # The graph stopped at a model call (ADR 150): its request is in the invoke's
             # own result, so the state is not read again; the job records the request
-            # (unless the step group before the call wrote it, ADR 172) and ends. A
-            # reply stored meanwhile is seen by advance_session's re-check.
-            if model_wait["key"] not in context.requested:
-                record_model_request(session.pk, model_wait)
+            # once the checkpoint that waits for it is saved (ADR 172) and ends. A reply
+            # stored meanwhile is seen by advance_session's re-check.
+            record_model_request(session.pk, model_wait)
             return WAITING_MODEL, model_wait
         if context.waiting_written and _interrupt_value(result) is not None:
             # A human wait: its group wrote the move to waiting_user (ADR 174). What it

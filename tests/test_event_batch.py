@@ -492,27 +492,3 @@ def test_the_jobs_move_to_running_is_the_first_event_of_its_first_group(
     # The move and its group's steps went out in one notice: none carries the move's own
     # seq (seqs start at 1).
     assert resumed + 1 not in {seq for sid, seq, _ in notices if sid == str(session.pk)}
-
-
-def test_a_groups_model_request_is_written_with_its_events_once_whatever_the_reruns(
-    session: Session,
-) -> None:
-    """The model request a group's next step stopped at is written by the group's commit
-    (ADR 172). A re-run of those steps (their group committed, the job's checkpoint did
-    not) writes its events' keys nothing twice and finds the request: its commit still
-    goes through, with one request row."""
-    from diagnosis.events import StepGroup
-    from diagnosis.models import LLMRequest
-
-    assert not StepGroup(session.pk).insert_once(LLMRequest())  # no group open: the caller's
-    for attempt in range(2):
-        group = StepGroup(session.pk)
-        with group.step():
-            append_event(session.pk, "agent.note", {"attempt": attempt}, producer="test")
-        row = LLMRequest(key="task:re-run:m0", session=session, request={"messages": []})
-        assert group.insert_once(row)
-        group.commit()
-    (request,) = LLMRequest.objects.filter(session=session)
-    assert request.key == "task:re-run:m0" and request.status == "pending"
-    notes = Event.objects.filter(session=session, type="agent.note").order_by("seq")
-    assert [e.payload["attempt"] for e in notes] == [0, 1]

@@ -76,15 +76,16 @@ SCRIPT: dict[str, Any] = {
 # Today's counts plus a small margin (ADR 150): lower them as the resume gets cheaper,
 # never raise them. Django's queries of one job that resumes after a model call and
 # stops at the next one (the steps in between are the other engineers' budgets: the
-# worst such job here runs one ReAct step and its tools). 37 before the request was
-# written with its step group and the answered row was read once (ADR 172, 173): 31, no
-# margin, so that either coming undone fails here; 30 with the root run ended in the
-# lease's release (ADR 175).
-RESUME_TO_NEXT_MODEL_WAIT = 30
+# worst such job here runs one ReAct step and its tools). 37 before ADR 173, 175 and 176
+# (the answered row read once, the root run ended with the lease, the requests' keys and
+# the run ids read with the events' keys): 32, no margin, so that any of them coming
+# undone fails here.
+RESUME_TO_NEXT_MODEL_WAIT = 32
 # The job that ends at the human wait (the proposals, the R0 action's effect, the
-# approvals): 53 before its move to waiting_user was written with its last group, and
-# its state not read again after the run (ADR 174).
-RESUME_TO_FIRST_APPROVAL = 47
+# approvals): 53 before its move to waiting_user was written with its last group and
+# its state not read again after the run (ADR 174), the root run ended with the lease
+# (ADR 175) and the keys read in one statement (ADR 176).
+RESUME_TO_FIRST_APPROVAL = 46
 # The checkpointer's calls per such job: one read of the state, one write at exit, no
 # prune and no second read (ADR 150).
 CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "put": 1, "put_writes": 1})
@@ -257,9 +258,9 @@ def test_the_steps_after_a_model_turn_are_one_transaction_and_the_next_turn_sees
     assert [m["role"] for m in results] == ["tool"] * 5
     assert [m["tool_call_id"] for m in results] == [c["id"] for c in assistant[0]["tool_calls"]]
     # The job between the second and the third call: its start (lease run), its
-    # reasoning step, the tools up to the model wait with the request's row (was 5: one
-    # per step; 4 with the request in a transaction of its own, ADR 172).
-    assert commits[1] == 3
+    # reasoning step, the tools up to the model wait, the request (was 5: one per step).
+    # The request stays a transaction of its own, after the checkpoint (ADR 172).
+    assert commits[1] == 4
     # The request the tools' group wrote is the one the runner answered.
     assert LLMRequest.objects.filter(session=session, status="done").count() == 3
 

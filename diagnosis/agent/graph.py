@@ -117,10 +117,8 @@ def recorded(
             except waits.ModelWait as wait:
                 # The step rolled back, the steps before it commit; it re-runs from its
                 # first line once the runner has the reply (ADR 95). The interrupt
-                # carries the request; the commit writes its row with the steps' events
-                # (one statement, not a transaction of its own after the run: ADR 172).
-                if group.insert_once(waits.request_row(ctx.session_id, wait.payload)):
-                    ctx.requested.add(wait.payload["key"])
+                # carries the request; the job records its row after the checkpoint
+                # (ADR 172: not with this commit).
                 group.commit()
                 waits.interrupt_for(wait)
                 raise  # not reached: interrupt_for raises the interrupt

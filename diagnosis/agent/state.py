@@ -57,8 +57,5 @@ class AgentContext:
     # The session's action calls as this group's steps see them (read once per group,
     # again after a step changed them; see graph.action_calls_of).
     actions: list[ToolCall] | None = None
-    # The keys of the model requests a step group wrote with its commit (ADR 172): the
-    # job does not record them again.
-    requested: set[str] = field(default_factory=set)
     # A human wait's group wrote the move to waiting_user (ADR 174): the job does not.
     waiting_written: bool = False

@@ -216,6 +216,12 @@ def _stored(scope: WaitScope, key: str) -> BaseMessage | None:
     kept = _answered.get()
     row = kept.pop(key, None) if kept is not None else None
     if row is None:
+        from diagnosis.events import current_known
+
+        known = current_known(scope.session_id)
+        if known is not None and known.request_absent(key):
+            scope.missing = key
+            return None  # the job's keys say so: no row to read (ADR 176)
         row = (
             LLMRequest.objects.filter(key=key)
             .only("key", "status", "reply", "error", "answered_by")
