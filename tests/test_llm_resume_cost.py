@@ -122,12 +122,14 @@ def checkpointer_calls() -> Iterator[Counter[str]]:
         delattr(saver, name)  # the instance attribute: the class's method again
 
 
-def run_the_runner() -> int:
+def run_the_runner(*, enqueue: bool = False) -> int:
+    """The runner's pending calls, made now; `enqueue`: as `aero_llm_runner` runs it,
+    each reply enqueues its session's job."""
     made: list[int] = []
 
     def target() -> None:
         try:
-            made.append(asyncio.run(llm_runner.Runner(enqueue=False).process_pending_now()))
+            made.append(asyncio.run(llm_runner.Runner(enqueue=enqueue).process_pending_now()))
         finally:
             connections.close_all()
 
@@ -279,23 +281,6 @@ def enqueued(settings: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return pushed
 
 
-def run_the_runner_enqueuing() -> int:
-    """The runner as `aero_llm_runner` runs it: each reply enqueues its session's job."""
-    made: list[int] = []
-
-    def target() -> None:
-        try:
-            runner = llm_runner.Runner(enqueue=True)
-            made.append(asyncio.run(runner.process_pending_now()))
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(timeout=60)
-    return made[0] if made else 0
-
-
 def test_a_new_session_asks_the_model_before_any_job_runs(
     builtin: None,
     fake_llm: FakeLLMServer,
@@ -324,7 +309,7 @@ def test_a_new_session_asks_the_model_before_any_job_runs(
     jobs_run: list[tuple[str, int]] = []
     for _ in range(10):
         before = len(enqueued)
-        if not run_the_runner_enqueuing():
+        if not run_the_runner(enqueue=True):
             break
         assert enqueued[before:] == [str(session.pk)]  # the reply enqueued the session
         with CaptureQueriesContext(connection) as queries:
