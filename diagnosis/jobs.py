@@ -875,20 +875,31 @@ def request_opening_extraction(session: Session, message: Event) -> bool:
     def extract(provider: Provider) -> Any:
         return provider.extract(definition, text, airport, None)
 
-    def unreachable(*args: Any) -> None:
-        # Only a stored reply the node cannot use, or the offline provider, records an
-        # attempt or a fallback; a new session has neither before its request exists.
-        raise AssertionError("the opening extraction recorded an attempt before its call")
+    def not_here(*args: Any) -> None:
+        # The call failed before it could wait (a provider config that cannot be used,
+        # say): the job makes it, and records the attempt and the fallback as always.
+        raise _NotRequested()
 
-    waiting = waits.request_outside_graph(
-        session.pk,
-        waits.extraction_key(session.pk, message.seq),
-        lambda: call_with_fallback(providers, "extract", extract, unreachable, unreachable),
-    )
-    if waiting is None:
+    try:
+        with transaction.atomic():  # a failure here leaves the session's creation whole
+            waiting = waits.request_outside_graph(
+                session.pk,
+                waits.extraction_key(session.pk, message.seq),
+                lambda: call_with_fallback(providers, "extract", extract, not_here, not_here),
+            )
+            if waiting is None:
+                return False
+            record_model_request(session.pk, waiting)
+    except Exception:
+        logger.warning(
+            "session %s: its opening extraction goes to its first job", session.pk, exc_info=True
+        )
         return False
-    record_model_request(session.pk, waiting)
     return True
+
+
+class _NotRequested(Exception):
+    pass
 
 
 # Published scenario versions are immutable (ScenarioVersion.save): their definitions,

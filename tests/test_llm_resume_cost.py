@@ -366,3 +366,29 @@ def test_with_calls_inside_the_job_a_new_session_is_queued_at_once(
     )
     assert enqueued == [str(session.pk)]
     assert not LLMRequest.objects.filter(session=session).exists()
+
+
+def test_an_opening_call_that_cannot_be_made_goes_to_the_first_job(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    enqueued: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A provider that fails before its call can wait (its client cannot be built) does
+    not fail the operator's request: the session is created and queued, and its job
+    makes the call and records the failure and the fallback, as for any call."""
+    from diagnosis.agent import providers
+
+    fake_provider(fake_llm)
+
+    def broken(config: Any) -> Any:
+        raise RuntimeError("the provider's client cannot be built")
+
+    monkeypatch.setattr(providers, "client_for", broken)
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+    assert enqueued == [str(session.pk)]
+    assert not LLMRequest.objects.filter(session=session).exists()
+    assert Event.objects.filter(session=session, type="user.message").count() == 1
