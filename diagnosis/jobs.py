@@ -9,6 +9,7 @@ Backends: `embedded` (in-process worker threads), `rq` (django-rq workers on Red
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -70,7 +71,7 @@ from diagnosis.models import (
     ToolCallStatus,
 )
 from scenarios_admin.airport import load_active_graph
-from scenarios_admin.models import ScenarioVersion
+from scenarios_admin.models import ScenarioVersion, Topology
 
 logger = logging.getLogger("diagnosis.jobs")
 PRODUCER = "agent"
@@ -434,14 +435,34 @@ def stalled_sessions() -> list[str]:
 # --- lease ----------------------------------------------------------------------------
 
 
+# The lease's token and the session row as taking it left it.
+Leased = tuple[uuid.UUID, Session]
+# The agent a job's root run is named for.
+ROOT_AGENT = "incident_agent"
+
+
+def root_snapshot(token: uuid.UUID | None = None) -> dict[str, Any]:
+    """What a job's root run records of the process running it (and the status it found,
+    added by the caller)."""
+    snapshot = {"pid": os.getpid(), "host": socket.gethostname()}
+    snapshot["backend"] = settings.AERO_JOB_BACKEND
+    if token is not None:
+        # Which lease this run holds (the session row names its holder too).
+        snapshot["lease"] = str(token)
+    return snapshot
+
+
 def acquire_lease(session_id: Any) -> uuid.UUID | None:
     taken = take_lease(session_id)
     return taken[0] if taken is not None else None
 
 
-def take_lease(session_id: Any) -> tuple[uuid.UUID, Session] | None:
+def take_lease(session_id: Any, *, root: dict[str, Any] | None = None) -> Leased | None:
     """The lease and the session row as the lease left it, in one statement (UPDATE ...
-    RETURNING, ADR 156): the job reads nothing else of the row to start."""
+    RETURNING, ADR 156): the job reads nothing else of the row to start. `root`: the
+    input snapshot of the job's root run, inserted by the same statement (PostgreSQL),
+    with the active topology's stamp read there too (ADR 178): the row then carries
+    `root_id` (None for an ended session: no run) and `topology_stamp`."""
     token = uuid.uuid4()
     now = timezone.now()
     update = UpdateQuery(Session)
@@ -458,8 +479,50 @@ def take_lease(session_id: Any) -> tuple[uuid.UUID, Session] | None:
     sql, params = update.get_compiler(connection=connection).as_sql()
     quote = connection.ops.quote_name
     columns = ", ".join(quote(str(f.column)) for f in Session._meta.concrete_fields)
-    rows = list(Session.objects.raw(f"{sql} RETURNING {columns}", params))
-    return (token, rows[0]) if rows else None
+    if root is None or connection.vendor != "postgresql":
+        rows = list(Session.objects.raw(f"{sql} RETURNING {columns}", params))
+        return (token, rows[0]) if rows else None
+    run, topology = AgentRun._meta, Topology._meta
+
+    def column(meta: Any, name: str) -> str:
+        return quote(str(meta.get_field(name).column))
+
+    names = ("session", "agent_name", "mode", "status", "started_at", "input_snapshot")
+    inserted = ", ".join(column(run, name) for name in (*names, "output_summary"))
+    ended = ", ".join(["%s"] * len(ENDED_STATUSES))
+    status = column(Session._meta, "status")
+    rows = list(
+        Session.objects.raw(
+            f"WITH leased AS ({sql} RETURNING {columns}),"
+            f" root AS (INSERT INTO {quote(run.db_table)} ({inserted})"
+            f"  SELECT leased.{quote('id')}, %s, %s, %s, %s,"
+            f"   jsonb_build_object('status', leased.{status}) || %s::jsonb, %s::jsonb"
+            f"  FROM leased WHERE leased.{status} NOT IN ({ended}) RETURNING {quote('id')})"
+            f" SELECT leased.*, (SELECT {quote('id')} FROM root) AS root_id,"
+            f" stamp.{quote('id')} AS topology_id, stamp.{column(topology, 'updated_at')}"
+            f" AS topology_updated_at FROM leased LEFT JOIN (SELECT {quote('id')},"
+            f" {column(topology, 'updated_at')} FROM {quote(topology.db_table)}"
+            f" WHERE {column(topology, 'is_active')} ORDER BY 1 LIMIT 1) stamp ON TRUE",
+            [
+                *params,
+                ROOT_AGENT,
+                run.get_field("mode").get_default(),
+                run.get_field("status").get_default(),
+                timezone.now(),
+                json.dumps({**root, "lease": str(token)}),
+                json.dumps(run.get_field("output_summary").get_default()),
+                *sorted(ENDED_STATUSES),
+            ],
+        )
+    )
+    if not rows:
+        return None
+    row = rows[0]
+    # The raw query's extra columns, as attributes of the row.
+    topology_id = getattr(row, "topology_id", None)
+    stamp = (topology_id, getattr(row, "topology_updated_at", None))
+    row.topology_stamp = stamp if topology_id is not None else None  # type: ignore[attr-defined]
+    return token, row
 
 
 def renew_lease(session_id: Any, token: uuid.UUID) -> bool:
@@ -739,7 +802,7 @@ def advance_session(session_id: str) -> str:
     while True:
         if shutdown.stopping():
             return "stopped"  # the reconciler gives the session to a running worker
-        taken = take_lease(session_id)
+        taken = take_lease(session_id, root=root_snapshot())
         if taken is None:
             return "busy"  # another job holds it; it re-checks inputs before it lets go
         token, leased = taken
@@ -927,27 +990,29 @@ def _advance_locked(
     for (the model wait's interrupt value, or the state snapshot of a human wait).
     `finished`: takes the root run's end, for the caller to write with the lease's
     release; without it, the end is written here."""
-    # What the job reads to start, and its root run: one transaction, not four (ADR 156).
-    with transaction.atomic():
-        # `leased`: the row as taking the lease returned it (nothing else moves it but
-        # a cancel, which the fence notices).
-        session = leased or Session.objects.get(pk=session_id)
-        if session.is_ended:
-            return session.status, None
-        definition = _definition(session)
-        root = AgentRun.objects.create(
-            session=session,
-            agent_name="incident_agent",
-            input_snapshot={
-                "status": session.status,
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "backend": settings.AERO_JOB_BACKEND,
-                # Which lease this run holds (the session row names its holder too).
-                "lease": str(token),
-            },
-        )
-        airport, providers = load_active_graph(), configured_providers()
+    # `leased`: the row as taking the lease returned it (nothing else moves it but a
+    # cancel, which the fence notices).
+    session = leased or Session.objects.get(pk=session_id)
+    if session.is_ended:
+        return session.status, None
+    definition = _definition(session)
+    root_id = getattr(session, "root_id", None)
+    if root_id is not None:
+        # The root run was inserted and the topology's stamp read with the lease (ADR
+        # 178): the provider configs are the one read left.
+        root = AgentRun(pk=root_id, session=session, agent_name=ROOT_AGENT)
+        root._state.adding = False
+        airport = load_active_graph(getattr(session, "topology_stamp", None))
+        providers = configured_providers()
+    else:
+        # What the job reads to start, and its root run: one transaction (ADR 156).
+        with transaction.atomic():
+            root = AgentRun.objects.create(
+                session=session,
+                agent_name=ROOT_AGENT,
+                input_snapshot={"status": session.status, **root_snapshot(token)},
+            )
+            airport, providers = load_active_graph(), configured_providers()
     with tracing():
         graph = agent_graph()
         config = _config(session_id)

@@ -78,14 +78,16 @@ SCRIPT: dict[str, Any] = {
 # stops at the next one (the steps in between are the other engineers' budgets: the
 # worst such job here runs one ReAct step and its tools). 37 before ADR 173, 175 and 176
 # (the answered row read once, the root run ended with the lease, the requests' keys and
-# the run ids read with the events' keys): 32, no margin, so that any of them coming
+# the run ids read with the events' keys): 32; 28 with the root run inserted and the
+# topology's stamp read with the lease (ADR 178). No margin, so that any of them coming
 # undone fails here.
-RESUME_TO_NEXT_MODEL_WAIT = 32
+RESUME_TO_NEXT_MODEL_WAIT = 28
 # The job that ends at the human wait (the proposals, the R0 action's effect, the
 # approvals): 53 before its move to waiting_user was written with its last group and
 # its state not read again after the run (ADR 174), the root run ended with the lease
-# (ADR 175) and the keys read in one statement (ADR 176).
-RESUME_TO_FIRST_APPROVAL = 46
+# (ADR 175), the keys read in one statement (ADR 176), the root run inserted and the
+# topology's stamp read with the lease (ADR 178).
+RESUME_TO_FIRST_APPROVAL = 42
 # The checkpointer's calls per such job: one read of the state, one write at exit, no
 # prune and no second read (ADR 150).
 CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "put": 1, "put_writes": 1})
@@ -198,6 +200,11 @@ def test_a_job_that_resumes_after_a_model_call_stays_within_budget(
         ("completed", status) for status, *_ in resumes
     ]
     assert all(r.ended_at is not None for r in roots)
+    # Each root run, inserted with its lease (ADR 178), says what the job found and ran on.
+    for r in roots:
+        assert r.agent_name == "incident_agent" and r.mode == "react"
+        assert r.input_snapshot["status"] in (SessionStatus.QUEUED, SessionStatus.RUNNING)
+        assert {"pid", "host", "backend", "lease"} <= set(r.input_snapshot)
     assert calls == CHECKPOINTER_CALLS + Counter({"prune": 1})  # the state read once
     assert Session.objects.get(pk=session.pk).lease_token is None
 
@@ -259,10 +266,11 @@ def test_the_steps_after_a_model_turn_are_one_transaction_and_the_next_turn_sees
     results = messages[first + 1 : first + 6]
     assert [m["role"] for m in results] == ["tool"] * 5
     assert [m["tool_call_id"] for m in results] == [c["id"] for c in assistant[0]["tool_calls"]]
-    # The job between the second and the third call: its start (lease run), its
-    # reasoning step, the tools up to the model wait, the request (was 5: one per step).
-    # The request stays a transaction of its own, after the checkpoint (ADR 172).
-    assert commits[1] == 4
+    # The job between the second and the third call: its reasoning step, the tools up
+    # to the model wait, the request (was 5: one per step; its start was a transaction
+    # too before its root run was inserted with the lease, ADR 178). The request stays a
+    # transaction of its own, after the checkpoint (ADR 172).
+    assert commits[1] == 3
     # The request the tools' group wrote is the one the runner answered.
     assert LLMRequest.objects.filter(session=session, status="done").count() == 3
 
