@@ -54,7 +54,6 @@ from django.utils import timezone
 from langchain_core.messages import AIMessage, InvalidToolCall, ToolCall, message_to_dict
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import invalid_tool_call, tool_call
-from openai._streaming_cleanup import drain_response_async
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
@@ -79,6 +78,29 @@ from diagnosis.models import (
     WorkerBeat,
 )
 from scenarios_admin.models import ProviderConfig
+
+
+async def drain_rest(response: Any) -> None:
+    """Read what is left of a response's body (the chunked end after [DONE]), for at most
+    0.1 s, then close it: read whole, HTTP/1.1 keeps the connection for the next call."""
+    try:
+        async with asyncio.timeout(0.1):
+            # The transport's own byte stream: the response's iterators refuse a body
+            # already partly read (the lines up to [DONE]).
+            async for _ in response.stream:
+                pass
+    except Exception:  # whichever HTTP package the SDK runs on: cleanup never fails
+        pass  # cleanup only: the reply is complete; the connection is simply not kept
+    finally:
+        await response.aclose()
+
+
+try:
+    # The SDK's own drain (what its stream does at [DONE]); private, so an upgrade may
+    # move it: then our own, which does the same.
+    from openai._streaming_cleanup import drain_response_async
+except ImportError:  # pragma: no cover - depends on the installed SDK
+    drain_response_async = drain_rest
 
 logger = logging.getLogger("diagnosis.llm_runner")
 PRODUCER = "llm"

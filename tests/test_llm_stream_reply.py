@@ -147,3 +147,27 @@ def test_without_langchains_private_pool_builder_the_runner_still_gets_a_pool_of
         return str(reply.content)
 
     assert asyncio.run(one_call()) == REPLIES["text only"]["content"]
+
+
+def test_our_own_drain_keeps_the_connection_as_the_sdks_does(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner drains the body with the SDK's private helper; if an upgrade moves it,
+    `drain_rest` takes over: three calls in turn still share one connection."""
+    from diagnosis import llm_runner
+
+    monkeypatch.setattr(llm_runner, "drain_response_async", llm_runner.drain_rest)
+    fake_llm.set_script({"rules": [REPLIES["text only"]]})
+    client = client_for(fake_provider(fake_llm))
+    accepted = count_connections(fake_llm)
+
+    async def three_calls() -> list[str]:
+        runner = Runner(enqueue=False)
+        sdk = runner._sdk_client(client)
+        messages = [HumanMessage("105机位燃油泄漏")]
+        replies = [await stream_reply(client, messages, {}, [], sdk) for _ in range(3)]
+        await runner._close_clients()
+        return [str(reply.content) for reply in replies]
+
+    assert asyncio.run(three_calls()) == [REPLIES["text only"]["content"]] * 3
+    assert accepted[0] == 1
