@@ -913,7 +913,16 @@ def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
         # One statement (INSERT ... ON CONFLICT DO NOTHING), not a read, a savepoint and
         # an insert: a re-run finds its row by the unique key.
         LLMRequest.objects.bulk_create(
-            [waits.request_row(session_id, waiting)], ignore_conflicts=True
+            [
+                LLMRequest(
+                    key=waiting["key"],
+                    session_id=session_id,
+                    purpose=waiting.get("purpose", ""),
+                    request=waiting["request"],
+                    providers=waiting.get("providers", []),
+                )
+            ],
+            ignore_conflicts=True,
         )
 
 

@@ -303,11 +303,7 @@ def load_providers(
     if versions is None:
         configs = {c.pk: c for c in ProviderConfig.objects.filter(pk__in=ids, enabled=True)}
         return [OpenAICompatibleProvider(configs[i]) for i in ids if i in configs]
-    chain: dict[int, OpenAICompatibleProvider] = {}
-    for pk in ids:
-        cached = _providers.get(pk)
-        if pk in versions and cached is not None and cached[0] == versions[pk]:
-            chain[pk] = cached[1]
+    chain = _cached_chain(ids, versions)
     missing = [pk for pk in ids if pk in versions and pk not in chain]
     if missing:
         rows = ProviderConfig.objects.filter(pk__in=missing, enabled=True).annotate(
@@ -327,14 +323,21 @@ def cached_providers(
     database thread and back (ADR 171)."""
     if versions is None:
         return None
-    chain: list[OpenAICompatibleProvider] = []
+    chain = _cached_chain(ids, versions)
+    # A disabled or deleted one (not in `versions`) is skipped, as load_providers does.
+    if any(pk in versions and pk not in chain for pk in ids):
+        return None
+    return [chain[pk] for pk in ids if pk in chain]
+
+
+def _cached_chain(ids: list[int], versions: dict[int, str]) -> dict[int, OpenAICompatibleProvider]:
+    """The request's enabled providers built from the versions of their rows the claim
+    read, by config id (those not built yet, or from another version, left out)."""
+    chain: dict[int, OpenAICompatibleProvider] = {}
     for pk in ids:
-        if pk not in versions:
-            continue  # disabled or deleted: skipped, as load_providers does
         cached = _providers.get(pk)
-        if cached is None or cached[0] != versions[pk]:
-            return None
-        chain.append(cached[1])
+        if pk in versions and cached is not None and cached[0] == versions[pk]:
+            chain[pk] = cached[1]
     return chain
 
 

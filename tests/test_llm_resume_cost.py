@@ -348,27 +348,23 @@ def test_a_new_session_asks_the_model_before_any_job_runs(
     assert statuses == ["running", "waiting_user"]
 
 
-def test_without_a_real_provider_a_new_session_is_queued_at_once(
-    builtin: None, make_user: Callable[..., User], enqueued: list[str]
-) -> None:
-    """The offline provider needs no wait: no request, the first job is enqueued."""
-    session = do_create_session(
-        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
-    )
-    assert enqueued == [str(session.pk)]
-    assert not LLMRequest.objects.filter(session=session).exists()
-
-
-def test_with_calls_inside_the_job_a_new_session_is_queued_at_once(
+@pytest.mark.parametrize(
+    "setup",
+    ["offline only", "calls inside the job"],
+)
+def test_a_new_session_that_needs_no_wait_is_queued_at_once(
+    setup: str,
     builtin: None,
     fake_llm: FakeLLMServer,
     make_user: Callable[..., User],
     enqueued: list[str],
     settings: Any,
 ) -> None:
-    """The blocking design (no runner): the job makes the call, so it is enqueued."""
-    settings.AERO_LLM_WAITS = False
-    fake_provider(fake_llm)
+    """The offline provider needs no wait; in the blocking design (no runner) the job
+    makes the call itself: either way no request, and the first job is enqueued."""
+    if setup == "calls inside the job":
+        settings.AERO_LLM_WAITS = False
+        fake_provider(fake_llm)
     session = do_create_session(
         make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
     )
@@ -400,3 +396,25 @@ def test_an_opening_call_that_cannot_be_made_goes_to_the_first_job(
     assert enqueued == [str(session.pk)]
     assert not LLMRequest.objects.filter(session=session).exists()
     assert Event.objects.filter(session=session, type="user.message").count() == 1
+
+
+# The web request that creates a session a model reads (ADR 170): the session, its first
+# events, the audit entry, and the opening request with the provider configs and the
+# topology's stamp it is built from. Today's count, no margin.
+CREATE_WITH_OPENING_REQUEST = 18
+
+
+def test_creating_a_session_with_its_opening_request_stays_within_budget(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    enqueued: list[str],
+) -> None:
+    fake_provider(fake_llm)
+    olga = make_user("olga", "operator")
+    scenario = Scenario.objects.get(slug="oil_spill")
+    do_create_session(olga, scenario, MESSAGE)  # the process's caches warm, as a web's
+    with CaptureQueriesContext(connection) as queries:
+        session = do_create_session(olga, scenario, MESSAGE)
+    assert LLMRequest.objects.filter(session=session).count() == 1
+    assert len(queries) <= CREATE_WITH_OPENING_REQUEST

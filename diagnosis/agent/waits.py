@@ -164,19 +164,6 @@ def request_digest(request: dict[str, Any]) -> str:
     ).hexdigest()[:32]
 
 
-def request_row(session_id: Any, waiting: dict[str, Any]) -> LLMRequest:
-    """The runner's row for the request a node waits with (an unsaved `LLMRequest`)."""
-    from diagnosis.models import LLMRequest
-
-    return LLMRequest(
-        key=waiting["key"],
-        session_id=session_id,
-        purpose=waiting.get("purpose", ""),
-        request=waiting["request"],
-        providers=waiting.get("providers", []),
-    )
-
-
 def deserialize_messages(request: dict[str, Any]) -> list[BaseMessage]:
     return messages_from_dict(request["messages"])
 
