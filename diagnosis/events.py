@@ -15,6 +15,7 @@ from django.db.models import Exists, F, Model, OuterRef, Q
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.utils import timezone
 
+from aero.compiled import Arg, Compiled
 from aero.text import check_event_size
 from diagnosis.chain import event_hash
 from diagnosis.fold import reduce_snapshot
@@ -115,8 +116,15 @@ def check_fence(session: Session) -> None:
         raise LeaseLost(f"session {session.pk}: lease {fence.token} is no longer held")
 
 
+# Every write to a session's log starts here (several times per job): compiled once per
+# connection (ADR 179).
+_lock_session = Compiled(
+    Session, lambda: Session.objects.select_for_update().filter(pk=Arg(0, Session._meta.pk))
+)
+
+
 def lock_session(session_id: Any) -> Session:
-    return Session.objects.select_for_update().get(pk=session_id)
+    return _lock_session.get(session_id)
 
 
 def append_event(

@@ -35,6 +35,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from aero import metrics
+from aero.compiled import Arg, Compiled
 from diagnosis import shutdown
 from diagnosis.agent import waits
 from diagnosis.agent.graph import SessionCanceled, build_graph, step_group
@@ -848,15 +849,22 @@ def resumable(session_id: Any, waiting: Any = None) -> bool:
     return resume_value(session_id, waiting) is not None
 
 
+# Twice per job that resumes after a model call: compiled once per connection (ADR 179).
+_answered = Compiled(
+    LLMRequest,
+    lambda: (
+        LLMRequest.objects.filter(key=Arg(0))
+        .exclude(status=LLMRequestStatus.PENDING)
+        .only("key", "status", "reply", "error", "answered_by")
+        .order_by("pk")[:1]
+    ),
+)
+
+
 def model_answered(key: str) -> bool:
     """Whether the request `key` is answered. The row is read whole and kept for the
     job's node that reads the reply next (`waits.answered_requests`): one query, not two."""
-    row = (
-        LLMRequest.objects.filter(key=key)
-        .exclude(status=LLMRequestStatus.PENDING)
-        .only("key", "status", "reply", "error", "answered_by")
-        .first()
-    )
+    row = _answered.first(key)
     if row is not None:
         waits.keep_answered(row)
     return row is not None

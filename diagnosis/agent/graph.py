@@ -22,6 +22,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
+from aero.compiled import Arg, Compiled
 from diagnosis import shutdown
 from diagnosis.agent import budget, fsm, grounding, policy, prompts, waits
 from diagnosis.agent.extraction import Extraction
@@ -536,10 +537,17 @@ def _fallback_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[str, str, 
 UNFINISHED_EXECUTION = (ToolCallStatus.APPROVED, ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING)
 
 
+# Read by most steps: compiled once per connection (ADR 179).
+_action_calls = Compiled(
+    ToolCall,
+    lambda: ToolCall.objects.filter(
+        session_id=Arg(0, ToolCall._meta.get_field("session")), is_action=True
+    ).order_by("position", "id"),
+)
+
+
 def action_calls(session_id: Any) -> list[ToolCall]:
-    return list(
-        ToolCall.objects.filter(session_id=session_id, is_action=True).order_by("position", "id")
-    )
+    return list(_action_calls.rows(session_id))
 
 
 def action_calls_of(ctx: AgentContext) -> list[ToolCall]:

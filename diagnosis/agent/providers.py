@@ -35,6 +35,7 @@ from tenacity import (
     stop_before_delay,
 )
 
+from aero.compiled import Compiled
 from aero.redact import redact_error
 from diagnosis.agent import prompts, waits
 from diagnosis.agent.extraction import Extraction, detect_language, extract_fields
@@ -405,10 +406,16 @@ class OpenAICompatibleProvider:
         return ground(definition, text, graph, claims, asked), usage
 
 
+# Read by every job: compiled once per connection (ADR 179).
+_enabled = Compiled(
+    ProviderConfig, lambda: ProviderConfig.objects.filter(enabled=True).order_by("priority", "name")
+)
+
+
 def configured_providers() -> list[Provider]:
     """Enabled providers by priority, always ending with the offline provider."""
     chain: list[Provider] = []
-    for config in ProviderConfig.objects.filter(enabled=True).order_by("priority", "name"):
+    for config in _enabled.rows():
         if config.kind == ProviderKind.OPENAI:
             chain.append(OpenAICompatibleProvider(config))
     chain.append(OfflineProvider())

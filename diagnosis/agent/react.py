@@ -31,6 +31,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from aero.compiled import Arg, Compiled
 from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis.agent import fsm, prompts, waits
 from diagnosis.agent.providers import (
@@ -139,6 +140,26 @@ def _is_action(name: str) -> bool:
 # --- the conversation -----------------------------------------------------------------
 
 
+# Read by every reasoning step: compiled once per connection (ADR 179).
+_talk = Compiled(
+    Event,
+    lambda: (
+        Event.objects.filter(
+            session_id=Arg(0, Event._meta.get_field("session")),
+            type__in=("user.message", "agent.note"),
+        )
+        .order_by("seq")
+        .only("seq", "ts", "type", "payload")
+    ),
+)
+_agent_calls = Compiled(
+    ToolCall,
+    lambda: ToolCall.objects.filter(session_id=Arg(0, ToolCall._meta.get_field("session"))).exclude(
+        tool_name__in=(BUDGET_TOOL, LIFT_TOOL)  # people's requests, not the agent's tools
+    ),
+)
+
+
 def conversation(state: AgentState, ctx: AgentContext) -> list[BaseMessage]:
     """The operator's messages, the model's earlier picks and every tool result so far,
     rebuilt from the session's log each step (no state of its own to lose or repeat).
@@ -148,11 +169,7 @@ def conversation(state: AgentState, ctx: AgentContext) -> list[BaseMessage]:
     policy ran without the model's pick (a forgotten required action, the offline
     fallback, an approved action executing) appear as the policy's own tool calls."""
     lang = prompts.language(state.get("language", "en"))
-    events = list(
-        Event.objects.filter(session_id=ctx.session_id, type__in=("user.message", "agent.note"))
-        .order_by("seq")
-        .only("seq", "ts", "type", "payload")
-    )
+    events = list(_talk.rows(ctx.session_id))
     texts = [e.payload.get("text", "") for e in events if e.type == "user.message"]
     known = {k: v for k, v in (state.get("fields") or {}).items() if v is not None}
     messages: list[BaseMessage] = [
@@ -171,12 +188,7 @@ def conversation(state: AgentState, ctx: AgentContext) -> list[BaseMessage]:
             + json.dumps(known, ensure_ascii=False, sort_keys=True)
         ),
     ]
-    calls = {
-        c.call_id: c
-        for c in ToolCall.objects.filter(session_id=ctx.session_id).exclude(
-            tool_name__in=(BUDGET_TOOL, LIFT_TOOL)  # people's requests, not the agent's tools
-        )
-    }
+    calls = {c.call_id: c for c in _agent_calls.rows(ctx.session_id)}
     turns = [e for e in events if e.type == "agent.note" and e.payload.get("kind") == "react"]
     named = {
         str(c.get("call_id"))

@@ -1,0 +1,201 @@
+"""Statements compiled once per connection (aero.compiled, ADR 179): they return what the
+queryset returns, compile once, and refuse what they cannot run the same way."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import DatabaseError, connection, connections, transaction
+from django.db.models.sql.compiler import SQLCompiler
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from aero.compiled import Arg, Compiled, CompiledUpdate
+from diagnosis.models import Session, WorkerBeat
+from scenarios_admin.models import Scenario
+
+pytestmark = pytest.mark.django_db
+
+NAME = WorkerBeat._meta.get_field("name")
+BEAT_AT = WorkerBeat._meta.get_field("beat_at")
+SESSION_PK = Session._meta.pk
+
+by_name = Compiled(WorkerBeat, lambda: WorkerBeat.objects.filter(name=Arg(0)))
+# A column list (`only`), an ordering, a constant beside the placeholder.
+recent = Compiled(
+    WorkerBeat,
+    lambda: (
+        WorkerBeat.objects.filter(beat_at__gte=Arg(0, BEAT_AT), stopping=False)
+        .only("name", "pid")
+        .order_by("-pid")
+    ),
+)
+pids = Compiled(
+    WorkerBeat, lambda: WorkerBeat.objects.filter(host=Arg(0)).order_by("pid").values_list("pid")
+)
+names = Compiled(
+    WorkerBeat,
+    lambda: WorkerBeat.objects.filter(host=Arg(0)).order_by("name").values_list("name", flat=True),
+)
+session_by_pk = Compiled(Session, lambda: Session.objects.filter(pk=Arg(0, SESSION_PK)))
+stop = CompiledUpdate(
+    WorkerBeat,
+    lambda: WorkerBeat.objects.filter(host=Arg(0)),
+    {"stopping": True, "beat_at": Arg(1, BEAT_AT)},
+)
+
+
+def beat(name: str, pid: int, *, host: str = "h1", ago: int = 0, stopping: bool = False) -> None:
+    now = timezone.now()
+    WorkerBeat.objects.create(
+        name=name,
+        host=host,
+        pid=pid,
+        started_at=now,
+        beat_at=now - timedelta(seconds=ago),
+        stopping=stopping,
+    )
+
+
+@pytest.fixture
+def beats() -> None:
+    beat("w1", 11)
+    beat("w2", 12, ago=600)
+    beat("w3", 13, stopping=True)
+    beat("w4", 14, host="h2")
+
+
+@pytest.fixture
+def compiles() -> Iterator[list[str]]:
+    """The SELECTs Django compiles meanwhile, on a connection that has compiled none yet
+    (an earlier test's plans are forgotten, as a new connection has none)."""
+    connections["default"].__dict__.pop("_aero_compiled", None)
+    compiled: list[str] = []
+    original = SQLCompiler.as_sql
+
+    def counting(self: SQLCompiler, *args: Any, **kwargs: Any) -> Any:
+        sql, params = original(self, *args, **kwargs)
+        compiled.append(sql)
+        return sql, params
+
+    SQLCompiler.as_sql = counting  # type: ignore[method-assign]
+    yield compiled
+    SQLCompiler.as_sql = original  # type: ignore[method-assign]
+
+
+def fields(row: Any) -> dict[str, Any]:
+    return {f.attname: row.__dict__.get(f.attname) for f in type(row)._meta.concrete_fields}
+
+
+def test_rows_are_what_the_queryset_returns(beats: None) -> None:
+    since = timezone.now() - timedelta(seconds=60)
+    queryset = (
+        WorkerBeat.objects.filter(beat_at__gte=since, stopping=False)
+        .only("name", "pid")
+        .order_by("-pid")
+    )
+    assert [fields(r) for r in recent.rows(since)] == [fields(r) for r in queryset]
+    # The fields left out stay deferred, as the queryset leaves them.
+    row = recent.first(since)
+    assert row is not None and row.get_deferred_fields() == {
+        f.attname for f in WorkerBeat._meta.concrete_fields if f.name not in ("id", "name", "pid")
+    }
+    assert row._state.adding is False and row._state.db == "default"
+    assert fields(by_name.get("w2")) == fields(WorkerBeat.objects.get(name="w2"))
+    assert list(pids.rows("h1")) == list(
+        WorkerBeat.objects.filter(host="h1").order_by("pid").values_list("pid")
+    )
+    assert list(names.rows("h1")) == ["w1", "w2", "w3"]
+    assert list(names.rows("nowhere")) == [] and by_name.first("nobody") is None
+
+
+def test_each_shape_is_compiled_once_per_connection(beats: None, compiles: list[str]) -> None:
+    assert by_name.get("w1").pid == 11
+    assert by_name.get("w4").pid == 14  # other values, the same statement
+    assert list(names.rows("h2")) == ["w4"]
+    assert list(names.rows("h1")) == ["w1", "w2", "w3"]
+    assert len(compiles) == 2
+    # It runs what Django compiled, with the call's values.
+    with CaptureQueriesContext(connection) as queries:
+        by_name.get("w3")
+    assert len(queries) == 1 and "'w3'" in queries[0]["sql"]
+    assert len(compiles) == 2
+
+
+def test_a_placeholder_prepares_its_value_as_its_column_would(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    scenario = Scenario.objects.get(slug="oil_spill")
+    session = Session.objects.create(
+        scenario=scenario,
+        scenario_version=scenario.versions.get(),
+        title="compiled",
+        created_by=make_user("olga", "operator"),
+    )
+    for pk in (session.pk, str(session.pk), session.pk.hex):
+        found = session_by_pk.get(pk)
+        assert found.pk == session.pk and found.title == "compiled"
+        assert found.snapshot == Session.objects.get(pk=session.pk).snapshot
+    assert session_by_pk.first(uuid.uuid4()) is None
+
+
+def test_get_raises_as_the_queryset_does(beats: None) -> None:
+    with pytest.raises(WorkerBeat.DoesNotExist):
+        by_name.get("nobody")
+    with pytest.raises(WorkerBeat.MultipleObjectsReturned):
+        Compiled(WorkerBeat, lambda: WorkerBeat.objects.filter(host=Arg(0))).get("h1")
+
+
+def test_an_update_sets_its_values_and_counts_its_rows(beats: None) -> None:
+    when = timezone.now() + timedelta(days=1)
+    assert stop.run("h1", when) == 3
+    assert stop.run("nowhere", when) == 0
+    rows = WorkerBeat.objects.order_by("name").values_list("name", "stopping", "beat_at")
+    assert [(n, s, b == when) for n, s, b in rows] == [
+        ("w1", True, True),
+        ("w2", True, True),
+        ("w3", True, True),
+        ("w4", False, False),
+    ]
+
+
+def test_a_failed_update_marks_its_transaction_for_rollback(beats: None) -> None:
+    """As QuerySet.update() does: code that catches the error cannot commit the rest."""
+    too_long = CompiledUpdate(
+        WorkerBeat, lambda: WorkerBeat.objects.filter(name=Arg(0)), {"host": Arg(1)}
+    )
+    with transaction.atomic():
+        with contextlib.suppress(DatabaseError):
+            too_long.run("w1", "x" * 500)
+        assert transaction.get_connection().needs_rollback
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Session.objects.select_related("scenario").filter(pk=Arg(0)),
+        lambda: Session.objects.prefetch_related("events").filter(pk=Arg(0)),
+        lambda: WorkerBeat.objects.values("name").filter(name=Arg(0)),
+        lambda: WorkerBeat.objects.extra(select={"one": "1"}).filter(name=Arg(0)),
+    ],
+    ids=["select_related", "prefetch", "dicts", "extra"],
+)
+def test_shapes_it_cannot_run_the_same_way_are_refused(build: Callable[[], Any]) -> None:
+    with pytest.raises(ValueError, match="compiled statement"):
+        list(Compiled(WorkerBeat, build).rows("w1"))
+
+
+def test_model_rows_cannot_be_annotated() -> None:
+    from django.db.models import Value
+
+    annotated = Compiled(
+        WorkerBeat, lambda: WorkerBeat.objects.annotate(one=Value(1)).filter(name=Arg(0))
+    )
+    with pytest.raises(ValueError, match="annotate"):
+        annotated.first("w1")
