@@ -21,12 +21,17 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from django.db import connections, router, transaction
-from django.db.models import Field, Model, QuerySet
+from django.db.models import Field, ForeignObjectRel, Model, QuerySet
 from django.db.models.expressions import Expression
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable
 from django.db.models.sql import UpdateQuery
 
-__all__ = ["Arg", "Compiled", "CompiledUpdate"]
+__all__ = ["Arg", "Compiled", "CompiledUpdate", "Statement", "slot"]
+
+
+# A model's column, as `_meta.get_field` returns it (a relation's reverse side has no
+# column: an Arg given one is refused).
+Column = Field[Any, Any] | ForeignObjectRel
 
 
 class _Slot:
@@ -34,9 +39,16 @@ class _Slot:
 
     __slots__ = ("field", "index")
 
-    def __init__(self, index: int, field: Field[Any, Any] | None) -> None:
+    def __init__(self, index: int, field: Column | None) -> None:
+        if isinstance(field, ForeignObjectRel):
+            raise ValueError(f"{field} is no column")
         self.index = index
-        self.field = field
+        self.field: Field[Any, Any] | None = field
+
+
+def slot(index: int, field: Column | None = None) -> Any:
+    """The call's n-th value as a parameter of hand-written SQL (see `Statement`)."""
+    return _Slot(index, field)
 
 
 class Arg(Expression):
@@ -44,13 +56,13 @@ class Arg(Expression):
     `update(status=Arg(1))`. `field`: the column's type, which prepares the value as a
     filter on that column would (a str becomes a UUID for a UUIDField, say)."""
 
-    def __init__(self, index: int, field: Field[Any, Any] | None = None) -> None:
-        super().__init__(output_field=field)
+    def __init__(self, index: int, field: Column | None = None) -> None:
         self.index = index
-        self.column = field
+        self.slot = _Slot(index, field)  # refuses a field that is no column
+        super().__init__(output_field=self.slot.field)
 
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
-        return "%s", (_Slot(self.index, self.column),)
+        return "%s", (self.slot,)
 
     def get_group_by_cols(self) -> list[Any]:
         return []
@@ -146,6 +158,21 @@ class Compiled[T: Model]:
                     alias, plan.attnames, row[plan.start : plan.end], fetch_mode=plan.fetch_mode
                 )
 
+    def from_row(self, row: Any, connection: Any) -> T:
+        """A model instance from a row whose first columns are this statement's (a
+        `Statement` that returns them, say): converted as the statement's own rows are."""
+        plans = _plans(connection)
+        plan = plans.get(id(self))
+        if plan is None:
+            plan = plans[id(self)] = _Plan(self.build(), connection)
+        values = row[plan.start : plan.end]
+        if plan.converters:
+            values = next(plan.compiler.apply_converters([values], plan.converters))
+        return cast(
+            T,
+            plan.model.from_db(connection.alias, plan.attnames, values, fetch_mode=plan.fetch_mode),
+        )
+
     def first(self, *args: Any) -> Any:
         return next(self.rows(*args), None)
 
@@ -191,3 +218,27 @@ class CompiledUpdate:
         with transaction.mark_for_rollback_on_error(alias), connection.cursor() as cursor:
             cursor.execute(sql, _bind(params, args, connection))
             return int(cursor.rowcount)
+
+
+class Statement:
+    """Any statement whose SQL is built once per connection: `build(connection)` returns
+    the SQL and its parameters, where the call's values go as `slot(n)` (and as the
+    `Arg`s of the querysets it compiles into it). `run(*values)` returns the rows, if the
+    statement returns any, and the row count."""
+
+    def __init__(self, build: Callable[[Any], tuple[str, Any]], *, using: str = "default") -> None:
+        self.build = build
+        self.using = using
+
+    def run(self, *args: Any) -> tuple[list[Any], int]:
+        connection = connections[self.using]
+        plans = _plans(connection)
+        plan = plans.get(id(self))
+        if plan is None:
+            sql, params = self.build(connection)
+            plan = plans[id(self)] = (sql, tuple(params))
+        sql, params = plan
+        with transaction.mark_for_rollback_on_error(self.using), connection.cursor() as cursor:
+            cursor.execute(sql, _bind(params, args, connection))
+            rows = cursor.fetchall() if cursor.description else []
+            return rows, int(cursor.rowcount)

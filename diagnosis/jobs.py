@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
@@ -35,7 +35,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from aero import metrics
-from aero.compiled import Arg, Compiled
+from aero.compiled import Arg, Compiled, Statement, slot
 from diagnosis import shutdown
 from diagnosis.agent import waits
 from diagnosis.agent.graph import SessionCanceled, build_graph, step_group
@@ -463,26 +463,66 @@ def take_lease(session_id: Any, *, root: dict[str, Any] | None = None) -> Leased
     RETURNING, ADR 156): the job reads nothing else of the row to start. `root`: the
     input snapshot of the job's root run, inserted by the same statement (PostgreSQL),
     with the active topology's stamp read there too (ADR 178): the row then carries
-    `root_id` (None for an ended session: no run) and `topology_stamp`."""
+    `root_id` (None for an ended session: no run) and `topology_stamp`. Both statements
+    are compiled once per connection (ADR 179)."""
     token = uuid.uuid4()
     now = timezone.now()
+    values = (session_id, now, token, now + timedelta(seconds=settings.AERO_LEASE_SECONDS))
+    if root is None or connection.vendor != "postgresql":
+        rows, _ = _lease.run(*values, lease_holder())
+        return (token, _session_row.from_row(rows[0], connections["default"])) if rows else None
+    snapshot = json.dumps({**root, "lease": str(token)})
+    rows, _ = _lease_and_root.run(*values, lease_holder(), timezone.now(), snapshot)
+    if not rows:
+        return None
+    row = rows[0]
+    leased = _session_row.from_row(row, connections["default"])
+    # The statement's extra columns, after the session's.
+    root_id, topology_id, topology_updated_at = row[-3:]
+    leased.root_id = root_id  # type: ignore[attr-defined]
+    stamp = (topology_id, topology_updated_at) if topology_id is not None else None
+    leased.topology_stamp = stamp  # type: ignore[attr-defined]
+    return token, leased
+
+
+# The session's row as a job reads it: every column, converted as Django converts them.
+_session_row = Compiled(Session, lambda: Session.objects.all())
+
+
+def _lease_update(connection: Any) -> tuple[str, list[Any], str]:
+    """The lease's UPDATE ... RETURNING the row, its values the statement's first five:
+    the session, now, the token, the lease's end, the holder."""
+    field = Session._meta.get_field
     update = UpdateQuery(Session)
-    update.add_q(Q(pk=session_id) & (Q(lease_token__isnull=True) | Q(lease_expires_at__lt=now)))
+    update.add_q(
+        Q(pk=Arg(0, Session._meta.pk))
+        & (Q(lease_token__isnull=True) | Q(lease_expires_at__lt=Arg(1, field("lease_expires_at"))))
+    )
     update.add_update_values(
         {
-            "lease_token": token,
-            "lease_expires_at": now + timedelta(seconds=settings.AERO_LEASE_SECONDS),
+            "lease_token": Arg(2, field("lease_token")),
+            "lease_expires_at": Arg(3, field("lease_expires_at")),
             # In the same statement: from the moment the lease is taken the reconciler
             # can tell that its holder died (ADR 117).
-            "lease_holder": lease_holder(),
+            "lease_holder": Arg(4),
         }
     )
     sql, params = update.get_compiler(connection=connection).as_sql()
     quote = connection.ops.quote_name
     columns = ", ".join(quote(str(f.column)) for f in Session._meta.concrete_fields)
-    if root is None or connection.vendor != "postgresql":
-        rows = list(Session.objects.raw(f"{sql} RETURNING {columns}", params))
-        return (token, rows[0]) if rows else None
+    return sql, list(params), columns
+
+
+def _lease_sql(connection: Any) -> tuple[str, list[Any]]:
+    sql, params, columns = _lease_update(connection)
+    return f"{sql} RETURNING {columns}", params
+
+
+def _lease_and_root_sql(connection: Any) -> tuple[str, list[Any]]:
+    """The lease, the root run's INSERT (its start and input snapshot: the statement's
+    values 6 and 7) and the active topology's stamp (ADR 178)."""
+    sql, params, columns = _lease_update(connection)
+    quote = connection.ops.quote_name
     run, topology = AgentRun._meta, Topology._meta
 
     def column(meta: Any, name: str) -> str:
@@ -492,38 +532,32 @@ def take_lease(session_id: Any, *, root: dict[str, Any] | None = None) -> Leased
     inserted = ", ".join(column(run, name) for name in (*names, "output_summary"))
     ended = ", ".join(["%s"] * len(ENDED_STATUSES))
     status = column(Session._meta, "status")
-    rows = list(
-        Session.objects.raw(
-            f"WITH leased AS ({sql} RETURNING {columns}),"
-            f" root AS (INSERT INTO {quote(run.db_table)} ({inserted})"
-            f"  SELECT leased.{quote('id')}, %s, %s, %s, %s,"
-            f"   jsonb_build_object('status', leased.{status}) || %s::jsonb, %s::jsonb"
-            f"  FROM leased WHERE leased.{status} NOT IN ({ended}) RETURNING {quote('id')})"
-            f" SELECT leased.*, (SELECT {quote('id')} FROM root) AS root_id,"
-            f" stamp.{quote('id')} AS topology_id, stamp.{column(topology, 'updated_at')}"
-            f" AS topology_updated_at FROM leased LEFT JOIN (SELECT {quote('id')},"
-            f" {column(topology, 'updated_at')} FROM {quote(topology.db_table)}"
-            f" WHERE {column(topology, 'is_active')} ORDER BY 1 LIMIT 1) stamp ON TRUE",
-            [
-                *params,
-                ROOT_AGENT,
-                run.get_field("mode").get_default(),
-                run.get_field("status").get_default(),
-                timezone.now(),
-                json.dumps({**root, "lease": str(token)}),
-                json.dumps(run.get_field("output_summary").get_default()),
-                *sorted(ENDED_STATUSES),
-            ],
-        )
+    return (
+        f"WITH leased AS ({sql} RETURNING {columns}),"
+        f" root AS (INSERT INTO {quote(run.db_table)} ({inserted})"
+        f"  SELECT leased.{quote('id')}, %s, %s, %s, %s,"
+        f"   jsonb_build_object('status', leased.{status}) || %s::jsonb, %s::jsonb"
+        f"  FROM leased WHERE leased.{status} NOT IN ({ended}) RETURNING {quote('id')})"
+        f" SELECT leased.*, (SELECT {quote('id')} FROM root) AS root_id,"
+        f" stamp.{quote('id')} AS topology_id, stamp.{column(topology, 'updated_at')}"
+        f" AS topology_updated_at FROM leased LEFT JOIN (SELECT {quote('id')},"
+        f" {column(topology, 'updated_at')} FROM {quote(topology.db_table)}"
+        f" WHERE {column(topology, 'is_active')} ORDER BY 1 LIMIT 1) stamp ON TRUE",
+        [
+            *params,
+            ROOT_AGENT,
+            run.get_field("mode").get_default(),
+            run.get_field("status").get_default(),
+            slot(5, run.get_field("started_at")),
+            slot(6),
+            json.dumps(run.get_field("output_summary").get_default()),
+            *sorted(ENDED_STATUSES),
+        ],
     )
-    if not rows:
-        return None
-    row = rows[0]
-    # The raw query's extra columns, as attributes of the row.
-    topology_id = getattr(row, "topology_id", None)
-    stamp = (topology_id, getattr(row, "topology_updated_at", None))
-    row.topology_stamp = stamp if topology_id is not None else None  # type: ignore[attr-defined]
-    return token, row
+
+
+_lease = Statement(_lease_sql)
+_lease_and_root = Statement(_lease_and_root_sql)
 
 
 def renew_lease(session_id: Any, token: uuid.UUID) -> bool:
@@ -584,36 +618,92 @@ class Heartbeat:
 
 def release_lease(session_id: Any, token: uuid.UUID, finished: RootEnd | None = None) -> None:
     """Let the lease go. `finished`: the job's root run, marked ended in the same
-    statement (a data-modifying CTE on PostgreSQL, ADR 175): one round trip, not two."""
-    releases = Session.objects.filter(pk=session_id, lease_token=token)
-    values = {"lease_token": None, "lease_expires_at": None, "lease_holder": ""}
+    statement (a data-modifying CTE on PostgreSQL, ADR 175): one round trip, not two.
+    Compiled once per connection (ADR 179)."""
     if finished is None:
-        releases.update(**values)
+        _release.run(session_id, token)
         return
-    runs, run_values = finished
+    root_id, fence, end = finished
+    ending = (root_id, end["status"], end["ended_at"], end["output_summary"])
     if connection.vendor != "postgresql":
-        runs.update(**run_values)
-        releases.update(**values)
+        if fence is not None:
+            _end_root.run(*ending, fence)
+        else:
+            _end_ended_root.run(*ending)
+        _release.run(session_id, token)
         return
-    run_sql, run_params = _update_sql(runs, run_values)
-    release_sql, release_params = _update_sql(releases, values)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH root_run AS ({run_sql}) {release_sql}", (*run_params, *release_params)
+    if fence is not None:
+        _end_root_and_release.run(*ending, fence, session_id, token)
+    else:
+        _end_ended_root_and_release.run(*ending, session_id, token)
+
+
+# A job's root run to mark ended with the lease's release: its pk, the lease token the
+# session must still hold for the run to be marked (None: the job ended the session, its
+# lease is cleared), and its end (status, ended_at, output_summary).
+RootEnd = tuple[int, uuid.UUID | None, dict[str, Any]]
+
+_RUN = AgentRun._meta.get_field
+_SESSION = Session._meta.get_field
+_RELEASED = {"lease_token": None, "lease_expires_at": None, "lease_holder": ""}
+
+
+def _root_end(first: int, fenced: bool) -> tuple[Any, dict[str, Any]]:
+    """The root run's UPDATE, its values from the statement's `first`: the run, its
+    status, ended_at and output summary, then (fenced) the lease it must still hold:
+    fenced in the statement itself (no extra query), as an ended session has no lease
+    any more and a waiting one still has ours unless another job took it."""
+    runs = AgentRun.objects.filter(pk=Arg(first, AgentRun._meta.pk))
+    if fenced:
+        runs = runs.filter(session__lease_token=Arg(first + 4, _SESSION("lease_token")))
+    return runs, {
+        "status": Arg(first + 1),
+        "ended_at": Arg(first + 2, _RUN("ended_at")),
+        "output_summary": Arg(first + 3, _RUN("output_summary")),
+    }
+
+
+def _releases(first: int) -> Any:
+    """The sessions whose lease to let go: the session and the token, from `first`."""
+    return Session.objects.filter(
+        pk=Arg(first, Session._meta.pk), lease_token=Arg(first + 1, _SESSION("lease_token"))
+    )
+
+
+def _both_sql(fenced: bool) -> Callable[[Any], tuple[str, list[Any]]]:
+    def build(connection: Any) -> tuple[str, list[Any]]:
+        run_sql, run_params = _update_sql(*_root_end(0, fenced), connection)
+        release_sql, release_params = _update_sql(
+            _releases(5 if fenced else 4), _RELEASED, connection
         )
+        return f"WITH root_run AS ({run_sql}) {release_sql}", [*run_params, *release_params]
+
+    return build
 
 
-# A job's root run to mark ended with the lease's release: its queryset and the values.
-RootEnd = tuple[Any, dict[str, Any]]
+def _one_sql(
+    rows: Callable[[], tuple[Any, dict[str, Any]]],
+) -> Callable[[Any], tuple[str, list[Any]]]:
+    def build(connection: Any) -> tuple[str, list[Any]]:
+        return _update_sql(*rows(), connection)
+
+    return build
 
 
-def _update_sql(rows: Any, values: dict[str, Any]) -> tuple[str, tuple[Any, ...]]:
+_release = Statement(_one_sql(lambda: (_releases(0), _RELEASED)))
+_end_root = Statement(_one_sql(lambda: _root_end(0, True)))
+_end_ended_root = Statement(_one_sql(lambda: _root_end(0, False)))
+_end_root_and_release = Statement(_both_sql(True))
+_end_ended_root_and_release = Statement(_both_sql(False))
+
+
+def _update_sql(rows: Any, values: dict[str, Any], connection: Any) -> tuple[str, list[Any]]:
     """The UPDATE Django would run for `rows.update(**values)`, compiled, not run."""
     query = rows.query.chain(UpdateQuery)
     query.add_update_values(values)
     query.clear_select_clause()  # as QuerySet.update does
     sql, params = query.get_compiler(connection=connection).as_sql()
-    return sql, tuple(params)
+    return sql, list(params)
 
 
 # --- checkpointer and compiled graph, once per process -----------------------------
@@ -1042,19 +1132,18 @@ def _advance_locked(
             producer=PRODUCER,
         )
         outcome, waiting = _drive(session, graph, config, context, token)
-        runs = AgentRun.objects.filter(pk=root.pk)
-        if outcome not in ENDED_STATUSES:
-            # Fenced in the statement itself (no extra query): an ended session has no
-            # lease any more, a waiting one still has ours unless another job took it.
-            runs = runs.filter(session__lease_token=token)
         end = {
             "status": "completed" if outcome != SessionStatus.FAILED else "failed",
             "ended_at": timezone.now(),
             "output_summary": {"status": outcome},
         }
+        ended: RootEnd = (root.pk, None if outcome in ENDED_STATUSES else token, end)
         if finished is not None:
-            finished.append((runs, end))
+            finished.append(ended)
         else:
+            runs = AgentRun.objects.filter(pk=root.pk)
+            if outcome not in ENDED_STATUSES:
+                runs = runs.filter(session__lease_token=token)
             runs.update(**end)
         with unfenced():  # the session may have ended: its lease is cleared
             if outcome == SessionStatus.COMPLETED:
