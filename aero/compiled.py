@@ -26,7 +26,7 @@ from django.db.models.expressions import Expression
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable
 from django.db.models.sql import UpdateQuery
 
-__all__ = ["Arg", "Compiled", "CompiledUpdate", "Statement", "slot"]
+__all__ = ["Arg", "Compiled", "CompiledUpdate", "Statement", "bind", "cached_sql", "slot"]
 
 
 # A model's column, as `_meta.get_field` returns it (a relation's reverse side has no
@@ -68,7 +68,8 @@ class Arg(Expression):
         return []
 
 
-def _bind(params: tuple[Any, ...], args: tuple[Any, ...], connection: Any) -> list[Any]:
+def bind(params: tuple[Any, ...], args: tuple[Any, ...], connection: Any) -> list[Any]:
+    """The parameters to run compiled SQL with: each slot takes the call's value."""
     bound = []
     for param in params:
         if isinstance(param, _Slot):
@@ -115,10 +116,10 @@ class _Plan:
         self.converters = self.compiler.get_converters(columns)
 
 
-def _plans(connection: Any) -> dict[int, Any]:
+def _plans(connection: Any) -> dict[Any, Any]:
     """The compiled statements of this connection (a thread's own): the SQL text holds
     for the connection's vendor and settings, and survives its reconnects."""
-    return cast(dict[int, Any], connection.__dict__.setdefault("_aero_compiled", {}))
+    return cast(dict[Any, Any], connection.__dict__.setdefault("_aero_compiled", {}))
 
 
 class Compiled[T: Model]:
@@ -142,7 +143,7 @@ class Compiled[T: Model]:
     def rows(self, *args: Any) -> Iterator[Any]:
         connection, plan = self._plan()
         with connection.cursor() as cursor:
-            cursor.execute(plan.sql, _bind(plan.params, args, connection))
+            cursor.execute(plan.sql, bind(plan.params, args, connection))
             fetched = cursor.fetchall()
         rows: Any = fetched
         if plan.converters:
@@ -216,7 +217,7 @@ class CompiledUpdate:
             plan = plans[id(self)] = (sql, tuple(params))
         sql, params = plan
         with transaction.mark_for_rollback_on_error(alias), connection.cursor() as cursor:
-            cursor.execute(sql, _bind(params, args, connection))
+            cursor.execute(sql, bind(params, args, connection))
             return int(cursor.rowcount)
 
 
@@ -239,6 +240,19 @@ class Statement:
             plan = plans[id(self)] = (sql, tuple(params))
         sql, params = plan
         with transaction.mark_for_rollback_on_error(self.using), connection.cursor() as cursor:
-            cursor.execute(sql, _bind(params, args, connection))
+            cursor.execute(sql, bind(params, args, connection))
             rows = cursor.fetchall() if cursor.description else []
             return rows, int(cursor.rowcount)
+
+
+def cached_sql(
+    connection: Any, key: tuple[Any, ...], build: Callable[[], tuple[str, Any]]
+) -> tuple[str, tuple[Any, ...]]:
+    """SQL whose shape is `key` (what its text depends on: the columns it sets, how many
+    rows it inserts...), built by `build()` the first time this connection needs it."""
+    plans = _plans(connection)
+    found = plans.get(key)
+    if found is None:
+        sql, params = build()
+        found = plans[key] = (sql, tuple(params))
+    return cast(tuple[str, tuple[Any, ...]], found)

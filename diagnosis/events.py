@@ -12,10 +12,10 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, F, Model, OuterRef, Q
-from django.db.models.sql import InsertQuery, UpdateQuery
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from aero.compiled import Arg, Compiled
+from aero.compiled import Arg, Compiled, bind, cached_sql
 from aero.text import check_event_size
 from diagnosis.chain import event_hash
 from diagnosis.fold import reduce_snapshot
@@ -235,35 +235,76 @@ def _update_and_insert(
     """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
     CTE, PostgreSQL; ADR 156): the same SQL Django writes for each, one round trip.
     `rows`: each another INSERT in the same WITH (PostgreSQL runs every data-modifying
-    CTE to completion, read or not; ADR 167)."""
-    update = UpdateQuery(Session)
-    update.add_q(Q(pk=session_id))
-    update.add_update_values(updates)
-    update_sql, update_params = update.get_compiler(connection=connection).as_sql()
-    ctes, params = [f"session_row AS ({update_sql})"], [*update_params]
-    for number, row in enumerate(rows):
-        model = type(row)
-        row_insert = InsertQuery(model)
-        row_insert.insert_values(
-            [f for f in model._meta.concrete_fields if f is not model._meta.pk], [row]
-        )
-        ((row_sql, row_params),) = row_insert.get_compiler(connection=connection).as_sql()
-        ctes.append(f"row_{number} AS ({row_sql})")
-        params.extend(row_params)
-    insert = InsertQuery(Event)
-    pk = Event._meta.pk
-    event_rows: list[Model] = [*events]
-    insert.insert_values([f for f in Event._meta.concrete_fields if f is not pk], event_rows)
-    compiler = insert.get_compiler(connection=connection)
-    compiler.returning_fields = [pk]
-    ((insert_sql, insert_params),) = compiler.as_sql()
+    CTE to completion, read or not; ADR 167). The SQL is built once per connection and
+    shape (the columns set, the models and the number of events; ADR 179): each call
+    prepares its values as Django's compiler would."""
+    # Each value a placeholder, but expressions (the token counters' increments, which
+    # the runner's writes set): those are compiled into the SQL, not kept.
+    values = {
+        name: value if hasattr(value, "resolve_expression") else Arg(i, _SESSION(name))
+        for i, (name, value) in enumerate(updates.items())
+    }
+    key = ("log_write", tuple(updates), tuple(type(row) for row in rows), len(events))
+
+    def build() -> tuple[str, list[Any]]:
+        return _log_write_sql(connection, values, rows, len(events))
+
+    cached = all(isinstance(value, Arg) for value in values.values())
+    sql, update_params = cached_sql(connection, key, build) if cached else build()
+    params = bind(tuple(update_params), (*updates.values(), session_id), connection)
+    for row in rows:
+        params += _insert_values(type(row), [row], connection)
+    params += _insert_values(Event, events, connection)
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH {', '.join(ctes)} {insert_sql}", (*params, *insert_params))
+        cursor.execute(sql, params)
         ids = [row[0] for row in cursor.fetchall()]
     for event, event_pk in zip(events, ids, strict=True):
         event.pk = event_pk
         event._state.adding = False
         event._state.db = connection.alias
+
+
+def _inserted_fields(model: type[Model]) -> list[Any]:
+    return [f for f in model._meta.concrete_fields if f is not model._meta.pk]
+
+
+def _insert_sql(connection: Any, model: type[Model], count: int, *, returning: bool) -> str:
+    """The INSERT of `count` rows of `model` (every column but its pk), as Django writes
+    it row by row (VALUES, not UNNEST: its values are bound whatever they are)."""
+    quote = connection.ops.quote_name
+    fields = _inserted_fields(model)
+    values = connection.ops.bulk_insert_sql(fields, [["%s"] * len(fields)] * count)
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)}"
+        f" ({', '.join(quote(f.column) for f in fields)}) {values}"
+    )
+    return f"{sql} RETURNING {quote(model._meta.pk.column)}" if returning else sql
+
+
+def _insert_values(model: type[Model], objs: Sequence[Model], connection: Any) -> list[Any]:
+    """The values of `_insert_sql`'s rows, prepared as Django's INSERT prepares them."""
+    fields = _inserted_fields(model)
+    return [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs for f in fields]
+
+
+_SESSION = Session._meta.get_field
+
+
+def _log_write_sql(
+    connection: Any, values: dict[str, Any], rows: Sequence[Model], count: int
+) -> tuple[str, list[Any]]:
+    """`_update_and_insert`'s statement: the session's UPDATE of `values` (placeholders
+    for the call's values, then one for the session's pk), each row's INSERT, the events'
+    INSERT."""
+    update = UpdateQuery(Session)
+    update.add_q(Q(pk=Arg(len(values), Session._meta.pk)))
+    update.add_update_values(values)
+    update_sql, update_params = update.get_compiler(connection=connection).as_sql()
+    ctes = [f"session_row AS ({update_sql})"]
+    for number, row in enumerate(rows):
+        ctes.append(f"row_{number} AS ({_insert_sql(connection, type(row), 1, returning=False)})")
+    insert = _insert_sql(connection, Event, count, returning=True)
+    return f"WITH {', '.join(ctes)} {insert}", list(update_params)
 
 
 class KnownKeys:
