@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+from django.apps import apps
 from django.db import connections, router, transaction
 from django.db.models import Field, ForeignObjectRel, Model, QuerySet
 from django.db.models.expressions import Expression
@@ -128,9 +129,16 @@ class Compiled[T: Model]:
     it with these values and yields model instances (or, for `values_list`, tuples or,
     flat, values)."""
 
-    def __init__(self, model: type[T], build: Callable[[], QuerySet[Any]]) -> None:
-        self.model = model
+    def __init__(self, model: type[T] | str, build: Callable[[], QuerySet[Any]]) -> None:
+        # A model, or its "app_label.Model" for a module imported before the models are.
+        self._model = model
         self.build = build
+
+    @property
+    def model(self) -> type[T]:
+        if isinstance(self._model, str):
+            self._model = cast(type[T], apps.get_model(self._model))
+        return self._model
 
     def _plan(self) -> tuple[Any, _Plan]:
         connection = connections[router.db_for_read(self.model)]

@@ -264,15 +264,18 @@ def _update_and_insert(
         event._state.db = connection.alias
 
 
-def _inserted_fields(model: type[Model]) -> list[Any]:
-    return [f for f in model._meta.concrete_fields if f is not model._meta.pk]
+def _inserted_fields(model: type[Model], with_pk: bool = False) -> list[Any]:
+    return [f for f in model._meta.concrete_fields if with_pk or f is not model._meta.pk]
 
 
-def _insert_sql(connection: Any, model: type[Model], count: int, *, returning: bool) -> str:
-    """The INSERT of `count` rows of `model` (every column but its pk), as Django writes
-    it row by row (VALUES, not UNNEST: its values are bound whatever they are)."""
+def _insert_sql(
+    connection: Any, model: type[Model], count: int, *, returning: bool, with_pk: bool = False
+) -> str:
+    """The INSERT of `count` rows of `model` (every column but its pk, unless `with_pk`),
+    as Django writes it row by row (VALUES, not UNNEST: its values are bound whatever
+    they are)."""
     quote = connection.ops.quote_name
-    fields = _inserted_fields(model)
+    fields = _inserted_fields(model, with_pk)
     values = connection.ops.bulk_insert_sql(fields, [["%s"] * len(fields)] * count)
     sql = (
         f"INSERT INTO {quote(model._meta.db_table)}"
@@ -281,13 +284,31 @@ def _insert_sql(connection: Any, model: type[Model], count: int, *, returning: b
     return f"{sql} RETURNING {quote(model._meta.pk.column)}" if returning else sql
 
 
-def _insert_values(model: type[Model], objs: Sequence[Model], connection: Any) -> list[Any]:
+def _insert_values(
+    model: type[Model], objs: Sequence[Model], connection: Any, with_pk: bool = False
+) -> list[Any]:
     """The values of `_insert_sql`'s rows, prepared as Django's INSERT prepares them."""
-    fields = _inserted_fields(model)
+    fields = _inserted_fields(model, with_pk)
     return [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs for f in fields]
 
 
 _SESSION = Session._meta.get_field
+
+
+def _insert_runs(runs: list[AgentRun]) -> None:
+    """The group's node runs, their ids reserved (StepGroup.new_run, PostgreSQL): one
+    INSERT, its SQL built once per connection and row count (ADR 179)."""
+    connection = transaction.get_connection()
+    sql, _ = cached_sql(
+        connection,
+        ("runs", len(runs)),
+        lambda: (_insert_sql(connection, AgentRun, len(runs), returning=False, with_pk=True), []),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _insert_values(AgentRun, runs, connection, with_pk=True))
+    for run in runs:
+        run._state.adding = False
+        run._state.db = connection.alias
 
 
 def _log_write_sql(
@@ -690,7 +711,7 @@ class StepGroup:
         end: tuple[str, str, str] | None = None,
     ) -> None:
         if runs:
-            AgentRun.objects.bulk_create(runs)
+            _insert_runs(runs)
         if finished:
             AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
         status, event = self.status, self.status_event

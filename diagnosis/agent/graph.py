@@ -336,6 +336,17 @@ def _start_node(
 # --- input parser ---------------------------------------------------------------------
 
 
+# The operator's messages after the last one read: compiled once per connection (ADR 179).
+_messages_after = Compiled(
+    Event,
+    lambda: Event.objects.filter(
+        session_id=Arg(0, Event._meta.get_field("session")),
+        type="user.message",
+        seq__gt=Arg(1, Event._meta.get_field("seq")),
+    ).order_by("seq"),
+)
+
+
 @recorded("input_parser")
 def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     definition = ctx.definition
@@ -343,9 +354,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     evidence = dict(state.get("evidence") or {})
     consumed = state.get("consumed_seq", 0)
     asked = (state.get("question") or {}).get("field")
-    messages = Event.objects.filter(
-        session_id=ctx.session_id, type="user.message", seq__gt=consumed
-    ).order_by("seq")
+    messages = _messages_after.rows(ctx.session_id, consumed)
     pending = dict(state.get("unconfirmed") or {})
     changed: dict[str, Any] = {}
     unconfirmed: dict[str, Any] = {}
@@ -1172,11 +1181,19 @@ def _held(call: dict[str, Any], board: dict[tuple[str, str], Restriction]) -> Re
     return board.get(effect) if effect is not None else None
 
 
+_session = Compiled(Session, lambda: Session.objects.filter(pk=Arg(0, Session._meta.pk)))
+
+
+def session_row(session_id: Any) -> Session:
+    """The session's row (compiled once per connection, ADR 179)."""
+    return _session.get(session_id)
+
+
 def logged_session(tctx: ToolContext) -> Session:
     """The session (read once per step) with the events queued in this group folded into
     its snapshot: what the approvals' state digest must be taken from (ADR 145)."""
     if tctx.session is None:
-        tctx.session = Session.objects.get(pk=tctx.session_id)
+        tctx.session = session_row(tctx.session_id)
     session = copy.copy(tctx.session)
     batch = current_batch(tctx.session_id)
     return batch.projected(session) if batch is not None else session

@@ -32,7 +32,11 @@ from django.conf import settings
 from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
 from langchain_core.outputs import ChatGeneration, ChatResult
 
+from aero.compiled import Compiled
+
 if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
     from diagnosis.models import LLMRequest
 
 MAX_WAITS_PER_NODE = 100
@@ -192,11 +196,26 @@ def keep_answered(row: LLMRequest) -> None:
         kept[row.key] = row
 
 
+def _request_by_key() -> QuerySet[LLMRequest]:
+    from aero.compiled import Arg
+    from diagnosis.models import LLMRequest
+
+    return (
+        LLMRequest.objects.filter(key=Arg(0))
+        .only("key", "status", "reply", "error", "answered_by")
+        .order_by("pk")[:1]
+    )
+
+
+# Read by each model call a job makes or resumes: compiled once per connection (ADR 179).
+_request: Compiled[LLMRequest] = Compiled("diagnosis.LLMRequest", _request_by_key)
+
+
 def _stored(scope: WaitScope, key: str) -> BaseMessage | None:
     """The runner's reply to the call `key`: the message, or None while there is none
     (no row, pending). Every real provider failed: ProviderError (final)."""
     from diagnosis.agent.providers import ProviderError
-    from diagnosis.models import LLMRequest, LLMRequestStatus
+    from diagnosis.models import LLMRequestStatus
 
     if scope.missing == key:
         return None  # stored_reply just looked: no row
@@ -209,11 +228,7 @@ def _stored(scope: WaitScope, key: str) -> BaseMessage | None:
         if known is not None and known.request_absent(key):
             scope.missing = key
             return None  # the job's keys say so: no row to read (ADR 176)
-        row = (
-            LLMRequest.objects.filter(key=key)
-            .only("key", "status", "reply", "error", "answered_by")
-            .first()
-        )
+        row = _request.first(key)
     if row is None:
         scope.missing = key
         return None
