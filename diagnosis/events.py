@@ -7,6 +7,7 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.db import transaction
 from django.db.models import Exists, F, Model, OuterRef, Q
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
+from psycopg.types.json import Jsonb
 
 from aero.compiled import Arg, Compiled, bind, cached_sql
 from aero.text import check_event_size
@@ -244,7 +246,7 @@ def _update_and_insert(
         name: value if hasattr(value, "resolve_expression") else Arg(i, _SESSION(name))
         for i, (name, value) in enumerate(updates.items())
     }
-    key = ("log_write", tuple(updates), tuple(type(row) for row in rows), len(events))
+    key = ("log_write", tuple(updates), tuple(type(row) for row in rows), min(len(events), 2))
 
     def build() -> tuple[str, list[Any]]:
         return _log_write_sql(connection, values, rows, len(events))
@@ -272,11 +274,20 @@ def _insert_sql(
     connection: Any, model: type[Model], count: int, *, returning: bool, with_pk: bool = False
 ) -> str:
     """The INSERT of `count` rows of `model` (every column but its pk, unless `with_pk`),
-    as Django writes it row by row (VALUES, not UNNEST: its values are bound whatever
-    they are)."""
+    as Django writes it on PostgreSQL: several rows as one array per column (UNNEST),
+    so that the SQL and its parameters are the same whatever the number of rows (one
+    prepared statement; psycopg parses a statement of more than 50 parameters anew at
+    every run)."""
     quote = connection.ops.quote_name
     fields = _inserted_fields(model, with_pk)
-    values = connection.ops.bulk_insert_sql(fields, [["%s"] * len(fields)] * count)
+    if count == 1:
+        values = connection.ops.bulk_insert_sql(fields, [["%s"] * len(fields)])
+    else:
+        record = ", ".join(
+            f"{quote(f.column)} {f.db_type(connection).split('(')[0]}" for f in fields
+        )
+        names = ", ".join(quote(f.column) for f in fields)
+        values = f"SELECT {names} FROM jsonb_to_recordset(%s::jsonb) AS r({record})"
     sql = (
         f"INSERT INTO {quote(model._meta.db_table)}"
         f" ({', '.join(quote(f.column) for f in fields)}) {values}"
@@ -287,9 +298,24 @@ def _insert_sql(
 def _insert_values(
     model: type[Model], objs: Sequence[Model], connection: Any, with_pk: bool = False
 ) -> list[Any]:
-    """The values of `_insert_sql`'s rows, prepared as Django's INSERT prepares them."""
+    """The values of `_insert_sql`'s rows, prepared as Django's INSERT prepares them: a
+    row's values, or one list per column for several rows."""
     fields = _inserted_fields(model, with_pk)
-    return [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs for f in fields]
+    rows = [[f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs]
+    if len(rows) == 1:
+        return rows[0]
+    columns = [f.column for f in fields]
+    return [json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=_json_value)]
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Jsonb):
+        return value.obj
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 _SESSION = Session._meta.get_field
@@ -301,7 +327,7 @@ def _insert_runs(runs: list[AgentRun]) -> None:
     connection = transaction.get_connection()
     sql, _ = cached_sql(
         connection,
-        ("runs", len(runs)),
+        ("runs", min(len(runs), 2)),  # one row, or arrays of any length
         lambda: (_insert_sql(connection, AgentRun, len(runs), returning=False, with_pk=True), []),
     )
     with connection.cursor() as cursor:
