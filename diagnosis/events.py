@@ -12,7 +12,8 @@ from functools import partial
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, F, Model, OuterRef, Q
+from django.db.models import Exists, F, Model, OuterRef, Q, Value
+from django.db.models.expressions import CombinedExpression
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 from psycopg.types.json import Jsonb
@@ -240,20 +241,29 @@ def _update_and_insert(
     CTE to completion, read or not; ADR 167). The SQL is built once per connection and
     shape (the columns set, the models and the number of events; ADR 179): each call
     prepares its values as Django's compiler would."""
-    # Each value a placeholder, but expressions (the token counters' increments, which
-    # the runner's writes set): those are compiled into the SQL, not kept.
-    values = {
-        name: value if hasattr(value, "resolve_expression") else Arg(i, _SESSION(name))
-        for i, (name, value) in enumerate(updates.items())
-    }
+    # Each value a placeholder (an increment's amount too); other expressions are
+    # compiled into the SQL, which is then not kept.
+    values: dict[str, Any] = {}
+    args: list[Any] = []
+    for i, (name, value) in enumerate(updates.items()):
+        if isinstance(value, Increment) and value.column == name:
+            values[name], value = F(name) + Arg(i, _SESSION(name)), value.amount
+        elif not hasattr(value, "resolve_expression"):
+            values[name] = Arg(i, _SESSION(name))
+        else:
+            values[name] = value
+        args.append(value)
     key = ("log_write", tuple(updates), tuple(type(row) for row in rows), min(len(events), 2))
 
     def build() -> tuple[str, list[Any]]:
         return _log_write_sql(connection, values, rows, len(events))
 
-    cached = all(isinstance(value, Arg) for value in values.values())
+    cached = all(
+        isinstance(value, Arg) or isinstance(updates[name], Increment)
+        for name, value in values.items()
+    )
     sql, update_params = cached_sql(connection, key, build) if cached else build()
-    params = bind(tuple(update_params), (*updates.values(), session_id), connection)
+    params = bind(tuple(update_params), (*args, session_id), connection)
     for row in rows:
         params += _insert_values(type(row), [row], connection)
     params += _insert_values(Event, events, connection)
@@ -928,10 +938,20 @@ def usage_fields(tokens_in: int, tokens_out: int, cost: Any) -> dict[str, Any]:
     """The session's token counters raised by one call's usage (add_usage's UPDATE), for
     `append_projected`'s `fields`."""
     return {
-        "tokens_in": F("tokens_in") + tokens_in,
-        "tokens_out": F("tokens_out") + tokens_out,
-        "cost": F("cost") + cost,
+        "tokens_in": Increment("tokens_in", tokens_in),
+        "tokens_out": Increment("tokens_out", tokens_out),
+        "cost": Increment("cost", cost),
     }
+
+
+class Increment(CombinedExpression):
+    """`column + amount`, a counter raised in the UPDATE itself. `_update_and_insert`
+    binds the amount as a value, so its statement's SQL stays the same (ADR 179)."""
+
+    def __init__(self, column: str, amount: Any) -> None:
+        super().__init__(F(column), "+", Value(amount))
+        self.column = column
+        self.amount = amount
 
 
 def new_event(
