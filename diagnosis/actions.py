@@ -104,6 +104,16 @@ def do_create_session(
                 producer=producer,
             )
             note_scenario_mismatch(session, scenario, text, producer)
+        # A model reads the opening message first: its request is recorded now and the
+        # runner enqueues the first job with the reply (ADR 170). Inline (the CLI,
+        # tests), the job is also the runner: it runs now and makes the call.
+        requested = request_opening_extraction(session, message)
+        if not requested or settings.AERO_JOB_BACKEND == "inline":
+            enqueue_advance(session.pk)
+        # Last: the audit trail's chain lock is held from here to the commit, and every
+        # creation, decision and admin change waits for it. Written first, it was held
+        # while the request was built: 200 sessions opened at once were created one
+        # after the other, ~13 ms each (ADR 180).
         audit(
             "session.created",
             obj=session,
@@ -111,12 +121,6 @@ def do_create_session(
             session_id=session.pk,
             detail={"scenario": scenario.slug, "version": version.number},
         )
-        # A model reads the opening message first: its request is recorded now and the
-        # runner enqueues the first job with the reply (ADR 170). Inline (the CLI,
-        # tests), the job is also the runner: it runs now and makes the call.
-        requested = request_opening_extraction(session, message)
-        if not requested or settings.AERO_JOB_BACKEND == "inline":
-            enqueue_advance(session.pk)
     return session
 
 

@@ -418,3 +418,10 @@ def test_creating_a_session_with_its_opening_request_stays_within_budget(
         session = do_create_session(olga, scenario, MESSAGE)
     assert LLMRequest.objects.filter(session=session).count() == 1
     assert len(queries) <= CREATE_WITH_OPENING_REQUEST
+    # The audit trail's chain lock is taken last (ADR 180): held only for the audit
+    # entry and the commit, not while the request is built, so sessions opened together
+    # are not created one after the other.
+    sqls = [q["sql"] for q in queries.captured_queries]
+    (lock,) = [i for i, sql in enumerate(sqls) if "pg_advisory_xact_lock" in sql]
+    after = sqls[lock + 1 :]
+    assert len(after) == 3 and "aero_auditlog" in after[1] and after[-1] == "COMMIT"
