@@ -17,7 +17,10 @@ prefetches, a value Django inlines into the SQL) is refused when it is first com
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
 from typing import Any, cast
 
 from django.apps import apps
@@ -26,8 +29,19 @@ from django.db.models import Field, ForeignObjectRel, Model, QuerySet
 from django.db.models.expressions import Expression
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable
 from django.db.models.sql import UpdateQuery
+from psycopg.types.json import Jsonb
 
-__all__ = ["Arg", "Compiled", "CompiledUpdate", "Statement", "bind", "cached_sql", "slot"]
+__all__ = [
+    "Arg",
+    "Compiled",
+    "CompiledUpdate",
+    "Statement",
+    "bind",
+    "cached_sql",
+    "insert_sql",
+    "insert_values",
+    "slot",
+]
 
 
 # A model's column, as `_meta.get_field` returns it (a relation's reverse side has no
@@ -264,3 +278,57 @@ def cached_sql(
         sql, params = build()
         found = plans[key] = (sql, tuple(params))
     return cast(tuple[str, tuple[Any, ...]], found)
+
+
+def _inserted_fields(model: type[Model], with_pk: bool = False) -> list[Any]:
+    return [f for f in model._meta.concrete_fields if with_pk or f is not model._meta.pk]
+
+
+def insert_sql(
+    connection: Any, model: type[Model], count: int, *, returning: bool, with_pk: bool = False
+) -> str:
+    """The INSERT of `count` rows of `model` (every column but its pk, unless `with_pk`).
+    One row as Django writes it (VALUES). Several rows (PostgreSQL) from ONE jsonb
+    parameter (`jsonb_to_recordset`), so that the SQL and its parameters are the same
+    whatever the number of rows: one prepared statement; psycopg parses a statement of
+    more than 50 parameters anew at every run, and dumps a list parameter (Django's
+    UNNEST of one array per column) element by element in Python (ADR 179)."""
+    quote = connection.ops.quote_name
+    fields = _inserted_fields(model, with_pk)
+    if count == 1:
+        values = connection.ops.bulk_insert_sql(fields, [["%s"] * len(fields)])
+    else:
+        record = ", ".join(
+            f"{quote(f.column)} {f.db_type(connection).split('(')[0]}" for f in fields
+        )
+        names = ", ".join(quote(f.column) for f in fields)
+        values = f"SELECT {names} FROM jsonb_to_recordset(%s::jsonb) AS r({record})"
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)}"
+        f" ({', '.join(quote(f.column) for f in fields)}) {values}"
+    )
+    return f"{sql} RETURNING {quote(model._meta.pk.column)}" if returning else sql
+
+
+def insert_values(
+    model: type[Model], objs: Sequence[Model], connection: Any, with_pk: bool = False
+) -> list[Any]:
+    """The values of `insert_sql`'s rows, prepared as Django's INSERT prepares them: a
+    row's values, or for several rows the JSON of their columns."""
+    fields = _inserted_fields(model, with_pk)
+    rows = [[f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs]
+    if len(rows) == 1:
+        return rows[0]
+    columns = [f.column for f in fields]
+    return [json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=_json_value)]
+
+
+def _json_value(value: Any) -> Any:
+    """A prepared value as `jsonb_to_recordset` reads it back into its column."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Jsonb):
+        return value.obj
+    raise TypeError(f"{type(value).__name__} is not JSON")

@@ -7,7 +7,6 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -16,9 +15,8 @@ from django.db.models import Exists, F, Model, OuterRef, Q, Value
 from django.db.models.expressions import CombinedExpression
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
-from psycopg.types.json import Jsonb
 
-from aero.compiled import Arg, Compiled, bind, cached_sql
+from aero.compiled import Arg, Compiled, bind, cached_sql, insert_sql, insert_values
 from aero.text import check_event_size
 from diagnosis.chain import event_hash
 from diagnosis.fold import reduce_snapshot
@@ -265,8 +263,8 @@ def _update_and_insert(
     sql, update_params = cached_sql(connection, key, build) if cached else build()
     params = bind(tuple(update_params), (*args, session_id), connection)
     for row in rows:
-        params += _insert_values(type(row), [row], connection)
-    params += _insert_values(Event, events, connection)
+        params += insert_values(type(row), [row], connection)
+    params += insert_values(Event, events, connection)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         ids = [row[0] for row in cursor.fetchall()]
@@ -274,58 +272,6 @@ def _update_and_insert(
         event.pk = event_pk
         event._state.adding = False
         event._state.db = connection.alias
-
-
-def _inserted_fields(model: type[Model], with_pk: bool = False) -> list[Any]:
-    return [f for f in model._meta.concrete_fields if with_pk or f is not model._meta.pk]
-
-
-def _insert_sql(
-    connection: Any, model: type[Model], count: int, *, returning: bool, with_pk: bool = False
-) -> str:
-    """The INSERT of `count` rows of `model` (every column but its pk, unless `with_pk`),
-    as Django writes it on PostgreSQL: several rows as one array per column (UNNEST),
-    so that the SQL and its parameters are the same whatever the number of rows (one
-    prepared statement; psycopg parses a statement of more than 50 parameters anew at
-    every run)."""
-    quote = connection.ops.quote_name
-    fields = _inserted_fields(model, with_pk)
-    if count == 1:
-        values = connection.ops.bulk_insert_sql(fields, [["%s"] * len(fields)])
-    else:
-        record = ", ".join(
-            f"{quote(f.column)} {f.db_type(connection).split('(')[0]}" for f in fields
-        )
-        names = ", ".join(quote(f.column) for f in fields)
-        values = f"SELECT {names} FROM jsonb_to_recordset(%s::jsonb) AS r({record})"
-    sql = (
-        f"INSERT INTO {quote(model._meta.db_table)}"
-        f" ({', '.join(quote(f.column) for f in fields)}) {values}"
-    )
-    return f"{sql} RETURNING {quote(model._meta.pk.column)}" if returning else sql
-
-
-def _insert_values(
-    model: type[Model], objs: Sequence[Model], connection: Any, with_pk: bool = False
-) -> list[Any]:
-    """The values of `_insert_sql`'s rows, prepared as Django's INSERT prepares them: a
-    row's values, or one list per column for several rows."""
-    fields = _inserted_fields(model, with_pk)
-    rows = [[f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs]
-    if len(rows) == 1:
-        return rows[0]
-    columns = [f.column for f in fields]
-    return [json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=_json_value)]
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, Jsonb):
-        return value.obj
-    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 _SESSION = Session._meta.get_field
@@ -338,10 +284,10 @@ def _insert_runs(runs: list[AgentRun]) -> None:
     sql, _ = cached_sql(
         connection,
         ("runs", min(len(runs), 2)),  # one row, or arrays of any length
-        lambda: (_insert_sql(connection, AgentRun, len(runs), returning=False, with_pk=True), []),
+        lambda: (insert_sql(connection, AgentRun, len(runs), returning=False, with_pk=True), []),
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, _insert_values(AgentRun, runs, connection, with_pk=True))
+        cursor.execute(sql, insert_values(AgentRun, runs, connection, with_pk=True))
     for run in runs:
         run._state.adding = False
         run._state.db = connection.alias
@@ -359,8 +305,8 @@ def _log_write_sql(
     update_sql, update_params = update.get_compiler(connection=connection).as_sql()
     ctes = [f"session_row AS ({update_sql})"]
     for number, row in enumerate(rows):
-        ctes.append(f"row_{number} AS ({_insert_sql(connection, type(row), 1, returning=False)})")
-    insert = _insert_sql(connection, Event, count, returning=True)
+        ctes.append(f"row_{number} AS ({insert_sql(connection, type(row), 1, returning=False)})")
+    insert = insert_sql(connection, Event, count, returning=True)
     return f"WITH {', '.join(ctes)} {insert}", list(update_params)
 
 

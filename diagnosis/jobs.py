@@ -35,7 +35,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from aero import metrics
-from aero.compiled import Arg, Compiled, Statement, slot
+from aero.compiled import Arg, Compiled, Statement, cached_sql, insert_values, slot
 from diagnosis import shutdown
 from diagnosis.agent import waits
 from diagnosis.agent.graph import SessionCanceled, build_graph, step_group
@@ -52,6 +52,7 @@ from diagnosis.events import (
     StepsLost,
     active_fence,
     check_fence,
+    current_fence,
     fenced,
     known_keys,
     lock_session,
@@ -1006,22 +1007,57 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
 def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
     """The request a node interrupted with, as the runner's row (once by its key: a
     re-run of the job finds it). Fenced: only the lease holder records it."""
+    row = LLMRequest(
+        key=waiting["key"],
+        session_id=session_id,
+        purpose=waiting.get("purpose", ""),
+        request=waiting["request"],
+        providers=waiting.get("providers", []),
+    )
+    fence = current_fence(session_id)
+    connection = transaction.get_connection()
+    if fence is not None and connection.vendor == "postgresql" and not connection.in_atomic_block:
+        # ONE statement in autocommit (ADR 181), not a transaction of four (BEGIN, the
+        # row lock, the INSERT, COMMIT): the session row share-locked and the lease
+        # checked in the statement itself, the row inserted only if the lease holds.
+        sql, _ = cached_sql(
+            connection, ("fenced_request",), lambda: _fenced_request_sql(connection)
+        )
+        params = [session_id, fence.token, *insert_values(LLMRequest, [row], connection)]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            (held,) = cursor.fetchone()
+        if not held:
+            raise LeaseLost(f"session {session_id}: lease {fence.token} is no longer held")
+        return
     with transaction.atomic():
         check_fence(lock_session(session_id))
         # One statement (INSERT ... ON CONFLICT DO NOTHING), not a read, a savepoint and
         # an insert: a re-run finds its row by the unique key.
-        LLMRequest.objects.bulk_create(
-            [
-                LLMRequest(
-                    key=waiting["key"],
-                    session_id=session_id,
-                    purpose=waiting.get("purpose", ""),
-                    request=waiting["request"],
-                    providers=waiting.get("providers", []),
-                )
-            ],
-            ignore_conflicts=True,
-        )
+        LLMRequest.objects.bulk_create([row], ignore_conflicts=True)
+
+
+def _fenced_request_sql(connection: Any) -> tuple[str, list[Any]]:
+    """The request's INSERT if the session's lease is the job's: its values are the
+    session, the token, then the row's. The share lock makes a concurrent move of the
+    lease wait for this statement, or this statement re-check the row after it (READ
+    COMMITTED), as the row lock of the transaction it replaces did. Returns whether the
+    lease held (the row may have been there already: a re-run)."""
+    quote = connection.ops.quote_name
+    session = Session._meta
+    fields = [f for f in LLMRequest._meta.concrete_fields if f is not LLMRequest._meta.pk]
+    # Typed: the values of an INSERT ... SELECT are not typed by their columns.
+    values = ", ".join(f"CAST(%s AS {f.db_type(connection)})" for f in fields)
+    columns = ", ".join(quote(f.column) for f in fields)
+    return (
+        f"WITH fence AS (SELECT 1 FROM {quote(session.db_table)}"
+        f" WHERE {quote(session.pk.column)} = %s"
+        f" AND {quote(session.get_field('lease_token').column)} = %s FOR SHARE),"
+        f" inserted AS (INSERT INTO {quote(LLMRequest._meta.db_table)} ({columns})"
+        f" SELECT {values} FROM fence ON CONFLICT DO NOTHING RETURNING 1)"
+        " SELECT EXISTS (SELECT 1 FROM fence)",
+        [],
+    )
 
 
 def request_opening_extraction(session: Session, message: Event) -> bool:

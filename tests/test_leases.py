@@ -20,7 +20,7 @@ from diagnosis.actions import do_create_session
 from diagnosis.agent import graph
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import LeaseLost, fenced
-from diagnosis.models import AgentRun, Event, LLMCall, Session, ToolCall
+from diagnosis.models import AgentRun, Event, LLMCall, LLMRequest, Session, ToolCall
 from scenarios_admin.models import Scenario
 
 pytestmark = pytest.mark.services
@@ -227,3 +227,33 @@ def test_a_session_canceled_mid_step_ends_the_job_as_canceled_with_nothing_after
     assert after == ["report.ready"], types  # the cancel's report, then nothing
     root = AgentRun.objects.get(session=session, parent__isnull=True)
     assert root.status == "completed" and root.output_summary == {"status": "canceled"}
+
+
+def test_a_model_request_is_recorded_only_under_the_jobs_lease(session: Session) -> None:
+    """The request a job stops at is one statement that checks the lease itself (ADR
+    181): a job whose lease is gone records nothing and stops; the holder records it
+    once, however often it runs again."""
+    waiting = {
+        "key": f"reason:{session.pk}:1",
+        "purpose": "reason",
+        "request": {"messages": []},
+        "providers": [],
+    }
+    held = jobs.take_lease(session.pk)
+    assert held is not None
+    token, _ = held
+    with fenced(session.pk, uuid.uuid4()), pytest.raises(LeaseLost):
+        jobs.record_model_request(session.pk, waiting)
+    assert not LLMRequest.objects.filter(key=waiting["key"]).exists()
+    with fenced(session.pk, token):
+        jobs.record_model_request(session.pk, waiting)
+        jobs.record_model_request(session.pk, waiting)  # a re-run of the job
+    (row,) = LLMRequest.objects.filter(key=waiting["key"])
+    assert (row.session_id, row.purpose, row.status) == (session.pk, "reason", "pending")
+    assert row.request == {"messages": []}
+    # A canceled session has no lease: nothing is recorded for it either.
+    Session.objects.filter(pk=session.pk).update(lease_token=None)
+    waiting["key"] += "-after"
+    with fenced(session.pk, token), pytest.raises(LeaseLost):
+        jobs.record_model_request(session.pk, waiting)
+    assert not LLMRequest.objects.filter(key=waiting["key"]).exists()

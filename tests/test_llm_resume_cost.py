@@ -79,9 +79,10 @@ SCRIPT: dict[str, Any] = {
 # worst such job here runs one ReAct step and its tools). 37 before ADR 173, 175 and 176
 # (the answered row read once, the root run ended with the lease, the requests' keys and
 # the run ids read with the events' keys): 32; 28 with the root run inserted and the
-# topology's stamp read with the lease (ADR 178). No margin, so that any of them coming
+# topology's stamp read with the lease (ADR 178); 25 with the model request one fenced
+# statement, not a transaction of four (ADR 181). No margin, so that any of them coming
 # undone fails here.
-RESUME_TO_NEXT_MODEL_WAIT = 28
+RESUME_TO_NEXT_MODEL_WAIT = 25
 # The job that ends at the human wait (the proposals, the R0 action's effect, the
 # approvals): 53 before its move to waiting_user was written with its last group and
 # its state not read again after the run (ADR 174), the root run ended with the lease
@@ -267,10 +268,10 @@ def test_the_steps_after_a_model_turn_are_one_transaction_and_the_next_turn_sees
     assert [m["role"] for m in results] == ["tool"] * 5
     assert [m["tool_call_id"] for m in results] == [c["id"] for c in assistant[0]["tool_calls"]]
     # The job between the second and the third call: its reasoning step, the tools up
-    # to the model wait, the request (was 5: one per step; its start was a transaction
-    # too before its root run was inserted with the lease, ADR 178). The request stays a
-    # transaction of its own, after the checkpoint (ADR 172).
-    assert commits[1] == 3
+    # to the model wait (was 5: one per step; its start was a transaction too before its
+    # root run was inserted with the lease, ADR 178). The request is written after the
+    # checkpoint (ADR 172), one fenced statement in autocommit (ADR 181).
+    assert commits[1] == 2
     # The request the tools' group wrote is the one the runner answered.
     assert LLMRequest.objects.filter(session=session, status="done").count() == 3
 
