@@ -28,6 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from aero import metrics
+from aero.compiled import Arg, Compiled, CompiledUpdate
 from diagnosis import external
 from diagnosis.events import append_event, event_batch
 from diagnosis.execution import execution_problems, refuse_execution
@@ -167,6 +168,19 @@ def execute(ctx: ToolContext, effect: Effect) -> str:
         return record_success(ctx, effect, remote, started)
 
 
+# Once per action executed: compiled once per connection (ADR 179).
+_claim_done = CompiledUpdate(
+    Outbox,
+    lambda: Outbox.objects.filter(pk=Arg(0), status=OutboxStatus.PENDING),
+    {
+        "status": OutboxStatus.DONE,
+        "last_error": "",
+        "completed_at": Arg(1, Outbox._meta.get_field("completed_at")),
+    },
+)
+_tool_call = Compiled(ToolCall, lambda: ToolCall.objects.filter(pk=Arg(0)))
+
+
 def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], started: float) -> str:
     """The external system accepted the request: the call completes, with its event and
     the rows it puts in force, in one transaction; once."""
@@ -176,12 +190,10 @@ def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], sta
         # Claimed by a conditional UPDATE (its row lock lasts until the commit): of two
         # executors of one effect only one records it, without another FOR UPDATE.
         at = timezone.now()  # the row's completion time is its call's
-        claimed = Outbox.objects.filter(pk=effect.outbox_id, status=OutboxStatus.PENDING).update(
-            status=OutboxStatus.DONE, last_error="", completed_at=at
-        )
+        claimed = _claim_done.run(effect.outbox_id, at)
         if not claimed:
             return str(Outbox.objects.values_list("status", flat=True).get(pk=effect.outbox_id))
-        tool_call = ToolCall.objects.get(pk=effect.tool_call_id)
+        tool_call = _tool_call.get(effect.tool_call_id)
         outbox = Outbox(
             pk=effect.outbox_id,
             tool_call=tool_call,

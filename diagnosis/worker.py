@@ -43,6 +43,7 @@ from rq.queue import Queue
 from rq.worker import SimpleWorker
 
 import diagnosis.agent.graph  # noqa: F401  (import langgraph once, at start)
+from aero.compiled import Arg, CompiledUpdate
 from diagnosis import shutdown
 from diagnosis.conn_health import check_django_connections
 from diagnosis.maintenance import run_periodic_tasks
@@ -55,6 +56,18 @@ logger = logging.getLogger("diagnosis.worker")
 # worker with jobs waiting starts the next one within milliseconds, and that job's beat
 # names its session; the "idle again" write is for a worker that has nothing to do.
 IDLE_SETTLE_SECONDS = 1.0
+
+
+# Once per job: compiled once per connection (ADR 179).
+_beat_job = CompiledUpdate(
+    WorkerBeat,
+    lambda: WorkerBeat.objects.filter(name=Arg(0)),
+    {
+        "beat_at": Arg(1, WorkerBeat._meta.get_field("beat_at")),
+        "session_id": Arg(2, WorkerBeat._meta.get_field("session_id")),
+        "stopping": Arg(3, WorkerBeat._meta.get_field("stopping")),
+    },
+)
 
 
 class WorkerHeartbeat:
@@ -122,9 +135,7 @@ class WorkerHeartbeat:
         (ADR 150: four statements twice per job, on the path every resume takes). A row
         deleted meanwhile (a sweep of stale rows) is written again in full."""
         try:
-            updated = WorkerBeat.objects.filter(name=self.name).update(
-                beat_at=timezone.now(), session_id=self.session_id, stopping=shutdown.stopping()
-            )
+            updated = _beat_job.run(self.name, timezone.now(), self.session_id, shutdown.stopping())
             if not updated:
                 self.beat()
         except DatabaseError:

@@ -382,6 +382,14 @@ def choose(
 LOOKUPS = ("lookup_aircraft_info", "lookup_flight_plan", "lookup_stand_location")
 
 
+_lookups_made = Compiled(
+    ToolCall,
+    lambda: ToolCall.objects.filter(
+        session_id=Arg(0, ToolCall._meta.get_field("session")), tool_name__in=LOOKUPS
+    ).values_list("tool_name", flat=True),
+)
+
+
 def decide(
     valid: list[dict[str, Any]],
     reference: dict[str, Any],
@@ -409,15 +417,7 @@ def decide(
     risk = state.get("risk")
     enrichment = state.get("enrichment") or {}
     lookups = {c["tool"]: c for c in enrichment_calls(definition, fields)}
-    done_lookups = (
-        set(
-            ToolCall.objects.filter(session_id=ctx.session_id, tool_name__in=LOOKUPS).values_list(
-                "tool_name", flat=True
-            )
-        )
-        if enrichment
-        else set()
-    )
+    done_lookups = set(_lookups_made.rows(ctx.session_id)) if enrichment else set()
     expected = reference.get("calls", []) if reference["step"] == "call" else []
     # The proposal step is open once risk and impact are known and nothing was proposed;
     # the policy's list of required actions is then fixed (the model may get there while
