@@ -154,16 +154,17 @@ class Compiled[T: Model]:
             self._model = cast(type[T], apps.get_model(self._model))
         return self._model
 
-    def _plan(self) -> tuple[Any, _Plan]:
-        connection = connections[router.db_for_read(self.model)]
+    def _plan(self, connection: Any) -> _Plan:
         plans = _plans(connection)
         plan = plans.get(id(self))
         if plan is None:
             plan = plans[id(self)] = _Plan(self.build(), connection)
-        return connection, plan
+        return cast(_Plan, plan)
 
     def rows(self, *args: Any) -> Iterator[Any]:
-        connection, plan = self._plan()
+        """The rows, read when the first one is asked for (as a queryset's)."""
+        connection = connections[router.db_for_read(self.model)]
+        plan = self._plan(connection)
         with connection.cursor() as cursor:
             cursor.execute(plan.sql, bind(plan.params, args, connection))
             fetched = cursor.fetchall()
@@ -184,10 +185,7 @@ class Compiled[T: Model]:
     def from_row(self, row: Any, connection: Any) -> T:
         """A model instance from a row whose first columns are this statement's (a
         `Statement` that returns them, say): converted as the statement's own rows are."""
-        plans = _plans(connection)
-        plan = plans.get(id(self))
-        if plan is None:
-            plan = plans[id(self)] = _Plan(self.build(), connection)
+        plan = self._plan(connection)
         values = row[plan.start : plan.end]
         if plan.converters:
             values = next(plan.compiler.apply_converters([values], plan.converters))
@@ -288,7 +286,7 @@ def insert_sql(
     connection: Any, model: type[Model], count: int, *, returning: bool, with_pk: bool = False
 ) -> str:
     """The INSERT of `count` rows of `model` (every column but its pk, unless `with_pk`).
-    One row as Django writes it (VALUES). Several rows (PostgreSQL) from ONE jsonb
+    One row as Django writes it (VALUES). Several rows (PostgreSQL only) from ONE jsonb
     parameter (`jsonb_to_recordset`), so that the SQL and its parameters are the same
     whatever the number of rows: one prepared statement; psycopg parses a statement of
     more than 50 parameters anew at every run, and dumps a list parameter (Django's

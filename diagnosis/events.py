@@ -234,7 +234,8 @@ def _update_and_insert(
     rows: Sequence[Model] = (),
 ) -> None:
     """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
-    CTE, PostgreSQL; ADR 156): the same SQL Django writes for each, one round trip.
+    CTE, PostgreSQL; ADR 156): the UPDATE Django writes, the events' INSERT from one
+    jsonb parameter (`insert_sql`), one round trip.
     `rows`: each another INSERT in the same WITH (PostgreSQL runs every data-modifying
     CTE to completion, read or not; ADR 167). The SQL is built once per connection and
     shape (the columns set, the models and the number of events; ADR 179): each call
@@ -283,7 +284,7 @@ def _insert_runs(runs: list[AgentRun]) -> None:
     connection = transaction.get_connection()
     sql, _ = cached_sql(
         connection,
-        ("runs", min(len(runs), 2)),  # one row, or arrays of any length
+        ("runs", min(len(runs), 2)),  # one row, or one jsonb list of any length
         lambda: (insert_sql(connection, AgentRun, len(runs), returning=False, with_pk=True), []),
     )
     with connection.cursor() as cursor:
