@@ -233,7 +233,7 @@ def test_a_model_request_is_recorded_only_under_the_jobs_lease(session: Session)
     """The request a job stops at is one statement that checks the lease itself (ADR
     181): a job whose lease is gone records nothing and stops; the holder records it
     once, however often it runs again."""
-    waiting = {
+    waiting: dict[str, Any] = {
         "key": f"reason:{session.pk}:1",
         "purpose": "reason",
         "request": {"messages": []},
