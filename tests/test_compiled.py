@@ -16,7 +16,7 @@ from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from aero.compiled import Arg, Compiled, CompiledUpdate
+from aero.compiled import Arg, Compiled, CompiledUpdate, insert_sql, insert_values
 from diagnosis.models import Session, WorkerBeat
 from scenarios_admin.models import Scenario
 
@@ -199,3 +199,49 @@ def test_model_rows_cannot_be_annotated() -> None:
     )
     with pytest.raises(ValueError, match="annotate"):
         annotated.first("w1")
+
+
+def test_rows_inserted_from_one_parameter_come_back_as_written() -> None:
+    """Several rows go as one jsonb parameter (ADR 179): the same SQL for any number of
+    rows, and each value (text, number, boolean, time, UUID, null) read back as
+    written."""
+    now = timezone.now()
+    session = uuid.uuid4()
+    rows = [
+        WorkerBeat(
+            name=f'w-{i} ünïcode "quoted"',
+            host="h9",
+            pid=i,
+            started_at=now - timedelta(microseconds=i),
+            beat_at=now,
+            session_id=session if i % 2 else None,
+            stopping=bool(i % 2),
+        )
+        for i in range(1, 6)
+    ]
+    conn = connections["default"]
+    if conn.vendor != "postgresql":
+        pytest.skip("several rows from one jsonb parameter: PostgreSQL")
+    sql = insert_sql(conn, WorkerBeat, 5, returning=True)
+    assert sql == insert_sql(conn, WorkerBeat, 2, returning=True)
+    with conn.cursor() as cursor:
+        cursor.execute(sql, insert_values(WorkerBeat, rows, conn))
+        ids = [row[0] for row in cursor.fetchall()]
+    assert len(ids) == 5
+    stored = {b.name: b for b in WorkerBeat.objects.filter(host="h9")}
+    for row in rows:
+        back = stored[row.name]
+        assert (back.pid, back.started_at, back.beat_at, back.session_id, back.stopping) == (
+            row.pid,
+            row.started_at,
+            row.beat_at,
+            row.session_id,
+            row.stopping,
+        )
+    # One row: Django's own VALUES, its values as they are.
+    one = WorkerBeat(name="single", host="h9", pid=7, started_at=now, beat_at=now)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            insert_sql(conn, WorkerBeat, 1, returning=False), insert_values(WorkerBeat, [one], conn)
+        )
+    assert WorkerBeat.objects.get(name="single").pid == 7
