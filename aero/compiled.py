@@ -38,6 +38,7 @@ __all__ = [
     "Statement",
     "bind",
     "cached_sql",
+    "insert_rows",
     "insert_sql",
     "insert_values",
     "slot",
@@ -330,3 +331,27 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, Jsonb):
         return value.obj
     raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def insert_rows[M: Model](model: type[M], objs: list[M]) -> list[M]:
+    """`model.objects.bulk_create(objs)` for new rows without a pk: one INSERT whose SQL
+    is built once per connection (one shape for any number of rows on PostgreSQL), each
+    row given its pk as bulk_create gives it. Elsewhere, bulk_create itself."""
+    connection = connections[router.db_for_write(model)]
+    if not objs:
+        return objs
+    if connection.vendor != "postgresql" or any(obj.pk is not None for obj in objs):
+        return model._default_manager.bulk_create(objs)
+    sql, _ = cached_sql(
+        connection,
+        ("insert_rows", model, min(len(objs), 2)),
+        lambda: (insert_sql(connection, model, len(objs), returning=True), []),
+    )
+    with transaction.mark_for_rollback_on_error(connection.alias), connection.cursor() as cursor:
+        cursor.execute(sql, insert_values(model, objs, connection))
+        ids = [row[0] for row in cursor.fetchall()]
+    for obj, pk in zip(objs, ids, strict=True):
+        obj.pk = pk
+        obj._state.adding = False
+        obj._state.db = connection.alias
+    return objs

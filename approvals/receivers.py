@@ -5,6 +5,7 @@ from typing import Any
 from django.dispatch import receiver
 from django.utils import timezone
 
+from aero.compiled import insert_rows
 from approvals.models import Approval, ApprovalStatus, action_digest_of, state_digest_for
 from approvals.push import notify_queue
 from diagnosis.actions import do_apply_decision
@@ -68,7 +69,7 @@ def create_approvals(
 ) -> dict[int, dict[str, Any]]:
     """Open the approvals of calls inserted together in the sender's transaction (none
     has one yet): one INSERT for all, one queue notice."""
-    approvals = Approval.objects.bulk_create([new_approval(t, session) for t in tool_calls])
+    approvals = insert_rows(Approval, [new_approval(t, session) for t in tool_calls])
     notify_queue()
     return {
         approval.tool_call_id: {

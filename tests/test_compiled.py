@@ -16,7 +16,7 @@ from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from aero.compiled import Arg, Compiled, CompiledUpdate, insert_sql, insert_values
+from aero.compiled import Arg, Compiled, CompiledUpdate, insert_rows, insert_sql, insert_values
 from diagnosis.models import Session, WorkerBeat
 from scenarios_admin.models import Scenario
 
@@ -245,3 +245,21 @@ def test_rows_inserted_from_one_parameter_come_back_as_written() -> None:
             insert_sql(conn, WorkerBeat, 1, returning=False), insert_values(WorkerBeat, [one], conn)
         )
     assert WorkerBeat.objects.get(name="single").pid == 7
+
+
+def test_inserted_rows_get_their_own_pks() -> None:
+    """insert_rows is bulk_create's result: each new row its pk, in order, saved."""
+    now = timezone.now()
+    for count in (1, 3, 4):
+        beats = [
+            WorkerBeat(
+                name=f"r{count}-{i}", host="h7", pid=100 * count + i, started_at=now, beat_at=now
+            )
+            for i in range(count)
+        ]
+        assert insert_rows(WorkerBeat, beats) is beats
+        for beat_row in beats:
+            assert beat_row._state.adding is False
+            assert WorkerBeat.objects.get(pk=beat_row.pk).name == beat_row.name
+    assert insert_rows(WorkerBeat, []) == []
+    assert WorkerBeat.objects.filter(host="h7").count() == 8

@@ -22,7 +22,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from aero.compiled import Arg, Compiled
+from aero.compiled import Arg, Compiled, insert_rows
 from diagnosis import shutdown
 from diagnosis.agent import budget, fsm, grounding, policy, prompts, waits
 from diagnosis.agent.extraction import Extraction
@@ -1142,7 +1142,8 @@ def open_proposals(
     ]
     if not new:
         return {}
-    rows = ToolCall.objects.bulk_create(
+    rows = insert_rows(
+        ToolCall,
         [
             new_call(
                 tctx,
@@ -1152,7 +1153,7 @@ def open_proposals(
                 else ToolCallStatus.AWAITING_APPROVAL,
             )
             for c in new
-        ]
+        ],
     )
     waiting = [r for r in rows if r.status == ToolCallStatus.AWAITING_APPROVAL]
     approvals: dict[int, dict[str, Any]] = {}

@@ -18,6 +18,7 @@ from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
+from aero.compiled import insert_rows
 from diagnosis import external
 from diagnosis.events import append_event
 from diagnosis.execution import execution_problems, refuse_execution
@@ -249,7 +250,7 @@ def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, 
                 _started(ctx, tool_call, saved=created)
                 pending.append((call, tool_call))
     if done:
-        rows = ToolCall.objects.bulk_create([row for _, row in done])
+        rows = insert_rows(ToolCall, [row for _, row in done])
         # Logged as two writes would log them: every start, then every outcome.
         for row in rows:
             _started(ctx, row, saved=True)
