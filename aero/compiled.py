@@ -41,6 +41,7 @@ __all__ = [
     "insert_rows",
     "insert_sql",
     "insert_values",
+    "mark_saved",
     "slot",
 ]
 
@@ -227,16 +228,15 @@ class CompiledUpdate:
     def run(self, *args: Any) -> int:
         alias = router.db_for_write(self.model)
         connection = connections[alias]
-        plans = _plans(connection)
-        plan = plans.get(id(self))
-        if plan is None:
+
+        def build() -> tuple[str, Any]:
             # What QuerySet.update() compiles.
             query = cast(UpdateQuery, self.build().query.chain(UpdateQuery))
             query.add_update_values(self.values)
             query.annotations = {}
-            sql, params = query.get_compiler(connection=connection).as_sql()
-            plan = plans[id(self)] = (sql, tuple(params))
-        sql, params = plan
+            return cast(tuple[str, Any], query.get_compiler(connection=connection).as_sql())
+
+        sql, params = cached_sql(connection, (id(self),), build)
         with transaction.mark_for_rollback_on_error(alias), connection.cursor() as cursor:
             cursor.execute(sql, bind(params, args, connection))
             return int(cursor.rowcount)
@@ -254,12 +254,7 @@ class Statement:
 
     def run(self, *args: Any) -> tuple[list[Any], int]:
         connection = connections[self.using]
-        plans = _plans(connection)
-        plan = plans.get(id(self))
-        if plan is None:
-            sql, params = self.build(connection)
-            plan = plans[id(self)] = (sql, tuple(params))
-        sql, params = plan
+        sql, params = cached_sql(connection, (id(self),), lambda: self.build(connection))
         with transaction.mark_for_rollback_on_error(self.using), connection.cursor() as cursor:
             cursor.execute(sql, bind(params, args, connection))
             rows = cursor.fetchall() if cursor.description else []
@@ -334,24 +329,35 @@ def _json_value(value: Any) -> Any:
 
 
 def insert_rows[M: Model](model: type[M], objs: list[M]) -> list[M]:
-    """`model.objects.bulk_create(objs)` for new rows without a pk: one INSERT whose SQL
-    is built once per connection (one shape for any number of rows on PostgreSQL), each
-    row given its pk as bulk_create gives it. Elsewhere, bulk_create itself."""
+    """`model.objects.bulk_create(objs)`: one INSERT whose SQL is built once per
+    connection (one shape for any number of rows on PostgreSQL), each row given its pk
+    as bulk_create gives it. Rows whose pks are all set already (reserved from the
+    sequence) are inserted with them, nothing read back. Elsewhere, bulk_create."""
     connection = connections[router.db_for_write(model)]
     if not objs:
         return objs
-    if connection.vendor != "postgresql" or any(obj.pk is not None for obj in objs):
+    with_pk = all(obj.pk is not None for obj in objs)
+    if connection.vendor != "postgresql" or (not with_pk and any(o.pk is not None for o in objs)):
         return model._default_manager.bulk_create(objs)
     sql, _ = cached_sql(
         connection,
-        ("insert_rows", model, min(len(objs), 2)),
-        lambda: (insert_sql(connection, model, len(objs), returning=True), []),
+        ("insert_rows", model, with_pk, min(len(objs), 2)),
+        lambda: (
+            insert_sql(connection, model, len(objs), returning=not with_pk, with_pk=with_pk),
+            [],
+        ),
     )
     with transaction.mark_for_rollback_on_error(connection.alias), connection.cursor() as cursor:
-        cursor.execute(sql, insert_values(model, objs, connection))
-        ids = [row[0] for row in cursor.fetchall()]
+        cursor.execute(sql, insert_values(model, objs, connection, with_pk))
+        ids = [obj.pk for obj in objs] if with_pk else [row[0] for row in cursor.fetchall()]
+    mark_saved(objs, ids, connection.alias)
+    return objs
+
+
+def mark_saved(objs: Sequence[Model], ids: list[Any], alias: str) -> None:
+    """What saving gives a new row: its pk (in the order the INSERT returned them) and
+    its state, as bulk_create leaves them."""
     for obj, pk in zip(objs, ids, strict=True):
         obj.pk = pk
         obj._state.adding = False
-        obj._state.db = connection.alias
-    return objs
+        obj._state.db = alias

@@ -16,7 +16,16 @@ from django.db.models.expressions import CombinedExpression
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from aero.compiled import Arg, Compiled, bind, cached_sql, insert_sql, insert_values
+from aero.compiled import (
+    Arg,
+    Compiled,
+    bind,
+    cached_sql,
+    insert_rows,
+    insert_sql,
+    insert_values,
+    mark_saved,
+)
 from aero.text import check_event_size
 from diagnosis.chain import event_hash
 from diagnosis.fold import reduce_snapshot
@@ -269,29 +278,10 @@ def _update_and_insert(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         ids = [row[0] for row in cursor.fetchall()]
-    for event, event_pk in zip(events, ids, strict=True):
-        event.pk = event_pk
-        event._state.adding = False
-        event._state.db = connection.alias
+    mark_saved(events, ids, connection.alias)
 
 
 _SESSION = Session._meta.get_field
-
-
-def _insert_runs(runs: list[AgentRun]) -> None:
-    """The group's node runs, their ids reserved (StepGroup.new_run, PostgreSQL): one
-    INSERT, its SQL built once per connection and row count (ADR 179)."""
-    connection = transaction.get_connection()
-    sql, _ = cached_sql(
-        connection,
-        ("runs", min(len(runs), 2)),  # one row, or one jsonb list of any length
-        lambda: (insert_sql(connection, AgentRun, len(runs), returning=False, with_pk=True), []),
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, insert_values(AgentRun, runs, connection, with_pk=True))
-    for run in runs:
-        run._state.adding = False
-        run._state.db = connection.alias
 
 
 def _log_write_sql(
@@ -694,7 +684,7 @@ class StepGroup:
         end: tuple[str, str, str] | None = None,
     ) -> None:
         if runs:
-            _insert_runs(runs)
+            insert_rows(AgentRun, runs)  # their ids reserved: one INSERT, nothing read back
         if finished:
             AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
         status, event = self.status, self.status_event
