@@ -143,6 +143,14 @@ def test_a_placeholder_prepares_its_value_as_its_column_would(
         assert found.pk == session.pk and found.title == "compiled"
         assert found.snapshot == Session.objects.get(pk=session.pk).snapshot
     assert session_by_pk.first(uuid.uuid4()) is None
+    # A dict for a JSON column goes as JSON, as `update(snapshot=...)` sends it.
+    snapshot = CompiledUpdate(
+        Session,
+        lambda: Session.objects.filter(pk=Arg(0, SESSION_PK)),
+        {"snapshot": Arg(1, Session._meta.get_field("snapshot"))},
+    )
+    assert snapshot.run(str(session.pk), {"fields": {"position": "105"}}) == 1
+    assert session_by_pk.get(session.pk).snapshot == {"fields": {"position": "105"}}
 
 
 def test_get_raises_as_the_queryset_does(beats: None) -> None:
