@@ -359,8 +359,15 @@ def timeline(
 
 
 def latest_events(session: Session, limit: int | None = None) -> list[Event]:
-    """The newest page of the timeline (older ones: the events page, keyset by seq)."""
-    events = Event.objects.filter(session=session).order_by("-seq")[: limit or TIMELINE_PAGE]
+    """The newest page of the timeline (older ones: the events page, keyset by seq), up
+    to the seq of the `session` row in hand, as the live pull bounds its events: the
+    panels were worded from that row, and the page's socket asks for what follows the
+    last row it shows. A job committing between the two reads once put its events in
+    the timeline of a page whose panels predate them; the socket then asked for nothing
+    after them, and the facts stayed stale until a reload."""
+    events = Event.objects.filter(session=session, seq__lte=session.last_seq).order_by("-seq")[
+        : limit or TIMELINE_PAGE
+    ]
     return list(reversed(events))
 
 

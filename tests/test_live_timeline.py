@@ -15,7 +15,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from aero.roles import user_roles
-from diagnosis.actions import do_answer, do_create_session
+from diagnosis import presenters
+from diagnosis.actions import do_answer, do_correct_fact, do_create_session
 from diagnosis.consumers import render_updates
 from diagnosis.events import append_event
 from diagnosis.models import Session
@@ -131,6 +132,50 @@ def test_an_event_whose_notice_was_lost_reaches_an_idle_page(
         assert "no notice" in html
         with pytest.raises(TimeoutError):  # and only once
             ws.recv(timeout=2.5)
+
+
+TIMELINE_SEQ = re.compile(r'<li id="event-\d+" data-seq="(\d+)"')
+FLUID = re.compile(r'<td data-field="fluid_type">([^<]*)</td>')
+WS_LAST_SEQ = re.compile(r'ws-connect="[^"]*last_seq=(\d+)')
+
+
+def test_a_page_rendered_while_the_agent_writes_catches_up_on_what_it_missed(
+    builtin: None,
+    asgi_server: str,
+    make_user: Callable[..., User],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job commits between the page's read of the session row and its read of the
+    timeline (here: the operator's correction, run at once). The page shows one moment,
+    the row's: its timeline ends where its panels were worded, so its socket (which asks
+    for what follows the timeline's last row, static/aero/aero.js) gets the rest with the
+    panels they change. The timeline once ran ahead: the socket asked for nothing more
+    and the facts stayed stale until a reload (a CI run of the browser test saw it)."""
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "CA1234 燃油泄漏，发动机运转，持续泄漏")
+    assert session.status == "waiting_user" and session.snapshot["fields"]["fluid_type"] == "FUEL"
+    context = presenters.session_context
+
+    def then_the_job_commits(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        worded = context(*args, **kwargs)
+        do_correct_fact(session.pk, operator, "fluid_type", "HYDRAULIC")  # runs inline
+        return worded
+
+    monkeypatch.setattr(presenters, "session_context", then_the_job_commits)
+    client = Client(HTTP_ACCEPT_LANGUAGE="en")
+    client.force_login(operator)
+    page = client.get(f"/sessions/{session.pk}/").content.decode()
+    monkeypatch.undo()
+    session.refresh_from_db()
+    assert session.snapshot["fields"]["fluid_type"] == "HYDRAULIC"  # the job did commit
+
+    assert FLUID.findall(page) == ["Fuel"]  # the panels: the row as read
+    shown = [int(seq) for seq in TIMELINE_SEQ.findall(page)]
+    assert shown[-1] == int(WS_LAST_SEQ.findall(page)[0]) < session.last_seq
+    with open_socket(asgi_server, session, operator, last_seq=shown[-1]) as ws:
+        seqs, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
+    assert seqs == list(range(shown[-1] + 1, session.last_seq + 1))
+    assert FLUID.findall(html) == ["Hydraulic fluid"]
 
 
 COMPOSER = re.compile(r'<section id="session-composer"[^>]*data-key="([^"]*)"')
