@@ -66,6 +66,7 @@ from diagnosis.agent.providers import (
     backoff_wait,
     classify,
     client_for,
+    warm_up,
 )
 from diagnosis.events import append_projected, new_event, usage_fields
 from diagnosis.models import (
@@ -611,6 +612,11 @@ class Runner:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and call until `stop` is set; then let the unfinished calls go."""
+        # Before the first beat says the runner is up: the model client's import, and
+        # each enabled provider's clients and this loop's pool, which the first call
+        # paid for otherwise, with every session's first call behind it (ADR 183).
+        for client in await _db(warm_up)():
+            self._sdk_client(client)
         background = [
             asyncio.create_task(self._beat_forever(stop)),
             asyncio.create_task(self._flush_forever(stop)),

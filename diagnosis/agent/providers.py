@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import openai
 from django.conf import settings
+from django.db import DatabaseError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from tenacity import (
     RetryCallState,
@@ -420,6 +421,31 @@ def configured_providers() -> list[Provider]:
             chain.append(OpenAICompatibleProvider(config))
     chain.append(OfflineProvider())
     return chain
+
+
+def warm_up() -> list[ChatOpenAI]:
+    """What the first model call of a process would otherwise pay, paid at its start
+    (a worker's, the runner's, before they say they are up): LangChain's OpenAI client
+    imported, and a client built for each enabled provider config, with its HTTP
+    pools and TLS contexts. On this machine the first ReAct step of a worker spent
+    ~1.2 s there, and the runner's first call ~0.7 s, with every new session behind
+    them (ADR 183). Returns the clients built; a database not ready yet (a worker
+    started before the migrations) builds none: the first call builds its own."""
+    waiting_chat_class()
+    import diagnosis.agent.react  # noqa: F401  (imported by a graph node's first run)
+
+    try:
+        configs = [c for c in _enabled.rows() if c.kind == ProviderKind.OPENAI]
+    except DatabaseError:
+        logger.warning("warm-up: the provider configs could not be read", exc_info=True)
+        return []
+    clients = []
+    for config in configs:
+        try:
+            clients.append(client_for(config))
+        except Exception:  # a config its first call will fail on, recorded there
+            logger.warning("warm-up: no client for provider %s", config.name, exc_info=True)
+    return clients
 
 
 # --- the chain --------------------------------------------------------------------------

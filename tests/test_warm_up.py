@@ -1,0 +1,121 @@
+"""A worker and the runner pay for the model client before they say they are up (ADR
+183): the first session after a start, often the first incident after a deploy, no
+longer waits for LangChain's OpenAI client to be imported and built (~1.2 s in a
+worker's first ReAct step, ~0.7 s in the runner's first call, on the bench's machine)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import django_rq
+import pytest
+from django.conf import settings
+from django.db import DatabaseError, connections
+
+from diagnosis import llm_runner
+from diagnosis.agent import providers
+from diagnosis.worker import AeroWorker, WorkerHeartbeat
+from scenarios_admin.models import ProviderConfig
+
+
+def provider(name: str, *, enabled: bool = True) -> ProviderConfig:
+    config = ProviderConfig(
+        name=name,
+        kind="openai",
+        base_url="http://127.0.0.1:9/v1",  # never called: building a client sends nothing
+        model="fake-1",
+        enabled=enabled,
+        timeout_seconds=5,
+    )
+    config.set_api_key("sk-test-123")
+    config.save()
+    return config
+
+
+@pytest.fixture(autouse=True)
+def no_clients() -> None:
+    providers._clients.clear()
+
+
+def test_warm_up_builds_each_enabled_providers_client_the_first_call_then_uses(
+    db: None,
+) -> None:
+    enabled = provider("primary")
+    provider("retired", enabled=False)
+
+    clients = providers.warm_up()
+
+    assert len(clients) == 1
+    # The first call finds the client built: nothing is built on its path.
+    assert providers.client_for(enabled) is clients[0]
+
+
+def test_warm_up_without_a_readable_database_builds_nothing_and_says_so(
+    db: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker started before the migrations ran: it starts, and its first call builds
+    the client as before."""
+    provider("primary")
+
+    def unreadable() -> list[ProviderConfig]:
+        raise DatabaseError('relation "scenarios_admin_providerconfig" does not exist')
+
+    monkeypatch.setattr(providers._enabled, "rows", unreadable)
+    assert providers.warm_up() == []
+    assert "warm-up: the provider configs could not be read" in caplog.text
+
+
+@pytest.mark.services
+def test_a_worker_has_its_model_client_before_its_first_beat(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = provider("primary")
+    at_first_beat: list[list[Any]] = []
+    start = WorkerHeartbeat.start
+
+    def first_beat(self: WorkerHeartbeat) -> None:
+        at_first_beat.append(list(providers._clients.values()))
+        start(self)
+
+    monkeypatch.setattr(WorkerHeartbeat, "start", first_beat)
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    AeroWorker([queue], connection=queue.connection).work(burst=True)
+
+    assert len(at_first_beat) == 1 and len(at_first_beat[0]) == 1
+    assert providers.client_for(config) is at_first_beat[0][0]
+
+
+@pytest.mark.services
+def test_the_runner_has_its_clients_and_pool_before_its_first_beat(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = provider("primary")
+    runner = llm_runner.Runner(enqueue=False)
+    stop = asyncio.Event()
+    at_first_beat: list[tuple[list[Any], int]] = []
+    beat = llm_runner.beat
+
+    def first_beat(name: str, started_at: Any) -> None:
+        at_first_beat.append((list(providers._clients.values()), len(runner.sdk_clients)))
+        beat(name, started_at)
+        stop.set()
+
+    monkeypatch.setattr(llm_runner, "beat", first_beat)
+
+    def serve() -> None:
+        try:
+            asyncio.run(runner.serve(stop))
+        finally:
+            connections.close_all()
+
+    # In a thread of its own: the runner's loop must not be this thread's (pytest's).
+    thread = threading.Thread(target=serve)
+    thread.start()
+    thread.join(timeout=30)
+
+    assert at_first_beat, "the runner never beat"
+    clients, pools = at_first_beat[0]
+    assert len(clients) == 1 and providers.client_for(config) is clients[0]
+    assert pools == 1  # its own connection pool, for this loop, built already
