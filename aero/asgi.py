@@ -31,6 +31,12 @@ async def websocket(scope: Any, receive: Any, send: Any) -> None:
 
 application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket})
 
+# Paid at start, not by the first new session's request: it records its extraction
+# request through LangChain's OpenAI client, whose import took ~1 s here (ADR 183).
+from diagnosis.agent.providers import warm_up_imports  # noqa: E402
+
+warm_up_imports()
+
 if settings.AERO_JOB_BACKEND == "embedded":
     # Embedded mode: start the in-process worker now, so sessions a restart interrupted
     # are picked up by the reconciler without waiting for the next request.

@@ -6,6 +6,9 @@ worker's first ReAct step, ~0.7 s in the runner's first call, on the bench's mac
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -18,6 +21,7 @@ from diagnosis import llm_runner
 from diagnosis.agent import providers
 from diagnosis.worker import AeroWorker, WorkerHeartbeat
 from scenarios_admin.models import ProviderConfig
+from tests.servers import ROOT
 
 
 def provider(name: str, *, enabled: bool = True) -> ProviderConfig:
@@ -119,3 +123,18 @@ def test_the_runner_has_its_clients_and_pool_before_its_first_beat(
     clients, pools = at_first_beat[0]
     assert len(clients) == 1 and providers.client_for(config) is clients[0]
     assert pools == 1  # its own connection pool, for this loop, built already
+
+
+def test_the_web_process_imports_the_model_client_at_its_start() -> None:
+    """The first new session's request records its extraction through LangChain's
+    OpenAI client: the web process has it imported before it serves anything."""
+    code = (
+        "import sys; import aero.asgi; "
+        "print('langchain_openai' in sys.modules, 'diagnosis.agent.react' in sys.modules)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True"]

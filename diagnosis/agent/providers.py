@@ -423,6 +423,14 @@ def configured_providers() -> list[Provider]:
     return chain
 
 
+def warm_up_imports() -> None:
+    """The modules a process's first model call or ReAct step would import (most of the
+    warm-up's time), with no database read: for the web process, at its start, whose
+    first new session records its extraction request through the same client class."""
+    waiting_chat_class()
+    import diagnosis.agent.react  # noqa: F401  (imported by a graph node's first run)
+
+
 def warm_up() -> list[ChatOpenAI]:
     """What the first model call of a process would otherwise pay, paid at its start
     (a worker's, the runner's, before they say they are up): LangChain's OpenAI client
@@ -431,9 +439,7 @@ def warm_up() -> list[ChatOpenAI]:
     ~1.2 s there, and the runner's first call ~0.7 s, with every new session behind
     them (ADR 183). Returns the clients built; a database not ready yet (a worker
     started before the migrations) builds none: the first call builds its own."""
-    waiting_chat_class()
-    import diagnosis.agent.react  # noqa: F401  (imported by a graph node's first run)
-
+    warm_up_imports()
     try:
         configs = [c for c in _enabled.rows() if c.kind == ProviderKind.OPENAI]
     except DatabaseError:
