@@ -17,7 +17,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
@@ -48,6 +49,7 @@ from diagnosis.agent.providers import (
 from diagnosis.agent.state import AgentContext
 from diagnosis.conn_health import psycopg_quiet
 from diagnosis.events import (
+    Fence,
     LeaseLost,
     StepsLost,
     active_fence,
@@ -785,10 +787,62 @@ def _fenced_saver_class() -> type[Any]:
     the write's own transaction it takes a share lock on the session row and checks the
     job's lease token, so a job paused past its lease cannot save a checkpoint over the
     one the job that took over saved (which would rewind the thread)."""
+    from langgraph.checkpoint.base import CheckpointTuple
     from langgraph.checkpoint.postgres import PostgresSaver, _internal
     from psycopg.rows import dict_row
 
     class FencedPostgresSaver(PostgresSaver):
+        # A job reads its thread's latest checkpoint twice in a row: `get_state` (what it
+        # waits for, the answer it resumes with), then `invoke` (to run). The first read
+        # is kept for the job (by its fence) and handed to the second, once (ADR 184):
+        # only the lease holder writes its thread, and any write to the thread drops it.
+        # Kept by a weak reference to the fence: what a job read and never asked for
+        # again (a job that found nothing to do) goes with the job.
+        kept: weakref.WeakKeyDictionary[Fence, dict[tuple[str, str], CheckpointTuple | None]]
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.kept = weakref.WeakKeyDictionary()
+            self.kept_lock = threading.Lock()  # the embedded worker's job threads share it
+
+        def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+            fence = active_fence()
+            configurable = config.get("configurable", {})
+            if fence is None or configurable.get("checkpoint_id"):
+                return super().get_tuple(config)
+            key = (str(configurable["thread_id"]), str(configurable.get("checkpoint_ns", "")))
+            with self.kept_lock:
+                reads = self.kept.setdefault(fence, {})
+                if key in reads:
+                    return reads.pop(key)
+            found = super().get_tuple(config)
+            with self.kept_lock:
+                reads[key] = found
+            return found
+
+        def _drop_kept(self, thread_id: Any) -> None:
+            with self.kept_lock:
+                for reads in list(self.kept.values()):
+                    for key in [k for k in reads if k[0] == str(thread_id)]:
+                        del reads[key]
+
+        def put(self, config: RunnableConfig, *args: Any, **kwargs: Any) -> RunnableConfig:
+            self._drop_kept(config["configurable"]["thread_id"])
+            return super().put(config, *args, **kwargs)
+
+        def put_writes(self, config: RunnableConfig, *args: Any, **kwargs: Any) -> None:
+            self._drop_kept(config["configurable"]["thread_id"])
+            super().put_writes(config, *args, **kwargs)
+
+        def delete_thread(self, thread_id: str) -> None:
+            self._drop_kept(thread_id)
+            super().delete_thread(thread_id)
+
+        def prune(self, thread_ids: Sequence[str], **kwargs: Any) -> None:
+            for thread_id in thread_ids:
+                self._drop_kept(thread_id)
+            super().prune(thread_ids, **kwargs)
+
         @contextmanager
         def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
             fence = active_fence()

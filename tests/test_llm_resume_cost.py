@@ -17,6 +17,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
+from langgraph.checkpoint.postgres import PostgresSaver
 
 from diagnosis import jobs, llm_runner
 from diagnosis.actions import do_create_session
@@ -89,9 +90,10 @@ RESUME_TO_NEXT_MODEL_WAIT = 25
 # (ADR 175), the keys read in one statement (ADR 176), the root run inserted and the
 # topology's stamp read with the lease (ADR 178).
 RESUME_TO_FIRST_APPROVAL = 42
-# The checkpointer's calls per such job: one read of the state, one write at exit, no
-# prune and no second read (ADR 150).
-CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "put": 1, "put_writes": 1})
+# The checkpointer's calls per such job: the state asked for twice (what the job waits
+# for, then the run) and read from the database once (ADR 184), one write at exit, no
+# prune (ADR 150).
+CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "read": 1, "put": 1, "put_writes": 1})
 
 
 @pytest.fixture(autouse=True)
@@ -120,9 +122,20 @@ def checkpointer_calls() -> Iterator[Counter[str]]:
 
     for name in names:
         setattr(saver, name, counting(name))
-    yield counts
-    for name in names:
-        delattr(saver, name)  # the instance attribute: the class's method again
+    # The reads that reach the database: LangGraph's own method, under AERO's saver.
+    base = PostgresSaver.get_tuple
+
+    def read(self: Any, config: Any) -> Any:
+        counts["read"] += 1
+        return base(self, config)
+
+    PostgresSaver.get_tuple = read  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        PostgresSaver.get_tuple = base  # type: ignore[method-assign]
+        for name in names:
+            delattr(saver, name)  # the instance attribute: the class's method again
 
 
 def run_the_runner(*, enqueue: bool = False) -> int:
