@@ -56,6 +56,7 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import invalid_tool_call, tool_call
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
+from aero.compiled import Arg, CompiledUpdate
 from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis.agent import waits
 from diagnosis.agent.providers import (
@@ -479,22 +480,37 @@ def finish_ok(
     event, fields, rows = _attempt(call, provider, "ok", usage, latency_ms, attempt, text=text)
     reply = message_to_dict(message)
     with transaction.atomic():
-        updated = LLMRequest.objects.filter(
-            pk=call.pk, claim_token=call.token, status=LLMRequestStatus.PENDING
-        ).update(
-            text=Concat(F("text"), Value(tail)),
-            status=LLMRequestStatus.DONE,
-            reply=reply,
-            answered_by=provider.name,
-            finished_at=timezone.now(),
-            claim_token=None,
-            claim_expires_at=None,
-        )
+        updated = _answer.run(call.pk, call.token, tail, reply, provider.name, timezone.now())
         if not updated:
             raise ClaimLost(call.key)
         session, _ = append_projected(call.session_id, [*events, event], fields=fields, rows=rows)
         if enqueue:
             _enqueue_on_commit(call.session_id, session)
+
+
+def _request_field(name: str) -> Any:
+    return LLMRequest._meta.get_field(name)
+
+
+# The reply's UPDATE, once per call: compiled once per connection (ADR 179, 185); the
+# claim check is its WHERE (no row: the claim was lost).
+_answer = CompiledUpdate(
+    LLMRequest,
+    lambda: LLMRequest.objects.filter(
+        pk=Arg(0),
+        claim_token=Arg(1, _request_field("claim_token")),
+        status=LLMRequestStatus.PENDING,
+    ),
+    {
+        "text": Concat(F("text"), Arg(2, _request_field("text"))),
+        "status": LLMRequestStatus.DONE,
+        "reply": Arg(3, _request_field("reply")),
+        "answered_by": Arg(4, _request_field("answered_by")),
+        "finished_at": Arg(5, _request_field("finished_at")),
+        "claim_token": None,
+        "claim_expires_at": None,
+    },
+)
 
 
 def finish_failed(call: Claimed, error: str, last: str, enqueue: bool) -> None:
