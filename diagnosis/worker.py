@@ -236,7 +236,6 @@ class AeroWorker(SimpleWorker):
         # Before the first beat says the worker is up: the model client's import and
         # clients, which the first ReAct step paid for otherwise (ADR 183).
         warm_up()
-        close_old_connections()
         self.beats.start()
         # With its first reconcile pass done: the fault suite's per-kill timeline reads
         # when replaced workers became able to pick sessions up.
