@@ -11,7 +11,7 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
-from ninja import Field, Query, Router, Schema
+from ninja import Field, Query, Router, Schema, Status
 
 from aero.roles import ADMIN, VIEW_SESSIONS
 from api.auth import TokenAuth
@@ -141,7 +141,7 @@ def export_markdown(request: HttpRequest, session_id: UUID) -> Any:
     masked = masks(viewer_roles(request))
     if session.last_seq > settings.AERO_REPLAY_EXPORT_INLINE_EVENTS:
         job = jobs.start_export(session, request.user, masked=masked)
-        return 202, _job_out(job)
+        return Status(202, _job_out(job))
     text = render_export(session, request.user, masked=masked)
     jobs.audit_export(session, request.user, text, masked=masked, mode="api")
     return _markdown(session, text)
@@ -162,7 +162,7 @@ def export_job(request: HttpRequest, job_id: str) -> Any:
     if job is None or (job.user_id != request.user.pk and ADMIN not in viewer_roles(request)):
         raise ApiError(404, "not_found", "No such export.")
     if job.status != "done":
-        return 202, _job_out(job)
+        return Status(202, _job_out(job))
     text = jobs.job_body(job)
     if text is None:
         raise ApiError(404, "not_found", "This export has expired.")
