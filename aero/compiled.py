@@ -25,13 +25,14 @@ from typing import Any, cast
 
 from django.apps import apps
 from django.db import connections, router, transaction
-from django.db.models import Field, ForeignObjectRel, Model, QuerySet
+from django.db.models import BooleanField, F, Field, ForeignObjectRel, JSONField, Model, QuerySet
 from django.db.models.expressions import Expression
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable
 from django.db.models.sql import UpdateQuery
 from psycopg.types.json import Jsonb
 
 __all__ = [
+    "AnyOf",
     "Arg",
     "Compiled",
     "CompiledUpdate",
@@ -83,6 +84,39 @@ class Arg(Expression):
 
     def get_group_by_cols(self) -> list[Any]:
         return []
+
+
+class AnyOf(Expression):
+    """`column` is one of the call's n-th value (a list): `filter(AnyOf("key", 0))`. The
+    SQL is the same whatever the list's length, as a compiled statement's must be (a
+    filter on `key__in` is not: one placeholder per value). PostgreSQL compares with
+    the list as one array; SQLite (the embedded mode) reads it as one JSON text."""
+
+    conditional = True
+
+    def __init__(self, column: str, index: int) -> None:
+        super().__init__(output_field=BooleanField())
+        self.column: Any = F(column)
+        self.index = index
+
+    def resolve_expression(self, *args: Any, **kwargs: Any) -> AnyOf:
+        resolved = self.copy()
+        resolved.column = self.column.resolve_expression(*args, **kwargs)
+        return resolved
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        column, params = compiler.compile(self.column)
+        if connection.vendor == "postgresql":
+            return f"{column} = ANY(%s)", (*params, _Slot(self.index, None))
+        values = _Slot(self.index, _JSON_TEXT)
+        return f"{column} IN (SELECT value FROM json_each(%s))", (*params, values)
+
+    def get_group_by_cols(self) -> list[Any]:
+        return []
+
+
+# Prepares a list as one JSON text (SQLite's json_each reads it).
+_JSON_TEXT = JSONField()
 
 
 def bind(params: tuple[Any, ...], args: tuple[Any, ...], connection: Any) -> list[Any]:

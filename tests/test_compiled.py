@@ -4,9 +4,13 @@ queryset returns, compile once, and refuse what they cannot run the same way."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,11 +20,21 @@ from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from aero.compiled import Arg, Compiled, CompiledUpdate, insert_rows, insert_sql, insert_values
+from aero.compiled import (
+    AnyOf,
+    Arg,
+    Compiled,
+    CompiledUpdate,
+    insert_rows,
+    insert_sql,
+    insert_values,
+)
 from diagnosis.models import Session, WorkerBeat
 from scenarios_admin.models import Scenario
 
 pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parent.parent
 
 NAME = WorkerBeat._meta.get_field("name")
 BEAT_AT = WorkerBeat._meta.get_field("beat_at")
@@ -42,6 +56,10 @@ pids = Compiled(
 names = Compiled(
     WorkerBeat,
     lambda: WorkerBeat.objects.filter(host=Arg(0)).order_by("name").values_list("name", flat=True),
+)
+one_of = Compiled(
+    WorkerBeat,
+    lambda: WorkerBeat.objects.filter(AnyOf("name", 0), stopping=False).order_by("name"),
 )
 session_by_pk = Compiled(Session, lambda: Session.objects.filter(pk=Arg(0, SESSION_PK)))
 stop = CompiledUpdate(
@@ -126,6 +144,44 @@ def test_each_shape_is_compiled_once_per_connection(beats: None, compiles: list[
         by_name.get("w3")
     assert len(queries) == 1 and "'w3'" in queries[0]["sql"]
     assert len(compiles) == 2
+
+
+def test_a_list_is_one_value_whatever_its_length(beats: None, compiles: list[str]) -> None:
+    """`AnyOf`: the rows `__in` returns, from one compiled statement for every length."""
+    for wanted in ([], ["w2"], ["w1", "w3", "w4", "nobody"], ["w4", "w1"]):
+        expected = WorkerBeat.objects.filter(name__in=wanted, stopping=False).order_by("name")
+        assert [r.name for r in one_of.rows(wanted)] == [r.name for r in expected]
+    assert [r.name for r in one_of.rows(["w4", "w1"])] == ["w1", "w4"]
+    assert sum("ANY" in sql for sql in compiles) == 1
+
+
+SQLITE_ANY_OF = """
+import django
+django.setup()
+from django.core.management import call_command
+from tests.test_compiled import beat, one_of
+
+call_command("migrate", "diagnosis", verbosity=0)
+beat("w1", 11); beat("w2", 12); beat("w3", 13, stopping=True)
+print([[r.name for r in one_of.rows(wanted)] for wanted in ([], ["w2", "w3", "w1"], ["x"])])
+"""
+
+
+def test_a_list_is_one_value_on_sqlite_too(tmp_path: Path) -> None:
+    """The embedded mode's SQLite reads the list as JSON (no arrays there)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(AERO_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="aero.settings")
+    env = {k: v for k, v in env.items() if not k.startswith("AERO_") or k == "AERO_DATA_DIR"}
+    run = subprocess.run(
+        [sys.executable, "-c", SQLITE_ANY_OF],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[[], ['w1', 'w2'], []]"
 
 
 def test_a_placeholder_prepares_its_value_as_its_column_would(

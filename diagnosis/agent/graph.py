@@ -22,7 +22,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
-from aero.compiled import Arg, Compiled, insert_rows
+from aero.compiled import AnyOf, Arg, Compiled, insert_rows
 from diagnosis import shutdown
 from diagnosis.agent import budget, fsm, grounding, policy, prompts, waits
 from diagnosis.agent.extraction import Extraction
@@ -1047,11 +1047,19 @@ def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Restriction]
     if not wanted:
         return {}
     held: dict[tuple[str, str], Restriction] = {}
-    for restriction in Restriction.objects.filter(
-        lifted_at__isnull=True, target__in={target for _, target in wanted}
-    ).order_by("-created_at"):
+    for restriction in _in_force_on.rows(sorted({target for _, target in wanted})):
         held[(restriction.kind, restriction.target)] = restriction
     return held
+
+
+# Read at every proposal step: compiled once per connection (ADR 179); the targets go as
+# one array, so the SQL is the same whatever their number (ADR 186).
+_in_force_on = Compiled(
+    Restriction,
+    lambda: Restriction.objects.filter(AnyOf("target", 0), lifted_at__isnull=True).order_by(
+        "-created_at"
+    ),
+)
 
 
 def note_if_in_force(

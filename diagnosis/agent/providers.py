@@ -372,14 +372,12 @@ class OpenAICompatibleProvider:
         # The schema goes out as the json_schema response format; the reply is validated
         # here (parse_reply) rather than by LangChain's parser, so that one bad value
         # drops one field, not the whole reply, and a failed parse still counts its tokens.
-        response_format = {
-            "type": "json_schema",
-            "json_schema": response_schema(schema),
-        }
         try:
-            # A resume reads the stored reply without LangChain's call path (ADR 169).
+            # A resume reads the stored reply without LangChain's call path (ADR 169), and
+            # without the response format, which only the request needs.
             raw = waits.stored_reply()
             if raw is None:
+                response_format = {"type": "json_schema", "json_schema": response_schema(schema)}
                 raw = client_for(self.config).invoke(
                     [("system", system), ("human", user)], response_format=response_format
                 )

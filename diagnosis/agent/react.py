@@ -326,15 +326,14 @@ def choose(
     reference: dict[str, Any],
 ) -> tuple[Choice, Usage]:
     """One model step, with one repair turn for invalid arguments, checked by the policy."""
-    tools = tool_schemas(ctx.definition)
     messages: list[BaseMessage] | None = None
-    stored = waits.stored_reply()  # a resume: the reply is all it needs
+    stored = waits.stored_reply()  # a resume: the reply is all it needs (not the tools)
     if stored is not None:
         assert isinstance(stored, AIMessage)  # as ask_model's reply
         reply, usage = stored, usage_of(provider, stored)
     else:
         messages = conversation(state, ctx)
-        reply, usage = ask_model(provider, messages, tools)
+        reply, usage = ask_model(provider, messages, tool_schemas(ctx.definition))
     valid, problems = _validate(_calls_of(reply))
     text = str(reply.content or "")
     if any(p["repairable"] for p in problems):
@@ -353,7 +352,7 @@ def choose(
                     "refused: " + problem["problem"], tool_call_id=problem.get("id") or "invalid"
                 )
             )
-        repaired, more = ask_model(provider, messages, tools)
+        repaired, more = ask_model(provider, messages, tool_schemas(ctx.definition))
         usage = Usage(
             usage.tokens_in + more.tokens_in,
             usage.tokens_out + more.tokens_out,

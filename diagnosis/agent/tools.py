@@ -18,7 +18,7 @@ from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
-from aero.compiled import insert_rows
+from aero.compiled import AnyOf, Compiled, insert_rows
 from diagnosis import external
 from diagnosis.events import append_event
 from diagnosis.execution import execution_problems, refuse_execution
@@ -208,12 +208,20 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
         _lookup_graph.reset(token)
 
 
+# Read at every enrichment step: compiled once per connection (ADR 179); the keys go as
+# one array, so the SQL is the same whatever their number (ADR 186).
+_calls_made = Compiled(
+    ToolCall,
+    lambda: ToolCall.objects.filter(AnyOf("idempotency_key", 0)),
+)
+
+
 def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, Any]:
     results: dict[str, Any] = {"degraded": []}
     pending: list[tuple[dict[str, Any], ToolCall]] = []
     # The calls this step made before (a re-run), in one query for all the lookups.
     keys = [idempotency_key(ctx.session_id, call["call_id"]) for call in calls]
-    made = {t.idempotency_key: t for t in ToolCall.objects.filter(idempotency_key__in=keys)}
+    made = {t.idempotency_key: t for t in _calls_made.rows(keys)}
     remote = []
     done: list[tuple[dict[str, Any], ToolCall]] = []
     for key, call in zip(keys, calls, strict=True):
