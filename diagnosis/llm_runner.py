@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
-import httpx
+import httpx2
 import openai
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections, transaction
@@ -940,8 +940,14 @@ async def stream_reply(
                         entry["id"] = part.get("id") or entry["id"]
                         entry["name"] += function.get("name") or ""
                         entry["args"].append(function.get("arguments") or "")
-        except httpx.TimeoutException as exc:
+        # The body is read after the SDK's own error handling (which covers the request
+        # and the headers): a transport error mid-body is turned into the SDK's error, as
+        # the SDK would turn it before the headers, so that it is retried as one. The
+        # SDK's transport is httpx2 (not httpx: its exceptions are other classes).
+        except httpx2.TimeoutException as exc:
             raise openai.APITimeoutError(response.http_request) from exc
+        except httpx2.TransportError as exc:
+            raise openai.APIConnectionError(request=response.http_request) from exc
     if not meta:
         raise ValueError("the model sent an empty stream")
     usage_metadata: UsageMetadata | None = None

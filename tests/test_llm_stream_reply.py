@@ -6,14 +6,16 @@ simulated server over HTTP, chunked small so that every text and argument is spl
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
+import openai
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from diagnosis.agent import waits
 from diagnosis.agent.fake_llm import FakeLLMServer
-from diagnosis.agent.providers import client_for
+from diagnosis.agent.providers import classify, client_for
 from diagnosis.agent.react import tool_schemas
 from diagnosis.llm_runner import Runner, stream_reply
 from tests.builtin_data import oil_spill
@@ -171,3 +173,40 @@ def test_our_own_drain_keeps_the_connection_as_the_sdks_does(
 
     assert asyncio.run(three_calls()) == [REPLIES["text only"]["content"]] * 3
     assert accepted[0] == 1
+
+
+def stream_once(client: Any) -> AIMessage:
+    async def call() -> AIMessage:
+        runner = Runner(enqueue=False)
+        try:
+            messages = [HumanMessage("105机位燃油泄漏")]
+            return await stream_reply(client, messages, {}, [], runner._sdk_client(client))
+        finally:
+            await runner._close_clients()
+
+    return asyncio.run(call())
+
+
+def test_a_reply_that_stalls_mid_body_is_a_timeout_and_retried(fake_llm: FakeLLMServer) -> None:
+    """The headers came, then nothing for longer than the provider's timeout: the SDK's
+    timeout error, which the chain retries, not an error it gives up on at once."""
+    fake_llm.set_script({"chunk_delay": 3, "rules": [REPLIES["text only"]]})
+    client = client_for(fake_provider(fake_llm, timeout_seconds=0.5))
+    with pytest.raises(openai.APITimeoutError) as caught:
+        stream_once(client)
+    error = classify(caught.value)
+    assert error.retryable and str(error) == "timed out"
+
+
+def test_a_reply_cut_off_mid_body_is_a_connection_error_and_retried(
+    fake_llm: FakeLLMServer,
+) -> None:
+    """The server went away in the middle of the body (its end never came): the SDK's
+    connection error, retried, not an unknown error given up on at once."""
+    fake_llm.set_script({"chunk_delay": 3, "rules": [REPLIES["text only"]]})
+    client = client_for(fake_provider(fake_llm))
+    threading.Timer(0.5, fake_llm.stopping.set).start()  # mid-body: the server hangs up
+    with pytest.raises(openai.APIConnectionError) as caught:
+        stream_once(client)
+    error = classify(caught.value)
+    assert error.retryable and str(error).startswith("connection failed")
