@@ -23,6 +23,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def run_embedded(
+    data_dir: Path, *args: str, timeout: float = 120, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """`python *args` in the embedded default (no DATABASE_URL, no REDIS_URL: SQLite,
+    in-process jobs), its data in `data_dir`; `extra`: more environment."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith(("AERO_", "DJANGO_"))
+    }
+    env.update(AERO_DATA_DIR=str(data_dir), DJANGO_SETTINGS_MODULE="aero.settings", **extra)
+    return subprocess.run(
+        [PYTHON, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def service_env(db_url: str, redis_url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
     env.update(

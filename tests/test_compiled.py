@@ -4,9 +4,6 @@ queryset returns, compile once, and refuse what they cannot run the same way."""
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -31,10 +28,10 @@ from aero.compiled import (
 )
 from diagnosis.models import Session, WorkerBeat
 from scenarios_admin.models import Scenario
+from tests.servers import run_embedded
 
 pytestmark = pytest.mark.django_db
 
-ROOT = Path(__file__).resolve().parent.parent
 
 NAME = WorkerBeat._meta.get_field("name")
 BEAT_AT = WorkerBeat._meta.get_field("beat_at")
@@ -169,17 +166,7 @@ print([[r.name for r in one_of.rows(wanted)] for wanted in ([], ["w2", "w3", "w1
 
 def test_a_list_is_one_value_on_sqlite_too(tmp_path: Path) -> None:
     """The embedded mode's SQLite reads the list as JSON (no arrays there)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(AERO_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="aero.settings")
-    env = {k: v for k, v in env.items() if not k.startswith("AERO_") or k == "AERO_DATA_DIR"}
-    run = subprocess.run(
-        [sys.executable, "-c", SQLITE_ANY_OF],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_embedded(tmp_path, "-c", SQLITE_ANY_OF)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "[[], ['w1', 'w2'], []]"
 

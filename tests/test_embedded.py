@@ -4,29 +4,14 @@ provider. The README's start command prepares this; the CLI then works on it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.servers import run_embedded
 
 
 def manage(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith(("AERO_", "DJANGO_"))
-    }
-    env["AERO_DATA_DIR"] = str(tmp_path)
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_embedded(tmp_path, "manage.py", *args)
 
 
 def test_cli_on_the_embedded_default(tmp_path: Path) -> None:

@@ -4,12 +4,9 @@ migration creates and its triggers keep (the PostgreSQL path is in test_replay.p
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.servers import run_embedded
 
 SCRIPT = """
 import json, django
@@ -48,24 +45,7 @@ print(json.dumps({
 
 
 def test_history_search_on_sqlite(tmp_path: Path) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith(("AERO_", "DJANGO_"))
-    }
-    env.update(
-        AERO_DATA_DIR=str(tmp_path),
-        AERO_JOB_BACKEND="inline",
-        DJANGO_SETTINGS_MODULE="aero.settings",
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    run = run_embedded(tmp_path, "-c", SCRIPT, timeout=180, AERO_JOB_BACKEND="inline")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result == {
