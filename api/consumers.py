@@ -58,6 +58,18 @@ def authenticate(raw: str, session_id: str) -> tuple[Viewer | None, int]:
     return Viewer(token.user, roles), 0
 
 
+def pull(
+    raw: str, session_id: str, after: int
+) -> tuple[Viewer | None, int, list[tuple[int, str, Any]]]:
+    """The token checked again, then the events after `after` as `events_after` gives
+    them: a token revoked or expired, a user deactivated or a role taken away since the
+    stream opened stops it at the next pull (and a role's masks follow the roles now)."""
+    viewer, code = authenticate(raw, session_id)
+    if viewer is None:
+        return None, code, []
+    return viewer, 0, events_after(session_id, after, viewer)
+
+
 def message_for(event: Event, viewer: Viewer) -> tuple[str, int]:
     """The event's message, JSON as sent, and its size in bytes. An envelope over
     FRAME_BYTES (only an event stored before the per-event cap could be) is replaced by
@@ -105,6 +117,7 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
     group: str
     sent_seq: int = 0
     viewer: Viewer | None = None
+    raw: str = ""  # the token as sent: checked again at every pull
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
@@ -122,7 +135,7 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
             await self.accept()
             await self.close(code=code)
             return
-        self.viewer = viewer
+        self.viewer, self.raw = viewer, raw
         try:
             self.sent_seq = max(0, int(query.get("last_seq", ["0"])[0]))
         except ValueError:
@@ -154,11 +167,15 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
             await self._flush(live)
 
     async def _flush(self, live: bool) -> None:
-        assert self.viewer is not None
         while True:
-            batch = await database_sync_to_async(events_after)(
-                self.session_id, self.sent_seq, self.viewer
+            viewer, code, batch = await database_sync_to_async(pull)(
+                self.raw, self.session_id, self.sent_seq
             )
+            if viewer is None:
+                metrics.ws_refused(STREAM)
+                await self.close(code=code)
+                return
+            self.viewer = viewer
             if not batch:
                 return
             for seq, text, _ts in batch:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
@@ -130,4 +131,32 @@ def test_the_stream_refuses_without_a_valid_token_or_access(
         Session.objects.filter(pk=session.pk).update(deleted_at="2026-01-01T00:00:00Z")
     with stream(asgi_server, session.pk, token) as ws, pytest.raises(ConnectionClosed) as closed:
         ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == code
+
+
+@pytest.mark.parametrize(
+    ("change", "code"), [("revoked", 4401), ("deactivated", 4401), ("role-removed", 4403)]
+)
+def test_a_stream_stops_when_its_token_or_role_goes_away(
+    builtin: None, asgi_server: str, make_user: Callable[..., User], change: str, code: int
+) -> None:
+    """Checked at every pull, not only at the handshake: what happens after the token is
+    revoked (or expires), its user deactivated or the role taken away is not sent."""
+    operator = make_user("olga", "operator")
+    watcher = make_user("watcher", "auditor")
+    token = token_for(watcher)
+    session = do_create_session(operator, Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏")
+    session.refresh_from_db()
+    with stream(asgi_server, session.pk, token) as ws:
+        assert receive(ws, until_seq=session.last_seq)[-1]["seq"] == session.last_seq
+        if change == "revoked":
+            ApiToken.objects.filter(user=watcher).update(revoked_at=timezone.now())
+        elif change == "deactivated":
+            User.objects.filter(pk=watcher.pk).update(is_active=False)
+        else:
+            watcher.groups.clear()
+        do_answer(session.pk, operator, "CA1234")  # new events, pushed to open streams
+        with pytest.raises(ConnectionClosed) as closed:
+            got = ws.recv(timeout=10)
+            pytest.fail(f"sent after the change: {got!r}")
     assert closed.value.rcvd is not None and closed.value.rcvd.code == code
