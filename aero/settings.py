@@ -124,6 +124,8 @@ MIDDLEWARE = [
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "api.middleware.ApiAuditMiddleware",
+    # Inside the audit: the status it records is the one the client gets.
+    "api.middleware.JsonErrorsMiddleware",
     # Last, as django-axes asks: it turns a locked-out sign-in into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -446,6 +448,10 @@ AERO_TOKEN_TOUCH_SECONDS = env_int("AERO_TOKEN_TOUCH_SECONDS", 60, minimum=0)
 # Alert sources without an API token send this shared secret (header X-Aero-Ingest-Secret or
 # ?secret=); empty disables the secret, tokens still work.
 AERO_INGEST_SECRET = env_str("AERO_INGEST_SECRET")
+# The largest alert delivery /ingest/ reads (bytes). Above the rest of the site's
+# DATA_UPLOAD_MAX_MEMORY_SIZE: a full Alertmanager group (up to 1,000 alerts, values up
+# to 4,000 characters) must fit; a larger one gets a JSON 413 naming this limit.
+AERO_INGEST_MAX_BYTES = env_int("AERO_INGEST_MAX_BYTES", 16 * 1024 * 1024, minimum=1024)
 # Sessions opened by alerts that came in with the shared secret belong to this user.
 AERO_INGEST_USERNAME = env_str("AERO_INGEST_USERNAME", "alertmanager")
 # Optional YAML file of gate rules, watched by stamp (mtime_ns + size) and hash.

@@ -29,8 +29,10 @@ DEFAULT_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    413: "payload_too_large",
     422: "invalid_input",
     429: "throttled",
+    500: "server_error",
 }
 
 # The error responses each operation documents (schemathesis checks the schema's promise).

@@ -55,13 +55,35 @@ def _caller(request: HttpRequest) -> tuple[Any, JsonResponse | None]:
 
 
 def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
+    """Whether any key or string in the parsed body holds U+0000. A walk with a stack of
+    its own: a body nested as deep as the parser allows must not exhaust Python's."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
     return False
+
+
+def _body(request: HttpRequest) -> bytes | None:
+    """The body, read up to AERO_INGEST_MAX_BYTES (None: larger). Read from the stream:
+    `request.body` would refuse anything over the site's DATA_UPLOAD_MAX_MEMORY_SIZE,
+    which a full Alertmanager group can be."""
+    limit = settings.AERO_INGEST_MAX_BYTES
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:
+        return None
+    body = request.read(limit + 1)  # a chunked body declares no length
+    return None if len(body) > limit else body
 
 
 def _ingest(
@@ -70,9 +92,19 @@ def _ingest(
     user, refusal = _caller(request)
     if refusal is not None:
         return refusal
+    raw = _body(request)
+    if raw is None:
+        return _error(
+            413,
+            "payload_too_large",
+            f"The delivery is over the {settings.AERO_INGEST_MAX_BYTES:,} bytes accepted"
+            " (AERO_INGEST_MAX_BYTES); send fewer alerts per delivery (Alertmanager:"
+            " max_alerts).",
+        )
     try:
-        body = json.loads(request.body or b"null")
-    except (ValueError, UnicodeDecodeError):
+        body = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: nested deeper than the parser goes.
         return _error(400, "bad_json", "The body is not JSON.")
     if _has_nul(body):
         return _error(

@@ -253,6 +253,44 @@ def test_bad_input_gets_a_json_error_naming_the_field(builtin: None, alice: User
     assert Session.objects.count() == 0
 
 
+def test_errors_django_answers_around_the_views_are_json_and_audited(
+    builtin: None, alice: User, settings: Any
+) -> None:
+    """A method the route does not take, a body over the upload limit, a session id that
+    is no UUID: each a JSON error (never an HTML page), each call audited."""
+    token = token_for(alice)
+    wrong_method = call("DELETE", SESSIONS, token)
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["code"] == "method_not_allowed"
+    assert "DELETE" in wrong_method.json()["message"] and "POST" in wrong_method["Allow"]
+
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2_000
+    too_large = call(
+        "POST", SESSIONS, token, {"problem_type": "oil_spill", "description": "x" * 3000}
+    )
+    assert too_large.status_code == 413
+    assert too_large.json() == {
+        "code": "payload_too_large",
+        "message": "The body is over the 2,000 bytes accepted.",
+    }
+    assert Session.objects.count() == 0
+
+    for method, path in (
+        ("GET", f"{SESSIONS}/xyz"),
+        ("GET", f"{SESSIONS}/xyz/timeline"),
+        ("POST", f"{SESSIONS}/xyz/answer"),
+    ):
+        malformed = call(method, path, token, {"text": "CA1234"} if method == "POST" else None)
+        assert malformed.status_code == 422, (path, malformed.content[:200])
+        assert malformed.json()["code"] == "invalid_input"
+    statuses = list(
+        AuditLog.objects.filter(action="api.call")
+        .order_by("pk")
+        .values_list("detail__status", flat=True)
+    )
+    assert statuses == [413, 422, 422, 422]  # the 405 came before the token was read
+
+
 # --- reading ---------------------------------------------------------------------------
 
 

@@ -379,6 +379,51 @@ def test_the_secret_is_off_when_unset_and_bad_payloads_get_json_errors(
 
 
 @pytest.mark.services
+def test_a_full_group_is_read_a_larger_one_or_a_bomb_gets_a_json_error(
+    gate_rules: GateRule, settings: Any
+) -> None:
+    """A delivery over the site's upload limit but within the ingest's is read; one over
+    the ingest's limit, a body nested past the parser's depth and a method the route does
+    not take each get a JSON error, and nothing is observed."""
+    settings.AERO_INGEST_SECRET = SECRET
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 4_000
+    settings.AERO_INGEST_MAX_BYTES = 20_000
+    group = v4("firing", *(am_alert(fingerprint=f"f{n}") for n in range(12)))
+    assert 4_000 < len(json.dumps(group)) < 20_000
+    accepted = post("/ingest/alertmanager", group)
+    assert accepted.status_code == 200 and accepted.json()["received"] == 12
+
+    before = Observation.objects.count()
+    too_large = post("/ingest/alertmanager", v4("firing", am_alert(), group="x" * 30_000))
+    assert too_large.status_code == 413
+    assert too_large.json()["code"] == "payload_too_large"
+    assert "20,000 bytes" in too_large.json()["message"]
+    bomb = Client().post(
+        "/ingest/alerts",
+        "[" * 9_000 + "]" * 9_000,  # deeper than the parser goes, within the size limit
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {SECRET}",
+    )
+    assert bomb.status_code == 400 and bomb.json()["code"] == "bad_json"
+    deep = {"labels": {"alertname": "FuelLeak"}, "annotations": {}}
+    nested: Any = "Fuel\u0000Leak"
+    for _ in range(900):  # under the parser's depth, over what a recursive walk survives
+        nested = [nested]
+    deep["annotations"] = {"description": nested}
+    nul = Client().post(
+        "/ingest/alerts",
+        json.dumps({"alerts": [deep]}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {SECRET}",
+    )
+    assert nul.status_code == 422 and "NUL" in nul.json()["message"]
+    wrong_method = Client().get("/ingest/alertmanager", HTTP_AUTHORIZATION=f"Bearer {SECRET}")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["code"] == "method_not_allowed" and wrong_method["Allow"] == "POST"
+    assert Observation.objects.count() == before
+
+
+@pytest.mark.services
 def test_the_read_path_takes_no_lock(gate_rules: GateRule) -> None:
     first = provider.current()
     assert provider._reloading.acquire(timeout=1)  # a reload in progress elsewhere
