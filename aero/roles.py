@@ -7,11 +7,12 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 
 from django.contrib.auth.models import AnonymousUser, Group
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.utils.translation import gettext_lazy as _
+
+from aero.drafts import signed_out
 
 ADMIN = "admin"
 OPERATOR = "operator"
@@ -73,7 +74,8 @@ def role_required(roles: tuple[str, ...]) -> Callable[[View], View]:
         @wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if not request.user.is_authenticated:
-                return redirect_to_login(request.get_full_path())
+                # What a signed-out operator posted is kept for after the sign-in.
+                return signed_out(request)
             if not has_role(request.user, roles):
                 raise PermissionDenied(_("Your role does not allow this."))
             return view(request, *args, **kwargs)

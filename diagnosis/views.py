@@ -5,12 +5,14 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from aero.drafts import keep_draft, take_draft
 from aero.http import HtmxHttpRequest
 from aero.models import audit
 from aero.roles import (
@@ -51,18 +53,31 @@ def session_list(request: HtmxHttpRequest) -> HttpResponse:
         "diagnosis/session_list.html",
         {
             **presenters.session_page(status, request.GET.get("before", "")),
-            "form": NewSessionForm(),
+            "form": _new_session_form(request),
             "status": status,
             "status_choices": SessionStatus.choices,
         },
     )
 
 
-@require_POST
+def _new_session_form(request: HtmxHttpRequest) -> NewSessionForm:
+    """Empty, or what a signed-out operator posted, kept for them (aero.drafts)."""
+    draft = take_draft(request, reverse("diagnosis:session-create"))
+    if draft is None:
+        return NewSessionForm()
+    return NewSessionForm(
+        initial={"message": draft.get("message", ""), "scenario": draft.get("scenario") or None}
+    )
+
+
+@require_http_methods(["GET", "POST"])
 @role_required(RUN_SESSIONS)
 def session_create(request: HtmxHttpRequest) -> HttpResponse:
     """Open a session. With no scenario chosen, or one the message fits worse than
-    another, the form comes back with AERO's suggestion and the text kept (ADR-125)."""
+    another, the form comes back with AERO's suggestion and the text kept (ADR-125).
+    A GET (the address after a sign-in, say) goes to the page with the form."""
+    if request.method == "GET":
+        return redirect("diagnosis:session-list")
     form = NewSessionForm(request.POST)
     fit = None
     if form.is_valid():
@@ -116,7 +131,11 @@ def session_detail(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     session = get_session_for_user(request, session_id)
     context = presenters.session_context(session, request.user)
     context["events"] = presenters.latest_events(session)
-    context["answer_form"] = AnswerForm()
+    # What was not sent (a lapsed sign-in, a refused update) comes back to check and send.
+    answer = take_draft(request, reverse("diagnosis:session-answer", args=[session.pk]))
+    context["answer_form"] = AnswerForm(initial={"message": (answer or {}).get("message", "")})
+    update = take_draft(request, reverse("diagnosis:session-update", args=[session.pk]))
+    context["update_text"] = (update or {}).get("text", "")
     return render(request, "diagnosis/session_detail.html", context)
 
 
@@ -170,6 +189,7 @@ def session_update(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
         actions.do_add_update(session.pk, request.user, request.POST.get("text", ""))
     except actions.ActionError as exc:
         messages.error(request, str(exc))
+        keep_draft(request, request.path, request.POST)  # the page shows it again
     return redirect("diagnosis:session-detail", session_id=session.pk)
 
 
@@ -321,7 +341,12 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     session = get_session_for_user(request, session_id)
     report = Report.objects.filter(session=session).first()
     if report is None:
-        raise Http404(_("This session has no report yet."))
+        # Not "nothing at this address": the session is there, its report comes later.
+        context = {
+            "reason": _("The report is written once every action has been decided."),
+            "back": reverse("diagnosis:session-detail", args=[session.pk]),
+        }
+        return render(request, "404.html", context, status=404)
     audit(
         "report.exported",
         obj=report,

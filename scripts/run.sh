@@ -19,6 +19,16 @@ WS_PORT=${AERO_WS_PORT:-$((PORT + 1))}
 # at once overflowed it (ADR 81).
 BACKLOG=${AERO_LISTEN_BACKLOG:-1024}
 
+# The compiled translations (not committed, ADR 121): `make run` builds them, and so does
+# this script run on its own, or the interface (Chinese by default) comes up in English.
+for po in locale/*/LC_MESSAGES/django.po; do
+  mo=${po%.po}.mo
+  if [ ! "$mo" -nt "$po" ]; then
+    command -v msgfmt >/dev/null 2>&1 || scripts/install-system-deps.sh
+    msgfmt --check-format -o "$mo" "$po"
+  fi
+done
+
 if [ -n "${DATABASE_URL:-}" ]; then
   if [ -z "${DATABASE_OWNER_URL:-}" ]; then
     echo "DATABASE_URL is set but DATABASE_OWNER_URL is not: the app must not own its tables." >&2

@@ -234,3 +234,30 @@ def test_the_main_flow_works_without_javascript(
     reload_until(operator, lambda: taxiway_a.get_attribute("class") == "open")
     expect(taxiway_a).to_have_class("open")
     expect(operator.locator("body")).to_contain_text("spill cleaned, taxiway inspected")
+
+
+def test_an_answer_after_the_sign_in_ran_out_stays_typed_and_says_why(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    """The sign-in runs out while the operator types: the answer is not sent, the box
+    keeps it, the page says why and offers the sign-in (not the sign-in page in the box)."""
+    from diagnosis.models import Event
+    from tests.web_helpers import NO_POSITION, make_session
+
+    olga = make_user("olga", "operator")
+    session = make_session(olga, NO_POSITION)
+    events = Event.objects.filter(session=session).count()
+    page = sign_in(browser, asgi_server, olga)
+    page.goto(f"{asgi_server}/sessions/{session.pk}/")
+    page.context.clear_cookies(name="sessionid")  # what the idle sign-out leaves
+    page.fill("#answer-input", "105机位")
+    page.click("#session-composer button[type=submit]")
+
+    note = page.get_by_test_id("signed-out")
+    expect(note).to_contain_text("You were signed out: this was not sent")
+    expect(note.locator("a")).to_have_attribute(
+        "href", f"/accounts/login/?next=/sessions/{session.pk}/"
+    )
+    expect(page.locator("#answer-input")).to_have_value("105机位")
+    expect(page.locator("#session-composer input[name=username]")).to_have_count(0)
+    assert Event.objects.filter(session=session).count() == events

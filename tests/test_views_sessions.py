@@ -122,7 +122,9 @@ def test_user_without_role_is_refused(dave: User, name: str) -> None:
     assert response.status_code == 403
 
 
-@pytest.mark.parametrize("name", POST_ONLY)
+# session-create answers a GET with the page its form is on: the address a sign-in may
+# return to (tests/test_signed_out.py).
+@pytest.mark.parametrize("name", [name for name in POST_ONLY if name != "session-create"])
 def test_post_only_endpoints_refuse_get(alice: User, name: str) -> None:
     response = login(alice).get(url(name))
 
@@ -662,6 +664,12 @@ def test_report_is_404_until_it_exists(carol: User, waiting: Session) -> None:
     response = login(carol).get(url("session-report", waiting.pk))
 
     assert response.status_code == 404
+    page = response.content.decode()
+    # Says why, and leads back to the session: not "nothing at this address".
+    assert "This session has no report yet." in page
+    assert "once every action has been decided" in page
+    assert f'href="{url("session-detail", waiting.pk)}"' in page
+    assert "There is nothing at this address" not in page
 
 
 @pytest.mark.services

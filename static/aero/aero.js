@@ -185,6 +185,28 @@
     });
   }
 
+  // A request whose sign-in ran out gets a 401 (aero/drafts.py), never the sign-in page
+  // inside the form's target: say so next to the form, whose text stays as typed.
+  document.addEventListener("htmx:responseError", function (evt) {
+    var xhr = evt.detail.xhr;
+    if (!xhr || xhr.status !== 401) { return; }
+    var form = evt.detail.elt.closest("form") || evt.detail.elt;
+    var note = form.parentNode && form.parentNode.querySelector(".signed-out");
+    if (!note) {
+      note = document.createElement("p");
+      note.className = "error signed-out";
+      note.setAttribute("role", "alert");
+      note.setAttribute("data-testid", "signed-out");
+      form.parentNode.insertBefore(note, form);
+    }
+    note.textContent = document.body.getAttribute("data-signed-out") || "Signed out.";
+    var link = document.createElement("a");
+    link.href = document.body.getAttribute("data-login-url") || "/";
+    link.textContent = document.body.getAttribute("data-sign-in") || "Sign in";
+    note.appendChild(document.createTextNode(" "));
+    note.appendChild(link);
+  });
+
   function afterSwap() {
     tickDeadlines();
     showPendingCount();

@@ -1,0 +1,82 @@
+"""What an operator typed is never lost to a refusal they did not cause.
+
+A form posted by someone whose sign-in ran out (AERO_SESSION_IDLE_MINUTES) is not run:
+its text is kept in the (anonymous) session under the form's address, the sign-in page
+says why it came, and once signed in (Django keeps the session's data when it renews
+its key) the page the form lives on shows the text again, unsent, for the operator to
+check and send. A refused update (too long, say) is kept the same way. An HTMX request
+gets a 401 instead of the sign-in page in its target (aero.js says what happened and
+leaves the form as it was)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
+
+DRAFT_KEY = "aero_draft"
+# A draft is what fits in the forms (the longest takes 4,000 characters): anything
+# larger or more numerous is not kept, whoever posts it.
+MAX_FIELD = 20_000
+MAX_FIELDS = 8
+
+
+def keep_draft(request: HttpRequest, action: str, data: Any) -> None:
+    """Keep the posted text fields for the form that posts to `action`."""
+    kept = {
+        key: value[:MAX_FIELD]
+        for key, value in list(data.items())[: MAX_FIELDS + 1]
+        if key != "csrfmiddlewaretoken" and isinstance(value, str)
+    }
+    request.session[DRAFT_KEY] = {"action": action, "data": kept}
+
+
+def take_draft(request: HttpRequest, action: str) -> dict[str, str] | None:
+    """The text kept for the form that posts to `action`, once (then it is gone)."""
+    session = getattr(request, "session", None)
+    if session is None or DRAFT_KEY not in session:
+        return None
+    draft = session[DRAFT_KEY]
+    if not isinstance(draft, dict) or draft.get("action") != action:
+        return None
+    del session[DRAFT_KEY]
+    data = draft.get("data")
+    return data if isinstance(data, dict) else None
+
+
+def signed_out(request: HttpRequest) -> HttpResponseBase:
+    """The answer to a request whose sign-in ran out: a page to sign in again, with what
+    it posted kept for the page it came from."""
+    if request.method != "POST":
+        return redirect_to_login(request.get_full_path())
+    keep_draft(request, request.path, request.POST)
+    if request.headers.get("HX-Request") == "true":
+        # Not the sign-in page inside the form's target: htmx swaps no 401 and aero.js
+        # tells the operator, whose text stays in the form.
+        return HttpResponse(status=401, headers={"HX-Reswap": "none"})
+    messages.warning(
+        request,
+        _(
+            "You were signed out before this was sent: nothing was saved. "
+            "Sign in again, and the page shows your text to check and send."
+        ),
+    )
+    return redirect_to_login(_form_page(request))
+
+
+def _form_page(request: HttpRequest) -> str:
+    """The page the form was on (the Referer, when it is this site's: browsers send it
+    on a form's post here), else the address posted to."""
+    referer = request.headers.get("Referer", "")
+    if url_has_allowed_host_and_scheme(
+        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        parts = urlsplit(referer)
+        return parts.path + (f"?{parts.query}" if parts.query else "") or "/"
+    return request.get_full_path()
