@@ -122,7 +122,9 @@ def queue_context(
                 "risk": snapshot.get("risk"),
                 "impact": snapshot.get("impact"),
                 "seconds_left": approval.seconds_left(),
-                "consequence": board.consequence(call.tool_name, call.request_payload)
+                "consequence": board.consequence(
+                    call.tool_name, call.request_payload, approval.session_id
+                )
                 if board
                 else None,
             }

@@ -25,6 +25,7 @@ class Consequence:
     consequence: str
     warn: bool  # leaves no runway open, or cuts flights off
     in_force: Restriction | None  # the same restriction already on the board
+    own: bool = False  # put there by the session the action belongs to
 
 
 def _translated(tool: str) -> str:
@@ -97,14 +98,17 @@ class Board:
     def in_force(self, kind: str, target: str) -> Restriction | None:
         return next((r for r in self.active if (r.kind, r.target) == (kind, target)), None)
 
-    def consequence(self, tool: str, args: dict[str, Any]) -> Consequence:
+    def consequence(self, tool: str, args: dict[str, Any], session_id: Any = None) -> Consequence:
+        """`session_id`: the session the action belongs to (a closure it put in force
+        itself is its own, not "closed by another session")."""
         plain = plain_words(tool, args)
         effect = restriction_of(tool, args)
         if effect is None:
             return Consequence(plain, "", False, None)
         existing = self.in_force(*effect)
         if existing is not None:
-            return Consequence(plain, gettext("already in force"), False, existing)
+            own = session_id is not None and str(existing.session_id) == str(session_id)
+            return Consequence(plain, gettext("already in force"), False, existing, own)
         after = self.closed | {effect}
         runways_left = self.open_runways(after)
         newly_cut = self.stands_cut_off(after) - self.stands_cut_off(self.closed)

@@ -150,7 +150,9 @@ def action_rows(
             "call": c,
             "decision": decision_of(c),
             "approval": approvals.get(c.pk),
-            "consequence": board.consequence(c.tool_name, c.request_payload) if board else None,
+            "consequence": board.consequence(c.tool_name, c.request_payload, session.pk)
+            if board
+            else None,
         }
         for c in reads.calls
     ]

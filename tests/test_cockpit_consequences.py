@@ -246,3 +246,21 @@ def test_the_agent_does_not_propose_a_closure_another_session_already_put_in_for
     html = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
     assert "did not propose “Close runway 06/24”: already in force" in html
     assert_projections_match(session)
+
+
+def test_a_closure_the_session_made_itself_is_its_own_not_another_sessions(
+    builtin: None, alice: User, bob: User
+) -> None:
+    from tests.web_helpers import approve_everything
+
+    session = waiting_session(alice, STAND_FUEL_LEAK)
+    closure = approval_for(session, "close_taxiway", taxiway="A")
+    approve_everything(session, bob)
+    held = Restriction.objects.get(kind="taxiway", target="A", lifted_at__isnull=True)
+    assert held.session_id == session.pk
+
+    html = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk])).content
+    row = html.decode()[html.decode().index(f'id="action-{closure.tool_call_id}"') :]
+    row = row[: row.index("</tr>")]
+    assert "in force, closed by this session" in row
+    assert "another session" not in row
