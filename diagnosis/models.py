@@ -173,6 +173,12 @@ class ToolCallStatus(models.TextChoices):
     CANCELED = "canceled", _("Canceled with the session")
 
 
+# The decision_reason of a call withdrawn after a correction (ADR-138): its status is
+# CANCELED too, and the pages say "withdrawn" for these, not "canceled with the session".
+WITHDRAWN_ASKED_AGAIN = "requested under the earlier facts; asked again for the corrected ones"
+WITHDRAWN_NOT_CALLED_FOR = "no longer called for by the corrected facts"
+
+
 class ToolCall(models.Model):
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="tool_calls")
     agent_run = models.ForeignKey(

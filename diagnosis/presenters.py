@@ -12,7 +12,16 @@ from django.db.models import Q
 
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
 from diagnosis.consequences import Board
-from diagnosis.models import Event, Report, Restriction, Session, ToolCall, ToolCallStatus
+from diagnosis.models import (
+    WITHDRAWN_ASKED_AGAIN,
+    WITHDRAWN_NOT_CALLED_FOR,
+    Event,
+    Report,
+    Restriction,
+    Session,
+    ToolCall,
+    ToolCallStatus,
+)
 from diagnosis.reporting import decision_of, display_value, markdown_to_html
 from diagnosis.templatetags.timeline import scenario_language
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
@@ -149,6 +158,7 @@ def action_rows(
         {
             "call": c,
             "decision": decision_of(c),
+            "withdrawn": _withdrawn(c),
             "approval": approvals.get(c.pk),
             "consequence": board.consequence(c.tool_name, c.request_payload, session.pk)
             if board
@@ -156,6 +166,16 @@ def action_rows(
         }
         for c in reads.calls
     ]
+
+
+def _withdrawn(call: ToolCall) -> str:
+    """How a call withdrawn after a correction was withdrawn ("asked_again" or
+    "not_called_for"; "" for any other call): canceled, but not with the session."""
+    if call.status != ToolCallStatus.CANCELED:
+        return ""
+    return {WITHDRAWN_ASKED_AGAIN: "asked_again", WITHDRAWN_NOT_CALLED_FOR: "not_called_for"}.get(
+        call.decision_reason, ""
+    )
 
 
 def _approvals_of(session: Session) -> list[Any]:

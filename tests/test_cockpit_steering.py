@@ -123,6 +123,16 @@ def test_a_correction_after_the_risk_is_assessed_re_runs_the_rules_and_the_propo
     html = response.content.decode()
     assert "Re-assessed after a correction (was High):" in html
     assert "withdrawn, the corrected facts no longer call for it" in html
+    # The action table says withdrawn, not "canceled with the session": it is still open.
+    rows = {
+        name: html[html.index(f'id="action-{a.tool_call_id}"') :]
+        for name, a in (("fire", fire), ("crew", crew))
+    }
+    rows = {name: row[: row.index("</tr>")] for name, row in rows.items()}
+    assert all("Withdrawn after a correction" in row for row in rows.values())
+    assert "the corrected facts no longer call for it" in rows["fire"]
+    assert "asked again below for the corrected ones" in rows["crew"]
+    assert not any("session ended" in row or "with the session" in row for row in rows.values())
     # The new request is decidable: its digests are those of the corrected facts.
     new_crew = open_now["dispatch_cleanup_crew"]
     do_decide(new_crew.pk, bob, "approve", "", digest=new_crew.digest)

@@ -57,6 +57,8 @@ from diagnosis.events import (
 )
 from diagnosis.execution import log_approval_required, open_approval
 from diagnosis.models import (
+    WITHDRAWN_ASKED_AGAIN,
+    WITHDRAWN_NOT_CALLED_FOR,
     AgentRun,
     Event,
     LLMCall,
@@ -1003,11 +1005,7 @@ def revise_proposals(
         if call.status != ToolCallStatus.AWAITING_APPROVAL:
             continue
         still = base_call_id(call.call_id) in wanted
-        reason = (
-            "requested under the earlier facts; asked again for the corrected ones"
-            if still
-            else "no longer called for by the corrected facts"
-        )
+        reason = WITHDRAWN_ASKED_AGAIN if still else WITHDRAWN_NOT_CALLED_FOR
         at = timezone.now()
         with transaction.atomic(savepoint=False):  # inside the step (ADR 86)
             ToolCall.objects.filter(pk=call.pk).update(
