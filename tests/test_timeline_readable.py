@@ -97,8 +97,25 @@ def test_who_decided_reads_as_a_sentence(builtin: None, alice: User, bob: User) 
     do_decide(approval.pk, bob, "approve", "", digest=approval.digest)
     page = detail_page(alice, session)
     assert (
-        'bob approved <span title="dispatch_cleanup_crew">Dispatch the cleanup crew</span>' in page
+        'bob approved <span title="dispatch_cleanup_crew">Dispatch the cleanup crew (105)</span>'
+        in page
     )
+
+
+def test_two_decisions_on_one_tool_say_what_each_acts_on(
+    builtin: None, alice: User, bob: User
+) -> None:
+    """Close taxiway A and close taxiway B: each line names its taxiway."""
+    session = waiting_session(alice)
+    for taxiway in ("A", "B"):
+        closure = approval_for(session, "close_taxiway", taxiway=taxiway)
+        do_decide(closure.pk, bob, "reject", f"taxiway {taxiway} stays open", digest=closure.digest)
+    page = detail_page(alice, session)
+    for taxiway in ("A", "B"):
+        assert (
+            f'bob rejected <span title="close_taxiway">Close taxiway ({taxiway})</span>'
+            f": “<bdi>taxiway {taxiway} stays open</bdi>”"
+        ) in page
 
 
 def test_the_full_timeline_folds_the_same_internals(

@@ -190,6 +190,9 @@ def event_line(event_type: str, payload: dict[str, Any]) -> str:
     return f"{EVENT_LINES_TEMPLATE}#other"
 
 
+WHICH_ARGS = ("runway", "taxiway", "stand", "position", "flight_no")
+
+
 @register.simple_tag(takes_context=True)
 def event_view(context: template.Context, event: Any) -> dict[str, Any]:
     payload: dict[str, Any] = event.payload if isinstance(event.payload, dict) else {}
@@ -199,10 +202,15 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
     args = as_dict(payload.get("args"))
     changed = as_dict(payload.get("changed"))
     when = as_dict(payload.get("when"))
+    label = plain(TOOL_LABELS, tool) if tool else ""
+    which = ", ".join(str(args[k]) for k in WHICH_ARGS if args.get(k) not in (None, ""))
     return {
         "line": event_line(event.type, payload),
         "internal": is_internal(event.type, payload),
-        "tool": plain(TOOL_LABELS, tool) if tool else "",
+        "tool": label,
+        # With what the action acts on (taxiway A, stand 105): two decisions on the same
+        # tool are told apart by it (not by the long free text some actions carry).
+        "tool_which": f"{label} ({which})" if which else label,
         "args": ", ".join(str(v) for v in args.values()),
         "plain": plain_words(tool, args) if tool in ACTIONS else "",
         "node": plain(NODE_LABELS, payload.get("node", "")),
