@@ -20,10 +20,13 @@ from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 
+from aero.text import MAX_MESSAGE
+
 DRAFT_KEY = "aero_draft"
-# A draft is what fits in the forms (the longest takes 4,000 characters): anything
-# larger or more numerous is not kept, whoever posts it.
-MAX_FIELD = 20_000
+# A draft is what the forms take (MAX_MESSAGE characters at most), with room for a text
+# refused as too long; more or longer fields are cut, whoever posts them. An anonymous
+# post writes a session row: expired ones go hourly (aero.sessions.clear_expired_sessions).
+MAX_FIELD = 4 * MAX_MESSAGE
 MAX_FIELDS = 8
 
 

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.signals import user_logged_in
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
 RENEWED_KEY = "_aero_renewed"
 RENEW_AFTER_SECONDS = 60
+CLEAR_EVERY_SECONDS = 3600
+_last_clear: float | None = None
 
 
 class IdleSessionMiddleware:
@@ -42,3 +46,17 @@ def renewed_at_login(sender: Any, request: HttpRequest | None, **kwargs: Any) ->
     # Signing in saves the session anyway: the first minute needs no second write.
     if request is not None and hasattr(request, "session"):
         request.session[RENEWED_KEY] = int(time.time())
+
+
+def clear_expired_sessions() -> bool:
+    """Delete the rows of expired sessions (ended sign-ins, and the anonymous sessions
+    that hold a signed-out operator's draft: aero.drafts), at most once an hour per
+    process. Django leaves this to `manage.py clearsessions`, which nothing ran: the
+    table only grew. Returns whether it ran now (a periodic task, diagnosis.maintenance)."""
+    global _last_clear
+    now = time.monotonic()
+    if _last_clear is not None and now - _last_clear < CLEAR_EVERY_SECONDS:
+        return False
+    _last_clear = now
+    import_module(settings.SESSION_ENGINE).SessionStore.clear_expired()
+    return True

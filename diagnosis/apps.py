@@ -18,6 +18,10 @@ class DiagnosisConfig(AppConfig):
         register("prune-llm-requests", prune_requests)
         # A lift has no session job to finish it: the web processes sweep too (ADR 115).
         register("resume-pending-lifts", resume_pending_lifts, web=True)
+        # Expired sign-ins (and signed-out drafts): web too, so embedded mode runs it.
+        from aero.sessions import clear_expired_sessions
+
+        register("clear-expired-sessions", clear_expired_sessions, web=True)
 
         # scenarios_admin may not import this app: the runtime that can run a scenario's
         # example cases registers the publish-time self-check with it.

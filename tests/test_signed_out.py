@@ -107,3 +107,23 @@ def test_a_signed_out_visitor_is_sent_to_sign_in(
     make_user("olga", "operator")
     response: Any = getattr(Client(), method.lower())(reverse("diagnosis:session-create"))
     assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
+
+
+def test_expired_sessions_are_deleted_once_an_hour(db: None, monkeypatch: Any) -> None:
+    """Ended sign-ins and signed-out drafts do not pile up in the session table."""
+    from datetime import timedelta
+
+    from django.contrib.sessions.models import Session as SignIn
+    from django.utils import timezone
+
+    from aero import sessions
+
+    now = timezone.now()
+    SignIn.objects.create(session_key="gone", session_data="", expire_date=now - timedelta(1))
+    SignIn.objects.create(session_key="live", session_data="", expire_date=now + timedelta(1))
+    monkeypatch.setattr(sessions, "_last_clear", None)
+    assert sessions.clear_expired_sessions() is True
+    assert set(SignIn.objects.values_list("session_key", flat=True)) == {"live"}
+    SignIn.objects.create(session_key="later", session_data="", expire_date=now - timedelta(1))
+    assert sessions.clear_expired_sessions() is False  # not again within the hour
+    assert SignIn.objects.filter(session_key="later").exists()
