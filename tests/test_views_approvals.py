@@ -163,7 +163,8 @@ def test_r1_is_approved_once_and_executed(bob: User, stand_leak: Session) -> Non
     assert entry.detail["args"] == {"position": "105"}
     page = client.get(detail(stand_leak)).content.decode()
     assert (
-        'bob approved <span title="dispatch_cleanup_crew">Dispatch the cleanup crew</span>' in page
+        'bob approved <span title="dispatch_cleanup_crew">Dispatch the cleanup crew (105)</span>'
+        in page
     )
 
 
@@ -317,8 +318,8 @@ def test_reject_needs_a_reason(bob: User, stand_leak: Session) -> None:
     assert decisions_recorded(approval) == ["approval.rejected"]
     page = client.get(detail(stand_leak)).content.decode()
     assert (
-        'bob rejected <span title="request_fire_standby">Put the fire brigade on standby</span>: '
-        "“<bdi>fire crew already on scene</bdi>”" in page
+        'bob rejected <span title="request_fire_standby">Put the fire brigade on standby (105)'
+        "</span>: “<bdi>fire crew already on scene</bdi>”" in page
     )
 
 
