@@ -32,11 +32,8 @@ MAX_FIELDS = 8
 
 def keep_draft(request: HttpRequest, action: str, data: Any) -> None:
     """Keep the posted text fields for the form that posts to `action`."""
-    kept = {
-        key: value[:MAX_FIELD]
-        for key, value in list(data.items())[: MAX_FIELDS + 1]
-        if key != "csrfmiddlewaretoken" and isinstance(value, str)
-    }
+    fields = [(k, v) for k, v in data.items() if k != "csrfmiddlewaretoken" and isinstance(v, str)]
+    kept = {key: value[:MAX_FIELD] for key, value in fields[:MAX_FIELDS]}
     request.session[DRAFT_KEY] = {"action": action, "data": kept}
 
 

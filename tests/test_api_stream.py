@@ -160,3 +160,19 @@ def test_a_stream_stops_when_its_token_or_role_goes_away(
             got = ws.recv(timeout=10)
             pytest.fail(f"sent after the change: {got!r}")
     assert closed.value.rcvd is not None and closed.value.rcvd.code == code
+
+
+def test_a_pull_checks_the_token_in_a_fixed_number_of_queries(
+    builtin: None, make_user: Callable[..., User], django_assert_num_queries: Any
+) -> None:
+    """Every pull (each notice) checks the token again: the token with its user, the
+    user's roles, the session, then the events, whatever their number."""
+    from api.consumers import pull
+
+    operator = make_user("olga", "operator")
+    token = token_for(make_user("watcher", "auditor"))
+    session = do_create_session(operator, Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏")
+    for after in (0, 5):
+        with django_assert_num_queries(4):
+            viewer, code, batch = pull(token, str(session.pk), after)
+        assert viewer is not None and code == 0 and batch
