@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from diagnosis.agent.extraction import CJK, detect_language, extract_fields
-from tests.builtin_data import demo_graph, oil_spill
+from tests.builtin_data import builtin_definition, demo_graph, oil_spill
 
 
 def extract(text: str, asked: str | None = None) -> dict[str, Any]:
@@ -312,3 +312,77 @@ def test_evidence_is_the_operators_words_with_their_span() -> None:
     assert text[start:end] == found["fluid_type"].evidence == "JET FUEL"
     start, end = found["position"].span or (0, 0)
     assert text[start:end] == "Stand 105"
+
+
+# --- denial and doubt --------------------------------------------------------------------
+
+
+def read_as(slug: str, text: str) -> dict[str, Any]:
+    return {
+        name: found.value
+        for name, found in extract_fields(builtin_definition(slug), text, demo_graph()).items()
+        if found.confirmed
+    }
+
+
+@pytest.mark.parametrize(
+    ("slug", "text", "field"),
+    [
+        # Each of these used to read as the value the operator denied.
+        ("oil_spill", "发动机没有关车", "engine_status"),
+        ("oil_spill", "发动机没在运转", "engine_status"),
+        ("oil_spill", "the engine is not running", "engine_status"),
+        ("oil_spill", "engines have not been shut down", "engine_status"),
+        ("oil_spill", "engine no longer running", "engine_status"),
+        ("oil_spill", "not sure whether the engine is running", "engine_status"),
+        ("oil_spill", "不确定是否持续", "continuous"),
+        ("oil_spill", "未停止泄漏", "continuous"),
+        ("oil_spill", "不是燃油", "fluid_type"),
+        ("bird_strike", "没有吸入发动机", "engine_ingestion"),
+        ("bird_strike", "跑道上没有发现残骸", "remains_on_runway"),
+        ("bird_strike", "did not see any carcass", "remains_on_runway"),
+        ("tire_burst", "没有发现碎片", "debris"),
+        ("tire_burst", "there is no tire debris", "debris"),
+        ("tire_burst", "no visible smoke", "fire_or_smoke"),
+        ("tire_burst", "there isn\u2019t any smoke", "fire_or_smoke"),
+    ],
+)
+def test_a_denied_or_doubted_synonym_is_no_reading(slug: str, text: str, field: str) -> None:
+    # Not the opposite value either: the agent asks the operator.
+    assert field not in read_as(slug, text)
+
+
+@pytest.mark.parametrize(
+    ("slug", "text", "field", "expected"),
+    [
+        # A denial word inside a synonym is the synonym's own.
+        ("oil_spill", "燃油不断泄漏", "continuous", True),
+        ("oil_spill", "飞机未关车", "engine_status", "RUNNING"),
+        ("oil_spill", "no longer leaking", "continuous", False),
+        ("bird_strike", "没有吸入", "engine_ingestion", False),
+        ("tire_burst", "no debris", "debris", False),
+        # A denial in another clause governs nothing here.
+        ("oil_spill", "没有人员受伤，发动机运转", "engine_status", "RUNNING"),
+        ("oil_spill", "No fire, but engine running", "engine_status", "RUNNING"),
+        ("oil_spill", "no injuries and the engine is running", "engine_status", "RUNNING"),
+        ("tire_burst", "无碎片，轮胎冒烟", "fire_or_smoke", True),
+        # Nor one further back than the window.
+        ("oil_spill", "没有任何人员在附近，燃油", "fluid_type", "FUEL"),
+        # 非常 is "very": 非 is not a denial.
+        ("oil_spill", "燃油泄漏，非常大面积", "leak_size", "LARGE"),
+        # How operators say a leak stopped.
+        ("oil_spill", "已经停止泄漏", "continuous", False),
+        ("oil_spill", "漏油已经停止", "continuous", False),
+        ("oil_spill", "油已经不漏了", "continuous", False),
+        ("oil_spill", "the leak has stopped", "continuous", False),
+    ],
+)
+def test_a_synonym_outside_a_denial_still_reads(
+    slug: str, text: str, field: str, expected: Any
+) -> None:
+    assert read_as(slug, text)[field] == expected
+
+
+def test_the_leak_stopping_says_nothing_about_the_engine() -> None:
+    # "stopped" is also the engine's synonym: the longer leak phrase takes the span.
+    assert read_as("oil_spill", "leak has stopped") == {"continuous": False}

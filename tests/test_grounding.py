@@ -107,6 +107,18 @@ def test_the_synonyms_contradicting_the_model_are_put_to_the_operator() -> None:
     }
 
 
+def test_a_quote_of_a_denied_synonym_is_put_to_the_operator() -> None:
+    # "没有关车": the engine was NOT shut down. Whichever way the model reads it, and
+    # whatever it quotes of it, the operator confirms: it is no evidence by itself.
+    text = "CA1234 105机位燃油泄漏，发动机没有关车"
+    for claim in (Claim("STOPPED", "关车"), Claim("RUNNING", "没有关车")):
+        assert grounded(text, {"engine_status": claim}) == {"engine_status": (claim.value, False)}
+    # A quote elsewhere in the text is evidence as before.
+    assert grounded(
+        "发动机没有关车，发动机开着", {"engine_status": Claim("RUNNING", "发动机开着")}
+    ) == {"engine_status": ("RUNNING", True)}
+
+
 def test_quotes_are_found_ignoring_case_and_spacing() -> None:
     assert find_quote("Engine  RUNNING at 105", "engine running") == (0, 15)
     assert find_quote("engine running", "") is None
@@ -214,3 +226,16 @@ def test_a_denied_reading_of_an_enum_is_dropped_and_asked_plainly() -> None:
     pending = {"engine_status": {"value": "RUNNING", "evidence": "运转"}}
     assert settle(oil_spill(), {}, pending, "engine_status", "不是") == []
     assert pending == {}
+
+
+@pytest.mark.services
+def test_a_denied_engine_state_is_asked_not_read_as_its_opposite(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    # "没有关车" (not shut down) was read as STOPPED: OS-05 instead of OS-01.
+    session = start(make_user, "CA1234 在105机位燃油泄漏，发动机没有关车，还在持续漏")
+    assert "engine_status" not in session.snapshot["fields"]
+    assert session.snapshot["question"]["field"] == "engine_status"
+    assert not session.snapshot.get("risk")
+    session = answer(session, "发动机开着")
+    assert session.snapshot["risk"]["rule"] == "OS-01"

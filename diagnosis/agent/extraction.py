@@ -10,6 +10,12 @@ is still running; "不再运转": no longer running), not a statement about its 
 the phrase is the other field's evidence, and the bool field gets at most an unconfirmed
 reading that the agent puts to the operator (an ambiguous P1 value is confirmed, never
 assumed). A negating aspect word ("不再") also leaves the other field unread.
+
+A synonym denied or doubted in its own clause ("没有吸入发动机", "there is no tire debris",
+"not sure the engine is running") is no evidence of its value: the field stays unread
+and the agent asks. Never the opposite value either: "不确定是否关车" states nothing, and
+for an enum "not fuel" names no other fluid. A denial word inside another synonym
+("不断", "未关车", "no longer leaking") is that synonym's own, not a denial.
 """
 
 from __future__ import annotations
@@ -28,6 +34,19 @@ FLIGHT_NO = re.compile(
 # Aircraft types (A320, B737-800, C919, E190) fit the flight number format: never a flight.
 AIRCRAFT_TYPE = re.compile(r"^(?:A[23][0-9]{2}|B7[0-9]{2}|C9[0-9]{2}|E1[0-9]{2})$")
 NUMBER = r"(\d+(?:\.\d+)?)"
+# Denial and doubt before a synonym, in the same clause: within DENIAL_WINDOW characters
+# in Chinese ("没有发现碎片": 没 four characters back), within DENIAL_WINDOW words in
+# English ("has not been shut down"). Not 非: "非常大面积" is very large, not "not large".
+DENIAL_ZH = re.compile(r"[没未不无否别]")
+DENIAL_EN = re.compile(
+    r"(?<![a-z])(?:not|no|never|without|nor|cannot|unsure|unclear|unknown|whether|if"
+    r"|[a-z]+n(?:'|\u2019)t)(?![a-z])"
+)
+CLAUSE_BREAK = re.compile(
+    r"[，。；：！？、,.;:!?\n()（）]|但|而|并且"
+    r"|(?<![a-z])(?:but|and|while|though|although|however|yet)(?![a-z])"
+)
+DENIAL_WINDOW = 4
 
 YES = ("是", "是的", "对", "有", "yes", "y", "true", "affirmative")
 NO = ("否", "不是", "没有", "无", "no", "n", "false", "negative")
@@ -65,30 +84,9 @@ def extract_fields(
     fields: dict[str, dict[str, Any]] = definition["fields"]
     found: dict[str, Extraction] = {}
     lowered = text.lower()
-
-    candidates: list[_Match] = []
-    for name, spec in fields.items():
-        if spec["type"] not in ("enum", "bool"):
-            continue
-        for raw_value, value_spec in spec.get("values", {}).items():
-            value: Any = _coerce(spec["type"], raw_value)
-            for weak, synonyms in (
-                (False, value_spec.get("synonyms", [])),
-                (True, value_spec.get("fallback", [])),
-            ):
-                for synonym in synonyms:
-                    for start in _occurrences(lowered, str(synonym).lower()):
-                        end = start + len(synonym)
-                        candidates.append(_Match(start, end, name, value, text[start:end], weak))
-    # Longest synonym first; on equal length the later mention wins (corrections). Weak
-    # (fallback) synonyms come last: they never take a span from a named value
-    # ("液压油料泄漏" names hydraulic fluid, not an unspecified 油料泄漏).
-    candidates.sort(key=lambda m: (m.weak, -(m.end - m.start), -m.start))
-    claimed: list[_Match] = []
-    for candidate in candidates:
-        if any(candidate.start < c.end and c.start < candidate.end for c in claimed):
-            continue
-        claimed.append(candidate)
+    claimed = _claimed(fields, text, lowered)
+    denied = _denied(lowered, claimed)
+    claimed = [m for m in claimed if m not in denied]
 
     by_start = {m.start: m for m in claimed}
     aspects: dict[int, _Match] = {}  # id(aspect word) -> the match it modifies
@@ -156,6 +154,63 @@ def extract_fields(
         elif answer in NO:
             found[asked] = Extraction(False, answer)
     return found
+
+
+def _claimed(fields: dict[str, dict[str, Any]], text: str, lowered: str) -> list[_Match]:
+    """The synonym readings of the text: each span read once, longest synonym first."""
+    candidates: list[_Match] = []
+    for name, spec in fields.items():
+        if spec["type"] not in ("enum", "bool"):
+            continue
+        for raw_value, value_spec in spec.get("values", {}).items():
+            value: Any = _coerce(spec["type"], raw_value)
+            for weak, synonyms in (
+                (False, value_spec.get("synonyms", [])),
+                (True, value_spec.get("fallback", [])),
+            ):
+                for synonym in synonyms:
+                    for start in _occurrences(lowered, str(synonym).lower()):
+                        end = start + len(synonym)
+                        candidates.append(_Match(start, end, name, value, text[start:end], weak))
+    # Longest synonym first; on equal length the later mention wins (corrections). Weak
+    # (fallback) synonyms come last: they never take a span from a named value
+    # ("液压油料泄漏" names hydraulic fluid, not an unspecified 油料泄漏).
+    candidates.sort(key=lambda m: (m.weak, -(m.end - m.start), -m.start))
+    claimed: list[_Match] = []
+    for candidate in candidates:
+        if any(candidate.start < c.end and c.start < candidate.end for c in claimed):
+            continue
+        claimed.append(candidate)
+    return claimed
+
+
+def _denied(lowered: str, claimed: list[_Match]) -> list[_Match]:
+    """The readings a denial or a doubt governs (see the module's docstring)."""
+    # Each reading's own words are its own: blanked, they deny nothing ("不断", "未关车").
+    masked = list(lowered)
+    for match in claimed:
+        masked[match.start : match.end] = " " * (match.end - match.start)
+    blanked = "".join(masked)
+    denied = []
+    for match in claimed:
+        before = blanked[: match.start]
+        breaks = list(CLAUSE_BREAK.finditer(before))
+        clause = before[breaks[-1].end() :] if breaks else before
+        words = " ".join(clause.split()[-DENIAL_WINDOW:])
+        if DENIAL_ZH.search(clause[-DENIAL_WINDOW:]) or DENIAL_EN.search(words):
+            denied.append(match)
+    return denied
+
+
+def denied_spans(definition: dict[str, Any], text: str) -> dict[str, list[tuple[int, int]]]:
+    """Per field, the spans of its synonyms that a denial or a doubt governs: no evidence
+    of that field's value, whoever quotes them (grounding asks the operator instead)."""
+    lowered = text.lower()
+    readings = _claimed(definition["fields"], text, lowered)
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for match in _denied(lowered, readings):
+        spans.setdefault(match.field, []).append((match.start, match.end))
+    return spans
 
 
 def _coerce(field_type: str, raw: str) -> Any:

@@ -4,7 +4,9 @@ A model's value for a field is accepted (confirmed) when
 - the scenario's synonyms tie a span of the text to that same value (the offline
   extractor reads the same value, not as an ambiguous reading), or
 - the model's quote occurs in the text and is not a span that already evidences another
-  field (a span that evidences one field must not silently evidence another).
+  field (a span that evidences one field must not silently evidence another), nor a
+  synonym of this field that the text denies or doubts ("没有关车": the model may read
+  it either way; the operator says which).
 Anything else is a claim without evidence: a P1 value is put to the operator as a
 confirmation question (the agent's input parser keeps it pending), a P2 value is dropped.
 Either way an invented fact never reaches the risk rules.
@@ -16,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from diagnosis.agent.extraction import NO, YES, Extraction, extract_fields
+from diagnosis.agent.extraction import NO, YES, Extraction, denied_spans, extract_fields
 from scenarios_admin.airport import AirportGraph
 
 
@@ -84,6 +86,7 @@ def ground(
     other_spans = {
         name: found.span for name, found in synonyms.items() if found.confirmed and found.span
     }
+    denied = denied_spans(definition, text)
     result: dict[str, Extraction] = {}
     for name, claim in claims.items():
         spec = fields.get(name)
@@ -107,7 +110,8 @@ def ground(
             states_value = spec["type"] not in ("flight_no", "position", "number") or (
                 str(claim.value).replace(" ", "").lower() in quoted.replace(" ", "").lower()
             )
-            if not overlaps and states_value:
+            in_doubt = any(start < span[1] and span[0] < end for start, end in denied.get(name, []))
+            if not overlaps and states_value and not in_doubt:
                 result[name] = Extraction(value, quoted, span=span)
                 continue
         # No synonym and no quote of its own ties the value to the text, or the synonyms
