@@ -4,9 +4,9 @@ A form posted by someone whose sign-in ran out (AERO_SESSION_IDLE_MINUTES) is no
 its text is kept in the (anonymous) session under the form's address, the sign-in page
 says why it came, and once signed in (Django keeps the session's data when it renews
 its key) the page the form lives on shows the text again, unsent, for the operator to
-check and send. A refused update (too long, say) is kept the same way. An HTMX request
+check and send. A refused update (too long, say) is kept the same way. An HTMX post
 gets a 401 instead of the sign-in page in its target (aero.js says what happened and
-leaves the form as it was)."""
+leaves the form as it was); an HTMX GET takes the whole page to sign in and back."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
+from django_htmx.http import HttpResponseClientRedirect
 
 from aero.text import MAX_MESSAGE
 
@@ -54,6 +55,12 @@ def signed_out(request: HttpRequest) -> HttpResponseBase:
     """The answer to a request whose sign-in ran out: a page to sign in again, with what
     it posted kept for the page it came from."""
     if request.method != "POST":
+        if request.headers.get("HX-Request") == "true":
+            # A link, a filter or a poll run by htmx: the whole page goes to sign in and
+            # comes back to the page it was on (HX-Current-URL), never the sign-in page
+            # swapped into a panel of it. (A GET carries no typed text to keep.)
+            login = redirect_to_login(_current_page(request))
+            return HttpResponseClientRedirect(login["Location"])
         return redirect_to_login(request.get_full_path())
     keep_draft(request, request.path, request.POST)
     if request.headers.get("HX-Request") == "true":
@@ -70,13 +77,22 @@ def signed_out(request: HttpRequest) -> HttpResponseBase:
     return redirect_to_login(_form_page(request))
 
 
+def _current_page(request: HttpRequest) -> str:
+    """The page an htmx request was made from, when it is this site's."""
+    return _same_site_path(request, request.headers.get("HX-Current-URL", ""))
+
+
 def _form_page(request: HttpRequest) -> str:
     """The page the form was on (the Referer, when it is this site's: browsers send it
     on a form's post here), else the address posted to."""
-    referer = request.headers.get("Referer", "")
-    if url_has_allowed_host_and_scheme(
-        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    return _same_site_path(request, request.headers.get("Referer", ""))
+
+
+def _same_site_path(request: HttpRequest, url: str) -> str:
+    """The path and query of a URL of this site, else the address requested."""
+    if url and url_has_allowed_host_and_scheme(
+        url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):
-        parts = urlsplit(referer)
+        parts = urlsplit(url)
         return parts.path + (f"?{parts.query}" if parts.query else "") or "/"
     return request.get_full_path()

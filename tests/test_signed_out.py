@@ -1,11 +1,13 @@
 """An operator whose sign-in ran out loses nothing they typed (aero.drafts): the post is
 not run, the sign-in page says why, and the page the form is on shows the text again
-after the sign-in. An htmx request gets a 401, never the sign-in page in its target."""
+after the sign-in. An htmx post gets a 401, an htmx GET takes the whole page to sign in:
+never the sign-in page in its target."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.contrib.auth.models import User
@@ -97,6 +99,39 @@ def test_a_refused_update_comes_back_in_its_box(
     assert not Event.objects.filter(
         session=session, type="timeline.appended", payload__kind="operator_update"
     ).exists()
+
+
+def sign_in_then(url: str) -> str:
+    """Where a sign-in page's address returns to (its `next`)."""
+    parts = urlsplit(url)
+    assert parts.path == reverse("login")
+    return parse_qs(parts.query)["next"][0]
+
+
+def test_a_panel_loaded_by_htmx_after_the_sign_in_ran_out_takes_the_page_to_sign_in(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    """Replay's "verify the chain" panel (or a filter, a poll): never the sign-in page
+    inside the panel; the whole page goes to sign in and comes back to where it was."""
+    olga = make_user("olga", "operator")
+    session = make_session(olga, NO_POSITION)
+    page = reverse("replay:replay-step", args=[session.pk]) + "?seq=3"
+    response = Client().get(
+        reverse("replay:replay-chain", args=[session.pk]),
+        HTTP_HX_REQUEST="true",
+        HTTP_HX_CURRENT_URL=f"http://testserver{page}",
+    )
+    assert response.status_code == 200 and not response.content  # nothing to swap in
+    assert sign_in_then(response["HX-Redirect"]) == page
+
+    # A page address from another site is not followed: back to the panel's own address.
+    response = Client().get(
+        reverse("replay:replay-chain", args=[session.pk]),
+        HTTP_HX_REQUEST="true",
+        HTTP_HX_CURRENT_URL="https://evil.example/phish",
+    )
+    chain = reverse("replay:replay-chain", args=[session.pk])
+    assert sign_in_then(response["HX-Redirect"]) == chain
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])
