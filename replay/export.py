@@ -35,14 +35,8 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
         changed = ", ".join(f"{k}={v}" for k, v in (p.get("changed") or {}).items())
         return _("recognised %(what)s") % {"what": changed or _("nothing new")}
     if event_type.startswith("tool.call_"):
-        args = p.get("args")
-        shown = (
-            args
-            if args == masking.MASKED
-            else ", ".join(f"{k}={v}" for k, v in (args or {}).items())
-        )
         tail = f": {p['error']}" if p.get("error") else ""
-        return f"{p.get('tool_name', '')}({shown}){tail}"
+        return f"{p.get('tool_name', '')}({args_text(p.get('args'))}){tail}"
     if event_type.startswith("approval."):
         who = f" by {p['by']}" if p.get("by") else ""
         reason = f": {p['reason']}" if p.get("reason") else ""
@@ -76,11 +70,24 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
             "tool": p.get("tool_name", ""),
             "session": p.get("held_by", ""),
         }
+    if event_type == "agent.note" and p.get("kind") == "proposed_again":
+        return _("%(tool)s again, the corrected facts change it: %(before)s -> %(after)s") % {
+            "tool": p.get("tool_name", ""),
+            "before": args_text(p.get("before")),
+            "after": args_text(p.get("args")),
+        }
     if event_type == "agent.note":
         return str(p.get("text", ""))
     if event_type == "timeline.appended":
         return " ".join(str(p[k]) for k in ("kind", "by", "title", "note") if p.get(k))
     return ""
+
+
+def args_text(args: Any) -> str:
+    """Arguments as k=v pairs, or the word a masked value was replaced by."""
+    if args == masking.MASKED or not isinstance(args, dict):
+        return str(args or "")
+    return ", ".join(f"{k}={v}" for k, v in args.items())
 
 
 def usage_rows(events: list[Event]) -> list[dict[str, Any]]:

@@ -30,10 +30,11 @@ class MaskRule(BaseModel):
 
 
 DEFAULT_POLICY: list[dict[str, Any]] = [
-    # Arguments and results of the actions that close runways, taxiways and stands.
+    # Arguments and results of the actions that close runways, taxiways and stands, also
+    # where an edit or a correction names them ("before": what they were).
     {
-        "types": ["tool.call_*", "approval.*"],
-        "fields": ["args", "response", "error"],
+        "types": ["tool.call_*", "approval.*", "agent.note"],
+        "fields": ["args", "before", "response", "error"],
         "risk_classes": ["R2", "R3"],
     },
     # Raw model input and output, where a provider records them.

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from approvals.actions import do_decide
+from approvals.actions import do_decide, do_edit_args
 from approvals.models import Approval
 from diagnosis.models import Event, Report, Session
 from replay.export import render_export
@@ -118,9 +118,14 @@ def test_a_correction_after_the_risk_is_assessed_re_runs_the_rules_and_the_propo
     open_now = {a.action_name: a for a in Approval.objects.filter(session=session).open()}
     assert "request_fire_standby" not in open_now and "suspend_stand_operations" not in open_now
     assert open_now["dispatch_cleanup_crew"].tool_call.call_id.endswith("#r1")
-    # The R0 notification went out once; nothing is sent twice.
-    assert session.tool_calls.filter(tool_name="notify_atc").count() == 1
+    # ATC was told "fuel, HIGH": it is told again, with the corrected facts.
+    notices = list(session.tool_calls.filter(tool_name="notify_atc").order_by("pk"))
+    assert [n.status for n in notices] == ["completed", "completed"]
+    assert "FUEL" in notices[0].request_payload["message"]
+    assert "(OIL)" in notices[1].request_payload["message"]
+    assert "MEDIUM (OS-09)" in notices[1].request_payload["message"]
     html = response.content.decode()
+    assert "Notify ATC again: the corrected facts change it" in html
     assert "Re-assessed after a correction (was High):" in html
     assert "withdrawn, the corrected facts no longer call for it" in html
     # The action table says withdrawn, not "canceled with the session": it is still open.
@@ -139,6 +144,76 @@ def test_a_correction_after_the_risk_is_assessed_re_runs_the_rules_and_the_propo
     new_crew.refresh_from_db()
     assert new_crew.status == "approved"
     assert_projections_match(session)
+
+
+def test_an_action_done_on_the_old_facts_is_proposed_again_only_when_they_change_it(
+    builtin: None, alice: User, bob: User
+) -> None:
+    session = make_session(alice, STAND_FUEL_LEAK)  # stand 105
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    do_decide(crew.pk, bob, "approve", "", digest=crew.digest)
+    crew.refresh_from_db()
+    assert crew.tool_call.status == "completed"  # the crew went to stand 105
+
+    post(alice, "session-correct", session, field="position", value="102")
+
+    session.refresh_from_db()
+    # A crew for stand 102 is another action: it goes out once someone approves it.
+    again = approval_for(session, "dispatch_cleanup_crew", position="102")
+    assert again.status == "pending" and again.tool_call.call_id.endswith("#r1")
+    # ATC, told of stand 105, hears of stand 102 at once (R0), and the timeline says why.
+    notices = list(session.tool_calls.filter(tool_name="notify_atc").order_by("pk"))
+    assert [n.status for n in notices] == ["completed", "completed"]
+    assert " at 105," in notices[0].request_payload["message"]
+    assert " at 102," in notices[1].request_payload["message"]
+    notes = [
+        e.payload
+        for e in Event.objects.filter(session=session, type="agent.note")
+        if e.payload.get("kind") == "proposed_again"
+    ]
+    assert [n["tool_name"] for n in notes] == ["notify_atc"]
+    assert notes[0]["before"] == notices[0].request_payload
+    assert notes[0]["args"] == notices[1].request_payload
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk])).content
+    assert "Notify ATC again: the corrected facts change it" in page.decode()
+    markdown = render_export(session, alice, masked=False)
+    assert (
+        "notify_atc again, the corrected facts change it: message=Apron fluid spill (FUEL) at 105"
+        in markdown
+    )
+
+    # A correction that changes none of their arguments sends nothing twice.
+    post(alice, "session-correct", session, field="leak_size", value="SMALL")
+    session.refresh_from_db()
+    assert session.snapshot["fields"]["leak_size"] == "SMALL"
+    assert session.snapshot["risk"]["rule"] == "OS-01"  # the same rule: the same message
+    assert session.tool_calls.filter(tool_name="notify_atc").count() == 2
+    # The crew that went to 105 is not sent again (the open request for 102 is withdrawn
+    # and asked again, as every open request is after a correction).
+    assert (
+        session.tool_calls.filter(
+            tool_name="dispatch_cleanup_crew", request_payload__position="105"
+        ).count()
+        == 1
+    )
+    assert_projections_match(session)
+
+
+def test_an_approvers_edit_is_not_taken_for_a_change_of_the_facts(
+    builtin: None, alice: User, bob: User
+) -> None:
+    session = make_session(alice, STAND_FUEL_LEAK)
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    crew = do_edit_args(
+        crew.pk, bob, {"position": "104"}, "the crew's truck is at 104", digest=crew.digest
+    )
+    do_decide(crew.pk, bob, "approve", "", digest=crew.digest)
+
+    post(alice, "session-correct", session, field="leak_size", value="SMALL")
+
+    # Proposed for 105 and edited to 104: the facts still say 105, so nothing is asked again.
+    session.refresh_from_db()
+    assert session.tool_calls.filter(tool_name="dispatch_cleanup_crew").count() == 1
 
 
 def test_a_correction_while_the_agent_works_is_refused(builtin: None, alice: User) -> None:

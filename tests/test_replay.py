@@ -395,6 +395,20 @@ def test_auditors_see_high_risk_payloads_masked(finished: Session, carol: User) 
     assert "B-6543" in payload(login(carol), finished, lookup).content.decode()
 
 
+def test_what_an_edit_or_a_correction_changed_is_masked_like_the_action() -> None:
+    """The arguments a closure had before an approver's edit, or before a correction
+    changed them, are as closed to an auditor as the arguments it has now."""
+    from replay.masking import masked_keys
+
+    closure = {"tool_name": "close_taxiway", "risk_level": "R2"}
+    edited = {**closure, "before": {"taxiway": "A"}, "args": {"taxiway": "B"}}
+    assert masked_keys("approval.args_edited", edited) == ["args", "before"]
+    again = {**edited, "kind": "proposed_again"}
+    assert masked_keys("agent.note", again) == ["args", "before"]
+    notice = {"tool_name": "notify_atc", "risk_level": "R0", "before": {"message": "m"}}
+    assert masked_keys("agent.note", {**notice, "args": {"message": "n"}}) == []
+
+
 def test_admins_and_operators_see_everything(finished: Session, root: User, alice: User) -> None:
     closing = Event.objects.get(
         session=finished,

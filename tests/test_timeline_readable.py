@@ -202,6 +202,7 @@ def test_every_kind_of_event_has_its_line_and_every_line_a_kind() -> None:
         ("approval.canceled", {"withdrawn": "corrected"}, "approval-canceled-withdrawn"),
         ("approval.canceled", {"withdrawn": ""}, "approval-canceled"),
         ("agent.note", {"kind": "already_in_force", "outcome": "x"}, "agent-note-already-in-force"),
+        ("agent.note", {"kind": "proposed_again"}, "agent-note-proposed-again"),
         ("agent.note", {"outcome": "rejected"}, "agent-note-rejected"),
         ("agent.note", {"outcome": "timeout"}, "agent-note-outcome"),
         ("agent.note", {"text": "t"}, "agent-note"),

@@ -997,10 +997,12 @@ def revise_proposals(
     under the earlier facts (their state digest no longer holds): each is withdrawn with
     an `approval.canceled` event (`withdrawn`), saying whether the corrected facts still
     call for it (then it is asked again, as revision n: a new call id and approval) or not.
-    An action already approved or done is not proposed again. Keyed, so a re-run step
-    withdraws and proposes nothing twice."""
+    An action already approved or done is proposed again only when the corrected facts
+    change its arguments (ATC told "fuel, HIGH" hears "oil, MEDIUM"; the crew sent to
+    stand 105 is sent to 107): the same arguments are never sent twice. Keyed, so a re-run
+    step withdraws and proposes nothing twice."""
     wanted = {p["call_id"] for p in proposals}
-    done = {base_call_id(a.call_id) for a in actions if a.status in DONE_OR_UNDER_WAY}
+    done = done_with_args(ctx.session_id, actions)
     for call in actions:
         if call.status != ToolCallStatus.AWAITING_APPROVAL:
             continue
@@ -1030,11 +1032,55 @@ def revise_proposals(
                 producer=ctx.producer,
                 run=run,
             )
-    return [
-        {**p, "call_id": f"{p['call_id']}#r{revision}"}
-        for p in proposals
-        if p["call_id"] not in done
-    ]
+    revised = []
+    for p in proposals:
+        call_id = f"{p['call_id']}#r{revision}"
+        before = done.get(p["call_id"])
+        if before is not None:
+            if before == (p.get("args") or {}):
+                continue
+            append_event_once(
+                ctx.session_id,
+                "agent.note",
+                f"again:{call_id}",
+                {
+                    "kind": "proposed_again",
+                    "tool_name": p["tool"],
+                    "risk_level": p.get("risk_class", "R0"),
+                    "call_id": call_id,
+                    "before": before,
+                    "args": p.get("args") or {},
+                    # The log stays language-neutral: pages word this note per viewer.
+                    "text": f"{p['tool']} proposed again: the corrected facts change its arguments",
+                },
+                producer=ctx.producer,
+                run=run,
+            )
+        revised.append({**p, "call_id": call_id})
+    return revised
+
+
+def done_with_args(session_id: Any, actions: list[ToolCall]) -> dict[str, dict[str, Any]]:
+    """Per base call id, the arguments its latest approved or done call was proposed with:
+    before any approver's edit (`approval.args_edited`), so an edit is not mistaken for a
+    change of the facts. Read after a correction only."""
+    latest: dict[str, ToolCall] = {}
+    for call in actions:
+        if call.status in DONE_OR_UNDER_WAY:
+            base = base_call_id(call.call_id)
+            if base not in latest or call.pk > latest[base].pk:
+                latest[base] = call
+    proposed = {call.pk: dict(call.request_payload) for call in latest.values()}
+    if proposed:
+        edits = Event.objects.filter(
+            session_id=session_id,
+            type="approval.args_edited",
+            payload__tool_call__in=list(proposed),
+        ).order_by("-seq")
+        for payload in edits.values_list("payload", flat=True):
+            # Newest first: the oldest edit's "before" (the proposal's own) is set last.
+            proposed[payload["tool_call"]] = dict(payload["before"])
+    return {base: proposed[call.pk] for base, call in latest.items()}
 
 
 def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Restriction]:

@@ -151,6 +151,7 @@ EVENT_LINES: tuple[tuple[str, str | None, str | None, str], ...] = (
     ("approval.canceled", "withdrawn", None, "approval-canceled-withdrawn"),
     ("approval.canceled", None, None, "approval-canceled"),
     ("agent.note", "kind", "already_in_force", "agent-note-already-in-force"),
+    ("agent.note", "kind", "proposed_again", "agent-note-proposed-again"),
     ("agent.note", "outcome", "rejected", "agent-note-rejected"),
     ("agent.note", "outcome", None, "agent-note-outcome"),
     ("agent.note", None, None, "agent-note"),
