@@ -280,7 +280,7 @@ def test_english_operators_are_asked_in_english(
         "--answer",
         "MU5678",
         "--answer",
-        "dunno",
+        "hmm",
         "--answer",
         "engines off",
         "--answer",
@@ -318,3 +318,52 @@ def test_empty_message(builtin: None, message: str) -> None:
     assert "empty" in str(error.value)
     assert "\n" not in str(error.value)
     assert not Session.objects.exists()
+
+
+def test_an_operator_who_does_not_know_is_told_why_it_is_needed(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_incident(
+        capsys,
+        "CA1234 在105机位燃油泄漏",
+        "--answer",
+        "不知道，看不清",
+        "--answer",
+        "运转",
+        "--answer",
+        "否",
+        "--decide",
+        "approve",
+    )
+
+    questions = result["questions"]
+    assert questions[0] == ask("engine_status", "zh")
+    # Not "your answer was not understood": it was, and guessing is not an option.
+    assert questions[1] == (
+        "风险评估需要这一项：请向机组或现场人员确认后告诉我。可选：运转中 / 已关车。"
+        + ask("engine_status", "zh")
+    )
+    assert questions[2] == ask("continuous", "zh")  # plainly: that answer was read
+    assert result["risk"]["rule"] == "OS-03"
+
+
+def test_an_english_operator_who_does_not_know(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_incident(
+        capsys,
+        "MU5678 fuel leak at stand 101, engines off",
+        "--answer",
+        "I don't know yet",
+        "--answer",
+        "still leaking",
+        "--decide",
+        "approve",
+    )
+
+    assert result["questions"][0] == ask("continuous", "en")
+    assert result["questions"][1] == (
+        "The risk cannot be assessed without this: please check with the crew or the staff "
+        "on site, then tell me. Options: Still leaking / Stopped. " + ask("continuous", "en")
+    )
+    assert result["risk"]["rule"] == "OS-05"

@@ -96,7 +96,7 @@ def test_pushed_events_arrive_and_reconnect_catches_up(
         seqs, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
         assert seqs == list(range(first_batch + 1, session.last_seq + 1))
         assert re.search(r'<section id="session-composer"[^>]*hx-swap-oob="true"', html)
-        assert "发动机目前是否仍在运转" in html  # the next question reached the page live
+        assert "发动机目前是运转中还是已关车" in html  # the next question reached the page live
         seen = session.last_seq
 
     # While nobody watches, the session moves on.

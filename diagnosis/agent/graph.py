@@ -25,7 +25,7 @@ from langgraph.types import interrupt
 from aero.compiled import AnyOf, Arg, Compiled, insert_rows
 from diagnosis import shutdown
 from diagnosis.agent import budget, fsm, grounding, policy, prompts, waits
-from diagnosis.agent.extraction import Extraction
+from diagnosis.agent.extraction import Extraction, is_unsure
 from diagnosis.agent.providers import (
     Attempt,
     OpenAICompatibleProvider,
@@ -363,6 +363,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     # The field whose pending value the operator is answering about: a yes settles it.
     confirming = asked if asked in pending else None
     only_corrections = False
+    unsure = False
     for message in messages:
         text = message.payload.get("text", "")
         correction = message.payload.get("correction")
@@ -414,6 +415,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
                 pending[name] = {"value": extraction.value, "evidence": extraction.evidence}
                 unconfirmed[name] = pending[name]
         consumed = message.seq
+        unsure = bool(asked) and asked not in changed and is_unsure(text)
     for name, spec in definition["fields"].items():
         if fields.get(name) is None and spec.get("default") is not None:
             fields[name] = spec["default"]
@@ -445,6 +447,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         "question": None,
         "unconfirmed": pending,
         "only_corrections": only_corrections,
+        "unsure": unsure,
         "new_input": False,
         **replan,
         "_summary": summary,
@@ -718,6 +721,8 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
             )
         elif candidate is not None:
             text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
+        elif field in asked and state.get("unsure"):
+            text = _unsure_hint(spec, lang) + text
         elif field in asked and not state.get("only_corrections"):
             text = _retry_hint(spec, lang) + text
         asked.append(field)
@@ -765,12 +770,29 @@ def note_unexecuted_actions(ctx: AgentContext, run: AgentRun) -> None:
         )
 
 
-def _retry_hint(spec: dict[str, Any], lang: str) -> str:
+def _options(spec: dict[str, Any], lang: str) -> str:
     values = spec.get("values") or {}
-    names = " / ".join(values[k].get("label", {}).get(lang, k) for k in value_order(spec))
+    return " / ".join(values[k].get("label", {}).get(lang, k) for k in value_order(spec))
+
+
+def _retry_hint(spec: dict[str, Any], lang: str) -> str:
+    names = _options(spec, lang)
     if lang == "zh":
         return "未能识别您的回答。" + (f"可选：{names}。" if names else "")
     return "I could not recognise that answer. " + (f"Options: {names}. " if names else "")
+
+
+def _unsure_hint(spec: dict[str, Any], lang: str) -> str:
+    """The operator does not know yet: a required fact decides the risk, so it is asked
+    again, with what to do (an unknown never matches a rule: guessing is not an option)."""
+    names = _options(spec, lang)
+    if lang == "zh":
+        return "风险评估需要这一项：请向机组或现场人员确认后告诉我。" + (
+            f"可选：{names}。" if names else ""
+        )
+    return "The risk cannot be assessed without this: please check with the crew or the " + (
+        f"staff on site, then tell me. Options: {names}. " if names else "staff on site. "
+    )
 
 
 def route_after_reasoning(

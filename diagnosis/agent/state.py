@@ -20,6 +20,9 @@ class AgentState(TypedDict, total=False):
     question: dict[str, Any] | None
     # The last messages only corrected facts: the next question is no "not recognised".
     only_corrections: bool
+    # The last answer said the operator does not know (extraction.UNSURE): the question
+    # comes again with why it matters, not as an answer not understood.
+    unsure: bool
     enrichment: dict[str, Any] | None
     risk: dict[str, Any] | None
     impact: dict[str, Any] | None
