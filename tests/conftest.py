@@ -11,6 +11,7 @@ from django.db import connection
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
 from playwright.sync_api import Browser, expect, sync_playwright
 
+from aero.models import AuditLog
 from aero.roles import ALL_ROLES, ensure_role_groups
 from scenarios_admin.builtin import load_builtin_data
 from tests import browser_helpers
@@ -91,9 +92,92 @@ def _delete_flush(
 
 @pytest.fixture
 def builtin(transactional_db: None) -> None:
-    """The built-in airport and scenarios, committed (jobs and other processes see them)."""
+    """The built-in airport and scenarios, committed (jobs and other processes see them).
+
+    Loaded for real once per worker process, then copied back in: ~600 tests take it, and
+    the load (each scenario's publication runs its example cases through the agent's
+    extraction and rules) took ~0.3 s of each. The rows are those the load wrote, ids and
+    audit chain included; the flush after a test does not reset sequences, so the ids a
+    test creates never meet them."""
+    if connection.vendor != "postgresql":
+        load_builtin_data()
+        ensure_role_groups()
+        return
+    if not _BUILTIN_ROWS:
+        # What a flush leaves (content types, permissions: re-created after it) is not
+        # the load's: only the tables empty before it are copied.
+        before = {name for name, _ in _copy_out()}
+        audited = AuditLog.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        load_builtin_data()
+        ensure_role_groups()
+        _BUILTIN_ROWS.extend((name, rows) for name, rows in _copy_out() if name not in before)
+        # The load's audit entries are appended again, chained to whatever the test's
+        # other fixtures wrote before (a copy would break the chain's link).
+        _BUILTIN_AUDIT.extend(
+            dict(entry)
+            for entry in AuditLog.objects.filter(id__gt=audited)
+            .order_by("id")
+            .values(
+                "actor_id",
+                "actor_label",
+                "action",
+                "object_type",
+                "object_id",
+                "session_id",
+                "detail",
+            )
+        )
+        return
+    _copy_in(_BUILTIN_ROWS)
+
+
+@pytest.fixture
+def builtin_loaded(transactional_db: None) -> None:
+    """`builtin` by the real load, every time: for the query budgets pinned with the
+    per-process caches as the load (its publications) leaves them; a copied-in load
+    reads 4 statements more in a session's first job (tests/test_event_batch.py)."""
     load_builtin_data()
     ensure_role_groups()
+
+
+# Per worker process: (table, its rows in COPY's text format), in no particular order
+# (the foreign keys are deferred to the commit), and the audit entries the load wrote.
+_BUILTIN_ROWS: list[tuple[str, bytes]] = []
+_BUILTIN_AUDIT: list[dict[str, Any]] = []
+AUDIT_TABLE = '"aero_auditlog"'
+GROUP_TABLE = '"auth_group"'
+
+
+def _copy_out() -> list[tuple[str, bytes]]:
+    tables = connection.introspection.django_table_names(include_views=False)
+    rows: list[tuple[str, bytes]] = []
+    with connection.cursor() as cursor:
+        for table in sorted(tables):
+            name = connection.ops.quote_name(table)
+            data = bytearray()
+            with cursor.copy(f"COPY {name} TO STDOUT") as copy:
+                for block in copy:
+                    data += block
+            if data:
+                rows.append((name, bytes(data)))
+    return rows
+
+
+def _copy_in(rows: list[tuple[str, bytes]]) -> None:
+    from django.db import transaction
+
+    from scenarios_admin.airport import forget_cached_graph
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            for name, data in rows:
+                if name not in (AUDIT_TABLE, GROUP_TABLE):
+                    with cursor.copy(f"COPY {name} FROM STDIN") as copy:
+                        copy.write(data)
+        for entry in _BUILTIN_AUDIT:
+            AuditLog(**entry).save()
+        ensure_role_groups()  # the personas' fixtures may have made them already
+    forget_cached_graph()
 
 
 @pytest.fixture

@@ -130,7 +130,7 @@ def test_a_batch_needs_a_transaction(session: Session) -> None:
 
 
 def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
-    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+    builtin_loaded: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pinned budget (was 723 queries in 55 transactions before batching steps, 231 with
     18 BEGINs before grouping them, ADR 145), and the
