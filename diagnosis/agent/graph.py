@@ -376,6 +376,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             pending.pop(name, None)
             consumed = message.seq
             only_corrections = True
+            unsure = False  # a correction says nothing about not knowing
             continue
         only_corrections = False
 
