@@ -20,7 +20,7 @@ from diagnosis import outbox as outbox_module
 from diagnosis.agent.extraction import FLIGHT_NO, detect_language
 from diagnosis.events import append_event, event_batch, lock_session, set_status
 from diagnosis.execution import execution_problems, open_approval, refuse_execution
-from diagnosis.jobs import embedded_worker, enqueue_advance, request_opening_extraction
+from diagnosis.jobs import drop_job, embedded_worker, enqueue_advance, request_opening_extraction
 from diagnosis.models import (
     Event,
     Outbox,
@@ -763,7 +763,7 @@ def _enqueue_lift(outbox_id: int, producer: str) -> None:
             continue
         if job.get_status() in ("queued", "deferred", "scheduled", "started"):
             return  # it sends the row
-        job.delete()
+        drop_job(job)
 
 
 def _execute_lift_in_thread(outbox_id: int, producer: str) -> None:

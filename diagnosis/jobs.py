@@ -207,7 +207,7 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
             # killed before it started the job leaves it "queued" forever: lost.
             time.sleep(0.05)
             if job.get_status() == "queued":
-                job.delete()
+                drop_job(job)
                 continue
             status = job.get_status()
         if status in _WAITING:
@@ -222,9 +222,35 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
             if token is None and not _worker_gone(job.worker_name):
                 time.sleep(0.02)
                 continue
-        job.delete()  # it can no longer run: the id is free for the next job
+        drop_job(job)  # it can no longer run: the id is free for the next job
     logger.warning("session %s: its job stayed busy; the reconciler will enqueue it", session_id)
     return False
+
+
+def drop_job(job: Any) -> None:
+    """Delete a job that can no longer run. rq's delete() reads every execution the
+    job's registry lists and raises when one's record is gone: when two reconcilers
+    drop the same dead job at once (the second reads a record the first just deleted;
+    seen in the fault suite's worker logs), and for a minute after a killed worker's
+    execution record expires (it lives 90 s, its registry entry 60 s longer, rq 3.0).
+    The entries whose record is gone are removed first, then rq's delete does the
+    rest (ADR 194)."""
+    from rq.executions import Execution
+
+    try:
+        job.delete()
+        return
+    except ValueError:
+        pass
+    redis = job.connection
+    registry = job.execution_registry
+    for raw in redis.zrange(registry.key, 0, -1):
+        execution = Execution(id=raw.decode(), job_id=job.id, connection=redis)
+        if not redis.exists(execution.key):
+            redis.zrem(registry.key, execution.id)
+            redis.zrem(job.started_job_registry.key, execution.composite_key)
+    logger.warning("job %s: dropped the records of executions that had expired", job.id)
+    job.delete()
 
 
 _queues: dict[tuple[int, str, str], Any] = {}
@@ -356,7 +382,15 @@ def requeue_stalled_sessions() -> int:
             continue  # its job is in the queue, behind others: not stalled, just late
         # At the front: its job was lost (a killed worker, Redis restarted) after it had
         # waited its turn once; behind a long queue it waited minutes more (ADR 109).
-        if dispatch(session_id, at_front=True):
+        try:
+            moved = dispatch(session_id, at_front=True)
+        except Exception:
+            # Whatever went wrong with this session's job (or its row) this pass, the
+            # next pass tries again, and the sessions after it in this pass are not held
+            # up: one session's error used to end the pass for all of them.
+            logger.exception("session %s: re-enqueue failed; the next pass retries", session_id)
+            continue
+        if moved:
             logger.info("re-enqueued stalled session %s", session_id)
             enqueued += 1
     return enqueued

@@ -271,3 +271,56 @@ def test_a_queued_job_taken_by_a_worker_that_died_is_enqueued_again(
 
     assert jobs.requeue_stalled_sessions() == 1
     assert queued(settings) == [jobs.job_id(rq_session.pk)]
+
+
+def test_a_dead_job_whose_execution_record_expired_is_replaced(
+    rq_session: Session, settings: Any
+) -> None:
+    """A worker killed mid-job leaves an execution whose record expires (90 s) a minute
+    before its entry in the job's registry: rq's own delete raised on such a job, and
+    the session stayed "running" with nothing to run it. The next pass replaces it."""
+    from rq.executions import Execution
+
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    job = queue.fetch_job(jobs.job_id(rq_session.pk))
+    assert job is not None
+    queue.remove(job.id)
+    dead = f"aero-{socket.gethostname()}-{gone_pid()}-abcdef"
+    with queue.connection.pipeline() as pipeline:
+        execution = Execution.create(job, 90, pipeline=pipeline, worker_name=dead)
+        pipeline.execute()
+    job.worker_name = dead
+    job.save()
+    job.set_status(JobStatus.STARTED)
+    queue.connection.delete(execution.key)  # expired: the registry still lists it
+
+    assert jobs.requeue_stalled_sessions() == 1
+    assert queued(settings) == [jobs.job_id(rq_session.pk)]
+    started = job.started_job_registry
+    assert execution.composite_key.encode() not in queue.connection.zrange(started.key, 0, -1)
+
+
+def test_a_session_that_cannot_be_enqueued_does_not_hold_up_the_others(
+    rq_session: Session, settings: Any, make_user: Callable[..., User], monkeypatch: Any
+) -> None:
+    """One session's job that cannot be handled this pass (an error) is retried at the
+    next pass; the other stalled sessions are enqueued in this one."""
+    other = do_create_session(
+        make_user("otto", "operator"), Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏"
+    )
+    for queue in (settings.AERO_QUEUE, settings.AERO_PRIORITY_QUEUE):
+        django_rq.get_queue(queue).empty()
+    dispatch = jobs.dispatch
+
+    def broken_for_one(session_id: Any, **kwargs: Any) -> bool:
+        if str(session_id) == str(rq_session.pk):
+            raise ValueError("Execution 0 not found in Redis")
+        return dispatch(session_id, **kwargs)
+
+    monkeypatch.setattr(jobs, "dispatch", broken_for_one)
+    assert jobs.requeue_stalled_sessions() == 1
+    assert queued(settings) == [jobs.job_id(other.pk)]
+
+    monkeypatch.setattr(jobs, "dispatch", dispatch)
+    assert jobs.requeue_stalled_sessions() == 1  # the next pass
+    assert sorted(queued(settings)) == sorted(jobs.job_id(s.pk) for s in (rq_session, other))

@@ -158,6 +158,46 @@ def dump(session_id: str) -> list[str]:
     ]
 
 
+def diagnose(session_id: str) -> dict[str, Any]:
+    """Why a session has not ended, for a failure message: its row (status, lease), its
+    rq job as Redis holds it, whether a reconciler pass would pick it up, and the tail
+    of its log."""
+    from django.utils import timezone
+
+    from diagnosis.jobs import job_id, queued_job_ids, stalled_sessions
+
+    session = Session.objects.get(pk=session_id)
+    job: dict[str, Any] = {}
+    try:
+        import django_rq
+        from django.conf import settings
+        from rq.job import Job
+
+        redis = django_rq.get_queue(settings.AERO_QUEUE).connection
+        found = Job.fetch(job_id(session_id), connection=redis)
+        job = {
+            "status": str(found.get_status()),
+            "worker": found.worker_name,
+            "enqueued_at": str(found.enqueued_at),
+            "started_at": str(found.started_at),
+            "ended_at": str(found.ended_at),
+            "exc": (found.exc_info or "")[-1500:],
+        }
+    except Exception as exc:  # a failure message reports what it can
+        job = {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "status": session.status,
+        "lease_holder": session.lease_holder,
+        "lease_expires_at": str(session.lease_expires_at),
+        "now": str(timezone.now()),
+        "pending_llm": session.llm_requests.filter(status="pending").count(),
+        "stalled": session_id in stalled_sessions(),
+        "queued": session_id in queued_job_ids(),
+        "job": job,
+        "log": dump(session_id)[-15:],
+    }
+
+
 def login() -> str:
     """A session cookie for the operator, as a browser holds after signing in."""
     client = Client()
@@ -207,6 +247,7 @@ def step(*session_ids: str) -> dict[str, Any]:
 COMMANDS: dict[str, Any] = {
     "step": step,
     "dump": dump,
+    "diagnose": diagnose,
     "setup": setup,
     "create": create,
     "approve-all": approve_all,

@@ -6,6 +6,7 @@ never asserted."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -52,7 +53,21 @@ def check_nothing_lost(
     Returns (survived, lost)."""
     survived = sum(1 for s in report.values() if s["status"] == "completed")
     lost = len(sessions) - survived
-    assert {sid: s["status"] for sid, s in report.items()} == dict.fromkeys(sessions, "completed")
+    if stuck := [sid for sid in sessions if report.get(sid, {}).get("status") != "completed"]:
+        details = {sid: cluster.driver("diagnose", sid) for sid in stuck}
+        mentions = [
+            f"{path.name}: {line}"
+            for path in sorted(cluster.logs.glob("worker-*.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            # The lines naming them, and every error (a traceback may name no session).
+            if any(sid in line for sid in stuck) or " ERROR " in line or "Error:" in line
+        ]
+        raise AssertionError(
+            f"{len(stuck)} of {len(sessions)} sessions did not complete:\n"
+            + json.dumps(details, indent=1, ensure_ascii=False)
+            + "\nworker log lines naming them, and errors (last 60):\n"
+            + "\n".join(mentions[-60:])
+        )
     assert all(s["seq_ok"] for s in report.values())
     for sid, s in report.items():
         if not (s["executions"] and set(s["executions"].values()) == {1}):
@@ -149,7 +164,8 @@ def test_kill_9_workers_mid_node(workers: Cluster) -> None:
     sessions: list[str] = cluster.driver("create", "16")
     kills: list[tuple[datetime, str, int]] = []
     at_kill: dict[int, tuple[Any, ...]] = {}  # per kill: the lease as the kill found it
-    random.seed(10)
+    # Another seed picks other kills: FAULTS_SEED=n to chase a failure seen with one.
+    random.seed(int(os.environ.get("FAULTS_SEED", "10")))
     deadline = time.monotonic() + 260
     while len(kills) < 20 and time.monotonic() < deadline:
         cluster.supervise(WORKERS)
