@@ -345,6 +345,12 @@ def read_as(slug: str, text: str) -> dict[str, Any]:
         ("tire_burst", "there is no tire debris", "debris"),
         ("tire_burst", "no visible smoke", "fire_or_smoke"),
         ("tire_burst", "there isn\u2019t any smoke", "fire_or_smoke"),
+        # Said, right after, to have ended: "running has stopped" read as running.
+        ("oil_spill", "发动机运转已经停了", "engine_status"),
+        ("oil_spill", "发动机运转停止了", "engine_status"),
+        ("tire_burst", "冒烟已经没了", "fire_or_smoke"),
+        ("tire_burst", "the smoke has stopped", "fire_or_smoke"),
+        ("tire_burst", "smoke is gone", "fire_or_smoke"),
     ],
 )
 def test_a_denied_or_doubted_synonym_is_no_reading(slug: str, text: str, field: str) -> None:
@@ -375,6 +381,16 @@ def test_a_denied_or_doubted_synonym_is_no_reading(slug: str, text: str, field: 
         ("oil_spill", "漏油已经停止", "continuous", False),
         ("oil_spill", "油已经不漏了", "continuous", False),
         ("oil_spill", "the leak has stopped", "continuous", False),
+        # An end said in another clause, further on, or of something else is not this
+        # state's; 停在 is parked at.
+        ("oil_spill", "发动机运转，漏油停了", "engine_status", "RUNNING"),
+        ("oil_spill", "the engine is running, the leak stopped", "engine_status", "RUNNING"),
+        ("oil_spill", "发动机关车后漏油停了", "engine_status", "STOPPED"),
+        ("oil_spill", "飞机停在105机位，发动机运转中", "engine_status", "RUNNING"),
+        ("oil_spill", "发动机运转着停在105机位", "engine_status", "RUNNING"),
+        # The word that ends it is the other value's synonym: that value reads.
+        ("oil_spill", "the engine running has stopped", "engine_status", "STOPPED"),
+        ("tire_burst", "smoke from the tire until the truck stopped", "fire_or_smoke", True),
     ],
 )
 def test_a_synonym_outside_a_denial_still_reads(

@@ -16,6 +16,11 @@ A synonym denied or doubted in its own clause ("没有吸入发动机", "there i
 and the agent asks. Never the opposite value either: "不确定是否关车" states nothing, and
 for an enum "not fuel" names no other fluid. A denial word inside another synonym
 ("不断", "未关车", "no longer leaking") is that synonym's own, not a denial.
+
+Likewise a synonym whose own clause says right after it that it has ended ("发动机运转
+已经停了", "运转停止了", "smoke has stopped") is no evidence of its value: read as the
+value, the engine "has stopped running" was read as running. The field stays unread and
+the agent asks (ADR 195).
 """
 
 from __future__ import annotations
@@ -47,6 +52,13 @@ CLAUSE_BREAK = re.compile(
     r"|(?<![a-z])(?:but|and|while|though|although|however|yet)(?![a-z])"
 )
 DENIAL_WINDOW = 4
+# A state said to have ended, right after its synonym in the same clause: within
+# DENIAL_WINDOW characters in Chinese ("运转已经停了"; not "关车后漏油停了", the leak's),
+# the next CEASED_WORDS words in English ("smoke has stopped"). Not a bare 停: "停在105
+# 机位" is parked at stand 105.
+CEASED_ZH = re.compile(r"停了|停止|已停|停下|停住|止住|结束|熄灭|没了|消失")
+CEASED_EN = re.compile(r"(?<![a-z])(?:stopped|ceased|ended|extinguished|gone|died)(?![a-z])")
+CEASED_WORDS = 3
 
 YES = ("是", "是的", "对", "有", "yes", "y", "true", "affirmative")
 NO = ("否", "不是", "没有", "无", "no", "n", "false", "negative")
@@ -196,7 +208,8 @@ def _claimed(fields: dict[str, dict[str, Any]], text: str, lowered: str) -> list
 
 
 def _denied(lowered: str, claimed: list[_Match]) -> list[_Match]:
-    """The readings a denial or a doubt governs (see the module's docstring)."""
+    """The readings a denial or a doubt governs, or that their clause says have ended
+    (see the module's docstring)."""
     # Each reading's own words are its own: blanked, they deny nothing ("不断", "未关车").
     masked = list(lowered)
     for match in claimed:
@@ -209,6 +222,15 @@ def _denied(lowered: str, claimed: list[_Match]) -> list[_Match]:
         clause = before[breaks[-1].end() :] if breaks else before
         words = " ".join(clause.split()[-DENIAL_WINDOW:])
         if DENIAL_ZH.search(clause[-DENIAL_WINDOW:]) or DENIAL_EN.search(words):
+            denied.append(match)
+            continue
+        # What follows is read as written: "running, stopped" has its own break, and in
+        # "running stopped" the later synonym is what says the first has ended.
+        after = lowered[match.end :]
+        end = CLAUSE_BREAK.search(after)
+        after = after[: end.start()] if end else after
+        following = " ".join(after.split()[:CEASED_WORDS])
+        if CEASED_ZH.search(after[:DENIAL_WINDOW]) or CEASED_EN.search(following):
             denied.append(match)
     return denied
 
