@@ -4,9 +4,13 @@ itself stays available (pages put it in a title attribute, the log keeps it)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.utils.functional import Promise
+from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import pgettext_lazy
+
+from diagnosis.agent.tools import stand_mismatch
 
 TOOL_LABELS: dict[str, Promise] = {
     # response actions (scenarios_admin.definition.ACTION_TOOLS) and the lift
@@ -86,3 +90,16 @@ def plain(table: dict[str, Promise], code: object) -> str:
     then still shows, in its own name)."""
     text = table.get(str(code))
     return str(text) if text is not None else str(code)
+
+
+def stand_mismatch_text(enrichment: Any) -> str:
+    """The warning for a flight planned at another stand than the position given
+    (diagnosis.agent.tools.stand_mismatch), in the viewer's language; "" when none."""
+    found = stand_mismatch(enrichment)
+    if found is None:
+        return ""
+    return gettext(
+        "The flight plan puts %(flight)s at stand %(planned)s, not %(reported)s as reported:"
+        " the impact analysis starts at %(reported)s. Check which is right and correct the"
+        " position if it is wrong."
+    ) % {"flight": found["flight_no"], "planned": found["planned"], "reported": found["reported"]}

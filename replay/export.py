@@ -16,6 +16,7 @@ from django.utils.translation import gettext as _
 from diagnosis.chain import check_events
 from diagnosis.fold import FoldState, fold_events
 from diagnosis.models import Event, Session
+from diagnosis.wording import stand_mismatch_text
 from replay import masking, presenters
 
 Progress = Callable[[int, int], None]
@@ -79,7 +80,9 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
     if event_type == "agent.note":
         return str(p.get("text", ""))
     if event_type == "timeline.appended":
-        return " ".join(str(p[k]) for k in ("kind", "by", "title", "note") if p.get(k))
+        text = " ".join(str(p[k]) for k in ("kind", "by", "title", "note") if p.get(k))
+        warning = stand_mismatch_text(p.get("enrichment")) if p.get("kind") == "enrichment" else ""
+        return f"{text}: {warning}" if warning else text
     return ""
 
 

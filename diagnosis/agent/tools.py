@@ -181,6 +181,24 @@ ENRICHMENT_KEYS = {
 }
 
 
+def stand_mismatch(enrichment: Any) -> dict[str, str] | None:
+    """The flight plan's stand, when the position the operator gave is another stand:
+    one of the two is wrong, and the impact analysis starts at the position given (a
+    closure proposed for stand 106 while the aircraft stands at 105). None when they
+    agree, when the position is not a stand (a taxiing aircraft is not at its stand), or
+    when either lookup is missing."""
+    if not isinstance(enrichment, dict):
+        return None
+    plan = enrichment.get("flight_plan") or {}
+    where = enrichment.get("stand_location") or {}
+    if not isinstance(plan, dict) or not isinstance(where, dict) or where.get("kind") != "stand":
+        return None
+    planned, reported = str(plan.get("stand") or ""), str(where.get("node_id") or "")
+    if not planned or not reported or planned == reported:
+        return None
+    return {"flight_no": str(plan.get("flight_no") or ""), "planned": planned, "reported": reported}
+
+
 # The built-in sources read this database: they run in the job's own thread (a thread
 # each cost more than the lookup). Any other source (a remote service, a test double)
 # runs in a thread so its timeout holds.

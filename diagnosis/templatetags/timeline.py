@@ -26,6 +26,7 @@ from diagnosis.wording import (
     RISK_LABELS,
     TOOL_LABELS,
     plain,
+    stand_mismatch_text,
 )
 from scenarios_admin.definition import ACTION_TOOLS, LIFT_TOOL
 
@@ -283,6 +284,13 @@ def decision_label(code: str) -> str:
 @register.filter
 def node_kind_label(code: str) -> str:
     return plain(NODE_KIND_LABELS, code)
+
+
+@register.filter
+def stand_mismatch(enrichment: Any) -> str:
+    """The warning when the flight is planned at another stand than the position given
+    (timeline, session page, approval queue); "" when there is none."""
+    return stand_mismatch_text(enrichment)
 
 
 @register.filter
