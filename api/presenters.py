@@ -113,11 +113,26 @@ def approval_out(approval: Approval, roles: frozenset[str] | None = None) -> dic
         ),
         "approver": approval.approver.get_username() if approval.approver else None,
         "reason": approval.reason,
+        "edited": _edited(approval, roles),
     }
 
 
-def _args(approval: Approval, roles: frozenset[str] | None) -> Any:
-    args = approval.tool_call.request_payload
+def _edited(approval: Approval, roles: frozenset[str] | None) -> dict[str, Any] | None:
+    """The latest change of the arguments by an approver, or None."""
+    if approval.edited_at is None:
+        return None
+    return {
+        "by": approval.edited_by.get_username() if approval.edited_by else None,
+        "at": approval.edited_at,
+        "args_before": _args(approval, roles, approval.args_before_edit),
+        "reason": approval.edit_reason,
+    }
+
+
+def _args(approval: Approval, roles: frozenset[str] | None, args: Any = None) -> Any:
+    """The action's arguments (or `args`, earlier ones of it), masked for the viewers
+    the replay mask policy hides them from."""
+    args = approval.tool_call.request_payload if args is None else args
     if roles is None or not masks(roles):
         return args
     masked, _ = masking.mask_payload(

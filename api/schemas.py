@@ -118,6 +118,15 @@ class AgentTreeOut(Schema):
     runs: list[RunNode]
 
 
+class ApprovalEditOut(Schema):
+    by: str | None
+    at: datetime
+    args_before: dict[str, Any] | Literal["masked"] = Field(
+        ..., description="The arguments before this change (masked as `args` is)."
+    )
+    reason: str
+
+
 class ApprovalOut(Schema):
     id: int
     session_id: UUID
@@ -137,6 +146,11 @@ class ApprovalOut(Schema):
     first_approved_by: str | None
     approver: str | None
     reason: str
+    edited: ApprovalEditOut | None = Field(
+        ...,
+        description="The latest change of the arguments by an approver (null if none): what"
+        " is decided is then not what the agent proposed.",
+    )
 
 
 class DecisionIn(Schema):

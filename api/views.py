@@ -236,7 +236,7 @@ def pending_approvals(request: HttpRequest, session_id: UUID) -> Any:
     pending = (
         Approval.objects.open()
         .filter(session_id=session.pk)
-        .select_related("tool_call", "first_approved_by", "approver")
+        .select_related("tool_call", "first_approved_by", "approver", "edited_by")
         .order_by("created_at", "id")
     )
     return [approval_out(approval, viewer_roles(request)) for approval in pending]
@@ -253,9 +253,9 @@ def _decide(request: HttpRequest, approval_id: int, decision: str, digest: str, 
         do_decide(approval.pk, request.user, decision, reason, digest=digest, producer="api")
     except ActionError as exc:
         raise _refused(exc) from exc
-    approval = Approval.objects.select_related("tool_call", "first_approved_by", "approver").get(
-        pk=approval_id
-    )
+    approval = Approval.objects.select_related(
+        "tool_call", "first_approved_by", "approver", "edited_by"
+    ).get(pk=approval_id)
     return approval_out(approval)
 
 
@@ -263,7 +263,7 @@ def _decide(request: HttpRequest, approval_id: int, decision: str, digest: str, 
 def get_approval(request: HttpRequest, approval_id: int) -> Any:
     approval = (
         Approval.objects.filter(pk=approval_id, session__deleted_at__isnull=True)
-        .select_related("tool_call", "first_approved_by", "approver")
+        .select_related("tool_call", "first_approved_by", "approver", "edited_by")
         .first()
     )
     if approval is None:

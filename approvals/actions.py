@@ -163,6 +163,11 @@ def do_edit_args(
         approval.status = ApprovalStatus.PENDING
         approval.first_approved_by = None
         approval.first_approved_at = None
+        edited_at = timezone.now()
+        approval.edited_by = user
+        approval.edited_at = edited_at
+        approval.args_before_edit = before
+        approval.edit_reason = reason
         approval.save(
             update_fields=[
                 "action_digest",
@@ -170,6 +175,10 @@ def do_edit_args(
                 "status",
                 "first_approved_by",
                 "first_approved_at",
+                "edited_by",
+                "edited_at",
+                "args_before_edit",
+                "edit_reason",
             ]
         )
         append_event(
@@ -184,6 +193,7 @@ def do_edit_args(
                 "risk_level": tool_call.risk_class,
                 "digest": approval.digest,
                 "by": user.get_username(),
+                "at": edited_at.isoformat(),
                 "reason": reason,
             },
             producer=producer,

@@ -114,6 +114,14 @@ class Approval(models.Model):
     )
     reason = models.TextField(blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
+    # The latest argument edit (approval.args_edited says it too): the card tells the next
+    # approver that what they decide is not what the agent proposed, by whom and why.
+    edited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    edited_at = models.DateTimeField(null=True, blank=True)
+    args_before_edit = models.JSONField(default=dict, blank=True)
+    edit_reason = models.TextField(blank=True)
 
     objects = ApprovalQuerySet.as_manager()
 

@@ -102,7 +102,11 @@ def queue_context(
     page = (
         list(
             approvals.filter(session_id__in=list(order)).select_related(
-                "session__scenario", "session__created_by", "tool_call", "first_approved_by"
+                "session__scenario",
+                "session__created_by",
+                "tool_call",
+                "first_approved_by",
+                "edited_by",
             )
         )
         if order

@@ -172,6 +172,11 @@ class ApprovalState:
     reason: str = ""
     decided_at: datetime | None = None
     todo: int | None = None
+    # The latest argument edit: who, when, the arguments before it, why.
+    edited_by: str | None = None
+    edited_at: datetime | None = None
+    args_before_edit: dict[str, Any] = field(default_factory=dict)
+    edit_reason: str = ""
 
     @property
     def is_open(self) -> bool:
@@ -462,6 +467,11 @@ def _apply(state: FoldState, event: EventLike) -> None:
         approval.status = "pending"
         approval.first_approved_by = None
         approval.first_approved_at = None
+        approval.edited_by = p.get("by")
+        # Events written before the edit's time was logged: the event's own.
+        approval.edited_at = parse_ts(p.get("at")) or event.ts
+        approval.args_before_edit = dict(p.get("before") or {})
+        approval.edit_reason = str(p.get("reason") or "")
     elif t.startswith("approval.") and t != "approval.required":
         _decide(state, event, t.removeprefix("approval."))
     elif t == "tool.call_queued":

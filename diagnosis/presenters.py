@@ -182,7 +182,9 @@ def _approvals_of(session: Session) -> list[Any]:
     # The approvals app owns Approval; diagnosis reads it through the reverse relation
     # name only, so it never imports that app.
     return list(
-        session.approvals.select_related("first_approved_by", "approver", "tool_call").all()
+        session.approvals.select_related(
+            "first_approved_by", "approver", "edited_by", "tool_call"
+        ).all()
     )
 
 

@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection
 from django.db.backends.postgresql.operations import DatabaseOperations as PostgresOperations
+from django.utils import translation
 from playwright.sync_api import Browser, expect, sync_playwright
 
 from aero.models import AuditLog
@@ -28,6 +29,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "services" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _language_of_the_settings() -> Iterator[None]:
+    """Each test starts in the settings' language. A request switches the thread's
+    language (LocaleMiddleware) and nothing switched it back: after a test that asked for
+    a page in zh-hans, the next test's own calls (an ActionError's message) spoke
+    Chinese, and tests/test_event_log.py failed when it ran after tests/test_i18n.py."""
+    yield
+    translation.deactivate()
 
 
 @pytest.fixture(scope="session")

@@ -76,7 +76,7 @@ def assert_projections_match(session: Session) -> FoldState:
     table_approvals = {
         a.tool_call.call_id: a
         for a in Approval.objects.filter(session=session).select_related(
-            "tool_call", "first_approved_by", "approver"
+            "tool_call", "first_approved_by", "approver", "edited_by"
         )
     }
     assert set(state.approvals) == set(table_approvals)
@@ -96,6 +96,10 @@ def assert_projections_match(session: Session) -> FoldState:
             folded_approval.reason,
             folded_approval.decided_at,
             folded_approval.todo,
+            folded_approval.edited_by,
+            folded_approval.edited_at,
+            folded_approval.args_before_edit,
+            folded_approval.edit_reason,
         ) == (
             approval.tool_call_id,
             approval.action_name,
@@ -109,6 +113,10 @@ def assert_projections_match(session: Session) -> FoldState:
             approval.reason,
             approval.decided_at,
             todo.pk if todo else None,
+            _name(approval.edited_by),
+            approval.edited_at,
+            approval.args_before_edit,
+            approval.edit_reason,
         ), call_id
 
     # The outbox rows too: each action's effect, its attempts and how it ended.

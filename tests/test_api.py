@@ -17,6 +17,7 @@ from django.utils import timezone
 from aero.models import AuditLog
 from api.models import ApiToken, IdempotencyKey, hash_token
 from api.views import api
+from approvals.actions import do_edit_args
 from approvals.models import Approval, ApprovalStatus
 from diagnosis.events import set_status
 from diagnosis.models import Event, Session, ToolCallStatus
@@ -491,6 +492,25 @@ def test_approvals_follow_the_pages_policy(builtin: None, alice: User, bob: User
         {"digest": other.digest, "reason": "not needed"},
     )
     assert rejected.json()["status"] == "rejected" and rejected.json()["reason"] == "not needed"
+
+
+def test_an_approval_says_who_changed_its_arguments(builtin: None, alice: User, bob: User) -> None:
+    session = waiting_session(alice, STAND_FUEL_LEAK)
+    closure = approval_for(session, "close_taxiway", taxiway="A")
+    do_edit_args(closure.pk, bob, {"taxiway": "C"}, "A is the only way out", digest=closure.digest)
+
+    pending = call("GET", f"{SESSIONS}/{session.pk}/pending-approvals", token_for(bob)).json()
+    by_id = {item["id"]: item for item in pending}
+    edited = by_id[closure.pk]["edited"]
+    assert by_id[closure.pk]["args"] == {"taxiway": "C"}
+    assert (edited["by"], edited["args_before"], edited["reason"]) == (
+        "bob",
+        {"taxiway": "A"},
+        "A is the only way out",
+    )
+    assert [item["edited"] for item in pending if item["id"] != closure.pk] == [None] * (
+        len(pending) - 1
+    )
 
 
 def test_unknown_approval_is_a_json_404(db: None, bob: User) -> None:

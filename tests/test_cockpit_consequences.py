@@ -162,6 +162,29 @@ def test_an_approver_edits_the_arguments_then_approves_the_edited_action(
 
 
 @pytest.mark.services
+def test_the_next_approver_sees_who_changed_the_arguments_from_what_and_why(
+    stand_leak: Session, alice: User, bob: User, make_user: Any
+) -> None:
+    closure = approval_for(stand_leak, "close_taxiway", taxiway="A")
+    other = approval_for(stand_leak, "dispatch_cleanup_crew")
+    edit(bob, closure, **{"arg-taxiway": "C", "edit_reason": "A is the only way out"})
+
+    eve = make_user("eve", "approver")
+    queue = login(eve).get(reverse("approvals:queue")).content.decode()
+    card = queue[queue.index(f'id="approval-{closure.pk}"') :]
+    card = card[: card.index("</article>")]
+    note = card[card.index('data-testid="edited"') : card.index("</p>", card.index("edited"))]
+    assert "Arguments changed by bob" in note
+    assert "taxiway=A → <strong>taxiway=C</strong>" in note and "A is the only way out" in note
+    untouched = queue[queue.index(f'id="approval-{other.pk}"') :]
+    assert 'data-testid="edited"' not in untouched[: untouched.index("</article>")]
+    # The operator's page says it beside the action too.
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[stand_leak.pk]))
+    assert page.content.decode().count('data-testid="edited"') == 1
+    assert_projections_match(stand_leak)
+
+
+@pytest.mark.services
 def test_an_edit_after_a_first_approval_starts_the_two_steps_over(
     stand_leak: Session, bob: User
 ) -> None:
