@@ -11,12 +11,14 @@ from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils import timezone
+from django.utils.functional import Promise
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from diagnosis.chain import check_events
 from diagnosis.fold import FoldState, fold_events
-from diagnosis.models import Event, Session
-from diagnosis.wording import stand_mismatch_text
+from diagnosis.models import Event, Session, SessionStatus
+from diagnosis.wording import FSM_LABELS, NODE_LABELS, plain, stand_mismatch_text
 from replay import masking, presenters
 
 Progress = Callable[[int, int], None]
@@ -31,7 +33,11 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
         return _("agent asks: %(text)s") % {"text": p.get("text", "")}
     if event_type == "session.status_changed":
         reason = f" ({p['reason']})" if p.get("reason") else ""
-        return f"status {p.get('from')} -> {p.get('to')}{reason}"
+        moved = _("status %(from)s → %(to)s") % {
+            "from": status_words(p.get("from")),
+            "to": status_words(p.get("to")),
+        }
+        return f"{moved}{reason}"
     if event_type == "fields.extracted":
         changed = ", ".join(f"{k}={v}" for k, v in (p.get("changed") or {}).items())
         return _("recognised %(what)s") % {"what": changed or _("nothing new")}
@@ -39,9 +45,11 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
         tail = f": {p['error']}" if p.get("error") else ""
         return f"{p.get('tool_name', '')}({args_text(p.get('args'))}){tail}"
     if event_type.startswith("approval."):
-        who = f" by {p['by']}" if p.get("by") else ""
+        what = f"{p.get('tool_name', '')} [{p.get('risk_level', '')}]"
+        if p.get("by"):
+            what = _("%(what)s by %(by)s") % {"what": what, "by": p["by"]}
         reason = f": {p['reason']}" if p.get("reason") else ""
-        return f"{p.get('tool_name', '')} [{p.get('risk_level', '')}]{who}{reason}"
+        return f"{what}{reason}"
     if event_type == "risk.assessed":
         return _("risk %(level)s %(score)s by rule %(rule)s") % {
             "level": p.get("level"),
@@ -54,12 +62,17 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
             "start": p.get("start"),
         }
     if event_type == "fsm.transition":
-        return f"{p.get('from')} -> {p.get('to')}"
+        return f"{plain(FSM_LABELS, p.get('from'))} → {plain(FSM_LABELS, p.get('to'))}"
     if event_type in ("agent.node_started", "agent.node_completed", "agent.node_failed"):
-        return " ".join(str(p[k]) for k in ("node", "summary", "error") if p.get(k))
+        node = plain(NODE_LABELS, p["node"]) if p.get("node") else ""
+        return " ".join(str(v) for v in (node, p.get("summary"), p.get("error")) if v)
     if event_type == "llm.call":
-        tokens = f"{p.get('tokens_in', 0)}/{p.get('tokens_out', 0)} tokens"
-        return f"{p.get('provider')} {p.get('purpose')} {p.get('status')} {tokens}"
+        return _("%(provider)s %(purpose)s %(status)s, tokens in/out %(tokens)s") % {
+            "provider": p.get("provider"),
+            "purpose": p.get("purpose"),
+            "status": p.get("status"),
+            "tokens": f"{p.get('tokens_in', 0)}/{p.get('tokens_out', 0)}",
+        }
     if event_type == "agent.note" and p.get("outcome"):
         return _("continuing without %(tool)s (%(outcome)s): %(reason)s") % {
             "tool": p.get("tool_name", ""),
@@ -80,10 +93,28 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
     if event_type == "agent.note":
         return str(p.get("text", ""))
     if event_type == "timeline.appended":
-        text = " ".join(str(p[k]) for k in ("kind", "by", "title", "note") if p.get(k))
+        kind = TIMELINE_KINDS.get(str(p.get("kind")))
+        words = [str(kind) if kind is not None else str(p.get("kind") or "")]
+        text = " ".join(
+            w for w in (*words, *(str(p[k]) for k in ("by", "title", "note") if p.get(k))) if w
+        )
         warning = stand_mismatch_text(p.get("enrichment")) if p.get("kind") == "enrichment" else ""
         return f"{text}: {warning}" if warning else text
     return ""
+
+
+# What was appended to a session's timeline, by kind (the chronology's words for it).
+TIMELINE_KINDS: dict[str, Promise] = {
+    "enrichment": gettext_lazy("Flight and position looked up"),
+    "todo_resolved": gettext_lazy("to-do resolved"),
+    "restriction_lifted": gettext_lazy("restriction lifted"),
+    "alert": gettext_lazy("alert"),
+}
+
+
+def status_words(code: Any) -> str:
+    """A session status in the reader's words (the code when it is not one)."""
+    return str(SessionStatus(code).label) if code in SessionStatus.values else str(code or "")
 
 
 def args_text(args: Any) -> str:

@@ -106,8 +106,8 @@ def test_the_reports_chronology_carries_the_warning() -> None:
     line = summarize(
         "timeline.appended", {"kind": "enrichment", "enrichment": enrichment("105", "106")}
     )
-    assert line.startswith("enrichment: " + WARNING)
+    assert line.startswith("Flight and position looked up: " + WARNING)
     agreed = summarize(
         "timeline.appended", {"kind": "enrichment", "enrichment": enrichment("105", "105")}
     )
-    assert agreed == "enrichment"
+    assert agreed == "Flight and position looked up"
