@@ -10,11 +10,12 @@ import markdown as md
 import nh3
 from django.db import transaction
 from django.template import Context, Engine
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from aero.text import MAX_EVENT_BYTES, cut_generated
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Report, Session, ToolCall
+from diagnosis.wording import done_words
 
 # The longest report kept whole: even at 6 bytes a character (a JSON-escaped control
 # character, the widest case) it fits in one event.
@@ -64,10 +65,18 @@ def action_rows(session_id: Any, language: str) -> list[dict[str, Any]]:
                 "decision_text": text,
                 "status": call.status,
                 "reason": call.decision_reason,
-                "result": call.response_payload.get("summary", call.error),
+                "result": result_words(call, language),
             }
         )
     return rows
+
+
+def result_words(call: ToolCall, language: str) -> str:
+    """What an executed action did, in the report's language (the log keeps English);
+    the error for one that failed."""
+    with translation.override(language):
+        done = done_words(call.tool_name, call.request_payload, call.response_payload)
+    return done or str(call.response_payload.get("summary", call.error))
 
 
 def decision_of(call: ToolCall) -> str:

@@ -10,7 +10,13 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
-from diagnosis.agent.tools import stand_mismatch
+from diagnosis.agent.tools import (
+    DISPATCHES,
+    dispatch_summary,
+    restriction_summary,
+    stand_mismatch,
+)
+from diagnosis.models import Restriction
 
 TOOL_LABELS: dict[str, Promise] = {
     # response actions (scenarios_admin.definition.ACTION_TOOLS) and the lift
@@ -103,3 +109,17 @@ def stand_mismatch_text(enrichment: Any) -> str:
         " the impact analysis starts at %(reported)s. Check which is right and correct the"
         " position if it is wrong."
     ) % {"flight": found["flight_no"], "planned": found["planned"], "reported": found["reported"]}
+
+
+def done_words(tool: str, args: Any, response: Any) -> str:
+    """An executed action's result in the reader's language ("滑行道已关闭：A"): the log
+    keeps it in English. The logged summary when the result is not one AERO words (a
+    lift, an older row); "" when there is none."""
+    if not isinstance(response, dict) or not response.get("summary"):
+        return ""
+    restriction = response.get("restriction")
+    if isinstance(restriction, dict) and restriction.get("kind") in Restriction.Kind.values:
+        return restriction_summary(str(restriction["kind"]), restriction.get("target", ""))
+    if tool in DISPATCHES and isinstance(args, dict):
+        return dispatch_summary(tool, args)
+    return str(response["summary"])

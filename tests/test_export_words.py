@@ -1,15 +1,22 @@
-"""The report's chronology speaks the reader's language: statuses, compliance states,
-the agent's steps, model calls and what was appended are worded, not logged codes and
-English fragments; the codes auditors match on (tools, risk classes, rules) stay."""
+"""The reader's language, not the log's: the report's chronology words statuses,
+compliance states, the agent's steps, model calls and what was appended (the codes
+auditors match on stay), and an action's result is logged in English and shown in the
+reader's language."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
+from django.test import Client, override_settings
+from django.urls import reverse
 from django.utils import translation
 
+from approvals.actions import APPROVE, CONFIRM, do_decide
 from replay.export import summarize
+from tests.web_helpers import STAND_FUEL_LEAK, approval_for, waiting_session
 
 EVENTS: list[tuple[str, dict[str, Any]]] = [
     ("session.status_changed", {"from": "running", "to": "waiting_user"}),
@@ -54,3 +61,35 @@ def test_the_chronology_in_chinese_has_no_english_words_of_its_own(
     # What is left in Latin letters is the log's own: codes, names, providers.
     words = {w for w in "".join(c if c.isascii() and c.isalpha() else " " for c in line).split()}
     assert words <= {"close_taxiway", "R", "bob", "offline", "react", "ok", "close", "taxiway"}
+
+
+@pytest.mark.services
+def test_an_actions_result_is_logged_in_english_and_shown_in_the_readers_language(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
+    session = waiting_session(olga, STAND_FUEL_LEAK)
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    closure = approval_for(session, "close_taxiway", taxiway="A")
+    # The product's default language is zh-hans: the log still says it in English.
+    with override_settings(LANGUAGE_CODE="zh-hans"), translation.override("zh-hans"):
+        do_decide(crew.pk, abel, APPROVE, digest=crew.digest)
+        do_decide(closure.pk, abel, APPROVE, digest=closure.digest)
+        closure.refresh_from_db()
+        do_decide(closure.pk, abel, CONFIRM, digest=closure.digest)
+    crew.tool_call.refresh_from_db()
+    closure.tool_call.refresh_from_db()
+    assert crew.tool_call.response_payload["summary"] == "Cleanup crew dispatched (position 105)"
+    assert closure.tool_call.response_payload["summary"] == "Taxiway closed: A"
+
+    client = Client()
+    client.force_login(olga)
+    url = reverse("diagnosis:session-detail", args=[session.pk])
+    english = client.get(url, HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    assert "Cleanup crew dispatched (position 105)" in english and "Taxiway closed: A" in english
+    with override_settings(LANGUAGE_CODE="zh-hans"):
+        chinese = client.get(url, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    # In the actions table and on the timeline.
+    assert chinese.count("已派遣清污人员 (position 105)") == 2
+    assert chinese.count("滑行道关闭: A") == 2
+    assert "Cleanup crew dispatched" not in chinese and "Taxiway closed" not in chinese

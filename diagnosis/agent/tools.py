@@ -16,7 +16,9 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy
 
 from aero.compiled import AnyOf, Compiled, insert_rows
 from diagnosis import external
@@ -371,14 +373,27 @@ RESTRICTIONS = {
     "close_runway": ("runway", "runway"),
     "suspend_stand_operations": ("stand", "stand"),
 }
-DISPATCHES = {
-    "notify_atc": "ATC notified",
-    "dispatch_cleanup_crew": "Cleanup crew dispatched",
-    "request_fire_standby": "Fire and rescue on standby",
-    "runway_inspection": "Runway inspection ordered",
-    "fod_sweep": "FOD sweep ordered",
-    "tow_aircraft": "Tow requested",
+# What a dispatch's result says. The log keeps it in English (language-neutral, as the
+# rest of the log); pages and reports word it per reader (diagnosis.wording.done_words).
+DISPATCHES: dict[str, Promise] = {
+    "notify_atc": gettext_lazy("ATC notified"),
+    "dispatch_cleanup_crew": gettext_lazy("Cleanup crew dispatched"),
+    "request_fire_standby": gettext_lazy("Fire and rescue on standby"),
+    "runway_inspection": gettext_lazy("Runway inspection ordered"),
+    "fod_sweep": gettext_lazy("FOD sweep ordered"),
+    "tow_aircraft": gettext_lazy("Tow requested"),
 }
+
+
+def dispatch_summary(name: str, args: dict[str, Any]) -> str:
+    """A dispatch's result in the active language: what was done, and where."""
+    where = ", ".join(f"{k} {v}" for k, v in args.items() if k != "message")
+    return f"{DISPATCHES[name]} ({where})" if where else str(DISPATCHES[name])
+
+
+def restriction_summary(kind: str, target: Any) -> str:
+    """A restriction put in force, in the active language: "Taxiway closed: A"."""
+    return f"{Restriction.Kind(kind).label}: {target}"
 
 
 def _known_target(graph: AirportGraph, kind: str, target: str) -> bool:
@@ -417,15 +432,15 @@ def action_result(ctx: ToolContext, tool_call: ToolCall, remote: dict[str, Any])
             kind=kind, target=target, session_id=ctx.session_id, tool_call=tool_call
         )
         notify_board()  # after the commit that puts it in force
-        label = dict(Restriction.Kind.choices)[kind]
+        with translation.override("en"):  # the log's language, whatever the settings'
+            summary = restriction_summary(kind, target)
         return {
-            "summary": f"{label}: {target}",
+            "summary": summary,
             "restriction": {"kind": kind, "target": target},
             "reference": reference,
         }
-    what = DISPATCHES[name]
-    where = ", ".join(f"{k} {v}" for k, v in args.items() if k != "message")
-    response = {"summary": f"{what} ({where})" if where else what, "reference": reference}
+    with translation.override("en"):
+        response = {"summary": dispatch_summary(name, args), "reference": reference}
     if name == "notify_atc":
         response["message"] = args.get("message", "")
     return response

@@ -28,6 +28,7 @@ from diagnosis.wording import (
     plain,
     stand_mismatch_text,
 )
+from diagnosis.wording import done_words as wording_done_words
 from scenarios_admin.definition import ACTION_TOOLS, LIFT_TOOL
 
 register = template.Library()
@@ -284,6 +285,12 @@ def decision_label(code: str) -> str:
 @register.filter
 def node_kind_label(code: str) -> str:
     return plain(NODE_KIND_LABELS, code)
+
+
+@register.simple_tag
+def done_words(tool: str, args: Any, response: Any) -> str:
+    """An executed action's result in the reader's language (the log keeps English)."""
+    return wording_done_words(tool, args, response)
 
 
 @register.filter
