@@ -435,6 +435,7 @@ LOGGING = {
     "loggers": {
         "aero": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
         "diagnosis": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
+        "approvals": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
         "ingest": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
         "api": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
     },

@@ -844,7 +844,11 @@ def resume_pending_lifts(older_than: float = 30.0) -> int:
     ).values_list("pk", flat=True)
     ids = list(pending[:100])
     for outbox_id in ids:
-        execute_lift(outbox_id, producer="sweeper")
+        try:
+            execute_lift(outbox_id, producer="sweeper")
+        except Exception:
+            # Retried at the next pass; the other lifts are not held up by this one.
+            logger.exception("lift outbox %s: resuming failed; the next pass retries", outbox_id)
     return len(ids)
 
 

@@ -219,3 +219,34 @@ def test_the_web_ticker_runs_only_the_web_tasks(builtin: None, settings: Any) ->
         maintenance._TASKS.pop("test-worker-only")
         maintenance._TASKS.pop("test-web")
         maintenance._WEB_TASKS.discard("test-web")
+
+
+def test_one_approval_that_cannot_time_out_does_not_hold_up_the_others(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timeout that fails (a lock wait, a bad row) is retried at the next pass; every
+    other expired approval still becomes its manual to-do in this one."""
+    from approvals import actions
+
+    session = waiting_session(make_user("olga", "operator"))
+    closure = approval(session, "close_taxiway", taxiway="A")
+    crew = approval(session, "dispatch_cleanup_crew")
+    expire(closure)
+    expire(crew)
+    do_timeout = actions.do_timeout
+
+    def broken_for_one(approval_id: int) -> bool:
+        if approval_id == closure.pk:
+            raise RuntimeError("lock timeout")
+        return do_timeout(approval_id)
+
+    monkeypatch.setattr(actions, "do_timeout", broken_for_one)
+    assert sweep_expired_approvals() == 1
+    crew.refresh_from_db()
+    closure.refresh_from_db()
+    assert (crew.status, closure.status) == ("timeout", "pending")
+
+    monkeypatch.setattr(actions, "do_timeout", do_timeout)
+    assert sweep_expired_approvals() == 1  # the next pass
+    closure.refresh_from_db()
+    assert closure.status == "timeout"

@@ -291,6 +291,15 @@ def test_a_crash_after_the_lift_decision_is_finished_by_the_sweeper_once(
 
     assert actions.resume_pending_lifts() == 0  # a fresh row may still be on its way
     Outbox.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+
+    # A pass whose sending fails (the database, say) ends quietly; the next one retries.
+    def database_gone(*args: Any, **kwargs: Any) -> str:
+        raise RuntimeError("connection lost")
+
+    monkeypatch.setattr(actions, "execute_lift", database_gone)
+    assert actions.resume_pending_lifts() == 1
+    monkeypatch.undo()
+    assert Outbox.objects.get(pk=row.pk).status == "pending"
     assert actions.resume_pending_lifts() == 1
     assert actions.resume_pending_lifts() == 0  # done: never sent again
 
