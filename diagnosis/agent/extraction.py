@@ -100,16 +100,26 @@ def detect_language(text: str) -> str:
 
 
 def extract_fields(
-    definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None = None
+    definition: dict[str, Any],
+    text: str,
+    graph: AirportGraph,
+    asked: str | None = None,
+    *,
+    denied_spans: dict[str, list[tuple[int, int]]] | None = None,
 ) -> dict[str, Extraction]:
     """Every field value the text states. `asked` is the field the agent just asked for:
-    a bare answer ("105", "yes") is read as that field."""
+    a bare answer ("105", "yes") is read as that field. `denied_spans`, if given, gets
+    per field the spans of its synonyms that a denial, a doubt or an end governs: no
+    evidence of that field's value, whoever quotes them (grounding asks the operator)."""
     fields: dict[str, dict[str, Any]] = definition["fields"]
     found: dict[str, Extraction] = {}
     lowered = text.lower()
     claimed = _claimed(fields, text, lowered)
     denied = _denied(lowered, claimed)
     claimed = [m for m in claimed if m not in denied]
+    if denied_spans is not None:
+        for reading in denied:
+            denied_spans.setdefault(reading.field, []).append((reading.start, reading.end))
 
     by_start = {m.start: m for m in claimed}
     aspects: dict[int, _Match] = {}  # id(aspect word) -> the match it modifies
@@ -233,17 +243,6 @@ def _denied(lowered: str, claimed: list[_Match]) -> list[_Match]:
         if CEASED_ZH.search(after[:DENIAL_WINDOW]) or CEASED_EN.search(following):
             denied.append(match)
     return denied
-
-
-def denied_spans(definition: dict[str, Any], text: str) -> dict[str, list[tuple[int, int]]]:
-    """Per field, the spans of its synonyms that a denial or a doubt governs: no evidence
-    of that field's value, whoever quotes them (grounding asks the operator instead)."""
-    lowered = text.lower()
-    readings = _claimed(definition["fields"], text, lowered)
-    spans: dict[str, list[tuple[int, int]]] = {}
-    for match in _denied(lowered, readings):
-        spans.setdefault(match.field, []).append((match.start, match.end))
-    return spans
 
 
 def _coerce(field_type: str, raw: str) -> Any:

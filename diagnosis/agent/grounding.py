@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from diagnosis.agent.extraction import NO, YES, Extraction, denied_spans, extract_fields
+from diagnosis.agent.extraction import NO, YES, Extraction, extract_fields
 from scenarios_admin.airport import AirportGraph
 
 
@@ -82,11 +82,11 @@ def ground(
 ) -> dict[str, Extraction]:
     """The model's claims with their verdict: confirmed with evidence, or unconfirmed."""
     fields: dict[str, dict[str, Any]] = definition["fields"]
-    synonyms = extract_fields(definition, text, graph, asked)
+    denied: dict[str, list[tuple[int, int]]] = {}
+    synonyms = extract_fields(definition, text, graph, asked, denied_spans=denied)
     other_spans = {
         name: found.span for name, found in synonyms.items() if found.confirmed and found.span
     }
-    denied = denied_spans(definition, text)
     result: dict[str, Extraction] = {}
     for name, claim in claims.items():
         spec = fields.get(name)
