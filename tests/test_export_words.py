@@ -90,6 +90,6 @@ def test_an_actions_result_is_logged_in_english_and_shown_in_the_readers_languag
     with override_settings(LANGUAGE_CODE="zh-hans"):
         chinese = client.get(url, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
     # In the actions table and on the timeline.
-    assert chinese.count("已派遣清污人员 (position 105)") == 2
+    assert chinese.count("已派遣清污人员 (位置 105)") == 2
     assert chinese.count("滑行道关闭: A") == 2
     assert "Cleanup crew dispatched" not in chinese and "Taxiway closed" not in chinese

@@ -18,7 +18,7 @@ from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 from django.utils import timezone, translation
 from django.utils.functional import Promise
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, pgettext_lazy
 
 from aero.compiled import AnyOf, Compiled, insert_rows
 from diagnosis import external
@@ -385,9 +385,17 @@ DISPATCHES: dict[str, Promise] = {
 }
 
 
+# A dispatch's arguments as its result names them ("position 105", "flight CA1234").
+ARGUMENT_WORDS: dict[str, Promise] = {
+    "position": pgettext_lazy("action argument", "position"),
+    "runway": pgettext_lazy("action argument", "runway"),
+    "flight_no": pgettext_lazy("action argument", "flight"),
+}
+
+
 def dispatch_summary(name: str, args: dict[str, Any]) -> str:
     """A dispatch's result in the active language: what was done, and where."""
-    where = ", ".join(f"{k} {v}" for k, v in args.items() if k != "message")
+    where = ", ".join(f"{ARGUMENT_WORDS.get(k, k)} {v}" for k, v in args.items() if k != "message")
     return f"{DISPATCHES[name]} ({where})" if where else str(DISPATCHES[name])
 
 
