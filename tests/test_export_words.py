@@ -93,3 +93,5 @@ def test_an_actions_result_is_logged_in_english_and_shown_in_the_readers_languag
     assert chinese.count("已派遣清污人员 (位置 105)") == 2
     assert chinese.count("滑行道关闭: A") == 2
     assert "Cleanup crew dispatched" not in chinese and "Taxiway closed" not in chinese
+    # The actions' arguments are labelled in words too.
+    assert "位置=105" in chinese and "滑行道=A" in chinese and ">position=" not in chinese

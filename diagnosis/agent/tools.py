@@ -385,11 +385,15 @@ DISPATCHES: dict[str, Promise] = {
 }
 
 
-# A dispatch's arguments as its result names them ("position 105", "flight CA1234").
+# An action's arguments in words: a dispatch's result names them ("position 105",
+# "flight CA1234"), and the cards and forms label them (diagnosis.wording).
 ARGUMENT_WORDS: dict[str, Promise] = {
     "position": pgettext_lazy("action argument", "position"),
     "runway": pgettext_lazy("action argument", "runway"),
+    "taxiway": pgettext_lazy("action argument", "taxiway"),
+    "stand": pgettext_lazy("action argument", "stand"),
     "flight_no": pgettext_lazy("action argument", "flight"),
+    "message": pgettext_lazy("action argument", "message"),
 }
 
 

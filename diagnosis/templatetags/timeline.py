@@ -14,6 +14,7 @@ from django import template
 from django.utils.functional import Promise
 from django.utils.translation import get_language, pgettext, pgettext_lazy
 
+from diagnosis.agent.tools import ARGUMENT_WORDS
 from diagnosis.consequences import plain_words
 from diagnosis.reporting import display_value
 from diagnosis.wording import (
@@ -285,6 +286,13 @@ def decision_label(code: str) -> str:
 @register.filter
 def node_kind_label(code: str) -> str:
     return plain(NODE_KIND_LABELS, code)
+
+
+@register.filter
+def argument_label(name: str) -> str:
+    """An action argument's name in words ("位置" for position); the name itself when it
+    has none."""
+    return plain(ARGUMENT_WORDS, name)
 
 
 @register.simple_tag
