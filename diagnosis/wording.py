@@ -4,14 +4,18 @@ itself stays available (pages put it in a title attribute, the log keeps it)."""
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 
+from django.utils import translation
 from django.utils.functional import Promise
 from django.utils.translation import gettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from diagnosis.agent.tools import (
     DISPATCHES,
+    FAILURES,
     dispatch_summary,
     restriction_summary,
     stand_mismatch,
@@ -123,3 +127,25 @@ def done_words(tool: str, args: Any, response: Any) -> str:
     if tool in DISPATCHES and isinstance(args, dict):
         return dispatch_summary(tool, args)
     return str(response["summary"])
+
+
+@functools.cache
+def _failure_patterns() -> list[tuple[re.Pattern[str], str]]:
+    """Each known failure's logged (English) text as a pattern that reads its values back."""
+    patterns = []
+    with translation.override("en"):
+        for code, text in FAILURES.items():
+            english = re.escape(str(text))
+            pattern = re.sub(r"%\\\(([a-z_]+)\\\)s", r"(?P<\1>.+?)", english)
+            patterns.append((re.compile(f"^{pattern}$"), code))
+    return patterns
+
+
+def failure_words(error: Any) -> str:
+    """A logged failure in the reader's language ("no flight plan for XX123" reads "没有
+    XX123 的航班计划" in zh-hans); any other text as logged."""
+    text = str(error or "")
+    for pattern, code in _failure_patterns():
+        if found := pattern.match(text):
+            return str(FAILURES[code]) % found.groupdict()
+    return text

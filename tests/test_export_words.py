@@ -15,6 +15,8 @@ from django.urls import reverse
 from django.utils import translation
 
 from approvals.actions import APPROVE, CONFIRM, do_decide
+from diagnosis.agent.tools import failure
+from diagnosis.wording import failure_words
 from replay.export import summarize
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, waiting_session
 
@@ -95,3 +97,45 @@ def test_an_actions_result_is_logged_in_english_and_shown_in_the_readers_languag
     assert "Cleanup crew dispatched" not in chinese and "Taxiway closed" not in chinese
     # The actions' arguments are labelled in words too.
     assert "位置=105" in chinese and "滑行道=A" in chinese and ">position=" not in chinese
+
+
+@pytest.mark.parametrize(
+    ("code", "params", "chinese"),
+    [
+        ("no_flight", {"flight": "XX999"}, "航班信息系统中没有航班 XX999"),
+        ("no_flight_plan", {"flight": "XX999"}, "没有 XX999 的航班计划"),
+        ("no_position", {"position": "999", "airport": "ZZAE"}, "999 不是 ZZAE 的位置"),
+        ("timed_out", {"seconds": "2"}, "2 秒后超时"),
+        ("no_topology", {}, "没有启用的机场拓扑"),
+    ],
+)
+def test_a_lookups_failure_is_logged_in_english_and_read_in_chinese(
+    code: str, params: dict[str, str], chinese: str
+) -> None:
+    logged = failure(code, **params)
+    with translation.override("zh-hans"):
+        assert failure(code, **params) == logged  # the log's language whatever the reader's
+        assert failure_words(logged) == chinese
+    with translation.override("en"):
+        assert failure_words(logged) == logged
+        assert failure_words("HTTP 503 from the flight information system") == (
+            "HTTP 503 from the flight information system"  # not AERO's words: as logged
+        )
+
+
+@pytest.mark.services
+def test_an_unknown_flight_reads_in_the_operators_language(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    olga = make_user("olga", "operator")
+    session = waiting_session(olga, "XX999 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+    client = Client()
+    client.force_login(olga)
+    url = reverse("diagnosis:session-detail", args=[session.pk])
+    with override_settings(LANGUAGE_CODE="zh-hans"):
+        chinese = client.get(url, HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    # In the facts beside the timeline, on the timeline's lookup line and on the failed
+    # call's own (internal) line.
+    assert chinese.count("航班信息系统中没有航班 XX999") == 3
+    assert chinese.count("没有 XX999 的航班计划") == 3
+    assert "is not in the flight information system" not in chinese

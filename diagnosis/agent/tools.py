@@ -53,6 +53,23 @@ class ToolFailure(Exception):
     pass
 
 
+# Why a lookup failed, as the log says it (in English, language-neutral) and pages word
+# it per reader (diagnosis.wording.failure_words reads the logged text back).
+FAILURES: dict[str, Promise] = {
+    "no_topology": gettext_lazy("no active airport topology"),
+    "no_flight": gettext_lazy("flight %(flight)s is not in the flight information system"),
+    "no_flight_plan": gettext_lazy("no flight plan for %(flight)s"),
+    "no_position": gettext_lazy("%(position)s is not a position of %(airport)s"),
+    "timed_out": gettext_lazy("timed out after %(seconds)s s"),
+}
+
+
+def failure(code: str, **params: Any) -> str:
+    """The failure `code` as the log keeps it: in English."""
+    with translation.override("en"):
+        return str(FAILURES[code]) % params
+
+
 def idempotency_key(session_id: Any, call_id: str) -> str:
     return f"{session_id}:{call_id}"
 
@@ -117,13 +134,13 @@ def _graph() -> AirportGraph:
     try:
         return load_active_graph()
     except LookupError:
-        raise ToolFailure("no active airport topology") from None
+        raise ToolFailure(failure("no_topology")) from None
 
 
 def lookup_aircraft_info(args: dict[str, Any]) -> dict[str, Any]:
     flight = _graph().flights.get(args["flight_no"])
     if flight is None:
-        raise ToolFailure(f"flight {args['flight_no']} is not in the flight information system")
+        raise ToolFailure(failure("no_flight", flight=args["flight_no"]))
     return {
         "flight_no": flight.flight_no,
         "airline": flight.airline,
@@ -135,7 +152,7 @@ def lookup_aircraft_info(args: dict[str, Any]) -> dict[str, Any]:
 def lookup_flight_plan(args: dict[str, Any]) -> dict[str, Any]:
     flight = _graph().flights.get(args["flight_no"])
     if flight is None:
-        raise ToolFailure(f"no flight plan for {args['flight_no']}")
+        raise ToolFailure(failure("no_flight_plan", flight=args["flight_no"]))
     return {
         "flight_no": flight.flight_no,
         "std": flight.std,
@@ -154,7 +171,7 @@ def lookup_stand_location(args: dict[str, Any]) -> dict[str, Any]:
     if node is None and ref in graph.runways:
         node = graph.nodes.get(graph.runways[ref])
     if node is None:
-        raise ToolFailure(f"{ref} is not a position of {graph.icao}")
+        raise ToolFailure(failure("no_position", position=ref, airport=graph.icao))
     # Every edge that ends at the node, as stored (one neighbour per edge).
     neighbours = [
         target if source == node.node_id else source
@@ -314,7 +331,7 @@ def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, 
         try:
             response = future.result(timeout=remaining)
         except FutureTimeout:
-            error = f"timed out after {timeout:g} s"
+            error = failure("timed_out", seconds=f"{timeout:g}")
             _finished(ctx, tool_call, started, error=error)
             results["degraded"].append({"source": call["tool"], "error": error})
         except Exception as exc:  # a broken source degrades, it never blocks the agent

@@ -30,6 +30,7 @@ from diagnosis.wording import (
     stand_mismatch_text,
 )
 from diagnosis.wording import done_words as wording_done_words
+from diagnosis.wording import failure_words as wording_failure_words
 from scenarios_admin.definition import ACTION_TOOLS, LIFT_TOOL
 
 register = template.Library()
@@ -293,6 +294,12 @@ def argument_label(name: str) -> str:
     """An action argument's name in words ("位置" for position); the name itself when it
     has none."""
     return plain(ARGUMENT_WORDS, name)
+
+
+@register.filter
+def failure_words(error: Any) -> str:
+    """A logged failure in the reader's language (as logged when AERO does not word it)."""
+    return wording_failure_words(error)
 
 
 @register.simple_tag
