@@ -10,7 +10,7 @@ from typing import Any
 
 from django.utils import translation
 from django.utils.functional import Promise
-from django.utils.translation import gettext, pgettext_lazy
+from django.utils.translation import gettext, ngettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from diagnosis.agent.tools import (
@@ -148,4 +148,53 @@ def failure_words(error: Any) -> str:
     for pattern, code in _failure_patterns():
         if found := pattern.match(text):
             return str(FAILURES[code]) % found.groupdict()
+    return text
+
+
+# The agent's step summaries as the log keeps them (English, diagnosis.agent.graph), read
+# back into the reader's words; the tool and field codes they name stay (tooltips and the
+# lines around them word those).
+_STEP_SUMMARIES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"^(?P<n>\d+) field\(s\) recognised(?:, missing (?P<missing>.+))?$"), "fields"),
+    (re.compile(r"^(?P<n>\d+) call\(s\) handled(?:, (?P<refused>\d+) refused)?$"), "calls"),
+    (re.compile(r"^ask for (?P<field>\S+)$"), "ask"),
+    (re.compile(r"^call (?P<tools>.+)$"), "call"),
+    (re.compile(r"^state (?P<state>\S+)$"), "state"),
+    (re.compile(r"^(?P<step>await|finish)$"), "plan"),
+    (re.compile(r"^report written$"), "report"),
+]
+
+
+def step_summary_words(summary: Any) -> str:
+    """An agent step's logged summary ("3 call(s) handled", "state RISK_ASSESSED") in
+    the reader's language; any other text as logged."""
+    text = str(summary or "")
+    for pattern, kind in _STEP_SUMMARIES:
+        found = pattern.match(text)
+        if found is None:
+            continue
+        if kind == "fields":
+            n = int(found["n"])
+            words = ngettext("%(n)s fact recognised", "%(n)s facts recognised", n) % {"n": n}
+            if found["missing"]:
+                words += gettext("; missing: %(fields)s") % {"fields": found["missing"]}
+            return words
+        if kind == "calls":
+            n = int(found["n"])
+            words = ngettext("%(n)s call handled", "%(n)s calls handled", n) % {"n": n}
+            if found["refused"]:
+                words += gettext("; %(n)s refused") % {"n": found["refused"]}
+            return words
+        if kind == "ask":
+            return gettext("asks for %(field)s") % {"field": found["field"]}
+        if kind == "call":
+            return gettext("calls %(tools)s") % {"tools": found["tools"]}
+        if kind == "state":
+            return gettext("compliance state: %(state)s") % {
+                "state": plain(FSM_LABELS, found["state"])
+            }
+        if kind == "plan":
+            plan = {"await": gettext("waits for decisions"), "finish": gettext("finishes")}
+            return plan[found["step"]]
+        return gettext("report written")
     return text

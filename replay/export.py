@@ -18,7 +18,13 @@ from django.utils.translation import gettext_lazy
 from diagnosis.chain import check_events
 from diagnosis.fold import FoldState, fold_events
 from diagnosis.models import Event, Session, SessionStatus
-from diagnosis.wording import FSM_LABELS, NODE_LABELS, plain, stand_mismatch_text
+from diagnosis.wording import (
+    FSM_LABELS,
+    NODE_LABELS,
+    plain,
+    stand_mismatch_text,
+    step_summary_words,
+)
 from replay import masking, presenters
 
 Progress = Callable[[int, int], None]
@@ -65,7 +71,8 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
         return f"{plain(FSM_LABELS, p.get('from'))} → {plain(FSM_LABELS, p.get('to'))}"
     if event_type in ("agent.node_started", "agent.node_completed", "agent.node_failed"):
         node = plain(NODE_LABELS, p["node"]) if p.get("node") else ""
-        return " ".join(str(v) for v in (node, p.get("summary"), p.get("error")) if v)
+        summary = step_summary_words(p.get("summary"))
+        return " ".join(str(v) for v in (node, summary, p.get("error")) if v)
     if event_type == "llm.call":
         return _("%(provider)s %(purpose)s %(status)s, tokens in/out %(tokens)s") % {
             "provider": p.get("provider"),

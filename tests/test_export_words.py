@@ -16,14 +16,14 @@ from django.utils import translation
 
 from approvals.actions import APPROVE, CONFIRM, do_decide
 from diagnosis.agent.tools import failure
-from diagnosis.wording import failure_words
+from diagnosis.wording import failure_words, step_summary_words
 from replay.export import summarize
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, waiting_session
 
 EVENTS: list[tuple[str, dict[str, Any]]] = [
     ("session.status_changed", {"from": "running", "to": "waiting_user"}),
     ("fsm.transition", {"from": "FIELDS_COLLECTED", "to": "RISK_ASSESSED"}),
-    ("agent.node_completed", {"node": "tool_executor"}),
+    ("agent.node_completed", {"node": "tool_executor", "summary": "3 call(s) handled"}),
     (
         "llm.call",
         {
@@ -41,7 +41,7 @@ EVENTS: list[tuple[str, dict[str, Any]]] = [
 ENGLISH = [
     "status Running → Waiting for people",
     "Facts collected → Risk assessed",
-    "running tools",
+    "running tools 3 calls handled",
     "offline react ok, tokens in/out 12/3",
     "close_taxiway [R2] by bob",
     "to-do resolved bob 清理 完成",
@@ -139,3 +139,34 @@ def test_an_unknown_flight_reads_in_the_operators_language(
     assert chinese.count("航班信息系统中没有航班 XX999") == 3
     assert chinese.count("没有 XX999 的航班计划") == 3
     assert "is not in the flight information system" not in chinese
+
+
+@pytest.mark.parametrize(
+    ("logged", "english", "chinese"),
+    [
+        ("6 field(s) recognised", "6 facts recognised", "识别到 6 项信息"),
+        (
+            "1 field(s) recognised, missing position",
+            "1 fact recognised; missing: position",
+            "识别到 1 项信息；缺少：position",
+        ),
+        (
+            "2 call(s) handled, 1 refused",
+            "2 calls handled; 1 refused",
+            "已处理 2 个调用；1 个被拒绝",
+        ),
+        ("ask for engine_status", "asks for engine_status", "询问 engine_status"),
+        ("call assess_risk", "calls assess_risk", "调用 assess_risk"),
+        ("state RISK_ASSESSED", "compliance state: Risk assessed", "合规状态：风险已评估"),
+        ("await", "waits for decisions", "等待决定"),
+        ("report written", "report written", "报告已生成"),
+        ("stopped: budget refused", "stopped: budget refused", "stopped: budget refused"),
+    ],
+)
+def test_the_agents_step_summaries_are_read_in_the_readers_language(
+    logged: str, english: str, chinese: str
+) -> None:
+    with translation.override("en"):
+        assert step_summary_words(logged) == english
+    with translation.override("zh-hans"):
+        assert step_summary_words(logged) == chinese

@@ -28,6 +28,7 @@ from diagnosis.wording import (
     TOOL_LABELS,
     plain,
     stand_mismatch_text,
+    step_summary_words,
 )
 from diagnosis.wording import done_words as wording_done_words
 from diagnosis.wording import failure_words as wording_failure_words
@@ -294,6 +295,12 @@ def argument_label(name: str) -> str:
     """An action argument's name in words ("位置" for position); the name itself when it
     has none."""
     return plain(ARGUMENT_WORDS, name)
+
+
+@register.filter
+def step_summary(summary: Any) -> str:
+    """An agent step's logged summary in the reader's language."""
+    return step_summary_words(summary)
 
 
 @register.filter
