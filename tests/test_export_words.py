@@ -5,6 +5,7 @@ reader's language."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -139,6 +140,12 @@ def test_an_unknown_flight_reads_in_the_operators_language(
     assert chinese.count("航班信息系统中没有航班 XX999") == 3
     assert chinese.count("没有 XX999 的航班计划") == 3
     assert "is not in the flight information system" not in chinese
+    # The agent's internal steps (folded) read in Chinese too: what graph.py logs is what
+    # wording reads back.
+    assert "已处理" in chinese and "合规状态：" in chinese and "识别到" in chinese
+    shown = re.sub(r'title="[^"]*"', "", chinese)  # the logged text stays in tooltips
+    for logged in ("call(s) handled", "field(s) recognised", ">state ", ">await<"):
+        assert logged not in shown
 
 
 @pytest.mark.parametrize(
