@@ -30,6 +30,16 @@ SESSION_KEY = "_aero_language"
 HTML_LANG = {"zh-hans": "zh-Hans", "en": "en"}
 
 
+# A scenario's language (its texts are zh and en) as the interface's language code.
+SCENARIO_TO_INTERFACE = {"zh": "zh-hans", "en": "en"}
+
+
+def interface_language(scenario_language: str) -> str:
+    """The interface language for a scenario language ("zh" -> "zh-hans"): Django has no
+    catalogue for a bare "zh", and a translation activated under it fell back to English."""
+    return SCENARIO_TO_INTERFACE.get(scenario_language, scenario_language)
+
+
 def supported(code: str | None) -> str | None:
     """`code` when it is one of LANGUAGES, else None (never trust a cookie or a form)."""
     if code and code in dict(settings.LANGUAGES):

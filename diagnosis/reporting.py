@@ -12,10 +12,11 @@ from django.db import transaction
 from django.template import Context, Engine
 from django.utils import timezone, translation
 
+from aero.i18n import interface_language
 from aero.text import MAX_EVENT_BYTES, cut_generated
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Report, Session, ToolCall
-from diagnosis.wording import done_words
+from diagnosis.wording import done_words, failure_words
 
 # The longest report kept whole: even at 6 bytes a character (a JSON-escaped control
 # character, the widest case) it fits in one event.
@@ -71,10 +72,24 @@ def action_rows(session_id: Any, language: str) -> list[dict[str, Any]]:
     return rows
 
 
+def worded_enrichment(enrichment: dict[str, Any], language: str) -> dict[str, Any]:
+    """The lookups' results with each unavailable source's reason in the report's
+    language (the log keeps it in English)."""
+    degraded = enrichment.get("degraded") or []
+    if not degraded:
+        return enrichment
+    with translation.override(interface_language(language)):
+        worded = [
+            {**d, "error": failure_words(d.get("error"))} if isinstance(d, dict) else d
+            for d in degraded
+        ]
+    return {**enrichment, "degraded": worded}
+
+
 def result_words(call: ToolCall, language: str) -> str:
     """What an executed action did, in the report's language (the log keeps English);
     the error for one that failed."""
-    with translation.override(language):
+    with translation.override(interface_language(language)):
         done = done_words(call.tool_name, call.request_payload, call.response_payload)
     return done or str(call.response_payload.get("summary", call.error))
 
@@ -141,7 +156,7 @@ def render_report(
         "field_rows": field_rows(definition, state.get("fields") or {}, language),
         "risk": state.get("risk") or {},
         "impact": state.get("impact") or {},
-        "enrichment": state.get("enrichment") or {},
+        "enrichment": worded_enrichment(state.get("enrichment") or {}, language),
         "actions": action_rows(session_id, language),
     }
     # Markdown, not HTML: the engine's autoescaping is pointed at Markdown instead (every

@@ -17,6 +17,8 @@ from django.utils import translation
 
 from approvals.actions import APPROVE, CONFIRM, do_decide
 from diagnosis.agent.tools import failure
+from diagnosis.models import ToolCall
+from diagnosis.reporting import result_words, worded_enrichment
 from diagnosis.wording import failure_words, step_summary_words
 from replay.export import summarize
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, waiting_session
@@ -177,3 +179,40 @@ def test_the_agents_step_summaries_are_read_in_the_readers_language(
         assert step_summary_words(logged) == english
     with translation.override("zh-hans"):
         assert step_summary_words(logged) == chinese
+
+
+def test_the_report_gives_an_unavailable_sources_reason_in_its_language() -> None:
+    logged = failure("no_flight_plan", flight="XX999")
+    enrichment = {"degraded": [{"source": "lookup_flight_plan", "error": logged}]}
+    chinese = worded_enrichment(enrichment, "zh")
+    assert chinese["degraded"] == [
+        {"source": "lookup_flight_plan", "error": "没有 XX999 的航班计划"}
+    ]
+    assert worded_enrichment(enrichment, "en") == enrichment
+    assert enrichment["degraded"][0]["error"] == logged  # the state itself is not touched
+
+
+def test_the_reports_action_table_gives_results_in_its_language() -> None:
+    """Reports are written in the session's scenario language ("zh"/"en"): a bare "zh"
+    has no catalogue of its own, and the results used to come out in English."""
+    closure = ToolCall(
+        tool_name="close_taxiway",
+        request_payload={"taxiway": "A"},
+        response_payload={
+            "summary": "Taxiway closed: A",
+            "restriction": {"kind": "taxiway", "target": "A"},
+        },
+    )
+    crew = ToolCall(
+        tool_name="dispatch_cleanup_crew",
+        request_payload={"position": "105"},
+        response_payload={"summary": "Cleanup crew dispatched (position 105)"},
+    )
+    assert [result_words(c, "zh") for c in (closure, crew)] == [
+        "滑行道关闭: A",
+        "已派遣清污人员 (位置 105)",
+    ]
+    assert [result_words(c, "en") for c in (closure, crew)] == [
+        "Taxiway closed: A",
+        "Cleanup crew dispatched (position 105)",
+    ]
