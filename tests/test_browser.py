@@ -9,7 +9,9 @@ from collections.abc import Callable
 import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from approvals.models import Approval
 from diagnosis.models import Restriction, Session
 from tests.browser_helpers import ARTIFACTS, reload_until, sign_in
 
@@ -56,19 +58,31 @@ def test_create_answer_approve_and_read_the_report(
         for _ in range(8):  # 2 x R1 once, 3 x R2 twice (approve, then confirm)
             if decide.count() == 0:
                 break
-            form = decide.first
-            approval_id = form.get_attribute("data-approval")
+            approval_id = str(decide.first.get_attribute("data-approval"))
+            # This approval's form, whatever a live update does to the list's order.
+            form = approver.locator(f'#session-actions form.decide[data-approval="{approval_id}"]')
             button = form.locator("button.primary")
             label = button.inner_text()
-            form.locator("input[name=reason]").fill("crew on scene confirms")
-            button.click()
-            # Wait until this step is recorded: the form is gone or asks for the next step.
-            approver.wait_for_function(
+            status = Approval.objects.get(pk=approval_id).status
+            # Recorded: the form is gone or asks for the next step.
+            stepped = (
                 "([id, label]) => { const b = document.querySelector("
                 '`form[data-approval="${id}"] button.primary`);'
-                " return !b || b.innerText !== label; }",
-                arg=[approval_id, label],
+                " return !b || b.innerText !== label; }"
             )
+            for _attempt in range(3):
+                form.locator("input[name=reason]").fill("crew on scene confirms")
+                button.click()
+                try:
+                    approver.wait_for_function(stepped, arg=[approval_id, label], timeout=8000)
+                    break
+                except PlaywrightTimeout:
+                    # Still as it was on the server too: a live update replaced the form as
+                    # it was clicked and the click reached none. An approver clicks again.
+                    # Otherwise the decision was taken and the page is only late.
+                    if Approval.objects.get(pk=approval_id).status != status:
+                        break
+            approver.wait_for_function(stepped, arg=[approval_id, label])
         expect(decide).to_have_count(0)
 
         # No reload on the operator's side: decisions and the report were pushed.
