@@ -59,15 +59,24 @@ def authenticate(raw: str, session_id: str) -> tuple[Viewer | None, int]:
 
 
 def pull(
-    raw: str, session_id: str, after: int
+    raw: str, session_id: str, after: int, viewer: Viewer
 ) -> tuple[Viewer | None, int, list[tuple[int, str, Any]]]:
-    """The token checked again, then the events after `after` as `events_after` gives
-    them: a token revoked or expired, a user deactivated or a role taken away since the
-    stream opened stops it at the next pull (and a role's masks follow the roles now)."""
-    viewer, code = authenticate(raw, session_id)
-    if viewer is None:
-        return None, code, []
-    return viewer, 0, events_after(session_id, after, viewer)
+    """The events after `after` as `events_after` gives them for `viewer` (the stream's
+    last check), then the token checked again: a token revoked or expired, a user
+    deactivated or a role taken away since the stream opened stops it at the next pull.
+    The check comes after the read, so nothing committed after the change is sent: checked
+    first, an event committed between the check and the read went out (CI caught one
+    after a deactivation). When the roles changed, the events are read again under the
+    roles now (their masks follow them), and checked again."""
+    for _ in range(3):
+        batch = events_after(session_id, after, viewer)
+        checked, code = authenticate(raw, session_id)
+        if checked is None:
+            return None, code, []
+        if checked.api_roles == viewer.api_roles:
+            return checked, 0, batch
+        viewer = checked
+    return None, CLOSE_FORBIDDEN, []  # the roles changed under every read
 
 
 def message_for(event: Event, viewer: Viewer) -> tuple[str, int]:
@@ -168,8 +177,10 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
 
     async def _flush(self, live: bool) -> None:
         while True:
+            if self.viewer is None:
+                return  # connect() refused the stream
             viewer, code, batch = await database_sync_to_async(pull)(
-                self.raw, self.session_id, self.sent_seq
+                self.raw, self.session_id, self.sent_seq, self.viewer
             )
             if viewer is None:
                 metrics.ws_refused(STREAM)

@@ -165,14 +165,47 @@ def test_a_stream_stops_when_its_token_or_role_goes_away(
 def test_a_pull_checks_the_token_in_a_fixed_number_of_queries(
     builtin: None, make_user: Callable[..., User], django_assert_num_queries: Any
 ) -> None:
-    """Every pull (each notice) checks the token again: the token with its user, the
-    user's roles, the session, then the events, whatever their number."""
-    from api.consumers import pull
+    """Every pull (each notice) reads the events, whatever their number, then checks the
+    token again: the token with its user, the user's roles, the session."""
+    from api.consumers import authenticate, pull
 
     operator = make_user("olga", "operator")
     token = token_for(make_user("watcher", "auditor"))
     session = do_create_session(operator, Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏")
+    opened, _ = authenticate(token, str(session.pk))
+    assert opened is not None
     for after in (0, 5):
         with django_assert_num_queries(4):
-            viewer, code, batch = pull(token, str(session.pk), after)
+            viewer, code, batch = pull(token, str(session.pk), after, opened)
         assert viewer is not None and code == 0 and batch
+
+
+@pytest.mark.parametrize("change", ["revoked", "deactivated"])
+def test_what_a_pull_read_is_not_sent_when_the_token_went_away_meanwhile(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """The token is checked after the read: an event committed after the change can only
+    have been read before a check that sees the change. Checked before the read, such an
+    event went out (CI caught one sent after a deactivation)."""
+    from api import consumers
+
+    operator = make_user("olga", "operator")
+    watcher = make_user("watcher", "auditor")
+    token = token_for(watcher)
+    session = do_create_session(operator, Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏")
+    opened, _ = consumers.authenticate(token, str(session.pk))
+    assert opened is not None
+    read = consumers.events_after
+
+    def read_then_change(*args: Any) -> list[tuple[int, str, Any]]:
+        batch = read(*args)
+        # The change commits right after this read, before anything is sent.
+        if change == "revoked":
+            ApiToken.objects.filter(user=watcher).update(revoked_at=timezone.now())
+        else:
+            User.objects.filter(pk=watcher.pk).update(is_active=False)
+        return batch
+
+    monkeypatch.setattr(consumers, "events_after", read_then_change)
+    viewer, code, batch = consumers.pull(token, str(session.pk), 0, opened)
+    assert (viewer, code, batch) == (None, 4401, [])
