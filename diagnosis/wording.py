@@ -13,6 +13,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext, ngettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
+from diagnosis.agent import summaries
 from diagnosis.agent.tools import (
     DISPATCHES,
     FAILURES,
@@ -151,25 +152,12 @@ def failure_words(error: Any) -> str:
     return text
 
 
-# The agent's step summaries as the log keeps them (English, diagnosis.agent.graph), read
-# back into the reader's words; the tool and field codes they name stay (tooltips and the
-# lines around them word those).
-_STEP_SUMMARIES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^(?P<n>\d+) field\(s\) recognised(?:, missing (?P<missing>.+))?$"), "fields"),
-    (re.compile(r"^(?P<n>\d+) call\(s\) handled(?:, (?P<refused>\d+) refused)?$"), "calls"),
-    (re.compile(r"^ask for (?P<field>\S+)$"), "ask"),
-    (re.compile(r"^call (?P<tools>.+)$"), "call"),
-    (re.compile(r"^state (?P<state>\S+)$"), "state"),
-    (re.compile(r"^(?P<step>await|finish)$"), "plan"),
-    (re.compile(r"^report written$"), "report"),
-]
-
-
 def step_summary_words(summary: Any) -> str:
-    """An agent step's logged summary ("3 call(s) handled", "state RISK_ASSESSED") in
-    the reader's language; any other text as logged."""
+    """An agent step's logged summary (diagnosis.agent.summaries: "3 call(s) handled",
+    "state RISK_ASSESSED") in the reader's language; any other text as logged. The tool
+    and field codes it names stay (tooltips and the lines around them word those)."""
     text = str(summary or "")
-    for pattern, kind in _STEP_SUMMARIES:
+    for pattern, kind in summaries.PATTERNS:
         found = pattern.match(text)
         if found is None:
             continue

@@ -16,6 +16,8 @@ from django.urls import reverse
 from django.utils import translation
 
 from approvals.actions import APPROVE, CONFIRM, do_decide
+from approvals.models import Approval
+from diagnosis.agent import summaries
 from diagnosis.agent.tools import failure
 from diagnosis.models import ToolCall
 from diagnosis.reporting import result_words, worded_enrichment
@@ -216,3 +218,45 @@ def test_the_reports_action_table_gives_results_in_its_language() -> None:
         "Taxiway closed: A",
         "Cleanup crew dispatched (position 105)",
     ]
+
+
+def test_every_step_summary_the_agent_logs_is_read_back() -> None:
+    """What graph.py logs (diagnosis.agent.summaries) is what wording reads: none comes
+    out as logged in Chinese."""
+    logged = [
+        summaries.fields_recognised(2, ["position"]),
+        summaries.fields_recognised(6, []),
+        summaries.calls_handled(3, 1),
+        summaries.calls_handled(1, 0),
+        summaries.asks_for("position"),
+        summaries.calls(["assess_risk", "analyze_impact"]),
+        summaries.compliance_state("DECIDED"),
+        summaries.REPORT_WRITTEN,
+    ]
+    with translation.override("zh-hans"):
+        assert [step_summary_words(text) == text for text in logged] == [False] * len(logged)
+
+
+@pytest.mark.services
+def test_a_chinese_report_gives_an_unavailable_sources_reason_in_chinese(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    olga, abel, eve = (
+        make_user("olga", "operator"),
+        make_user("abel", "approver"),
+        make_user("eve", "approver"),
+    )
+    session = waiting_session(olga, "XX999 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+    for item in Approval.objects.filter(session=session).open():
+        while item.is_open:
+            confirming = item.status == "confirming"
+            item = do_decide(
+                item.pk,
+                eve if confirming else abel,
+                CONFIRM if confirming else APPROVE,
+                digest=item.digest,
+            )
+    session.refresh_from_db()
+    assert session.status == "completed"
+    assert "没有 XX999 的航班计划" in session.report.markdown
+    assert "no flight plan for" not in session.report.markdown

@@ -24,7 +24,7 @@ from langgraph.types import interrupt
 
 from aero.compiled import AnyOf, Arg, Compiled, insert_rows
 from diagnosis import shutdown
-from diagnosis.agent import budget, fsm, grounding, policy, prompts, waits
+from diagnosis.agent import budget, fsm, grounding, policy, prompts, summaries, waits
 from diagnosis.agent.extraction import Extraction, is_unsure
 from diagnosis.agent.providers import (
     Attempt,
@@ -438,9 +438,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         producer=ctx.producer,
         run=run,
     )
-    summary = f"{len(changed)} field(s) recognised" + (
-        f", missing {', '.join(missing)}" if missing else ""
-    )
+    summary = summaries.fields_recognised(len(changed), missing)
     return {
         "fields": fields,
         "evidence": evidence,
@@ -737,9 +735,9 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
             run=run,
         )
         update.update(asked=asked, question=question)
-        update["_summary"] = f"ask for {field}"
+        update["_summary"] = summaries.asks_for(field)
     elif plan["step"] == "call":
-        update["_summary"] = "call " + ", ".join(c["tool"] for c in plan["calls"])
+        update["_summary"] = summaries.calls(c["tool"] for c in plan["calls"])
     else:
         update["_summary"] = plan["step"]
     return update
@@ -989,9 +987,7 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     if proposing and not refusals:
         update["actions_planned"] = True
     update["refusals"] = refusals
-    update["_summary"] = f"{len(calls) - len(refusals)} call(s) handled" + (
-        f", {len(refusals)} refused" if refusals else ""
-    )
+    update["_summary"] = summaries.calls_handled(len(calls) - len(refusals), len(refusals))
     return update
 
 
@@ -1330,7 +1326,7 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
         "corrections": corrections,
         "refusals": [],
         "plan": plan,
-        "_summary": f"state {current}",
+        "_summary": summaries.compliance_state(current),
     }
 
 
@@ -1371,7 +1367,7 @@ def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dic
         producer=ctx.producer,
         run=run,
     )
-    return {"reported": True, "fsm": done, "_summary": "report written"}
+    return {"reported": True, "fsm": done, "_summary": summaries.REPORT_WRITTEN}
 
 
 def build_graph() -> StateGraph[AgentState, AgentContext, AgentState, AgentState]:
