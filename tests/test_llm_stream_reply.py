@@ -9,6 +9,7 @@ import asyncio
 import threading
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
@@ -40,6 +41,22 @@ REPLIES: dict[str, dict[str, Any]] = {
         "usage": {"prompt_tokens": 420, "completion_tokens": 96},
     },
 }
+
+
+class _NoAiohttp(httpx2.AsyncClient):
+    """What the SDK offers when its aiohttp extra is not installed."""
+
+    def __init__(self, **_: Any) -> None:
+        raise RuntimeError("To use the aiohttp client you must have installed the package")
+
+
+@pytest.fixture(params=["aiohttp", "httpx2"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The runner's pool on the SDK's aiohttp transport (ADR 201), and on LangChain's
+    httpx2 pool where the extra is missing: each must keep the same promises."""
+    if request.param == "httpx2":
+        monkeypatch.setattr(openai, "DefaultAioHttpClient", _NoAiohttp)
+    return str(request.param)
 
 
 def calls(message: AIMessage) -> tuple[list[Any], list[Any]]:
@@ -101,7 +118,7 @@ def count_connections(server: FakeLLMServer) -> list[int]:
 
 
 def test_calls_in_turn_keep_one_connection_and_a_loop_never_gets_another_loops(
-    fake_llm: FakeLLMServer,
+    fake_llm: FakeLLMServer, transport: str
 ) -> None:
     """ADR 171: the runner reads the body to its end after [DONE] (as the SDK's stream
     does), so HTTP/1.1 keeps the connection for the next call: closed unread, every call
@@ -137,6 +154,7 @@ def test_without_langchains_private_pool_builder_the_runner_still_gets_a_pool_of
 
     from diagnosis.agent.providers import async_client_of_its_own
 
+    monkeypatch.setattr(openai, "DefaultAioHttpClient", _NoAiohttp)
     monkeypatch.setitem(sys.modules, "langchain_openai.chat_models._client_utils", None)
     fake_llm.set_script({"rules": [REPLIES["text only"]]})
     client = client_for(fake_provider(fake_llm))
@@ -152,7 +170,7 @@ def test_without_langchains_private_pool_builder_the_runner_still_gets_a_pool_of
 
 
 def test_our_own_drain_keeps_the_connection_as_the_sdks_does(
-    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch, transport: str
 ) -> None:
     """The runner drains the body with the SDK's private helper; if an upgrade moves it,
     `drain_rest` takes over: three calls in turn still share one connection."""
@@ -187,7 +205,9 @@ def stream_once(client: Any) -> AIMessage:
     return asyncio.run(call())
 
 
-def test_a_reply_that_stalls_mid_body_is_a_timeout_and_retried(fake_llm: FakeLLMServer) -> None:
+def test_a_reply_that_stalls_mid_body_is_a_timeout_and_retried(
+    fake_llm: FakeLLMServer, transport: str
+) -> None:
     """The headers came, then nothing for longer than the provider's timeout: the SDK's
     timeout error, which the chain retries, not an error it gives up on at once."""
     fake_llm.set_script({"chunk_delay": 3, "rules": [REPLIES["text only"]]})
@@ -199,7 +219,7 @@ def test_a_reply_that_stalls_mid_body_is_a_timeout_and_retried(fake_llm: FakeLLM
 
 
 def test_a_reply_cut_off_mid_body_is_a_connection_error_and_retried(
-    fake_llm: FakeLLMServer,
+    fake_llm: FakeLLMServer, transport: str
 ) -> None:
     """The server went away in the middle of the body (its end never came): the SDK's
     connection error, retried, not an unknown error given up on at once."""
@@ -210,3 +230,33 @@ def test_a_reply_cut_off_mid_body_is_a_connection_error_and_retried(
         stream_once(client)
     error = classify(caught.value)
     assert error.retryable and str(error).startswith("connection failed")
+
+
+def test_the_runners_pool_is_the_sdks_aiohttp_transport_and_httpx2_without_it(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 201: the runner's own pool is aiohttp's (the SDK's transport for many calls in
+    flight at once); without the extra, LangChain's httpx2 pool; the calls go out either
+    way."""
+    from openai._vendor.httpx_aiohttp import AiohttpTransport
+
+    from diagnosis.agent.providers import async_client_of_its_own
+
+    fake_llm.set_script({"rules": [REPLIES["text only"]]})
+    client = client_for(fake_provider(fake_llm))
+
+    def one_call(sdk: openai.AsyncOpenAI) -> str:
+        async def call() -> str:
+            reply = await stream_reply(client, [HumanMessage("105机位燃油泄漏")], {}, [], sdk)
+            await sdk.close()
+            return str(reply.content)
+
+        return asyncio.run(call())
+
+    sdk = async_client_of_its_own(client)
+    assert isinstance(sdk._client._transport, AiohttpTransport)
+    assert one_call(sdk) == REPLIES["text only"]["content"]
+    monkeypatch.setattr(openai, "DefaultAioHttpClient", _NoAiohttp)
+    sdk = async_client_of_its_own(client)
+    assert isinstance(sdk._client._transport, httpx2.AsyncHTTPTransport)
+    assert one_call(sdk) == REPLIES["text only"]["content"]
