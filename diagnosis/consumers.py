@@ -29,7 +29,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import parse_qs
 
@@ -280,26 +280,48 @@ class Ask:
     after: int
     composer_key: str | None
     language: str | None
+    # The roles the viewer's last check found: the render reads the events under them,
+    # then the check reads the roles now (check_and_render).
+    roles: frozenset[str] = frozenset()
+
+
+# A viewer whose roles change at every check is given up on after this many renders (its
+# socket closes 4403; the page reconnects and is checked afresh).
+CHECK_ROUNDS = 3
 
 
 def check_and_render(asks: list[Ask]) -> list[tuple[frozenset[str] | None, Update | None]]:
     """For each viewer: their roles as the database says now (None when they may no
     longer watch) and the update their page needs (None when the session is gone). One
-    query for the roles of all of them and one render_batch, in which viewers with the
-    same roles and page share one render (so masking stays per role set)."""
-    found = current_roles({ask.user_id for ask in asks if ask.user_id is not None})
-    pulls: list[Pull | None] = []
-    for ask in asks:
-        roles = found.get(ask.user_id, frozenset())
-        may_watch = bool(roles & set(VIEW_SESSIONS))
-        pulls.append(
-            Pull(roles, ask.session_id, ask.after, ask.composer_key, ask.language)
-            if may_watch
-            else None
-        )
-    distinct = list(dict.fromkeys(pull for pull in pulls if pull is not None))
-    updates = dict(zip(distinct, render_batch(distinct), strict=True)) if distinct else {}
-    return [(None, None) if pull is None else (pull.roles, updates[pull]) for pull in pulls]
+    render_batch, in which viewers with the same roles and page share one render (so
+    masking stays per role set), then one query for the roles of all of them.
+
+    The events are read first (under the roles each viewer's last check found), the roles
+    after (ADR 202, as the API stream does since ADR 200): an event committed after a
+    role was taken away can only have been read before a check that sees it gone, so it
+    is never sent. A viewer whose roles changed otherwise gets a render under the new
+    ones (its masks and forms follow them), checked again; after CHECK_ROUNDS, closed."""
+    pulls = [Pull(a.roles, a.session_id, a.after, a.composer_key, a.language) for a in asks]
+    answers: list[tuple[frozenset[str] | None, Update | None]] = [(None, None)] * len(asks)
+    todo = list(range(len(asks)))
+    for _ in range(CHECK_ROUNDS):
+        distinct = list(dict.fromkeys(pulls[i] for i in todo))
+        updates = dict(zip(distinct, render_batch(distinct), strict=True))
+        found = current_roles({asks[i].user_id for i in todo if asks[i].user_id is not None})
+        changed: list[int] = []
+        for i in todo:
+            roles = found.get(asks[i].user_id, frozenset())
+            if not roles & set(VIEW_SESSIONS):
+                answers[i] = (None, None)
+            elif roles != pulls[i].roles:
+                pulls[i] = replace(pulls[i], roles=roles)
+                changed.append(i)
+            else:
+                answers[i] = (roles, updates[pulls[i]])
+        todo = changed
+        if not todo:
+            break
+    return answers
 
 
 class PanelContexts:
@@ -558,7 +580,8 @@ class Hub:
             return
         try:
             asks = [
-                Ask(v.user_id, session_id, v.sent_seq, v.composer_key, v.language) for v in pages
+                Ask(v.user_id, session_id, v.sent_seq, v.composer_key, v.language, v.roles)
+                for v in pages
             ]
             answers = await self.check_and_render(asks)
             for viewer, (roles, update) in zip(pages, answers, strict=True):
@@ -710,6 +733,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
     sent_seq: int = 0
     composer_key: str | None = None
     language: str | None = None
+    # The roles the last check found: the next pull reads the events under them, then
+    # checks again (ADR 202).
+    roles: frozenset[str] = frozenset()
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
@@ -717,9 +743,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.flushing = asyncio.Lock()
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         self.user_id = user_id_of(self.scope)
-        if not await self.allowed():
+        roles = await self.allowed()
+        if not roles:
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        self.roles = roles
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
             self.sent_seq = max(0, int(query.get("last_seq", ["0"])[0]))
@@ -763,17 +791,27 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._flush()
 
     async def _flush(self) -> None:
-        """Send everything new, re-checking access first (roles may have changed since
-        the last push, the session may have been deleted)."""
+        """Send everything new: the events read under the roles of the last check, then
+        access checked again (roles may have changed, the session may have been deleted):
+        what was committed after a role was taken away is never sent (ADR 202). Roles
+        that changed otherwise: read again under the new ones (CHECK_ROUNDS, then
+        closed)."""
+        rounds = 0
         while self.group:
+            used = self.roles
+            update = await hub().session_update(
+                used, self.session_id, self.sent_seq, self.composer_key, self.language
+            )
             roles = await self.allowed()
-            update = None
-            if roles is not None:
-                update = await hub().session_update(
-                    roles, self.session_id, self.sent_seq, self.composer_key, self.language
-                )
+            if roles is not None and roles != used:
+                rounds += 1
+                self.roles = roles
+                if rounds < CHECK_ROUNDS:
+                    continue  # the masks and forms follow the new roles: render again
+                roles = None
             if await self.apply(roles, update):
                 return
+            rounds = 0
 
     async def apply(self, roles: frozenset[str] | None, update: Update | None) -> bool:
         """One turn of a pull, with the flushing lock held (by `flush` or the hub's
@@ -785,6 +823,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         if roles is None:
             await self.stop(CLOSE_FORBIDDEN)
             return True
+        self.roles = roles
         if update is None:
             await self.stop(CLOSE_GONE)
             return True

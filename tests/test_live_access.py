@@ -217,3 +217,105 @@ def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
     renders, role_checks, cleanup_hops = run_in_fresh_loop(watch)
     assert (renders, role_checks) == (1, 1)
     assert cleanup_hops == 0  # the notice's pull cleans up in its own database call
+
+
+@pytest.mark.parametrize("change", ["role removed", "deactivated"])
+def test_what_a_fan_out_read_is_not_sent_when_access_went_away_meanwhile(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """ADR 202: the hub reads the events, then the roles. A change committed right after
+    the read closes the page; the event read with it is not sent. Checked before the read
+    (as it was), the viewer got it."""
+    operator = make_user("olga", "operator")
+    auditor = make_user("aude", "auditor")
+    session = new_session(operator, "105机位燃油泄漏")
+    real = consumers.render_batch
+
+    def read_then_change(pulls: list[consumers.Pull]) -> Any:
+        updates = real(pulls)
+        if change == "role removed":
+            auditor.groups.clear()
+        else:
+            User.objects.filter(pk=auditor.pk).update(is_active=False)
+        return updates
+
+    monkeypatch.setattr(consumers, "render_batch", read_then_change)
+    ask = consumers.Ask(auditor.pk, str(session.pk), 0, None, "en", frozenset({"auditor"}))
+    assert consumers.check_and_render([ask]) == [(None, None)]
+
+
+def test_a_viewer_whose_roles_changed_during_the_read_gets_a_render_under_the_new_ones(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read under the roles of the last check (auditor), found changed after (approver):
+    the events are read again under the new roles, so the forms follow them; a viewer
+    whose roles did not change is answered from the first read."""
+    operator = make_user("olga", "operator")
+    promoted = make_user("pia", "auditor")
+    session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
+    real = consumers.render_batch
+    renders: list[frozenset[str]] = []
+
+    def read_then_promote(pulls: list[consumers.Pull]) -> Any:
+        renders.extend(pull.roles for pull in pulls)
+        updates = real(pulls)
+        if len(renders) == 2:  # the first read, for both viewers' role sets
+            promoted.groups.set([Group.objects.get(name="approver")])
+        return updates
+
+    monkeypatch.setattr(consumers, "render_batch", read_then_promote)
+    sid = str(session.pk)
+    asks = [
+        consumers.Ask(promoted.pk, sid, 0, None, "en", frozenset({"auditor"})),
+        consumers.Ask(operator.pk, sid, 0, None, "en", frozenset({"operator"})),
+    ]
+    (roles, update), (kept_roles, kept) = consumers.check_and_render(asks)
+    assert roles == frozenset({"approver"}) and update is not None
+    assert 'name="decision"' in update.html  # rendered for an approver
+    assert kept_roles == frozenset({"operator"}) and kept is not None
+    assert renders == [frozenset({"auditor"}), frozenset({"operator"}), roles]
+
+
+def test_what_a_viewers_own_pull_read_is_not_sent_when_its_role_went_away_meanwhile(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same order on a viewer's own pull (the catch-up at connect, a resync): the
+    role removed right after the read closes the socket 4403 with nothing sent."""
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.db import connections
+
+    from aero.asgi import page_websocket
+
+    operator = make_user("olga", "operator")
+    auditor = make_user("aude", "auditor")
+    session = new_session(operator, "105机位燃油泄漏")
+    real = consumers.render_batch
+
+    def read_then_remove(pulls: list[consumers.Pull]) -> Any:
+        updates = real(pulls)
+        auditor.groups.clear()
+        return updates
+
+    monkeypatch.setattr(consumers, "render_batch", read_then_remove)
+    headers = [(b"origin", b"http://testserver"), (b"cookie", cookie_for(auditor).encode())]
+    path = f"/ws/sessions/{session.pk}/?last_seq=0&lang=en"
+
+    async def watch() -> tuple[list[str], int | None]:
+        viewer = WebsocketCommunicator(page_websocket, path, headers=headers)
+        connected, _ = await viewer.connect(timeout=10)
+        assert connected
+        received: list[str] = []
+        code: int | None = None
+        while True:
+            message = await viewer.receive_output(timeout=10)
+            if message["type"] == "websocket.close":
+                code = message.get("code")
+                break
+            received.append(message.get("text", ""))
+        await viewer.disconnect()
+        await database_sync_to_async(connections.close_all)()
+        return received, code
+
+    received, code = run_in_fresh_loop(watch)
+    assert (received, code) == ([], CLOSE_FORBIDDEN)
