@@ -611,46 +611,113 @@ def heartbeat_interval() -> float:
 
 
 class Heartbeat:
-    """Renews a job's lease every heartbeat_interval() while the job runs, from a thread
-    of its own, so a long step (a slow model call) keeps the lease; a worker that dies or
-    is paused stops beating and its lease runs out. Losing the lease is noticed by the
-    job's next write (the fence), not here: this only records it for the log."""
+    """Renews a job's lease every heartbeat_interval() while the job runs, from the
+    process's lease keeper (a thread of its own), so a long step (a slow model call)
+    keeps the lease; a worker that dies or is paused stops beating and its lease runs
+    out. Losing the lease is noticed by the job's next write (the fence), not here: this
+    only records it for the log.
+
+    One keeper thread per process serves every job's heartbeat (ADR 203): a thread
+    started and joined per job cost each job two hand-offs between threads, on the path
+    of every session queued behind it."""
 
     def __init__(self, session_id: str, token: uuid.UUID) -> None:
         self.session_id = session_id
         self.token = token
-        self.done = threading.Event()
         self.lost = threading.Event()
-        self.thread = threading.Thread(
-            target=self._run, daemon=True, name=f"aero-lease-{session_id[:8]}"
-        )
+        self.interval = heartbeat_interval()
+        self.due = 0.0  # monotonic time of the next renewal
 
     def __enter__(self) -> Heartbeat:
-        self.thread.start()
+        self.due = time.monotonic() + self.interval
+        _lease_keeper().add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.done.set()
-        self.thread.join(timeout=10)
+        # Waits for a renewal of this lease under way: the release comes after it.
+        _lease_keeper().remove(self)
 
     def beat(self) -> bool:
         return renew_lease(self.session_id, self.token)
 
+
+class _LeaseKeeper:
+    """The thread that renews the leases of the jobs running in this process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.changed = threading.Condition()
+        self.beats: list[Heartbeat] = []
+        self.beating: Heartbeat | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="aero-lease-keeper")
+        self.thread.start()
+
+    def add(self, beat: Heartbeat) -> None:
+        with self.changed:
+            self.beats.append(beat)
+            self.changed.notify_all()
+
+    def remove(self, beat: Heartbeat) -> None:
+        with self.changed:
+            while self.beating is beat:
+                self.changed.wait()
+            self.beats = [known for known in self.beats if known is not beat]
+            self.changed.notify_all()
+
+    def _next(self) -> Heartbeat:
+        """The first heartbeat due, once it is (marked as being beaten)."""
+        with self.changed:
+            while True:
+                now = time.monotonic()
+                if self.beats:
+                    beat = min(self.beats, key=lambda known: known.due)
+                    if beat.due <= now:
+                        self.beating = beat
+                        return beat
+                    self.changed.wait(beat.due - now)
+                else:
+                    self.changed.wait()
+
     def _run(self) -> None:
-        try:
-            while not self.done.wait(heartbeat_interval()):
-                try:
-                    if not self.beat():
-                        self.lost.set()
-                        logger.warning("session %s: the job lost its lease", self.session_id)
-                        return
-                except DatabaseError:
-                    # PostgreSQL restarting: keep trying; the fence refuses the job's
-                    # writes if the lease runs out meanwhile.
-                    logger.warning("session %s: lease renewal failed", self.session_id)
-                    connection.close()
-        finally:
-            connections.close_all()  # this thread's own connections
+        while True:
+            beat = self._next()
+            lost = False
+            try:
+                if not beat.beat():
+                    lost = True
+                    beat.lost.set()
+                    logger.warning("session %s: the job lost its lease", beat.session_id)
+            except DatabaseError:
+                # PostgreSQL restarting: keep trying; the fence refuses the job's
+                # writes if the lease runs out meanwhile.
+                logger.warning("session %s: lease renewal failed", beat.session_id)
+            except Exception:
+                logger.exception("session %s: lease renewal failed", beat.session_id)
+            finally:
+                # Renewals are seconds apart and most jobs never need one: no connection
+                # is kept open between them.
+                connections.close_all()
+                with self.changed:
+                    self.beating = None
+                    if lost:
+                        self.beats = [known for known in self.beats if known is not beat]
+                    else:
+                        beat.due = time.monotonic() + beat.interval
+                    self.changed.notify_all()
+
+
+_keeper: _LeaseKeeper | None = None
+_keeper_lock = threading.Lock()
+
+
+def _lease_keeper() -> _LeaseKeeper:
+    """This process's keeper, started at its first job (a forked child starts its own:
+    threads do not survive a fork)."""
+    global _keeper
+    with _keeper_lock:
+        if _keeper is None or _keeper.pid != os.getpid():
+            _keeper = _LeaseKeeper()
+        return _keeper
 
 
 def release_lease(session_id: Any, token: uuid.UUID, finished: RootEnd | None = None) -> None:

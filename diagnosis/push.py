@@ -6,12 +6,16 @@ consumer reads what it has not sent yet from the event log.
 Notices go out on one long-lived event loop per process (channels_redis keeps its
 connection pool per loop, so the connection is reused): the ASGI server's loop in the
 web process, a daemon "aero-push" thread's loop anywhere else (workers, the CLI).
-Callers publish from `transaction.on_commit`, never inside a transaction.
+Callers publish from `transaction.on_commit`, never inside a transaction. A caller does
+not wait for its notice to go out (ADR 203): at exit, the process waits for the ones
+still on their way (`flush`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures
 import logging
 import os
 import threading
@@ -67,7 +71,9 @@ def _publish_loop() -> asyncio.AbstractEventLoop:
 
 async def _send(layer: Any, group: str, message: dict[str, Any]) -> None:
     try:
-        await layer.group_send(group, message)
+        # Bounded: with Redis hanging, notices must not pile up on the loop unanswered.
+        async with asyncio.timeout(PUBLISH_TIMEOUT):
+            await layer.group_send(group, message)
     except Exception:
         logger.warning("push to %s failed", group, exc_info=True)
         metrics.push_outcome(False)
@@ -75,10 +81,23 @@ async def _send(layer: Any, group: str, message: dict[str, Any]) -> None:
         metrics.push_outcome(True)
 
 
+# The notices handed to the publishing loop and not sent yet (`flush` waits for them).
+_pending: set[concurrent.futures.Future[None]] = set()
+_pending_lock = threading.Lock()
+
+
+def _sent(future: concurrent.futures.Future[None]) -> None:
+    with _pending_lock:
+        _pending.discard(future)
+
+
 def group_send(group: str, message: dict[str, Any]) -> None:
-    """Best effort: a failed push is logged, never raised (clients catch up by seq). Waits
-    for the send (short: the connection is open) so a job process that exits right after
-    does not lose its last notice."""
+    """Best effort: a failed push is logged, never raised (clients catch up by seq). The
+    caller does not wait for the send (ADR 203): a job's commit is followed by its next
+    step at once, not by a hop to the publishing thread and a round trip to Redis (two
+    to four per job, on the path of every session behind it). `flush` (run at exit)
+    waits for the notices still on their way, so a process that exits right after a
+    commit still sends its last one."""
     layer = get_channel_layer()
     if layer is None:
         return
@@ -91,10 +110,27 @@ def group_send(group: str, message: dict[str, Any]) -> None:
         loop.create_task(_send(layer, group, message))  # cannot wait on our own loop
         return
     future = asyncio.run_coroutine_threadsafe(_send(layer, group, message), loop)
-    try:
-        future.result(timeout=PUBLISH_TIMEOUT)
-    except Exception:
-        logger.warning("push to %s timed out", group, exc_info=True)
+    with _pending_lock:
+        _pending.add(future)
+    future.add_done_callback(_sent)
+
+
+def flush(timeout: float = PUBLISH_TIMEOUT) -> bool:
+    """Wait (at most `timeout` seconds) for the notices handed out so far to be sent.
+    True when none is left on its way."""
+    with _pending_lock:
+        pending = list(_pending)
+    if not pending:
+        return True
+    _, not_done = concurrent.futures.wait(pending, timeout=timeout)
+    if not_done:
+        logger.warning("%d live notice(s) not sent before exit", len(not_done))
+    return not not_done
+
+
+# Before the interpreter stops the publishing thread (a daemon): a CLI command or a
+# worker that exits right after its last commit still sends that commit's notice.
+atexit.register(flush)
 
 
 def notify_session(session_id: Any, seq: int) -> None:

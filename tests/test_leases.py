@@ -257,3 +257,34 @@ def test_a_model_request_is_recorded_only_under_the_jobs_lease(session: Session)
     with fenced(session.pk, token), pytest.raises(LeaseLost):
         jobs.record_model_request(session.pk, waiting)
     assert not LLMRequest.objects.filter(key=waiting["key"]).exists()
+
+
+def test_one_keeper_renews_every_running_jobs_lease_and_reports_a_lost_one(
+    builtin: None, settings: Any, make_user: Callable[..., User]
+) -> None:
+    """Jobs running side by side in one process (the embedded worker's threads) share
+    the process's lease keeper (ADR 203): each lease is renewed past its expiry; one
+    taken away is reported lost on its own job, and the other keeps being renewed; a
+    job's exit stops its renewals."""
+    settings.AERO_JOB_BACKEND = "rq"
+    settings.AERO_LEASE_SECONDS = 1.5  # a beat every 0.5 s
+    operator = make_user("olga", "operator")
+    scenario = Scenario.objects.get(slug="oil_spill")
+    first, second = (do_create_session(operator, scenario, MESSAGE) for _ in range(2))
+    leases = []
+    for session in (first, second):
+        taken = jobs.take_lease(str(session.pk))
+        assert taken is not None
+        leases.append(taken[0])
+    kept = jobs.Heartbeat(str(first.pk), leases[0])
+    taken_away = jobs.Heartbeat(str(second.pk), leases[1])
+    with kept, taken_away:
+        time.sleep(2)  # past the 1.5 s both leases were taken for
+        assert jobs.lease_is_live(first.pk) and jobs.lease_is_live(second.pk)
+        Session.objects.filter(pk=second.pk).update(lease_token=uuid.uuid4())
+        assert taken_away.lost.wait(5)
+        time.sleep(2)
+        assert jobs.lease_is_live(first.pk) and not kept.lost.is_set()
+    expires = Session.objects.get(pk=first.pk).lease_expires_at
+    time.sleep(1)  # a beat would have come by now
+    assert Session.objects.get(pk=first.pk).lease_expires_at == expires
