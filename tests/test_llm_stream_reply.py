@@ -260,3 +260,24 @@ def test_the_runners_pool_is_the_sdks_aiohttp_transport_and_httpx2_without_it(
     sdk = async_client_of_its_own(client)
     assert isinstance(sdk._client._transport, httpx2.AsyncHTTPTransport)
     assert one_call(sdk) == REPLIES["text only"]["content"]
+
+
+def test_the_runners_aiohttp_pool_goes_through_the_environments_proxy(
+    fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment that reaches its model through a proxy (HTTPS_PROXY) keeps doing so
+    on the aiohttp transport (ADR 201): the pool routes https:// through it, as
+    LangChain's httpx2 pool did."""
+    from openai._vendor.httpx_aiohttp import AiohttpTransport
+
+    from diagnosis.agent.providers import async_client_of_its_own
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    sdk = async_client_of_its_own(client_for(fake_provider(fake_llm)))
+    routes = {
+        str(getattr(transport.proxy, "url", "")): transport
+        for transport in sdk._client._mounts.values()
+        if isinstance(transport, AiohttpTransport) and transport.proxy is not None
+    }
+    assert list(routes) == ["http://proxy.invalid:3128"]
+    asyncio.run(sdk.close())
