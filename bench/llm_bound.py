@@ -3,6 +3,7 @@ against the blocking design (calls inside the rq job), measured in the same run.
 asserts nothing.
 
   .venv/bin/python bench/llm_bound.py [--sessions 200] [--latency 3] [--blocking-timeout 120]
+      [--only waits|blocking] [--repeat N]
 
 Each session is the worked example (oil spill at stand 105) with a real provider: the
 simulated model (`manage.py fake_llm`, real HTTP, streamed replies) answers each of the
@@ -14,7 +15,9 @@ clock starts once the workers (and the runner) are up. Printed per design: the t
 from the first session created until all of them wait for an approval, and the
 peak total RSS of the workers (+ runner). The blocking design holds a worker for every
 call, so it stops at `--blocking-timeout` and the time for all is projected from the
-sessions done by then.
+sessions done by then. `--repeat N` measures the waits design N times (a fresh database
+each time) and prints every run and their median: on a shared 2-core machine the same
+code measured 20.6-27.0 s minutes apart (ADR 204), so one run says little.
 
 Needs PostgreSQL and Redis: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres,
 the maintenance database; a scratch database `aero_bench_llm<--db-suffix>` is dropped and
@@ -388,6 +391,20 @@ def drive(args: argparse.Namespace) -> None:
     )
 
 
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run whose time for all waiting is the median (a run that did not finish counts
+    as the slowest), with every run's time beside it."""
+
+    def key(run: dict[str, Any]) -> float:
+        done = run.get("all_waiting_s")
+        return float("inf") if done is None else float(done)
+
+    ordered = sorted(runs, key=key)
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["runs_s"] = [run.get("all_waiting_s") for run in runs]
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sessions", type=int, default=200)
@@ -403,6 +420,9 @@ def main() -> None:
     )
     parser.add_argument("--redis-db", default=os.environ.get("AERO_BENCH_REDIS_DB", "13"))
     parser.add_argument("--only", choices=("waits", "blocking"))
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of the waits design (their median)"
+    )
     parser.add_argument(
         "--db-suffix", default="", help="appended to the scratch database's name (parallel runs)"
     )
@@ -440,9 +460,13 @@ def main() -> None:
         for design, waits in (("waits", True), ("blocking", False)):
             if args.only and args.only != design:
                 continue
-            print(f"  measuring {design} ...", flush=True)
-            results[design] = measure(args, waits, fake_url)
-            print(f"    {results[design]}", flush=True)
+            runs = max(1, args.repeat) if waits else 1
+            measured = []
+            for run in range(runs):
+                print(f"  measuring {design} ({run + 1} of {runs}) ...", flush=True)
+                measured.append(measure(args, waits, fake_url))
+                print(f"    {measured[-1]}", flush=True)
+            results[design] = median_run(measured)
     finally:
         fake.terminate()
         fake.wait(timeout=10)
@@ -461,6 +485,8 @@ def main() -> None:
         in_flight = sessions if design == "waits" else 2
         per_gb = in_flight / (peak / 1024) if peak else 0.0
         print(f"{design:10} {when:>14} {peak:>8.0f} MB {per_gb:>18.0f}  {r.get('load', '')}")
+        if len(r.get("runs_s", [])) > 1:
+            print(f"{'':10} median of {len(r['runs_s'])} runs: {r['runs_s']} s")
         print(
             f"{'':10} created in {r.get('created_s')} s; {r.get('waiting_at_end')} of "
             f"{sessions} waiting after {r.get('elapsed_s')} s; {r.get('failed')} failed; "
