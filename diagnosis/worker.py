@@ -83,6 +83,8 @@ class WorkerHeartbeat:
         # Since when the worker is idle with its row still naming its last job's session
         # (monotonic), or None: the beat thread writes "idle" once it has settled.
         self.idle_since: float | None = None
+        # A job started and its row is not written yet: the beat thread writes it.
+        self.job_unwritten = False
         # Held while the row is written from what this object says, so the beat thread
         # never writes a state the job thread has changed meanwhile over a newer one.
         self.lock = threading.Lock()
@@ -113,22 +115,34 @@ class WorkerHeartbeat:
         )
 
     def job_started(self, session_id: str | None) -> None:
-        """/healthz shows what the worker runs from the start: written at once. It also
-        says the worker is no longer idle, so a pending "idle" write is dropped."""
+        """/healthz shows what the worker runs from its start: the beat thread writes it
+        at once, off the job's path (ADR 205: the job's own UPDATE was a round trip per
+        job, on the path of every session behind it). It also says the worker is no
+        longer idle, so a pending "idle" write is dropped."""
         with self.lock:
             self.session_id = session_id
             self.idle_since = None
-            self.beat_job()
+            self.job_unwritten = True
+        self.wake.set()
 
     def job_ended(self) -> None:
         """Idle again: written by the beat thread once the worker stayed idle for
         IDLE_SETTLE_SECONDS, not here (ADR 168): with jobs waiting, the next job's
-        job_started() overwrites the row within milliseconds, and the "idle" UPDATE in
-        between was one statement per job that nobody could see."""
+        start overwrites the row within milliseconds, and the "idle" UPDATE in between
+        was one statement per job that nobody could see. A job over before its row was
+        written is not written at all."""
         with self.lock:
             self.session_id = None
             self.idle_since = time.monotonic()
+            self.job_unwritten = False
         self.wake.set()
+
+    def write_started_job(self) -> None:
+        """The running job's row, if not written yet (the beat thread's turn)."""
+        with self.lock:
+            if self.job_unwritten:
+                self.job_unwritten = False
+                self.beat_job()
 
     def beat_job(self) -> None:
         """The beat around each job (what the worker runs, or idle again): one UPDATE of
@@ -176,6 +190,7 @@ class WorkerHeartbeat:
                 self.wake.clear()
                 if self.done.is_set():
                     break
+                self.write_started_job()
                 if time.monotonic() < next_beat:
                     self.write_settled_idle()
                     continue
@@ -183,6 +198,7 @@ class WorkerHeartbeat:
                 try:
                     with self.lock:
                         self.idle_since = None  # the full beat writes the idle state too
+                        self.job_unwritten = False  # ... and the running job
                         self.beat()
                 except DatabaseError:
                     # PostgreSQL restarting: the next beat reconnects.

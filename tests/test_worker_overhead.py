@@ -122,12 +122,16 @@ def test_the_row_names_the_job_at_once_and_says_idle_once_the_worker_settles(
     monkeypatch.setattr(beats, "beat_job", beat_job)
     row = WorkerBeat.objects.filter(name=beats.name)
     first, second = str(uuid.uuid4()), str(uuid.uuid4())
+
+    def names(session: str) -> bool:
+        return str(row.get().session_id) == session
+
     try:
         beats.job_started(first)
-        assert str(row.get().session_id) == first  # from the start of the job
+        assert wait_for(lambda: names(first), 3.0)  # from the start of the job
         beats.job_ended()
         beats.job_started(second)  # the next job, within the settle time
-        assert str(row.get().session_id) == second
+        assert wait_for(lambda: names(second), 3.0)
         beats.job_ended()
         assert str(row.get().session_id) == second  # not yet: it may start another
         assert wait_for(lambda: row.get().session_id is None, 3.0)  # then idle
@@ -153,9 +157,32 @@ def test_an_idle_write_never_overwrites_a_job_that_started_meanwhile(
         monkeypatch.setattr(worker, "IDLE_SETTLE_SECONDS", 0.0)  # the idle write is due
         beats.job_started(session)  # ... and the next job starts first
         beats.write_settled_idle()  # the beat thread's turn
+        assert wait_for(lambda: str(row.get().session_id) == session, 3.0)
+        beats.write_settled_idle()
         assert str(row.get().session_id) == session
         beats.job_ended()
         beats.write_settled_idle()
         assert row.get().session_id is None
+    finally:
+        beats.stop()
+
+
+def test_a_jobs_start_costs_the_job_no_statement_and_the_row_still_names_it(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 205: the row naming the running job is written by the beat thread, not on the
+    job's own connection (a round trip per job on the path of every session behind it);
+    /healthz still reads the job's session within moments."""
+    from django.test.utils import CaptureQueriesContext
+
+    beats = worker.WorkerHeartbeat(f"overhead-{uuid.uuid4().hex}", reconciling=False)
+    beats.start()
+    row = WorkerBeat.objects.filter(name=beats.name)
+    session = str(uuid.uuid4())
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            beats.job_started(session)
+        assert len(queries) == 0
+        assert wait_for(lambda: str(row.get().session_id) == session, 3.0)
     finally:
         beats.stop()
