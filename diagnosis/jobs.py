@@ -75,7 +75,7 @@ from diagnosis.models import (
     ToolCallStatus,
 )
 from scenarios_admin.airport import load_active_graph
-from scenarios_admin.models import ScenarioVersion, Topology
+from scenarios_admin.models import ProviderConfig, ScenarioVersion, Topology
 
 logger = logging.getLogger("diagnosis.jobs")
 PRODUCER = "agent"
@@ -515,8 +515,9 @@ def take_lease(session_id: Any, *, root: dict[str, Any] | None = None) -> Leased
     row = rows[0]
     leased = _session_row.from_row(row, connections["default"])
     # The statement's extra columns, after the session's.
-    root_id, topology_id, topology_updated_at = row[-3:]
+    root_id, topology_id, topology_updated_at, providers_stamp = row[-4:]
     leased.root_id = root_id  # type: ignore[attr-defined]
+    leased.providers_stamp = providers_stamp  # type: ignore[attr-defined]
     stamp = (topology_id, topology_updated_at) if topology_id is not None else None
     leased.topology_stamp = stamp  # type: ignore[attr-defined]
     return token, leased
@@ -557,7 +558,8 @@ def _lease_sql(connection: Any) -> tuple[str, list[Any]]:
 
 def _lease_and_root_sql(connection: Any) -> tuple[str, list[Any]]:
     """The lease, the root run's INSERT (its start and input snapshot: the statement's
-    values 6 and 7) and the active topology's stamp (ADR 178)."""
+    values 6 and 7), the active topology's stamp (ADR 178) and the provider configs'
+    (ADR 206)."""
     sql, params, columns = _lease_update(connection)
     quote = connection.ops.quote_name
     run, topology = AgentRun._meta, Topology._meta
@@ -577,9 +579,14 @@ def _lease_and_root_sql(connection: Any) -> tuple[str, list[Any]]:
         f"  FROM leased WHERE leased.{status} NOT IN ({ended}) RETURNING {quote('id')})"
         f" SELECT leased.*, (SELECT {quote('id')} FROM root) AS root_id,"
         f" stamp.{quote('id')} AS topology_id, stamp.{column(topology, 'updated_at')}"
-        f" AS topology_updated_at FROM leased LEFT JOIN (SELECT {quote('id')},"
+        f" AS topology_updated_at, providers.providers_stamp"
+        f" FROM leased LEFT JOIN (SELECT {quote('id')},"
         f" {column(topology, 'updated_at')} FROM {quote(topology.db_table)}"
-        f" WHERE {column(topology, 'is_active')} ORDER BY 1 LIMIT 1) stamp ON TRUE",
+        f" WHERE {column(topology, 'is_active')} ORDER BY 1 LIMIT 1) stamp ON TRUE"
+        # Every provider config row, whole, as one digest (ADR 206): any change to one
+        # changes it, so the job reads the configs only when they changed.
+        f" CROSS JOIN (SELECT md5(coalesce(string_agg(p::text, ',' ORDER BY p.{quote('id')}),"
+        f" '')) AS providers_stamp FROM {quote(ProviderConfig._meta.db_table)} p) providers",
         [
             *params,
             ROOT_AGENT,
@@ -1296,12 +1303,12 @@ def _advance_locked(
     definition = _definition(session)
     root_id = getattr(session, "root_id", None)
     if root_id is not None:
-        # The root run was inserted and the topology's stamp read with the lease (ADR
-        # 178): the provider configs are the one read left.
+        # The root run was inserted and the topology's and the provider configs' stamps
+        # read with the lease (ADR 178, 206): nothing else to read when neither changed.
         root = AgentRun(pk=root_id, session=session, agent_name=ROOT_AGENT)
         root._state.adding = False
         airport = load_active_graph(getattr(session, "topology_stamp", None))
-        providers = configured_providers()
+        providers = configured_providers(getattr(session, "providers_stamp", None))
     else:
         # What the job reads to start, and its root run: one transaction (ADR 156).
         with transaction.atomic():

@@ -81,15 +81,16 @@ SCRIPT: dict[str, Any] = {
 # (the answered row read once, the root run ended with the lease, the requests' keys and
 # the run ids read with the events' keys): 32; 28 with the root run inserted and the
 # topology's stamp read with the lease (ADR 178); 25 with the model request one fenced
-# statement, not a transaction of four (ADR 181). No margin, so that any of them coming
-# undone fails here.
-RESUME_TO_NEXT_MODEL_WAIT = 25
+# statement, not a transaction of four (ADR 181); 24 with the provider configs read only
+# when their stamp, read with the lease, changed (ADR 206). No margin, so that any of them
+# coming undone fails here.
+RESUME_TO_NEXT_MODEL_WAIT = 24
 # The job that ends at the human wait (the proposals, the R0 action's effect, the
 # approvals): 53 before its move to waiting_user was written with its last group and
 # its state not read again after the run (ADR 174), the root run ended with the lease
 # (ADR 175), the keys read in one statement (ADR 176), the root run inserted and the
-# topology's stamp read with the lease (ADR 178).
-RESUME_TO_FIRST_APPROVAL = 42
+# topology's stamp read with the lease (ADR 178), the provider configs' too (ADR 206).
+RESUME_TO_FIRST_APPROVAL = 41
 # The checkpointer's calls per such job: the state asked for twice (what the job waits
 # for, then the run) and read from the database once (ADR 184), one write at exit, no
 # prune (ADR 150).
@@ -439,3 +440,37 @@ def test_creating_a_session_with_its_opening_request_stays_within_budget(
     (lock,) = [i for i, sql in enumerate(sqls) if "pg_advisory_xact_lock" in sql]
     after = sqls[lock + 1 :]
     assert len(after) == 3 and "aero_auditlog" in after[1] and after[-1] == "COMMIT"
+
+
+def test_a_job_reads_the_provider_configs_only_when_one_changed(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    """ADR 206: the configs' stamp comes with the lease; a job whose stamp is the last
+    read's reads nothing, and any change to a config (an edit; one disabled by a bulk
+    update, which no `updated_at` records) is read by the next job."""
+    from diagnosis.agent.providers import OpenAICompatibleProvider, configured_providers
+    from scenarios_admin.models import ProviderConfig
+
+    config = fake_provider(fake_llm)
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+
+    def a_jobs_providers() -> tuple[list[str], int]:
+        taken = jobs.take_lease(str(session.pk), root={})
+        assert taken is not None
+        token, leased = taken
+        with CaptureQueriesContext(connection) as queries:
+            chain = configured_providers(leased.providers_stamp)  # type: ignore[attr-defined]
+        jobs.release_lease(str(session.pk), token)
+        models = [p.model for p in chain if isinstance(p, OpenAICompatibleProvider)]
+        return models, len(queries)
+
+    models, _ = a_jobs_providers()
+    assert models == [config.model]
+    assert a_jobs_providers() == ([config.model], 0)  # unchanged: nothing read
+    config.model = "fake-2"
+    config.save()
+    assert a_jobs_providers() == (["fake-2"], 1)
+    ProviderConfig.objects.filter(pk=config.pk).update(enabled=False)
+    assert a_jobs_providers() == ([], 1)

@@ -421,10 +421,30 @@ _enabled = Compiled(
 )
 
 
-def configured_providers() -> list[Provider]:
-    """Enabled providers by priority, always ending with the offline provider."""
+# The enabled configs as last read, under the stamp of every config row read with a job's
+# lease (ADR 206): (stamp, configs).
+_stamped: tuple[str, list[ProviderConfig]] | None = None
+_stamped_lock = threading.Lock()
+
+
+def configured_providers(stamp: str | None = None) -> list[Provider]:
+    """Enabled providers by priority, always ending with the offline provider. `stamp`:
+    a digest of every provider config row, read with the job's lease (ADR 206); the
+    same stamp as the last read's takes that read's rows, with no query. Any change to a
+    config (an edit, a new key, one enabled, disabled or deleted) changes the stamp."""
+    global _stamped
+    configs: list[ProviderConfig] | None = None
+    if stamp is not None:
+        with _stamped_lock:
+            if _stamped is not None and _stamped[0] == stamp:
+                configs = _stamped[1]
+    if configs is None:
+        configs = list(_enabled.rows())
+        if stamp is not None:
+            with _stamped_lock:
+                _stamped = (stamp, configs)
     chain: list[Provider] = []
-    for config in _enabled.rows():
+    for config in configs:
         if config.kind == ProviderKind.OPENAI:
             chain.append(OpenAICompatibleProvider(config))
     chain.append(OfflineProvider())
