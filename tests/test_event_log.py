@@ -190,7 +190,9 @@ def test_fallback_retry_and_rerun_never_duplicate_events_or_tokens(
     import diagnosis.agent.policy as policy_module
     import diagnosis.jobs as jobs_module
 
-    monkeypatch.setattr(jobs_module, "configured_providers", lambda: [Flaky(), Metered()])
+    monkeypatch.setattr(
+        jobs_module, "configured_providers", lambda stamp=None: [Flaky(), Metered()]
+    )
     original = policy_module.missing_p1
     crashes = {"left": settings.AERO_JOB_ATTEMPTS}
 
