@@ -23,7 +23,7 @@ from aero import metrics
 from aero.roles import VIEW_SESSIONS
 from api.auth import token_from_raw
 from api.presenters import envelope
-from diagnosis.consumers import hub
+from diagnosis.consumers import CHECK_ROUNDS, hub
 from diagnosis.models import Event, Session
 from diagnosis.push import register_server_loop, session_group
 
@@ -68,7 +68,7 @@ def pull(
     first, an event committed between the check and the read went out (CI caught one
     after a deactivation). When the roles changed, the events are read again under the
     roles now (their masks follow them), and checked again."""
-    for _ in range(3):
+    for _ in range(CHECK_ROUNDS):
         batch = events_after(session_id, after, viewer)
         checked, code = authenticate(raw, session_id)
         if checked is None:

@@ -303,13 +303,13 @@ def check_and_render(asks: list[Ask]) -> list[tuple[frozenset[str] | None, Updat
     ones (its masks and forms follow them), checked again; after CHECK_ROUNDS, closed."""
     pulls = [Pull(a.roles, a.session_id, a.after, a.composer_key, a.language) for a in asks]
     answers: list[tuple[frozenset[str] | None, Update | None]] = [(None, None)] * len(asks)
-    todo = list(range(len(asks)))
+    unsettled = list(range(len(asks)))
     for _ in range(CHECK_ROUNDS):
-        distinct = list(dict.fromkeys(pulls[i] for i in todo))
+        distinct = list(dict.fromkeys(pulls[i] for i in unsettled))
         updates = dict(zip(distinct, render_batch(distinct), strict=True))
-        found = current_roles({asks[i].user_id for i in todo if asks[i].user_id is not None})
+        found = current_roles({asks[i].user_id for i in unsettled if asks[i].user_id is not None})
         changed: list[int] = []
-        for i in todo:
+        for i in unsettled:
             roles = found.get(asks[i].user_id, frozenset())
             if not roles & set(VIEW_SESSIONS):
                 answers[i] = (None, None)
@@ -318,8 +318,8 @@ def check_and_render(asks: list[Ask]) -> list[tuple[frozenset[str] | None, Updat
                 changed.append(i)
             else:
                 answers[i] = (roles, updates[pulls[i]])
-        todo = changed
-        if not todo:
+        unsettled = changed
+        if not unsettled:
             break
     return answers
 

@@ -21,7 +21,7 @@ from diagnosis.agent.tools import (
     restriction_summary,
     stand_mismatch,
 )
-from diagnosis.models import Restriction
+from diagnosis.models import Restriction, SessionStatus
 
 TOOL_LABELS: dict[str, Promise] = {
     # response actions (scenarios_admin.definition.ACTION_TOOLS) and the lift
@@ -186,3 +186,8 @@ def step_summary_words(summary: Any) -> str:
             return plan[found["step"]]
         return gettext("report written")
     return text
+
+
+def status_words(code: Any) -> str:
+    """A session status in the reader's words (the code when it is none of SessionStatus)."""
+    return str(SessionStatus(code).label) if code in SessionStatus.values else str(code or "")

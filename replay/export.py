@@ -17,12 +17,13 @@ from django.utils.translation import gettext_lazy
 
 from diagnosis.chain import check_events
 from diagnosis.fold import FoldState, fold_events
-from diagnosis.models import Event, Session, SessionStatus
+from diagnosis.models import Event, Session
 from diagnosis.wording import (
     FSM_LABELS,
     NODE_LABELS,
     plain,
     stand_mismatch_text,
+    status_words,
     step_summary_words,
 )
 from replay import masking, presenters
@@ -100,11 +101,9 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
     if event_type == "agent.note":
         return str(p.get("text", ""))
     if event_type == "timeline.appended":
-        kind = TIMELINE_KINDS.get(str(p.get("kind")))
-        words = [str(kind) if kind is not None else str(p.get("kind") or "")]
-        text = " ".join(
-            w for w in (*words, *(str(p[k]) for k in ("by", "title", "note") if p.get(k))) if w
-        )
+        kind = TIMELINE_KINDS.get(str(p.get("kind")), p.get("kind") or "")
+        parts = [str(kind), *(str(p[k]) for k in ("by", "title", "note") if p.get(k))]
+        text = " ".join(part for part in parts if part)
         warning = stand_mismatch_text(p.get("enrichment")) if p.get("kind") == "enrichment" else ""
         return f"{text}: {warning}" if warning else text
     return ""
@@ -117,11 +116,6 @@ TIMELINE_KINDS: dict[str, Promise] = {
     "restriction_lifted": gettext_lazy("restriction lifted"),
     "alert": gettext_lazy("alert"),
 }
-
-
-def status_words(code: Any) -> str:
-    """A session status in the reader's words (the code when it is not one)."""
-    return str(SessionStatus(code).label) if code in SessionStatus.values else str(code or "")
 
 
 def args_text(args: Any) -> str:

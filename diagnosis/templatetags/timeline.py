@@ -28,6 +28,7 @@ from diagnosis.wording import (
     TOOL_LABELS,
     plain,
     stand_mismatch_text,
+    status_words,
     step_summary_words,
 )
 from diagnosis.wording import done_words as wording_done_words
@@ -325,9 +326,7 @@ def stand_mismatch(enrichment: Any) -> str:
 @register.filter
 def status_label(code: str) -> str:
     """A session's status in words (the code when it is none of SessionStatus)."""
-    from diagnosis.models import SessionStatus
-
-    return str(SessionStatus(code).label) if code in SessionStatus.values else str(code)
+    return status_words(code)
 
 
 @register.filter
