@@ -9,12 +9,17 @@ class DiagnosisConfig(AppConfig):
 
     def ready(self) -> None:
         from diagnosis.actions import resume_pending_lifts
-        from diagnosis.jobs import delete_ended_checkpoints, requeue_stalled_sessions
+        from diagnosis.jobs import (
+            delete_ended_checkpoints,
+            prune_waiting_checkpoints,
+            requeue_stalled_sessions,
+        )
         from diagnosis.llm_runner import prune_requests
         from diagnosis.maintenance import register
 
         register("requeue-stalled-sessions", requeue_stalled_sessions)
         register("delete-ended-checkpoints", delete_ended_checkpoints)
+        register("prune-waiting-checkpoints", prune_waiting_checkpoints)
         register("prune-llm-requests", prune_requests)
         # A lift has no session job to finish it: the web processes sweep too (ADR 115).
         register("resume-pending-lifts", resume_pending_lifts, web=True)

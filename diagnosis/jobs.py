@@ -1346,13 +1346,10 @@ def _advance_locked(
         with unfenced():  # the session may have ended: its lease is cleared
             if outcome == SessionStatus.COMPLETED:
                 graph.checkpointer.delete_thread(str(session_id))  # the log is the history
-            elif outcome == SessionStatus.WAITING_USER and context.origins not in ([], [""]):
-                # A thread whose first run just stopped at its first wait holds one
-                # checkpoint (saved at exit, ADR 85): nothing to prune. Not at a model
-                # wait (ADR 150): a session's few model waits add one checkpoint each, and
-                # its next human wait (or its end) prunes them all at once; a prune is
-                # several statements, each model wait's job paid them.
-                prune_checkpoints(graph.checkpointer, str(session_id))
+            # A waiting session's older checkpoints are not pruned here: a prune is ~16
+            # statements, on the path of every session queued behind this one; the
+            # maintenance loop prunes the threads that have waited a while
+            # (prune_waiting_checkpoints, ADR 207).
         return outcome, waiting
 
 
@@ -1367,6 +1364,56 @@ def prune_checkpoints(saver: BaseCheckpointSaver[Any], thread_id: str) -> None:
     except Exception:
         # A concurrent prune of the same thread: the next job's prune catches up.
         logger.warning("session %s: pruning its checkpoints failed", thread_id, exc_info=True)
+
+
+# A waiting session is pruned once it has waited this long: one that an approver answers
+# at once is resumed, not pruned, and its checkpoints go at a later wait or its end.
+PRUNE_AFTER_SECONDS = 30
+# Threads per pass: a backlog (after a burst) goes over a few passes.
+PRUNE_BATCH = 100
+# One sweeper at a time across the workers (a session-level advisory lock): two passes
+# would prune the same threads.
+_PRUNE_LOCK = 0x4145524F_0207  # "AERO", ADR 207
+_last_prune_sweep = -1e9
+
+
+def prune_waiting_checkpoints(
+    *, waited: float = PRUNE_AFTER_SECONDS, every: float = 60.0, batch: int = PRUNE_BATCH
+) -> int:
+    """Periodic (the maintenance loop, at most once per `every` seconds per process): keep
+    only the latest checkpoint (what the next job resumes from) of each session that has
+    waited for a person for `waited` seconds, holds no live lease and has more than one.
+    Its model waits added one checkpoint each; the event log is the history (ADR 103).
+    The job that stopped at the wait used to prune them itself, ~16 statements on the
+    path of every session behind it (ADR 207). Returns the threads pruned."""
+    global _last_prune_sweep
+    if connection.vendor != "postgresql" or time.monotonic() - _last_prune_sweep < every:
+        return 0
+    _last_prune_sweep = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('checkpoints') IS NOT NULL")
+        if not cursor.fetchone()[0]:
+            return 0
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_PRUNE_LOCK])
+        if not cursor.fetchone()[0]:
+            return 0  # another process's pass is under way
+        try:
+            cursor.execute(
+                "SELECT s.id::text FROM diagnosis_session s"
+                " WHERE s.status = %s AND s.updated_at < now() - make_interval(secs => %s)"
+                " AND (s.lease_token IS NULL OR s.lease_expires_at < now())"
+                " AND (SELECT count(*) FROM checkpoints c"
+                "      WHERE c.thread_id = s.id::text AND c.checkpoint_ns = '') > 1"
+                " ORDER BY s.updated_at LIMIT %s",
+                [SessionStatus.WAITING_USER, waited, batch],
+            )
+            threads = [row[0] for row in cursor.fetchall()]
+            saver = agent_graph().checkpointer
+            for thread_id in threads:
+                prune_checkpoints(saver, thread_id)
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_PRUNE_LOCK])
+    return len(threads)
 
 
 _last_checkpoint_sweep = -1e9
@@ -1444,7 +1491,6 @@ def _drive(
             step_group(context).defer_status(status, SessionStatus.RUNNING, PRODUCER)
             status = SessionStatus.RUNNING
         context.origin = str(snapshot.config["configurable"].get("checkpoint_id") or "")
-        context.origins.append(context.origin)
         try:
             # Checkpointed when the graph exits (an interrupt, the end, an error), not
             # after every step: the events are the history, and a step's keys do not

@@ -233,7 +233,16 @@ class WorkerHeartbeat:
             logger.warning("worker %s: could not remove its heartbeat row", self.name)
 
 
+# rq beats its worker key around every job: after it, before the suspension check, before
+# and after each dequeue, each beat three round trips (ADR 207). A beat that sets the TTL
+# the last one set, this soon after it, is skipped: the key still has over worker_ttl +
+# 55 s to live, and a dequeue blocks for at most worker_ttl - 15 s.
+REDIS_BEAT_SECONDS = 5.0
+
+
 class AeroWorker(SimpleWorker):
+    _redis_beat: tuple[int, float] = (0, -1e9)  # (the TTL it set, when)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("maintenance_interval", settings.AERO_RECONCILE_SECONDS)
         # The maintenance check runs between dequeues, which block for worker_ttl - 15 s.
@@ -291,6 +300,30 @@ class AeroWorker(SimpleWorker):
             super().execute_job(job, queue)
         finally:
             self.beats.job_ended()  # written once the worker stays idle (ADR 168)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """rq's worker beat (its key's TTL), in one round trip and not again within
+        REDIS_BEAT_SECONDS unless the TTL changes (a job's start sets a longer one, its
+        end the usual one again)."""
+        ttl = timeout or self.worker_ttl + 60
+        if pipeline is not None:
+            super().heartbeat(ttl, pipeline=pipeline)  # sent with the caller's commands
+        elif self._redis_beat[0] == ttl and time.monotonic() - self._redis_beat[1] < (
+            REDIS_BEAT_SECONDS
+        ):
+            return
+        else:
+            with self.connection.pipeline(transaction=False) as beat:
+                super().heartbeat(ttl, pipeline=beat)
+                beat.execute()
+        self._redis_beat = (ttl, time.monotonic())
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        # rq sets "idle" after each job and again before each dequeue: only this worker
+        # writes its state, so the same state is not written twice (a round trip each).
+        if pipeline is None and state == self._state:
+            return
+        super().set_state(state, pipeline=pipeline)
 
     def run_maintenance_tasks(self) -> None:
         # rq's registry cleaning only: AERO's periodic tasks run in the heartbeat thread.

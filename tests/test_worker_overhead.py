@@ -6,12 +6,16 @@ worker stayed idle, not between two jobs that follow each other."""
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import django_rq
 import pytest
+import redis
+from django.conf import settings
 from django.db import close_old_connections, connection, connections
 
 from diagnosis import conn_health, jobs, worker
@@ -186,3 +190,44 @@ def test_a_jobs_start_costs_the_job_no_statement_and_the_row_still_names_it(
         assert wait_for(lambda: str(row.get().session_id) == session, 3.0)
     finally:
         beats.stop()
+
+
+# Where each job of the test below starts: the worker's Redis sends so far.
+_sends_at_start: list[int] = []
+_sends: list[bytes] = []
+
+
+def noop_job(session_id: str) -> None:
+    """A job that does nothing: what rq itself pays around it is what is left."""
+    _sends_at_start.append(len(_sends))
+
+
+def test_rq_pays_few_redis_round_trips_between_two_jobs(
+    transactional_db: None, clean_queue: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 207: rq beat the worker's key four times around each job (three round trips
+    each, unless in a pipeline) and set its state to "idle" twice: 20 round trips from
+    one job's start to the next one's, each on the path of every session queued behind.
+    A beat is one round trip, skipped when the last one set the same TTL moments ago; an
+    unchanged state is not written again."""
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    for _ in range(6):
+        queue.enqueue(noop_job, str(uuid.uuid4()))
+    _sends_at_start.clear()
+    _sends.clear()
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def send(self: Any, command: Any, check_health: bool = True) -> None:
+        _sends.append(command)  # one request: a command, or a pipeline's all at once
+        original(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", send)
+    assert worker.AeroWorker([queue], connection=queue.connection).work(burst=True)
+
+    assert len(_sends_at_start) == 6
+    between = [b - a for a, b in itertools.pairwise(_sends_at_start)]
+    # The start (the execution, the job "started"), the job's last beat, its end (a
+    # WATCH, a read of its dependents, a transaction), the state back to idle, the
+    # worker's beat back at the usual TTL, the suspension check (with a beat), the
+    # dequeue and the next job's read: 11 (was 20).
+    assert max(between) <= 11, between

@@ -18,7 +18,7 @@ from django.db import connection
 
 from diagnosis.actions import do_answer, do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
-from diagnosis.jobs import stalled_sessions
+from diagnosis.jobs import prune_waiting_checkpoints, stalled_sessions
 from diagnosis.models import AgentRun, Event, LLMCall, Session, ToolCall, WorkerBeat
 from scenarios_admin.models import ProviderConfig, Scenario
 from tests.llm_helpers import fake_llm, fake_provider  # noqa: F401  (fixture)
@@ -89,7 +89,10 @@ def test_resume_in_a_different_process(
     )
     assert completed["input_parser"] == 2  # the message, then the answer
 
-    # Waiting, the session keeps one checkpoint (the one job 3 resumes from): pruned.
+    # Waiting, once it has waited a while, the maintenance loop keeps one checkpoint
+    # (the one job 3 resumes from, ADR 207).
+    Session.objects.filter(pk=session.pk).update(updated_at=session.updated_at.replace(year=2000))
+    assert prune_waiting_checkpoints(every=0) == 1
     assert checkpoints(session) == 1
 
     # Job 3, after the approvals: the enrichment, risk and impact steps of job 2 (a

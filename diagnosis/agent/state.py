@@ -53,7 +53,6 @@ class AgentContext:
     # checkpoints written only when the graph exits (ADR 85), a re-run after a crash
     # starts from it again, so it and the step number name a step across runs.
     origin: str = ""
-    origins: list[str] = field(default_factory=list)  # of every invocation of this job
     # The steps between two waits write as one transaction (ADR 145): opened by the
     # first step, committed before the run can exit.
     group: StepGroup | None = None
