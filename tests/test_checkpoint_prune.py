@@ -6,6 +6,7 @@ wait."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -94,7 +95,6 @@ def test_the_job_that_stops_at_a_wait_leaves_the_prune_to_the_maintenance_loop(
     assert checkpoints(session) == 1  # the one the next job resumes from
 
     # The next job resumes from it: nothing done before runs again.
-    requests = len(fake_llm.requests)
     approve_everything(session, make_user("abel", "approver"))
     drive(session)
     session.refresh_from_db()
@@ -102,9 +102,11 @@ def test_the_job_that_stops_at_a_wait_leaves_the_prune_to_the_maintenance_loop(
     types = Counter(Event.objects.filter(session=session).values_list("type", flat=True))
     assert types["risk.assessed"] == 1 and types["impact.analyzed"] == 1
     assert types["fields.extracted"] == 1
-    # Every model call was made once: none repeated after the prune.
+    # Every model call was made once: none repeated after the prune (a repeated call
+    # would send the same conversation again).
     assert LLMCall.objects.filter(session=session, purpose="extract").count() == 1
-    assert len(fake_llm.requests) >= requests
+    sent = [json.dumps(r["body"]["messages"], sort_keys=True) for r in fake_llm.requests]
+    assert len(sent) >= 3 and len(sent) == len(set(sent))
     assert ToolCall.objects.filter(session=session, tool_name="assess_risk").count() == 1
     calls = ToolCall.objects.filter(session=session)
     assert calls.count() == len(set(calls.values_list("call_id", flat=True)))
