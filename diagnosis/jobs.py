@@ -1374,7 +1374,23 @@ PRUNE_BATCH = 100
 # One sweeper at a time across the workers (a session-level advisory lock): two passes
 # would prune the same threads.
 _PRUNE_LOCK = 0x4145524F_0207  # "AERO", ADR 207
-_last_prune_sweep = -1e9
+# When each checkpoint sweep last ran in this process, by name.
+_last_sweeps: dict[str, float] = {}
+
+
+def _checkpoint_sweep_due(name: str, every: float) -> bool:
+    """Whether the periodic checkpoint sweep `name` runs now: on PostgreSQL (the SQLite
+    saver keeps its history), at most once per `every` seconds per process (the
+    reconciler's loop runs every few seconds), with the saver's tables created. Marks it
+    run."""
+    if connection.vendor != "postgresql":
+        return False
+    if time.monotonic() - _last_sweeps.get(name, -1e9) < every:
+        return False
+    _last_sweeps[name] = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('checkpoints') IS NOT NULL")
+        return bool(cursor.fetchone()[0])
 
 
 def prune_waiting_checkpoints(
@@ -1386,14 +1402,9 @@ def prune_waiting_checkpoints(
     Its model waits added one checkpoint each; the event log is the history (ADR 103).
     The job that stopped at the wait used to prune them itself, ~16 statements on the
     path of every session behind it (ADR 207). Returns the threads pruned."""
-    global _last_prune_sweep
-    if connection.vendor != "postgresql" or time.monotonic() - _last_prune_sweep < every:
+    if not _checkpoint_sweep_due("prune-waiting", every):
         return 0
-    _last_prune_sweep = time.monotonic()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass('checkpoints') IS NOT NULL")
-        if not cursor.fetchone()[0]:
-            return 0
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [_PRUNE_LOCK])
         if not cursor.fetchone()[0]:
             return 0  # another process's pass is under way
@@ -1416,22 +1427,14 @@ def prune_waiting_checkpoints(
     return len(threads)
 
 
-_last_checkpoint_sweep = -1e9
-
-
 def delete_ended_checkpoints() -> int:
     """Periodic: delete the checkpoints of completed and canceled sessions (a canceled
     session's job may never run again to delete its own). Failed sessions keep theirs:
     a retry resumes from it. At most once a minute per process (the reconciler's loop
     runs every few seconds)."""
-    global _last_checkpoint_sweep
-    if connection.vendor != "postgresql" or time.monotonic() - _last_checkpoint_sweep < 60:
+    if not _checkpoint_sweep_due("delete-ended", 60):
         return 0
-    _last_checkpoint_sweep = time.monotonic()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass('checkpoints') IS NOT NULL")
-        if not cursor.fetchone()[0]:
-            return 0
         cursor.execute(
             "SELECT DISTINCT c.thread_id FROM checkpoints c JOIN diagnosis_session s"
             " ON s.id::text = c.thread_id WHERE s.status IN (%s, %s)",

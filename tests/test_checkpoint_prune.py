@@ -76,7 +76,7 @@ def waiting_session(
 @pytest.fixture(autouse=True)
 def every_pass_due(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with the once-a-minute pass due."""
-    monkeypatch.setattr(jobs, "_last_prune_sweep", -1e9)
+    monkeypatch.setattr(jobs, "_last_sweeps", {})
 
 
 def test_the_job_that_stops_at_a_wait_leaves_the_prune_to_the_maintenance_loop(
@@ -90,7 +90,7 @@ def test_the_job_that_stops_at_a_wait_leaves_the_prune_to_the_maintenance_loop(
     assert checkpoints(session) == 4
 
     waited(session, jobs.PRUNE_AFTER_SECONDS + 1)
-    jobs._last_prune_sweep = -1e9
+    jobs._last_sweeps.clear()
     run_periodic_tasks()
     assert checkpoints(session) == 1  # the one the next job resumes from
 
@@ -184,3 +184,21 @@ def test_a_pass_takes_the_longest_waiting_sessions_first_up_to_its_batch(
     assert (checkpoints(first), checkpoints(second)) == (4, 1)
     assert jobs.prune_waiting_checkpoints(every=0, batch=1) == 1
     assert (checkpoints(first), checkpoints(second)) == (1, 1)
+
+
+def test_the_loop_deletes_the_checkpoints_of_canceled_sessions_and_keeps_failed_ones(
+    waiting_session: Session,
+) -> None:
+    """The other checkpoint sweep (ADR 103), which shares the once-a-minute gate: a
+    canceled session's job may never run again to delete its own; a failed session keeps
+    its checkpoints for a retry."""
+    session = waiting_session
+    Session.objects.filter(pk=session.pk).update(status=SessionStatus.FAILED)
+    assert jobs.delete_ended_checkpoints() == 0
+    assert checkpoints(session) == 4
+    Session.objects.filter(pk=session.pk).update(status=SessionStatus.CANCELED)
+    assert jobs.delete_ended_checkpoints() == 0  # within the minute: not even a look
+    assert checkpoints(session) == 4
+    jobs._last_sweeps.clear()
+    assert jobs.delete_ended_checkpoints() == 1
+    assert checkpoints(session) == 0
