@@ -45,8 +45,8 @@ from rq.worker import SimpleWorker
 import diagnosis.agent.graph  # noqa: F401  (import langgraph once, at start)
 from aero.compiled import Arg, CompiledUpdate
 from diagnosis import shutdown
-from diagnosis.agent.providers import warm_up
 from diagnosis.conn_health import check_django_connections
+from diagnosis.jobs import warm_up_worker
 from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import WorkerBeat
 
@@ -258,9 +258,9 @@ class AeroWorker(SimpleWorker):
         # discarded") at AERO's level, not INFO: with AERO_LOG_LEVEL=WARNING a worker
         # formatted and wrote them for every job (ADR 168).
         kwargs.setdefault("logging_level", logging.getLogger("diagnosis").getEffectiveLevel())
-        # Before the first beat says the worker is up: the model client's import and
-        # clients, which the first ReAct step paid for otherwise (ADR 183).
-        warm_up()
+        # Before the first beat says the worker is up: the model clients, the agent graph
+        # and its checkpointer, which the first job paid for otherwise (ADR 183, 208).
+        warm_up_worker()
         self.beats.start()
         # With its first reconcile pass done: the fault suite's per-kill timeline reads
         # when replaced workers became able to pick sessions up.

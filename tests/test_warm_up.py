@@ -17,9 +17,11 @@ import pytest
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from diagnosis import llm_runner
+from diagnosis import jobs, llm_runner
 from diagnosis.agent import providers
 from diagnosis.worker import AeroWorker, WorkerHeartbeat
+from scenarios_admin import airport
+from scenarios_admin.airport import forget_cached_graph
 from scenarios_admin.models import ProviderConfig
 from tests.servers import ROOT
 
@@ -89,6 +91,48 @@ def test_a_worker_has_its_model_client_before_its_first_beat(
 
     assert len(at_first_beat) == 1 and len(at_first_beat[0]) == 1
     assert providers.client_for(config) is at_first_beat[0][0]
+
+
+@pytest.mark.services
+def test_a_worker_has_its_agent_graph_and_airport_before_its_first_beat(
+    builtin: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 208: the first job after a start found neither, and paid ~0.4 s for them with
+    every new session queued behind it."""
+    jobs.close_agent_runtime()
+    forget_cached_graph()
+    at_first_beat: list[tuple[bool, bool]] = []
+    start = WorkerHeartbeat.start
+
+    def first_beat(self: WorkerHeartbeat) -> None:
+        at_first_beat.append((jobs._runtime is not None, "active" in airport._graph_cache))
+        start(self)
+
+    monkeypatch.setattr(WorkerHeartbeat, "start", first_beat)
+    queue = django_rq.get_queue(settings.AERO_QUEUE)
+    try:
+        AeroWorker([queue], connection=queue.connection).work(burst=True)
+        graph = jobs._runtime.graph if jobs._runtime else None
+        # What the first job asks for is what the warm-up built: nothing built again.
+        assert graph is not None and jobs.agent_graph() is graph
+    finally:
+        jobs.close_agent_runtime()
+
+    assert at_first_beat == [(True, True)]
+
+
+def test_a_worker_starts_when_its_agent_graph_cannot_be_built_yet(
+    db: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker started before the migrations: it says so and its first job builds the
+    graph."""
+
+    def unbuildable() -> None:
+        raise DatabaseError('relation "checkpoints" does not exist')
+
+    monkeypatch.setattr(jobs, "agent_graph", unbuildable)
+    jobs.warm_up_worker()
+    assert "warm-up: the agent or airport graph is not ready yet" in caplog.text
 
 
 @pytest.mark.services
