@@ -77,8 +77,9 @@ def test_create_answer_approve_and_read_the_report(
                     approver.wait_for_function(stepped, arg=[approval_id, label], timeout=8000)
                     break
                 except PlaywrightTimeout:
-                    # Still as it was on the server too: a live update replaced the form as
-                    # it was clicked and the click reached none. An approver clicks again.
+                    # Still as it was on the server too: a live update moved the form after
+                    # Playwright found the button and before it pressed (a push between the
+                    # press and the release waits: aero.js). An approver clicks again.
                     # Otherwise the decision was taken and the page is only late.
                     if Approval.objects.get(pk=approval_id).status != status:
                         break

@@ -14,7 +14,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from approvals.actions import do_resolve_todo, do_timeout
 from approvals.models import ManualTodo
-from diagnosis.models import Session
+from diagnosis.models import Event, Session
 from tests.browser_helpers import ARTIFACTS, sign_in
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, make_session, waiting_session
 
@@ -117,6 +117,43 @@ def test_a_push_never_costs_an_approver_their_open_edit(
     expect(card.locator("input[name=arg-taxiway]")).to_have_value("C")
     expect(card.locator("input[name=edit_reason]")).to_have_value("A is the stand's only way out")
     expect(card.locator("input[name=reason]")).to_have_value("half-typed")
+
+
+def test_a_decision_pressed_as_a_push_arrives_is_taken(
+    builtin: None, asgi_server: str, browser: Browser, make_user: Callable[..., User]
+) -> None:
+    """A push that re-rendered the queue between the press and the release of "Approve"
+    replaced the button, and the click reached nothing (seen in CI: the decision was not
+    taken, the approver had to notice and click again). The push waits for the release."""
+    olga = make_user("olga", "operator")
+    abel = make_user("abel", "approver")
+    session = waiting_session(olga, STAND_FUEL_LEAK)
+    closure = approval_for(session, "close_taxiway", taxiway="A")
+    page = sign_in(browser, asgi_server, abel)
+    page.goto(f"{asgi_server}/approvals/")
+    items = page.locator("#approval-queue article.queue-item")
+    expect(items).to_have_count(5)
+    card = page.locator(f"#approval-{closure.pk}")
+    card.locator("input[name=reason]").fill("crew on scene confirms")
+    box = card.locator("button[value=approve]").bounding_box()
+    assert box is not None
+
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    waiting_session(olga, STAND_FUEL_LEAK)  # a push re-renders the whole queue
+    page.wait_for_selector("body[data-live-held]", state="attached")
+    expect(items).to_have_count(5)  # held while the button is pressed
+    page.mouse.up()
+
+    # The press was a click: the first approval is recorded, with the typed reason.
+    expect(page.locator(f"#approval-{closure.pk} button[value=confirm]")).to_be_visible()
+    closure.refresh_from_db()
+    assert (closure.status, closure.first_approved_by) == ("confirming", abel)
+    first = Event.objects.get(session=session, type="approval.first_approved")
+    assert first.payload["reason"] == "crew on scene confirms"
+    # And the push that waited is on the page.
+    expect(items).to_have_count(10)
+    expect(page.locator("body[data-live-held]")).to_have_count(0)
 
 
 def test_the_queue_filter_survives_a_push(

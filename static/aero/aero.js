@@ -13,6 +13,46 @@
     if (list) { list.scrollTop = list.scrollHeight; }
   }
 
+  var sockets = {};  // each live region's socket by its path: a held message goes back to it
+  var pressed = false, replaying = false, held = [], pressTimer = null;
+  var HOLD_MS = 3000;
+
+  function replayHeld() {
+    var messages = held;
+    held = [];
+    document.body.removeAttribute("data-live-held");
+    replaying = true;
+    try {
+      messages.forEach(function (item) {
+        var socket = sockets[item.path];
+        // Through the socket's own listeners: the ws extension swaps it as it came.
+        if (socket) { socket.dispatchEvent(new MessageEvent("message", {data: item.message})); }
+      });
+    } finally {
+      replaying = false;
+    }
+  }
+  function pressStart(event) {
+    var el = event.target;
+    if (!(el instanceof Element) || !el.closest("button, input[type=submit], a[href], summary, label")) { return; }
+    if (event.type === "keydown" && event.key !== " ") { return; }  // Enter clicks on keydown
+    pressed = true;
+    clearTimeout(pressTimer);
+    pressTimer = setTimeout(pressEnd, HOLD_MS);
+  }
+  function pressEnd(event) {
+    if (!pressed || (event && event.type === "keyup" && event.key !== " ")) { return; }
+    clearTimeout(pressTimer);
+    // The click is dispatched right after the release, before this timer fires.
+    setTimeout(function () { pressed = false; replayHeld(); }, 0);
+  }
+  document.addEventListener("pointerdown", pressStart, true);
+  document.addEventListener("keydown", pressStart, true);
+  ["pointerup", "pointercancel", "keyup"].forEach(function (type) {
+    document.addEventListener(type, pressEnd, true);
+  });
+  window.addEventListener("blur", pressEnd);
+
   function install() {
     showNewest();
     if (!window.htmx) { return; }
@@ -24,8 +64,24 @@
       if (seq !== null) { target.searchParams.set("last_seq", seq); }
       var composer = document.getElementById("session-composer");
       if (composer) { target.searchParams.set("composer", composer.getAttribute("data-key") || ""); }
-      return new WebSocket(target.toString(), []);
+      var socket = new WebSocket(target.toString(), []);
+      sockets[target.pathname] = socket;
+      return socket;
     };
+    // A click is a press and a release on the same element. A pushed fragment that
+    // replaced the button in between (an approver pressing "Approve" as someone else's
+    // decision re-rendered the actions) swallowed the click: nothing was decided. While
+    // a press on a control lasts, pushed messages wait; once the release's click has
+    // run, they are applied in the order they came. A press held longer than a click
+    // (a drag, a pointer that left the window) lets them through after HOLD_MS.
+    document.body.addEventListener("htmx:wsBeforeMessage", function (event) {
+      if (!pressed || replaying) { return; }
+      var source = event.target instanceof Element && event.target.getAttribute("ws-connect");
+      if (!source) { return; }
+      event.preventDefault();
+      held.push({path: new URL(source, window.location.href).pathname, message: event.detail.message});
+      document.body.setAttribute("data-live-held", String(held.length));
+    });
     // A pushed fragment may replace a form someone is working in (a reason for a
     // decision, an argument edit): keep what was typed, which editor was open and where
     // the caret was across the swap, so a live update never costs an approver their work.
