@@ -227,8 +227,10 @@ _MD_SPECIAL = re.compile(r"([\\`*\[\]|#!{}>]|(?<![^\W_])_|_(?![^\W_]))")
 # "<" has no backslash escape in Python-Markdown: the entity shows it as typed and no
 # autolink or tag can start.
 _MD_LT = re.compile(r"<")
-# At the start of a line these make lists or setext headings; the value may start one.
-_MD_LINE_START = re.compile(r"^(\s*|\s*\d+)([-+]|(?<=\d)[.)])")
+# At the start of a line these make lists, rules or setext headings; the value may start
+# one. Only "-"/"+" after spaces, or "." / ")" after digits: "2026-11-25" and a session's
+# id ("85533151-3817-...") start no list and stay as typed in the export.
+_MD_LINE_START = re.compile(r"^(\s*)([-+])|^(\s*\d+)([.)])")
 _MD_SETEXT = re.compile(r"^(\s*)=")
 # An entity reference would display as the character it names, not as typed.
 _MD_ENTITY = re.compile(r"&(?=#?\w+;)")
@@ -257,7 +259,12 @@ def _escape_line(line: str) -> str:
     line = _MD_SPECIAL.sub(r"\\\1", line)
     line = _MD_LT.sub("&lt;", line)
     line = _MD_SETEXT.sub(r"\1&#61;", line)
-    return _MD_LINE_START.sub(r"\1\\\2", line)
+    return _MD_LINE_START.sub(_escape_marker, line)
+
+
+def _escape_marker(match: re.Match[str]) -> str:
+    lead, marker = (match[1], match[2]) if match[2] else (match[3], match[4])
+    return f"{lead}\\{marker}"
 
 
 class MdText(str):

@@ -65,7 +65,10 @@ def test_md_cell_keeps_user_text_inside_its_table_cell() -> None:
         ("<http://evil.example/>", "<a"),
         ("**bold** _em_ `code`", "<strong"),
         ("1. not a list", "<ol"),
+        ("2) not a list", "<ol"),
         ("- not a list", "<ul"),
+        ("+ not a list", "<ul"),
+        ("---", "<hr"),
         ("> not a quote", "<blockquote"),
     ],
 )
@@ -82,6 +85,9 @@ def test_md_escape_leaves_plain_identifiers_readable() -> None:
     assert md_cell("invoice\u202egnp.exe") == "invoice\\[U+202E\\]gnp.exe"
     assert md_escape("a\nb") == "a\nb"
     assert md_cell("a\r\nb") == "a b"
+    # Digits then a hyphen start no list: dates and ids in the export read as typed.
+    assert md_cell("2026-11-25 10:40") == "2026-11-25 10:40"
+    assert md_cell("85533151-3817-4d0d") == "85533151-3817-4d0d"
 
 
 @pytest.mark.parametrize(
