@@ -13,11 +13,15 @@ from django.contrib.auth.models import User
 
 from diagnosis.actions import do_answer, do_create_session
 from diagnosis.agent.extraction import extract_fields
+from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.agent.grounding import Claim, confirmation_answer, find_quote, ground, settle
-from diagnosis.models import Event, Session
+from diagnosis.models import Event, LLMCall, Session
 from scenarios_admin.builtin import DATA_DIR, read_yaml
 from scenarios_admin.models import Scenario
 from tests.builtin_data import demo_graph, oil_spill
+from tests.llm_helpers import fake_llm, fake_provider
+
+__all__ = ["fake_llm"]  # the fixture
 
 
 def grounded(text: str, claims: dict[str, Claim]) -> dict[str, tuple[Any, bool]]:
@@ -56,7 +60,21 @@ def test_a_value_the_synonyms_tie_to_the_text_counts() -> None:
     assert (found["flight_no"].value, found["flight_no"].confirmed) == ("CA1234", True)
 
 
-def test_a_quote_that_exists_in_the_text_counts() -> None:
+def test_a_quote_that_exists_and_states_the_value_counts() -> None:
+    # "ca 1234": no synonym reads it (the space), the model's quote states it.
+    found = ground(
+        oil_spill(),
+        "flight ca 1234 leaking fuel",
+        demo_graph(),
+        {"flight_no": Claim("CA1234", "CA 1234")},
+    )
+    assert (found["flight_no"].value, found["flight_no"].evidence) == ("CA1234", "ca 1234")
+    assert found["flight_no"].confirmed
+
+
+def test_a_quote_for_a_choice_is_put_to_the_operator_with_the_quote() -> None:
+    """Words exist, but what they mean is the model's reading: no synonym ties "spooled
+    down" to STOPPED, so the operator confirms it, shown the words it came from."""
     text = "MU5678 at stand 101, both engines spooled down"
     found = ground(
         oil_spill(),
@@ -64,8 +82,26 @@ def test_a_quote_that_exists_in_the_text_counts() -> None:
         demo_graph(),
         {"engine_status": Claim("STOPPED", "Engines  spooled down")},
     )
-    assert found["engine_status"].confirmed
+    assert not found["engine_status"].confirmed
     assert found["engine_status"].evidence == "engines spooled down"  # as the operator wrote it
+
+
+def test_a_word_of_the_text_does_not_make_a_choice_true() -> None:
+    """The live defect by the model's path: after the engine question, "仍在" (or "在")
+    of "发动机仍在运转" quoted as a continuing leak; and "泄漏" (any leak) for one."""
+    for quote in ("仍在", "在", "发动机仍在运转"):
+        found = ground(
+            oil_spill(),
+            "发动机仍在运转",
+            demo_graph(),
+            {"engine_status": Claim("RUNNING", "运转"), "continuous": Claim(True, quote)},
+            "engine_status",
+        )
+        assert (found["engine_status"].value, found["engine_status"].confirmed) == ("RUNNING", True)
+        assert (found["continuous"].value, found["continuous"].confirmed) == (True, False), quote
+    assert grounded("CA1234 在105机位燃油泄漏", {"continuous": Claim(True, "泄漏")}) == {
+        "continuous": (True, False)
+    }
 
 
 def test_invented_values_are_not_confirmed() -> None:
@@ -201,6 +237,56 @@ def test_engine_answer_does_not_settle_the_leak(
     assert session.snapshot["fields"]["continuous"] is False
     assert session.snapshot["evidence"]["continuous"] == "denied: 否"
     assert session.snapshot["risk"]["rule"] == "OS-03"
+
+
+@pytest.mark.services
+def test_the_models_reading_of_the_engine_answer_does_not_settle_the_leak(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    settings: Any,
+) -> None:
+    """The same defect through a scripted model over HTTP: it reads the engine answer as
+    a continuing leak too, quoting "仍在". The operator is asked; "否" gives OS-03."""
+    settings.AERO_LLM_REACT = False  # extraction only: the reasoning is not under test
+    fake_llm.set_script(
+        {
+            "rules": [
+                {
+                    "match": {"last_user": "105机位"},
+                    "json": {
+                        "flight_no": {"value": "CA1234", "quote": "CA1234"},
+                        "position": {"value": "105", "quote": "105机位"},
+                        "fluid_type": {"value": "FUEL", "quote": "燃油"},
+                    },
+                },
+                {
+                    "match": {"last_user": "发动机仍在运转"},
+                    "json": {
+                        "engine_status": {"value": "RUNNING", "quote": "运转"},
+                        "continuous": {"value": True, "quote": "仍在"},
+                    },
+                },
+                {"json": {}},
+            ]
+        }
+    )
+    fake_provider(fake_llm)
+    session = start(make_user, "CA1234 在105机位燃油泄漏")
+    assert session.snapshot["question"]["field"] == "engine_status"
+
+    session = answer(session, "发动机仍在运转")
+    assert session.snapshot["fields"]["engine_status"] == "RUNNING"
+    assert session.snapshot["fields"].get("continuous") is None
+    assert not session.snapshot.get("risk")
+    question = session.snapshot["question"]
+    assert question["field"] == "continuous"
+    assert question["text"].startswith("请确认：我从“仍在”推断是否持续泄漏为“持续泄漏”")
+
+    session = answer(session, "否")
+    assert session.snapshot["fields"]["continuous"] is False
+    assert session.snapshot["risk"]["rule"] == "OS-03"
+    assert LLMCall.objects.filter(session=session, status="ok").count() == 3
 
 
 @pytest.mark.services

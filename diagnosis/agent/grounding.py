@@ -3,10 +3,14 @@
 A model's value for a field is accepted (confirmed) when
 - the scenario's synonyms tie a span of the text to that same value (the offline
   extractor reads the same value, not as an ambiguous reading), or
-- the model's quote occurs in the text and is not a span that already evidences another
-  field (a span that evidences one field must not silently evidence another), nor a
-  synonym of this field that the text denies or doubts ("没有关车": the model may read
-  it either way; the operator says which).
+- for a value the words themselves state (a flight, a position, a number, free text):
+  the model's quote occurs in the text, states that value, and is not a span that
+  already evidences another field (a span that evidences one field must not silently
+  evidence another), nor a synonym of this field that the text denies or doubts.
+A quote for a choice (an enum or a yes/no) proves only that the words exist, not what
+they mean: "发动机仍在运转" quoted as "仍在" (the engine's words) or "泄漏" (any leak)
+"stated" a continuing leak. Such a value counts only when the synonyms tie it; with a
+quote of its own it is put to the operator with that quote (ADR 211).
 Anything else is a claim without evidence: a P1 value is put to the operator as a
 confirmation question (the agent's input parser keeps it pending), a P2 value is dropped.
 Either way an invented fact never reaches the risk rules.
@@ -20,6 +24,9 @@ from typing import Any
 
 from diagnosis.agent.extraction import NO, YES, Extraction, extract_fields
 from scenarios_admin.airport import AirportGraph
+
+# Field types whose value a quote can be checked to state: the value is in the words.
+STATED_TYPES = frozenset({"flight_no", "position", "number", "text"})
 
 
 @dataclass(frozen=True)
@@ -101,13 +108,13 @@ def ground(
             continue
         span = find_quote(text, claim.quote)
         quoted = text[span[0] : span[1]] if span else ""
-        if span and not (known is not None and known.confirmed):
+        if span and spec["type"] in STATED_TYPES and not (known is not None and known.confirmed):
             overlaps = [
                 other
                 for other, (start, end) in other_spans.items()
                 if other != name and start < span[1] and span[0] < end
             ]
-            states_value = spec["type"] not in ("flight_no", "position", "number") or (
+            states_value = spec["type"] == "text" or (
                 str(claim.value).replace(" ", "").lower() in quoted.replace(" ", "").lower()
             )
             in_doubt = any(start < span[1] and span[0] < end for start, end in denied.get(name, []))
