@@ -24,6 +24,14 @@ from tests.servers import ROOT, free_port
 
 __all__ = ["fake_llm"]  # the fixture
 
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["calls-in-the-job", "calls-as-waits"])
+def model_calls(request: pytest.FixtureRequest, settings: Any) -> None:
+    """Every scripted-model test both ways: calls made inside the job (the CLI's inline
+    backend), and as waits that the LLM runner answers (production; run inline here)."""
+    settings.AERO_LLM_WAITS = request.param
+
+
 pytestmark = pytest.mark.services
 
 EXAMPLE_ONE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
@@ -226,6 +234,69 @@ def test_arguments_still_invalid_after_the_repair_turn_are_a_recorded_failure(
     found = violations(session)
     assert any("(after a repair turn)" in v and "flight_no" in v for v in found)
     assert session.snapshot["enrichment"]["flight_plan"]["flight_no"] == "CA1234"  # policy ran it
+    assert proposed(session) == OFFLINE_ACTIONS
+
+
+def test_a_repair_turn_keeps_the_calls_it_said_were_accepted(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    """The model is told its valid calls are "accepted: not run yet" and sends back only
+    the mended one: all of them run, in its first order, and the unknown tool it also
+    asked for stays a recorded refusal."""
+    first = {
+        "match": {"has_tools": True, "call": 2},
+        "tool_calls": [
+            LOOKUPS[0],
+            {"name": "lookup_flight_plan", "arguments": {"flight": "CA1234"}},
+            LOOKUPS[2],
+            {"name": "launch_fireworks", "arguments": {}},
+        ],
+    }
+    mended = {"match": {"has_tools": True, "call": 3}, "tool_calls": [LOOKUPS[1]]}
+    # The refusal's tool message comes last: the next step is scripted by its number.
+    risk = {"match": {"has_tools": True, "call": 4}, "tool_calls": [{"name": "assess_risk"}]}
+    fake_llm.set_script({"rules": [EXTRACTION, first, mended, risk, *reasoning_rules()]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+
+    looked_up = ToolCall.objects.filter(session=session, tool_name__startswith="lookup_")
+    assert sorted(looked_up.values_list("tool_name", flat=True)) == sorted(
+        str(c["name"]) for c in LOOKUPS
+    )
+    note = Event.objects.filter(session=session, type="agent.note").order_by("seq").first()
+    assert note is not None and note.payload["picked"] == [c["name"] for c in LOOKUPS]
+    assert violations(session) == ["refused: unknown tool 'launch_fireworks'"]
+    assert proposed(session) == OFFLINE_ACTIONS
+
+
+def test_a_failed_repair_turn_records_what_the_first_reply_cost(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], settings: Any
+) -> None:
+    """The repair call fails once. Inside the job the step is asked again (the chain's
+    retry): the first reply was paid for, so the failed attempt carries its tokens. As
+    waits, the runner retries the repair call alone: the first reply was counted when
+    it came. Either way every token paid is counted once."""
+    first = {
+        "match": {"has_tools": True, "call": 2},
+        "tool_calls": [{"name": "lookup_flight_plan", "arguments": {"flight": "CA1234"}}],
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 100},
+    }
+    down = {"match": {"has_tools": True, "call": 3}, "status": 500}
+    fake_llm.set_script({"rules": [EXTRACTION, first, down, *reasoning_rules()]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+
+    failed = LLMCall.objects.get(session=session, purpose="reason", status="error")
+    reasons = LLMCall.objects.filter(session=session, purpose="reason")
+    if settings.AERO_LLM_WAITS:
+        assert (failed.tokens_in, failed.tokens_out) == (0, 0)  # a 500 costs nothing
+        assert reasons.filter(status="ok", tokens_in=1000).count() == 1
+        assert reasons.filter(status="ok").count() == 5  # the first reply and its repair
+    else:
+        assert (failed.tokens_in, failed.tokens_out) == (1000, 100)
+        assert reasons.filter(status="ok").count() == 4
+    session.refresh_from_db()
+    assert session.tokens_in == sum(c.tokens_in for c in LLMCall.objects.filter(session=session))
     assert proposed(session) == OFFLINE_ACTIONS
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -42,6 +43,14 @@ from tests.llm_helpers import fake_llm, fake_provider
 from tests.test_react import EXTRACTION, OFFLINE_ACTIONS, proposed, reasoning_rules, start
 
 __all__ = ["fake_llm"]  # the fixture
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["calls-in-the-job", "calls-as-waits"])
+def model_calls(request: pytest.FixtureRequest, settings: Any) -> None:
+    """Every scripted-model test both ways: calls made inside the job (the CLI's inline
+    backend), and as waits that the LLM runner answers (production; run inline here)."""
+    settings.AERO_LLM_WAITS = request.param
+
 
 pytestmark = pytest.mark.services
 

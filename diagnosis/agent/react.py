@@ -352,16 +352,16 @@ def choose(
                     "refused: " + problem["problem"], tool_call_id=problem.get("id") or "invalid"
                 )
             )
-        repaired, more = ask_model(provider, messages, tool_schemas(ctx.definition))
-        usage = Usage(
-            usage.tokens_in + more.tokens_in,
-            usage.tokens_out + more.tokens_out,
-            usage.cost + more.cost,
-        )
-        valid, problems = _validate(_calls_of(repaired))
+        try:
+            repaired, more = ask_model(provider, messages, tool_schemas(ctx.definition))
+        except ProviderError as error:
+            # The first reply was paid for: its tokens go on this failed attempt's record
+            # (the chain's retry asks again, and records again).
+            error.usage = _added(usage, error.usage)
+            raise
+        usage = _added(usage, more)
+        valid, problems = _repaired(reply, valid, problems, repaired)
         text = str(repaired.content or text)
-        for problem in problems:
-            problem["problem"] += " (after a repair turn)"
     choice = decide(valid, reference, state, ctx)
     choice.text = text
     for problem in problems:
@@ -376,6 +376,35 @@ def choose(
             {"tool": problem.get("name") or "?", "violation": "refused: " + problem["problem"]}
         )
     return choice, usage
+
+
+def _added(a: Usage, b: Usage) -> Usage:
+    return Usage(a.tokens_in + b.tokens_in, a.tokens_out + b.tokens_out, a.cost + b.cost)
+
+
+def _repaired(
+    first: AIMessage,
+    valid: list[dict[str, Any]],
+    problems: list[dict[str, Any]],
+    repaired: AIMessage,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The step after a repair turn. The first reply's valid calls were answered
+    "accepted: not run yet", so they stay (a model that sends them again does not run
+    them twice), with the repaired reply's valid calls, in the order the model first gave
+    its tools; the first reply's refusals that no repair could mend (an unknown tool)
+    stay recorded; the repaired reply's problems are failures."""
+    more, failed = _validate(_calls_of(repaired))
+
+    def signature(call: dict[str, Any]) -> str:
+        return json.dumps([call.get("name"), call.get("args") or {}], sort_keys=True)
+
+    seen = {signature(call) for call in valid}
+    merged = valid + [call for call in more if signature(call) not in seen]
+    order = [call.get("name") for call in _calls_of(first)]
+    merged.sort(key=lambda c: order.index(c["name"]) if c["name"] in order else len(order))
+    for problem in failed:
+        problem["problem"] += " (after a repair turn)"
+    return merged, [p for p in problems if not p["repairable"]] + failed
 
 
 LOOKUPS = ("lookup_aircraft_info", "lookup_flight_plan", "lookup_stand_location")
