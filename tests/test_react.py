@@ -5,6 +5,8 @@ tools and steps out of order, and gives invalid arguments one repair turn."""
 
 from __future__ import annotations
 
+import html
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,6 +14,8 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 
 from diagnosis.actions import do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
@@ -298,6 +302,34 @@ def test_a_failed_repair_turn_records_what_the_first_reply_cost(
     session.refresh_from_db()
     assert session.tokens_in == sum(c.tokens_in for c in LLMCall.objects.filter(session=session))
     assert proposed(session) == OFFLINE_ACTIONS
+
+
+def test_replay_shows_each_model_calls_final_text(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    """Issue 11 item 7: an auditor stepping to a model call sees what the model said."""
+    fake_llm.set_script({"rules": [EXTRACTION, *reasoning_rules()]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+    client = Client()
+    client.force_login(make_user("audrey", "auditor"))
+
+    calls = Event.objects.filter(session=session, type="llm.call").order_by("seq")
+    assert calls.count() == 5  # the extraction and four reasoning steps
+    # A reply of tool calls alone has no text; the others say what the model wrote.
+    said = [c for c in calls if c.payload.get("text")]
+    assert [c.payload["text"] for c in said[1:]] == [
+        "Looking up the flight and the stand first.",
+        "Flight and stand known; assessing the risk.",
+        "Proposing the response actions.",
+    ]
+    assert '"flight_no"' in said[0].payload["text"]  # the extraction's JSON reply
+    for call in said:
+        page = client.get(
+            reverse("replay:replay-step", args=[session.pk]), {"seq": call.seq}
+        ).content.decode()
+        shown = re.search(r'data-testid="model-text">(.*?)</q>', page, re.S)
+        assert shown is not None and html.unescape(shown.group(1)) == call.payload["text"]
 
 
 def test_when_the_model_is_down_the_policy_reasons_offline(

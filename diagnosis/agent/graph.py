@@ -23,6 +23,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
 from aero.compiled import AnyOf, Arg, Compiled, insert_rows
+from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis import shutdown
 from diagnosis.agent import budget, fsm, grounding, policy, prompts, summaries, waits
 from diagnosis.agent.extraction import Extraction, is_unsure
@@ -487,24 +488,26 @@ def replan_after_correction(
 def _recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
     def record(attempt: Attempt) -> None:
         usage = attempt.usage
+        payload: dict[str, Any] = {
+            "provider": attempt.provider,
+            "model": attempt.model,
+            "purpose": attempt.purpose,
+            "status": attempt.status,
+            "tokens_in": usage.tokens_in,
+            "tokens_out": usage.tokens_out,
+            "cost": str(usage.cost),
+            "latency_ms": attempt.latency_ms,
+            "error": attempt.error,
+            "attempt": attempt.attempt,
+        }
+        if usage.text:
+            # The reply's text, as the runner records a streamed one: replay shows it.
+            payload["text"], cut_from = cut_generated(usage.text, MAX_MODEL_TEXT)
+            if cut_from is not None:
+                payload["cut_from_chars"] = cut_from
         with transaction.atomic(savepoint=False):  # inside the step (ADR 86)
             _, new = append_step_event(
-                ctx.session_id,
-                "llm.call",
-                {
-                    "provider": attempt.provider,
-                    "model": attempt.model,
-                    "purpose": attempt.purpose,
-                    "status": attempt.status,
-                    "tokens_in": usage.tokens_in,
-                    "tokens_out": usage.tokens_out,
-                    "cost": str(usage.cost),
-                    "latency_ms": attempt.latency_ms,
-                    "error": attempt.error,
-                    "attempt": attempt.attempt,
-                },
-                producer=ctx.producer,
-                run=run,
+                ctx.session_id, "llm.call", payload, producer=ctx.producer, run=run
             )
             if not new:
                 return  # recorded and counted by the first run of this step

@@ -60,6 +60,9 @@ class Usage:
     tokens_in: int = 0
     tokens_out: int = 0
     cost: Decimal = Decimal(0)
+    # The reply's text, for its `llm.call` event: what replay shows for the call (calls
+    # made inside the job; the runner records the streamed text itself).
+    text: str = ""
 
 
 @dataclass
@@ -398,6 +401,7 @@ class OpenAICompatibleProvider:
         meta = getattr(raw, "usage_metadata", None) or {}
         usage = Usage(int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0)))
         usage.cost = self.cost(usage.tokens_in, usage.tokens_out)
+        usage.text = str(raw.content)
         try:
             claims, dropped = parse_reply(schema, str(raw.content))
         except ProviderError as exc:

@@ -316,7 +316,8 @@ def ask_model(
 def usage_of(provider: OpenAICompatibleProvider, reply: AIMessage) -> Usage:
     meta: dict[str, Any] = dict(reply.usage_metadata or {})
     tokens_in, tokens_out = int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0))
-    return Usage(tokens_in, tokens_out, provider.cost(tokens_in, tokens_out))
+    text = reply.content if isinstance(reply.content, str) else json.dumps(reply.content)
+    return Usage(tokens_in, tokens_out, provider.cost(tokens_in, tokens_out), text)
 
 
 def choose(
@@ -379,7 +380,9 @@ def choose(
 
 
 def _added(a: Usage, b: Usage) -> Usage:
-    return Usage(a.tokens_in + b.tokens_in, a.tokens_out + b.tokens_out, a.cost + b.cost)
+    return Usage(
+        a.tokens_in + b.tokens_in, a.tokens_out + b.tokens_out, a.cost + b.cost, b.text or a.text
+    )
 
 
 def _repaired(
