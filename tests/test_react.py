@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from diagnosis.actions import do_create_session
+from diagnosis.actions import do_correct_fact, do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.agent.react import tool_schemas
 from diagnosis.models import Event, LLMCall, Restriction, Session, ToolCall
@@ -330,6 +330,32 @@ def test_replay_shows_each_model_calls_final_text(
         ).content.decode()
         shown = re.search(r'data-testid="model-text">(.*?)</q>', page, re.S)
         assert shown is not None and html.unescape(shown.group(1)) == call.payload["text"]
+
+
+def test_a_correction_reruns_the_risk_and_the_impact_the_model_asks_for(
+    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+) -> None:
+    """After a correction the model asks for the risk and the impact again: they run as
+    revision 1 on the corrected facts. The model's calls took the first revision's ids,
+    so the recorded fuel impact (radius 3) was reused for hydraulic fluid (radius 2) and
+    the closures were proposed on it."""
+    fake_llm.set_script({"rules": [EXTRACTION, *reasoning_rules()]})
+    fake_provider(fake_llm)
+    session = start(make_user)
+    assert session.snapshot["impact"]["radius"] == 3
+
+    do_correct_fact(session.pk, session.created_by, "fluid_type", "HYDRAULIC")
+
+    session.refresh_from_db()
+    assert (session.snapshot["risk"]["rule"], session.snapshot["risk"]["level"]) == (
+        "OS-06",
+        "MEDIUM",
+    )
+    assert session.snapshot["impact"]["radius"] == 2
+    reruns = ToolCall.objects.filter(session=session, call_id__endswith="#r1")
+    assert {"assess_risk", "analyze_impact"} <= set(reruns.values_list("tool_name", flat=True))
+    analysed = ToolCall.objects.get(session=session, call_id="analyze_impact#r1")
+    assert analysed.response_payload["radius"] == 2
 
 
 def test_when_the_model_is_down_the_policy_reasons_offline(

@@ -615,10 +615,7 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     optional = policy.unasked_p2(definition, fields, list(state.get("asked") or []))
     if optional and not state.get("risk"):  # once, before the rules run without it
         return {"step": "ask", "field": optional[0]}
-    # After a correction the lookups and analyses run again as revision n: a call id
-    # of their own, so no earlier (recorded) result is reused (ADR-138).
-    revision = int(state.get("revision") or 0)
-    suffix = f"#r{revision}" if revision else ""
+    suffix = revision_suffix(state)
     if state.get("enrichment") is None:
         return {
             "step": "call",
@@ -666,6 +663,14 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     if any(a.status == ToolCallStatus.AWAITING_APPROVAL for a in actions):
         return {"step": "await"}
     return {"step": "finish"}
+
+
+def revision_suffix(state: AgentState) -> str:
+    """After a correction the lookups and analyses run again as revision n: a call id of
+    their own, so no earlier (recorded) result is reused (ADR-138). The policy's plan and
+    the model's checked calls (react.decide) both use it."""
+    revision = int(state.get("revision") or 0)
+    return f"#r{revision}" if revision else ""
 
 
 def enrichment_calls(definition: dict[str, Any], fields: dict[str, Any]) -> list[dict[str, Any]]:

@@ -440,14 +440,19 @@ def decide(
     - a call the state machine does not allow yet is refused, with the reason as its tool
       message; when nothing the model asked for can run, the policy's next step runs."""
     from diagnosis.agent import policy
-    from diagnosis.agent.graph import enrichment_calls, facts_of
+    from diagnosis.agent.graph import enrichment_calls, facts_of, revision_suffix
 
     definition = ctx.definition
     fields = state.get("fields") or {}
     facts = facts_of(state, ctx)
     risk = state.get("risk")
     enrichment = state.get("enrichment") or {}
-    lookups = {c["tool"]: c for c in enrichment_calls(definition, fields)}
+    # After a correction, the calls of revision n: the earlier results are not reused.
+    suffix = revision_suffix(state)
+    lookups = {
+        c["tool"]: {**c, "call_id": c["call_id"] + suffix}
+        for c in enrichment_calls(definition, fields)
+    }
     done_lookups = set(_lookups_made.rows(ctx.session_id)) if enrichment else set()
     expected = reference.get("calls", []) if reference["step"] == "call" else []
     # The proposal step is open once risk and impact are known and nothing was proposed;
@@ -485,7 +490,7 @@ def decide(
     for call in valid:
         name, args = call["name"], call.get("args") or {}
         if name in LOOKUPS:
-            if name in done_lookups or any(p["call_id"] == name for p in plan_calls):
+            if name in done_lookups or any(p["tool"] == name for p in plan_calls):
                 refuse(call, f"{name} was already run; its result is in the conversation")
             elif name not in lookups:
                 refuse(call, f"{name}: the field it needs is not known (confirmed) yet")
@@ -512,7 +517,7 @@ def decide(
             elif violation:
                 refuse(call, violation)
             else:
-                accept(call, {"call_id": "assess_risk", "tool": "assess_risk", "args": {}})
+                accept(call, {"call_id": "assess_risk" + suffix, "tool": "assess_risk", "args": {}})
                 facts = fsm.Facts(facts.p1_complete, True, False, False, False)
         elif name == "analyze_impact":
             violation = fsm.check_step(definition, facts, name)
@@ -521,7 +526,10 @@ def decide(
             elif violation:
                 refuse(call, violation)
             else:
-                accept(call, {"call_id": "analyze_impact", "tool": "analyze_impact", "args": {}})
+                accept(
+                    call,
+                    {"call_id": "analyze_impact" + suffix, "tool": "analyze_impact", "args": {}},
+                )
                 facts = fsm.Facts(facts.p1_complete, True, True, False, False)
         else:
             # Actions need the impact known before this step, not from the same reply:
