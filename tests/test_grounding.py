@@ -25,10 +25,18 @@ __all__ = ["fake_llm"]  # the fixture
 
 
 def grounded(text: str, claims: dict[str, Claim]) -> dict[str, tuple[Any, bool]]:
+    """The verdict on each claim (what the synonyms read of other fields left out)."""
     return {
         name: (found.value, found.confirmed)
         for name, found in ground(oil_spill(), text, demo_graph(), claims).items()
+        if name in claims
     }
+
+
+def read(text: str, asked: str | None = None) -> dict[str, tuple[Any, bool]]:
+    """What grounding keeps when the model claims nothing."""
+    found = ground(oil_spill(), text, demo_graph(), {}, asked)
+    return {name: (e.value, e.confirmed) for name, e in found.items()}
 
 
 # --- the offline extractor keeps today's behaviour on every example case ----------------
@@ -119,6 +127,19 @@ def test_invented_values_are_not_confirmed() -> None:
         "engine_status": ("RUNNING", False),
         "continuous": (True, False),
     }
+
+
+def test_what_the_synonyms_read_counts_where_the_model_said_nothing() -> None:
+    """A model that leaves fields out does not hide what the operator plainly wrote;
+    an ambiguous reading is still put to the operator."""
+    assert read("CA1234 fuel leak at stand 105, engine running") == {
+        "flight_no": ("CA1234", True),
+        "position": ("105", True),
+        "fluid_type": ("FUEL", True),
+        "engine_status": ("RUNNING", True),
+    }
+    assert read("CA1234", "flight_no") == {"flight_no": ("CA1234", True)}  # a bare answer
+    assert read("CA1234 在105机位燃油泄漏，发动机仍在运转")["continuous"] == (True, False)
 
 
 def test_a_value_outside_the_scenario_is_dropped() -> None:

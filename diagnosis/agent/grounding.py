@@ -124,6 +124,12 @@ def ground(
         # No synonym and no quote of its own ties the value to the text, or the synonyms
         # read another value: the operator decides.
         result[name] = Extraction(value, quoted, span=span, confirmed=False)
+    # What the synonyms read of a field the model said nothing about counts as it does
+    # with the offline provider: a model that leaves out the flight the operator just
+    # gave ("CA1234", answering "which flight?") does not make the agent ask again.
+    for name, found in synonyms.items():
+        if name not in result and (claims.get(name) is None or claims[name].value is None):
+            result[name] = found
     return result
 
 
