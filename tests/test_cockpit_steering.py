@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from approvals.actions import do_decide, do_edit_args
 from approvals.models import Approval
+from diagnosis.actions import do_close
 from diagnosis.models import Event, Report, Session
 from replay.export import render_export
 from tests.log_helpers import assert_projections_match
@@ -303,3 +304,28 @@ def test_approvers_and_auditors_cannot_steer(
     assert response.status_code == 403
     asking.refresh_from_db()
     assert asking.last_seq == before
+
+
+@pytest.mark.parametrize(
+    ("text", "not_assessed", "no_actions"),
+    [
+        ("CA1234 在105机位燃油泄漏", "- 未评估：会话在评估风险之前结束", "| 无 | | | | |"),
+        (
+            "CA1234 fuel leak at stand 105",
+            "- Not assessed: the session ended before the risk was assessed",
+            "| none | | | | |",
+        ),
+    ],
+)
+def test_a_session_closed_before_the_risk_reports_it_plainly(
+    builtin: None, alice: User, text: str, not_assessed: str, no_actions: str
+) -> None:
+    """Closed while the agent still asked: the report said "Risk level: ****, score
+    (rule )" and "Radius:  hops from"; it says what was not done."""
+    session = make_session(alice, text)
+    assert session.snapshot["question"]  # still asking: no risk, no impact
+    do_close(session.pk, session.created_by, "crew on scene, spill contained")
+
+    report = Report.objects.get(session=session).markdown
+    assert not_assessed in report and no_actions in report
+    assert "****" not in report and "()" not in report and "（规则 ）" not in report
