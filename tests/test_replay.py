@@ -228,6 +228,10 @@ def test_the_last_step_shows_decisions_with_who_when_and_reason(
     assert "no [x](javascript:1) | ok" in actions
     assert "<a " not in actions
     assert "approved by <strong>bob</strong>" in actions
+    # Each step of a two-step approval in words; the code stays in the tooltip.
+    assert "approved once (1 of 2) by <strong>bob</strong>" in actions
+    assert '<div class="decision" title="first_approved">approved once' in actions
+    assert ">first_approved" not in actions
     assert 'id="replay-report"' in page
     assert response.context["nav"]["next"] is None
 

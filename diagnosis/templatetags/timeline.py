@@ -278,12 +278,27 @@ DECISION_LABELS: dict[str, Promise] = {
     "rejected": pgettext_lazy("decision", "rejected"),
     "timeout": pgettext_lazy("decision", "timed out"),
     "canceled": pgettext_lazy("decision", "canceled"),
+    # The first of an R2/R3 approval's two steps (replay lists each step).
+    "first_approved": pgettext_lazy("decision", "approved once (1 of 2)"),
 }
 
 
 @register.filter
 def decision_label(code: str) -> str:
     return plain(DECISION_LABELS, code)
+
+
+RUN_STATUS_LABELS: dict[str, Promise] = {
+    "running": pgettext_lazy("agent run", "running"),
+    "completed": pgettext_lazy("agent run", "completed"),
+    "failed": pgettext_lazy("agent run", "failed"),
+}
+
+
+@register.filter
+def run_status_label(code: str) -> str:
+    """An agent run's status in words (replay's run tree)."""
+    return plain(RUN_STATUS_LABELS, code)
 
 
 @register.filter
