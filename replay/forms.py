@@ -62,7 +62,10 @@ class ReplayForm(forms.Form):
 class HistoryForm(forms.Form):
     q = forms.CharField(required=False, max_length=200, label=_("Text"))
     scenario = forms.ModelChoiceField(
-        required=False, queryset=Scenario.objects.order_by("slug"), to_field_name="slug"
+        required=False,
+        queryset=Scenario.objects.order_by("slug"),
+        to_field_name="slug",
+        empty_label=_("any"),  # as the other filters (Django's own reads "- Select an option -")
     )
     status = forms.ChoiceField(required=False, choices=[("", _("any")), *SessionStatus.choices])
     risk = forms.ChoiceField(

@@ -681,6 +681,10 @@ def test_history_filters(world: dict[str, Any], carol: User) -> None:
     assert len(found(history(client, since=today.isoformat(), until=today.isoformat()))) == 3
     assert found(history(client, until=(today - timedelta(days=1)).isoformat())) == []
     page = history(client, flight="MU5678").content.decode()
+    # The scenario filter's empty choice reads like the others' ("any").
+    scenarios = page[page.index('<select name="scenario"') :]
+    scenarios = scenarios[: scenarios.index("</select>")]
+    assert '<option value="" selected>any</option>' in scenarios
     assert reverse("replay:replay-step", args=[taxiway.pk]) in page
     assert reverse("diagnosis:session-detail", args=[taxiway.pk]) in page
 
