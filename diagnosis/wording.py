@@ -77,6 +77,25 @@ EVIDENCE_LABELS: dict[str, Promise] = {
     "default": _("scenario default (not reported)"),
 }
 
+
+def evidence_words(evidence: str) -> str:
+    """Where a field's value came from, in the reader's language, when AERO wrote it (a
+    default, a correction, a confirmation); "" when the evidence is the operator's own
+    words (shown as a quote). The log keeps the language-neutral form ("corrected by
+    alice", "confirmed: 是")."""
+    if evidence in EVIDENCE_LABELS:
+        return str(EVIDENCE_LABELS[evidence])
+    if evidence.startswith("corrected by "):
+        return gettext("corrected by %(who)s") % {"who": evidence.removeprefix("corrected by ")}
+    if evidence.startswith("confirmed: "):
+        answer = evidence.removeprefix("confirmed: ")
+        return gettext("confirmed by the operator (“%(answer)s”)") % {"answer": answer}
+    if evidence.startswith("denied: "):
+        answer = evidence.removeprefix("denied: ")
+        return gettext("denied by the operator (“%(answer)s”)") % {"answer": answer}
+    return ""
+
+
 NODE_LABELS: dict[str, Promise] = {
     "input_parser": _("reading the message"),
     "reasoning": _("reasoning"),

@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
+from django.utils import translation
 
 from approvals.actions import do_decide, do_edit_args
 from approvals.models import Approval
 from diagnosis.actions import do_close
 from diagnosis.models import Event, Report, Session
+from diagnosis.wording import evidence_words
 from replay.export import render_export
 from tests.log_helpers import assert_projections_match
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, make_session
@@ -53,6 +55,15 @@ def test_a_corrected_fact_is_logged_applied_and_the_rules_run_on_it(
     asking.refresh_from_db()
     assert asking.snapshot["fields"]["fluid_type"] == "HYDRAULIC"
     assert asking.snapshot["evidence"]["fluid_type"] == "corrected by alice"
+    # The page words it in the reader's language (the log keeps the neutral form), not
+    # as a quote of the operator.
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[asking.pk])).content.decode()
+    assert '<span title="corrected by alice">corrected by alice</span>' in page
+    assert "“corrected by alice”" not in page
+    with translation.override("zh-hans"):
+        assert evidence_words("corrected by alice") == "由 alice 更正"
+        assert evidence_words("confirmed: 是") == "值班员已确认（“是”）"
+        assert evidence_words("燃油泄漏") == ""  # the operator's words: quoted as they are
     message = Event.objects.filter(
         session=asking, type="user.message", payload__correction__isnull=False
     ).first()

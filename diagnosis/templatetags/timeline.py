@@ -18,7 +18,6 @@ from diagnosis.agent.tools import ARGUMENT_WORDS
 from diagnosis.consequences import plain_words
 from diagnosis.reporting import display_value
 from diagnosis.wording import (
-    EVIDENCE_LABELS,
     FSM_LABELS,
     NODE_KIND_LABELS,
     NODE_LABELS,
@@ -26,6 +25,7 @@ from diagnosis.wording import (
     RISK_CLASS_LABELS,
     RISK_LABELS,
     TOOL_LABELS,
+    evidence_words,
     plain,
     stand_mismatch_text,
     status_words,
@@ -268,7 +268,7 @@ def risk_class_label(code: str) -> str:
 
 @register.filter
 def evidence_label(evidence: str) -> str:
-    return plain(EVIDENCE_LABELS, evidence)
+    return evidence_words(str(evidence))
 
 
 DECISION_LABELS: dict[str, Promise] = {
