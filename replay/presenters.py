@@ -18,6 +18,7 @@ from diagnosis.fold import ApprovalState, FoldState, ToolCallState, fold_events
 from diagnosis.models import AgentRun, Event, Restriction, Session
 from diagnosis.presenters import impact_map
 from diagnosis.reporting import display_value
+from diagnosis.templatetags.timeline import scenario_language
 from replay import masking
 from replay.forms import EVENT_GROUPS
 from scenarios_admin.airport import AirportGraph, load_active_graph, load_graph
@@ -268,6 +269,9 @@ def state_at(session: Session, seq: int) -> FoldState:
 
 def field_rows(session: Session, state: FoldState) -> list[dict[str, Any]]:
     definition = session.scenario_version.definition
+    # The reader's language picks the scenario's texts, as on the live page (an English
+    # auditor of a Chinese session read "航班号" beside English headings).
+    language = scenario_language()
     rows = []
     for name in definition["field_order"]:
         spec = definition["fields"][name]
@@ -275,10 +279,10 @@ def field_rows(session: Session, state: FoldState) -> list[dict[str, Any]]:
         rows.append(
             {
                 "name": name,
-                "label": spec["label"].get(session.language, name),
+                "label": spec["label"].get(language, name),
                 "priority": spec["priority"],
                 "known": value is not None,
-                "display": display_value(spec, value, session.language),
+                "display": display_value(spec, value, language),
                 "evidence": state.evidence.get(name, ""),
             }
         )

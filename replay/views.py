@@ -86,6 +86,8 @@ def replay_context(
         "state": state,
         "masked": masked,
         "fields": presenters.field_rows(session, state),
+        # The rule's conditions in words (risk_because reads the scenario's labels).
+        "definition": session.scenario_version.definition,
         "actions": presenters.action_rows(state, masked),
         "evidence": presenters.evidence_calls(state, masked),
         "map": presenters.impact_map_at(presenters.airport_graph(), state),

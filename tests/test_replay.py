@@ -212,6 +212,13 @@ def test_a_middle_step_shows_the_state_then_not_now(finished: Session, bob: User
     assert "OS-01" in page and "HIGH" in page
     assert 'data-field="flight_no">CA1234' in page
     assert "“<bdi>CA1234</bdi>”" in page  # evidence for the field
+    # The reader's language (English here) for the Chinese session's labels, and the
+    # rule's conditions in words with their codes in the tooltips.
+    assert "<th>Flight number" in page and "航班号" not in page
+    risk = page[page.index('<p class="risk risk-high" data-testid="risk">') :]
+    risk = risk[: risk.index("</p>")]
+    assert '<span title="fluid_type=FUEL">Fluid type: Fuel</span>' in risk
+    assert ">fluid_type=FUEL" not in risk and "(fluid_type" not in risk
     # The actions come later: none at this step, though the session has them now.
     assert "No actions by this step." in page
 
