@@ -135,7 +135,16 @@ def test_a_decision_pressed_as_a_push_arrives_is_taken(
     expect(items).to_have_count(5)
     card = page.locator(f"#approval-{closure.pk}")
     card.locator("input[name=reason]").fill("crew on scene confirms")
-    box = card.locator("button[value=approve]").bounding_box()
+    button = card.locator("button[value=approve]")
+    expect(button).to_be_visible()
+    # A push may re-render the queue right now (none is held before the press): the
+    # button is then away for a moment.
+    box = None
+    for _ in range(50):
+        box = button.bounding_box()
+        if box is not None:
+            break
+        page.wait_for_timeout(100)
     assert box is not None
 
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
