@@ -448,6 +448,13 @@ def current_batch(session_id: Any) -> EventBatch | None:
     return batch if batch is not None and str(batch.session_id) == str(session_id) else None
 
 
+def as_logged(session: Session) -> Session:
+    """`session` as the log will read once the batch queuing its events now (if any) is
+    written: what an approval's state digest is taken from (ADR 145)."""
+    batch = current_batch(session.pk)
+    return batch.projected(session) if batch is not None else session
+
+
 @contextmanager
 def event_batch(session_id: Any, *, created: Session | None = None) -> Iterator[EventBatch]:
     """Queue the session's events appended inside and write them when the block ends

@@ -22,7 +22,7 @@ from typing import Any
 
 from diagnosis.agent.providers import OpenAICompatibleProvider
 from diagnosis.agent.state import AgentContext, AgentState
-from diagnosis.events import append_event_once, current_batch
+from diagnosis.events import append_event_once, as_logged
 from diagnosis.execution import open_approval
 from diagnosis.models import Event, Session, ToolCall, ToolCallStatus
 from scenarios_admin.definition import BUDGET_TOOL, risk_floor
@@ -167,9 +167,7 @@ def check(
     )
     # Digested against the session as the log will read once this step group commits:
     # the risk or impact this job assessed is queued, not written yet (ADR 145, 212).
-    session = Session.objects.get(pk=ctx.session_id)
-    batch = current_batch(ctx.session_id)
-    tool_call.session = batch.projected(session) if batch is not None else session
+    tool_call.session = as_logged(Session.objects.get(pk=ctx.session_id))
     open_approval(tool_call, producer=ctx.producer, run=ctx.root_run, fresh=True)
     return {"step": "await"}
 

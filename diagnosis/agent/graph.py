@@ -53,7 +53,7 @@ from diagnosis.events import (
     append_event_once,
     append_keyed,
     append_step_event,
-    current_batch,
+    as_logged,
     step_scope,
 )
 from diagnosis.execution import log_approval_required, open_approval
@@ -1274,9 +1274,7 @@ def logged_session(tctx: ToolContext) -> Session:
     its snapshot: what the approvals' state digest must be taken from (ADR 145)."""
     if tctx.session is None:
         tctx.session = session_row(tctx.session_id)
-    session = copy.copy(tctx.session)
-    batch = current_batch(tctx.session_id)
-    return batch.projected(session) if batch is not None else session
+    return as_logged(copy.copy(tctx.session))
 
 
 # --- compliance validator -------------------------------------------------------------
