@@ -101,6 +101,7 @@ INSTALLED_APPS = [
     "ninja",
     "aero",
     "scenarios_admin",
+    "packs.airport",
     "diagnosis",
     "approvals",
     "replay",
