@@ -39,7 +39,7 @@ from aero import metrics
 from aero.compiled import Arg, Compiled, Statement, cached_sql, insert_values, slot
 from diagnosis import shutdown
 from diagnosis.agent import waits
-from diagnosis.agent.graph import SessionCanceled, build_graph, step_group
+from diagnosis.agent.graph import build_graph
 from diagnosis.agent.providers import (
     OfflineProvider,
     Provider,
@@ -47,6 +47,7 @@ from diagnosis.agent.providers import (
     configured_providers,
     warm_up,
 )
+from diagnosis.agent.recording import SessionCanceled, step_group
 from diagnosis.agent.state import AgentContext
 from diagnosis.conn_health import psycopg_quiet
 from diagnosis.events import (

@@ -18,7 +18,8 @@ from pytest_django.fixtures import Settings
 
 from approvals.actions import do_decide
 from approvals.models import Approval
-from diagnosis.agent import graph, tools
+from diagnosis.agent import planning, tools
+from diagnosis.agent.nodes import reasoning
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.jobs import advance_session
 from diagnosis.models import (
@@ -122,9 +123,9 @@ def test_closing_a_runway_before_impact_analysis_is_refused(
         tried = any(s.get("risk") and not s.get("impact") for s in seen[:-1])
         if state.get("risk") and not state.get("impact") and not tried:
             return {"step": "call", "calls": [dict(CLOSE_RUNWAY)]}
-        return graph.offline_plan(state, ctx)
+        return planning.offline_plan(state, ctx)
 
-    monkeypatch.setitem(graph.PLANNER, "plan", misbehaving_planner)
+    monkeypatch.setitem(reasoning.PLANNER, "plan", misbehaving_planner)
     result = run_incident(capsys, EXAMPLE_ONE, "--decide", "approve")
 
     violations = list(Event.objects.filter(type="fsm.violation").values_list("payload", flat=True))

@@ -181,10 +181,10 @@ def test_a_chat_message_never_counts_as_approval(people: dict[str, User]) -> Non
 def test_an_approved_action_runs_once_even_if_the_job_is_retried(
     people: dict[str, User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import diagnosis.agent.graph as graph_module
+    from diagnosis.agent.nodes import execution
 
     session = waiting_session(people["olga"])
-    original = graph_module.run_action
+    original = execution.run_action
     failures = {"left": 1}
 
     def run_then_crash(ctx: Any, tool_call_id: int) -> ToolCall:
@@ -194,7 +194,7 @@ def test_an_approved_action_runs_once_even_if_the_job_is_retried(
             raise RuntimeError("worker lost its database connection")
         return result
 
-    monkeypatch.setattr(graph_module, "run_action", run_then_crash)
+    monkeypatch.setattr(execution, "run_action", run_then_crash)
     closure = approval(session, "close_taxiway", taxiway="A")
     do_decide(closure.pk, people["abel"], APPROVE, digest=closure.digest)
     do_decide(closure.pk, people["abel"], CONFIRM, digest=closure.digest)

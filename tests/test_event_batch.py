@@ -348,13 +348,13 @@ def test_a_step_without_a_savepoint_may_not_write_a_row(
     it joins a group) is refused loudly. That spoils the group's transaction: the steps
     before it are lost with it, so their checkpoint is refused too (StepsLost) and the
     retry runs them again from the start; nothing is missing, nothing is doubled."""
-    from diagnosis.agent import graph as graph_module
+    from diagnosis.agent.nodes import reasoning
     from diagnosis.models import Restriction, ToolCall
     from tests.log_helpers import assert_projections_match
 
     settings.AERO_JOB_ATTEMPTS = 2
     settings.AERO_JOB_BACKOFF = 0
-    original = graph_module.PLANNER["plan"]
+    original = reasoning.PLANNER["plan"]
     calls = {"n": 0}
 
     def writing(state: Any, ctx: Any) -> Any:
@@ -363,7 +363,7 @@ def test_a_step_without_a_savepoint_may_not_write_a_row(
             Restriction.objects.filter(pk=-1).update(target="nowhere")
         return original(state, ctx)
 
-    monkeypatch.setitem(graph_module.PLANNER, "plan", writing)
+    monkeypatch.setitem(reasoning.PLANNER, "plan", writing)
     session = make_session(make_user("olga", "operator"))
     assert session.status == "waiting_user"
     events = Event.objects.filter(session=session)

@@ -144,7 +144,7 @@ def test_an_unknown_flight_reads_in_the_operators_language(
     assert chinese.count("航班信息系统中没有航班 XX999") == 3
     assert chinese.count("没有 XX999 的航班计划") == 3
     assert "is not in the flight information system" not in chinese
-    # The agent's internal steps (folded) read in Chinese too: what graph.py logs is what
+    # The agent's internal steps (folded) read in Chinese too: what the nodes log is what
     # wording reads back.
     assert "已处理" in chinese and "合规状态：" in chinese and "识别到" in chinese
     shown = re.sub(r'title="[^"]*"', "", chinese)  # the logged text stays in tooltips
@@ -221,7 +221,7 @@ def test_the_reports_action_table_gives_results_in_its_language() -> None:
 
 
 def test_every_step_summary_the_agent_logs_is_read_back() -> None:
-    """What graph.py logs (diagnosis.agent.summaries) is what wording reads: none comes
+    """What the agent nodes log (diagnosis.agent.summaries) is what wording reads: none comes
     out as logged in Chinese."""
     logged = [
         summaries.fields_recognised(2, ["position"]),

@@ -17,7 +17,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 
 from diagnosis import jobs
 from diagnosis.actions import do_create_session
-from diagnosis.agent import graph
+from diagnosis.agent.nodes import reasoning
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import LeaseLost, fenced
 from diagnosis.models import AgentRun, Event, LLMCall, LLMRequest, Session, ToolCall
@@ -58,7 +58,7 @@ class PausingPlanner:
             self.frozen.add(token)
             self.paused.set()
             assert self.release.wait(60)
-        return graph.default_plan(state, ctx)
+        return reasoning.default_plan(state, ctx)
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def planner(monkeypatch: pytest.MonkeyPatch) -> Iterator[PausingPlanner]:
         return True if self.token in pausing.frozen else beat(self)
 
     monkeypatch.setattr(jobs.Heartbeat, "beat", frozen_beat)
-    monkeypatch.setitem(graph.PLANNER, "plan", pausing.plan)
+    monkeypatch.setitem(reasoning.PLANNER, "plan", pausing.plan)
     yield pausing
     pausing.release.set()
 
@@ -137,9 +137,9 @@ def test_the_heartbeat_keeps_the_lease_through_a_step_longer_than_the_lease(
     def slow_plan(state: Any, ctx: AgentContext) -> dict[str, Any]:
         started.set()
         time.sleep(8)  # longer than the 5 s lease
-        return graph.default_plan(state, ctx)
+        return reasoning.default_plan(state, ctx)
 
-    monkeypatch.setitem(graph.PLANNER, "plan", slow_plan)
+    monkeypatch.setitem(reasoning.PLANNER, "plan", slow_plan)
     first, first_result = run_in_thread(str(session.pk))
     assert started.wait(30)
     time.sleep(6)
@@ -215,9 +215,9 @@ def test_a_session_canceled_mid_step_ends_the_job_as_canceled_with_nothing_after
             worker.start()
             worker.join()
             canceled.set()
-        return graph.default_plan(state, ctx)
+        return reasoning.default_plan(state, ctx)
 
-    monkeypatch.setitem(graph.PLANNER, "plan", cancel_meanwhile)
+    monkeypatch.setitem(reasoning.PLANNER, "plan", cancel_meanwhile)
     assert jobs.advance_session(str(session.pk)) == "canceled"
     assert canceled.is_set()
     types = list(

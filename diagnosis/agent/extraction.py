@@ -63,7 +63,7 @@ CEASED_WORDS = 3
 YES = ("是", "是的", "对", "有", "yes", "y", "true", "affirmative")
 NO = ("否", "不是", "没有", "无", "no", "n", "false", "negative")
 # An answer that says the operator does not know: nothing is read from it, and the
-# question comes again saying why it is needed (graph.reasoning).
+# question comes again saying why it is needed (nodes.reasoning).
 UNSURE = re.compile(
     r"不知道|不清楚|不确定|无法确认|没法确认|看不到|看不清|说不准|不了解|未知"
     r"|(?<![a-z])(?:unknown|not sure|unsure|no idea|dunno"

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from aero.compiled import Arg, Compiled
 from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis.agent import fsm, prompts, waits
+from diagnosis.agent.planning import enrichment_calls, facts_of, revision_suffix
 from diagnosis.agent.providers import (
     OfflineProvider,
     OpenAICompatibleProvider,
@@ -44,6 +45,7 @@ from diagnosis.agent.providers import (
     classify,
     client_for,
 )
+from diagnosis.agent.recording import call_recorder, fallback_recorder
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.events import append_event_once
 from diagnosis.models import Event, ToolCall
@@ -440,7 +442,6 @@ def decide(
     - a call the state machine does not allow yet is refused, with the reason as its tool
       message; when nothing the model asked for can run, the policy's next step runs."""
     from diagnosis.agent import policy
-    from diagnosis.agent.graph import enrichment_calls, facts_of, revision_suffix
 
     definition = ctx.definition
     fields = state.get("fields") or {}
@@ -610,7 +611,6 @@ def react_plan(
         return reference
 
     from diagnosis.agent import budget
-    from diagnosis.agent.graph import _fallback_recorder, _recorder
 
     paused = budget.check(state, ctx, real)
     if paused is not None:
@@ -625,7 +625,7 @@ def react_plan(
 
     run = ctx.root_run
     choice = call_with_fallback(
-        ctx.providers, "reason", call, _recorder(ctx, run), _fallback_recorder(ctx, run)
+        ctx.providers, "reason", call, call_recorder(ctx, run), fallback_recorder(ctx, run)
     )
     step = _step_key(state, reference)
     if choice.text or choice.calls or choice.plan is not reference:

@@ -57,7 +57,7 @@ class AgentContext:
     # first step, committed before the run can exit.
     group: StepGroup | None = None
     # The session's action calls as this group's steps see them (read once per group,
-    # again after a step changed them; see graph.action_calls_of).
+    # again after a step changed them; see planning.action_calls_of).
     actions: list[ToolCall] | None = None
     # A human wait's group wrote the move to waiting_user (ADR 174): the job does not.
     waiting_written: bool = False

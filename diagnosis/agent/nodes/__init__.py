@@ -1,0 +1,1 @@
+"""The agent's nodes, one module per node (and the proposals the executor opens)."""

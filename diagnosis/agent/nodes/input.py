@@ -1,0 +1,163 @@
+"""The input parser: the operator's new messages read into the incident's fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aero.compiled import Arg, Compiled
+from diagnosis.agent import grounding, policy, summaries, waits
+from diagnosis.agent.extraction import Extraction, is_unsure
+from diagnosis.agent.providers import Provider, Usage, call_with_fallback
+from diagnosis.agent.recording import call_recorder, fallback_recorder, recorded
+from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.events import append_step_event
+from diagnosis.models import AgentRun, Event
+
+# The operator's messages after the last one read: compiled once per connection (ADR 179).
+_messages_after = Compiled(
+    Event,
+    lambda: Event.objects.filter(
+        session_id=Arg(0, Event._meta.get_field("session")),
+        type="user.message",
+        seq__gt=Arg(1, Event._meta.get_field("seq")),
+    ).order_by("seq"),
+)
+
+
+@recorded("input_parser")
+def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    definition = ctx.definition
+    fields = dict(state.get("fields") or {})
+    evidence = dict(state.get("evidence") or {})
+    consumed = state.get("consumed_seq", 0)
+    asked = (state.get("question") or {}).get("field")
+    messages = _messages_after.rows(ctx.session_id, consumed)
+    pending = dict(state.get("unconfirmed") or {})
+    changed: dict[str, Any] = {}
+    unconfirmed: dict[str, Any] = {}
+    # The field whose pending value the operator is answering about: a yes settles it.
+    confirming = asked if asked in pending else None
+    only_corrections = False
+    unsure = False
+    for message in messages:
+        text = message.payload.get("text", "")
+        correction = message.payload.get("correction")
+        if correction and correction.get("field") in definition["fields"]:
+            # The operator corrected a fact: taken as said, no extraction, no question.
+            name = correction["field"]
+            fields[name] = correction["value"]
+            evidence[name] = f"corrected by {message.payload.get('author', 'the operator')}"
+            changed[name] = correction["value"]
+            pending.pop(name, None)
+            consumed = message.seq
+            only_corrections = True
+            unsure = False  # a correction says nothing about not knowing
+            continue
+        only_corrections = False
+
+        def extract(provider: Provider, text: str = text) -> tuple[dict[str, Extraction], Usage]:
+            return provider.extract(definition, text, ctx.graph, asked)
+
+        # Keyed by the message, not by the call's place in this step: the session's
+        # creation records the opening message's request under the same key (ADR 170).
+        with waits.call_key(waits.extraction_key(ctx.session_id, message.seq)):
+            found = call_with_fallback(
+                ctx.providers,
+                "extract",
+                extract,
+                call_recorder(ctx, run),
+                fallback_recorder(ctx, run),
+            )
+        for name, extraction in grounding.settle(definition, found, pending, asked, text):
+            known = fields.get(name)
+            if (
+                extraction.confirmed
+                and name != confirming
+                and known is not None
+                and evidence.get(name) != "default"
+                and extraction.value != known
+            ):
+                # Another value for a known field (a second tab, a slip): the operator
+                # confirms the change first; nothing is taken or dropped unseen.
+                pending[name] = {
+                    "value": extraction.value,
+                    "evidence": extraction.evidence,
+                    "replaces": known,
+                }
+                unconfirmed[name] = pending[name]
+            elif extraction.confirmed:
+                fields[name] = extraction.value
+                evidence[name] = extraction.evidence
+                changed[name] = extraction.value
+                pending.pop(name, None)
+            elif fields.get(name) is None:
+                # Read without evidence of its own: the operator confirms it first.
+                pending[name] = {"value": extraction.value, "evidence": extraction.evidence}
+                unconfirmed[name] = pending[name]
+        consumed = message.seq
+        unsure = bool(asked) and asked not in changed and is_unsure(text)
+    for name, spec in definition["fields"].items():
+        if fields.get(name) is None and spec.get("default") is not None:
+            fields[name] = spec["default"]
+            evidence[name] = "default"
+            changed[name] = spec["default"]
+    missing = policy.missing_p1(definition, fields)
+    replan = replan_after_correction(state, definition, changed, evidence)
+    append_step_event(
+        ctx.session_id,
+        "fields.extracted",
+        {
+            "changed": changed,
+            "evidence": {k: evidence[k] for k in changed},
+            "missing": missing,
+            "unconfirmed": unconfirmed,  # read in these messages, to be confirmed
+            "pending": pending,  # every value awaiting the operator's confirmation
+            "through_seq": consumed,
+        },
+        producer=ctx.producer,
+        run=run,
+    )
+    summary = summaries.fields_recognised(len(changed), missing)
+    return {
+        "fields": fields,
+        "evidence": evidence,
+        "consumed_seq": consumed,
+        "question": None,
+        "unconfirmed": pending,
+        "only_corrections": only_corrections,
+        "unsure": unsure,
+        "new_input": False,
+        **replan,
+        "_summary": summary,
+    }
+
+
+def replan_after_correction(
+    state: AgentState, definition: dict[str, Any], changed: dict[str, Any], evidence: dict[str, str]
+) -> dict[str, Any]:
+    """A fact corrected after the risk was assessed (ADR-138): the risk, the impact and
+    the proposals no longer stand. They are cleared so the planner runs the rules again
+    (and the lookups, when the flight or the position changed); the proposals made next
+    are revision n, and what was open before is withdrawn then (tool_executor)."""
+    risk = state.get("risk")
+    corrected = {
+        name: value
+        for name, value in changed.items()
+        if evidence.get(name, "").startswith("corrected by")
+        and (state.get("fields") or {}).get(name) != value
+    }
+    if not risk or not corrected:
+        return {}
+    lookups_from = {definition["impact"]["start"]} | {
+        n for n, spec in definition["fields"].items() if spec["type"] == "flight_no"
+    }
+    update: dict[str, Any] = {
+        "risk": None,
+        "impact": None,
+        "actions_planned": False,
+        "revision": int(state.get("revision") or 0) + 1,
+        "replanning": {"previous_risk": risk, "corrected": corrected},
+    }
+    if lookups_from & set(corrected):
+        update["enrichment"] = None
+    return update

@@ -1,0 +1,132 @@
+"""The reasoning node: picks the next step (the policy's, or the model's checked by it)
+and words the question when the step is to ask."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from diagnosis.agent import prompts, summaries
+from diagnosis.agent.planning import action_calls_of, offline_plan
+from diagnosis.agent.react import react_plan
+from diagnosis.agent.recording import recorded
+from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.events import append_event_once
+from diagnosis.models import AgentRun, ToolCallStatus
+from scenarios_admin.definition import value_order
+
+
+def default_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+    """With a real provider the model picks the calls (diagnosis.agent.react), checked by
+    the policy; the step that runs is always the policy's (safety-critical sequencing is
+    policy, not model output). Offline: the deterministic planner alone."""
+    return react_plan(state, ctx, offline_plan)
+
+
+# Tests replace this to script an agent that misbehaves.
+PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": default_plan}
+
+
+@recorded("reasoning", rows=False)
+def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    note_unexecuted_actions(ctx, run)
+    plan = PLANNER["plan"](state, ctx)
+    update: dict[str, Any] = {"plan": plan, "refusals": []}
+    if plan["step"] == "ask":
+        field = plan["field"]
+        asked = list(state.get("asked") or [])
+        spec = ctx.definition["fields"][field]
+        lang = state.get("language", "en")
+        text = spec["ask"][lang]
+        candidate = (state.get("unconfirmed") or {}).get(field)
+        if candidate is not None and "replaces" in candidate:
+            text = prompts.conflict(
+                spec, candidate["value"], candidate["replaces"], candidate["evidence"], lang
+            )
+        elif candidate is not None:
+            text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
+        elif field in asked and state.get("unsure"):
+            text = _unsure_hint(spec, lang) + text
+        elif field in asked and not state.get("only_corrections"):
+            text = _retry_hint(spec, lang) + text
+        asked.append(field)
+        question = {"field": field, "text": text, "key": f"q{len(asked)}"}
+        append_event_once(
+            ctx.session_id,
+            "agent.question",
+            question["key"],
+            {"field": field, "label": spec["label"][lang], "text": text},
+            producer=ctx.producer,
+            run=run,
+        )
+        update.update(asked=asked, question=question)
+        update["_summary"] = summaries.asks_for(field)
+    elif plan["step"] == "call":
+        update["_summary"] = summaries.calls(c["tool"] for c in plan["calls"])
+    else:
+        update["_summary"] = plan["step"]
+    return update
+
+
+def note_unexecuted_actions(ctx: AgentContext, run: AgentRun) -> None:
+    """A rejected or timed-out action goes back to the agent with its reason: it carries
+    on without it (the report records it) and says so on the timeline, once."""
+    for call in action_calls_of(ctx):
+        if call.status not in (ToolCallStatus.REJECTED, ToolCallStatus.TIMEOUT):
+            continue
+        outcome = "rejected" if call.status == ToolCallStatus.REJECTED else "timed out"
+        append_event_once(
+            ctx.session_id,
+            "agent.note",
+            f"unexecuted:{call.pk}",
+            {
+                "tool_call": call.pk,
+                "tool_name": call.tool_name,
+                "args": call.request_payload,
+                "outcome": outcome,
+                "reason": call.decision_reason,
+                "text": f"Continuing without {call.tool_name} ({outcome}: "
+                f"{call.decision_reason or 'no reason given'}); the report records it"
+                + ("; a manual to-do was opened." if outcome == "timed out" else "."),
+            },
+            producer=ctx.producer,
+            run=run,
+        )
+
+
+def _options(spec: dict[str, Any], lang: str) -> str:
+    values = spec.get("values") or {}
+    return " / ".join(values[k].get("label", {}).get(lang, k) for k in value_order(spec))
+
+
+def _retry_hint(spec: dict[str, Any], lang: str) -> str:
+    names = _options(spec, lang)
+    if lang == "zh":
+        return "未能识别您的回答。" + (f"可选：{names}。" if names else "")
+    return "I could not recognise that answer. " + (f"Options: {names}. " if names else "")
+
+
+def _unsure_hint(spec: dict[str, Any], lang: str) -> str:
+    """The operator does not know yet: a required fact decides the risk, so it is asked
+    again, with what to do (an unknown never matches a rule: guessing is not an option)."""
+    names = _options(spec, lang)
+    if lang == "zh":
+        return "风险评估需要这一项：请向机组或现场人员确认后告诉我。" + (
+            f"可选：{names}。" if names else ""
+        )
+    return "The risk cannot be assessed without this: please check with the crew or the " + (
+        f"staff on site, then tell me. Options: {names}. " if names else "staff on site. "
+    )
+
+
+def route_after_reasoning(
+    state: AgentState,
+) -> Literal["ask_user", "tool_executor", "await_approval", "compliance_validator"]:
+    step = state["plan"]["step"]
+    if step == "ask":
+        return "ask_user"
+    if step == "call":
+        return "tool_executor"
+    if step == "await":
+        return "await_approval"
+    return "compliance_validator"  # finish, or stop (the budget ran out and was refused)

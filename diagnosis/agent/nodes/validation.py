@@ -1,0 +1,72 @@
+"""The compliance validator: the plan checked against the compliance state machine."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from diagnosis.agent import budget, fsm, summaries
+from diagnosis.agent.planning import facts_of
+from diagnosis.agent.recording import recorded
+from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.events import append_event_once, append_step_event
+from diagnosis.models import AgentRun
+
+
+@recorded("compliance_validator", rows=False)
+def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    corrections = list(state.get("corrections") or [])
+    for refusal in state.get("refusals") or []:
+        corrections.append(refusal["violation"])
+        append_step_event(ctx.session_id, "fsm.violation", refusal, producer=ctx.producer, run=run)
+    facts = facts_of(state, ctx)
+    finishing = state["plan"]["step"] == "finish"
+    if state["plan"]["step"] == "stop":
+        # The budget ran out and continuing was refused: the agent ends here and
+        # reports what was done (nothing is awaiting: the model is only asked before
+        # the actions are proposed or after they are settled).
+        outcome, by, reason = budget.stop_reason(state["plan"]["request"])
+        append_event_once(
+            ctx.session_id,
+            "budget.stopped",
+            f"budget:{state['plan']['request']}:stopped",
+            {"tool_call": state["plan"]["request"], "outcome": outcome, "by": by, "reason": reason},
+            producer=ctx.producer,
+            run=run,
+        )
+        plan = dict(state["plan"])
+        plan["approved_finish"] = True
+        return {"plan": plan, "refusals": [], "_summary": "stopped: budget refused"}
+    if finishing and not facts.actions_settled:
+        violation = {
+            "tool": "write_report",
+            "violation": fsm.check_step(ctx.definition, facts, "write_report")
+            or "report requested with required actions undecided",
+        }
+        corrections.append(violation["violation"])
+        append_step_event(
+            ctx.session_id, "fsm.violation", violation, producer=ctx.producer, run=run
+        )
+        finishing = False
+    current = fsm.state_name(ctx.definition, fsm.state_index(facts))
+    previous = state.get("fsm") or fsm.state_name(ctx.definition, 0)
+    if current != previous:
+        append_step_event(
+            ctx.session_id,
+            "fsm.transition",
+            {"from": previous, "to": current},
+            producer=ctx.producer,
+            run=run,
+        )
+    plan = dict(state["plan"])
+    plan["approved_finish"] = finishing
+    return {
+        "fsm": current,
+        "corrections": corrections,
+        "refusals": [],
+        "plan": plan,
+        "_summary": summaries.compliance_state(current),
+    }
+
+
+def route_after_validation(state: AgentState) -> Literal["output_generator", "reasoning"]:
+    return "output_generator" if state["plan"].get("approved_finish") else "reasoning"

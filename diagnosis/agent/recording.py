@@ -1,0 +1,355 @@
+"""How a node's step is recorded: its run, its events and rows in the step group's
+transaction, its failure, the keys that make a re-run write nothing twice, and the
+model calls it makes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any, Protocol
+
+from django.db import connection, transaction
+from django.utils import timezone
+from langgraph.config import get_config
+from langgraph.runtime import Runtime
+
+from aero.text import MAX_MODEL_TEXT, cut_generated
+from diagnosis import shutdown
+from diagnosis.agent import waits
+from diagnosis.agent.providers import Attempt, OpenAICompatibleProvider
+from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.events import (
+    EventBatch,
+    LeaseLost,
+    StepGroup,
+    add_usage,
+    append_event,
+    append_keyed,
+    append_step_event,
+    step_scope,
+)
+from diagnosis.models import AgentRun, LLMCall
+
+
+class NodeFn(Protocol):
+    def __call__(self, state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]: ...
+
+
+class SessionCanceled(Exception):
+    pass
+
+
+def recorded(
+    name: str, *, last: bool = False, rows: bool = True
+) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
+    """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
+
+    The steps between two waits are one transaction (a StepGroup, ADR 145; one per step
+    before, ADR 55): each node's rows and its events (queued, written when the group
+    commits, under one lock) commit together or not at all; a crash mid-group leaves
+    nothing half-written and a failed step is logged on its own after the steps before
+    it commit. The events are keyed by the step's task (StepScope): if the group
+    committed but its checkpoint did not, the re-run writes nothing twice. `last`: the
+    graph ends after this node, so the group commits when it returns. `rows=False`: the
+    node writes no row but its run (it only reads, and queues events) when no model
+    reasons for the session: it joins its group without a savepoint (a write would be
+    refused)."""
+
+    def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
+        # No functools.wraps: LangGraph reads the signature to inject `runtime`.
+        def wrapper(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+            ctx = runtime.context
+            group = step_group(ctx)
+            if shutdown.stopping():
+                group.commit()  # the steps before this one: their checkpoint follows
+                raise shutdown.WorkerStopping()  # before the step: the next job runs it
+            # A canceled session has no lease any more: the group's write is refused
+            # under the row lock (LeaseLost) and the job ends as canceled. No query here.
+            try:
+                update = _run_step(
+                    fn,
+                    name,
+                    state,
+                    ctx,
+                    _task_key(runtime, name),
+                    _wait_key(runtime, name),
+                    lean=not rows and group.is_open and not reasons(ctx),
+                )
+            except waits.ModelWait as wait:
+                # The step rolled back, the steps before it commit; it re-runs from its
+                # first line once the runner has the reply (ADR 95). The interrupt
+                # carries the request; the job records its row after the checkpoint
+                # (ADR 172: not with this commit).
+                group.commit()
+                waits.interrupt_for(wait)
+                raise  # not reached: interrupt_for raises the interrupt
+            if (
+                update.pop("_commit", False)
+                or last
+                or group.end_after_step
+                or commits_after(ctx, name, update)
+            ):
+                # The graph ends after this node (its checkpoint follows), or the step
+                # handed effects to the outbox, which go out once it commits; a session
+                # a model reasons for commits after its model's steps (`commits_after`).
+                group.commit()
+            return update
+
+        wrapper.__name__ = fn.__name__
+        return wrapper
+
+    return decorator
+
+
+def _run_step(
+    fn: Callable[..., dict[str, Any]],
+    name: str,
+    state: AgentState,
+    ctx: AgentContext,
+    task_key: str,
+    wait_key: str,
+    *,
+    lean: bool = False,
+) -> dict[str, Any]:
+    """One node's step: its rows and events in one transaction (see `recorded`).
+    `lean`: a step without a savepoint, that may write no row but its run."""
+    group = step_group(ctx)
+    run: AgentRun | None = None
+    with waits.wait_scope(ctx.session_id, wait_key), step_scope(task_key) as scope:
+        try:
+            with group.step(savepoint=not lean) as batch:
+                run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
+                with writes_refused(name) if lean else nullcontext():
+                    update = fn(state, ctx, run)
+                summary = update.pop("_summary", "")
+                group.finish_run(run, summary)  # written with the group's commit
+                append_step_event(
+                    ctx.session_id,
+                    "agent.node_completed",
+                    {"node": name, "run": run.pk, "summary": summary},
+                    producer=ctx.producer,
+                    run=run,
+                )
+        except Exception as exc:
+            ctx.actions = None  # the step's own changes to them rolled back
+            if isinstance(exc, (SessionCanceled, LeaseLost)):
+                group.rollback(lost=True)  # a lost lease writes nothing, not its failure
+                raise
+            try:
+                group.commit()  # the steps before this one did their work: keep it
+            except Exception:
+                # Lost with them (a lean step's database error spoils the transaction):
+                # their checkpoint is refused and the retry runs them all again.
+                _record_failure(ctx, name, state, exc)
+                raise
+            if type(exc).__name__ == "GraphInterrupt":
+                raise
+            # A lean step's run row was kept with the group: it is the failed run.
+            _record_failure(ctx, name, state, exc, run if lean else None)
+            raise
+    return update
+
+
+@contextmanager
+def writes_refused(name: str) -> Iterator[None]:
+    """A lean step has no savepoint to roll a row back to: any write is a bug, refused
+    (the step fails and says so) rather than left in the group after a failure."""
+
+    def refuse(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip()[:6].upper() in ("INSERT", "UPDATE", "DELETE"):
+            raise RuntimeError(f"{name} wrote a row: it must be recorded with rows=True")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refuse):
+        yield
+
+
+def reasons(ctx: AgentContext) -> bool:
+    """Whether a real model picks this session's steps (diagnosis.agent.react). Its
+    steps are not grouped: the conversation and the budget are rebuilt from the log at
+    every step (ADR 99), so each step's events must be written before the next one
+    reads them, and a model call may take seconds. Grouping is for the deterministic
+    steps that follow each other with nothing to wait for (ADR 145)."""
+    return any(isinstance(p, OpenAICompatibleProvider) for p in ctx.providers)
+
+
+def commits_after(ctx: AgentContext, name: str, update: dict[str, Any] | None = None) -> bool:
+    """Whether the group commits after this step of a session a model reasons for.
+
+    Model calls inside the step (blocking mode, AERO_LLM_WAITS off) take seconds: every
+    step commits, so the session's page shows each one as it ends. With model calls as
+    waits no step blocks, and only the reasoning step commits at once: the conversation
+    and the budget are rebuilt from the log (ADR 99), and the next reasoning step must
+    find this one's `agent.note` there, written before the calls it led to (the
+    conversation orders the model's turns and the policy's own calls by time). The steps
+    after it (the tools, the compliance check, the next reasoning step up to its model
+    wait) are one group, like a session without a model's (ADR 169). A reasoning step
+    whose plan is a human wait (approvals, a question) leaves the commit to that wait,
+    the very next step: nothing comes between them, and the wait's commit carries the
+    move to waiting_user (ADR 174)."""
+    if not reasons(ctx):
+        return False
+    if not waits.waits_enabled():
+        return True
+    if name != "reasoning":
+        return False
+    step = ((update or {}).get("plan") or {}).get("step")
+    return step not in ("await", "ask")
+
+
+def step_group(ctx: AgentContext) -> StepGroup:
+    if ctx.group is None:
+        ctx.group = StepGroup(ctx.session_id)
+    return ctx.group
+
+
+def commit_steps(ctx: AgentContext) -> None:
+    """Before a wait: the steps so far commit, before the checkpoint of the interrupt.
+    The action calls are read again after the wait (a decision may have landed)."""
+    if ctx.group is not None:
+        ctx.group.commit()
+    ctx.actions = None
+
+
+def _record_failure(
+    ctx: AgentContext, name: str, state: AgentState, exc: Exception, run: AgentRun | None = None
+) -> None:
+    """The step rolled back; its failure is a fact of its own (not keyed: a second
+    failure of the step is a new one). `run`: the failed step's run row, committed with
+    its group (a lean step): marked failed rather than a second row made."""
+    with transaction.atomic():
+        step_group(ctx).write_status()  # the job's move to running comes first
+        if run is not None and run._state.adding:
+            # A lean step's run, never written (ADR 156): written now, as failed.
+            run.status, run.ended_at = "failed", timezone.now()
+            run.save(force_insert=True)
+        elif run is not None:
+            AgentRun.objects.filter(pk=run.pk).update(status="failed", ended_at=timezone.now())
+        else:
+            run = AgentRun.objects.create(
+                session_id=ctx.session_id,
+                parent=ctx.root_run,
+                agent_name=name,
+                status="failed",
+                ended_at=timezone.now(),
+                input_snapshot={"fsm": state.get("fsm", "")},
+            )
+        append_event(
+            ctx.session_id,
+            "agent.node_failed",
+            {"node": name, "run": run.pk, "error": f"{type(exc).__name__}: {exc}"},
+            producer=ctx.producer,
+            run=run,
+        )
+
+
+def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
+    """The same for a re-run of the step, new for any later step. Not LangGraph's task id:
+    checkpoints are saved only when the graph exits (ADR 85), so after a crash mid-run
+    the steps after the first get new task ids (their checkpoints were never saved).
+    The checkpoint the run started from, the step number (counted from the thread's
+    start) and the node do not change: the graph is a chain, one node per step."""
+    step = get_config()["metadata"]["langgraph_step"]
+    return f"task:{runtime.context.origin or 'start'}:{step}:{name}"
+
+
+def _wait_key(runtime: Runtime[AgentContext], name: str) -> str:
+    """The key of a node's model calls: it must survive the interrupt a model wait ends
+    the job with, and `_task_key` does not (the resumed run starts from the checkpoint
+    saved at that interrupt: a new origin). LangGraph's task id does: the interrupted
+    task is pending in that checkpoint and keeps its id when it re-runs on resume."""
+    info = runtime.execution_info
+    if info is not None and info.task_id:
+        return f"task:{info.task_id}"
+    return _task_key(runtime, name)
+
+
+def _start_node(
+    ctx: AgentContext, batch: EventBatch, key: str, name: str, state: AgentState
+) -> AgentRun:
+    started = batch.find(key)
+    if started is not None and started.run_id is not None:
+        # The step committed before (its checkpoint did not): carry on with its run.
+        AgentRun.objects.filter(pk=started.run_id).update(status="running", ended_at=None)
+        run = AgentRun(pk=started.run_id, session_id=ctx.session_id, agent_name=name)
+        run._state.adding = False  # its row exists: a failure updates it
+        return run
+    fields = {
+        "session_id": ctx.session_id,
+        "parent": ctx.root_run,
+        "agent_name": name,
+        "input_snapshot": {"fsm": state.get("fsm", "")},
+    }
+    # Written with the group's commit, already completed (ADR 156); SQLite: now.
+    run = step_group(ctx).new_run(**fields) or AgentRun.objects.create(**fields)
+    append_keyed(
+        ctx.session_id,
+        "agent.node_started",
+        key,
+        {"node": name, "run": run.pk},
+        producer=ctx.producer,
+        run=run,
+    )
+    return run
+
+
+def call_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:
+    def record(attempt: Attempt) -> None:
+        usage = attempt.usage
+        payload: dict[str, Any] = {
+            "provider": attempt.provider,
+            "model": attempt.model,
+            "purpose": attempt.purpose,
+            "status": attempt.status,
+            "tokens_in": usage.tokens_in,
+            "tokens_out": usage.tokens_out,
+            "cost": str(usage.cost),
+            "latency_ms": attempt.latency_ms,
+            "error": attempt.error,
+            "attempt": attempt.attempt,
+        }
+        if usage.text:
+            # The reply's text, as the runner records a streamed one: replay shows it.
+            payload["text"], cut_from = cut_generated(usage.text, MAX_MODEL_TEXT)
+            if cut_from is not None:
+                payload["cut_from_chars"] = cut_from
+        with transaction.atomic(savepoint=False):  # inside the step (ADR 86)
+            _, new = append_step_event(
+                ctx.session_id, "llm.call", payload, producer=ctx.producer, run=run
+            )
+            if not new:
+                return  # recorded and counted by the first run of this step
+            LLMCall.objects.create(
+                session_id=ctx.session_id,
+                agent_run=run,
+                provider=attempt.provider,
+                model=attempt.model,
+                purpose=attempt.purpose,
+                status=attempt.status,
+                tokens_in=usage.tokens_in,
+                tokens_out=usage.tokens_out,
+                cost=usage.cost,
+                latency_ms=attempt.latency_ms,
+                error=attempt.error,
+            )
+            if usage.tokens_in or usage.tokens_out or usage.cost:
+                add_usage(ctx.session_id, usage.tokens_in, usage.tokens_out, usage.cost)
+                # That UPDATE holds the session row until the commit: the group ends
+                # with this step, so a slow model call in the next one does not keep
+                # decisions, cancels and the heartbeat waiting.
+                step_group(ctx).end_after_step = True
+
+    return record
+
+
+def fallback_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[str, str, str], None]:
+    def on_fallback(failed: str, next_provider: str, error: str) -> None:
+        append_step_event(
+            ctx.session_id,
+            "llm.fallback",
+            {"from": failed, "to": next_provider, "error": error},
+            producer=ctx.producer,
+            run=run,
+        )
+
+    return on_fallback
