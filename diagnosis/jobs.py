@@ -37,7 +37,7 @@ from langgraph.types import Command
 
 from aero import metrics
 from aero.compiled import Arg, Compiled, Statement, cached_sql, insert_values, slot
-from diagnosis import shutdown
+from diagnosis import checkpoint_tables, shutdown
 from diagnosis.agent import waits
 from diagnosis.agent.graph import build_graph
 from diagnosis.agent.providers import (
@@ -1000,7 +1000,9 @@ def _postgres_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
         while not _try_lock(cursor):
             time.sleep(0.1)
         try:
-            saver.setup()
+            # The owner creates the tables (db_roles): the app's role cannot create any.
+            if not checkpoint_tables.current(conn):
+                saver.setup()
         finally:
             cursor.execute("SELECT pg_advisory_unlock(7410001)")
         # For every statement of this connection from now on (not before: the setup's

@@ -114,7 +114,10 @@ def app_role(transactional_db: None) -> Iterator[dict[str, Any]]:
     with connection.cursor() as cursor:
         cursor.execute(f'DROP OWNED BY "{name}"' if _role_exists(cursor, name) else "SELECT 1")
         cursor.execute(f'DROP ROLE IF EXISTS "{name}"')
-    call_command("db_roles", app_url=url, stdout=io.StringIO())
+    stderr = io.StringIO()
+    call_command("db_roles", app_url=url, stdout=io.StringIO(), stderr=stderr)
+    # The suite's database belongs to a superuser: allowed, with a warning.
+    assert "warning:" in stderr.getvalue() and "is a superuser" in stderr.getvalue()
     conn = psycopg.connect(host=host, port=port, dbname=params["NAME"], user=name, autocommit=True)
     try:
         yield {"conn": conn, "url": url, "name": name}
