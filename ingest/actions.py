@@ -4,7 +4,7 @@ session or appends to the open session of its group (never a second one)."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -19,22 +19,38 @@ from diagnosis.events import append_event
 from diagnosis.models import Session
 from ingest.config import GateSnapshot, provider
 from ingest.gate import DELIVER, DROP, RESOLVED, SINK, Alert, Verdict, decide, describe
-from ingest.models import AlertGroup, Observation
+from ingest.models import AlertGroup, Decision, Observation
 from scenarios_admin.models import Scenario
 
 logger = logging.getLogger("ingest")
 PRODUCER = "ingest"
+REFUSE = Decision.REFUSE
 
 
-def seen_recently(fingerprint: str, group_key: str, status: str, window: int) -> bool:
-    since = timezone.now() - timedelta(seconds=window)
-    return (
-        Observation.objects.filter(
-            fingerprint=fingerprint, group_key=group_key, status=status, received_at__gte=since
-        )
-        .exclude(decision=DROP)
-        .exists()
+def repeat_of(
+    fingerprint: str, group_key: str, status: str, starts_at: datetime | None, window: int
+) -> Observation | None:
+    """The kept observation this alert repeats, or None. Only the latest kept observation
+    of the alert (fingerprint and group) counts: a firing after its resolution, a new
+    startsAt (Alertmanager keeps it for one episode) or a session that has ended since
+    each begin a new episode, which is never a repeat."""
+    last = (
+        Observation.objects.filter(fingerprint=fingerprint, group_key=group_key)
+        .exclude(decision__in=(DROP, REFUSE))
+        .select_related("session")
+        .order_by("-received_at", "-id")
+        .first()
     )
+    if last is None or last.status != status:
+        return None
+    if last.received_at < timezone.now() - timedelta(seconds=window):
+        return None
+    if starts_at is not None and last.starts_at is not None and starts_at != last.starts_at:
+        return None
+    session = last.session
+    if session is not None and (session.is_ended or session.deleted_at is not None):
+        return None
+    return last
 
 
 def ingest_user() -> Any:
@@ -50,7 +66,15 @@ def ingest_user() -> Any:
 def _record(
     alert: Alert, verdict: Verdict, config: GateSnapshot, user: Any, session: Session | None = None
 ) -> Observation:
-    kept = verdict.decision != DROP  # a dropped alert is counted, its content discarded
+    # A dropped alert is counted and its content discarded, unless it is a repeat that
+    # carries something its episode's kept observation does not (a new description).
+    kept = verdict.decision != DROP or (
+        verdict.repeats is not None
+        and (
+            verdict.repeats.labels != dict(alert.labels)
+            or verdict.repeats.annotations != dict(alert.annotations)
+        )
+    )
     return Observation.objects.create(
         source=alert.source[:64],
         actor=alert.actor[:150],
@@ -77,7 +101,7 @@ def do_ingest(alert: Alert, user: Any) -> Observation:
     deliveries of one group (a repeat, a concurrent notification) find the same open
     session: the first opens it, the others append to it."""
     config = provider.current()
-    verdict = decide(alert, config, seen_recently)
+    verdict = decide(alert, config, repeat_of)
     if verdict.decision != DELIVER:
         return _record(alert, verdict, config, user)
     with transaction.atomic():

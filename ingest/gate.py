@@ -1,7 +1,8 @@
 """The gate (seed 002, ADR-003/005/006): synchronous, fast, deterministic stages that turn
 one alert into DROP, SINK or DELIVER, naming the stage that decided. It never calls the
-agent: delivering is ingest.actions' job. The only state it reads is "was this seen
-recently", passed in as a function, so the stages are testable as plain data."""
+agent: delivering is ingest.actions' job. The only state it reads is "which kept
+observation, if any, does this alert repeat", passed in as a function, so the stages are
+testable as plain data."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from ingest.config import GateSnapshot, RuleSnapshot
 from ingest.schemas import AlertmanagerPayload, GenericPayload
@@ -48,9 +50,14 @@ class Verdict:
     rule: RuleSnapshot | None = None
     fingerprint: str = ""
     group_key: str = ""
+    repeats: Any = None  # what a dedup drop repeats (RepeatOf's answer), else None
 
 
-SeenRecently = Callable[[str, str, str, int], bool]  # fingerprint, group key, status, window
+# (fingerprint, group key, status, startsAt, window) -> the kept observation of the same
+# open episode this alert repeats, or None. An episode opens with a firing and ends with
+# its resolution, a new startsAt or the end of its session: only inside one is an alert
+# a repeat, so a new incident is never dropped as one.
+RepeatOf = Callable[[str, str, str, datetime | None, int], Any]
 
 
 def is_own_output(alert: Alert) -> bool:
@@ -70,7 +77,7 @@ def group_key_for(alert: Alert, rule: RuleSnapshot | None) -> str:
     return f"{alert.source}:{rule.name if rule else '-'}:{{{parts}}}"[:255]
 
 
-def decide(alert: Alert, config: GateSnapshot, seen_recently: SeenRecently) -> Verdict:
+def decide(alert: Alert, config: GateSnapshot, repeat_of: RepeatOf) -> Verdict:
     fingerprint = alert.fingerprint or alert.label_fingerprint()
     # 1. loop guard
     if is_own_output(alert):
@@ -78,25 +85,32 @@ def decide(alert: Alert, config: GateSnapshot, seen_recently: SeenRecently) -> V
     # 2. match a scenario
     rule = config.match(dict(alert.labels))
     group_key = group_key_for(alert, rule)
-    if rule is None:
-        return Verdict(
-            config.unmatched, "match", "no gate rule matches", 0, None, fingerprint, group_key
-        )
     # 3. score
     severity = alert.labels.get("severity", "")
-    score = rule.base_score + config.severity_scores.get(severity, 0)
-    # 4. deduplicate: the same alert, group and status already passed within the window
-    if config.dedup_window_seconds and seen_recently(
-        fingerprint, group_key, alert.status, config.dedup_window_seconds
-    ):
+    score = rule.base_score + config.severity_scores.get(severity, 0) if rule else 0
+    # 4. deduplicate: a repeat of a kept alert within its open episode and the window
+    # (unmatched alerts too: a sink must not fill with one alert's repeats)
+    repeated = (
+        repeat_of(
+            fingerprint, group_key, alert.status, alert.starts_at, config.dedup_window_seconds
+        )
+        if config.dedup_window_seconds
+        else None
+    )
+    if repeated is not None:
         return Verdict(
             DROP,
             "dedup",
-            f"repeat within {config.dedup_window_seconds} s",
+            f"repeat within its open episode and {config.dedup_window_seconds} s",
             score,
             rule,
             fingerprint,
             group_key,
+            repeated,
+        )
+    if rule is None:
+        return Verdict(
+            config.unmatched, "match", "no gate rule matches", 0, None, fingerprint, group_key
         )
     # 5. policy
     if rule.action != "auto":

@@ -13,9 +13,11 @@ class Decision(models.TextChoices):
     DROP = "drop", "Drop (discarded, counted)"
     SINK = "sink", "Sink (kept, no session)"
     DELIVER = "deliver", "Deliver (session)"
+    REFUSE = "refuse", "Refuse (invalid, kept as sent)"
 
 
 class Stage(models.TextChoices):
+    VALIDATE = "validate", "Validate"
     LOOP = "loop", "Loop guard"
     MATCH = "match", "Match a scenario"
     SCORE = "score", "Score"
@@ -35,8 +37,9 @@ class GateSettings(models.Model):
     )
     dedup_window_seconds = models.PositiveIntegerField(
         default=300,
-        help_text="A repeat of the same alert (fingerprint, group, status) inside "
-        "this window is dropped.",
+        help_text="A repeat of the same alert (fingerprint, group, status) inside this "
+        "window is dropped while its episode is open (not resolved, same start, its "
+        "session not ended).",
     )
     severity_scores = models.JSONField(
         default=dict,
@@ -157,11 +160,13 @@ class Observation(models.Model):
     class Meta:
         ordering = ["-received_at", "-id"]
         indexes = [
-            # the dedup stage: "this alert, this group, this status, recently, not dropped"
+            # the dedup stage: "this alert's latest observation in this group"
             models.Index(
-                fields=["fingerprint", "group_key", "status", "-received_at"],
-                name="observation_dedup_idx",
+                fields=["fingerprint", "group_key", "-received_at"],
+                name="observation_episode_idx",
             ),
+            # pruning by age
+            models.Index(fields=["received_at"], name="observation_received_idx"),
         ]
 
     def __str__(self) -> str:

@@ -18,8 +18,11 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "Installing Debian ${missing[*]}..."
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Another apt run (a helper, unattended-upgrades) may hold the dpkg lock: wait for it
+  # rather than fail the first time.
+  apt-get -o DPkg::Lock::Timeout=300 update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
+    "${missing[@]}" >/dev/null
   # Alertmanager starts nothing here (no systemd), and the tests run their own instance.
 else
   echo "missing system packages: run 'sudo apt-get install -y ${missing[*]}'" >&2

@@ -1,6 +1,8 @@
 """The real Prometheus Alertmanager (Debian's package, scripts/install-system-deps.sh) sends
-its webhook to AERO served by daphne; amtool fires, repeats and resolves an alert. One
-session opens; the repeats and the resolved notice do not open more."""
+its webhook to AERO served by daphne; amtool fires, repeats, resolves and fires again an
+alert, then, after its session was closed, fires a new incident. Repeats within an
+episode are dropped; a firing after its resolution reaches the incident, and the new
+incident after the close opens a session of its own."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
-from diagnosis.models import Event, Session
+from diagnosis.actions import do_cancel
+from diagnosis.models import ENDED_STATUSES, Event, Session
 from ingest.models import GateRule, GateSettings, Observation
 from scenarios_admin.models import Scenario
 from tests.api_helpers import token_for
@@ -94,16 +97,35 @@ def wait_for(condition: Callable[[], bool], limit: float, message: str) -> None:
         time.sleep(0.3)
 
 
-def amtool(url: str, *args: str) -> None:
+def amtool(url: str, *args: str, description: str = STAND_FUEL_LEAK) -> None:
     subprocess.run(
-        ["amtool", "alert", "add", *LABELS, *args, f"--alertmanager.url={url}"],
+        [
+            "amtool",
+            "alert",
+            "add",
+            *LABELS,
+            *args,
+            f"--annotation=description={description}",
+            f"--alertmanager.url={url}",
+        ],
         check=True,
         capture_output=True,
         timeout=30,
     )
 
 
-def test_amtool_alerts_open_one_session(alertmanager: str) -> None:
+def resolve(url: str, description: str = STAND_FUEL_LEAK) -> None:
+    ended = (datetime.now(UTC) - timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    amtool(url, f"--end={ended}", description=description)
+
+
+def kept(status: str) -> list[Observation]:
+    return list(Observation.objects.filter(status=status).exclude(decision="drop").order_by("id"))
+
+
+def test_amtool_fire_repeat_resolve_refire_and_a_new_incident_after_close(
+    alertmanager: str,
+) -> None:
     settings = GateSettings.load()
     settings.severity_scores = {"critical": 60}
     settings.save()
@@ -113,39 +135,53 @@ def test_amtool_alerts_open_one_session(alertmanager: str) -> None:
         scenario=Scenario.objects.get(slug="oil_spill"),
     )
 
-    amtool(alertmanager, f"--annotation=description={STAND_FUEL_LEAK}")
-    wait_for(
-        lambda: Observation.objects.filter(decision="deliver").exists(),
-        60,
-        "the firing alert never arrived",
-    )
-    # Alertmanager repeats the notification every 2 s; amtool fires the same alert again
-    amtool(alertmanager, f"--annotation=description={STAND_FUEL_LEAK}")
+    # fire, and Alertmanager repeats the notification every 2 s
+    amtool(alertmanager)
+    wait_for(lambda: len(kept("firing")) == 1, 60, "the firing alert never arrived")
     wait_for(
         lambda: Observation.objects.filter(status="firing").count() >= 3,
         60,
         "no repeated notifications",
     )
-    ended = (datetime.now(UTC) - timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    amtool(alertmanager, f"--end={ended}", f"--annotation=description={STAND_FUEL_LEAK}")
-    wait_for(
-        lambda: Observation.objects.filter(status="resolved").exists(),
-        60,
-        "the resolved notice never arrived",
-    )
-
     session = Session.objects.get()
     assert session.created_by.username == "alertmanager-bot"
-    firing = list(Observation.objects.filter(status="firing").order_by("id"))
-    assert (firing[0].decision, firing[0].stage, firing[0].session) == (
-        "deliver",
-        "policy",
-        session,
+    first = kept("firing")[0]
+    assert (first.decision, first.stage, first.session) == ("deliver", "policy", session)
+    assert first.group_key.startswith("{}:") and "FuelLeak" in first.group_key
+    repeats = Observation.objects.filter(status="firing", id__gt=first.pk)
+    assert {(o.decision, o.stage) for o in repeats} == {("drop", "dedup")}
+
+    # resolve, then fire again within the dedup window: a new episode, not a repeat
+    resolve(alertmanager)
+    wait_for(lambda: len(kept("resolved")) == 1, 60, "the resolved notice never arrived")
+    assert (kept("resolved")[0].decision, kept("resolved")[0].session) == ("deliver", session)
+    amtool(alertmanager)
+    wait_for(lambda: len(kept("firing")) == 2, 60, "the firing after resolution was dropped")
+    refired = kept("firing")[1]
+    assert refired.starts_at != first.starts_at
+    assert (refired.decision, refired.stage) == ("deliver", "policy")
+    session.refresh_from_db()
+    if not session.is_ended:  # the agent may have finished it on its own meanwhile
+        assert refired.session == session
+    wait_for(
+        lambda: Observation.objects.filter(status="firing", id__gt=refired.pk).count() >= 2,
+        60,
+        "no repeated notifications of the second firing",
     )
-    assert firing[0].group_key.startswith("{}:") and "FuelLeak" in firing[0].group_key
-    assert {(o.decision, o.stage) for o in firing[1:]} == {("drop", "dedup")}
-    resolved = Observation.objects.get(status="resolved")
-    assert (resolved.decision, resolved.session) == ("deliver", session)
+    assert kept("firing") == [first, refired], "a repeat of the second firing was kept"
+
+    # resolve and close the incident; a new one (new description) opens a new session
+    resolve(alertmanager)
+    wait_for(lambda: len(kept("resolved")) == 2, 60, "the second resolved notice never arrived")
+    for open_session in Session.objects.exclude(status__in=ENDED_STATUSES):
+        do_cancel(open_session.pk, open_session.created_by, "handled")
+    amtool(alertmanager, description="Fuel again at stand 105, a new leak.")
+    wait_for(lambda: len(kept("firing")) == 3, 60, "the new incident after the close was dropped")
+    new = kept("firing")[2]
+    assert (new.decision, new.stage) == ("deliver", "policy")
+    assert new.session is not None and new.session not in (first.session, refired.session)
+    assert new.annotations["description"] == "Fuel again at stand 105, a new leak."
+    opening = Event.objects.get(session=new.session, type="user.message")
+    assert "a new leak" in opening.payload["text"]
     alerts = Event.objects.filter(session=session, type="timeline.appended", payload__kind="alert")
-    assert [e.payload["status"] for e in alerts.order_by("seq")] == ["firing", "resolved"]
-    assert Session.objects.count() == 1
+    assert [e.payload["status"] for e in alerts.order_by("seq")][:2] == ["firing", "resolved"]

@@ -16,6 +16,7 @@ from django.db import connection
 from django.test import Client
 
 from aero.models import AuditLog
+from diagnosis.actions import do_cancel
 from diagnosis.models import Event, Session
 from ingest.config import ConfigError, GateConfigProvider, build_snapshot, provider
 from ingest.gate import Alert, decide
@@ -58,12 +59,12 @@ def alert(status: str = "firing", **labels: str) -> Alert:
     )
 
 
-def never(*_: Any) -> bool:
-    return False
+def never(*_: Any) -> None:
+    return None
 
 
-def always(*_: Any) -> bool:
-    return True
+def always(*_: Any) -> object:
+    return object()  # the observation repeated
 
 
 # --- the stages, as plain data ---------------------------------------------------------
@@ -94,6 +95,8 @@ def test_each_stage_decides_and_says_so() -> None:
 
     repeat = decide(alert(), config, always)
     assert (repeat.decision, repeat.stage) == ("drop", "dedup")
+    unmatched_repeat = decide(alert(alertname="DiskFull"), config, always)
+    assert (unmatched_repeat.decision, unmatched_repeat.stage) == ("drop", "dedup")
     no_window = decide(alert(), snapshot(dedup_window_seconds=0), always)
     assert no_window.decision == "deliver"
 
@@ -236,12 +239,18 @@ def v4(status: str, *alerts: dict[str, Any], group: str = '{}:{alertname="FuelLe
     }
 
 
-def am_alert(status: str = "firing", stand: str = "105", fingerprint: str = "a1b2c3") -> Any:
+def am_alert(
+    status: str = "firing",
+    stand: str = "105",
+    fingerprint: str = "a1b2c3",
+    starts: str = "2026-11-23T10:00:00Z",
+    description: str = STAND_FUEL_LEAK,
+) -> Any:
     return {
         "status": status,
         "labels": {"alertname": "FuelLeak", "severity": "critical", "stand": stand},
-        "annotations": {"description": STAND_FUEL_LEAK, "summary": f"fuel on stand {stand}"},
-        "startsAt": "2026-11-23T10:00:00Z",
+        "annotations": {"description": description, "summary": f"fuel on stand {stand}"},
+        "startsAt": starts,
         "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-23T10:05:00Z",
         "generatorURL": "http://prometheus/graph",
         "fingerprint": fingerprint,
@@ -291,6 +300,83 @@ def test_one_session_per_group_repeats_and_resolved_do_not_open_more(
     assert AuditLog.objects.filter(action="ingest.delivered", session_id=session.pk).count() == 3
     page = admin_client.get(f"/sessions/{session.pk}/")
     assert "Alert FuelLeak resolved from alertmanager</span>" in page.content.decode()
+
+
+def outcome(response: Any) -> tuple[str, str, Any]:
+    decision = response.json()["decisions"][0]
+    return decision["decision"], decision["stage"], decision["session_id"]
+
+
+@pytest.mark.services
+def test_a_firing_after_its_resolution_is_a_new_episode_not_a_repeat(
+    gate_rules: GateRule, settings: Any
+) -> None:
+    """Fire, resolve and fire again within the dedup window: the second firing reaches
+    the group's open session (the incident reopens), and only its own repeat is dropped."""
+    settings.AERO_INGEST_SECRET = SECRET
+    fired = outcome(post("/ingest/alertmanager", v4("firing", am_alert())))
+    assert fired[:2] == ("deliver", "policy")
+    resolved = outcome(post("/ingest/alertmanager", v4("resolved", am_alert("resolved"))))
+    assert resolved == ("deliver", "policy", fired[2])
+    again = am_alert(starts="2026-11-23T10:07:00Z")
+    refired = outcome(post("/ingest/alertmanager", v4("firing", again)))
+    assert refired == ("deliver", "policy", fired[2]), "the new firing was dropped as a repeat"
+    assert outcome(post("/ingest/alertmanager", v4("firing", again)))[:2] == ("drop", "dedup")
+    alerts = Event.objects.filter(session_id=fired[2], type="timeline.appended")
+    statuses = [e.payload["status"] for e in alerts.filter(payload__kind="alert").order_by("seq")]
+    assert statuses == ["firing", "resolved", "firing"]
+
+
+@pytest.mark.services
+def test_a_firing_after_its_session_ended_opens_a_new_incident(
+    gate_rules: GateRule, settings: Any
+) -> None:
+    """The session of an alert is canceled: a repeat of the same firing (same startsAt)
+    is no longer a repeat of anything open, and opens a new session; so does a new
+    incident with a new startsAt after the first was resolved."""
+    settings.AERO_INGEST_SECRET = SECRET
+    first = outcome(post("/ingest/alertmanager", v4("firing", am_alert())))
+    session = Session.objects.get(pk=first[2])
+    do_cancel(session.pk, session.created_by, "noise")
+
+    repeat = outcome(post("/ingest/alertmanager", v4("firing", am_alert())))
+    assert repeat[:2] == ("deliver", "policy") and repeat[2] != first[2]
+    assert outcome(post("/ingest/alertmanager", v4("firing", am_alert())))[:2] == ("drop", "dedup")
+
+    do_cancel(repeat[2], session.created_by, "handled")
+    post("/ingest/alertmanager", v4("resolved", am_alert("resolved")))
+    new = am_alert(starts="2026-11-23T10:09:00Z", description="Fuel again, now at stand 105.")
+    third = outcome(post("/ingest/alertmanager", v4("firing", new)))
+    assert third[:2] == ("deliver", "policy") and third[2] not in (first[2], repeat[2])
+    assert Session.objects.count() == 3
+    opened = Session.objects.get(pk=third[2])
+    assert "Fuel again" in opened.events.get(type="user.message").payload["text"]
+
+
+@pytest.mark.services
+def test_a_repeat_keeps_what_it_carries_that_its_episode_has_not(
+    gate_rules: GateRule, settings: Any
+) -> None:
+    settings.AERO_INGEST_SECRET = SECRET
+    post("/ingest/alertmanager", v4("firing", am_alert()))
+    same = outcome(post("/ingest/alertmanager", v4("firing", am_alert())))
+    changed = am_alert(description="The leak has reached the drain.")
+    other = outcome(post("/ingest/alertmanager", v4("firing", changed)))
+    assert same[:2] == other[:2] == ("drop", "dedup")
+    drops = list(Observation.objects.filter(decision="drop").order_by("id"))
+    assert drops[0].annotations == {}, "an identical repeat keeps nothing twice"
+    assert drops[1].annotations["description"] == "The leak has reached the drain."
+
+
+@pytest.mark.services
+def test_unmatched_repeats_are_deduplicated(gate_rules: GateRule, settings: Any) -> None:
+    settings.AERO_INGEST_SECRET = SECRET
+    body = {"alerts": [{"labels": {"alertname": "DiskFull", "host": "db1"}}]}
+    assert outcome(post("/ingest/alerts", body))[:2] == ("sink", "match")
+    assert outcome(post("/ingest/alerts", body))[:2] == ("drop", "dedup")
+    resolved = {"alerts": [{"status": "resolved", "labels": body["alerts"][0]["labels"]}]}
+    assert outcome(post("/ingest/alerts", resolved))[:2] == ("sink", "match")
+    assert outcome(post("/ingest/alerts", body))[:2] == ("sink", "match")
 
 
 @pytest.mark.services
