@@ -1,30 +1,20 @@
 #!/usr/bin/env bash
-# System packages the project needs: GNU gettext's msgfmt (compiles the translations,
-# locale/*/django.po, at `make install`), Debian's Prometheus Alertmanager (+ amtool) for
-# the alerts-in test, and CJK fonts (fonts-noto-cjk) so the browser tests' screenshots of
-# Chinese pages are readable instead of boxes. Idempotent: nothing happens when they are
-# installed. Installs only when allowed (root, apt-get present); otherwise says how.
+# System packages the project needs: GNU gettext's msgfmt (compiles the translations at
+# `make install`), Debian's Prometheus Alertmanager (+ amtool) for the alerts-in test, and
+# CJK fonts so browser screenshots of Chinese pages show characters, not boxes.
+# Idempotent and silent when everything is there; installs as root or through
+# passwordless sudo, otherwise says what to run.
 set -euo pipefail
+. "$(dirname "$0")/lib/apt.sh"
 missing=()
 command -v msgfmt >/dev/null 2>&1 || missing+=(gettext)
 if ! command -v prometheus-alertmanager >/dev/null 2>&1 || ! command -v amtool >/dev/null 2>&1; then
   missing+=(prometheus-alertmanager)
 fi
-if ! fc-list 2>/dev/null | grep -qi "Noto Sans CJK"; then
+# Read the list first: `fc-list | grep -q` under pipefail fails when grep stops early.
+fonts=$(fc-list : family 2>/dev/null || true)
+if ! grep -qi "Noto Sans CJK" <<<"$fonts"; then
   missing+=(fonts-noto-cjk)
 fi
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
-if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-  echo "Installing Debian ${missing[*]}..."
-  # Another apt run (a helper, unattended-upgrades) may hold the dpkg lock: wait for it
-  # rather than fail the first time.
-  apt-get -o DPkg::Lock::Timeout=300 update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
-    "${missing[@]}" >/dev/null
-  # Alertmanager starts nothing here (no systemd), and the tests run their own instance.
-else
-  echo "missing system packages: run 'sudo apt-get install -y ${missing[*]}'" >&2
-  exit 1
-fi
+[ ${#missing[@]} -eq 0 ] && exit 0
+apt_install "translations, alerts test, CJK fonts" "${missing[@]}"

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, transaction
@@ -194,7 +195,7 @@ def test_the_app_role_reads_and_appends_but_the_database_checks_the_digests(
 def test_the_app_runs_as_that_role(app_role: dict[str, Any]) -> None:
     """The ORM's append (advisory lock, head, insert) and verify work with its rights."""
     entry()
-    env = service_env(app_role["url"], "redis://127.0.0.1:6379/10")
+    env = service_env(app_role["url"], str(settings.REDIS_URL))
     script = "from aero.models import audit; audit('test.as_app', actor_label='app')"
 
     subprocess.run(
