@@ -3,6 +3,7 @@ session or appends to the open session of its group (never a second one)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,13 +19,15 @@ from diagnosis.actions import ActionError, do_create_session
 from diagnosis.events import append_event
 from diagnosis.models import Session
 from ingest.config import GateSnapshot, provider
-from ingest.gate import DELIVER, DROP, RESOLVED, SINK, Alert, Verdict, decide, describe
-from ingest.models import AlertGroup, Decision, Observation
+from ingest.gate import DELIVER, DROP, FIRING, RESOLVED, SINK, Alert, Verdict, decide, describe
+from ingest.models import AlertGroup, Decision, Observation, Stage
+from ingest.schemas import MAX_LABEL_VALUE, cut
 from scenarios_admin.models import Scenario
 
 logger = logging.getLogger("ingest")
 PRODUCER = "ingest"
 REFUSE = Decision.REFUSE
+MAX_KEPT_KEYS = 200  # labels or annotations kept of a refused alert
 
 
 def repeat_of(
@@ -158,6 +161,52 @@ def do_ingest(alert: Alert, user: Any) -> Observation:
                 detail={**observation.as_record(), "group": verdict.group_key},
             )
     return observation
+
+
+def _kept_text(value: Any, limit: int = MAX_LABEL_VALUE) -> str:
+    """A value of a refused alert as text that can be stored: NUL replaced, cut."""
+    if not isinstance(value, str):
+        try:
+            value = json.dumps(value, ensure_ascii=False, default=str)
+        except (RecursionError, ValueError):
+            value = "(nested too deep to keep)"
+    return cut(value.replace("\x00", "\ufffd"), limit)
+
+
+def _kept_mapping(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        return {"(as sent)": _kept_text(value)}
+    return {_kept_text(k, 200): _kept_text(v) for k, v in list(value.items())[:MAX_KEPT_KEYS]}
+
+
+def do_refuse(raw: Any, reason: str, source: str, group_key: str, user: Any) -> Observation:
+    """Record an alert that failed validation, with the reason and what it carried (as
+    far as it can be stored): refused, never silently lost."""
+    item = raw if isinstance(raw, dict) else {}
+    labels = _kept_mapping(item.get("labels"))
+    annotations = _kept_mapping(item.get("annotations"))
+    if not isinstance(raw, dict):
+        annotations = {"(as sent)": _kept_text(raw)}
+    status = item.get("status")
+    fingerprint = item.get("fingerprint")
+    if not isinstance(fingerprint, str) or not fingerprint:
+        fingerprint = Alert(source=source, status="", labels=labels).label_fingerprint()
+    logger.warning("alert refused: %s", reason)
+    return Observation.objects.create(
+        source=_kept_text(source, 64),
+        name=labels.get("alertname", "")[:200],
+        status=status if status in (FIRING, RESOLVED) else "",
+        fingerprint=_kept_text(fingerprint, 64),
+        group_key=group_key[:255],
+        labels=labels,
+        annotations=annotations,
+        decision=REFUSE,
+        stage=Stage.VALIDATE,
+        reason=reason[:300],
+        received_by=user if getattr(user, "pk", None) else None,
+    )
 
 
 def _with_reason(verdict: Verdict, outcome: str) -> Verdict:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ingest.config import GateSnapshot, RuleSnapshot
-from ingest.schemas import AlertmanagerPayload, GenericPayload
+from ingest.schemas import AlertmanagerAlert, AlertmanagerPayload, GenericAlert, GenericPayload
 
 DROP, SINK, DELIVER = "drop", "sink", "deliver"
 FIRING, RESOLVED = "firing", "resolved"
@@ -126,36 +126,30 @@ def decide(alert: Alert, config: GateSnapshot, repeat_of: RepeatOf) -> Verdict:
     return Verdict(decision, "policy", reason, score, rule, fingerprint, group_key)
 
 
-def from_alertmanager(payload: AlertmanagerPayload) -> list[Alert]:
-    """Alertmanager webhook payload version 4 -> alerts, one per alert in the group."""
-    return [
-        Alert(
-            source="alertmanager",
-            status=item.status,
-            labels={**payload.commonLabels, **item.labels},
-            annotations={**payload.commonAnnotations, **item.annotations},
-            fingerprint=item.fingerprint,
-            group_key=payload.groupKey[:255],
-            starts_at=item.startsAt,
-        )
-        for item in payload.alerts
-    ]
+def from_alertmanager(payload: AlertmanagerPayload, item: AlertmanagerAlert) -> Alert:
+    """One alert of an Alertmanager webhook group (payload version 4)."""
+    return Alert(
+        source="alertmanager",
+        status=item.status,
+        labels={**payload.commonLabels, **item.labels},
+        annotations={**payload.commonAnnotations, **item.annotations},
+        fingerprint=item.fingerprint,
+        group_key=payload.groupKey[:255],
+        starts_at=item.startsAt,
+    )
 
 
-def from_generic(payload: GenericPayload) -> list[Alert]:
-    return [
-        Alert(
-            source=item.source,
-            status=item.status,
-            labels=item.labels,
-            annotations=item.annotations,
-            fingerprint=item.fingerprint,
-            group_key=item.group_key,
-            actor=item.actor,
-            starts_at=item.starts_at,
-        )
-        for item in payload.alerts
-    ]
+def from_generic(payload: GenericPayload, item: GenericAlert) -> Alert:
+    return Alert(
+        source=item.source,
+        status=item.status,
+        labels=item.labels,
+        annotations=item.annotations,
+        fingerprint=item.fingerprint,
+        group_key=item.group_key,
+        actor=item.actor,
+        starts_at=item.starts_at,
+    )
 
 
 def describe(alert: Alert) -> str:

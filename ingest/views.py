@@ -2,7 +2,8 @@
 
 Authenticated by an API token whose roles may open sessions, or by the shared secret
 AERO_INGEST_SECRET, both as `Authorization: Bearer …` (Alertmanager's http_config
-`authorization.credentials`). Answers in the API's JSON error format."""
+`authorization.credentials`). Answers in the API's JSON error format. A delivery is
+refused as a whole (4xx) only when its envelope is invalid or none of its alerts is."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from pydantic import BaseModel, ValidationError
 
 from aero.roles import RUN_SESSIONS
 from api.auth import token_from_raw, touch
-from ingest.actions import do_ingest, ingest_user
+from ingest.actions import do_ingest, do_refuse, ingest_user
 from ingest.config import ConfigError
 from ingest.gate import Alert, from_alertmanager, from_generic
-from ingest.schemas import AlertmanagerPayload, GenericPayload
+from ingest.schemas import AlertmanagerAlert, AlertmanagerPayload, GenericAlert, GenericPayload
 
 
 def _error(status: int, code: str, message: str, **extra: Any) -> JsonResponse:
@@ -86,9 +87,28 @@ def _body(request: HttpRequest) -> bytes | None:
     return None if len(body) > limit else body
 
 
+def _refusal(schema: type[BaseModel], raw: Any, index: int) -> tuple[Any, str]:
+    """(the validated alert, "") or (None, why it is refused)."""
+    if _has_nul(raw):
+        return None, f"alerts.{index}: holds a NUL character (U+0000), which cannot be stored"
+    try:
+        return schema.model_validate(raw), ""
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(["alerts", str(index), *(str(p) for p in first["loc"])])
+        return None, f"{where}: {first['msg']}"
+
+
 def _ingest(
-    request: HttpRequest, schema: type[BaseModel], convert: Callable[[Any], list[Alert]]
+    request: HttpRequest,
+    schema: type[BaseModel],
+    item_schema: type[BaseModel],
+    convert: Callable[[Any, Any], Alert],
+    source: Callable[[Any, Any], tuple[str, str]],
 ) -> JsonResponse:
+    """The envelope must be valid (422 otherwise); each alert is then validated on its
+    own: an invalid one is recorded as refused with its reason, and the delivery is
+    accepted (200) whenever any alert in it is valid."""
     user, refusal = _caller(request)
     if refusal is not None:
         return refusal
@@ -106,11 +126,12 @@ def _ingest(
     except (ValueError, UnicodeDecodeError, RecursionError):
         # RecursionError: nested deeper than the parser goes.
         return _error(400, "bad_json", "The body is not JSON.")
-    if _has_nul(body):
+    envelope = {k: v for k, v in body.items() if k != "alerts"} if isinstance(body, dict) else body
+    if _has_nul(envelope):
         return _error(
             422,
             "invalid_input",
-            "The alert holds a NUL character (U+0000), which cannot be stored.",
+            "The delivery holds a NUL character (U+0000), which cannot be stored.",
         )
     try:
         payload = schema.model_validate(body)
@@ -122,9 +143,16 @@ def _ingest(
         where = ".".join(errors[0]["loc"]) or "body"
         return _error(422, "invalid_input", f"{where}: {errors[0]['msg']}", errors=errors)
     results = []
+    refused: list[str] = []
     try:
-        for alert in convert(payload):
-            observation = do_ingest(alert, user)
+        for index, item in enumerate(payload.alerts):  # type: ignore[attr-defined]
+            alert, reason = _refusal(item_schema, item, index)
+            if alert is None:
+                refused.append(reason)
+                name, group_key = source(payload, item)
+                observation = do_refuse(item, reason, name, group_key, user)
+            else:
+                observation = do_ingest(convert(payload, alert), user)
             results.append(
                 {
                     "name": observation.name,
@@ -139,16 +167,40 @@ def _ingest(
     except ConfigError as exc:
         # No valid gate configuration at all (never the case after one good load).
         return _error(503, "gate_unavailable", str(exc))
+    if refused and len(refused) == len(results):
+        return _error(
+            422,
+            "invalid_input",
+            refused[0],
+            errors=[{"msg": reason} for reason in refused],
+            received=len(results),
+            decisions=results,
+        )
     return JsonResponse({"received": len(results), "decisions": results})
+
+
+def _alertmanager_source(payload: AlertmanagerPayload, item: Any) -> tuple[str, str]:
+    return "alertmanager", payload.groupKey[:255]
+
+
+def _generic_source(payload: GenericPayload, item: Any) -> tuple[str, str]:
+    source = item.get("source") if isinstance(item, dict) else None
+    group_key = item.get("group_key") if isinstance(item, dict) else None
+    return (
+        source if isinstance(source, str) and source else "generic",
+        group_key if isinstance(group_key, str) else "",
+    )
 
 
 @csrf_exempt
 @require_POST
 def alertmanager(request: HttpRequest) -> JsonResponse:
-    return _ingest(request, AlertmanagerPayload, from_alertmanager)
+    return _ingest(
+        request, AlertmanagerPayload, AlertmanagerAlert, from_alertmanager, _alertmanager_source
+    )
 
 
 @csrf_exempt
 @require_POST
 def generic(request: HttpRequest) -> JsonResponse:
-    return _ingest(request, GenericPayload, from_generic)
+    return _ingest(request, GenericPayload, GenericAlert, from_generic, _generic_source)

@@ -21,6 +21,7 @@ from diagnosis.models import Event, Session
 from ingest.config import ConfigError, GateConfigProvider, build_snapshot, provider
 from ingest.gate import Alert, decide
 from ingest.models import GateRule, GateSettings, Observation
+from ingest.schemas import MAX_LABEL_VALUE
 from scenarios_admin.models import Scenario
 from tests.api_helpers import token_for
 from tests.web_helpers import STAND_FUEL_LEAK
@@ -415,6 +416,43 @@ def test_generic_alerts_and_the_agents_own_output(
 
 
 @pytest.mark.services
+def test_one_bad_alert_never_costs_its_group_the_delivery(
+    gate_rules: GateRule, settings: Any
+) -> None:
+    """A group with an oversize annotation and an invalid alert beside a valid critical
+    one is accepted: the long value is cut with a marker, the invalid alert recorded as
+    refused with its reason, the critical one delivered."""
+    settings.AERO_INGEST_SECRET = SECRET
+    long = am_alert(stand="106", fingerprint="long", description="x" * 4_500)
+    invalid = {**am_alert(stand="107", fingerprint="bad"), "status": "burning"}
+    response = post("/ingest/alertmanager", v4("firing", invalid, long, am_alert()))
+    assert response.status_code == 200
+    decisions = response.json()["decisions"]
+    assert [(d["decision"], d["stage"]) for d in decisions] == [
+        ("refuse", "validate"),
+        ("deliver", "policy"),
+        ("deliver", "policy"),
+    ]
+    assert decisions[0]["reason"].startswith("alerts.0.status: Input should be 'firing'")
+    refused = Observation.objects.get(decision="refuse")
+    assert refused.labels["stand"] == "107" and refused.status == ""
+    assert refused.annotations["description"] == STAND_FUEL_LEAK, "what it carried is kept"
+    cut = Observation.objects.get(fingerprint="long").annotations["description"]
+    assert len(cut) == MAX_LABEL_VALUE and cut.endswith(" …[cut: 4,500 characters]")
+    assert Session.objects.count() == 1
+
+    only_bad = post("/ingest/alertmanager", v4("firing", invalid, {**invalid, "labels": 5}))
+    assert only_bad.status_code == 422 and only_bad.json()["code"] == "invalid_input"
+    assert only_bad.json()["message"].startswith("alerts.0.status")
+    reasons = [e["msg"] for e in only_bad.json()["errors"]]
+    assert reasons[0].startswith("alerts.0.status") and reasons[1].startswith("alerts.1.")
+    assert Observation.objects.filter(decision="refuse").count() == 3
+    assert Observation.objects.filter(labels={"(as sent)": "5"}).exists()
+    envelope = post("/ingest/alertmanager", {**v4("firing", am_alert()), "groupKey": None})
+    assert envelope.status_code == 422 and envelope.json()["message"].startswith("groupKey")
+
+
+@pytest.mark.services
 @pytest.mark.parametrize(
     ("credential", "role", "status"),
     [(None, None, 401), ("wrong", None, 401), ("token", "auditor", 403), ("token", None, 403)],
@@ -459,9 +497,15 @@ def test_the_secret_is_off_when_unset_and_bad_payloads_get_json_errors(
         HTTP_AUTHORIZATION=f"Bearer {SECRET}",
     )
     assert not_json.status_code == 400 and not_json.json()["code"] == "bad_json"
+    assert Observation.objects.count() == 0
     nul = post("/ingest/alerts", {"alerts": [{"labels": {"alertname": "Fuel\u0000Leak"}}]})
     assert nul.status_code == 422 and "NUL" in nul.json()["message"]
-    assert Observation.objects.count() == 0
+    refused = Observation.objects.get()
+    assert (refused.decision, refused.stage, refused.name) == (
+        "refuse",
+        "validate",
+        "Fuel\ufffdLeak",
+    )
 
 
 @pytest.mark.services
@@ -503,6 +547,8 @@ def test_a_full_group_is_read_a_larger_one_or_a_bomb_gets_a_json_error(
         HTTP_AUTHORIZATION=f"Bearer {SECRET}",
     )
     assert nul.status_code == 422 and "NUL" in nul.json()["message"]
+    assert Observation.objects.filter(decision="refuse").count() == 1, "recorded as refused"
+    before += 1
     wrong_method = Client().get("/ingest/alertmanager", HTTP_AUTHORIZATION=f"Bearer {SECRET}")
     assert wrong_method.status_code == 405
     assert wrong_method.json()["code"] == "method_not_allowed" and wrong_method["Allow"] == "POST"
