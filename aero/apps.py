@@ -11,6 +11,7 @@ class AeroConfig(AppConfig):
         from aero import (
             audit_trail,
             i18n,
+            lockouts,  # noqa: F401 (its @receivers connect on import)
             sessions,  # noqa: F401 (its @receiver connects on import)
         )
 

@@ -379,15 +379,17 @@ SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_AGE = env_int("AERO_SESSION_IDLE_MINUTES", 120, minimum=1) * 60
 
 # --- sign-in rate limit (django-axes) --------------------------------------------------
-# AERO_LOGIN_FAILURE_LIMIT failed sign-ins for one username, or from one address, lock
-# that username or address out for AERO_LOGIN_LOCKOUT_MINUTES (each counted on its own).
+# AERO_LOGIN_FAILURE_LIMIT failed sign-ins for one username from one address lock that
+# pair out for AERO_LOGIN_LOCKOUT_MINUTES. Never a username alone (anyone could lock an
+# approver out from elsewhere) nor an address alone (behind a proxy one address is
+# everyone): an address trying many usernames meets the sign-in rate limit instead.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("AERO_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("AERO_LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "aero.views.locked_out"
 # The client address: REMOTE_ADDR, unless AERO_PROXY_COUNT proxies in front set
