@@ -168,9 +168,9 @@ class DatabaseCollector(Collector):
             except Exception:
                 logger.warning("queue depth unavailable", exc_info=True)
         elif backend == "embedded":
-            from diagnosis import jobs
+            from diagnosis.jobs import running_embedded_worker
 
-            worker = jobs._embedded
+            worker = running_embedded_worker()
             depth = worker.pool._work_queue.qsize() if worker is not None else 0
             family.add_metric([backend, "queued"], depth)
         else:

@@ -111,9 +111,9 @@ import django
 django.setup()
 from django.core.management import call_command
 from langgraph.checkpoint.memory import InMemorySaver
-from diagnosis import jobs
-real = jobs._postgres_saver
-jobs._postgres_saver = lambda: (real()[0], InMemorySaver())
+from diagnosis.jobs import checkpoints
+real = checkpoints._postgres_saver
+checkpoints._postgres_saver = lambda: (real()[0], InMemorySaver())
 call_command("aero_worker", burst=True)
 """
 

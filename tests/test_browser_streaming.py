@@ -14,9 +14,9 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Browser, expect
 
-from diagnosis import llm_runner
 from diagnosis.actions import do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.jobs import enqueue as job_enqueue
 from diagnosis.models import LLMRequest
 from scenarios_admin.models import Scenario
 from tests.browser_helpers import sign_in
@@ -42,7 +42,7 @@ def test_the_models_text_streams_onto_the_page(
     settings.AERO_LLM_WAITS = True
     settings.AERO_LLM_REACT = False
     # The test process makes no call itself (its jobs run inline).
-    monkeypatch.setattr(llm_runner, "run_pending_inline", lambda session_id: False)
+    monkeypatch.setattr(job_enqueue, "run_pending_inline", lambda session_id: False)
     # About 40 pieces of 6 characters, one every 0.15 s: a call of ~6 s.
     # The server's agent reasons with the model too (ReAct is on there): those calls are
     # refused at once, so the session goes on offline and the test ends quickly.

@@ -20,6 +20,7 @@ from django.utils import timezone
 from diagnosis import jobs
 from diagnosis.actions import do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.jobs import checkpoints as job_checkpoints
 from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import Event, LLMCall, Session, SessionStatus, ToolCall
 from scenarios_admin.models import Scenario
@@ -76,7 +77,7 @@ def waiting_session(
 @pytest.fixture(autouse=True)
 def every_pass_due(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test starts with the once-a-minute pass due."""
-    monkeypatch.setattr(jobs, "_last_sweeps", {})
+    monkeypatch.setattr(job_checkpoints, "_last_sweeps", {})
 
 
 def test_the_job_that_stops_at_a_wait_leaves_the_prune_to_the_maintenance_loop(
@@ -89,8 +90,8 @@ def test_the_job_that_stops_at_a_wait_leaves_the_prune_to_the_maintenance_loop(
     run_periodic_tasks()
     assert checkpoints(session) == 4
 
-    waited(session, jobs.PRUNE_AFTER_SECONDS + 1)
-    jobs._last_sweeps.clear()
+    waited(session, job_checkpoints.PRUNE_AFTER_SECONDS + 1)
+    job_checkpoints._last_sweeps.clear()
     run_periodic_tasks()
     assert checkpoints(session) == 1  # the one the next job resumes from
 
@@ -146,11 +147,11 @@ def test_one_pass_at_a_time_across_processes_and_once_a_minute_per_process(
     other = connection.copy()
     try:
         with other.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_lock(%s)", [jobs._PRUNE_LOCK])
+            cursor.execute("SELECT pg_advisory_lock(%s)", [job_checkpoints._PRUNE_LOCK])
         assert jobs.prune_waiting_checkpoints(every=0) == 0
         assert checkpoints(session) == 4
         with other.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [jobs._PRUNE_LOCK])
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [job_checkpoints._PRUNE_LOCK])
     finally:
         other.close()
     assert jobs.prune_waiting_checkpoints(every=0) == 1
@@ -159,7 +160,7 @@ def test_one_pass_at_a_time_across_processes_and_once_a_minute_per_process(
     other = connection.copy()
     try:
         with other.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", [jobs._PRUNE_LOCK])
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [job_checkpoints._PRUNE_LOCK])
             assert cursor.fetchone()[0] is True
     finally:
         other.close()
@@ -199,6 +200,6 @@ def test_the_loop_deletes_the_checkpoints_of_canceled_sessions_and_keeps_failed_
     Session.objects.filter(pk=session.pk).update(status=SessionStatus.CANCELED)
     assert jobs.delete_ended_checkpoints() == 0  # within the minute: not even a look
     assert checkpoints(session) == 4
-    jobs._last_sweeps.clear()
+    job_checkpoints._last_sweeps.clear()
     assert jobs.delete_ended_checkpoints() == 1
     assert checkpoints(session) == 0

@@ -188,7 +188,7 @@ def test_fallback_retry_and_rerun_never_duplicate_events_or_tokens(
     job: the session fails. A retry re-runs the same step: the model call, the fallback
     and the node's events are logged once and the tokens counted once."""
     import diagnosis.agent.policy as policy_module
-    import diagnosis.jobs as jobs_module
+    import diagnosis.jobs.job as jobs_module
 
     monkeypatch.setattr(
         jobs_module, "configured_providers", lambda stamp=None: [Flaky(), Metered()]

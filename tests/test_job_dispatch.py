@@ -19,6 +19,7 @@ from rq.job import JobStatus
 
 from diagnosis import jobs
 from diagnosis.actions import do_create_session
+from diagnosis.jobs import checkpoints, lease, reconciler
 from diagnosis.models import AgentRun, Session
 from scenarios_admin.models import Scenario
 
@@ -74,7 +75,7 @@ def test_a_live_lease_means_a_running_job_takes_the_input(
     rq_session: Session, settings: Any
 ) -> None:
     django_rq.get_queue(settings.AERO_QUEUE).empty()
-    token = jobs.acquire_lease(rq_session.pk)
+    token = lease.acquire_lease(rq_session.pk)
     assert token is not None
     stale(rq_session)
     assert jobs.dispatch(rq_session.pk) is False
@@ -101,7 +102,7 @@ def test_a_finished_job_frees_the_id_for_the_next_one(rq_session: Session, setti
 def test_the_graph_is_compiled_once_per_process(builtin: None) -> None:
     first = jobs.agent_graph()
     assert jobs.agent_graph() is first
-    jobs._runtime.conn.close()  # type: ignore[union-attr]  # the connection died
+    checkpoints._runtime.conn.close()  # type: ignore[union-attr]  # the connection died
     assert jobs.agent_graph() is not first  # rebuilt, not used broken
 
 
@@ -148,7 +149,7 @@ def test_a_lease_whose_worker_is_gone_is_released_and_the_session_requeued_first
         make_user("otto", "operator"), Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏"
     )
     assert queued(settings) == [jobs.job_id(other.pk)]  # another session waits already
-    token = jobs.acquire_lease(rq_session.pk)
+    token = lease.acquire_lease(rq_session.pk)
     held_by(rq_session, gone_pid(), token)
 
     assert jobs.requeue_stalled_sessions() == 1
@@ -161,11 +162,11 @@ def test_a_live_or_newer_holder_keeps_its_lease(rq_session: Session, settings: A
     django_rq.get_queue(settings.AERO_QUEUE).empty()
     alive = subprocess.Popen(["sleep", "30"])
     try:
-        token = jobs.acquire_lease(rq_session.pk)
+        token = lease.acquire_lease(rq_session.pk)
         held_by(rq_session, alive.pid, token)
         # A run of a dead worker whose lease another job took since: not that lease.
         held_by(rq_session, gone_pid(), uuid.uuid4())
-        assert jobs.release_dead_holders() == 0
+        assert reconciler.release_dead_holders() == 0
         assert jobs.requeue_stalled_sessions() == 0
         assert jobs.lease_is_live(rq_session.pk)
         assert queued(settings) == []
@@ -184,8 +185,8 @@ def test_a_lease_taken_by_a_process_that_died_at_once_is_released_at_the_next_pa
     queue = django_rq.get_queue(settings.AERO_QUEUE)
     queue.empty()
     dead = gone_pid()
-    monkeypatch.setattr(jobs.os, "getpid", lambda: dead)  # the lease taken in process `dead`
-    token = jobs.acquire_lease(rq_session.pk)
+    monkeypatch.setattr(lease.os, "getpid", lambda: dead)  # the lease taken in process `dead`
+    token = lease.acquire_lease(rq_session.pk)
     monkeypatch.undo()
     assert token is not None
     assert not AgentRun.objects.filter(session=rq_session).exists()
@@ -198,11 +199,11 @@ def test_a_lease_taken_by_a_process_that_died_at_once_is_released_at_the_next_pa
 
 def test_a_lease_taken_by_this_live_process_is_kept(rq_session: Session, settings: Any) -> None:
     django_rq.get_queue(settings.AERO_QUEUE).empty()
-    token = jobs.acquire_lease(rq_session.pk)
-    assert Session.objects.get(pk=rq_session.pk).lease_holder == jobs.lease_holder()
+    token = lease.acquire_lease(rq_session.pk)
+    assert Session.objects.get(pk=rq_session.pk).lease_holder == lease.lease_holder()
     assert jobs.requeue_stalled_sessions() == 0
     assert jobs.lease_is_live(rq_session.pk)
-    jobs.release_lease(rq_session.pk, token)  # type: ignore[arg-type]
+    lease.release_lease(rq_session.pk, token)  # type: ignore[arg-type]
     assert Session.objects.get(pk=rq_session.pk).lease_holder == ""
 
 
@@ -317,10 +318,10 @@ def test_a_session_that_cannot_be_enqueued_does_not_hold_up_the_others(
             raise ValueError("Execution 0 not found in Redis")
         return dispatch(session_id, **kwargs)
 
-    monkeypatch.setattr(jobs, "dispatch", broken_for_one)
+    monkeypatch.setattr(reconciler, "dispatch", broken_for_one)
     assert jobs.requeue_stalled_sessions() == 1
     assert queued(settings) == [jobs.job_id(other.pk)]
 
-    monkeypatch.setattr(jobs, "dispatch", dispatch)
+    monkeypatch.setattr(reconciler, "dispatch", dispatch)
     assert jobs.requeue_stalled_sessions() == 1  # the next pass
     assert sorted(queued(settings)) == sorted(jobs.job_id(s.pk) for s in (rq_session, other))

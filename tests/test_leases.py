@@ -20,6 +20,8 @@ from diagnosis.actions import do_create_session
 from diagnosis.agent.nodes import reasoning
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import LeaseLost, fenced
+from diagnosis.jobs import lease, model_requests
+from diagnosis.jobs.job import _config
 from diagnosis.models import AgentRun, Event, LLMCall, LLMRequest, Session, ToolCall
 from scenarios_admin.models import Scenario
 
@@ -64,12 +66,12 @@ class PausingPlanner:
 @pytest.fixture
 def planner(monkeypatch: pytest.MonkeyPatch) -> Iterator[PausingPlanner]:
     pausing = PausingPlanner()
-    beat = jobs.Heartbeat.beat
+    beat = lease.Heartbeat.beat
 
-    def frozen_beat(self: jobs.Heartbeat) -> bool:
+    def frozen_beat(self: lease.Heartbeat) -> bool:
         return True if self.token in pausing.frozen else beat(self)
 
-    monkeypatch.setattr(jobs.Heartbeat, "beat", frozen_beat)
+    monkeypatch.setattr(lease.Heartbeat, "beat", frozen_beat)
     monkeypatch.setitem(reasoning.PLANNER, "plan", pausing.plan)
     yield pausing
     pausing.release.set()
@@ -92,7 +94,7 @@ def run_in_thread(session_id: str) -> tuple[threading.Thread, list[str]]:
 def written(session: Session) -> dict[str, Any]:
     """Everything a job writes, as a reader would see it."""
     session.refresh_from_db()
-    state = jobs.agent_graph().get_state(jobs._config(session.pk))
+    state = jobs.agent_graph().get_state(_config(session.pk))
     return {
         "events": list(Event.objects.filter(session=session).values_list("seq", "type")),
         "tool_calls": ToolCall.objects.filter(session=session).count(),
@@ -154,7 +156,7 @@ def test_the_heartbeat_keeps_the_lease_through_a_step_longer_than_the_lease(
 def test_a_stale_token_cannot_save_a_checkpoint(session: Session) -> None:
     saver = jobs.agent_graph().checkpointer
     config: Any = {"configurable": {"thread_id": str(session.pk), "checkpoint_ns": ""}}
-    token = jobs.acquire_lease(session.pk)
+    token = lease.acquire_lease(session.pk)
     assert token is not None
 
     with fenced(session.pk, uuid.uuid4()), pytest.raises(LeaseLost):
@@ -239,15 +241,15 @@ def test_a_model_request_is_recorded_only_under_the_jobs_lease(session: Session)
         "request": {"messages": []},
         "providers": [],
     }
-    held = jobs.take_lease(session.pk)
+    held = lease.take_lease(session.pk)
     assert held is not None
     token, _ = held
     with fenced(session.pk, uuid.uuid4()), pytest.raises(LeaseLost):
-        jobs.record_model_request(session.pk, waiting)
+        model_requests.record_model_request(session.pk, waiting)
     assert not LLMRequest.objects.filter(key=waiting["key"]).exists()
     with fenced(session.pk, token):
-        jobs.record_model_request(session.pk, waiting)
-        jobs.record_model_request(session.pk, waiting)  # a re-run of the job
+        model_requests.record_model_request(session.pk, waiting)
+        model_requests.record_model_request(session.pk, waiting)  # a re-run of the job
     (row,) = LLMRequest.objects.filter(key=waiting["key"])
     assert (row.session_id, row.purpose, row.status) == (session.pk, "reason", "pending")
     assert row.request == {"messages": []}
@@ -255,7 +257,7 @@ def test_a_model_request_is_recorded_only_under_the_jobs_lease(session: Session)
     Session.objects.filter(pk=session.pk).update(lease_token=None)
     waiting["key"] += "-after"
     with fenced(session.pk, token), pytest.raises(LeaseLost):
-        jobs.record_model_request(session.pk, waiting)
+        model_requests.record_model_request(session.pk, waiting)
     assert not LLMRequest.objects.filter(key=waiting["key"]).exists()
 
 
@@ -273,11 +275,11 @@ def test_one_keeper_renews_every_running_jobs_lease_and_reports_a_lost_one(
     first, second = (do_create_session(operator, scenario, MESSAGE) for _ in range(2))
     leases = []
     for session in (first, second):
-        taken = jobs.take_lease(str(session.pk))
+        taken = lease.take_lease(str(session.pk))
         assert taken is not None
         leases.append(taken[0])
-    kept = jobs.Heartbeat(str(first.pk), leases[0])
-    taken_away = jobs.Heartbeat(str(second.pk), leases[1])
+    kept = lease.Heartbeat(str(first.pk), leases[0])
+    taken_away = lease.Heartbeat(str(second.pk), leases[1])
     with kept, taken_away:
         time.sleep(2)  # past the 1.5 s both leases were taken for
         assert jobs.lease_is_live(first.pk) and jobs.lease_is_live(second.pk)

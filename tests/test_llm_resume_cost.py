@@ -19,9 +19,12 @@ from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 from langgraph.checkpoint.postgres import PostgresSaver
 
-from diagnosis import jobs, llm_runner
+from diagnosis import jobs
 from diagnosis.actions import do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.jobs import enqueue as job_enqueue
+from diagnosis.jobs import lease
+from diagnosis.llm_runner import Runner
 from diagnosis.models import AgentRun, Event, LLMCall, LLMRequest, Session, SessionStatus
 from scenarios_admin.models import Scenario
 from tests.llm_helpers import fake_llm, fake_provider
@@ -103,7 +106,7 @@ def react_with_waits(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     settings.AERO_LLM_REACT = True
     settings.AERO_LLM_STREAM_FLUSH = 0.05
     # This test runs the runner itself, between the jobs it measures.
-    monkeypatch.setattr(llm_runner, "run_pending_inline", lambda session_id: False)
+    monkeypatch.setattr(job_enqueue, "run_pending_inline", lambda session_id: False)
 
 
 @pytest.fixture
@@ -146,7 +149,13 @@ def run_the_runner(*, enqueue: bool = False) -> int:
 
     def target() -> None:
         try:
-            made.append(asyncio.run(llm_runner.Runner(enqueue=enqueue).process_pending_now()))
+            made.append(
+                asyncio.run(
+                    Runner(
+                        enqueue=jobs.dispatch_after_commit if enqueue else None
+                    ).process_pending_now()
+                )
+            )
         finally:
             connections.close_all()
 
@@ -301,7 +310,7 @@ def enqueued(settings: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         pushed.append(session_id)
         return True
 
-    monkeypatch.setattr(jobs, "_enqueue_rq", enqueue)
+    monkeypatch.setattr(job_enqueue, "_enqueue_rq", enqueue)
     return pushed
 
 
@@ -458,12 +467,12 @@ def test_a_job_reads_the_provider_configs_only_when_one_changed(
     )
 
     def a_jobs_providers() -> tuple[list[str], int]:
-        taken = jobs.take_lease(str(session.pk), root={})
+        taken = lease.take_lease(str(session.pk), root={})
         assert taken is not None
         token, leased = taken
         with CaptureQueriesContext(connection) as queries:
             chain = configured_providers(leased.providers_stamp)  # type: ignore[attr-defined]
-        jobs.release_lease(str(session.pk), token)
+        lease.release_lease(str(session.pk), token)
         models = [p.model for p in chain if isinstance(p, OpenAICompatibleProvider)]
         return models, len(queries)
 

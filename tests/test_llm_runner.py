@@ -24,6 +24,8 @@ from diagnosis import jobs, llm_runner
 from diagnosis.actions import do_cancel, do_close, do_create_session
 from diagnosis.agent import grounding
 from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.jobs import enqueue as job_enqueue
+from diagnosis.llm_runner import runner as runner_module
 from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import Event, LLMCall, LLMRequest, Session, SessionStatus
 from scenarios_admin.models import ProviderConfig, Scenario
@@ -55,7 +57,7 @@ def model_waits(settings: Any) -> None:
 @pytest.fixture
 def no_inline_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     """The job's side alone: nobody makes the calls until the test runs a runner."""
-    monkeypatch.setattr(llm_runner, "run_pending_inline", lambda session_id: False)
+    monkeypatch.setattr(job_enqueue, "run_pending_inline", lambda session_id: False)
 
 
 @pytest.fixture
@@ -65,7 +67,7 @@ def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     async def record(seconds: float) -> None:
         asked.append(seconds)
 
-    monkeypatch.setattr(llm_runner, "backoff_sleep", record)
+    monkeypatch.setattr(runner_module, "backoff_sleep", record)
     return asked
 
 
@@ -115,7 +117,9 @@ def test_a_model_call_is_a_wait_and_the_worker_is_free(
     # The reconciler leaves a session waiting for the model alone (no job per pass).
     assert str(session.pk) not in jobs.stalled_sessions()
 
-    made = in_thread(lambda: llm_runner.Runner().process_pending_now())
+    made = in_thread(
+        lambda: llm_runner.Runner(enqueue=jobs.dispatch_after_commit).process_pending_now()
+    )
     assert made == 1
 
     session.refresh_from_db()
@@ -151,7 +155,12 @@ def test_a_reply_that_comes_in_one_burst_is_in_the_log_whole(
     fake_llm.set_script({"chunk_size": 4, "rules": [ANSWER]})
     fake_provider(fake_llm)
     session = start(make_user)
-    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 1
+    assert (
+        in_thread(
+            lambda: llm_runner.Runner(enqueue=jobs.dispatch_after_commit).process_pending_now()
+        )
+        == 1
+    )
 
     request = LLMRequest.objects.get(session=session)
     deltas = list(Event.objects.filter(session=session, type="llm.delta").order_by("seq"))
@@ -226,7 +235,7 @@ def test_a_runner_that_loses_its_claim_mid_call_neither_loses_nor_pays_twice(
     fake_provider(fake_llm)
     session = start(make_user)
     runner_a = threading.Thread(
-        target=lambda: in_thread(lambda: llm_runner.Runner(enqueue=False).process_pending_now())
+        target=lambda: in_thread(lambda: llm_runner.Runner(enqueue=None).process_pending_now())
     )
     runner_a.start()
     deadline = time.monotonic() + 10
@@ -235,7 +244,12 @@ def test_a_runner_that_loses_its_claim_mid_call_neither_loses_nor_pays_twice(
     assert len(fake_llm.requests) == 1  # A's call is in flight
     LLMRequest.objects.update(claim_expires_at=timezone.now())  # A stopped renewing
 
-    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 1  # B took it over
+    assert (
+        in_thread(
+            lambda: llm_runner.Runner(enqueue=jobs.dispatch_after_commit).process_pending_now()
+        )
+        == 1
+    )  # B took it over
     runner_a.join(timeout=30)
 
     session.refresh_from_db()
@@ -388,7 +402,12 @@ def test_the_maintenance_loop_prunes_the_requests_of_ended_sessions(
     going, closed, canceled, failed = (
         do_create_session(olga, oil_spill, EXAMPLE_ONE) for _ in range(4)
     )
-    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 4
+    assert (
+        in_thread(
+            lambda: llm_runner.Runner(enqueue=jobs.dispatch_after_commit).process_pending_now()
+        )
+        == 4
+    )
     pending = do_create_session(olga, oil_spill, EXAMPLE_ONE)  # its call not made yet
     do_close(closed.pk, olga, "spill contained")
     do_cancel(canceled.pk, olga, "duplicate report")
@@ -404,7 +423,12 @@ def test_the_maintenance_loop_prunes_the_requests_of_ended_sessions(
     for ended in (closed, canceled):
         assert Event.objects.filter(session=ended, type="llm.call", payload__status="ok").exists()
     # Nobody makes the canceled session's call any more.
-    assert in_thread(lambda: llm_runner.Runner().process_pending_now()) == 0
+    assert (
+        in_thread(
+            lambda: llm_runner.Runner(enqueue=jobs.dispatch_after_commit).process_pending_now()
+        )
+        == 0
+    )
     assert len(fake_llm.requests) == 4
 
 
@@ -424,7 +448,7 @@ def test_an_edited_provider_config_is_used_from_the_next_call_on(
 
         def one_call() -> Session:
             session = do_create_session(user, scenario, EXAMPLE_ONE)
-            assert in_thread(lambda: llm_runner.Runner(enqueue=False).process_pending_now()) == 1
+            assert in_thread(lambda: llm_runner.Runner(enqueue=None).process_pending_now()) == 1
             assert attempts(session) == [("fake", "ok")]
             return session
 

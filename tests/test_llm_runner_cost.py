@@ -19,10 +19,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from langchain_core.messages import AIMessage
 
-from diagnosis import jobs, llm_runner
 from diagnosis.actions import do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.agent.providers import OpenAICompatibleProvider, ProviderError, Usage
+from diagnosis.jobs import enqueue as job_enqueue
+from diagnosis.llm_runner import claims, records
 from diagnosis.models import Event, LLMCall, LLMRequest, Session
 from scenarios_admin.models import ProviderConfig, Scenario
 from tests.llm_helpers import fake_llm, fake_provider
@@ -41,20 +42,20 @@ def model_waits(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     settings.AERO_LLM_WAITS = True
     settings.AERO_LLM_REACT = False  # one extraction call: one pending request
     # The job's side alone: the test plays the runner, one write at a time.
-    monkeypatch.setattr(llm_runner, "run_pending_inline", lambda session_id: False)
+    monkeypatch.setattr(job_enqueue, "run_pending_inline", lambda session_id: False)
+
+
+class Dispatched(list[tuple[str, bool]]):
+    """The runner's enqueues after commit (session, whether it read the lease itself)."""
+
+    def __call__(self, session_id: Any, *, lease_read: bool = False) -> bool:
+        self.append((str(session_id), lease_read))
+        return True
 
 
 @pytest.fixture
-def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
-    """The runner's enqueues after commit (session, whether it read the lease itself)."""
-    calls: list[tuple[str, bool]] = []
-
-    def record(session_id: Any, *, lease_read: bool = False) -> bool:
-        calls.append((str(session_id), lease_read))
-        return True
-
-    monkeypatch.setattr(jobs, "dispatch_after_commit", record)
-    return calls
+def dispatched() -> Dispatched:
+    return Dispatched()
 
 
 @pytest.fixture
@@ -80,7 +81,7 @@ def test_a_claim_is_one_statement_and_a_token_per_request(
     pending: tuple[Session, OpenAICompatibleProvider],
 ) -> None:
     with CaptureQueriesContext(connection) as claiming:
-        (call,) = llm_runner.claim(10)
+        (call,) = claims.claim(10)
     # UPDATE ... RETURNING in autocommit (BEGIN, SELECT, an UPDATE per row, COMMIT before).
     assert len(claiming) == 1, [q["sql"] for q in claiming]
     row = LLMRequest.objects.get(pk=call.pk)
@@ -91,50 +92,50 @@ def test_a_claim_is_one_statement_and_a_token_per_request(
     # chain is built once per version, then read from no table.
     (config,) = ProviderConfig.objects.filter(enabled=True)
     assert call.provider_ids == [config.pk] and set(call.provider_versions or {}) == {config.pk}
-    llm_runner._providers.clear()
+    records._providers.clear()
     with CaptureQueriesContext(connection) as building:
-        (built,) = llm_runner.load_providers(call.provider_ids, call.provider_versions)
+        (built,) = records.load_providers(call.provider_ids, call.provider_versions)
     assert len(building) == 1 and built.model == config.model
     with CaptureQueriesContext(connection) as loading:
-        assert llm_runner.load_providers(call.provider_ids, call.provider_versions) == [built]
+        assert records.load_providers(call.provider_ids, call.provider_versions) == [built]
     assert len(loading) == 0  # 1 per call before
     # ...and the runner finds them on its loop, without a database thread; a row whose
     # version changed is read again.
-    assert llm_runner.cached_providers(call.provider_ids, call.provider_versions) == [built]
+    assert records.cached_providers(call.provider_ids, call.provider_versions) == [built]
     changed = {config.pk: "another version"}
-    assert llm_runner.cached_providers(call.provider_ids, changed) is None
-    assert llm_runner.cached_providers(call.provider_ids, {}) == []  # disabled: skipped
+    assert records.cached_providers(call.provider_ids, changed) is None
+    assert records.cached_providers(call.provider_ids, {}) == []  # disabled: skipped
 
     # Held, it is not claimed again; a poll that finds nothing is one statement too.
     with CaptureQueriesContext(connection) as polling:
-        assert llm_runner.claim(10) == []
+        assert claims.claim(10) == []
     assert len(polling) == 1  # 3 before
     # Its claim run out, another runner takes it over under a token of its own.
     LLMRequest.objects.filter(pk=call.pk).update(claim_expires_at=timezone.now())
     # ...but not by its own holder, whose renewal was only late (it has it in flight).
     with CaptureQueriesContext(connection) as holding:
-        assert llm_runner.claim(10, None, frozenset({call.key, "another"})) == []
+        assert claims.claim(10, None, frozenset({call.key, "another"})) == []
     assert len(holding) == 1
-    (again,) = llm_runner.claim(10)
+    (again,) = claims.claim(10)
     assert again.claims == 2 and again.token != call.token
-    with pytest.raises(llm_runner.ClaimLost):
-        llm_runner.write_deltas(call, "late")  # the first holder writes nothing more
+    with pytest.raises(claims.ClaimLost):
+        records.write_deltas(call, "late")  # the first holder writes nothing more
 
 
 def test_a_reply_is_five_statements_with_its_attempt_and_counted_once(
-    pending: tuple[Session, OpenAICompatibleProvider], dispatched: list[tuple[str, bool]]
+    pending: tuple[Session, OpenAICompatibleProvider], dispatched: Dispatched
 ) -> None:
     session, provider = pending
-    (call,) = llm_runner.claim(10)
+    (call,) = claims.claim(10)
     with CaptureQueriesContext(connection) as streaming:
-        llm_runner.write_deltas(call, "{")
+        records.write_deltas(call, "{")
     # BEGIN, the request's UPDATE (the claim check), the session's locked read, one
     # write, COMMIT (the append's savepoint is gone: 7 before ADR 167).
     assert len(streaming) == 5, [q["sql"] for q in streaming]
 
     message = AIMessage(content=REPLY)
     with CaptureQueriesContext(connection) as finishing:
-        llm_runner.finish_ok(call, provider, message, USAGE, 40, 1, True, REPLY[1:])
+        records.finish_ok(call, provider, message, USAGE, 40, 1, dispatched, REPLY[1:])
     # BEGIN, the request's UPDATE, the session's locked read (with the key's lookup),
     # one statement for the session's UPDATE (seqs, counters) + the events + LLMCall,
     # COMMIT; no SELECT of the lease after the commit (18 + that SELECT before ADR 167).
@@ -160,7 +161,7 @@ def test_a_reply_is_five_statements_with_its_attempt_and_counted_once(
     # never heard of, retried): its event is in the log, so nothing is counted again.
     LLMRequest.objects.filter(pk=call.pk).update(status="pending", claim_token=call.token)
     call.attempts = 0
-    llm_runner.finish_ok(call, provider, message, USAGE, 40, 1, False)
+    records.finish_ok(call, provider, message, USAGE, 40, 1, None)
     assert Event.objects.filter(session=session, type="llm.call").count() == 1
     assert LLMCall.objects.filter(session=session).count() == 1
     session.refresh_from_db()
@@ -168,18 +169,18 @@ def test_a_reply_is_five_statements_with_its_attempt_and_counted_once(
 
 
 def test_a_failed_attempt_is_five_statements_and_a_lost_claim_writes_nothing(
-    pending: tuple[Session, OpenAICompatibleProvider], dispatched: list[tuple[str, bool]]
+    pending: tuple[Session, OpenAICompatibleProvider], dispatched: Dispatched
 ) -> None:
     session, provider = pending
-    (call,) = llm_runner.claim(10)
+    (call,) = claims.claim(10)
     error = ProviderError("invalid response", retryable=True, usage=Usage(10, 5, Decimal("1")))
     with CaptureQueriesContext(connection) as failing:
-        llm_runner.record_failed_attempt(call, provider, error, 12, 1)
+        records.record_failed_attempt(call, provider, error, 12, 1)
     # BEGIN, the request's locked read (the claim check), the session's, one write,
     # COMMIT (13 before ADR 167; a fallback's 11).
     assert len(failing) == 5, [q["sql"] for q in failing]
     with CaptureQueriesContext(connection) as falling_back:
-        llm_runner.record_fallback(call, "fake", "fake2", "invalid response", 0)
+        records.record_fallback(call, "fake", "fake2", "invalid response", 0)
     assert len(falling_back) == 5, [q["sql"] for q in falling_back]
     session.refresh_from_db()
     assert (session.tokens_in, session.tokens_out, session.cost) == (10, 5, Decimal("1"))
@@ -189,12 +190,12 @@ def test_a_failed_attempt_is_five_statements_and_a_lost_claim_writes_nothing(
 
     # Another runner took the request over: this one's reply and failure write nothing.
     LLMRequest.objects.filter(pk=call.pk).update(claim_expires_at=timezone.now())
-    llm_runner.claim(10)
+    claims.claim(10)
     before = llm_events(session)
-    with pytest.raises(llm_runner.ClaimLost):
-        llm_runner.finish_ok(call, provider, AIMessage(content=REPLY), USAGE, 40, 2, True, "}")
-    with pytest.raises(llm_runner.ClaimLost):
-        llm_runner.finish_failed(call, "down", "fake", True)
+    with pytest.raises(claims.ClaimLost):
+        records.finish_ok(call, provider, AIMessage(content=REPLY), USAGE, 40, 2, dispatched, "}")
+    with pytest.raises(claims.ClaimLost):
+        records.finish_failed(call, "down", "fake", dispatched)
     assert llm_events(session) == before
     assert LLMCall.objects.filter(session=session).count() == 1
     assert LLMRequest.objects.get(pk=call.pk).status == "pending"
@@ -202,15 +203,15 @@ def test_a_failed_attempt_is_five_statements_and_a_lost_claim_writes_nothing(
 
 
 def test_no_job_is_enqueued_while_one_holds_the_lease(
-    pending: tuple[Session, OpenAICompatibleProvider], dispatched: list[tuple[str, bool]]
+    pending: tuple[Session, OpenAICompatibleProvider], dispatched: Dispatched
 ) -> None:
     """Read under the session's lock: the holder lets the lease go only after the reply
     commits, and then looks for answered requests itself (jobs.advance_session)."""
     session, provider = pending
-    (call,) = llm_runner.claim(10)
+    (call,) = claims.claim(10)
     Session.objects.filter(pk=session.pk).update(
         lease_token=call.token, lease_expires_at=timezone.now() + timedelta(seconds=30)
     )
-    llm_runner.finish_ok(call, provider, AIMessage(content=REPLY), USAGE, 40, 1, True)
+    records.finish_ok(call, provider, AIMessage(content=REPLY), USAGE, 40, 1, dispatched)
     assert dispatched == []
     assert LLMRequest.objects.get(pk=call.pk).status == "done"

@@ -18,7 +18,8 @@ from diagnosis.agent import waits
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.agent.providers import classify, client_for
 from diagnosis.agent.react import tool_schemas
-from diagnosis.llm_runner import Runner, stream_reply
+from diagnosis.llm_runner import Runner
+from diagnosis.llm_runner.stream import stream_reply
 from tests.builtin_data import oil_spill
 from tests.llm_helpers import fake_llm, fake_provider
 
@@ -130,7 +131,7 @@ def test_calls_in_turn_keep_one_connection_and_a_loop_never_gets_another_loops(
     messages = [HumanMessage("105机位燃油泄漏")]
 
     async def three_calls() -> list[str]:
-        runner = Runner(enqueue=False)
+        runner = Runner(enqueue=None)
         sdk = runner._sdk_client(client)
         assert runner._sdk_client(client) is sdk  # one per LangChain client and loop
         replies = [await stream_reply(client, messages, {}, [], sdk) for _ in range(3)]
@@ -174,15 +175,15 @@ def test_our_own_drain_keeps_the_connection_as_the_sdks_does(
 ) -> None:
     """The runner drains the body with the SDK's private helper; if an upgrade moves it,
     `drain_rest` takes over: three calls in turn still share one connection."""
-    from diagnosis import llm_runner
+    from diagnosis.llm_runner import stream
 
-    monkeypatch.setattr(llm_runner, "drain_response_async", llm_runner.drain_rest)
+    monkeypatch.setattr(stream, "drain_response_async", stream.drain_rest)
     fake_llm.set_script({"rules": [REPLIES["text only"]]})
     client = client_for(fake_provider(fake_llm))
     accepted = count_connections(fake_llm)
 
     async def three_calls() -> list[str]:
-        runner = Runner(enqueue=False)
+        runner = Runner(enqueue=None)
         sdk = runner._sdk_client(client)
         messages = [HumanMessage("105机位燃油泄漏")]
         replies = [await stream_reply(client, messages, {}, [], sdk) for _ in range(3)]
@@ -195,7 +196,7 @@ def test_our_own_drain_keeps_the_connection_as_the_sdks_does(
 
 def stream_once(client: Any) -> AIMessage:
     async def call() -> AIMessage:
-        runner = Runner(enqueue=False)
+        runner = Runner(enqueue=None)
         try:
             messages = [HumanMessage("105机位燃油泄漏")]
             return await stream_reply(client, messages, {}, [], runner._sdk_client(client))

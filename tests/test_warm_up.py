@@ -17,8 +17,11 @@ import pytest
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from diagnosis import jobs, llm_runner
+from diagnosis import jobs
 from diagnosis.agent import providers
+from diagnosis.jobs import checkpoints
+from diagnosis.jobs import job as the_job
+from diagnosis.llm_runner import runner as llm_runner
 from diagnosis.worker import AeroWorker, WorkerHeartbeat
 from scenarios_admin import airport
 from scenarios_admin.airport import forget_cached_graph
@@ -105,14 +108,14 @@ def test_a_worker_has_its_agent_graph_and_airport_before_its_first_beat(
     start = WorkerHeartbeat.start
 
     def first_beat(self: WorkerHeartbeat) -> None:
-        at_first_beat.append((jobs._runtime is not None, "active" in airport._graph_cache))
+        at_first_beat.append((checkpoints._runtime is not None, "active" in airport._graph_cache))
         start(self)
 
     monkeypatch.setattr(WorkerHeartbeat, "start", first_beat)
     queue = django_rq.get_queue(settings.AERO_QUEUE)
     try:
         AeroWorker([queue], connection=queue.connection).work(burst=True)
-        graph = jobs._runtime.graph if jobs._runtime else None
+        graph = checkpoints._runtime.graph if checkpoints._runtime else None
         # What the first job asks for is what the warm-up built: nothing built again.
         assert graph is not None and jobs.agent_graph() is graph
     finally:
@@ -130,7 +133,7 @@ def test_a_worker_starts_when_its_agent_graph_cannot_be_built_yet(
     def unbuildable() -> None:
         raise DatabaseError('relation "checkpoints" does not exist')
 
-    monkeypatch.setattr(jobs, "agent_graph", unbuildable)
+    monkeypatch.setattr(the_job, "agent_graph", unbuildable)
     jobs.warm_up_worker()
     assert "warm-up: the agent or airport graph is not ready yet" in caplog.text
 
@@ -140,7 +143,7 @@ def test_the_runner_has_its_clients_and_pool_before_its_first_beat(
     transactional_db: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = provider("primary")
-    runner = llm_runner.Runner(enqueue=False)
+    runner = llm_runner.Runner(enqueue=None)
     stop = asyncio.Event()
     at_first_beat: list[tuple[list[Any], int]] = []
     beat = llm_runner.beat

@@ -19,6 +19,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection, connections
 
 from diagnosis import conn_health, jobs, worker
+from diagnosis.jobs import checkpoints
+from diagnosis.jobs.job import _config
 from diagnosis.models import WorkerBeat
 
 pytestmark = pytest.mark.services
@@ -80,7 +82,7 @@ def test_the_checkpointer_connection_is_checked_without_a_round_trip(
     transactional_db: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     graph = jobs.agent_graph()
-    runtime = jobs._runtime
+    runtime = checkpoints._runtime
     assert runtime is not None
     executed: list[str] = []
     original = runtime.conn.execute
@@ -97,8 +99,8 @@ def test_the_checkpointer_connection_is_checked_without_a_round_trip(
     terminate_backend(pid)
     rebuilt = jobs.agent_graph()  # its backend ended: a new connection, a working graph
     assert rebuilt is not graph
-    assert jobs._runtime is not None and jobs._runtime.conn.info.backend_pid != pid
-    rebuilt.get_state(jobs._config(str(uuid.uuid4())))
+    assert checkpoints._runtime is not None and checkpoints._runtime.conn.info.backend_pid != pid
+    rebuilt.get_state(_config(str(uuid.uuid4())))
 
 
 def wait_for(check: Callable[[], bool], seconds: float) -> bool:

@@ -7,6 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from diagnosis.jobs import dispatch_after_commit
 from diagnosis.llm_runner import Runner
 
 
@@ -30,6 +31,6 @@ class Command(BaseCommand):
         for signum in (signal.SIGTERM, signal.SIGINT):
             # Unfinished calls are released at once, not left to their claim's expiry.
             loop.add_signal_handler(signum, stop.set)
-        runner = Runner()
+        runner = Runner(enqueue=dispatch_after_commit)
         self.stdout.write(f"LLM runner {runner.name} started")
         await runner.serve(stop)

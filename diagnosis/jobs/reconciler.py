@@ -1,0 +1,93 @@
+"""The reconciler: PostgreSQL says which sessions must move, and every worker's
+maintenance loop re-enqueues those that have no job (a killed worker, a job Redis lost),
+after letting go of the leases of this host's dead processes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from django.db.models import Q
+from django.utils import timezone
+
+from diagnosis.jobs.enqueue import dispatch, queued_job_ids
+from diagnosis.jobs.lease import holder_pid, process_gone
+from diagnosis.models import LLMRequestStatus, Session, SessionStatus
+
+logger = logging.getLogger("diagnosis.jobs")
+
+
+def requeue_stalled_sessions() -> int:
+    """Re-enqueue the sessions that should be moving but have no job waiting and no live
+    lease. Every worker runs this; the fixed job id makes concurrent passes harmless."""
+    release_dead_holders()
+    candidates = stalled_sessions()
+    if not candidates:
+        return 0
+    waiting = queued_job_ids()
+    enqueued = 0
+    for session_id in candidates:
+        if session_id in waiting:
+            continue  # its job is in the queue, behind others: not stalled, just late
+        # At the front: its job was lost (a killed worker, Redis restarted) after it had
+        # waited its turn once; behind a long queue it waited minutes more (ADR 109).
+        try:
+            moved = dispatch(session_id, at_front=True)
+        except Exception:
+            # Whatever went wrong with this session's job (or its row) this pass, the
+            # next pass tries again, and the sessions after it in this pass are not held
+            # up: one session's error used to end the pass for all of them.
+            logger.exception("session %s: re-enqueue failed; the next pass retries", session_id)
+            continue
+        if moved:
+            logger.info("re-enqueued stalled session %s", session_id)
+            enqueued += 1
+    return enqueued
+
+
+def release_dead_holders() -> int:
+    """Let go now of the leases held by a job whose worker process is gone from this host
+    (kill -9, the OOM killer), instead of waiting for them to run out: the reconciler
+    pass that follows re-enqueues those sessions at once (ADR 109). The holder is read
+    from the session row, written by the same UPDATE that took the lease (ADR 117): a
+    job killed right after taking it (before its run row existed, while a fresh worker
+    was still building its graph) was invisible here and its session waited out the
+    whole lease. Only the exact lease the dead process took is expired (by its token),
+    so a lease another worker has taken since is never touched; a pid reused by a live
+    process reads as alive, and then the lease runs out as before. Other hosts'
+    processes cannot be checked: their leases run out."""
+    host = socket.gethostname()
+    now = timezone.now()
+    leases = Session.objects.filter(
+        lease_token__isnull=False, lease_expires_at__gt=now, lease_holder__startswith=f"{host}:"
+    ).values_list("pk", "lease_token", "lease_holder")
+    released = 0
+    for session_id, token, holder in leases:
+        pid = holder_pid(holder, host)
+        if pid is None or pid == os.getpid() or not process_gone(pid):
+            continue
+        if Session.objects.filter(
+            pk=session_id, lease_token=token, lease_expires_at__gt=now
+        ).update(lease_expires_at=now):
+            logger.warning(
+                "session %s: its worker (pid %s) is gone, lease released", session_id, pid
+            )
+            released += 1
+    return released
+
+
+def stalled_sessions() -> list[str]:
+    """Sessions that should be moving but hold no live lease (worker killed, Redis lost
+    the job). Redis is never the source of truth: PostgreSQL says what must run. No
+    grace period: a running job's heartbeat keeps its lease live, and the caller skips
+    sessions whose job waits in the queue (ADR 101)."""
+    now = timezone.now()
+    rows = (
+        Session.objects.visible()
+        .filter(status__in=[SessionStatus.QUEUED, SessionStatus.RUNNING, SessionStatus.RETRYING])
+        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+        # Waiting for the model: the runner enqueues it when the reply is stored.
+        .exclude(llm_requests__status=LLMRequestStatus.PENDING)
+    )
+    return [str(pk) for pk in rows.values_list("pk", flat=True)]

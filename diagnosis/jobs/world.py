@@ -1,0 +1,62 @@
+"""What a job loads to start besides the session: its scenario's definition and the world
+the agent acts on (the active airport topology). The lease statement reads the world's
+stamp with the lease (`world_stamp_sql`), so a job builds the world again only when it
+changed; this module is the one place that knows what the world is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagnosis.models import Session
+from scenarios_admin.airport import load_active_graph
+from scenarios_admin.models import ScenarioVersion, Topology
+
+# The world a job's agent acts on (AgentContext.graph).
+World = Any
+# The active world's stamp as the lease statement read it, or None when there is none.
+WorldStamp = tuple[Any, Any] | None
+
+# Published scenario versions are immutable (ScenarioVersion.save): their definitions,
+# read once per process.
+_definitions: dict[int, dict[str, Any]] = {}
+
+
+def definition_of(session: Session) -> dict[str, Any]:
+    found = _definitions.get(session.scenario_version_id)
+    if found is None:
+        found = ScenarioVersion.objects.values_list("definition", flat=True).get(
+            pk=session.scenario_version_id
+        )
+        _definitions[session.scenario_version_id] = found
+    return found
+
+
+def load_world(stamp: WorldStamp = None) -> World:
+    """The active world, built once per process and stamp; `stamp` as the lease read it
+    (read here when None)."""
+    return load_active_graph(stamp)
+
+
+def world_stamp_sql(connection: Any) -> tuple[str, str]:
+    """The lease statement's part that reads the active world's stamp: a LEFT JOIN to add
+    after its other sources, and the columns it selects (`world_stamp` reads them back)."""
+    quote = connection.ops.quote_name
+    topology = Topology._meta
+    updated_at = quote(str(topology.get_field("updated_at").column))
+    is_active = quote(str(topology.get_field("is_active").column))
+    join = (
+        f" LEFT JOIN (SELECT {quote('id')}, {updated_at} FROM {quote(topology.db_table)}"
+        f" WHERE {is_active} ORDER BY 1 LIMIT 1) stamp ON TRUE"
+    )
+    columns = f"stamp.{quote('id')} AS topology_id, stamp.{updated_at} AS topology_updated_at"
+    return join, columns
+
+
+# How many columns world_stamp_sql selects.
+WORLD_STAMP_COLUMNS = 2
+
+
+def world_stamp(columns: tuple[Any, ...]) -> WorldStamp:
+    """The stamp from the columns world_stamp_sql selected."""
+    topology_id, updated_at = columns
+    return (topology_id, updated_at) if topology_id is not None else None
