@@ -6,7 +6,8 @@ they use.
 
 Model signals know no request: `CurrentActorMiddleware` puts the signed-in user in a
 context variable for the request, so an entry written by a signal names who did it (or
-"system" for a shell or a command). Connected in AeroConfig.ready."""
+"system" for a shell or a command). Connected in AeroConfig.ready; the provider
+switches by the app that holds the provider configs (`connect_provider`)."""
 
 from __future__ import annotations
 
@@ -96,6 +97,12 @@ def admin_logged(sender: Any, instance: LogEntry, created: bool, **kwargs: Any) 
 
 
 # --- providers: switched on or off, key set or removed ----------------------------------
+
+
+def connect_provider(model: type[Any]) -> None:
+    """Audit the switches and keys of `model`'s provider configs."""
+    pre_save.connect(provider_before, sender=model, dispatch_uid="aero.audit.prov0")
+    post_save.connect(provider_after, sender=model, dispatch_uid="aero.audit.prov1")
 
 
 def provider_before(sender: Any, instance: Any, **kwargs: Any) -> None:
@@ -214,12 +221,8 @@ def sign_in_failed(
 
 
 def connect() -> None:
-    from scenarios_admin.models import ProviderConfig
-
     user_model = get_user_model()
     post_save.connect(admin_logged, sender=LogEntry, dispatch_uid="aero.audit.admin")
-    pre_save.connect(provider_before, sender=ProviderConfig, dispatch_uid="aero.audit.prov0")
-    post_save.connect(provider_after, sender=ProviderConfig, dispatch_uid="aero.audit.prov1")
     pre_save.connect(user_before, sender=user_model, dispatch_uid="aero.audit.user0")
     post_save.connect(user_after, sender=user_model, dispatch_uid="aero.audit.user1")
     m2m_changed.connect(

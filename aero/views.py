@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.utils import timezone
+
+from aero import health
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -31,48 +31,6 @@ def _redis() -> str:
     return "ok"
 
 
-def _workers() -> str:
-    """Workers write their own heartbeat to the database (diagnosis.worker, ADR 102):
-    one that registered must have beaten within three heartbeat intervals. None
-    registered is reported, not failed: sessions then wait in the queue, visibly. Read
-    from PostgreSQL, so a Redis outage does not hide live workers."""
-    from diagnosis.llm_runner import BEAT_PREFIX
-    from diagnosis.models import WorkerBeat
-
-    rows = list(
-        WorkerBeat.objects.exclude(name__startswith=BEAT_PREFIX).values_list(
-            "beat_at", "session_id"
-        )
-    )
-    if not rows:
-        return "none registered"
-    fresh = timezone.now() - timedelta(seconds=max(15.0, 3 * settings.AERO_HEARTBEAT_SECONDS))
-    alive = [session for beat_at, session in rows if beat_at >= fresh]
-    if not alive:
-        raise RuntimeError(f"{len(rows)} worker(s) registered, none with a recent heartbeat")
-    busy = sum(1 for session in alive if session is not None)
-    return f"{len(alive)} alive, {busy} running a job"
-
-
-def _llm_runner() -> str:
-    """The LLM runners' heartbeats (ADR 95): like the workers', rows in PostgreSQL written
-    every AERO_LLM_CLAIM_SECONDS/4. None registered is reported, not failed (sessions
-    that wait for the model then wait, visibly); registered but silent fails."""
-    from diagnosis.llm_runner import BEAT_PREFIX
-    from diagnosis.models import WorkerBeat
-
-    beats = list(
-        WorkerBeat.objects.filter(name__startswith=BEAT_PREFIX).values_list("beat_at", flat=True)
-    )
-    if not beats:
-        return "none registered"
-    fresh = timezone.now() - timedelta(seconds=max(15.0, 3 * settings.AERO_LLM_CLAIM_SECONDS / 4))
-    alive = [beat for beat in beats if beat >= fresh]
-    if not alive:
-        raise RuntimeError(f"{len(beats)} LLM runner(s) registered, none with a recent heartbeat")
-    return f"{len(alive)} alive"
-
-
 def healthz(request: HttpRequest) -> JsonResponse:
     """For load balancers and the run scripts, so it needs no login. The database always;
     Redis and the workers' heartbeats in production mode (REDIS_URL set)."""
@@ -81,10 +39,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     probes = [("database", _database)]
     if settings.REDIS_URL:
         probes.append(("redis", _redis))
-        if settings.AERO_JOB_BACKEND == "rq":
-            probes.append(("workers", _workers))
-            if settings.AERO_LLM_WAITS:
-                probes.append(("llm_runner", _llm_runner))
+    probes.extend(health.probes())
     for name, probe in probes:
         try:
             checks[name] = probe()

@@ -7,11 +7,7 @@ from django.core.wsgi import get_wsgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
 application = get_wsgi_application()
 
-from django.conf import settings  # noqa: E402
+from aero import serving  # noqa: E402
 
-if settings.AERO_JOB_BACKEND == "rq":
-    # Each gunicorn worker imports this module after the fork: its own sweeper thread, so
-    # approval timeouts happen with every job worker down (ADR 112).
-    from diagnosis.maintenance import start_web_ticker
-
-    start_web_ticker()
+# Each gunicorn worker imports this module after the fork: its start hooks run in it.
+serving.started("wsgi")

@@ -32,7 +32,6 @@ from prometheus_client.registry import Collector
 
 from approvals.models import OPEN_STATUSES, Approval
 from diagnosis.models import LLMCall, Session, SessionStatus
-from ingest.models import Observation
 
 logger = logging.getLogger("api.metrics")
 
@@ -45,7 +44,6 @@ class DatabaseCollector(Collector):
         yield self.sessions()
         yield from self.llm()
         yield from self.approvals()
-        yield self.gate()
         yield self.queue()
 
     @staticmethod
@@ -137,18 +135,6 @@ class DatabaseCollector(Collector):
         yield waiting
 
     @staticmethod
-    def gate() -> Metric:
-        family = CounterMetricFamily(
-            "aero_gate_decisions",
-            "Observations through the alert gate, by deciding stage and outcome.",
-            labels=["stage", "decision"],
-        )
-        rows = Observation.objects.values("stage", "decision").annotate(n=Count("pk")).order_by()
-        for row in rows:
-            family.add_metric([row["stage"], row["decision"]], row["n"])
-        return family
-
-    @staticmethod
     def queue() -> Metric:
         family = GaugeMetricFamily(
             "aero_job_queue_depth",
@@ -198,10 +184,22 @@ def allowed(request: HttpRequest) -> bool:
     return False
 
 
+# Collectors of apps this one may not import (the alert gate's), added from their
+# AppConfig.ready().
+_collectors: list[type[Collector]] = []
+
+
+def add_collector(collector: type[Collector]) -> None:
+    if collector not in _collectors:
+        _collectors.append(collector)
+
+
 def registry() -> CollectorRegistry:
     reg = CollectorRegistry()
     multiprocess.MultiProcessCollector(reg, path=str(settings.PROMETHEUS_MULTIPROC_DIR))
     reg.register(DatabaseCollector())
+    for collector in _collectors:
+        reg.register(collector())
     return reg
 
 

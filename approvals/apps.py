@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -14,3 +16,13 @@ class ApprovalsConfig(AppConfig):
 
         # web=True: the web processes sweep too, so timeouts happen with every worker down.
         register("sweep-expired-approvals", sweep_expired_approvals, web=True)
+
+        from aero import serving
+
+        serving.add_page_sockets(approval_sockets)
+
+
+def approval_sockets() -> list[Any]:
+    from approvals.routing import websocket_urlpatterns
+
+    return websocket_urlpatterns

@@ -341,8 +341,8 @@ def drive(args: argparse.Namespace) -> None:
         print("warning: not every process was up after 60 s; the clock starts anyway",
               file=sys.stderr, flush=True)  # fmt: skip
     # This process stands in for the web process, which imports the model client at its
-    # start (aero/asgi.py, ADR 183), as the workers and the runner do before their beat.
-    from diagnosis.agent.providers import warm_up_imports
+    # start (diagnosis.startup, ADR 183), as the workers and the runner do before their beat.
+    from diagnosis.startup import warm_up_imports
 
     warm_up_imports()
     (Path(os.environ["AERO_DATA_DIR"]) / "clock-started").touch()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -34,3 +36,20 @@ class DiagnosisConfig(AppConfig):
         from scenarios_admin.signals import publish_check
 
         publish_check.connect(run_self_check, dispatch_uid="diagnosis.selfcheck")
+
+        # The kernel names no app: this one adds its sockets, health probes and what a
+        # web process starts with.
+        from aero import health, serving
+        from diagnosis import health as beats
+        from diagnosis.startup import web_started
+
+        serving.add_page_sockets(session_sockets)
+        serving.on_start(web_started)
+        health.register("workers", beats.workers, when=beats.workers_checked)
+        health.register("llm_runner", beats.llm_runners, when=beats.runners_checked)
+
+
+def session_sockets() -> list[Any]:
+    from diagnosis.routing import websocket_urlpatterns
+
+    return websocket_urlpatterns

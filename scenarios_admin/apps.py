@@ -9,4 +9,8 @@ class ScenariosAdminConfig(AppConfig):
 
     def ready(self) -> None:
         # Connects the signals that keep every process's cached airport graph current.
+        from aero import audit_trail
         from scenarios_admin import airport  # noqa: F401
+        from scenarios_admin.models import ProviderConfig
+
+        audit_trail.connect_provider(ProviderConfig)

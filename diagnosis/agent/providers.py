@@ -37,10 +37,10 @@ from tenacity import (
 )
 
 from aero.compiled import Compiled
-from aero.redact import redact_error
 from diagnosis.agent import prompts, waits
 from diagnosis.agent.extraction import Extraction, detect_language, extract_fields
 from diagnosis.agent.grounding import Claim, ground
+from diagnosis.agent.usage import ProviderError, Usage
 from scenarios_admin.airport import AirportGraph
 from scenarios_admin.definition import value_order
 from scenarios_admin.models import ProviderConfig, ProviderKind
@@ -53,16 +53,6 @@ logger = logging.getLogger("diagnosis.providers")
 # HTTP statuses worth another try (the OpenAI SDK's own list); any other 4xx is final.
 RETRYABLE_STATUSES = {408, 409, 429}
 MAX_RETRY_AFTER = 60.0
-
-
-@dataclass
-class Usage:
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost: Decimal = Decimal(0)
-    # The reply's text, for its `llm.call` event: what replay shows for the call (calls
-    # made inside the job; the runner records the streamed text itself).
-    text: str = ""
 
 
 @dataclass
@@ -86,28 +76,6 @@ class Provider(Protocol):
     def extract(
         self, definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None
     ) -> tuple[dict[str, Extraction], Usage]: ...
-
-
-class ProviderError(Exception):
-    """A failed call, with what the retry policy needs to know. `usage` is what the failed
-    attempt still cost (a reply that came back but could not be used is paid for). The
-    message is redacted (`secrets` and anything key-shaped)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        retryable: bool,
-        retry_after: float | None = None,
-        usage: Usage | None = None,
-        secrets: Iterable[str] = (),
-    ) -> None:
-        # The text may quote the key (a rejected key often is): only a redacted, bounded
-        # text goes on to the LLM call row, the events, the audit log and logs.
-        super().__init__(redact_error(message, secrets))
-        self.retryable = retryable
-        self.retry_after = retry_after
-        self.usage = usage or Usage()
 
 
 class OfflineProvider:
@@ -456,11 +424,9 @@ def configured_providers(stamp: str | None = None) -> list[Provider]:
 
 
 def warm_up_imports() -> None:
-    """The modules a process's first model call or ReAct step would import (most of the
-    warm-up's time), with no database read: for the web process, at its start, whose
-    first new session records its extraction request through the same client class."""
+    """The modules a process's first model call would import (most of the warm-up's
+    time), with no database read: LangChain's OpenAI client, through its class."""
     waiting_chat_class()
-    import diagnosis.agent.react  # noqa: F401  (imported by a graph node's first run)
 
 
 def warm_up() -> list[ChatOpenAI]:

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from aero.compiled import Arg, Compiled
 from aero.text import MAX_MODEL_TEXT, cut_generated
-from diagnosis.agent import fsm, prompts, waits
+from diagnosis.agent import budget, fsm, policy, prompts, waits
 from diagnosis.agent.planning import enrichment_calls, facts_of, revision_suffix
 from diagnosis.agent.providers import (
     OfflineProvider,
@@ -441,7 +441,6 @@ def decide(
       the model forgot is proposed anyway;
     - a call the state machine does not allow yet is refused, with the reason as its tool
       message; when nothing the model asked for can run, the policy's next step runs."""
-    from diagnosis.agent import policy
 
     definition = ctx.definition
     fields = state.get("fields") or {}
@@ -609,8 +608,6 @@ def react_plan(
         # Questions, waits, the report and running decided actions follow the facts and
         # the decisions, not the model.
         return reference
-
-    from diagnosis.agent import budget
 
     paused = budget.check(state, ctx, real)
     if paused is not None:

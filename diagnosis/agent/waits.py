@@ -33,6 +33,7 @@ from langchain_core.messages import BaseMessage, messages_from_dict, messages_to
 from langchain_core.outputs import ChatGeneration, ChatResult
 
 from aero.compiled import Compiled
+from diagnosis.agent.usage import ProviderError
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -214,7 +215,6 @@ _request: Compiled[LLMRequest] = Compiled("diagnosis.LLMRequest", _request_by_ke
 def _stored(scope: WaitScope, key: str) -> BaseMessage | None:
     """The runner's reply to the call `key`: the message, or None while there is none
     (no row, pending). Every real provider failed: ProviderError (final)."""
-    from diagnosis.agent.providers import ProviderError
     from diagnosis.models import LLMRequestStatus
 
     if scope.missing == key:

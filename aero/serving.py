@@ -1,0 +1,63 @@
+"""What the web server serves beyond HTTP, contributed by the apps from their
+AppConfig.ready(), so the kernel names no app: their websocket routes, and what a web
+process starts with (warm-up, the embedded worker, the sweeper).
+
+Page sockets use the login cookie, so they check the Origin; an app under its own path
+prefix (the API stream) authenticates with a token (no ambient credential) and serves
+clients that send no Origin at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from channels.auth import AuthMiddlewareStack
+from channels.routing import URLRouter
+from channels.security.websocket import AllowedHostsOriginValidator
+
+Server = Literal["asgi", "wsgi"]
+
+# Each returns its routes or app when the server builds its router, so registering
+# imports no consumer (AppConfig.ready runs in every process, commands included).
+_page_routes: list[Callable[[], list[Any]]] = []
+_prefixed: list[tuple[str, Callable[[], Any]]] = []
+_start_hooks: list[Callable[[Server], None]] = []
+
+
+def add_page_sockets(routes: Callable[[], list[Any]]) -> None:
+    if routes not in _page_routes:
+        _page_routes.append(routes)
+
+
+def add_socket_app(prefix: str, app: Callable[[], Any]) -> None:
+    """Sockets whose path starts with `prefix` go to `app()`, outside the page stack."""
+    if all(known != prefix for known, _ in _prefixed):
+        _prefixed.append((prefix, app))
+
+
+def on_start(hook: Callable[[Server], None]) -> None:
+    """`hook(server)` runs once the web process has loaded Django, before it serves."""
+    if hook not in _start_hooks:
+        _start_hooks.append(hook)
+
+
+def page_websocket() -> Any:
+    routes = [route for routes in _page_routes for route in routes()]
+    return AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(routes)))
+
+
+def websocket(pages: Any) -> Callable[..., Any]:
+    """The websocket application: an app's own prefix first, the page sockets else."""
+    prefixed = [(prefix, app()) for prefix, app in _prefixed]
+
+    async def route(scope: Any, receive: Any, send: Any) -> None:
+        app = next((app for prefix, app in prefixed if scope["path"].startswith(prefix)), pages)
+        await app(scope, receive, send)
+
+    return route
+
+
+def started(server: Server) -> None:
+    for hook in _start_hooks:
+        hook(server)

@@ -1,0 +1,34 @@
+"""What a web process starts with (registered with aero.serving by this app)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from aero.serving import Server
+
+
+def warm_up_imports() -> None:
+    """Paid at start, not by the first new session's request: it records its extraction
+    request through LangChain's OpenAI client, and a graph node's first run imports the
+    ReAct step; both imports took ~1 s."""
+    from diagnosis.agent import react  # noqa: F401
+    from diagnosis.agent.providers import warm_up_imports as client_imports
+
+    client_imports()
+
+
+def web_started(server: Server) -> None:
+    if server == "asgi":
+        warm_up_imports()
+    if server == "asgi" and settings.AERO_JOB_BACKEND == "embedded":
+        # Embedded mode: start the in-process worker now, so sessions a restart
+        # interrupted are picked up by the reconciler without waiting for a request.
+        from diagnosis.jobs import embedded_worker
+
+        embedded_worker()
+    elif settings.AERO_JOB_BACKEND == "rq":
+        # The approval sweeper runs in the web processes too (each gunicorn worker after
+        # the fork): timeouts happen with every job worker down.
+        from diagnosis.maintenance import start_web_ticker
+
+        start_web_ticker()
