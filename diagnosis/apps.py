@@ -39,10 +39,12 @@ class DiagnosisConfig(AppConfig):
 
         # The kernel names no app: this one adds its sockets, health probes and what a
         # web process starts with.
-        from aero import health, serving
+        from aero import db_owner, health, serving
+        from diagnosis import checkpoint_tables
         from diagnosis import health as beats
         from diagnosis.startup import web_started
 
+        db_owner.register(checkpoint_tables.create)  # LangGraph's: made by the owner
         serving.add_page_sockets(session_sockets)
         serving.on_start(web_started)
         health.register("workers", beats.workers, when=beats.workers_checked)

@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from diagnosis.llm_runner import BEAT_PREFIX
+from diagnosis.llm_runner.claims import BEAT_PREFIX
 from diagnosis.models import WorkerBeat
 
 

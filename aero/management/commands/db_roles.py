@@ -27,7 +27,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from psycopg import sql
 
-from diagnosis import checkpoint_tables
+from aero import db_owner
 
 # Append-only tables: the app may read and add, never change or remove.
 APPEND_ONLY = ("aero_auditlog", "diagnosis_event")
@@ -84,7 +84,8 @@ class Command(BaseCommand):
             if found is not None:
                 self._take_back_what_it_owns(cursor, role, owner)
         # As the owner, before the grants: the app's role can never create them.
-        checkpoint_tables.create(self._owner_params())
+        for setup in db_owner.setups():
+            setup(self._owner_params())
         name = sql.Identifier(role)
         with transaction.atomic(), connection.cursor() as cursor:
             if found is None:
