@@ -25,16 +25,27 @@ from aero.text import MAX_MESSAGE
 
 DRAFT_KEY = "aero_draft"
 # A draft is what the forms take (MAX_MESSAGE characters at most), with room for a text
-# refused as too long; more or longer fields are cut, whoever posts them. An anonymous
-# post writes a session row: expired ones go hourly (aero.sessions.clear_expired_sessions).
+# refused as too long; more or longer fields are cut, whoever posts them.
 MAX_FIELD = 4 * MAX_MESSAGE
 MAX_FIELDS = 8
+# Signed out, anyone can post: one draft per client (its session), no larger than one
+# form's text, kept for half an hour (expired rows go hourly:
+# aero.sessions.clear_expired_sessions), and such posts are rate-limited by address
+# (aero.ratelimit), so a flood of them cannot grow the session table without bound.
+ANONYMOUS_MAX_FIELDS = 3
+ANONYMOUS_DRAFT_SECONDS = 30 * 60
 
 
 def keep_draft(request: HttpRequest, action: str, data: Any) -> None:
     """Keep the posted text fields for the form that posts to `action`."""
     fields = [(k, v) for k, v in data.items() if k != "csrfmiddlewaretoken" and isinstance(v, str)]
-    kept = {key: value[:MAX_FIELD] for key, value in fields[:MAX_FIELDS]}
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        kept = {key: value[:MAX_FIELD] for key, value in fields[:MAX_FIELDS]}
+    else:
+        kept = {key: value[:MAX_MESSAGE] for key, value in fields[:ANONYMOUS_MAX_FIELDS]}
+        # A sign-in puts the idle expiry back (aero.sessions).
+        request.session.set_expiry(ANONYMOUS_DRAFT_SECONDS)
     request.session[DRAFT_KEY] = {"action": action, "data": kept}
 
 

@@ -46,6 +46,8 @@ def renewed_at_login(sender: Any, request: HttpRequest | None, **kwargs: Any) ->
     # Signing in saves the session anyway: the first minute needs no second write.
     if request is not None and hasattr(request, "session"):
         request.session[RENEWED_KEY] = int(time.time())
+        # The idle expiry, not the short one of a signed-out draft (aero.drafts).
+        request.session.set_expiry(None)
 
 
 def clear_expired_sessions() -> bool:

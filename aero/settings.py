@@ -116,6 +116,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Sign-ins, visitors' posts, the API and the ingest, per client and minute.
+    "aero.ratelimit.RateLimitMiddleware",
     # The user's language (after authentication: the choice lives in their session).
     "aero.i18n.UserLanguageMiddleware",
     "aero.sessions.IdleSessionMiddleware",
@@ -398,6 +400,16 @@ AXES_IPWARE_PROXY_COUNT = env_int("AERO_PROXY_COUNT", 0, minimum=0) or None
 AXES_IPWARE_META_PRECEDENCE_ORDER = (
     ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if AXES_IPWARE_PROXY_COUNT else ("REMOTE_ADDR",)
 )
+
+# Requests per client and minute (aero.ratelimit; 0: no limit), answered 429 with
+# Retry-After above it. Sign-ins and the posts of visitors not signed in count by
+# address (AERO_PROXY_COUNT as above), the API and the ingest by their credential.
+AERO_RATE_LIMITS = {
+    "login": env_int("AERO_RATE_LOGIN_PER_MINUTE", 30, minimum=0),
+    "anonymous": env_int("AERO_RATE_ANONYMOUS_PER_MINUTE", 20, minimum=0),
+    "api": env_int("AERO_RATE_API_PER_MINUTE", 600, minimum=0),
+    "ingest": env_int("AERO_RATE_INGEST_PER_MINUTE", 120, minimum=0),
+}
 
 # --- auth, i18n, static ---------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

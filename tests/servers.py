@@ -53,6 +53,11 @@ def service_env(db_url: str, redis_url: str, **extra: str) -> dict[str, str]:
             "AERO_QUEUE": os.environ["AERO_QUEUE"],
             "AERO_DATA_DIR": os.environ["AERO_DATA_DIR"],  # this xdist worker's
             "PYTHONUNBUFFERED": "1",
+            # As in tests/settings.py: counted, but above what the tests send.
+            **{
+                f"AERO_RATE_{scope}_PER_MINUTE": "1000000"
+                for scope in ("LOGIN", "ANONYMOUS", "API", "INGEST")
+            },
         }
     )
     env.update(extra)

@@ -80,6 +80,9 @@ AERO_JOB_BACKOFF = 0.0
 AERO_TOOL_BACKOFF = 0.0
 AERO_ENRICHMENT_TIMEOUT = 1.0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# The suite signs in and calls the API from one address far more often than a person:
+# the limits are counted (the code runs) but high; tests/test_rate_limits.py lowers them.
+AERO_RATE_LIMITS = {scope: 1_000_000 for scope in AERO_RATE_LIMITS}  # noqa: F405
 
 # Parallel runs on one machine (several checkouts, CI and a developer) need their own
 # test database; the name also reaches subprocesses through DATABASE_URL.
