@@ -9,7 +9,7 @@ from django.db import models, router, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from aero import audit_chain
+from aero import anchors, audit_chain
 
 
 class AuditLogQuerySet(models.QuerySet["AuditLog"]):
@@ -85,6 +85,7 @@ class AuditLog(models.Model):
             self.created_at = timezone.now()
             self.digest = self.compute_digest()
             super().save(*args, **kwargs)
+            anchors.note_audit(int(self.pk), self.digest, using)
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise PermissionError("the audit log is append-only")

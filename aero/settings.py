@@ -346,6 +346,10 @@ AERO_CHECKPOINT_SQLITE = Path(
 # The key of the audit log's HMAC chain (aero.audit_chain). Without it, one derived from
 # SECRET_KEY: every process of a deployment must share it, or verify_audit fails.
 AERO_AUDIT_KEY = env_str("AERO_AUDIT_KEY")
+# The chains' heads, anchored outside the database every AERO_ANCHOR_EVERY entries (0:
+# never) and at shutdown, appended to this file (aero.anchors).
+AERO_ANCHOR_FILE = Path(env_str("AERO_ANCHOR_FILE", str(DATA_DIR / "anchors.jsonl")))
+AERO_ANCHOR_EVERY = env_int("AERO_ANCHOR_EVERY", 100, minimum=0)
 
 # --- approvals ------------------------------------------------------------------------
 # Deadlines per risk class; an expired approval becomes a manual to-do, never approved.

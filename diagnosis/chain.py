@@ -1,25 +1,45 @@
 """The per-session hash chain over the event log.
 
-Each event stores `hash = sha256(prev_hash || canonical(event))`, where `prev_hash` is the
-previous event's hash (64 zeros before the first) as 64 lowercase hex characters, `||`
-is byte concatenation and `canonical(event)` is the UTF-8 JSON (sorted keys, no
-whitespace) of the event's session, seq, event_id, type, ts (ISO 8601), payload,
-producer, trace_id and run. The session keeps the last hash as `chain_head`. An edited
-payload, a deleted or inserted row, or a reordered seq changes every hash from there
-on, so `verify_chain` names the first bad seq. (Someone who can rewrite every later row
-and the head can forge a chain; an exported head kept elsewhere catches that.)
+Each event stores a link over `prev_hash || canonical(event)`, where `prev_hash` is the
+previous event's stored hash (64 zeros before the first), `||` is byte concatenation and
+`canonical(event)` is the UTF-8 JSON (sorted keys, no whitespace) of the event's session,
+seq, event_id, type, ts (ISO 8601), payload, producer, trace_id and run. New events are
+linked with an HMAC-SHA256 keyed by a key derived from the audit key (the database never
+holds it), stored as "k" and the first 63 hex digits; events written before keys were
+used keep their plain sha256 (64 hex digits) and still verify, but once a session's chain
+is keyed no plain link may follow. The session keeps the last hash as `chain_head`. An
+edited payload, a deleted or inserted row, or a reordered seq changes every hash from
+there on, so `verify_chain` names the first bad seq; whoever lacks the key cannot
+recompute a keyed chain, and the heads anchored outside the database (aero.anchors)
+catch a cut tail or a chain recomputed as unkeyed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
+from aero import anchors
+
 GENESIS = "0" * 64
+KEYED = "k"  # the version marker of a keyed link
+
+
+@lru_cache(maxsize=4)
+def _derived_key(audit_key: bytes) -> bytes:
+    return hmac.new(audit_key, b"aero-event-chain", hashlib.sha256).digest()
+
+
+def chain_key() -> bytes:
+    from aero.audit_chain import audit_key
+
+    return _derived_key(audit_key())
 
 
 def canonical(
@@ -51,12 +71,23 @@ def canonical(
 
 
 def link(prev_hash: str, event_canonical: bytes) -> str:
+    """The unkeyed link of the events written before the chain was keyed."""
     return hashlib.sha256(prev_hash.encode("ascii") + event_canonical).hexdigest()
 
 
-def event_hash(prev_hash: str, event: Any) -> str:
-    """The hash of an Event (saved or not) after `prev_hash`."""
-    return link(
+def keyed_link(prev_hash: str, event_canonical: bytes, key: bytes | None = None) -> str:
+    digest = hmac.new(key or chain_key(), prev_hash.encode("ascii") + event_canonical, "sha256")
+    return KEYED + digest.hexdigest()[:63]
+
+
+def is_keyed(stored_hash: str) -> bool:
+    return stored_hash.startswith(KEYED)
+
+
+def event_hash(prev_hash: str, event: Any, *, keyed: bool = True) -> str:
+    """The hash of an Event (saved or not) after `prev_hash`: keyed unless asked for
+    the unkeyed link of an older event."""
+    return (keyed_link if keyed else link)(
         prev_hash,
         canonical(
             session_id=event.session_id,
@@ -92,6 +123,7 @@ def check_events(
     prev = GENESIS
     expected = 1
     checked = 0
+    keyed_seen = False
     for event in events:
         if event.seq != expected:
             problem = (
@@ -100,8 +132,20 @@ def check_events(
             return ChainReport(
                 str(session_id), False, checked, expected, prev, stored_head, problem
             )
-        computed = event_hash(prev, event)
-        if computed != event.hash:
+        keyed = is_keyed(event.hash)
+        if keyed_seen and not keyed:
+            return ChainReport(
+                str(session_id),
+                False,
+                checked,
+                event.seq,
+                prev,
+                stored_head,
+                f"seq {event.seq} is not keyed after keyed links (recomputed?)",
+            )
+        keyed_seen = keyed_seen or keyed
+        computed = event_hash(prev, event, keyed=keyed)
+        if not hmac.compare_digest(computed, event.hash):
             return ChainReport(
                 str(session_id),
                 False,
@@ -160,4 +204,17 @@ def verify_chain(session_id: Any) -> ChainReport:
         )
         .iterator(chunk_size=2000)
     )
-    return check_events(session_id, events, session["last_seq"], session["chain_head"])
+    report = check_events(session_id, events, session["last_seq"], session["chain_head"])
+    if report.ok:
+        problem = anchors.first_mismatch(
+            anchors.records("event", session=str(session_id)),
+            "seq",
+            session["last_seq"],
+            lambda seqs: dict(
+                Event.objects.filter(session_id=session_id, seq__in=seqs).values_list("seq", "hash")
+            ),
+            "seq",
+        )
+        if problem:
+            report.ok, report.problem = False, f"does not match its anchors: {problem}"
+    return report

@@ -16,6 +16,7 @@ from django.db.models.expressions import CombinedExpression
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
+from aero import anchors
 from aero.compiled import (
     Arg,
     Compiled,
@@ -229,6 +230,7 @@ def _write(
         for row in rows:
             row.save(force_insert=True)
     transaction.on_commit(partial(notify_session, session.pk, seq))
+    anchors.note_events(session.pk, session.last_seq, seq, head)
     known = _known.get()
     if known is not None and known.session_id == str(session.pk):
         # Only once committed: a step that rolls back wrote none of its keys.

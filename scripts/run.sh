@@ -83,6 +83,8 @@ cleanup() {
   trap - EXIT INT TERM
   for pid in "${proc_pid[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # The chains' heads, anchored outside the database at every stop (aero.anchors).
+  $PY manage.py anchor_heads >/dev/null 2>&1 || echo "anchoring the chain heads failed" >&2
 }
 trap cleanup EXIT
 trap 'exit 0' INT TERM

@@ -83,6 +83,9 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # The suite signs in and calls the API from one address far more often than a person:
 # the limits are counted (the code runs) but high; tests/test_rate_limits.py lowers them.
 AERO_RATE_LIMITS = {scope: 1_000_000 for scope in AERO_RATE_LIMITS}  # noqa: F405
+# The flush between tests removes rows the anchors name: tests/test_anchors.py turns
+# anchoring on, with a file of its own.
+AERO_ANCHOR_EVERY = 0
 
 # Parallel runs on one machine (several checkouts, CI and a developer) need their own
 # test database; the name also reaches subprocesses through DATABASE_URL.

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from aero import audit_chain
+from aero import anchors, audit_chain
 from aero.models import AuditLog
 
 
@@ -25,5 +26,17 @@ class Command(BaseCommand):
             raise CommandError(
                 f"audit chain broken at entry {report.first_bad_id}: {report.problem} "
                 f"({report.checked} checked)"
+            )
+        last = AuditLog.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        problem = anchors.first_mismatch(
+            anchors.records("audit"),
+            "id",
+            last,
+            lambda ids: dict(AuditLog.objects.filter(id__in=ids).values_list("id", "digest")),
+            "entry",
+        )
+        if problem:
+            raise CommandError(
+                f"audit chain does not match its anchors ({settings.AERO_ANCHOR_FILE}): {problem}"
             )
         self.stdout.write(f"audit chain OK: {report.checked} entries, head {report.head}")
