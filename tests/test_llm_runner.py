@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from diagnosis import jobs, llm_runner
 from diagnosis.actions import do_cancel, do_close, do_create_session
-from diagnosis.agent import grounding
+from diagnosis.agent import grounding, providers
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.jobs import enqueue as job_enqueue
 from diagnosis.llm_runner import runner as runner_module
@@ -98,6 +98,28 @@ def start(make_user: Callable[..., User], text: str = EXAMPLE_ONE) -> Session:
 
 def attempts(session: Session) -> list[tuple[str, str]]:
     return [(a.provider, a.status) for a in LLMCall.objects.filter(session=session).order_by("id")]
+
+
+def test_the_runner_waits_the_providers_whole_timeout(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    no_inline_runner: None,
+    settings: Any,
+) -> None:
+    """The runner holds no job lease: a provider's timeout is not cut to three quarters
+    of one there. A reply slower than that cut, within the provider's own timeout, is the
+    model's reply, not a timeout and a fallback."""
+    settings.AERO_LEASE_SECONDS = 4  # a job's own call would be cut at 3 s
+    fake_llm.set_script({"rules": [{**ANSWER, "latency": 3.5}]})
+    config = fake_provider(fake_llm, retries=1, timeout_seconds=8)
+    assert providers.call_timeout(config) == 3.0
+    session = start(make_user)
+
+    assert in_thread(lambda: llm_runner.Runner(enqueue=None).process_pending_now()) == 1
+    assert attempts(session) == [("fake", "ok")]
+    request = LLMRequest.objects.get(session=session)
+    assert (request.status, request.answered_by) == ("done", "fake")
 
 
 def test_a_model_call_is_a_wait_and_the_worker_is_free(

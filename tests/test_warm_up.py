@@ -168,7 +168,7 @@ def test_the_runner_has_its_clients_and_pool_before_its_first_beat(
 
     assert at_first_beat, "the runner never beat"
     clients, pools = at_first_beat[0]
-    assert len(clients) == 1 and providers.client_for(config) is clients[0]
+    assert len(clients) == 1 and providers.client_for(config, under_lease=False) is clients[0]
     assert pools == 1  # its own connection pool, for this loop, built already
 
 

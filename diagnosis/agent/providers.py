@@ -184,8 +184,12 @@ _clients: dict[tuple[int, str, str, str, float], ChatOpenAI] = {}
 _clients_lock = threading.Lock()
 
 
-def call_timeout(config: ProviderConfig) -> float:
-    """The provider's timeout, always below the job's lease (three quarters of it)."""
+def call_timeout(config: ProviderConfig, *, under_lease: bool = True) -> float:
+    """The provider's timeout; a call made inside a job (`under_lease`) stays below the
+    job's lease (three quarters of it). The LLM runner holds no job lease: its calls
+    wait the provider's whole timeout."""
+    if not under_lease:
+        return max(1.0, config.timeout_seconds)
     return max(1.0, min(config.timeout_seconds, settings.AERO_LEASE_SECONDS * 3 / 4))
 
 
@@ -216,20 +220,23 @@ def waiting_chat_class() -> type[ChatOpenAI]:
     return _waiting_class
 
 
-def client_for(config: ProviderConfig) -> ChatOpenAI:
+def client_for(config: ProviderConfig, *, under_lease: bool = True) -> ChatOpenAI:
     """One client (and its HTTP connection pool) per provider config, reused by every call
     in the process; a change of what the client is built from (model, base URL, key,
     timeout) makes a new one. Keyed by those values, not by updated_at: a write that does
     not touch updated_at (a queryset update, the key rotation) is seen too. The LLM
-    runner's asynchronous calls use the same client (its payload, its SDK client)."""
+    runner's asynchronous calls use the same client (its payload, its SDK client), built
+    with the runner's timeout (`under_lease=False`: see call_timeout)."""
     ChatOpenAI = waiting_chat_class()  # noqa: N806
 
-    timeout = call_timeout(config)
+    timeout = call_timeout(config, under_lease=under_lease)
     key = (config.pk, config.model, config.base_url, config.api_key_encrypted, timeout)
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            for stale in [k for k in _clients if k[0] == config.pk]:
+            # The runner's client and a job's may differ by their timeout: both are kept.
+            current = {call_timeout(config), call_timeout(config, under_lease=False)}
+            for stale in [k for k in _clients if k[0] == config.pk and k[-1] not in current]:
                 del _clients[stale]
             client = ChatOpenAI(
                 model=config.model,
@@ -429,7 +436,7 @@ def warm_up_imports() -> None:
     waiting_chat_class()
 
 
-def warm_up() -> list[ChatOpenAI]:
+def warm_up(*, under_lease: bool = True) -> list[ChatOpenAI]:
     """What the first model call of a process would otherwise pay, paid at its start
     (a worker's, the runner's, before they say they are up): LangChain's OpenAI client
     imported, and a client built for each enabled provider config, with its HTTP
@@ -446,7 +453,7 @@ def warm_up() -> list[ChatOpenAI]:
     clients = []
     for config in configs:
         try:
-            clients.append(client_for(config))
+            clients.append(client_for(config, under_lease=under_lease))
         except Exception:  # a config its first call will fail on, recorded there
             logger.warning("warm-up: no client for provider %s", config.name, exc_info=True)
     return clients

@@ -136,7 +136,7 @@ class Runner:
         # Before the first beat says the runner is up: the model client's import, and
         # each enabled provider's clients and this loop's pool, which the first call
         # paid for otherwise, with every session's first call behind it (ADR 183).
-        for client in await _db(warm_up)():
+        for client in await _db(functools.partial(warm_up, under_lease=False))():
             self._sdk_client(client)
         background = [
             asyncio.create_task(self._beat_forever(stop)),
@@ -339,7 +339,7 @@ class Runner:
                 call.buffer.clear()
                 await _db(reset_text)(call)  # a new attempt streams a new text
         try:
-            client = client_for(provider.config)
+            client = client_for(provider.config, under_lease=False)
             message = await stream_reply(
                 client, messages, options, call.buffer, self._sdk_client(client)
             )
