@@ -3,7 +3,10 @@
 rq's work loop quits when Redis goes away while it watches a job ("found an unhandled
 exception, quitting"), and its teardown then raises too. Here the worker process lives
 on: it waits for Redis with a backoff (1 s doubling to 30 s, every wait logged), then
-starts a fresh worker on the same queues. Nothing is lost meanwhile: the session state is
+starts a fresh worker on the same queues. Redis refusing writes (at `maxmemory` with
+`noeviction`, or a read-only replica) is an outage too: rq's first write (the worker's
+registration) raised, unhandled, and the process exited; it waits the same way until a
+write goes through. Nothing is lost meanwhile: the session state is
 in PostgreSQL, and the reconciler re-enqueues whatever Redis forgot. A stop request
 (SIGTERM, SIGINT) during the wait ends the process, as it would have. A worker with a
 `waiting_for_redis()` context (AeroWorker) is inside it while it waits: it keeps its
@@ -24,7 +27,16 @@ from rq.worker import BaseWorker
 logger = logging.getLogger("diagnosis.worker")
 
 MAX_BACKOFF = 30.0
-REDIS_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+REDIS_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    # Redis answers but refuses writes: full (noeviction) or a replica.
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+)
+# Written (and expiring) to tell that Redis takes writes again: a ping answers even when
+# every write is refused.
+WRITE_PROBE_KEY = "aero:rq-retry:write-probe"
 
 
 def work_through_outages(
@@ -44,7 +56,9 @@ def work_through_outages(
         try:
             worker.work(burst=burst)
         except REDIS_ERRORS as exc:  # the teardown's own Redis calls failed too
-            logger.warning("worker %s: Redis is unreachable (%s)", worker.name, exc)
+            logger.warning(
+                "worker %s: Redis is unreachable or refuses writes (%s)", worker.name, exc
+            )
         if burst or _stop_was_requested(worker):
             return restarts
         _stop_on_signals(stopping)
@@ -80,14 +94,19 @@ def _stop_on_signals(stopping: threading.Event) -> None:
 
 
 def _wait_for_redis(connection: Any, stopping: threading.Event, max_backoff: float) -> bool:
-    """Ping until Redis answers (True) or a stop is requested (False)."""
+    """Try a write until Redis takes it (True) or a stop is requested (False)."""
     delay = 1.0
     while True:
         try:
-            connection.ping()
+            connection.set(WRITE_PROBE_KEY, "1", ex=60)
             return True
         except REDIS_ERRORS as exc:
-            logger.warning("Redis is unreachable (%s): trying again in %g s", exc, delay)
+            logger.warning(
+                "Redis is unreachable or refuses writes (%s: %s): trying again in %g s",
+                type(exc).__name__,
+                exc,
+                delay,
+            )
         if stopping.wait(delay):
             return False
         delay = min(delay * 2, max_backoff)

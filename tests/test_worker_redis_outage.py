@@ -134,3 +134,61 @@ def test_a_worker_outlives_a_redis_outage_and_runs_the_next_job(
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+
+
+def test_a_worker_lives_through_redis_refusing_writes(
+    builtin: None,
+    db_url: str,
+    own_redis: tuple[int, list[subprocess.Popen[bytes]]],
+    settings: Any,
+    make_user: Callable[..., User],
+    tmp_path: Path,
+) -> None:
+    """Redis at `maxmemory` with `noeviction` answers a ping and refuses every write: rq's
+    registration raised OutOfMemoryError and the worker exited. It waits as for Redis
+    down, beating to PostgreSQL meanwhile, and works once writes go through again."""
+    port, _ = own_redis
+    url = f"redis://127.0.0.1:{port}/0"
+    settings.AERO_JOB_BACKEND = "rq"
+    settings.RQ_QUEUES = {
+        name: {"URL": url, "DEFAULT_TIMEOUT": 600}
+        for name in (settings.AERO_QUEUE, settings.AERO_PRIORITY_QUEUE)
+    }
+    admin = redis.Redis(port=port)
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", 1)  # always over it: every write is refused
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        admin.set("probe", "1")
+    log_path = tmp_path / "worker.log"
+    with log_path.open("w") as log:
+        worker = subprocess.Popen(
+            [PYTHON, "manage.py", "aero_worker"],
+            cwd=ROOT,
+            env=service_env(db_url, url, AERO_HEARTBEAT_SECONDS="1"),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "OutOfMemoryError" in log_path.read_text(), 60, "the refused write")
+        wait_for(lambda: "trying again in" in log_path.read_text(), 30, "the worker to wait")
+        time.sleep(2)  # a few backoff rounds while Redis stays full
+        assert worker.poll() is None, log_path.read_text()[-3000:]
+        assert WorkerBeat.objects.exclude(name__startswith=BEAT_PREFIX).count() == 1
+
+        admin.config_set("maxmemory", 0)
+        wait_for(lambda: "starting a new worker" in log_path.read_text(), 60, "a new worker")
+        oil_spill = Scenario.objects.get(slug="oil_spill")
+        session = do_create_session(make_user("olga", "operator"), oil_spill, "CA1234 fuel leak")
+
+        def asked() -> bool:
+            return Session.objects.get(pk=session.pk).status == "waiting_user"
+
+        wait_for(asked, 60, "the session's job to run")
+        assert worker.poll() is None
+
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
