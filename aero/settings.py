@@ -110,6 +110,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: every log line about a request, and its response, carry the request's id.
+    "aero.errors.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -442,16 +444,32 @@ WHITENOISE_USE_FINDERS = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "filters": {"redact": {"()": "aero.redact.RedactingFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "request": {
+            "format": "%(asctime)s %(levelname)s %(name)s [request %(request_id)s] %(message)s"
+        },
+    },
+    "filters": {
+        "redact": {"()": "aero.redact.RedactingFilter"},
+        "request_id": {"()": "aero.errors.RequestIdFilter"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": "plain",
             "filters": ["redact"],
-        }
+        },
+        "requests": {
+            "class": "logging.StreamHandler",
+            "formatter": "request",
+            "filters": ["request_id", "redact"],
+        },
     },
     "loggers": {
+        # Every 5xx with its traceback and the request's id (Django's own handlers for
+        # this logger print only with DEBUG).
+        "django.request": {"handlers": ["requests"], "level": "ERROR"},
         "aero": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
         "diagnosis": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},
         "approvals": {"handlers": ["console"], "level": env_str("AERO_LOG_LEVEL", "INFO")},

@@ -23,3 +23,6 @@ urlpatterns = [
     path("ingest/", include("ingest.urls")),
     path("", include("api.metrics_urls")),
 ]
+
+# A refused dependency (database, Redis) answers 503 naming it; anything else the 500 page.
+handler500 = "aero.errors.handler500"
