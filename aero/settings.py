@@ -50,9 +50,22 @@ def _generated(file_name: str, make: Callable[[], str]) -> str:
     return path.read_text().strip()
 
 
+def _refuse_weak(name: str, value: str, minimum: int) -> None:
+    """Production refuses a guessable key: Django's own bar for SECRET_KEY (check
+    --deploy, W009): enough characters, and not a repetition of a few."""
+    if len(value) < minimum or len(set(value)) < 5 or value.startswith("django-insecure-"):
+        raise ImproperlyConfigured(
+            f"{name} is too weak: use at least {minimum} random characters "
+            "(python -c 'import secrets; print(secrets.token_urlsafe(50))'). "
+            "See the README's Security section."
+        )
+
+
 def _secret_key() -> str:
     configured = env_str("AERO_SECRET_KEY")
     if configured:
+        if PRODUCTION:
+            _refuse_weak("AERO_SECRET_KEY", configured, 50)
         return configured
     if PRODUCTION:
         _required_in_production("AERO_SECRET_KEY", "it signs sessions and CSRF tokens")
@@ -64,6 +77,10 @@ def _encryption_keys(secret_key: str) -> list[str]:
     README). AERO_ENCRYPTION_KEY, the older single key, still counts."""
     keys = env_list("AERO_ENCRYPTION_KEYS", []) or env_list("AERO_ENCRYPTION_KEY", [])
     if keys:
+        if PRODUCTION:
+            # A Fernet key (44 characters) passes; a passphrase must be as long.
+            for key in keys:
+                _refuse_weak("AERO_ENCRYPTION_KEYS (each key)", key, 32)
         return keys
     if PRODUCTION:
         _required_in_production(
@@ -348,6 +365,8 @@ AERO_CHECKPOINT_SQLITE = Path(
 # The key of the audit log's HMAC chain (aero.audit_chain). Without it, one derived from
 # SECRET_KEY: every process of a deployment must share it, or verify_audit fails.
 AERO_AUDIT_KEY = env_str("AERO_AUDIT_KEY")
+if AERO_AUDIT_KEY and PRODUCTION:
+    _refuse_weak("AERO_AUDIT_KEY", AERO_AUDIT_KEY, 32)
 # The chains' heads, anchored outside the database every AERO_ANCHOR_EVERY entries (0:
 # never) and at shutdown, appended to this file (aero.anchors).
 AERO_ANCHOR_FILE = Path(env_str("AERO_ANCHOR_FILE", str(DATA_DIR / "anchors.jsonl")))

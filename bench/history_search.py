@@ -194,7 +194,9 @@ def main() -> None:
         sys.exit("DATABASE_URL must name a scratch PostgreSQL database")
     os.environ.pop("REDIS_URL", None)
     os.environ["AERO_JOB_BACKEND"] = "inline"
-    os.environ.setdefault("AERO_SECRET_KEY", "bench-not-secret")
+    os.environ.setdefault(
+        "AERO_SECRET_KEY", "bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz-ABCDEF"
+    )
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
     import django
 

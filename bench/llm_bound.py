@@ -183,8 +183,8 @@ def environment(args: argparse.Namespace, waits: bool) -> dict[str, str]:
     env.update(
         DATABASE_URL=database,
         REDIS_URL=redis,
-        AERO_SECRET_KEY="aero-bench",
-        AERO_ENCRYPTION_KEYS="aero-bench-encryption-key",
+        AERO_SECRET_KEY="aero-bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz",
+        AERO_ENCRYPTION_KEYS="aero-bench-encryption-key-not-secret",
         AERO_HTTPS="0",
         AERO_DATA_DIR=tempfile.mkdtemp(prefix="aero-bench-llm-"),
         AERO_QUEUE="bench-llm",
@@ -440,7 +440,10 @@ def main() -> None:
     script_file = Path(tempfile.mkdtemp(prefix="aero-bench-llm-")) / "script.json"
     script_file.write_text(json.dumps(script(args.latency)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("AERO_")}
-    env.update(AERO_SECRET_KEY="aero-bench", AERO_DATA_DIR=str(script_file.parent))
+    env.update(
+        AERO_SECRET_KEY="aero-bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz",
+        AERO_DATA_DIR=str(script_file.parent),
+    )
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
     fake = subprocess.Popen(

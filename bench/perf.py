@@ -31,7 +31,7 @@ MEASURE = ROOT / "bench" / "perf_measure.py"
 
 def run_tree(tree: Path, mode: str, head: bool, db: str, args: argparse.Namespace) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
-    env["AERO_SECRET_KEY"] = "aero-bench"
+    env["AERO_SECRET_KEY"] = "aero-bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz"
     # Production mode (DATABASE_URL) refuses to start without encryption keys.
     env["AERO_ENCRYPTION_KEYS"] = "YWVyby1iZW5jaC1rZXktMzItYnl0ZXMtbG9uZy0hISE="
     env["AERO_DATA_DIR"] = tempfile.mkdtemp(prefix=f"aero-bench-{mode}-")

@@ -43,7 +43,9 @@ def main() -> None:
         os.environ["AERO_DATA_DIR"] = tempfile.mkdtemp(prefix="aero-bench-")
     os.environ.pop("REDIS_URL", None)  # the replay cache is per process (LocMem) here
     os.environ["AERO_JOB_BACKEND"] = "inline"
-    os.environ.setdefault("AERO_SECRET_KEY", "bench-not-secret")
+    os.environ.setdefault(
+        "AERO_SECRET_KEY", "bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz-ABCDEF"
+    )
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
     import django
 

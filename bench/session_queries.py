@@ -91,7 +91,9 @@ def main() -> None:
     os.environ["DATABASE_URL"] = urlsplit(args.database_url)._replace(path=f"/{args.db}").geturl()
     os.environ.pop("REDIS_URL", None)
     os.environ["AERO_JOB_BACKEND"] = "inline"
-    os.environ.setdefault("AERO_SECRET_KEY", "aero-bench")
+    os.environ.setdefault(
+        "AERO_SECRET_KEY", "aero-bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz"
+    )
     # Production mode (DATABASE_URL) needs a key; any valid Fernet key will do here.
     os.environ.setdefault("AERO_ENCRYPTION_KEYS", "YWVyby1iZW5jaC1rZXktMzItYnl0ZXMtbG9uZy0hISE=")
     os.environ.setdefault("AERO_DATA_DIR", tempfile.mkdtemp(prefix="aero-bench-"))

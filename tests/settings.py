@@ -13,7 +13,10 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-os.environ.setdefault("AERO_SECRET_KEY", "aero-tests-not-secret")
+# Long enough for production mode (weak keys are refused), and not secret.
+os.environ.setdefault(
+    "AERO_SECRET_KEY", "aero-tests-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz"
+)
 # Production mode (DATABASE_URL) needs the encryption keys; a fixed one for the tests.
 os.environ.setdefault("AERO_ENCRYPTION_KEYS", "aero-tests-encryption-key-not-secret")
 # The tests talk plain http to PostgreSQL-mode servers (production mode turns HTTPS on).

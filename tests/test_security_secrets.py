@@ -223,15 +223,42 @@ def test_production_mode_refuses_to_start_without_its_secrets(tmp_path: Path) ->
     no_secret = settings_in_subprocess(tmp_path, DATABASE_URL=db, AERO_ENCRYPTION_KEYS="k")
     assert no_secret.returncode != 0
     assert "AERO_SECRET_KEY must be set in production mode" in no_secret.stderr
-    no_keys = settings_in_subprocess(tmp_path, DATABASE_URL=db, AERO_SECRET_KEY="s" * 50)
+    no_keys = settings_in_subprocess(tmp_path, DATABASE_URL=db, AERO_SECRET_KEY=STRONG)
     assert no_keys.returncode != 0
     assert "AERO_ENCRYPTION_KEYS must be set in production mode" in no_keys.stderr
     assert not (tmp_path / "secret_key").exists() and not (tmp_path / "encryption_keys").exists()
+    fernet = Fernet.generate_key().decode()
     both = settings_in_subprocess(
-        tmp_path, DATABASE_URL=db, AERO_SECRET_KEY="s" * 50, AERO_ENCRYPTION_KEYS="a,b"
+        tmp_path, DATABASE_URL=db, AERO_SECRET_KEY=STRONG, AERO_ENCRYPTION_KEYS=f"{fernet},{STRONG}"
     )
     assert both.returncode == 0, both.stderr
     assert both.stdout.strip() == "2"
+
+
+STRONG = "Zq3-vT8kP1xW9mR4nB6yH2cJ7fL5dG0sA-eU1iO8rK3wQ6tY9pM2"
+
+
+@pytest.mark.parametrize(
+    "weak",
+    [
+        {"AERO_SECRET_KEY": "s" * 50},  # long, one character
+        {"AERO_SECRET_KEY": "changeme"},
+        {"AERO_SECRET_KEY": "django-insecure-" + STRONG},
+        {"AERO_ENCRYPTION_KEYS": "secret"},
+        {"AERO_ENCRYPTION_KEYS": f"{Fernet.generate_key().decode()},{'a' * 36}"},
+        {"AERO_AUDIT_KEY": "audit"},
+    ],
+)
+def test_production_mode_refuses_weak_keys(tmp_path: Path, weak: dict[str, str]) -> None:
+    env = {
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/aero",
+        "AERO_SECRET_KEY": STRONG,
+        "AERO_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
+        **weak,
+    }
+    started = settings_in_subprocess(tmp_path, **env)
+    assert started.returncode != 0
+    assert f"{next(iter(weak))}" in started.stderr and "is too weak" in started.stderr
 
 
 def test_embedded_mode_generates_its_keys_into_the_data_dir(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ FAULT_ENV = {
     "AERO_JOB_BACKOFF": "0.2",
     "AERO_QUEUE": "aero-faults",
     "AERO_CHANNEL_PREFIX": "aero-faults",
-    "AERO_SECRET_KEY": "aero-faults-not-secret",
+    "AERO_SECRET_KEY": "aero-faults-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz",
     "AERO_ENCRYPTION_KEYS": "aero-faults-encryption-key-not-secret",
     "AERO_HTTPS": "0",
     # INFO: the kill test reads the re-enqueues from the workers' logs (its timeline).
