@@ -300,8 +300,16 @@ ALLOWED_ATTRIBUTES = {
     "th": {"align"},
     "ol": {"start"},
 }
-# No javascript:, data: or vbscript:; relative links (no scheme) stay allowed.
+# No javascript:, data: or vbscript:; relative links (no scheme) stay allowed, but not
+# the scheme-relative "//host/..." (another site, whatever the page's scheme), nor its
+# backslash spellings, which browsers read the same way.
 ALLOWED_URL_SCHEMES = {"http", "https", "mailto"}
+
+
+def _no_other_host(tag: str, attribute: str, value: str) -> str | None:
+    if attribute == "href" and value.strip().replace("\\", "/").startswith("//"):
+        return None
+    return value
 
 
 def sanitize_html(html: str) -> str:
@@ -313,6 +321,7 @@ def sanitize_html(html: str) -> str:
         attributes=ALLOWED_ATTRIBUTES,
         url_schemes=ALLOWED_URL_SCHEMES,
         link_rel="noopener noreferrer nofollow",
+        attribute_filter=_no_other_host,
         strip_comments=True,
     )
 

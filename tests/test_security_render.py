@@ -17,7 +17,7 @@ from django.utils import timezone
 from approvals.actions import sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
 from diagnosis.models import Event, Report, Restriction, Session
-from diagnosis.reporting import markdown_to_html, md_cell, md_escape
+from diagnosis.reporting import markdown_to_html, md_cell, md_escape, sanitize_html
 from scenarios_admin.models import Scenario
 from scenarios_admin.yamlio import load_yaml
 from tests import hostile
@@ -116,6 +116,16 @@ def test_markdown_to_html_keeps_safe_links_and_tables() -> None:
     html = markdown_to_html("[docs](https://example.org/x) and a table\n\n| a |\n|---|\n| 1 |\n")
     assert '<a href="https://example.org/x" rel="noopener noreferrer nofollow">docs</a>' in html
     assert "<table>" in html and "<td>1</td>" in html
+
+
+@pytest.mark.parametrize(
+    "href", ["//evil.example/x", " //evil.example", "\\\\evil.example", "/\\evil.example"]
+)
+def test_the_sanitiser_refuses_links_to_another_host_without_a_scheme(href: str) -> None:
+    assert "evil.example" not in sanitize_html(f'<a href="{href}">x</a>')
+    assert "evil.example" not in markdown_to_html("[x](//evil.example/x)")
+    # Links within the site stay.
+    assert 'href="/sessions/"' in sanitize_html('<a href="/sessions/">here</a>')
 
 
 # --- Content Security Policy ----------------------------------------------------------
