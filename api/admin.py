@@ -4,6 +4,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -32,6 +34,15 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
     list_filter = ["revoked_at"]
     search_fields = ["name", "user__username", "prefix"]
     actions = ["revoke_tokens"]
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "user":
+            # A token acts as its user: an admin minting one for someone else could be
+            # that person, and so the second person of the two-person rule. Admins
+            # issue tokens for themselves; they may revoke anyone's.
+            kwargs["queryset"] = get_user_model().objects.filter(pk=request.user.pk)
+            kwargs["initial"] = request.user.pk
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
@@ -66,6 +77,8 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
         if change:
             return
+        if form.cleaned_data["user"].pk != request.user.pk:
+            raise PermissionDenied("an admin issues API tokens for themselves only")
         token, raw = ApiToken.issue(
             form.cleaned_data["user"],
             form.cleaned_data["name"],

@@ -79,23 +79,36 @@ def test_token_pages_refuse_strangers(
 
 
 @pytest.mark.services
-def test_admins_issue_and_revoke_tokens_in_the_admin(
-    db: None, admin_client: Client, alice: User
+def test_admins_issue_their_own_tokens_and_revoke_anyones_in_the_admin(
+    db: None, admin_client: Client, admin_user: User, alice: User
 ) -> None:
+    # A token for alice would let the admin act as alice (the second person of the
+    # two-person rule, say): refused.
+    for_alice = admin_client.post(
+        "/admin/api/apitoken/add/", {"user": alice.pk, "name": "for alice", "roles": []}
+    )
+    assert for_alice.status_code == 200 and not TOKEN.findall(for_alice.content.decode())
+    assert not ApiToken.objects.filter(user=alice).exists()
+
     response = admin_client.post(
-        "/admin/api/apitoken/add/", {"user": alice.pk, "name": "from admin", "roles": ["auditor"]}
+        "/admin/api/apitoken/add/",
+        {"user": admin_user.pk, "name": "from admin", "roles": ["auditor"]},
     )
     assert response.status_code == 200
     raw = TOKEN.findall(response.content.decode())[0]
     token = ApiToken.objects.get(name="from admin")
-    assert token.user == alice and token.token_hash == hash_token(raw)
+    assert token.user == admin_user and token.token_hash == hash_token(raw)
     assert token.roles == ["auditor"]
     assert raw not in admin_client.get("/admin/api/apitoken/").content.decode()
 
+    alices, _ = ApiToken.issue(alice, "alice's own", [])
     admin_client.post(
         "/admin/api/apitoken/",
-        {"action": "revoke_tokens", "_selected_action": [token.pk]},
+        {"action": "revoke_tokens", "_selected_action": [token.pk, alices.pk]},
     )
-    token.refresh_from_db()
-    assert token.revoked_at is not None
-    assert AuditLog.objects.filter(action="api_token.revoked", object_id=str(token.pk)).exists()
+    for revoked in (token, alices):
+        revoked.refresh_from_db()
+        assert revoked.revoked_at is not None
+        assert AuditLog.objects.filter(
+            action="api_token.revoked", object_id=str(revoked.pk)
+        ).exists()
