@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Compiled translations (not committed: built from the .po files, docs/decisions.md ADR 121).
+# Compiled translations (not committed: built from the .po files, docs/i18n.md).
 MO := $(patsubst %.po,%.mo,$(wildcard locale/*/LC_MESSAGES/django.po))
 
 .PHONY: install messages run worker llm-runner test lint typecheck check bench clean
@@ -35,7 +35,7 @@ llm-runner: install
 
 # The suite runs in TEST_WORKERS pytest-xdist processes (2: the CI machine's cores; 0 runs
 # it in this process). loadgroup keeps the tests marked xdist_group("faults") in one
-# worker, one after another (ADR 165).
+# worker, one after another.
 TEST_WORKERS ?= 2
 test: install
 	scripts/install-browser.sh

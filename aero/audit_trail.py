@@ -72,7 +72,7 @@ def current_actor() -> Any:
 
 def client_address(request: HttpRequest | None) -> str:
     # REMOTE_ADDR only: a forwarded header is the client's word (the proxy setting that
-    # makes it trustworthy is the deployment's, see the README's production section).
+    # makes it trustworthy is the deployment's, see docs/security.md).
     return (request.META.get("REMOTE_ADDR", "") if request is not None else "")[:64]
 
 

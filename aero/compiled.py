@@ -1,9 +1,9 @@
 """Hot statements whose SQL Django builds once per connection, not once per call.
 
-Building and compiling a queryset costs far more CPU than running its statement: a
-`Session.objects.select_for_update().get(pk=...)` took ~0.45 ms of the worker's CPU to
-build and compile and ~0.07 ms to run (ADR 179). A job runs ~30 statements, most of them
-the same few shapes with other values, so the shapes on the job's hot path are written
+Building and compiling a queryset costs several times the CPU of running its statement
+(`Session.objects.select_for_update().get(pk=...)`, say), and a job runs a few dozen
+statements, most of them the same few shapes with other values, so the shapes on the
+job's hot path are written
 as `Compiled` statements: the queryset is built with `Arg(n)` placeholders where the
 values go, compiled the first time it runs on a connection, and run again after that
 with the call's values in the placeholders' places. Rows come back through the
@@ -320,7 +320,7 @@ def insert_sql(
     parameter (`jsonb_to_recordset`), so that the SQL and its parameters are the same
     whatever the number of rows: one prepared statement; psycopg parses a statement of
     more than 50 parameters anew at every run, and dumps a list parameter (Django's
-    UNNEST of one array per column) element by element in Python (ADR 179)."""
+    UNNEST of one array per column) element by element in Python."""
     quote = connection.ops.quote_name
     fields = _inserted_fields(model, with_pk)
     if count == 1:

@@ -4,7 +4,7 @@ Order of choice for a request: the language kept in the signed-in session (taken
 the user's stored preference at sign-in, changed by the switch), then the language
 cookie (a choice made before signing in, or by a previous user of this browser), then
 LANGUAGE_CODE. The browser's Accept-Language is deliberately not consulted: operations
-workstations often run an English system for Chinese staff (docs/decisions.md, ADR 120).
+workstations often run an English system for Chinese staff (docs/i18n.md).
 Reading the session costs nothing extra: AuthenticationMiddleware has loaded it already
 for a signed-in user, and an anonymous request without a session cookie queries nothing.
 """

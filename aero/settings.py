@@ -35,7 +35,7 @@ PRODUCTION = bool(DATABASE_URL)
 def _required_in_production(name: str, purpose: str) -> None:
     raise ImproperlyConfigured(
         f"{name} must be set in production mode (DATABASE_URL is set): {purpose}. "
-        "See the README's Security section."
+        "See docs/security.md."
     )
 
 
@@ -57,7 +57,7 @@ def _refuse_weak(name: str, value: str, minimum: int) -> None:
         raise ImproperlyConfigured(
             f"{name} is too weak: use at least {minimum} random characters "
             "(python -c 'import secrets; print(secrets.token_urlsafe(50))'). "
-            "See the README's Security section."
+            "See docs/security.md."
         )
 
 
@@ -74,7 +74,7 @@ def _secret_key() -> str:
 
 def _encryption_keys(secret_key: str) -> list[str]:
     """AERO_ENCRYPTION_KEYS: comma-separated, the first encrypts, all decrypt (rotation:
-    README). AERO_ENCRYPTION_KEY, the older single key, still counts."""
+    docs/security.md). AERO_ENCRYPTION_KEY, the older single key, still counts."""
     keys = env_list("AERO_ENCRYPTION_KEYS", []) or env_list("AERO_ENCRYPTION_KEY", [])
     if keys:
         if PRODUCTION:
@@ -204,8 +204,8 @@ TEMPLATES = [
 
 # --- database -------------------------------------------------------------------------
 if DATABASE_URL:
-    # Persistent connections, checked before reuse: a new PostgreSQL connection per
-    # request or consumer pull cost ~11% of the ASGI process (see docs/decisions.md, ADR 81).
+    # Persistent connections, checked before reuse: opening a PostgreSQL connection per
+    # request or consumer pull is a large share of the ASGI process's CPU.
     DATABASES = {
         "default": dj_database_url.parse(
             DATABASE_URL,
@@ -216,7 +216,7 @@ if DATABASE_URL:
     # Parameters bound by the server, not pasted into the SQL text: the same statement
     # text is then prepared once per connection (psycopg prepares a statement run more
     # than 5 times), so PostgreSQL parses and plans the hot statements once, and psycopg
-    # no longer quotes every literal into the text (ADR 166).
+    # no longer quotes every literal into the text.
     DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
@@ -250,14 +250,14 @@ AERO_EMBEDDED_WORKERS = env_int("AERO_EMBEDDED_WORKERS", 2, minimum=1)
 # A job holds a lease on its session, renewed by a heartbeat every AERO_HEARTBEAT_SECONDS
 # while it runs; a lease not renewed for AERO_LEASE_SECONDS belonged to a dead or paused
 # worker, and the next reconciler pass re-enqueues the session. Short, so a killed
-# worker's session runs again within lease + reconcile interval (ADR 100).
+# worker's session runs again within lease + reconcile interval.
 AERO_LEASE_SECONDS = env_int("AERO_LEASE_SECONDS", 20, minimum=5)
 AERO_HEARTBEAT_SECONDS = env_float("AERO_HEARTBEAT_SECONDS", AERO_LEASE_SECONDS / 4)
 if not 0 < AERO_HEARTBEAT_SECONDS <= AERO_LEASE_SECONDS / 2:
     raise ImproperlyConfigured("AERO_HEARTBEAT_SECONDS must be at most half of the lease")
 AERO_RECONCILE_SECONDS = env_int("AERO_RECONCILE_SECONDS", 5, minimum=1)
 # The whole chain of model attempts of one call (retries, fallbacks) starts no attempt
-# after this many seconds; each attempt's own timeout stays below the lease (ADR 100).
+# after this many seconds; each attempt's own timeout stays below the lease.
 AERO_LLM_BUDGET_SECONDS = env_float("AERO_LLM_BUDGET_SECONDS", 60.0)
 # Web processes (gunicorn workers, daphne) run the web periodic tasks (the approval
 # timeout sweeper) this often, so timeouts happen with every worker down; 0: off.
@@ -265,7 +265,7 @@ AERO_WEB_TICK_SECONDS = env_float("AERO_WEB_TICK_SECONDS", 10.0)
 AERO_JOB_ATTEMPTS = env_int("AERO_JOB_ATTEMPTS", 3, minimum=1)
 AERO_JOB_BACKOFF = env_float("AERO_JOB_BACKOFF", 1.0)  # seconds x attempt, between retries
 AERO_QUEUE = env_str("AERO_QUEUE", "aero")
-# Workers take from this queue first, in order (ADR 119): sessions whose job was lost (a
+# Workers take from this queue first, in order: sessions whose job was lost (a
 # killed worker, Redis restarted) re-enqueued by the reconciler, and decided lifts.
 AERO_PRIORITY_QUEUE = f"{AERO_QUEUE}-first"
 AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
@@ -277,14 +277,14 @@ if AERO_WS_URL:
     SECURE_CSP["connect-src"] = [CSP.SELF, AERO_WS_URL]  # the sockets' own origin
 # Live pages also re-read their sessions' last seq from PostgreSQL this often (one query
 # per web process for every watched session), so an event whose notice was lost (Redis
-# down, a full channel) still reaches an idle page within this bound (ADR 106); 0: off.
+# down, a full channel) still reaches an idle page within this bound; 0: off.
 AERO_LIVE_RESYNC_SECONDS = env_float("AERO_LIVE_RESYNC_SECONDS", 5.0)
 
 _RQ_URL = REDIS_URL or "redis://127.0.0.1:6379/0"
 if "socket_connect_timeout" not in _RQ_URL:
     # An unreachable Redis (not just a stopped one) must not hold a web request for the
     # OS's connect timeout (minutes): the enqueue after commit fails fast and is left to
-    # the reconciler (ADR 111). redis-py reads the option from the URL.
+    # the reconciler. redis-py reads the option from the URL.
     _RQ_URL += ("&" if "?" in _RQ_URL else "?") + "socket_connect_timeout=3"
 RQ_QUEUES = {
     AERO_QUEUE: {"URL": _RQ_URL, "DEFAULT_TIMEOUT": 600},
@@ -347,7 +347,7 @@ AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
 # With a real provider configured, the model picks the reasoning node's calls (ReAct),
 # checked by the compliance policy; off: the deterministic planner alone.
 AERO_LLM_REACT = env_bool("AERO_LLM_REACT", True)
-# Model calls are waits (ADR 95): a node records the request and the job ends; the LLM
+# Model calls are waits: a node records the request and the job ends; the LLM
 # runner (`manage.py aero_llm_runner`, or a thread of the web process in embedded mode)
 # makes the calls. Off: the calls run inside the job (the blocking design; the inline
 # backend, i.e. the CLI and the tests, defaults to it).
@@ -445,7 +445,7 @@ LOGIN_REDIRECT_URL = "diagnosis:session-list"
 LOGOUT_REDIRECT_URL = "login"
 
 # The users are Chinese airport operations staff: zh-hans unless a user switches
-# (aero.i18n; docs/decisions.md, ADR 120). Translations: locale/, compiled at install.
+# (aero.i18n; docs/i18n.md). Translations: locale/, compiled at install.
 LANGUAGE_CODE = "zh-hans"
 LANGUAGES = [("zh-hans", "简体中文"), ("en", "English")]
 LOCALE_PATHS = [BASE_DIR / "locale"]

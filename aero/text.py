@@ -20,10 +20,10 @@ MAX_MESSAGE = 4000  # an incident description or an answer to the agent
 MAX_REASON = 2000  # a decision's reason, a cancellation reason
 MAX_NOTE = 2000  # a to-do's resolution note
 MAX_LIFT_NOTE = 300  # Restriction.lift_note (a column of that size)
-# Largest payload any one event may carry (JSON, UTF-8), checked by append_event (ADR 37).
+# Largest payload any one event may carry (JSON, UTF-8), checked by append_event.
 # A quarter of daphne's 1 MB frame: what people type (above, at most 16 KB each) always
 # fits, and so does a report from a 20,000-character template; the consumers still
-# measure what they send, since escaping can grow a text several times (ADR 38).
+# measure what they send, since escaping can grow a text several times.
 MAX_EVENT_BYTES = 256 * 1024
 # Longest text a model may put in one event (a ReAct note); cut beyond, with a marker.
 MAX_MODEL_TEXT = 8000

@@ -108,7 +108,7 @@ def message_for(event: Event, viewer: Viewer) -> tuple[str, int]:
 def events_after(session_id: str, after: int, viewer: Viewer) -> list[tuple[int, str, Any]]:
     """(seq, message, ts) for the events after `after`: at most BATCH of them and
     BATCH_BYTES of messages (always at least one). Rows are read a few at a time, so a
-    batch of large events is neither held nor sent in one piece (ADR 38)."""
+    batch of large events is neither held nor sent in one piece."""
     batch: list[tuple[int, str, Any]] = []
     used = 0
     events = Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:BATCH]
@@ -150,7 +150,7 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
         except ValueError:
             self.sent_seq = 0
         # Notices arrive through the hub's subscription to the session (one per process);
-        # a lost one is made up by its periodic resync (ADR 106).
+        # a lost one is made up by its periodic resync.
         await hub().join(self.session_id, self)
         self.group = session_group(self.session_id)
         await self.accept()

@@ -1,4 +1,4 @@
-"""REST /api/v1 (django-ninja; ADR 70). Every state change goes through the same do_*
+"""REST /api/v1 (django-ninja). Every state change goes through the same do_*
 actions as the pages: the API adds authentication, JSON and idempotency, never policy."""
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def do_decide(
             Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)
         )
         # The deadline is enforced here, under the row lock, and not only by the sweeper:
-        # with every worker down a late decision must still not execute (ADR 112).
+        # with every worker down a late decision must still not execute.
         if approval.is_open and approval.is_past_deadline():
             _time_out(approval, session)
             timed_out = approval
@@ -134,7 +134,7 @@ def do_edit_args(
     digest: str,
     producer: str = "web",
 ) -> Approval:
-    """An approver corrects an action's arguments before deciding it (ADR-133): "close
+    """An approver corrects an action's arguments before deciding it: "close
     taxiway B, not A". The tool and its risk class stay (never below the tool's floor);
     every argument is checked against the airport; the edit is an event with before and
     after, and the approval is re-digested, so a decision shown the old arguments is
@@ -268,7 +268,7 @@ def do_decide_r1_batch(
     producer: str = "web",
 ) -> list[Approval]:
     """Approve or reject all the R1 actions of one incident the approver was shown, at
-    once (ADR-127): all or none, each recorded and audited as its own decision. Never
+    once: all or none, each recorded and audited as its own decision. Never
     R2/R3 (their confirmation and reason are per action) and never a lift. `shown` is
     the (approval id, digest) pairs on the page: an approval added since is not swept
     in. One transaction: the first refusal rolls every decision of the batch back."""
@@ -414,7 +414,7 @@ def sweep_expired_approvals() -> int:
             continue  # decided or ended meanwhile
         except Exception:
             # One approval that cannot be timed out this pass (a lock wait, a bad row) is
-            # retried at the next; the others' deadlines do not wait for it (ADR 194).
+            # retried at the next; the others' deadlines do not wait for it.
             logger.exception("approval %s: timeout failed; the next pass retries", approval_id)
     return handled
 
@@ -444,7 +444,7 @@ def _time_out(approval: Approval, session: Any) -> None:
     todo: ManualTodo | None = None
     if not approval.is_budget:
         # Continuing past the model budget is nothing people could do by hand: undecided,
-        # the agent stops and reports (ADR 143).
+        # the agent stops and reports.
         args = ", ".join(f"{k}={v}" for k, v in approval.tool_call.request_payload.items())
         todo = ManualTodo.objects.create(
             approval=approval,
@@ -484,7 +484,7 @@ def do_resolve_todo(todo_id: int, user: Any, note: str, *, in_force: bool = Fals
     """Locks the session row, then the to-do row. `in_force`: the people did what the
     timed-out action would have done ("closed by phone"); for a closure or suspension the
     restriction goes on the airport board, in the same transaction as the event that says
-    so (ADR-128). When the same restriction is already in force (another session), the
+    so. When the same restriction is already in force (another session), the
     board is left as it is and the event names the one in force."""
     note = checked_text(
         note, limit=MAX_NOTE, what="note", required=_("Say what was done (a note is required).")

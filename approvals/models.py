@@ -175,7 +175,7 @@ class Approval(models.Model):
 
     @property
     def is_budget(self) -> bool:
-        """The agent's request to continue past its model budget (ADR 143)."""
+        """The agent's request to continue past its model budget."""
         return self.action_name == BUDGET_TOOL
 
     @staticmethod

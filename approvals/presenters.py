@@ -17,8 +17,8 @@ from scenarios_admin.definition import restriction_of
 from scenarios_admin.models import Scenario
 
 RISK_CLASSES = ("R1", "R2", "R3")
-# Incidents a page, each with all its open approvals (ADR-136). ~2,000 open approvals on
-# one page once made a 15 MB page that took 20 s; an incident proposes a handful.
+# Incidents a page, each with all its open approvals: a page of every open approval
+# can be megabytes during a big event; an incident proposes a handful.
 QUEUE_PAGE = 20
 
 
@@ -66,7 +66,7 @@ def queue_context(
     *,
     roles: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """One page of open approvals across sessions, paged by incident (ADR-136): the
+    """One page of open approvals across sessions, paged by incident: the
     incidents whose nearest deadline comes first, QUEUE_PAGE incidents a page, each with
     all its open approvals (that match the filters), so an incident is never split over
     two pages. Keyset on (nearest deadline, session id): `after` names the last incident
@@ -155,7 +155,7 @@ def queue_context(
 
 def incident_groups(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The page's approvals grouped by incident (session): the session, risk and impact
-    shown once per incident, not once per action (ADR-126). Incidents whose nearest
+    shown once per incident, not once per action. Incidents whose nearest
     deadline comes first lead, then the highest risk class; within an incident the
     same order. The page is a keyset page of incidents (queue_context)."""
     groups: dict[Any, dict[str, Any]] = {}

@@ -47,10 +47,10 @@ def create_approval(
     event (the sender logs it in the same transaction). `fresh`: the call was inserted
     in the sender's transaction, so it has no approval yet. The state digest is taken
     from `tool_call.session` as the sender set it (the agent passes the session as its
-    log will read when its step group commits, ADR 145)."""
+    log will read when its step group commits)."""
     # Not get_or_create: its savepoint guards a concurrent insert, and the caller holds
     # the call (the job's lease, or the session's row lock): a duplicate would fail the
-    # caller's transaction on the unique tool_call (ADR 86).
+    # caller's transaction on the unique tool_call.
     approval = None if fresh else Approval.objects.filter(tool_call=tool_call).first()
     if approval is None:
         approval = new_approval(tool_call, tool_call.session)

@@ -135,7 +135,7 @@ def fill(sessions: int, rng: random.Random) -> None:
                         answer = rng.choice(ANSWERS).format(p=position)
                         type_, payload = "user.message", {"text": answer, "author": "op"}
                     elif seq == EVENTS_PER_SESSION and status == "completed":
-                        # The report's full text is in its event (ADR 50), as in a real log.
+                        # The report's full text is in its event, as in a real log.
                         markdown = report_markdown(flight, position, opening)
                         type_, payload = "report.ready", {"markdown": markdown, "language": "zh"}
                     else:

@@ -1,4 +1,4 @@
-"""Model-bound sessions (issue 11 item 9, ADR 97): model calls as waits (the LLM runner)
+"""Model-bound sessions (issue 11 item 9): model calls as waits (the LLM runner)
 against the blocking design (calls inside the rq job), measured in the same run. Prints;
 asserts nothing.
 
@@ -17,7 +17,7 @@ peak total RSS of the workers (+ runner). The blocking design holds a worker for
 call, so it stops at `--blocking-timeout` and the time for all is projected from the
 sessions done by then. `--repeat N` measures the waits design N times (a fresh database
 each time) and prints every run and their median: on a shared 2-core machine the same
-code measured 20.6-27.0 s minutes apart (ADR 204), so one run says little.
+code measured 20.6-27.0 s minutes apart, so one run says little.
 
 Needs PostgreSQL and Redis: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres,
 the maintenance database; a scratch database `aero_bench_llm<--db-suffix>` is dropped and
@@ -341,7 +341,7 @@ def drive(args: argparse.Namespace) -> None:
         print("warning: not every process was up after 60 s; the clock starts anyway",
               file=sys.stderr, flush=True)  # fmt: skip
     # This process stands in for the web process, which imports the model client at its
-    # start (diagnosis.startup, ADR 183), as the workers and the runner do before their beat.
+    # start (diagnosis.startup), as the workers and the runner do before their beat.
     from diagnosis.startup import warm_up_imports
 
     warm_up_imports()

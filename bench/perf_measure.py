@@ -461,7 +461,7 @@ def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -
         targets = [new_session_no_job() for _ in range(sessions)]
         # The URL the session page opens: with the answer box it shows and its language.
         # Without `composer` the first push re-sent every viewer the answer box, with its
-        # panel's reads (~18 ms a session), which the page never asks for (ADR 155).
+        # panel's reads (~18 ms a session), which the page never asks for.
         config = {
             "urls": [
                 f"ws://127.0.0.1:{port}/ws/sessions/{targets[n % sessions].pk}/"
@@ -588,7 +588,7 @@ def concurrent_pages(clients: int, seconds: float, port: int, logs: Path, head: 
     results = {}
     # The tree's own way of serving HTTP (base: daphne; this change: gunicorn beside
     # daphne), then the same views under plain gunicorn for reference.
-    # With this change, also the alternatives for the record (ADR 88): daphne alone and
+    # With this change, also the alternatives for the record: daphne alone and
     # uvicorn's ASGI workers (when installed), three processes as gunicorn has.
     servers: list[tuple[str, Callable[[int, Path], subprocess.Popen[bytes]]]] = [
         ("served", gunicorn if head else daphne),

@@ -7,7 +7,7 @@ One real session is run through the agent; then the kinds of events a long sessi
 to --events, and a real session's events close it (questions, approvals, the report).
 Then random steps are fetched
 through the Django test client as an auditor: the first visit of a step may fold up to
-100 events after a cached checkpoint (ADR 66); the page's p95 is the number to watch.
+100 events after a cached checkpoint; the page's p95 is the number to watch.
 
   .venv/bin/python bench/replay_step.py [--events 50000] [--requests 200]
 """

@@ -83,7 +83,7 @@ def do_create_session(
             language=detect_language(text),
             created_by=user,
         )
-        # The first events in one write: one lock, one insert, one notice (ADR 145).
+        # The first events in one write: one lock, one insert, one notice.
         with event_batch(session.pk, created=session):
             append_event(
                 session.pk,
@@ -105,15 +105,15 @@ def do_create_session(
             )
             note_scenario_mismatch(session, scenario, text, producer)
         # A model reads the opening message first: its request is recorded now and the
-        # runner enqueues the first job with the reply (ADR 170). Inline (the CLI,
+        # runner enqueues the first job with the reply. Inline (the CLI,
         # tests), the job is also the runner: it runs now and makes the call.
         requested = request_opening_extraction(session, message)
         if not requested or settings.AERO_JOB_BACKEND == "inline":
             enqueue_advance(session.pk)
         # Last: the audit trail's chain lock is held from here to the commit, and every
-        # creation, decision and admin change waits for it. Written first, it was held
-        # while the request was built: 200 sessions opened at once were created one
-        # after the other, ~13 ms each (ADR 180).
+        # creation, decision and admin change waits for it. Written first, it would be
+        # held while the request is built, and sessions opened at once would be created
+        # one after the other.
         audit(
             "session.created",
             obj=session,
@@ -303,8 +303,8 @@ def corrected_value(spec: dict[str, Any], raw: str, graph: Any) -> Any:
 def do_correct_fact(
     session_id: Any, user: Any, field: str, raw: str, *, producer: str = "web"
 ) -> None:
-    """The operator corrects an extracted fact whenever the agent waits for people
-    (ADR-134, ADR-138): a message carrying the correction, which the agent's input parser
+    """The operator corrects an extracted fact whenever the agent waits for people:
+    a message carrying the correction, which the agent's input parser
     applies as said (evidence: corrected by the operator); in the log like an answer. With
     a question open it answers it; while approvals wait, the agent re-runs the rules, the
     impact and the proposals on the corrected facts. Locks the session row."""
@@ -383,7 +383,7 @@ def first_message(session: Session) -> str:
 
 
 def do_switch_scenario(session_id: Any, user: Any, scenario: Scenario) -> Session:
-    """Reopen the incident under another scenario (ADR-131): a new session with the same
+    """Reopen the incident under another scenario: a new session with the same
     first message, and the old one canceled with a reason naming the new one; each log
     says where the other went. One transaction; locks the old session row first."""
     with transaction.atomic():
@@ -533,7 +533,7 @@ def do_apply_decision(
             if session.is_ended:
                 return tool_call
             if outcome == "approved" and tool_call.tool_name != BUDGET_TOOL:
-                # The effect's outbox row commits with the decision (ADR 110); the
+                # The effect's outbox row commits with the decision; the
                 # session's job executes it after the commit. (Continuing past the
                 # budget has no effect outside AERO: the agent reads the decision.)
                 enqueue_effect(tool_call, producer=producer, fresh=True)
@@ -690,8 +690,8 @@ def _apply_lift_decision(
     if restriction.lifted_at is not None:
         raise ActionError(_("%(restriction)s was already lifted.") % {"restriction": restriction})
     # Lifting reaches the airport operations system like closing does: through the
-    # outbox (ADR 115). The row commits with the decision; a background job sends the
-    # request after the commit with the call's idempotency key (ADR 118: never in the
+    # outbox. The row commits with the decision; a background job sends the
+    # request after the commit with the call's idempotency key (never in the
     # deciding request, whose approver would wait out the retries), and the lift is
     # recorded when it is accepted. A crash in between leaves the row pending for the
     # sweeper, never a lift recorded twice nor one done remotely and lost here.

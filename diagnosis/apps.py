@@ -23,7 +23,7 @@ class DiagnosisConfig(AppConfig):
         register("delete-ended-checkpoints", delete_ended_checkpoints)
         register("prune-waiting-checkpoints", prune_waiting_checkpoints)
         register("prune-llm-requests", prune_requests)
-        # A lift has no session job to finish it: the web processes sweep too (ADR 115).
+        # A lift has no session job to finish it: the web processes sweep too.
         register("resume-pending-lifts", resume_pending_lifts, web=True)
         # Expired sign-ins (and signed-out drafts): web too, so embedded mode runs it.
         from aero.sessions import clear_expired_sessions

@@ -1,4 +1,4 @@
-"""Health checks of idle PostgreSQL connections without a round trip (ADR 168).
+"""Health checks of idle PostgreSQL connections without a round trip.
 
 A worker checks its connections before each job (Django's CONN_HEALTH_CHECKS makes the
 next query run `SELECT 1` first; the checkpointer's connection ran its own): three round

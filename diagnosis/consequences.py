@@ -1,5 +1,5 @@
 """What a proposed action means, in plain words, with its consequence on the airport as
-it is now (ADR-132): the airport graph plus the restrictions in force.
+it is now: the airport graph plus the restrictions in force.
 
 "Close taxiway A — 2 flights lose their way to a runway"; "Close runway 06/24 — no
 runway is open afterwards; 5 flights held"; or "already in force (closed by session X)".

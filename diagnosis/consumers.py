@@ -9,7 +9,7 @@ never mixes. The hub also batches the viewers' access checks: every pull re-read
 viewer's roles from the database (a role removed stops the stream at the next push), in
 one query for all the viewers a notice woke.
 
-One notice per process, not per viewer (ADR 155): the hub holds one subscription to each
+One notice per process, not per viewer: the hub holds one subscription to each
 session watched in this process (a channel of its own in the session's group) and fans a
 notice out itself: the idle viewers behind it get their roles read in one query and one
 render per role set (one database call, batched with other sessions' fan-outs), then the
@@ -19,7 +19,7 @@ is skipped; one already pulling pulls again on its own, under its lock.
 A notice can be lost (Redis down or restarting, a channel over its capacity): the hub
 also re-reads the last seq of every session watched in this process every
 AERO_LIVE_RESYNC_SECONDS, in one query, and wakes the viewers behind it, so the newest
-event reaches an idle page with no further notice (ADR 106).
+event reaches an idle page with no further notice.
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ def check_and_render(asks: list[Ask]) -> list[tuple[frozenset[str] | None, Updat
     masking stays per role set), then one query for the roles of all of them.
 
     The events are read first (under the roles each viewer's last check found), the roles
-    after (ADR 202, as the API stream does since ADR 200): an event committed after a
+    after (as the API stream does): an event committed after a
     role was taken away can only have been read before a check that sees it gone, so it
     is never sent. A viewer whose roles changed otherwise gets a render under the new
     ones (its masks and forms follow them), checked again; after CHECK_ROUNDS, closed."""
@@ -364,7 +364,7 @@ def _render_updates(
 
     A batch is bounded by count (BATCH) and by bytes: the rows that fit in one frame;
     the rest follow in the next pull. Daphne closes the socket with 1011 on a message
-    over 1 MB, which broke every catch-up of a session holding a large event (ADR 38)."""
+    over 1 MB, which broke every catch-up of a session holding a large event."""
     if not events:
         return Update((), pull.after, pull.composer_key, session.last_seq)
     rows, sent = timeline_rows(events, presenters.version_definition(session))
@@ -529,7 +529,7 @@ class Hub:
                 raise
             except Exception:
                 # Redis restarting: wait, join the group again (a flushed Redis forgot
-                # it); notices lost meanwhile are made up by the resync (ADR 106).
+                # it); notices lost meanwhile are made up by the resync.
                 logger.warning("live notices of %s: receive failed", session_id, exc_info=True)
                 await asyncio.sleep(1)
                 try:
@@ -725,7 +725,7 @@ def hub() -> Hub:
 
 class SessionConsumer(AsyncWebsocketConsumer):
     """The session page's live timeline. It joins no channel-layer group itself: the hub
-    holds one subscription per session and process and fans each notice out (ADR 155)."""
+    holds one subscription per session and process and fans each notice out."""
 
     session_id: str
     group: str = ""
@@ -734,7 +734,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
     composer_key: str | None = None
     language: str | None = None
     # The roles the last check found: the next pull reads the events under them, then
-    # checks again (ADR 202).
+    # checks again.
     roles: frozenset[str] = frozenset()
 
     async def connect(self) -> None:
@@ -793,7 +793,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
     async def _flush(self) -> None:
         """Send everything new: the events read under the roles of the last check, then
         access checked again (roles may have changed, the session may have been deleted):
-        what was committed after a role was taken away is never sent (ADR 202). Roles
+        what was committed after a role was taken away is never sent. Roles
         that changed otherwise: read again under the new ones (CHECK_ROUNDS, then
         closed)."""
         rounds = 0
@@ -851,7 +851,7 @@ def render_board(roles: frozenset[str]) -> str:
 class PageNoticeConsumer(AsyncWebsocketConsumer):
     """A page that re-reads itself on a notice (no content in the notice, as for the
     session timeline): the airport board, the to-dos page. Each pull re-checks the
-    viewer's roles and shares one render per notice and role set (ADR-129)."""
+    viewer's roles and shares one render per notice and role set."""
 
     group: str = AIRPORT_GROUP
     may_view: tuple[str, ...] = VIEW_SESSIONS

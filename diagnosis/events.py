@@ -66,7 +66,7 @@ class LeaseLost(Exception):
     its write was refused and the job must stop."""
 
 
-# --- fencing (ADR 100) ------------------------------------------------------------------
+# --- fencing ------------------------------------------------------------------
 # A job's writes carry its lease token: `fenced` sets it for everything the job does (and
 # LangGraph's threads copy the context). Every write to a session's log locks the session
 # row first; under that lock the token must still be the session's, so a job that lost
@@ -77,7 +77,7 @@ class Fence:
     def __init__(self, session_id: Any, token: uuid.UUID) -> None:
         self.session_id = str(session_id)
         self.token = token
-        # Set when a step group failed to commit (ADR 145): LangGraph still holds those
+        # Set when a step group failed to commit: LangGraph still holds those
         # steps' state, so this run's exit checkpoint must not be saved (the savers
         # refuse it) and the retry starts again from the checkpoint before them.
         self.steps_lost = False
@@ -128,7 +128,7 @@ def check_fence(session: Session) -> None:
 
 
 # Every write to a session's log starts here (several times per job): compiled once per
-# connection (ADR 179).
+# connection.
 _lock_session = Compiled(
     Session, lambda: Session.objects.select_for_update().filter(pk=Arg(0, Session._meta.pk))
 )
@@ -179,7 +179,7 @@ def _new_event(
     """An event to write: no seq, ts or hash yet (_write gives them)."""
     # Stored as JSON: hash exactly what a reader will get back (tuples become lists).
     raw = json.dumps(payload or {}, ensure_ascii=False)
-    # Refused before it is queued: a batch then writes nothing of its step (ADR 37).
+    # Refused before it is queued: a batch then writes nothing of its step.
     check_event_size(type, len(raw.encode()))
     payload = json.loads(raw)
     return Event(
@@ -201,7 +201,7 @@ def _write(
     highest seq. A job's write is fenced: refused unless it still holds the lease.
     `fields`: more columns of the session to set in the same UPDATE (set_status, the
     token counters). `rows`: other new rows (of other models) inserted in the same
-    statement (an LLM call's `LLMCall`, ADR 167); their pks are not read back."""
+    statement (an LLM call's `LLMCall`); their pks are not read back."""
     check_fence(session)
     now = timezone.now()
     seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
@@ -245,11 +245,11 @@ def _update_and_insert(
     rows: Sequence[Model] = (),
 ) -> None:
     """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
-    CTE, PostgreSQL; ADR 156): the UPDATE Django writes, the events' INSERT from one
+    CTE, PostgreSQL): the UPDATE Django writes, the events' INSERT from one
     jsonb parameter (`insert_sql`), one round trip.
     `rows`: each another INSERT in the same WITH (PostgreSQL runs every data-modifying
-    CTE to completion, read or not; ADR 167). The SQL is built once per connection and
-    shape (the columns set, the models and the number of events; ADR 179): each call
+    CTE to completion, read or not). The SQL is built once per connection and
+    shape (the columns set, the models and the number of events): each call
     prepares its values as Django's compiler would."""
     # Each value a placeholder (an increment's amount too); other expressions are
     # compiled into the SQL, which is then not kept.
@@ -336,7 +336,7 @@ class KnownKeys:
                 )
             )
             return
-        # One statement (ADR 176): the events' keys, the requests' keys and a block of
+        # One statement: the events' keys, the requests' keys and a block of
         # run ids, where they were three (nextval is not transactional either way).
         with connection.cursor() as cursor:
             cursor.execute(
@@ -452,7 +452,7 @@ def current_batch(session_id: Any) -> EventBatch | None:
 
 def as_logged(session: Session) -> Session:
     """`session` as the log will read once the batch queuing its events now (if any) is
-    written: what an approval's state digest is taken from (ADR 145)."""
+    written: what an approval's state digest is taken from."""
     batch = current_batch(session.pk)
     return batch.projected(session) if batch is not None else session
 
@@ -461,12 +461,12 @@ def as_logged(session: Session) -> Session:
 def event_batch(session_id: Any, *, created: Session | None = None) -> Iterator[EventBatch]:
     """Queue the session's events appended inside and write them when the block ends
     without an error: one row lock, one bulk insert, one session update, one notice
-    after commit (a graph step, ADR 55). Must run inside the caller's transaction, so
+    after commit (a graph step). Must run inside the caller's transaction, so
     the step's other writes commit or roll back with its events. Events appended inside
     a savepoint that rolls back are still written: do not append inside one.
     `created`: the session, inserted by this same transaction: no other transaction can
     see its row yet (and the INSERT holds its lock), so it is written as it is in hand,
-    without a locking read (ADR 156)."""
+    without a locking read."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("event_batch needs an open transaction")
     batch = EventBatch(session_id)
@@ -482,7 +482,7 @@ def event_batch(session_id: Any, *, created: Session | None = None) -> Iterator[
 @contextmanager
 def _step_savepoint() -> Iterator[None]:
     """A savepoint a failing step rolls back to, like `atomic()`'s, but not released when
-    the step succeeds (ADR 156): the database keeps it until the group commits, one
+    the step succeeds: the database keeps it until the group commits, one
     statement saved per step. As `atomic()` does, the step's on-commit callbacks carry
     the savepoint, so rolling back to it drops them with its rows."""
     connection = transaction.get_connection()
@@ -516,7 +516,7 @@ class StepGroup:
     """Graph steps that follow each other with no wait between them (the rules, the
     impact, the lookups, the proposals...), written as ONE transaction: one row lock,
     one block of seqs, one bulk insert, one session update and one notice after commit
-    for all of them (issue 8 item 1, ADR 145). It is opened by the first step and
+    for all of them (issue 8 item 1). It is opened by the first step and
     committed before anything that ends the graph's run: a wait (the waiting nodes and a
     model wait commit it first), the last node, a failure, the worker stopping; so the
     checkpoint LangGraph saves when the run exits never gets ahead of the log.
@@ -534,7 +534,7 @@ class StepGroup:
         # The node runs its steps finished that already had a row (a re-run step, or a
         # database without sequences): one UPDATE for all of them at the commit.
         self.finished: list[AgentRun] = []
-        # The node runs of its steps that have no row yet (ADR 156): inserted in ONE
+        # The node runs of its steps that have no row yet: inserted in ONE
         # statement at the commit, already completed, with their own timing.
         self.new_runs: list[AgentRun] = []
         # Run ids reserved from the sequence, a block at a time, for `new_runs`: the
@@ -544,7 +544,7 @@ class StepGroup:
         # A step locked the session row (usage counted): the group ends with it.
         self.end_after_step = False
         # The job's move to `running`, written as the first event of the next group
-        # rather than on its own (ADR 156): (from, to, producer) and its queued event.
+        # rather than on its own: (from, to, producer) and its queued event.
         self.status: tuple[str, str, str] | None = None
         self.status_event: Event | None = None
         # The move the group's commit ends with (to waiting_user at a human wait, ADR
@@ -892,7 +892,7 @@ def usage_fields(tokens_in: int, tokens_out: int, cost: Any) -> dict[str, Any]:
 
 class Increment(CombinedExpression):
     """`column + amount`, a counter raised in the UPDATE itself. `_update_and_insert`
-    binds the amount as a value, so its statement's SQL stays the same (ADR 179)."""
+    binds the amount as a value, so its statement's SQL stays the same."""
 
     def __init__(self, column: str, amount: Any) -> None:
         super().__init__(F(column), "+", Value(amount))
@@ -917,7 +917,7 @@ def append_projected(
     """Append `events` (from `new_event`; at most one of them keyed) and, only when the
     keyed one is new, its projections: `fields`, more columns of the session (the token
     counters: `usage_fields`) and `rows`, other new rows (its `LLMCall`). Two statements
-    in all (ADR 167): the session row locked by a read that also tells whether the key
+    in all: the session row locked by a read that also tells whether the key
     is in the log (what append_keyed asks in a SELECT of its own, after a second lock),
     then ONE statement that updates the session and inserts the events and the rows. A
     keyed event already in the log is not written again, nor are its projections: a

@@ -1,5 +1,5 @@
 """The policy, checked again where an action executes: the row's status is not trusted
-on its own (ARCHITECTURE: risky actions only after a decision; ADR 40)."""
+on its own (ARCHITECTURE: risky actions only after a decision)."""
 
 from __future__ import annotations
 

@@ -64,17 +64,17 @@ def reduce_snapshot(
     if type == "report.ready":
         return {**snapshot, "report": True}
     if type == "agent.note" and payload.get("kind") == "scenario_mismatch":
-        # The session page offers the switch while the session runs (ADR-131).
+        # The session page offers the switch while the session runs.
         return {**snapshot, "scenario_mismatch": dict(payload["suggested"])}
     if type in ("budget.exhausted", "budget.raised", "budget.stopped"):
-        # The model budget (ADR 143): paused with what was spent, raised, or stopped.
+        # The model budget: paused with what was spent, raised, or stopped.
         state = {"budget.exhausted": "paused", "budget.raised": "running"}.get(type, "stopped")
         budget = {**(snapshot.get("budget") or {}), **payload, "state": state}
         return {**snapshot, "budget": budget}
     if type == "timeline.appended" and payload.get("kind") == "scenario_switched_to":
         return {**snapshot, "switched_to": payload["session"]}
     if type == "llm.delta":
-        # The model's text as it streams (ADR 96); a new attempt starts a new text.
+        # The model's text as it streams; a new attempt starts a new text.
         current = snapshot.get("thinking") or {}
         same = (current.get("request"), current.get("attempt")) == (
             payload.get("request"),

@@ -22,7 +22,7 @@ def runners_checked() -> bool:
 
 
 def workers() -> str:
-    """Workers write their own heartbeat to the database (diagnosis.worker, ADR 102):
+    """Workers write their own heartbeat to the database (diagnosis.worker):
     one that registered must have beaten within three heartbeat intervals. None
     registered is reported, not failed: sessions then wait in the queue, visibly. Read
     from PostgreSQL, so a Redis outage does not hide live workers."""
@@ -42,7 +42,7 @@ def workers() -> str:
 
 
 def llm_runners() -> str:
-    """The LLM runners' heartbeats (ADR 95): like the workers', rows in PostgreSQL written
+    """The LLM runners' heartbeats: like the workers', rows in PostgreSQL written
     every AERO_LLM_CLAIM_SECONDS/4. None registered is reported, not failed (sessions
     that wait for the model then wait, visibly); registered but silent fails."""
     beats = list(

@@ -3,7 +3,7 @@
 Apps to the left of diagnosis register theirs here (approvals: the timeout sweeper), so
 the workers that diagnosis owns run them without importing those apps. Tasks registered
 with `web=True` also run in each web process (start_web_ticker), so they happen with
-every worker down (ADR 112)."""
+every worker down."""
 
 from __future__ import annotations
 

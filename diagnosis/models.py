@@ -86,7 +86,7 @@ class Session(models.Model):
     lease_token = models.UUIDField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # Who holds it, "host:pid", written by the UPDATE that takes the lease: a holder
-    # killed before it wrote anything else is still seen to be gone (ADR 117).
+    # killed before it wrote anything else is still seen to be gone.
     lease_holder = models.CharField(max_length=300, blank=True, default="")
     job_attempts = models.PositiveSmallIntegerField(default=0)
     failure = models.TextField(blank=True)
@@ -140,7 +140,7 @@ class AgentRun(models.Model):
     mode = models.CharField(max_length=16, default="react")
     status = models.CharField(max_length=16, default="running")
     # Not auto_now_add: a node run is written with its group's commit, after it ran, with
-    # the time it started (ADR 156).
+    # the time it started.
     started_at = models.DateTimeField(default=timezone.now, editable=False)
     ended_at = models.DateTimeField(null=True, blank=True)
     input_snapshot = models.JSONField(default=dict)
@@ -173,7 +173,7 @@ class ToolCallStatus(models.TextChoices):
     CANCELED = "canceled", _("Canceled with the session")
 
 
-# The decision_reason of a call withdrawn after a correction (ADR-138): its status is
+# The decision_reason of a call withdrawn after a correction: its status is
 # CANCELED too, and the pages say "withdrawn" for these, not "canceled with the session".
 WITHDRAWN_ASKED_AGAIN = "requested under the earlier facts; asked again for the corrected ones"
 WITHDRAWN_NOT_CALLED_FOR = "no longer called for by the corrected facts"
@@ -398,7 +398,7 @@ class Restriction(models.Model):
 
 
 class WorkerBeat(models.Model):
-    """A background worker's own heartbeat, in the database (ADR 102): /healthz reads it
+    """A background worker's own heartbeat, in the database: /healthz reads it
     whether or not Redis answers. One row per running worker process, written every
     AERO_HEARTBEAT_SECONDS by a thread of its own, deleted when the worker exits."""
 
@@ -422,7 +422,7 @@ class LLMRequestStatus(models.TextChoices):
 
 
 class LLMRequest(models.Model):
-    """A model call as a wait (ADR 95): a graph node records what it would send, keyed by
+    """A model call as a wait: a graph node records what it would send, keyed by
     its LangGraph task and the call's place in the node, and interrupts; the LLM runner
     claims the row with a lease (like a job's), makes the call with retries and fallback,
     streams its text into the log, records the attempts (`LLMCall`) once, stores the reply

@@ -1,4 +1,4 @@
-"""The outbox: how an action's external effect happens exactly once (ADR 110).
+"""The outbox: how an action's external effect happens exactly once.
 
 1. In the transaction that decides the action (an approver's decision; the agent's step
    for an R0 action) the ToolCall turns `executing`, an Outbox row is written and a
@@ -97,7 +97,7 @@ def prepare(
 ) -> Effect | None:
     """The first attempt of this run, in the caller's transaction (rows locked): the
     policy checked again where the action executes (rows may have changed since the
-    decision, ADR 40; `checked`: the caller just did), the request built, the attempt
+    decision; `checked`: the caller just did), the request built, the attempt
     logged. None when the call ended here (refused, or a request no system could
     accept)."""
     from diagnosis.agent.tools import ToolFailure, _started, action_request
@@ -168,7 +168,7 @@ def execute(ctx: ToolContext, effect: Effect) -> str:
         return record_success(ctx, effect, remote, started)
 
 
-# Once per action executed: compiled once per connection (ADR 179).
+# Once per action executed: compiled once per connection.
 _claim_done = CompiledUpdate(
     Outbox,
     lambda: Outbox.objects.filter(pk=Arg(0), status=OutboxStatus.PENDING),

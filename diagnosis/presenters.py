@@ -28,7 +28,7 @@ from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sor
 from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
 from scenarios_admin.models import ScenarioVersion
 
-TIMELINE_PAGE = 200  # rendering dominates: ~20 ms for 200 rows on this machine
+TIMELINE_PAGE = 200  # rendering dominates the page's time, and grows with the rows
 SESSION_PAGE = 100
 
 # Which panels an event type changes (the consumer re-renders only those). The composer
@@ -55,7 +55,7 @@ PANELS_BY_EVENT = {
     "tool.call_failed": {"session-actions"},
     "tool.call_refused": {"session-actions"},
     "report.ready": {"session-report", "session-status"},
-    # The model's text as it streams (ADR 96) and its tokens once counted.
+    # The model's text as it streams and its tokens once counted.
     "llm.delta": {"session-thinking"},
     "llm.call": {"session-thinking", "session-status"},
 }
@@ -211,7 +211,7 @@ def read_session(
 ) -> SessionReads:
     graph, restrictions = airport or read_airport()
     calls = (
-        # A request to continue past the model budget is decided here too (ADR 143).
+        # A request to continue past the model budget is decided here too.
         ToolCall.objects.filter(Q(is_action=True) | Q(tool_name=BUDGET_TOOL), session=session)
         .select_related("decided_by")
         .order_by("position", "id")
@@ -323,7 +323,7 @@ def airport_board_context(roles: frozenset[str]) -> dict[str, Any]:
 def pending_lifts() -> dict[int, dict[str, Any]]:
     """Lift requests not done yet, by restriction id: waiting for an approver, or
     approved and being sent to the airport operations system ("sending": a background
-    job sends it and retries, ADR 118; the board changes when it answers)."""
+    job sends it and retries; the board changes when it answers)."""
     calls = ToolCall.objects.filter(
         tool_name=LIFT_TOOL,
         status__in=[ToolCallStatus.AWAITING_APPROVAL, ToolCallStatus.EXECUTING],
@@ -365,7 +365,7 @@ def session_context(
         "report_html": markdown_to_html(report.markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
-        # The model's text, streaming or final (ADR 96): from the snapshot, no query.
+        # The model's text, streaming or final: from the snapshot, no query.
         "thinking": snapshot.get("thinking"),
         **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),
     }

@@ -7,7 +7,7 @@ Notices go out on one long-lived event loop per process (channels_redis keeps it
 connection pool per loop, so the connection is reused): the ASGI server's loop in the
 web process, a daemon "aero-push" thread's loop anywhere else (workers, the CLI).
 Callers publish from `transaction.on_commit`, never inside a transaction. A caller does
-not wait for its notice to go out (ADR 203): at exit, the process waits for the ones
+not wait for its notice to go out: at exit, the process waits for the ones
 still on their way (`flush`).
 """
 
@@ -93,7 +93,7 @@ def _sent(future: concurrent.futures.Future[None]) -> None:
 
 def group_send(group: str, message: dict[str, Any]) -> None:
     """Best effort: a failed push is logged, never raised (clients catch up by seq). The
-    caller does not wait for the send (ADR 203): a job's commit is followed by its next
+    caller does not wait for the send: a job's commit is followed by its next
     step at once, not by a hop to the publishing thread and a round trip to Redis (two
     to four per job, on the path of every session behind it). `flush` (run at exit)
     waits for the notices still on their way, so a process that exits right after a
@@ -137,7 +137,7 @@ def notify_session(session_id: Any, seq: int) -> None:
     group_send(session_group(session_id), {"type": "session.notice", "seq": seq})
 
 
-# The airport board and the to-dos page: "the restrictions or to-dos changed" (ADR-129).
+# The airport board and the to-dos page: "the restrictions or to-dos changed".
 AIRPORT_GROUP = "airport-board"
 
 

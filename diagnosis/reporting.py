@@ -192,7 +192,7 @@ def write_report(
     text, language = render_report(session_id, definition, state, preface)
     # Generated text: a report larger than one event may carry (a long template filled
     # with every message at its limit) is kept up to MAX_REPORT_CHARS and says, in its
-    # last line and in the event, that it was cut (ADR 37). The Report row holds exactly
+    # last line and in the event, that it was cut. The Report row holds exactly
     # what the event holds: the log stays the whole truth.
     text, cut_from = cut_generated(text, MAX_REPORT_CHARS)
     payload: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Run an RQ worker through Redis outages (ADR 111).
+"""Run an RQ worker through Redis outages.
 
 rq's work loop quits when Redis goes away while it watches a job ("found an unhandled
 exception, quitting"), and its teardown then raises too. Here the worker process lives
@@ -10,7 +10,7 @@ write goes through. Nothing is lost meanwhile: the session state is
 in PostgreSQL, and the reconciler re-enqueues whatever Redis forgot. A stop request
 (SIGTERM, SIGINT) during the wait ends the process, as it would have. A worker with a
 `waiting_for_redis()` context (AeroWorker) is inside it while it waits: it keeps its
-PostgreSQL heartbeat (ADR 108)."""
+PostgreSQL heartbeat."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A worker asked to stop (SIGTERM) finishes the graph step it is in and starts no other:
 the job lets its lease go and the session's next job, on any worker, resumes from the
-step's checkpoint (ADR 102)."""
+step's checkpoint."""
 
 from __future__ import annotations
 

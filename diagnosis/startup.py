@@ -10,7 +10,7 @@ from aero.serving import Server
 def warm_up_imports() -> None:
     """Paid at start, not by the first new session's request: it records its extraction
     request through LangChain's OpenAI client, and a graph node's first run imports the
-    ReAct step; both imports took ~1 s."""
+    ReAct step; each import takes about a second."""
     from diagnosis.agent import react  # noqa: F401
     from diagnosis.agent.providers import warm_up_imports as client_imports
 

@@ -1,4 +1,4 @@
-"""Which scenario a message reads like: the synonym match score (ADR-125).
+"""Which scenario a message reads like: the synonym match score.
 
 Deterministic and cheap (no LLM, no graph): each enum/bool field whose synonyms occur in
 the message counts one, the scenario's own name counts three. Used before a session
@@ -58,7 +58,7 @@ def rank(text: str) -> list[Fit]:
     with a score above zero."""
     fits = []
     # Each active scenario's newest version, in one query (not one per scenario: this
-    # runs on every session created, ADR 145).
+    # runs on every session created).
     newest = ScenarioVersion.objects.filter(scenario=OuterRef("scenario")).order_by("-number")
     versions = (
         ScenarioVersion.objects.filter(

@@ -74,7 +74,7 @@ def _new_session_form(request: HtmxHttpRequest) -> NewSessionForm:
 @role_required(RUN_SESSIONS)
 def session_create(request: HtmxHttpRequest) -> HttpResponse:
     """Open a session. With no scenario chosen, or one the message fits worse than
-    another, the form comes back with AERO's suggestion and the text kept (ADR-125).
+    another, the form comes back with AERO's suggestion and the text kept.
     A GET (the address after a sign-in, say) goes to the page with the form."""
     if request.method == "GET":
         return redirect("diagnosis:session-list")

@@ -3,24 +3,23 @@ job), the compiled agent graph and its checkpointer connection are reused across
 and the reconciler runs in the worker's heartbeat thread.
 
 Not forking is safe here because a job's effects live in PostgreSQL, never in worker
-memory, and a crash is contained by the lease (docs/decisions.md, ADR 83, ADR 100): an
+memory, and a crash is contained by the lease (docs/jobs-and-leases.md): an
 exception fails the job (rq records it; the session's retry/failed state is an event), a
 timeout raises inside the job (rq's SIGALRM death penalty works in the main thread), and
 a worker that dies outright stops renewing its lease, which runs out within
 AERO_LEASE_SECONDS, after which any worker's reconciler re-enqueues the session from its
 last checkpoint.
 
-SIGTERM (ADR 102): rq's warm shutdown, plus: the running job finishes the graph step it
+SIGTERM: rq's warm shutdown, plus: the running job finishes the graph step it
 is in, starts no other, and lets its lease go; the next reconciler pass gives the
 session to another worker. A second SIGTERM is rq's cold shutdown.
 
-Heartbeat (ADR 102): a thread writes this worker's `WorkerBeat` row every
+Heartbeat: a thread writes this worker's `WorkerBeat` row every
 AERO_HEARTBEAT_SECONDS (/healthz reads those rows from PostgreSQL) and runs the periodic
 tasks every AERO_RECONCILE_SECONDS, busy or not. A job's start is written at once; the
-worker's return to idle once it stayed idle IDLE_SETTLE_SECONDS (ADR 168). While the
+worker's return to idle once it stayed idle IDLE_SETTLE_SECONDS. While the
 process waits for Redis after an outage (diagnosis.rq_retry), it keeps beating (no
-periodic tasks: they enqueue): /healthz then says Redis is down and the worker alive
-(ADR 108)."""
+periodic tasks: they enqueue): /healthz then says Redis is down and the worker alive."""
 
 from __future__ import annotations
 
@@ -53,13 +52,13 @@ from diagnosis.models import WorkerBeat
 logger = logging.getLogger("diagnosis.worker")
 
 
-# How long a worker that finished a job stays idle before its row says so (ADR 168): a
+# How long a worker that finished a job stays idle before its row says so: a
 # worker with jobs waiting starts the next one within milliseconds, and that job's beat
 # names its session; the "idle again" write is for a worker that has nothing to do.
 IDLE_SETTLE_SECONDS = 1.0
 
 
-# Once per job: compiled once per connection (ADR 179).
+# Once per job: compiled once per connection.
 _beat_job = CompiledUpdate(
     WorkerBeat,
     lambda: WorkerBeat.objects.filter(name=Arg(0)),
@@ -116,7 +115,7 @@ class WorkerHeartbeat:
 
     def job_started(self, session_id: str | None) -> None:
         """/healthz shows what the worker runs from its start: the beat thread writes it
-        at once, off the job's path (ADR 205: the job's own UPDATE was a round trip per
+        at once, off the job's path (the job's own UPDATE was a round trip per
         job, on the path of every session behind it). It also says the worker is no
         longer idle, so a pending "idle" write is dropped."""
         with self.lock:
@@ -127,7 +126,7 @@ class WorkerHeartbeat:
 
     def job_ended(self) -> None:
         """Idle again: written by the beat thread once the worker stayed idle for
-        IDLE_SETTLE_SECONDS, not here (ADR 168): with jobs waiting, the next job's
+        IDLE_SETTLE_SECONDS, not here: with jobs waiting, the next job's
         start overwrites the row within milliseconds, and the "idle" UPDATE in between
         was one statement per job that nobody could see. A job over before its row was
         written is not written at all."""
@@ -147,7 +146,7 @@ class WorkerHeartbeat:
     def beat_job(self) -> None:
         """The beat around each job (what the worker runs, or idle again): one UPDATE of
         the row start() created, not update_or_create's transaction, row lock and write
-        (ADR 150: four statements twice per job, on the path every resume takes). A row
+        (four statements twice per job, on the path every resume takes). A row
         deleted meanwhile (a sweep of stale rows) is written again in full."""
         try:
             updated = _beat_job.run(self.name, timezone.now(), self.session_id, shutdown.stopping())
@@ -234,7 +233,7 @@ class WorkerHeartbeat:
 
 
 # rq beats its worker key around every job: after it, before the suspension check, before
-# and after each dequeue, each beat three round trips (ADR 207). A beat that sets the TTL
+# and after each dequeue, each beat three round trips. A beat that sets the TTL
 # the last one set, this soon after it, is skipped: the key still has over worker_ttl +
 # 55 s to live, and a dequeue blocks for at most worker_ttl - 15 s.
 REDIS_BEAT_SECONDS = 5.0
@@ -256,10 +255,10 @@ class AeroWorker(SimpleWorker):
     def work(self, *args: Any, **kwargs: Any) -> bool:
         # rq's own lines (three or four per job: started, completed, "Job OK", "result
         # discarded") at AERO's level, not INFO: with AERO_LOG_LEVEL=WARNING a worker
-        # formatted and wrote them for every job (ADR 168).
+        # formatted and wrote them for every job.
         kwargs.setdefault("logging_level", logging.getLogger("diagnosis").getEffectiveLevel())
         # Before the first beat says the worker is up: the model clients, the agent graph
-        # and its checkpointer, which the first job paid for otherwise (ADR 183, 208).
+        # and its checkpointer, which the first job paid for otherwise.
         warm_up_worker()
         self.beats.start()
         # With its first reconcile pass done: the fault suite's per-kill timeline reads
@@ -290,7 +289,7 @@ class AeroWorker(SimpleWorker):
     def execute_job(self, job: Job, queue: Queue) -> None:
         # Django closes stale or broken connections around each request; a worker has
         # no requests, so do it before each job (CONN_MAX_AGE keeps healthy ones). Once,
-        # not before and after: nothing runs on the connection in between (ADR 168). Its
+        # not before and after: nothing runs on the connection in between. Its
         # health check is a poll of the socket, not a SELECT 1 (diagnosis.conn_health).
         close_old_connections()
         check_django_connections()
@@ -299,7 +298,7 @@ class AeroWorker(SimpleWorker):
         try:
             super().execute_job(job, queue)
         finally:
-            self.beats.job_ended()  # written once the worker stays idle (ADR 168)
+            self.beats.job_ended()  # written once the worker stays idle
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         """rq's worker beat (its key's TTL), in one round trip and not again within

@@ -1,4 +1,4 @@
-"""Gate configuration as immutable snapshots (seed 002, ADR-004).
+"""Gate configuration as immutable snapshots (seed 002).
 
 The read path (`provider.current()`) returns the snapshot reference without a lock.
 A reload builds a complete new snapshot, validates it, and swaps the reference in one

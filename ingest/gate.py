@@ -1,4 +1,4 @@
-"""The gate (seed 002, ADR-003/005/006): synchronous, fast, deterministic stages that turn
+"""The gate (seed 002): synchronous, fast, deterministic stages that turn
 one alert into DROP, SINK or DELIVER, naming the stage that decided. It never calls the
 agent: delivering is ingest.actions' job. The only state it reads is "which kept
 observation, if any, does this alert repeat", passed in as a function, so the stages are
@@ -61,7 +61,7 @@ RepeatOf = Callable[[str, str, str, datetime | None, int], Any]
 
 
 def is_own_output(alert: Alert) -> bool:
-    """The agent's own messages never re-enter as observations (ADR-006)."""
+    """The agent's own messages never re-enter as observations."""
     return (
         alert.source.startswith("agent:")
         or alert.actor == "agent"

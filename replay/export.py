@@ -153,7 +153,7 @@ def usage_rows(events: list[Event]) -> list[dict[str, Any]]:
 
 def follow_ups(state: FoldState) -> list[str]:
     """What someone still has to do, derived from the log alone, in the exporter's
-    language (ADR-139)."""
+    language."""
     items = []
     for call in state.actions:
         approval = state.approvals.get(call.call_id)

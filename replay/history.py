@@ -1,4 +1,4 @@
-"""History search over sessions (indexes: replay migrations 0001 and 0002, ADR 63/65).
+"""History search over sessions (indexes: replay migrations 0001 and 0002).
 
 Facts from the snapshot (flight, position, risk level) are compared through the exact
 expressions the expression indexes are built on; free text goes to PostgreSQL full text
@@ -56,7 +56,7 @@ SQLITE_FACTS = {
 # English parser adds nothing). A session matches at most once, so the planner can walk
 # sessions newest-first and probe each one's document until the page is full (a term in
 # a sixth of all sessions), or collect a rare term's few documents from the GIN index and
-# sort them (ADR 65).
+# sort them.
 PG_TEXT = "SELECT session_id FROM replay_session_search WHERE document ILIKE %s"
 PG_TEXT_WORDS = (
     "SELECT session_id FROM replay_session_search "

@@ -33,7 +33,7 @@ class ExportJob:
     session_id: str
     user_id: int
     masked: bool
-    # The export speaks the language of the person who asked for it (ADR-139).
+    # The export speaks the language of the person who asked for it.
     language: str = settings.LANGUAGE_CODE
     status: str = "queued"  # queued, running, done, failed
     done: int = 0

@@ -15,7 +15,7 @@ class SessionSearch(models.Model):
     `replay.history.rebuild_documents()` rebuilds it from the events. The migration adds a
     stored `words` tsvector (English) beside `document`; both have GIN indexes. One row
     per session lets a broad term walk sessions newest-first and stop after a page,
-    instead of collecting every matching message first (ADR 65).
+    instead of collecting every matching message first.
 
     Embedded mode (SQLite) searches its FTS5 table `replay_search` instead; this table
     exists there but stays empty."""

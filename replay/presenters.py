@@ -26,7 +26,7 @@ from scenarios_admin.models import Topology
 
 # A step folds at most this many events after a cached state. A fold state is a few KB
 # (a 50,000-event session: 500 checkpoints, ~2-10 KB each); loading 1,000 events per step
-# cost ~45 ms on a loaded machine, 100 cost ~5 ms (ADR 66).
+# cost ten times what 100 do.
 CHECKPOINT_EVERY = 100
 # Checkpoints are derived and rebuilt on demand, so they need not outlive interest in
 # the session (a shared Redis must not fill with every session ever replayed).

@@ -224,8 +224,8 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
     list_filter = ["kind", "is_active"]
     search_fields = ["slug", "name_en", "name_zh"]
     actions = ["export_yaml"]
-    # Most edited first (synonyms, rules, actions), the rest folded (ADR-135); the page
-    # was ~9,200 px tall with everything open. A section with errors opens by itself.
+    # Most edited first (synonyms, rules, actions), the rest folded: with everything
+    # open the page is very long. A section with errors opens by itself.
     inlines = [
         ValueInline,
         RuleInline,

@@ -123,7 +123,7 @@ _graph_lock = threading.Lock()
 def load_active_graph(stamp: tuple[Any, Any] | None = None) -> AirportGraph:
     """The active topology's graph, built once per process and stamp. `stamp`: the
     active topology's (pk, updated_at) as the caller read it (a job reads it with its
-    lease, ADR 178); read here otherwise."""
+    lease); read here otherwise."""
     if stamp is None:
         stamp = Topology.objects.filter(is_active=True).values_list("pk", "updated_at").first()
     if stamp is None:

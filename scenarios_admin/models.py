@@ -52,7 +52,7 @@ class Scenario(models.Model):
     compliance_states = models.JSONField(default=list, blank=True)
     report_template_zh = models.TextField("report template (zh)", blank=True)
     report_template_en = models.TextField("report template (en)", blank=True)
-    # The model budget of a session (ADR 143); empty: the provider's, else unlimited.
+    # The model budget of a session; empty: the provider's, else unlimited.
     budget_steps = models.PositiveIntegerField(
         "step budget", null=True, blank=True, help_text=_("Reasoning steps that ask the model.")
     )
@@ -441,7 +441,7 @@ class ProviderConfig(models.Model):
     priority = models.PositiveSmallIntegerField(default=100, help_text=_("Lower is tried first."))
     enabled = models.BooleanField(default=True)
     # A session's model budget when its scenario sets none (empty: unlimited). When it
-    # runs out the session asks an approver to continue (ADR 143).
+    # runs out the session asks an approver to continue.
     max_steps = models.PositiveIntegerField(
         null=True, blank=True, help_text=_("Reasoning steps per session (empty: unlimited).")
     )

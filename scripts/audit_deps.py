@@ -13,7 +13,7 @@ Where PyPI answers only its project JSON (`/pypi/<name>/json`, not the per-versi
 audited from it when the installed version is the project's latest release: that
 document's `vulnerabilities` list is PyPI's own advisory data (the PyPA advisory
 database and OSV) for exactly that release. An older installed version stays NOT
-AUDITED, with the latest release named (ADR 44).
+AUDITED, with the latest release named.
 """
 
 from __future__ import annotations

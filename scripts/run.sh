@@ -16,10 +16,10 @@ HOST=${AERO_HOST:-127.0.0.1}
 PORT=${AERO_PORT:-8000}
 WS_PORT=${AERO_WS_PORT:-$((PORT + 1))}
 # Twisted listens with a backlog of 50 by default: 100 browsers opening their sockets
-# at once overflowed it (ADR 81).
+# at once overflowed it.
 BACKLOG=${AERO_LISTEN_BACKLOG:-1024}
 
-# The compiled translations (not committed, ADR 121): `make run` builds them, and so does
+# The compiled translations (not committed): `make run` builds them, and so does
 # this script run on its own, or the interface (Chinese by default) comes up in English.
 for po in locale/*/LC_MESSAGES/django.po; do
   mo=${po%.po}.mo
@@ -53,7 +53,7 @@ $PY manage.py collectstatic --noinput -v0
 METRICS_DIR=${PROMETHEUS_MULTIPROC_DIR:-${AERO_DATA_DIR:-var}/metrics}
 mkdir -p "$METRICS_DIR" && rm -f "$METRICS_DIR"/*.db
 
-# A small supervisor (ADR 113): every process runs under it; one that exits is restarted
+# A small supervisor: every process runs under it; one that exits is restarted
 # with a backoff (1 s, doubling to 30 s, back to 1 s after a minute up), so a crashed
 # worker never takes the web server down. A web server that exits within 10 s of its
 # first start (a port in use, a bad setting) stops the whole script: that is no crash
@@ -94,7 +94,7 @@ if [ -n "${REDIS_URL:-}" ]; then
     launch "worker-$n"
   done
   echo "Mode: PostgreSQL + Redis, ${AERO_WORKERS:-1} worker(s) (more: .venv/bin/python manage.py aero_worker)"
-  # The model calls sessions wait for (ADR 95): one runner per host, supervised like a
+  # The model calls sessions wait for: one runner per host, supervised like a
   # worker. AERO_LLM_WAITS=0 makes the calls inside the jobs instead (no runner).
   case "${AERO_LLM_WAITS:-1}" in
     0 | false | no | off) ;;

@@ -83,7 +83,7 @@ def _delete_flush(
 ) -> list[str]:
     """The flush after every transactional test, as DELETEs: one TRUNCATE of the ~50
     tables made a file per table and index and took 0.6-1.4 s on a loaded machine (most
-    of a short test); the DELETEs of their few rows take ~0.04 s (ADR 165). The same
+    of a short test); the DELETEs of their few rows take ~0.04 s. The same
     locks first, as TRUNCATE took them: it waits for a server's open transactions and
     sees their rows, so nothing committed by another process before the flush survives
     it. The deferred foreign keys let the tables empty in any order."""
@@ -107,9 +107,9 @@ def builtin(transactional_db: None) -> None:
 
     Loaded for real once per worker process, then copied back in: ~600 tests take it, and
     the load (each scenario's publication runs its example cases through the agent's
-    extraction and rules) took ~0.3 s of each. The rows are those the load wrote, ids and
-    audit chain included; the flush after a test does not reset sequences, so the ids a
-    test creates never meet them."""
+    extraction and rules) would be most of each one's setup. The rows are those the load
+    wrote, ids and audit chain included; the flush after a test does not reset sequences,
+    so the ids a test creates never meet them."""
     if connection.vendor != "postgresql":
         load_builtin_data()
         ensure_role_groups()
@@ -291,7 +291,7 @@ def close_other_connections() -> None:
 def asgi_server_with_llm_runner(
     django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """asgi_server, with the embedded LLM runner (model calls are waits, ADR 95), for one
+    """asgi_server, with the embedded LLM runner (model calls are waits), for one
     test: stopped at its end, so no runner thread outlives the test that needs it."""
     from tests.servers import daphne
 

@@ -27,7 +27,7 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 REQUIRE_SERVICES = os.environ.get("AERO_REQUIRE_SERVICES") == "1"
 TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/aero")
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-# pytest-xdist runs the suite in worker processes (gw0, gw1, ...: ADR 165). Each worker
+# pytest-xdist runs the suite in worker processes (gw0, gw1, ...). Each worker
 # is a run of its own: its own test database, Redis database, queue and channel prefix,
 # data directory (the metrics files daphne sums) and scratch databases, so two workers
 # never read each other's jobs, notices or rows.

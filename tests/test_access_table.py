@@ -517,7 +517,7 @@ def accepted(base: str, path: str, user: User | None) -> bool:
     try:
         # max_queue=None: frames the test leaves unread never stop the client reading, so
         # its close sees the server's close frame (past 16 unread frames websockets stops
-        # reading and every close waited out its 10 s timeout: ADR 165).
+        # reading and every close waited out its 10 s timeout).
         with connect(url, open_timeout=10, max_queue=None, additional_headers=headers) as ws:
             return isinstance(ws.recv(timeout=10), str)  # a first update arrives
     except (InvalidStatus, ConnectionClosed):

@@ -36,7 +36,7 @@ def stream(
     # No Origin header: API clients are not browsers.
     # max_queue=None: frames the test leaves unread never stop the client reading, so
     # its close sees the server's close frame (past 16 unread frames websockets stops
-    # reading and every close waited out its 10 s timeout: ADR 165).
+    # reading and every close waited out its 10 s timeout).
     return connect(url, open_timeout=10, max_queue=None, additional_headers=headers)
 
 

@@ -120,7 +120,7 @@ def test_queue_updates_live(
     url = asgi_server.replace("http://", "ws://") + "/ws/approvals/?risk=R2"
     # max_queue=None: frames the test leaves unread never stop the client reading, so
     # its close sees the server's close frame (past 16 unread frames websockets stops
-    # reading and every close waited out its 10 s timeout: ADR 165).
+    # reading and every close waited out its 10 s timeout).
     with connect(
         url,
         open_timeout=10,

@@ -1,4 +1,4 @@
-"""The model's reasoning streams onto the live session page (issue 11 item 7, ADR 96), in
+"""The model's reasoning streams onto the live session page (issue 11 item 7), in
 a real browser (Debian Chromium through Playwright, against daphne): the simulated model
 streams slowly, the page shows part of the text while the call is still running, the
 whole text when it ended, and a reload without JavaScript shows it too."""
@@ -62,8 +62,8 @@ def test_the_models_text_streams_onto_the_page(
     expect(page.locator("#live[ws-connect]")).to_be_visible()
     time.sleep(0.5)  # the socket opens after the page: it must see every delta
 
-    # The call is made by the LLM runner inside the web process (embedded job backend,
-    # ADR 95), which also resumes the session: nothing here but the page.
+    # The call is made by the LLM runner inside the web process (embedded job
+    # backend), which also resumes the session: nothing here but the page.
     stream = page.get_by_test_id("model-stream")
     expect(stream).to_contain_text('"flight_no"', timeout=15_000)
     partial = stream.inner_text()

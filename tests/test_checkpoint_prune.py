@@ -1,5 +1,5 @@
 """A waiting session's older checkpoints are pruned by the maintenance loop, not by the
-job that stopped at the wait (ADR 207): the prune's ~16 statements were on the path of
+job that stopped at the wait: the prune's ~16 statements were on the path of
 every session queued behind that job. The session is the bench's (the worked example, a
 scripted model answering its 3 calls at once), which leaves one checkpoint per model
 wait."""
@@ -190,7 +190,7 @@ def test_a_pass_takes_the_longest_waiting_sessions_first_up_to_its_batch(
 def test_the_loop_deletes_the_checkpoints_of_canceled_sessions_and_keeps_failed_ones(
     waiting_session: Session,
 ) -> None:
-    """The other checkpoint sweep (ADR 103), which shares the once-a-minute gate: a
+    """The other checkpoint sweep, which shares the once-a-minute gate: a
     canceled session's job may never run again to delete its own; a failed session keeps
     its checkpoints for a retry."""
     session = waiting_session

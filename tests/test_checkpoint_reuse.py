@@ -1,5 +1,5 @@
 """A job's two reads of its checkpoint (the state it waits in, then the run) reach the
-database once (ADR 184): the first read is handed to the second, once, within the job
+database once: the first read is handed to the second, once, within the job
 (its fence), and any write to the thread in between drops it."""
 
 from __future__ import annotations

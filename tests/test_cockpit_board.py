@@ -149,7 +149,7 @@ def test_the_board_and_the_todos_update_live(
     with (
         # max_queue=None: frames the test leaves unread never stop the client reading, so
         # its close sees the server's close frame (past 16 unread frames websockets stops
-        # reading and every close waited out its 10 s timeout: ADR 165).
+        # reading and every close waited out its 10 s timeout).
         connect(
             f"{base}/ws/airport/?lang=en",
             open_timeout=10,

@@ -1,4 +1,4 @@
-"""Statements compiled once per connection (aero.compiled, ADR 179): they return what the
+"""Statements compiled once per connection (aero.compiled): they return what the
 queryset returns, compile once, and refuse what they cannot run the same way."""
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def test_model_rows_cannot_be_annotated() -> None:
 
 
 def test_rows_inserted_from_one_parameter_come_back_as_written() -> None:
-    """Several rows go as one jsonb parameter (ADR 179): the same SQL for any number of
+    """Several rows go as one jsonb parameter: the same SQL for any number of
     rows, and each value (text, number, boolean, time, UUID, null) read back as
     written."""
     now = timezone.now()

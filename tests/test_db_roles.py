@@ -1,5 +1,5 @@
 """The app's PostgreSQL role owns nothing and creates nothing, against an owner without
-SUPERUSER (as the README asks): whatever it tries to plant where the owner looks (an
+SUPERUSER (as docs/security.md asks): whatever it tries to plant where the owner looks (an
 operator, a function, a view, a trigger) is refused, so the owner's `migrate` runs none
 of it; LangGraph's tables are the owner's; `db_roles` changes the grants in one
 transaction."""

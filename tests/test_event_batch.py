@@ -1,4 +1,4 @@
-"""One transaction per graph step, and per group of steps between two waits (ADR 145):
+"""One transaction per graph step, and per group of steps between two waits:
 the events are written together under one lock, gap-free and in order, with one notice
 after commit carrying the highest seq; a crash or a failed step leaves nothing of it.
 Notices go out over one long-lived loop per process."""
@@ -132,9 +132,8 @@ def test_a_batch_needs_a_transaction(session: Session) -> None:
 def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
     builtin_loaded: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pinned budget (was 723 queries in 55 transactions before batching steps, 231 with
-    18 BEGINs before grouping them, ADR 145), and the
-    checkpoints: saved when the graph exits, not after each of its ~15 steps (ADR 85)."""
+    """Pinned budget of statements and transactions, and the checkpoints: saved when
+    the graph exits, not after each of its ~15 steps."""
     from diagnosis.jobs import agent_graph
 
     saver = type(agent_graph().checkpointer)
@@ -174,30 +173,24 @@ def test_a_session_runs_to_its_first_wait_in_few_queries_and_transactions(
         elif not inside:
             transactions += 1
     work = [verb for verb in statements if verb not in ("BEGIN", "COMMIT")]
-    # 332 after the outbox, the lease fence and the scenario-fit check were merged; 231
-    # once the worker's step writes were cut (ADR 86); 103 with the steps between two
-    # waits in one transaction (ADR 145); 60 with node runs written with their group,
-    # events and session row in one statement, the move to running in the first group,
-    # the job's start in one statement and one transaction (ADR 156): 58 statements in
-    # 14 transactions with cold caches (the creation's web request to the job's
-    # release of its lease; issue 8's goal: <= 60 and <= 15). 50 in 11 with the move to
-    # waiting_user written by the wait's group and the state not read back (ADR 174); 46
-    # with the root run inserted with the lease and the root's end written with its
-    # release (ADR 175, 178).
+    # Cold caches, from the creation's web request to the job's release of its lease
+    # (issue 8's goal: <= 60 and <= 15). What keeps it low: the steps between two waits
+    # are one transaction, a group's node runs are one INSERT at its commit, events and
+    # the session row are one statement, the move to running and to waiting_user ride
+    # in a group, and the job's start and end are one statement each.
     assert len(work) <= 46, len(work)
-    assert transactions <= 11, transactions  # was 20 (ADR 145), 14 (ADR 156)
-    # The checkpointer's own connection: a statement is a statement (5; 9 before ADR
-    # 174, 11-13 before ADR 156).
+    assert transactions <= 11, transactions
+    # The checkpointer's own connection: a statement is a statement.
     assert len(saver_statements) <= 5, saver_statements
-    assert statements.count("BEGIN") <= 6, statements.count("BEGIN")  # was 18
-    assert sum("FOR UPDATE" in q["sql"] for q in captured.captured_queries) <= 5  # was 20
-    # Was 5 (34 before ADR 86): a step that writes rows and joins a group has a
-    # savepoint, so that it rolls back alone if it fails (ADR 145; the reasoning and the
-    # validation write none and take none), kept until the group commits (ADR 156):
+    assert statements.count("BEGIN") <= 6, statements.count("BEGIN")
+    assert sum("FOR UPDATE" in q["sql"] for q in captured.captured_queries) <= 5
+    # A step that writes rows and joins a group has a
+    # savepoint, so that it rolls back alone if it fails (the reasoning and the
+    # validation write none and take none), kept until the group commits:
     # 1 statement where a transaction of its own cost 3 and a commit.
     assert statements.count("SAVEPOINT") <= 4, statements.count("SAVEPOINT")
     assert statements.count("RELEASE") == 0, statements.count("RELEASE")
-    # One checkpoint and its pending writes at the interrupt (was 16 of each).
+    # One checkpoint and its pending writes at the interrupt, none per step.
     assert saves.count("put") == 1 and saves.count("put_writes") <= 1, saves
     with connection.cursor() as cursor:  # so its job had nothing to prune
         cursor.execute("SELECT count(*) FROM checkpoints WHERE thread_id = %s", [str(session.pk)])
@@ -245,7 +238,7 @@ def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_not
     notices: list[tuple[str, int, bool]],
     settings: Any,
 ) -> None:
-    """The ~14 steps to the first wait are a few transactions, not one each (ADR 145),
+    """The ~14 steps to the first wait are a few transactions, not one each,
     each with one notice after commit. The impact analysis fails on its first try, in
     the middle of a group: the steps before it (the lookups, the risk) stay committed,
     the failed step leaves no row and no event but its failure, and the job's retry
@@ -303,7 +296,7 @@ def test_a_step_without_a_savepoint_that_fails_leaves_its_run_marked_failed(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     """The validator and the reasoning write no row but their run, so they join their
-    group without a savepoint (ADR 145). The second validation fails once, mid-group:
+    group without a savepoint. The second validation fails once, mid-group:
     its events are dropped, its run row (kept with the group) is the failed run, and
     the retry carries on with nothing logged twice."""
     import diagnosis.agent.fsm as fsm_module
@@ -417,7 +410,7 @@ def test_a_failed_steps_effect_is_dropped_with_it_and_goes_out_once(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     """The R0 action's step fails after handing its effect to the outbox. The step's
-    savepoint is kept until the group commits rather than released (ADR 156), so
+    savepoint is kept until the group commits rather than released, so
     rolling back to it must drop what the step asked to run after the commit, as
     `atomic()` does: the external system sees the request once, sent by the retry."""
     from diagnosis.agent import tools as tools_module
@@ -454,7 +447,7 @@ def test_the_jobs_move_to_running_is_the_first_event_of_its_first_group(
     settings: Any,
 ) -> None:
     """`queued -> running` is written with the job's first step group, as its first
-    event (ADR 156: one transaction and notice fewer), so the log reads as before: the
+    event (one transaction and notice fewer), so the log reads as before: the
     move, then the steps. When that first step fails (its group is rolled back whole),
     the move is still logged, before the failure, and the retry goes on from `running`."""
     from diagnosis.agent.providers import OfflineProvider

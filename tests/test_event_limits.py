@@ -141,7 +141,7 @@ def page_socket(base: str, session: Session, user: User) -> ClientConnection:
     # No client-side size limit: the test measures what the server sends.
     # max_queue=None: frames the test leaves unread never stop the client reading, so
     # its close sees the server's close frame (past 16 unread frames websockets stops
-    # reading and every close waited out its 10 s timeout: ADR 165).
+    # reading and every close waited out its 10 s timeout).
     return connect(
         url,
         open_timeout=10,

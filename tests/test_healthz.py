@@ -80,7 +80,7 @@ def test_healthz_reads_the_workers_own_heartbeats(db: None, settings: Any) -> No
 
 
 def test_healthz_reads_the_llm_runners_heartbeat(db: None, settings: Any) -> None:
-    """The runner beats like a worker (ADR 95) and is reported on its own line: a live
+    """The runner beats like a worker and is reported on its own line: a live
     runner is no live worker, and a silent one fails the check."""
     from diagnosis import llm_runner
 

@@ -181,7 +181,7 @@ def test_a_lease_taken_by_a_process_that_died_at_once_is_released_at_the_next_pa
     """Killed right after it took the lease, before it wrote anything else (no run row:
     a fresh worker was still building its graph). The lease names its holder from the
     UPDATE that took it, so the next reconciler pass sees the holder gone and
-    re-enqueues the session at once instead of after the whole lease (ADR 117)."""
+    re-enqueues the session at once instead of after the whole lease."""
     queue = django_rq.get_queue(settings.AERO_QUEUE)
     queue.empty()
     dead = gone_pid()

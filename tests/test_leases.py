@@ -1,4 +1,4 @@
-"""Fenced leases (ADR 100): a job's heartbeat keeps its lease through a long step; a job
+"""Fenced leases: a job's heartbeat keeps its lease through a long step; a job
 paused past its lease loses it to the next job and, once it resumes, writes nothing;
 checkpoint writes are fenced like the rest."""
 
@@ -196,7 +196,7 @@ def test_a_run_killed_between_a_steps_writes_and_its_checkpoint_carries_on(
 def test_a_session_canceled_mid_step_ends_the_job_as_canceled_with_nothing_after(
     session: Session, monkeypatch: pytest.MonkeyPatch, make_user: Callable[..., User]
 ) -> None:
-    """No status read before each step (ADR 86): canceling clears the lease, so the step
+    """No status read before each step: canceling clears the lease, so the step
     running meanwhile has its write refused under the row lock and the job ends as
     canceled, not failed, with nothing of that step in the log."""
     from diagnosis.actions import do_cancel
@@ -265,7 +265,7 @@ def test_one_keeper_renews_every_running_jobs_lease_and_reports_a_lost_one(
     builtin: None, settings: Any, make_user: Callable[..., User]
 ) -> None:
     """Jobs running side by side in one process (the embedded worker's threads) share
-    the process's lease keeper (ADR 203): each lease is renewed past its expiry; one
+    the process's lease keeper: each lease is renewed past its expiry; one
     taken away is reported lost on its own job, and the other keeps being renewed; a
     job's exit stops its renewals."""
     settings.AERO_JOB_BACKEND = "rq"

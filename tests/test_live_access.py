@@ -76,7 +76,7 @@ def test_the_queue_socket_stops_for_a_former_approver(
     headers = {"Cookie": cookie_for(abel), "Origin": asgi_server}
     # max_queue=None: frames the test leaves unread never stop the client reading, so
     # its close sees the server's close frame (past 16 unread frames websockets stops
-    # reading and every close waited out its 10 s timeout: ADR 165).
+    # reading and every close waited out its 10 s timeout).
     with connect(url, open_timeout=10, max_queue=None, additional_headers=headers) as ws:
         assert "approval-queue" in str(ws.recv(timeout=15))
         abel.groups.remove(Group.objects.get(name="approver"))
@@ -161,7 +161,7 @@ def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
     """Once a pull has sent everything the render saw and every notice announced, the
     viewer stops: no second role check and read that would find nothing new; and the
     notice itself costs no extra hop to the sync thread (the hub receives it, no consumer's
-    dispatch runs: ADR 155)."""
+    dispatch runs)."""
     from channels.db import database_sync_to_async
     from channels.testing import WebsocketCommunicator
     from django.db import connections
@@ -223,7 +223,7 @@ def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
 def test_what_a_fan_out_read_is_not_sent_when_access_went_away_meanwhile(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
-    """ADR 202: the hub reads the events, then the roles. A change committed right after
+    """The hub reads the events, then the roles. A change committed right after
     the read closes the page; the event read with it is not sent. Checked before the read
     (as it was), the viewer got it."""
     operator = make_user("olga", "operator")

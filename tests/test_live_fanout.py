@@ -1,6 +1,6 @@
 """One notice, many viewers in one process: the hub receives it once, checks the viewers'
 roles in one read, renders once per role set and writes the same frames to every viewer
-of that set; a viewer that goes away mid-fan-out costs the others nothing (ADR 155)."""
+of that set; a viewer that goes away mid-fan-out costs the others nothing."""
 
 from __future__ import annotations
 

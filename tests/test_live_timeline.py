@@ -43,7 +43,7 @@ def open_socket(
 ) -> ClientConnection:
     # max_queue=None: frames the test leaves unread never stop the client reading, so
     # its close sees the server's close frame (past 16 unread frames websockets stops
-    # reading and every close waited out its 10 s timeout: ADR 165).
+    # reading and every close waited out its 10 s timeout).
     return connect(
         ws_url(base, session, last_seq),
         open_timeout=10,

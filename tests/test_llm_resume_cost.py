@@ -1,6 +1,6 @@
-"""What one job costs when it resumes a session after a model call (issue 11 item 9,
-ADR 150): the bench needs ~1,200 of them for 200 sessions, so their queries and the
-checkpointer's statements are pinned here, where load does not change them. The session
+"""What one job costs when it resumes a session after a model call: a model-bound
+session is a few such jobs, so their queries and the checkpointer's statements are
+pinned here, where load does not change them. The session
 is the bench's: the worked example with ReAct on, a scripted model answering at once;
 no runner runs between the jobs but the one this test drives."""
 
@@ -77,26 +77,22 @@ SCRIPT: dict[str, Any] = {
         },
     ]
 }
-# Today's counts plus a small margin (ADR 150): lower them as the resume gets cheaper,
+# Today's counts plus a small margin: lower them as the resume gets cheaper,
 # never raise them. Django's queries of one job that resumes after a model call and
 # stops at the next one (the steps in between are the other engineers' budgets: the
-# worst such job here runs one ReAct step and its tools). 37 before ADR 173, 175 and 176
-# (the answered row read once, the root run ended with the lease, the requests' keys and
-# the run ids read with the events' keys): 32; 28 with the root run inserted and the
-# topology's stamp read with the lease (ADR 178); 25 with the model request one fenced
-# statement, not a transaction of four (ADR 181); 24 with the provider configs read only
-# when their stamp, read with the lease, changed (ADR 206). No margin, so that any of them
-# coming undone fails here.
+# worst such job here runs one ReAct step and its tools). No margin: the answered
+# request kept for the node, the job's start and end in one statement each with its
+# root run, the model request one fenced statement and the provider configs read only
+# when their stamp changed each save a statement, and any of them coming undone fails
+# here.
 RESUME_TO_NEXT_MODEL_WAIT = 24
 # The job that ends at the human wait (the proposals, the R0 action's effect, the
-# approvals): 53 before its move to waiting_user was written with its last group and
-# its state not read again after the run (ADR 174), the root run ended with the lease
-# (ADR 175), the keys read in one statement (ADR 176), the root run inserted and the
-# topology's stamp read with the lease (ADR 178), the provider configs' too (ADR 206).
+# approvals): its move to waiting_user is written with its last group, its state is
+# not read again after the run, and its start and end are one statement each.
 RESUME_TO_FIRST_APPROVAL = 41
 # The checkpointer's calls per such job: the state asked for twice (what the job waits
-# for, then the run) and read from the database once (ADR 184), one write at exit, no
-# prune (ADR 150).
+# for, then the run) and read from the database once, one write at exit, no
+# prune.
 CHECKPOINTER_CALLS = Counter({"get_tuple": 2, "read": 1, "put": 1, "put_writes": 1})
 
 
@@ -224,12 +220,12 @@ def test_a_job_that_resumes_after_a_model_call_stays_within_budget(
         ("completed", status) for status, *_ in resumes
     ]
     assert all(r.ended_at is not None for r in roots)
-    # Each root run, inserted with its lease (ADR 178), says what the job found and ran on.
+    # Each root run, inserted with its lease, says what the job found and ran on.
     for r in roots:
         assert r.agent_name == "incident_agent" and r.mode == "react"
         assert r.input_snapshot["status"] in (SessionStatus.QUEUED, SessionStatus.RUNNING)
         assert {"pid", "host", "backend", "lease"} <= set(r.input_snapshot)
-    # The state read once; no prune: the maintenance loop's, once it has waited (ADR 207).
+    # The state read once; no prune: the maintenance loop's, once it has waited.
     assert calls == CHECKPOINTER_CALLS
     assert Session.objects.get(pk=session.pk).lease_token is None
 
@@ -256,7 +252,7 @@ def test_the_steps_after_a_model_turn_are_one_transaction_and_the_next_turn_sees
     builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
 ) -> None:
     """With model calls as waits, a session a model reasons for groups the steps between
-    its model's turns like any other session (ADR 169): the job that runs the model's
+    its model's turns like any other session: the job that runs the model's
     tools commits its reasoning step, then the tools, the compliance check and the next
     reasoning step up to its model wait as one transaction. The next turn's request still
     carries the model's earlier turn and every tool result, in order."""
@@ -292,9 +288,8 @@ def test_the_steps_after_a_model_turn_are_one_transaction_and_the_next_turn_sees
     assert [m["role"] for m in results] == ["tool"] * 5
     assert [m["tool_call_id"] for m in results] == [c["id"] for c in assistant[0]["tool_calls"]]
     # The job between the second and the third call: its reasoning step, the tools up
-    # to the model wait (was 5: one per step; its start was a transaction too before its
-    # root run was inserted with the lease, ADR 178). The request is written after the
-    # checkpoint (ADR 172), one fenced statement in autocommit (ADR 181).
+    # to the model wait in one group; its start is one statement with its root run. The
+    # request is written after the checkpoint, one fenced statement in autocommit.
     assert commits[1] == 2
     # The request the tools' group wrote is the one the runner answered.
     assert LLMRequest.objects.filter(session=session, status="done").count() == 3
@@ -320,7 +315,7 @@ def test_a_new_session_asks_the_model_before_any_job_runs(
     make_user: Callable[..., User],
     enqueued: list[str],
 ) -> None:
-    """The opening message's extraction is recorded with the session (ADR 170): no job
+    """The opening message's extraction is recorded with the session: no job
     runs until the model has answered, and the job the reply enqueues starts the session
     and goes on to the next model call. Each call is made once and counted once; three
     calls take three jobs, not four."""
@@ -423,7 +418,7 @@ def test_an_opening_call_that_cannot_be_made_goes_to_the_first_job(
     assert Event.objects.filter(session=session, type="user.message").count() == 1
 
 
-# The web request that creates a session a model reads (ADR 170): the session, its first
+# The web request that creates a session a model reads: the session, its first
 # events, the audit entry, and the opening request with the provider configs and the
 # topology's stamp it is built from. Today's count, no margin.
 CREATE_WITH_OPENING_REQUEST = 18
@@ -443,7 +438,7 @@ def test_creating_a_session_with_its_opening_request_stays_within_budget(
         session = do_create_session(olga, scenario, MESSAGE)
     assert LLMRequest.objects.filter(session=session).count() == 1
     assert len(queries) <= CREATE_WITH_OPENING_REQUEST
-    # The audit trail's chain lock is taken last (ADR 180): held only for the audit
+    # The audit trail's chain lock is taken last: held only for the audit
     # entry and the commit, not while the request is built, so sessions opened together
     # are not created one after the other.
     sqls = [q["sql"] for q in queries.captured_queries]
@@ -455,7 +450,7 @@ def test_creating_a_session_with_its_opening_request_stays_within_budget(
 def test_a_job_reads_the_provider_configs_only_when_one_changed(
     builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
 ) -> None:
-    """ADR 206: the configs' stamp comes with the lease; a job whose stamp is the last
+    """The configs' stamp comes with the lease; a job whose stamp is the last
     read's reads nothing, and any change to a config (an edit; one disabled by a bulk
     update, which no `updated_at` records) is read by the next job."""
     from diagnosis.agent.providers import OpenAICompatibleProvider, configured_providers

@@ -1,4 +1,4 @@
-"""Model calls are waits (ADR 95), through the simulated server over real HTTP: the job
+"""Model calls are waits, through the simulated server over real HTTP: the job
 records the request and ends (its worker free, nothing sent), the LLM runner makes the
 call with the chain's retries and fallback, streams the text into the log, records the
 call once and enqueues the session; a runner that loses its claim or a job that re-runs
@@ -172,7 +172,7 @@ def test_a_reply_that_comes_in_one_burst_is_in_the_log_whole(
     settings: Any,
 ) -> None:
     # No periodic flush comes before the reply is complete: its text is written with the
-    # reply (ADR 160), still as a delta, so the live page and a reload agree.
+    # reply, still as a delta, so the live page and a reload agree.
     settings.AERO_LLM_STREAM_FLUSH = 3  # longer than the whole call
     fake_llm.set_script({"chunk_size": 4, "rules": [ANSWER]})
     fake_provider(fake_llm)
@@ -457,7 +457,7 @@ def test_the_maintenance_loop_prunes_the_requests_of_ended_sessions(
 def test_an_edited_provider_config_is_used_from_the_next_call_on(
     builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User], no_inline_runner: None
 ) -> None:
-    """The runner builds a provider once per version of its config's row (ADR 171: the
+    """The runner builds a provider once per version of its config's row (the
     claim reads the versions, xmin): an admin's edit (model, base URL, key) and a write
     that leaves updated_at alone (a queryset update) are both used by the next call."""
     other = FakeLLMServer().start()

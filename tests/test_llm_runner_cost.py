@@ -1,4 +1,4 @@
-"""What the LLM runner's writes cost per model call (issue 11 item 9, ADR 167): the bench
+"""What the LLM runner's writes cost per model call (issue 11 item 9): the bench
 makes 600 calls, each a claim, maybe failed attempts, and a reply; their statements are
 pinned here, where load does not change them, with what each must still guarantee: the
 claim fence (a runner without the claim writes nothing), the attempt and the reply in
@@ -88,7 +88,7 @@ def test_a_claim_is_one_statement_and_a_token_per_request(
     assert (call.token, call.claims, row.claims, row.text) == (row.claim_token, 1, 1, "")
     assert row.claim_expires_at is not None and row.claim_expires_at > timezone.now()
     assert (call.key, call.purpose, call.request) == (row.key, row.purpose, row.request)
-    # The same statement read the enabled providers' row versions (ADR 171): the call's
+    # The same statement read the enabled providers' row versions: the call's
     # chain is built once per version, then read from no table.
     (config,) = ProviderConfig.objects.filter(enabled=True)
     assert call.provider_ids == [config.pk] and set(call.provider_versions or {}) == {config.pk}
@@ -130,7 +130,7 @@ def test_a_reply_is_five_statements_with_its_attempt_and_counted_once(
     with CaptureQueriesContext(connection) as streaming:
         records.write_deltas(call, "{")
     # BEGIN, the request's UPDATE (the claim check), the session's locked read, one
-    # write, COMMIT (the append's savepoint is gone: 7 before ADR 167).
+    # write, COMMIT (no savepoint: the append runs in the caller's transaction).
     assert len(streaming) == 5, [q["sql"] for q in streaming]
 
     message = AIMessage(content=REPLY)
@@ -138,7 +138,7 @@ def test_a_reply_is_five_statements_with_its_attempt_and_counted_once(
         records.finish_ok(call, provider, message, USAGE, 40, 1, dispatched, REPLY[1:])
     # BEGIN, the request's UPDATE, the session's locked read (with the key's lookup),
     # one statement for the session's UPDATE (seqs, counters) + the events + LLMCall,
-    # COMMIT; no SELECT of the lease after the commit (18 + that SELECT before ADR 167).
+    # COMMIT; no SELECT of the lease after the commit (the write read it under the lock).
     assert len(finishing) == 5, [q["sql"] for q in finishing]
     assert dispatched == [(str(session.pk), True)]
 
@@ -177,7 +177,7 @@ def test_a_failed_attempt_is_five_statements_and_a_lost_claim_writes_nothing(
     with CaptureQueriesContext(connection) as failing:
         records.record_failed_attempt(call, provider, error, 12, 1)
     # BEGIN, the request's locked read (the claim check), the session's, one write,
-    # COMMIT (13 before ADR 167; a fallback's 11).
+    # COMMIT.
     assert len(failing) == 5, [q["sql"] for q in failing]
     with CaptureQueriesContext(connection) as falling_back:
         records.record_fallback(call, "fake", "fake2", "invalid response", 0)

@@ -1,4 +1,4 @@
-"""The LLM runner reads the streamed reply itself (ADR 160): what it stores for the node
+"""The LLM runner reads the streamed reply itself: what it stores for the node
 must be what LangChain reads from the same reply unstreamed (the blocking mode's path),
 or a session would reason differently with the runner than without it. Through the
 simulated server over HTTP, chunked small so that every text and argument is split."""
@@ -53,7 +53,7 @@ class _NoAiohttp(httpx2.AsyncClient):
 
 @pytest.fixture(params=["aiohttp", "httpx2"])
 def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The runner's pool on the SDK's aiohttp transport (ADR 201), and on LangChain's
+    """The runner's pool on the SDK's aiohttp transport, and on LangChain's
     httpx2 pool where the extra is missing: each must keep the same promises."""
     if request.param == "httpx2":
         monkeypatch.setattr(openai, "DefaultAioHttpClient", _NoAiohttp)
@@ -121,7 +121,7 @@ def count_connections(server: FakeLLMServer) -> list[int]:
 def test_calls_in_turn_keep_one_connection_and_a_loop_never_gets_another_loops(
     fake_llm: FakeLLMServer, transport: str
 ) -> None:
-    """ADR 171: the runner reads the body to its end after [DONE] (as the SDK's stream
+    """The runner reads the body to its end after [DONE] (as the SDK's stream
     does), so HTTP/1.1 keeps the connection for the next call: closed unread, every call
     opened one. Each runner's loop has a pool of its own: a connection kept by one
     loop's pool broke in the next loop ("Event loop is closed")."""
@@ -236,7 +236,7 @@ def test_a_reply_cut_off_mid_body_is_a_connection_error_and_retried(
 def test_the_runners_pool_is_the_sdks_aiohttp_transport_and_httpx2_without_it(
     fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ADR 201: the runner's own pool is aiohttp's (the SDK's transport for many calls in
+    """The runner's own pool is aiohttp's (the SDK's transport for many calls in
     flight at once); without the extra, LangChain's httpx2 pool; the calls go out either
     way."""
     from openai._vendor.httpx_aiohttp import AiohttpTransport
@@ -267,7 +267,7 @@ def test_the_runners_aiohttp_pool_goes_through_the_environments_proxy(
     fake_llm: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A deployment that reaches its model through a proxy (HTTPS_PROXY) keeps doing so
-    on the aiohttp transport (ADR 201): the pool routes https:// through it, as
+    on the aiohttp transport: the pool routes https:// through it, as
     LangChain's httpx2 pool did."""
     from openai._vendor.httpx_aiohttp import AiohttpTransport
 

@@ -1,5 +1,5 @@
-"""The enrichment lookups (flight, flight plan, stand) answer from the job's airport graph
-(ADR 169): what the topology tables hold, for every position and flight of the built-in
+"""The enrichment lookups (flight, flight plan, stand) answer from the job's airport graph:
+what the topology tables hold, for every position and flight of the built-in
 airport, and no query inside a step."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.services
 
 
 def stand_from_tables(topology: Topology, ref: str) -> dict[str, Any] | str:
-    """What the stand lookup answered when it read the tables (before ADR 169)."""
+    """What the stand lookup answered when it read the tables."""
     node: TopologyNode | None = topology.nodes.filter(node_id=ref.upper()).first()
     if node is None:
         runway = topology.runways.filter(designator=ref).select_related("reference_node").first()

@@ -60,7 +60,7 @@ def test_every_family_after_one_session(
     url = asgi_server.replace("http://", "ws://") + f"/ws/api/sessions/{session.pk}?token={token}"
     # max_queue=None: frames the test leaves unread never stop the client reading, so
     # its close sees the server's close frame (past 16 unread frames websockets stops
-    # reading and every close waited out its 10 s timeout: ADR 165).
+    # reading and every close waited out its 10 s timeout).
     with connect(url, open_timeout=10, max_queue=None) as ws:
         for _ in range(session.last_seq):
             ws.recv(timeout=15)

@@ -424,7 +424,7 @@ def test_admin_never_renders_the_api_key_back(
 
 
 def test_the_reply_schema_follows_an_edited_scenario() -> None:
-    # Built once per process and scenario fields (ADR 160): an edit is a new schema, and
+    # Built once per process and scenario fields: an edit is a new schema, and
     # what one caller does to its copy never reaches the next call.
     definition = copy.deepcopy(oil_spill())  # the shipped one is shared: never edited
     before = providers.response_schema(providers.extraction_model(definition))

@@ -1,4 +1,4 @@
-"""A commit's live notice is handed to the publishing thread, not waited for (ADR 203):
+"""A commit's live notice is handed to the publishing thread, not waited for:
 the job's next step follows its commit at once; `flush` (at exit) sends what is left."""
 
 from __future__ import annotations

@@ -27,23 +27,14 @@ from tests.web_helpers import (
 
 pytestmark = pytest.mark.services
 
-# Measured on main with one transaction per graph step (issue 8 item 1): 317 / 75 / 115
-# (before it: 727 / 135 / 193). The issue's goal for the first is <= 60: lower these as
-# the work per step shrinks, never raise them. (332: raised once, by 2, when the outbox's
-# intent and result rows, the fenced lease and the scenario-fit check at creation were
-# merged; each branch alone stayed at 330.) 231 / 58 / 102 after the worker's step writes
-# were cut (ADR 86: set_status in one write, step keys known per job, no savepoints in a
-# step, no status read per step); the checkpointer's own statements are not counted here
-# (tests/test_event_batch.py pins its writes). DECIDE 103: a resumed approval wait asks
-# once whether a fact was corrected meanwhile (ADR 138), merged with the step-write cuts.
-# 103 / 50 / 89 with the steps between two waits in one transaction (ADR 145: one lock,
-# insert and session update per group, savepoints only for steps that write rows;
-# action calls read once per group; proposals and their approvals inserted in one
-# statement each; lookups and analyses inserted with their result; a session's first
-# events in one write). 72 / 40 / 73 (BEGIN and COMMIT counted, as before) with a group's
-# node runs in one INSERT at its commit, events and the session row in one statement,
-# step savepoints kept to the commit, the move to running in the first group, the lease
-# returning the session row, analyses as INSERT ... ON CONFLICT (ADR 156).
+# Statements (BEGIN and COMMIT counted) of each web request and the jobs it starts, with
+# cold caches: lower them as the work shrinks, never raise them without a written reason
+# (issue 8's goal for the first is <= 60). What keeps them low: the steps between two
+# waits are one transaction (one lock, insert and session update per group; savepoints
+# only for steps that write rows), a group's node runs are one INSERT at its commit,
+# events and the session row are one statement, proposals and their approvals one INSERT
+# each, analyses INSERT ... ON CONFLICT. The checkpointer's own statements are not counted
+# here (tests/test_event_batch.py pins its writes).
 CREATE_TO_FIRST_WAIT = 72
 ANSWER = 40
 DECIDE = 73

@@ -557,7 +557,7 @@ def test_the_model_may_act_before_looking_up_and_the_policy_fills_in_the_lookups
 
 
 def test_a_caller_changing_its_tool_schemas_changes_nobody_elses() -> None:
-    # The schemas are generated once per process (ADR 160); each call gets its own copy.
+    # The schemas are generated once per process; each call gets its own copy.
     first = tool_schemas(oil_spill())
     first[0]["function"]["parameters"]["properties"].clear()
     first[0]["function"]["description"] = "changed"

@@ -122,7 +122,7 @@ def test_a_killed_worker_is_restarted_and_the_web_stays_up(
         wait_for(lambda: healthz(port) in (200, 503), START_TIMEOUT, "the web server")
         wait_for(lambda: len(workers_of(run.pid)) == 1, 30, "the worker")
         (worker,) = workers_of(run.pid)
-        # The LLM runner runs beside the workers, under the same supervisor (ADR 95).
+        # The LLM runner runs beside the workers, under the same supervisor.
         runners = [c for c, cmd in children(run.pid).items() if "aero_llm_runner" in cmd]
         assert len(runners) == 1
 

@@ -100,7 +100,7 @@ def test_a_worker_has_its_model_client_before_its_first_beat(
 def test_a_worker_has_its_agent_graph_and_airport_before_its_first_beat(
     builtin: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ADR 208: the first job after a start found neither, and paid ~0.4 s for them with
+    """The first job after a start found neither, and paid ~0.4 s for them with
     every new session queued behind it."""
     jobs.close_agent_runtime()
     forget_cached_graph()

@@ -1,4 +1,4 @@
-"""What a worker pays around each job, besides the job (issue 11 item 9, ADR 168): its
+"""What a worker pays around each job, besides the job (issue 11 item 9): its
 connections' health checks are a poll of the socket, not a `SELECT 1` round trip each,
 yet a connection whose backend ended is still replaced before the job uses it; and the
 worker's heartbeat row names the job's session at once but says "idle" only once the
@@ -176,7 +176,7 @@ def test_an_idle_write_never_overwrites_a_job_that_started_meanwhile(
 def test_a_jobs_start_costs_the_job_no_statement_and_the_row_still_names_it(
     transactional_db: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ADR 205: the row naming the running job is written by the beat thread, not on the
+    """The row naming the running job is written by the beat thread, not on the
     job's own connection (a round trip per job on the path of every session behind it);
     /healthz still reads the job's session within moments."""
     from django.test.utils import CaptureQueriesContext
@@ -207,7 +207,7 @@ def noop_job(session_id: str) -> None:
 def test_rq_pays_few_redis_round_trips_between_two_jobs(
     transactional_db: None, clean_queue: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ADR 207: rq beat the worker's key four times around each job (three round trips
+    """Rq beat the worker's key four times around each job (three round trips
     each, unless in a pipeline) and set its state to "idle" twice: 20 round trips from
     one job's start to the next one's, each on the path of every session queued behind.
     A beat is one round trip, skipped when the last one set the same TTL moments ago; an
@@ -231,5 +231,5 @@ def test_rq_pays_few_redis_round_trips_between_two_jobs(
     # The start (the execution, the job "started"), the job's last beat, its end (a
     # WATCH, a read of its dependents, a transaction), the state back to idle, the
     # worker's beat back at the usual TTL, the suspension check (with a beat), the
-    # dequeue and the next job's read: 11 (was 20).
+    # dequeue and the next job's read: 11, rq's own beats pipelined.
     assert max(between) <= 11, between

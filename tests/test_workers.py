@@ -90,7 +90,7 @@ def test_resume_in_a_different_process(
     assert completed["input_parser"] == 2  # the message, then the answer
 
     # Waiting, once it has waited a while, the maintenance loop keeps one checkpoint
-    # (the one job 3 resumes from, ADR 207).
+    # (the one job 3 resumes from).
     Session.objects.filter(pk=session.pk).update(updated_at=session.updated_at.replace(year=2000))
     assert prune_waiting_checkpoints(every=0) == 1
     assert checkpoints(session) == 1
@@ -167,7 +167,7 @@ def test_sigterm_finishes_the_step_and_lets_the_lease_go(
     worker = subprocess.Popen(
         [PYTHON, "manage.py", "aero_worker"],
         cwd=ROOT,
-        # A model call inside the step: the blocking design (waits are ADR 95's and
+        # A model call inside the step: the blocking design (waits are
         # tests/test_llm_runner.py's), the slow step this test needs.
         env=service_env(db_url, redis_url, AERO_RECONCILE_SECONDS="3600", AERO_LLM_WAITS="0"),
         stdout=subprocess.PIPE,
@@ -208,7 +208,7 @@ def test_sigterm_finishes_the_step_and_lets_the_lease_go(
 def test_a_job_killed_before_its_checkpoint_reruns_without_writing_anything_twice(
     builtin: None, make_user: Callable[..., User]
 ) -> None:
-    """Checkpoints are saved when the graph exits (ADR 85): a worker killed mid-run
+    """Checkpoints are saved when the graph exits: a worker killed mid-run
     leaves only the checkpoint its job started from, and the next job runs the same
     steps again. Their events are keyed by that checkpoint, the step and the node, not by
     LangGraph's task ids (new ones for every unsaved step): nothing is written twice."""

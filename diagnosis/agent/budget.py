@@ -1,4 +1,4 @@
-"""Budgets that pause, not fail (ADR 143).
+"""Budgets that pause, not fail.
 
 A session's model budget comes from its scenario (`budget: {steps, tokens, cost}`) or,
 for what the scenario leaves unset, from the first real provider's config (admin). A
@@ -166,7 +166,7 @@ def check(
         run=ctx.root_run,
     )
     # Digested against the session as the log will read once this step group commits:
-    # the risk or impact this job assessed is queued, not written yet (ADR 145, 212).
+    # the risk or impact this job assessed is queued, not written yet.
     tool_call.session = as_logged(Session.objects.get(pk=ctx.session_id))
     open_approval(tool_call, producer=ctx.producer, run=ctx.root_run, fresh=True)
     return {"step": "await"}

@@ -20,7 +20,7 @@ for an enum "not fuel" names no other fluid. A denial word inside another synony
 Likewise a synonym whose own clause says right after it that it has ended ("发动机运转
 已经停了", "运转停止了", "smoke has stopped") is no evidence of its value: read as the
 value, the engine "has stopped running" was read as running. The field stays unread and
-the agent asks (ADR 195).
+the agent asks.
 """
 
 from __future__ import annotations

@@ -413,7 +413,7 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Cache-Control", "no-cache")
             # Chunked, so the connection stays open for the client's next call, as a real
             # provider's does: closing it after every stream made the LLM runner open a
-            # TCP connection per call (ADR 160). Closed only when a stream breaks off.
+            # TCP connection per call. Closed only when a stream breaks off.
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             chunk_id = f"chatcmpl-{uuid.uuid4().hex[:8]}"

@@ -10,7 +10,7 @@ A model's value for a field is accepted (confirmed) when
 A quote for a choice (an enum or a yes/no) proves only that the words exist, not what
 they mean: "发动机仍在运转" quoted as "仍在" (the engine's words) or "泄漏" (any leak)
 "stated" a continuing leak. Such a value counts only when the synonyms tie it; with a
-quote of its own it is put to the operator with that quote (ADR 211).
+quote of its own it is put to the operator with that quote.
 Anything else is a claim without evidence: a P1 value is put to the operator as a
 confirmation question (the agent's input parser keeps it pending), a P2 value is dropped.
 Either way an invented fact never reaches the risk rules.

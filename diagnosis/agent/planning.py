@@ -13,7 +13,7 @@ from diagnosis.models import ToolCall, ToolCallStatus
 UNFINISHED_EXECUTION = (ToolCallStatus.APPROVED, ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING)
 
 
-# Read by most steps: compiled once per connection (ADR 179).
+# Read by most steps: compiled once per connection.
 _action_calls = Compiled(
     ToolCall,
     lambda: ToolCall.objects.filter(
@@ -27,7 +27,7 @@ def action_calls(session_id: Any) -> list[ToolCall]:
 
 
 def action_calls_of(ctx: AgentContext) -> list[ToolCall]:
-    """The session's action calls, read once per step group (ADR 145), not once per step:
+    """The session's action calls, read once per step group, not once per step:
     the group's own steps are the only ones that change them (tool_executor forgets them
     when it did), and a decision landing meanwhile is seen when the group ends at a wait
     (await_approval reads the calls itself and forgets these): a stale list can only
@@ -49,7 +49,7 @@ def facts_of(
             ToolCallStatus.REJECTED,
             ToolCallStatus.TIMEOUT,
             ToolCallStatus.REFUSED,  # by the policy at execution time
-            ToolCallStatus.CANCELED,  # withdrawn after a correction (ADR-138)
+            ToolCallStatus.CANCELED,  # withdrawn after a correction
         )
         for a in actions
     )
@@ -127,7 +127,7 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
 
 def revision_suffix(state: AgentState) -> str:
     """After a correction the lookups and analyses run again as revision n: a call id of
-    their own, so no earlier (recorded) result is reused (ADR-138). The policy's plan and
+    their own, so no earlier (recorded) result is reused. The policy's plan and
     the model's checked calls (react.decide) both use it."""
     revision = int(state.get("revision") or 0)
     return f"#r{revision}" if revision else ""

@@ -81,7 +81,7 @@ CONFIRM_NO_EVIDENCE = {
 }
 
 # Put to the operator when a later message states another value for a field already known
-# (say from a second tab): shown and confirmed, never silently taken or dropped (ADR-130).
+# (say from a second tab): shown and confirmed, never silently taken or dropped.
 CONFLICT = {
     "en": (
         'You now said {label_lower} "{value}" ("{evidence}"), but it was "{old}". '

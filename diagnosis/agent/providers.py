@@ -97,7 +97,7 @@ class OfflineProvider:
 def extraction_model(definition: dict[str, Any]) -> type[BaseModel]:
     """The reply schema for one scenario: per field an optional {value, quote}; enum values
     are the scenario's values. Sent as the json_schema response format and used to validate
-    the reply. Built once per process and scenario fields (ADR 160): building the pydantic
+    the reply. Built once per process and scenario fields: building the pydantic
     classes and their JSON schema was paid at every extraction, a resumed step included."""
     fields = [[name, definition["fields"][name]] for name in definition["field_order"]]
     return _extraction_model(json.dumps(fields, sort_keys=True, ensure_ascii=False))
@@ -254,13 +254,13 @@ def client_for(config: ProviderConfig, *, under_lease: bool = True) -> ChatOpenA
 def async_client_of_its_own(chat: ChatOpenAI) -> openai.AsyncOpenAI:
     """`chat`'s SDK async client (its key, base URL, timeout, no SDK retries) with an HTTP
     connection pool of its own, for one event loop: the LLM runner keeps connections
-    alive between calls (ADR 171), and LangChain's default pool is one per process and
+    alive between calls, and LangChain's default pool is one per process and
     base URL, shared by every loop: a connection left in it by one loop (a
     `run_pending_inline` run) broke in the next ("Event loop is closed"). Its owner
     closes it (`aclose`) before its loop ends.
 
     The transport is aiohttp, the SDK's own choice "for improved concurrency" (its
-    `aiohttp` extra, ADR 201): with 200 streamed calls in flight, httpx2's pool (on
+    `aiohttp` extra): with 200 streamed calls in flight, httpx2's pool (on
     anyio) spent about a third of the runner's CPU on cancel scopes and on probing every
     idle connection at each request's start and end. The request's timeouts are the
     SDK's per request (connect, and read between two chunks), as before. Without
@@ -361,7 +361,7 @@ class OpenAICompatibleProvider:
         # here (parse_reply) rather than by LangChain's parser, so that one bad value
         # drops one field, not the whole reply, and a failed parse still counts its tokens.
         try:
-            # A resume reads the stored reply without LangChain's call path (ADR 169), and
+            # A resume reads the stored reply without LangChain's call path, and
             # without the response format, which only the request needs.
             raw = waits.stored_reply()
             if raw is None:
@@ -394,21 +394,21 @@ class OpenAICompatibleProvider:
         return ground(definition, text, graph, claims, asked), usage
 
 
-# Read by every job: compiled once per connection (ADR 179).
+# Read by every job: compiled once per connection.
 _enabled = Compiled(
     ProviderConfig, lambda: ProviderConfig.objects.filter(enabled=True).order_by("priority", "name")
 )
 
 
 # The enabled configs as last read, under the stamp of every config row read with a job's
-# lease (ADR 206): (stamp, configs).
+# lease: (stamp, configs).
 _stamped: tuple[str, list[ProviderConfig]] | None = None
 _stamped_lock = threading.Lock()
 
 
 def configured_providers(stamp: str | None = None) -> list[Provider]:
     """Enabled providers by priority, always ending with the offline provider. `stamp`:
-    a digest of every provider config row, read with the job's lease (ADR 206); the
+    a digest of every provider config row, read with the job's lease; the
     same stamp as the last read's takes that read's rows, with no query. Any change to a
     config (an edit, a new key, one enabled, disabled or deleted) changes the stamp."""
     global _stamped
@@ -440,9 +440,9 @@ def warm_up(*, under_lease: bool = True) -> list[ChatOpenAI]:
     """What the first model call of a process would otherwise pay, paid at its start
     (a worker's, the runner's, before they say they are up): LangChain's OpenAI client
     imported, and a client built for each enabled provider config, with its HTTP
-    pools and TLS contexts. On this machine the first ReAct step of a worker spent
-    ~1.2 s there, and the runner's first call ~0.7 s, with every new session behind
-    them (ADR 183). Returns the clients built; a database not ready yet (a worker
+    pools and TLS contexts, which otherwise cost the first ReAct step of a worker and
+    the runner's first call about a second, with every new session behind them.
+    Returns the clients built; a database not ready yet (a worker
     started before the migrations) builds none: the first call builds its own."""
     warm_up_imports()
     try:
@@ -563,7 +563,7 @@ def call_waiting[T](
     record: Callable[[Attempt], None],
     on_fallback: Callable[[str, str, str], None],
 ) -> T:
-    """The chain as a wait (ADR 95). The call runs against the first real provider; its
+    """The chain as a wait. The call runs against the first real provider; its
     model calls read the runner's stored replies or raise ModelWait (the node interrupts).
     The runner tried every real provider with the retries above and recorded each
     attempt, its tokens and each fallback: nothing of that is recorded again here. What is

@@ -120,8 +120,8 @@ def tool_schemas(definition: dict[str, Any]) -> list[dict[str, Any]]:
 @functools.cache
 def _tool_schema(name: str) -> str:
     """One tool's schema, generated once per process (as JSON): pydantic's schema
-    generation was ~7 % of a worker's CPU in bench/llm_bound.py, paid at every model
-    call of every resumed step for the same dozen fixed models (ADR 160)."""
+    generation is costly, and every model call of every resumed step would pay it for
+    the same dozen fixed models."""
     model, description = TOOL_ARGS[name]
     schema = convert_to_openai_tool(model)
     schema["function"]["name"] = name
@@ -142,7 +142,7 @@ def _is_action(name: str) -> bool:
 # --- the conversation -----------------------------------------------------------------
 
 
-# Read by every reasoning step: compiled once per connection (ADR 179).
+# Read by every reasoning step: compiled once per connection.
 _talk = Compiled(
     Event,
     lambda: (
@@ -627,7 +627,7 @@ def react_plan(
     step = _step_key(state, reference)
     if choice.text or choice.calls or choice.plan is not reference:
         # The model's words are not bounded by anything a person typed: a runaway reply
-        # is kept up to MAX_MODEL_TEXT, marked as cut in the text and the payload (ADR 37).
+        # is kept up to MAX_MODEL_TEXT, marked as cut in the text and the payload.
         text, cut_from = cut_generated(choice.text or "", MAX_MODEL_TEXT)
         note: dict[str, Any] = {
             "kind": "react",

@@ -44,8 +44,8 @@ def recorded(
 ) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
     """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
 
-    The steps between two waits are one transaction (a StepGroup, ADR 145; one per step
-    before, ADR 55): each node's rows and its events (queued, written when the group
+    The steps between two waits are one transaction (a StepGroup; one per step
+    before): each node's rows and its events (queued, written when the group
     commits, under one lock) commit together or not at all; a crash mid-group leaves
     nothing half-written and a failed step is logged on its own after the steps before
     it commit. The events are keyed by the step's task (StepScope): if the group
@@ -77,9 +77,9 @@ def recorded(
                 )
             except waits.ModelWait as wait:
                 # The step rolled back, the steps before it commit; it re-runs from its
-                # first line once the runner has the reply (ADR 95). The interrupt
+                # first line once the runner has the reply. The interrupt
                 # carries the request; the job records its row after the checkpoint
-                # (ADR 172: not with this commit).
+                # (not with this commit).
                 group.commit()
                 waits.interrupt_for(wait)
                 raise  # not reached: interrupt_for raises the interrupt
@@ -167,9 +167,9 @@ def writes_refused(name: str) -> Iterator[None]:
 def reasons(ctx: AgentContext) -> bool:
     """Whether a real model picks this session's steps (diagnosis.agent.react). Its
     steps are not grouped: the conversation and the budget are rebuilt from the log at
-    every step (ADR 99), so each step's events must be written before the next one
+    every step, so each step's events must be written before the next one
     reads them, and a model call may take seconds. Grouping is for the deterministic
-    steps that follow each other with nothing to wait for (ADR 145)."""
+    steps that follow each other with nothing to wait for."""
     return any(isinstance(p, OpenAICompatibleProvider) for p in ctx.providers)
 
 
@@ -179,14 +179,14 @@ def commits_after(ctx: AgentContext, name: str, update: dict[str, Any] | None = 
     Model calls inside the step (blocking mode, AERO_LLM_WAITS off) take seconds: every
     step commits, so the session's page shows each one as it ends. With model calls as
     waits no step blocks, and only the reasoning step commits at once: the conversation
-    and the budget are rebuilt from the log (ADR 99), and the next reasoning step must
+    and the budget are rebuilt from the log, and the next reasoning step must
     find this one's `agent.note` there, written before the calls it led to (the
     conversation orders the model's turns and the policy's own calls by time). The steps
     after it (the tools, the compliance check, the next reasoning step up to its model
-    wait) are one group, like a session without a model's (ADR 169). A reasoning step
+    wait) are one group, like a session without a model's. A reasoning step
     whose plan is a human wait (approvals, a question) leaves the commit to that wait,
     the very next step: nothing comes between them, and the wait's commit carries the
-    move to waiting_user (ADR 174)."""
+    move to waiting_user."""
     if not reasons(ctx):
         return False
     if not waits.waits_enabled():
@@ -220,7 +220,7 @@ def _record_failure(
     with transaction.atomic():
         step_group(ctx).write_status()  # the job's move to running comes first
         if run is not None and run._state.adding:
-            # A lean step's run, never written (ADR 156): written now, as failed.
+            # A lean step's run, never written: written now, as failed.
             run.status, run.ended_at = "failed", timezone.now()
             run.save(force_insert=True)
         elif run is not None:
@@ -245,7 +245,7 @@ def _record_failure(
 
 def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
     """The same for a re-run of the step, new for any later step. Not LangGraph's task id:
-    checkpoints are saved only when the graph exits (ADR 85), so after a crash mid-run
+    checkpoints are saved only when the graph exits, so after a crash mid-run
     the steps after the first get new task ids (their checkpoints were never saved).
     The checkpoint the run started from, the step number (counted from the thread's
     start) and the node do not change: the graph is a chain, one node per step."""
@@ -280,7 +280,7 @@ def _start_node(
         "agent_name": name,
         "input_snapshot": {"fsm": state.get("fsm", "")},
     }
-    # Written with the group's commit, already completed (ADR 156); SQLite: now.
+    # Written with the group's commit, already completed; SQLite: now.
     run = step_group(ctx).new_run(**fields) or AgentRun.objects.create(**fields)
     append_keyed(
         ctx.session_id,
@@ -313,7 +313,7 @@ def call_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]
             payload["text"], cut_from = cut_generated(usage.text, MAX_MODEL_TEXT)
             if cut_from is not None:
                 payload["cut_from_chars"] = cut_from
-        with transaction.atomic(savepoint=False):  # inside the step (ADR 86)
+        with transaction.atomic(savepoint=False):  # inside the step
             _, new = append_step_event(
                 ctx.session_id, "llm.call", payload, producer=ctx.producer, run=run
             )

@@ -35,7 +35,7 @@ class AgentState(TypedDict, total=False):
     # Operator input arrived while the agent waited for approvals (a correction).
     new_input: bool
     # Corrections after the risk was assessed: the rules re-run and the proposals are
-    # made again as revision n (ADR-138); `replanning` holds what it was before.
+    # made again as revision n; `replanning` holds what it was before.
     revision: int
     replanning: dict[str, Any] | None
 
@@ -50,14 +50,14 @@ class AgentContext:
     producer: str
     scenario_name: dict[str, str] = field(default_factory=dict)
     # The checkpoint this invocation of the graph resumed from ("" for the first): with
-    # checkpoints written only when the graph exits (ADR 85), a re-run after a crash
+    # checkpoints written only when the graph exits, a re-run after a crash
     # starts from it again, so it and the step number name a step across runs.
     origin: str = ""
-    # The steps between two waits write as one transaction (ADR 145): opened by the
+    # The steps between two waits write as one transaction: opened by the
     # first step, committed before the run can exit.
     group: StepGroup | None = None
     # The session's action calls as this group's steps see them (read once per group,
     # again after a step changed them; see planning.action_calls_of).
     actions: list[ToolCall] | None = None
-    # A human wait's group wrote the move to waiting_user (ADR 174): the job does not.
+    # A human wait's group wrote the move to waiting_user: the job does not.
     waiting_written: bool = False

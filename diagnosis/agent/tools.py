@@ -121,7 +121,7 @@ def new_call(ctx: ToolContext, call: dict[str, Any], status: str, attempts: int 
 # The airport graph the lookups read: the job's (ToolContext.graph, built once per process
 # and checked against the active topology's stamp when the job starts), set by
 # run_enrichment; outside a step, the active one. Five queries per lookup step before
-# (the topology, a flight twice, the node, its edges), none now (ADR 169).
+# (the topology, a flight twice, the node, its edges), none now.
 _lookup_graph: contextvars.ContextVar[AirportGraph | None] = contextvars.ContextVar(
     "aero_lookup_graph", default=None
 )
@@ -245,8 +245,8 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
         _lookup_graph.reset(token)
 
 
-# Read at every enrichment step: compiled once per connection (ADR 179); the keys go as
-# one array, so the SQL is the same whatever their number (ADR 186).
+# Read at every enrichment step: compiled once per connection; the keys go as
+# one array, so the SQL is the same whatever their number.
 _calls_made = Compiled(
     ToolCall,
     lambda: ToolCall.objects.filter(AnyOf("idempotency_key", 0)),
@@ -266,7 +266,7 @@ def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, 
         tool_call = made.get(key)
         if tool_call is None and source in IN_PROCESS_SOURCES:
             # Looked up first, then inserted with the others and their answers: one
-            # INSERT for all of them (ADR 145).
+            # INSERT for all of them.
             started = time.monotonic()
             try:
                 response, error = source(call["args"]), ""
@@ -279,7 +279,7 @@ def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, 
                 results[ENRICHMENT_KEYS[call["tool"]]] = response
             continue
         # The row and its tool.call_started event together. No savepoint: this runs in
-        # a graph step's transaction and nothing in between catches an error (ADR 86).
+        # a graph step's transaction and nothing in between catches an error.
         with transaction.atomic(savepoint=False):
             if tool_call is None:
                 tool_call, created = get_or_create_call(
@@ -355,7 +355,7 @@ def run_deterministic(
     key = idempotency_key(ctx.session_id, call["call_id"])
     # Computed first (a pure function of the state: cheap, no effect), then inserted
     # with its result unless the call has a row already (a re-run): one statement,
-    # INSERT ... ON CONFLICT DO NOTHING, not a read and an insert (ADR 145, 156).
+    # INSERT ... ON CONFLICT DO NOTHING, not a read and an insert.
     started = time.monotonic()
     try:
         response, failure = compute(), None
@@ -490,7 +490,7 @@ def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
     logged; the request goes out once that transaction commits. A call handed over
     before a crash (`executing` or `running`, its row pending) is sent again under the
     same key: the external system never repeats the effect. Anything else is left as
-    it is. No savepoint: it runs in a graph step's transaction (ADR 86)."""
+    it is. No savepoint: it runs in a graph step's transaction."""
     with transaction.atomic(savepoint=False):
         tool_call = (
             ToolCall.objects.select_for_update(of=("self",))

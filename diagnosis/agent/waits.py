@@ -1,4 +1,4 @@
-"""Model calls are waits (ADR 95): the node side.
+"""Model calls are waits: the node side.
 
 Inside a graph node (`recorded` opens a `WaitScope` when AERO_LLM_WAITS is on) a call to
 a real provider does not go out. The chat model's `_generate` (every path to the model
@@ -111,7 +111,7 @@ def current_scope() -> WaitScope | None:
 def call_key(key: str) -> Iterator[None]:
     """The next model call inside is keyed `key`, not by its place in the node: a call
     whose request is known before any job runs the node (the extraction of a session's
-    opening message, recorded with the session: ADR 170) has a key that the session's
+    opening message, recorded with the session) has a key that the session's
     creation and the node both derive from the log. Without a wait scope: no effect."""
     scope = current_scope()
     if scope is None:
@@ -208,7 +208,7 @@ def _request_by_key() -> QuerySet[LLMRequest]:
     )
 
 
-# Read by each model call a job makes or resumes: compiled once per connection (ADR 179).
+# Read by each model call a job makes or resumes: compiled once per connection.
 _request: Compiled[LLMRequest] = Compiled("diagnosis.LLMRequest", _request_by_key)
 
 
@@ -227,7 +227,7 @@ def _stored(scope: WaitScope, key: str) -> BaseMessage | None:
         known = current_known(scope.session_id)
         if known is not None and known.request_absent(key):
             scope.missing = key
-            return None  # the job's keys say so: no row to read (ADR 176)
+            return None  # the job's keys say so: no row to read
         row = _request.first(key)
     if row is None:
         scope.missing = key
@@ -247,7 +247,7 @@ def stored_reply() -> BaseMessage | None:
     """Inside a wait scope: the stored reply to the node's next model call, taken before
     the caller builds the call's messages. The job that resumes after the call needs only
     the reply; the run that waited built and recorded the request (rebuilding it cost the
-    conversation's queries and LangChain's call path at every resume: ADR 169). None
+    conversation's queries and LangChain's call path at every resume). None
     without a scope or a reply: the caller builds the messages and calls the model, whose
     `answer` then waits, without looking the key up a second time."""
     scope = current_scope()

@@ -1,6 +1,6 @@
 """Background jobs. A job advances one session until the graph ends or interrupts, then
 returns: it never waits for a human. One job at a time per session (a lease row in the
-database, renewed by the job's heartbeat and fencing every write the job makes, ADR 100);
+database, renewed by the job's heartbeat and fencing every write the job makes);
 a decision or an answer enqueues another job that resumes the graph.
 
 By concern, dependencies pointing down the list:

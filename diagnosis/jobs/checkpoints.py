@@ -56,7 +56,7 @@ class _AgentRuntime:
             else:
                 if self.conn.closed or self.conn.broken:
                     return False
-                # A quiet socket needs no round trip (ADR 168): a backend that ended
+                # A quiet socket needs no round trip: a backend that ended
                 # (PostgreSQL restarted) left its FATAL message or a hang-up on it.
                 if not psycopg_quiet(self.conn):
                     self.conn.execute("SELECT 1")
@@ -107,7 +107,7 @@ def _checkpoint_key() -> str:
 
 
 def _fenced_saver_class() -> type[Any]:
-    """PostgresSaver whose writes are fenced like the job's other writes (ADR 100): in
+    """PostgresSaver whose writes are fenced like the job's other writes: in
     the write's own transaction it takes a share lock on the session row and checks the
     job's lease token, so a job paused past its lease cannot save a checkpoint over the
     one the job that took over saved (which would rewind the thread)."""
@@ -118,7 +118,7 @@ def _fenced_saver_class() -> type[Any]:
     class FencedPostgresSaver(PostgresSaver):
         # A job reads its thread's latest checkpoint twice in a row: `get_state` (what it
         # waits for, the answer it resumes with), then `invoke` (to run). The first read
-        # is kept for the job (by its fence) and handed to the second, once (ADR 184):
+        # is kept for the job (by its fence) and handed to the second, once:
         # only the lease holder writes its thread, and any write to the thread drops it.
         # Kept by a weak reference to the fence: what a job read and never asked for
         # again (a job that found nothing to do) goes with the job.
@@ -183,7 +183,7 @@ def _fenced_saver_class() -> type[Any]:
                 conn.cursor(binary=True, row_factory=dict_row) as cur,
             ):
                 # Never wait long for the row: the connection's lock_timeout (set once
-                # when it was opened, ADR 156) makes a stuck lock this write's error.
+                # when it was opened) makes a stuck lock this write's error.
                 cur.execute(
                     "SELECT lease_token FROM diagnosis_session WHERE id = %s FOR SHARE",
                     (fence.session_id,),
@@ -221,7 +221,7 @@ def _postgres_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
             cursor.execute("SELECT pg_advisory_unlock(7410001)")
         # For every statement of this connection from now on (not before: the setup's
         # CREATE INDEX CONCURRENTLY may wait longer), rather than a SET LOCAL in each
-        # fenced write (two statements per job, ADR 156). Only this job's writes touch
+        # fenced write (two statements per job). Only this job's writes touch
         # its thread's rows, so a wait of 10 s is a stuck lock, never a queue.
         cursor.execute("SET lock_timeout = '10s'")
     return conn, saver
@@ -282,7 +282,7 @@ PRUNE_AFTER_SECONDS = 30
 PRUNE_BATCH = 100
 # One sweeper at a time across the workers (a session-level advisory lock): two passes
 # would prune the same threads.
-_PRUNE_LOCK = 0x4145524F_0207  # "AERO", ADR 207
+_PRUNE_LOCK = 0x4145524F_0207  # "AERO" and a number
 # When each checkpoint sweep last ran in this process, by name.
 _last_sweeps: dict[str, float] = {}
 
@@ -308,9 +308,9 @@ def prune_waiting_checkpoints(
     """Periodic (the maintenance loop, at most once per `every` seconds per process): keep
     only the latest checkpoint (what the next job resumes from) of each session that has
     waited for a person for `waited` seconds, holds no live lease and has more than one.
-    Its model waits added one checkpoint each; the event log is the history (ADR 103).
-    The job that stopped at the wait used to prune them itself, ~16 statements on the
-    path of every session behind it (ADR 207). Returns the threads pruned."""
+    Its model waits added one checkpoint each; the event log is the history.
+    Not the job that stopped at the wait: a prune's statements would be on the path of
+    every session behind it. Returns the threads pruned."""
     if not _checkpoint_sweep_due("prune-waiting", every):
         return 0
     with connection.cursor() as cursor:

@@ -35,7 +35,7 @@ def dispatch_after_commit(session_id: Any, *, lease_read: bool = False) -> bool:
     """dispatch(), for a change that has already committed: a broken queue (Redis down,
     say) is logged and left to the reconciler, which re-enqueues every session that
     should move and has no job. Raising here would answer 500 for something that was
-    saved, and a user who retries creates a duplicate (ADR 111). The inline backend
+    saved, and a user who retries creates a duplicate. The inline backend
     (tests, the CLI) runs the job itself here, so its failures still surface.
     `lease_read`: see dispatch."""
     if settings.AERO_JOB_BACKEND == "inline":
@@ -68,14 +68,14 @@ def dispatch(session_id: Any, *, at_front: bool = False, lease_read: bool = Fals
     Returns whether a job was enqueued (or run, inline). `at_front`: ahead of the jobs
     waiting in the queue (a session whose job was lost has waited already): the rq
     backend puts it in the priority queue, behind only the sessions re-enqueued before
-    it (ADR 119).
+    it.
 
     Never twice: a job waiting in the queue will see this input when it starts; a job
     holding the session's lease re-checks the inputs after it lets the lease go
     (advance_session), so an input committed before we read the lease is never missed.
     A lease is read after the caller's commit (dispatch runs on commit). `lease_read`:
     the caller read it instead, under the session's row lock in the transaction that
-    committed the input, and found none live (the LLM runner, ADR 167): a job that took
+    committed the input, and found none live (the LLM runner): a job that took
     the lease since started after that commit."""
     session_id = str(session_id)
     backend = settings.AERO_JOB_BACKEND
@@ -104,8 +104,7 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
 
     # Re-enqueued after its job was lost: the priority queue, in order. Pushed at the
     # front of the one queue, a session re-enqueued later went first (last in, first
-    # out): one killed over and over kept jumping ahead of one lost a minute before
-    # (ADR 119).
+    # out): one killed over and over kept jumping ahead of one lost a minute before.
     queue = _queue(settings.AERO_PRIORITY_QUEUE if at_front else settings.AERO_QUEUE)
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
@@ -119,8 +118,8 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
                 # Kept finished, not deleted at once (result_ttl=0): rq deletes such a job
                 # in its success pipeline while the worker still has steps of its own to
                 # run on that id, and the next enqueue under the same fixed id (the
-                # runner's, at its reply) then let a second worker start it meanwhile
-                # (ADR 166). The next enqueue deletes a finished job itself (below).
+                # runner's, at its reply) then let a second worker start it meanwhile.
+                # The next enqueue deletes a finished job itself (below).
                 result_ttl=300,
                 failure_ttl=86400,
             )
@@ -164,7 +163,7 @@ def drop_job(job: Any) -> None:
     seen in the fault suite's worker logs), and for a minute after a killed worker's
     execution record expires (it lives 90 s, its registry entry 60 s longer, rq 3.0).
     The entries whose record is gone are removed first, then rq's delete does the
-    rest (ADR 194)."""
+    rest."""
     from rq.executions import Execution
 
     try:
@@ -189,7 +188,7 @@ _queues: dict[tuple[int, str, str], Any] = {}
 def _queue(name: str) -> Any:
     """The rq queue, one per process and connection settings: django_rq.get_queue builds
     a new Redis client (a new connection) per call, and the LLM runner enqueues a session
-    at every reply (a third of its CPU for enqueues was connecting; ADR 160). redis-py's
+    at every reply (a third of its CPU for enqueues was connecting). redis-py's
     pool is thread-safe and reconnects after an outage."""
     import django_rq
 

@@ -62,18 +62,18 @@ logger = logging.getLogger("diagnosis.jobs")
 
 PRODUCER = "agent"
 RECURSION_LIMIT = 200
-# What a job returns when the session waits for the model (ADR 95): the session stays
+# What a job returns when the session waits for the model: the session stays
 # "running" (the agent is thinking) and holds no lease; the runner enqueues it.
 WAITING_MODEL = "waiting_model"
 
 
 def warm_up_worker() -> None:
     """What a worker's first job would otherwise pay, paid before the worker says it is
-    up (ADR 208): the model clients (ADR 183), the agent graph compiled with its
+    up: the model clients, the agent graph compiled with its
     checkpointer connection (the saver's migration check under its advisory lock, and
-    the wait for a worker starting beside it), and the active airport graph. Measured in
-    the bench: each worker's first job took 0.42-0.46 s (0.2 s of CPU), the next ones
-    0.03-0.06 s, with every session queued behind it. A database not ready yet (a worker
+    the wait for a worker starting beside it), and the active airport graph: otherwise
+    a worker's first job costs several times a later one, with every session queued
+    behind it. A database not ready yet (a worker
     started before the migrations) warms nothing more: the first job builds them."""
     warm_up()
     try:
@@ -96,7 +96,7 @@ def advance_session(session_id: str) -> str:
         if taken is None:
             return "busy"  # another job holds it; it re-checks inputs before it lets go
         token, leased = taken
-        finished: list[RootEnd] = []  # the root run, ended with the lease (ADR 175)
+        finished: list[RootEnd] = []  # the root run, ended with the lease
         try:
             with (
                 Heartbeat(session_id, token),
@@ -126,7 +126,7 @@ def resumable(session_id: Any, waiting: Any = None) -> bool:
     job found the lease live and did not enqueue). `waiting`: the state the job stopped
     in (`_advance_locked` read it under the lease; nothing else advanced the graph), so
     no second read of the checkpoint. For a model wait, whether its reply is stored: one
-    query (ADR 150). If the state moved on meanwhile (another job), the loop's next job
+    query. If the state moved on meanwhile (another job), the loop's next job
     reads the checkpoint again and finds nothing to do."""
     if isinstance(waiting, dict) and waiting.get("kind") == "model":
         return model_answered(waiting["key"])
@@ -154,7 +154,7 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
         ).exists()
         return {"answered": True} if has_answer else None
     if waiting["kind"] == "approval":
-        # A decision, or a fact corrected while the approvals wait (ADR-138): one query.
+        # A decision, or a fact corrected while the approvals wait: one query.
         consumed = snapshot.values.get("consumed_seq", 0)
         found = (
             Session.objects.filter(pk=session_id)
@@ -200,13 +200,13 @@ def _advance_locked(
     root_id = getattr(session, "root_id", None)
     if root_id is not None:
         # The root run was inserted and the world's and the provider configs' stamps
-        # read with the lease (ADR 178, 206): nothing else to read when neither changed.
+        # read with the lease: nothing else to read when neither changed.
         root = AgentRun(pk=root_id, session=session, agent_name=ROOT_AGENT)
         root._state.adding = False
         world = load_world(getattr(session, "world_stamp", None))
         providers = configured_providers(getattr(session, "providers_stamp", None))
     else:
-        # What the job reads to start, and its root run: one transaction (ADR 156).
+        # What the job reads to start, and its root run: one transaction.
         with transaction.atomic():
             root = AgentRun.objects.create(
                 session=session,
@@ -242,10 +242,10 @@ def _advance_locked(
         with unfenced():  # the session may have ended: its lease is cleared
             if outcome == SessionStatus.COMPLETED:
                 graph.checkpointer.delete_thread(str(session_id))  # the log is the history
-            # A waiting session's older checkpoints are not pruned here: a prune is ~16
-            # statements, on the path of every session queued behind this one; the
+            # A waiting session's older checkpoints are not pruned here: a prune's
+            # statements would be on the path of every session queued behind it; the
             # maintenance loop prunes the threads that have waited a while
-            # (prune_waiting_checkpoints, ADR 207).
+            # (prune_waiting_checkpoints).
         return outcome, waiting
 
 
@@ -257,7 +257,7 @@ def _drive(
     attempts = 0
     # The status as this job knows it: only this job (the lease holder) moves it, but
     # for its end (a cancel, noticed by the fence), so an unchanged status is not asked
-    # for again under a row lock (a model wait leaves the session running; ADR 150).
+    # for again under a row lock (a model wait leaves the session running).
     status = session.status
     snapshot: Any = graph.get_state(config)
     while True:
@@ -274,7 +274,7 @@ def _drive(
             if value is None and waiting["kind"] == "model":
                 # Its request row may be missing (a job killed between its checkpoint and
                 # the row): recorded here, once by key. An answered request has its row
-                # (the usual resume: nothing to record, ADR 150). The job ends and frees
+                # (the usual resume: nothing to record). The job ends and frees
                 # its worker; the runner makes the call.
                 record_model_request(session.pk, waiting)
                 return WAITING_MODEL, waiting
@@ -293,14 +293,14 @@ def _drive(
             set_status(session.pk, SessionStatus.COMPLETED, producer=PRODUCER, strict=False)
             return SessionStatus.COMPLETED, None
         if status != SessionStatus.RUNNING:
-            # Written as the first event of the first step group, not on its own (ADR 156).
+            # Written as the first event of the first step group, not on its own.
             step_group(context).defer_status(status, SessionStatus.RUNNING, PRODUCER)
             status = SessionStatus.RUNNING
         context.origin = str(snapshot.config["configurable"].get("checkpoint_id") or "")
         try:
             # Checkpointed when the graph exits (an interrupt, the end, an error), not
             # after every step: the events are the history, and a step's keys do not
-            # depend on its checkpoint (ADR 85).
+            # depend on its checkpoint.
             fence = active_fence()
             if fence is not None:
                 fence.steps_lost = False  # this run's checkpoint may be saved again
@@ -308,7 +308,7 @@ def _drive(
             try:
                 result = graph.invoke(graph_input, config, context=context, durability="exit")
             finally:
-                # Steps commit before anything that ends the run (ADR 145); an error
+                # Steps commit before anything that ends the run; an error
                 # LangGraph raises between two steps (the recursion limit) leaves their
                 # group open: what they did happened, and their checkpoint was saved.
                 if context.group is not None:
@@ -348,14 +348,14 @@ def _drive(
             context.group.write_status()  # no step group carried it
         model_wait = _model_interrupt(result)
         if model_wait is not None:
-            # The graph stopped at a model call (ADR 150): its request is in the invoke's
+            # The graph stopped at a model call: its request is in the invoke's
             # own result, so the state is not read again; the job records the request
-            # once the checkpoint that waits for it is saved (ADR 172) and ends. A reply
+            # once the checkpoint that waits for it is saved and ends. A reply
             # stored meanwhile is seen by advance_session's re-check.
             record_model_request(session.pk, model_wait)
             return WAITING_MODEL, model_wait
         if context.waiting_written and _interrupt_value(result) is not None:
-            # A human wait: its group wrote the move to waiting_user (ADR 174). What it
+            # A human wait: its group wrote the move to waiting_user. What it
             # waits for is in the invoke's result: the state is not read again, and an
             # input that came meanwhile is seen by advance_session's re-check.
             return SessionStatus.WAITING_USER, Stopped(result)

@@ -89,11 +89,11 @@ def acquire_lease(session_id: Any) -> uuid.UUID | None:
 
 def take_lease(session_id: Any, *, root: dict[str, Any] | None = None) -> Leased | None:
     """The lease and the session row as the lease left it, in one statement (UPDATE ...
-    RETURNING, ADR 156): the job reads nothing else of the row to start. `root`: the
+    RETURNING): the job reads nothing else of the row to start. `root`: the
     input snapshot of the job's root run, inserted by the same statement (PostgreSQL),
-    with the active world's stamp read there too (ADR 178): the row then carries
+    with the active world's stamp read there too: the row then carries
     `root_id` (None for an ended session: no run), `world_stamp` and `providers_stamp`.
-    Both statements are compiled once per connection (ADR 179)."""
+    Both statements are compiled once per connection."""
     token = uuid.uuid4()
     now = timezone.now()
     values = (session_id, now, token, now + timedelta(seconds=settings.AERO_LEASE_SECONDS))
@@ -132,7 +132,7 @@ def _lease_update(connection: Any) -> tuple[str, list[Any], str]:
             "lease_token": Arg(2, field("lease_token")),
             "lease_expires_at": Arg(3, field("lease_expires_at")),
             # In the same statement: from the moment the lease is taken the reconciler
-            # can tell that its holder died (ADR 117).
+            # can tell that its holder died.
             "lease_holder": Arg(4),
         }
     )
@@ -149,8 +149,8 @@ def _lease_sql(connection: Any) -> tuple[str, list[Any]]:
 
 def _lease_and_root_sql(connection: Any) -> tuple[str, list[Any]]:
     """The lease, the root run's INSERT (its start and input snapshot: the statement's
-    values 6 and 7), the active world's stamp (ADR 178, diagnosis.jobs.world) and the
-    provider configs' (ADR 206)."""
+    values 6 and 7), the active world's stamp (diagnosis.jobs.world) and the
+    provider configs'."""
     sql, params, columns = _lease_update(connection)
     quote = connection.ops.quote_name
     run = AgentRun._meta
@@ -172,7 +172,7 @@ def _lease_and_root_sql(connection: Any) -> tuple[str, list[Any]]:
         f" SELECT leased.*, (SELECT {quote('id')} FROM root) AS root_id,"
         f" {world_columns}, providers.providers_stamp"
         f" FROM leased{world_join}"
-        # Every provider config row, whole, as one digest (ADR 206): any change to one
+        # Every provider config row, whole, as one digest: any change to one
         # changes it, so the job reads the configs only when they changed.
         f" CROSS JOIN (SELECT md5(coalesce(string_agg(p::text, ',' ORDER BY p.{quote('id')}),"
         f" '')) AS providers_stamp FROM {quote(ProviderConfig._meta.db_table)} p) providers",
@@ -213,7 +213,7 @@ class Heartbeat:
     out. Losing the lease is noticed by the job's next write (the fence), not here: this
     only records it for the log.
 
-    One keeper thread per process serves every job's heartbeat (ADR 203): a thread
+    One keeper thread per process serves every job's heartbeat: a thread
     started and joined per job cost each job two hand-offs between threads, on the path
     of every session queued behind it."""
 
@@ -318,8 +318,8 @@ def _lease_keeper() -> _LeaseKeeper:
 
 def release_lease(session_id: Any, token: uuid.UUID, finished: RootEnd | None = None) -> None:
     """Let the lease go. `finished`: the job's root run, marked ended in the same
-    statement (a data-modifying CTE on PostgreSQL, ADR 175): one round trip, not two.
-    Compiled once per connection (ADR 179)."""
+    statement (a data-modifying CTE on PostgreSQL): one round trip, not two.
+    Compiled once per connection."""
     if finished is None:
         _release.run(session_id, token)
         return

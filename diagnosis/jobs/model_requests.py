@@ -34,7 +34,7 @@ from diagnosis.models import (
 logger = logging.getLogger("diagnosis.jobs")
 
 
-# Twice per job that resumes after a model call: compiled once per connection (ADR 179).
+# Twice per job that resumes after a model call: compiled once per connection.
 _answered = Compiled(
     LLMRequest,
     lambda: (
@@ -68,7 +68,7 @@ def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
     fence = current_fence(session_id)
     connection = transaction.get_connection()
     if fence is not None and connection.vendor == "postgresql" and not connection.in_atomic_block:
-        # ONE statement in autocommit (ADR 181), not a transaction of four (BEGIN, the
+        # ONE statement in autocommit, not a transaction of four (BEGIN, the
         # row lock, the INSERT, COMMIT): the session row share-locked and the lease
         # checked in the statement itself, the row inserted only if the lease holds.
         sql, _ = cached_sql(
@@ -114,7 +114,7 @@ def _fenced_request_sql(connection: Any) -> tuple[str, list[Any]]:
 def request_opening_extraction(session: Session, message: Event) -> bool:
     """With model calls as waits: record the extraction of a new session's opening
     message as the runner's request, in the transaction that creates the session, so
-    that the session needs no job until the model has answered (ADR 170). The request is
+    that the session needs no job until the model has answered. The request is
     what the input parser would ask (its own call path, run up to the wait) under the
     key the parser uses for that message; the runner enqueues the session's first job
     with the reply, and that job reads it as a resume does. Returns whether a request was

@@ -31,7 +31,7 @@ def requeue_stalled_sessions() -> int:
         if session_id in waiting:
             continue  # its job is in the queue, behind others: not stalled, just late
         # At the front: its job was lost (a killed worker, Redis restarted) after it had
-        # waited its turn once; behind a long queue it waited minutes more (ADR 109).
+        # waited its turn once; behind a long queue it waited minutes more.
         try:
             moved = dispatch(session_id, at_front=True)
         except Exception:
@@ -49,8 +49,8 @@ def requeue_stalled_sessions() -> int:
 def release_dead_holders() -> int:
     """Let go now of the leases held by a job whose worker process is gone from this host
     (kill -9, the OOM killer), instead of waiting for them to run out: the reconciler
-    pass that follows re-enqueues those sessions at once (ADR 109). The holder is read
-    from the session row, written by the same UPDATE that took the lease (ADR 117): a
+    pass that follows re-enqueues those sessions at once. The holder is read
+    from the session row, written by the same UPDATE that took the lease: a
     job killed right after taking it (before its run row existed, while a fresh worker
     was still building its graph) was invisible here and its session waited out the
     whole lease. Only the exact lease the dead process took is expired (by its token),
@@ -81,7 +81,7 @@ def stalled_sessions() -> list[str]:
     """Sessions that should be moving but hold no live lease (worker killed, Redis lost
     the job). Redis is never the source of truth: PostgreSQL says what must run. No
     grace period: a running job's heartbeat keeps its lease live, and the caller skips
-    sessions whose job waits in the queue (ADR 101)."""
+    sessions whose job waits in the queue."""
     now = timezone.now()
     rows = (
         Session.objects.visible()

@@ -1,4 +1,4 @@
-"""The LLM runner (ADR 95): model calls as waits, made by an asyncio loop.
+"""The LLM runner: model calls as waits, made by an asyncio loop.
 
 A graph node that needs the model records a keyed `LLMRequest` and its job ends
 (diagnosis.agent.waits, diagnosis.jobs). This runner:
@@ -9,7 +9,7 @@ A graph node that needs the model records a keyed `LLMRequest` and its job ends
   lost it writes nothing more);
 - makes many calls at once on one event loop, with one client per provider config
   (`providers.client_for`; its SDK client with a connection pool of the runner's own,
-  kept between calls, ADR 171), the chain's rules kept: tenacity
+  kept between calls), the chain's rules kept: tenacity
   retries (3 attempts, 1/2/4 s x AERO_LLM_BACKOFF + jitter, or Retry-After), no retry on
   a final 4xx, the next provider, the offline provider last (the node's own: it needs no
   wait), no attempt started after AERO_LLM_BUDGET_SECONDS;

@@ -55,7 +55,7 @@ class Claimed:
 def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()) -> list[Claimed]:
     """Claim up to `limit` pending requests nobody holds (or whose claim ran out), never
     one of `held` (this runner's own, in flight: a late renewal must not restart them).
-    Each claimed row gets a token of its own. On PostgreSQL ONE statement (ADR 167):
+    Each claimed row gets a token of its own. On PostgreSQL ONE statement:
     UPDATE ... WHERE pk IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING, in autocommit;
     it was a transaction with a SELECT and one UPDATE per row (a poll that found nothing
     was still BEGIN, SELECT, COMMIT)."""
@@ -88,7 +88,7 @@ def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()
     configs = connection.ops.quote_name(ProviderConfig._meta.db_table)
     # gen_random_uuid(): a token per row, drawn by PostgreSQL (13+), so that every check
     # keys on (pk, token) exactly as before. `provider_versions`: the request's enabled
-    # provider configs as "id:xmin" (ADR 171): xmin changes with every write of the row
+    # provider configs as "id:xmin": xmin changes with every write of the row
     # (the admin's, a queryset update, the key rotation), so the runner rebuilds a
     # provider only when its row changed, and reads no ProviderConfig per call.
     claimed = LLMRequest.objects.raw(

@@ -57,7 +57,7 @@ def load_providers(
     """The request's real providers, in its order; one disabled meanwhile is skipped.
     `versions` (the claim's read, PostgreSQL): the enabled ones and their row versions;
     a provider built from that version of its row is reused, the others are read again
-    (ADR 171: the query and the providers' building were a sixth of the database
+    (the query and the providers' building were a sixth of the database
     threads' time). A config edited after the claim is used from the next claim on."""
     if versions is None:
         configs = {c.pk: c for c in ProviderConfig.objects.filter(pk__in=ids, enabled=True)}
@@ -79,7 +79,7 @@ def cached_providers(
 ) -> list[OpenAICompatibleProvider] | None:
     """load_providers() from the cache alone, or None when a provider must be read. No
     query: the runner calls it on its loop, which saves the call a hand-off to a
-    database thread and back (ADR 171)."""
+    database thread and back."""
     if versions is None:
         return None
     chain = _cached_chain(ids, versions)
@@ -227,9 +227,9 @@ def finish_ok(
     """The successful attempt and the reply, in one transaction: a runner killed before
     it commits leaves the request pending (the next claim makes the call again), one
     killed after has recorded both; never one without the other. `tail`: the streamed
-    text not written yet, written here as its last delta (ADR 160: one transaction per
+    text not written yet, written here as its last delta (one transaction per
     call fewer than a flush of its own, the same events in the same order).
-    Three statements (ADR 167): the request's UPDATE, which is also the claim check (no
+    Three statements: the request's UPDATE, which is also the claim check (no
     row: ClaimLost, nothing written); the session's locked read; one statement for the
     session's UPDATE (seqs, token counters) and the INSERTs of the events and LLMCall."""
     events = [_delta_event(call, tail)] if tail else []
@@ -249,7 +249,7 @@ def _request_field(name: str) -> Any:
     return LLMRequest._meta.get_field(name)
 
 
-# The reply's UPDATE, once per call: compiled once per connection (ADR 179, 185); the
+# The reply's UPDATE, once per call: compiled once per connection; the
 # claim check is its WHERE (no row: the claim was lost).
 _answer = CompiledUpdate(
     LLMRequest,
@@ -300,7 +300,7 @@ def finish_failed(call: Claimed, error: str, last: str, enqueue: Dispatch | None
 
 def _enqueue_on_commit(session_id: Any, locked: Session | None, dispatch: Dispatch) -> None:
     """The session's job, once this commits. `locked`: the session as read under its row
-    lock in this transaction (ADR 167): a live lease seen there is held by a job that
+    lock in this transaction: a live lease seen there is held by a job that
     can only let it go after this commits (that UPDATE waits for the lock), and it
     looks for answered requests after letting it go (advance_session): no job to add.
     No live lease there: enqueue without reading the lease again after the commit (one

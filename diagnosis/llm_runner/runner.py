@@ -113,7 +113,7 @@ class Runner:
         self.inflight: dict[str, tuple[Claimed, asyncio.Task[None]]] = {}
         self.started_at = timezone.now()
         # Per LangChain client (one per provider config, `client_for`): its SDK client
-        # with a connection pool of this runner's loop (ADR 171), closed at the loop's
+        # with a connection pool of this runner's loop, closed at the loop's
         # end. A client replaced by a config edit keeps its entry (the calls in flight
         # still use its pool; its idle connections expire after a few seconds).
         self.sdk_clients: dict[int, tuple[Any, openai.AsyncOpenAI]] = {}
@@ -135,7 +135,7 @@ class Runner:
         """Claim and call until `stop` is set; then let the unfinished calls go."""
         # Before the first beat says the runner is up: the model client's import, and
         # each enabled provider's clients and this loop's pool, which the first call
-        # paid for otherwise, with every session's first call behind it (ADR 183).
+        # paid for otherwise, with every session's first call behind it.
         for client in await _db(functools.partial(warm_up, under_lease=False))():
             self._sdk_client(client)
         background = [

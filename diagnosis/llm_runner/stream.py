@@ -44,7 +44,7 @@ async def stream_reply(
     buffer: list[str],
     sdk: openai.AsyncOpenAI | None = None,
 ) -> AIMessage:
-    """One streamed chat completion, read as plain server-sent events (ADR 160): the text
+    """One streamed chat completion, read as plain server-sent events: the text
     goes to `buffer` as it arrives; the reply is one AIMessage, its tool arguments parsed
     strictly (strict_calls). The request is LangChain's (`_get_request_payload`: the
     same messages, tools and options as `astream`) sent by the same SDK client (its pool,
@@ -63,7 +63,7 @@ async def stream_reply(
     create = sdk.chat.completions.with_streaming_response.create
     # The body goes as `extra_body`, which the SDK sends as it is: passed as `create`'s
     # own arguments, the SDK walked every message and tool schema against its TypedDicts
-    # first (`async_maybe_transform`, ~5 ms per call here, a fifth of the runner's CPU);
+    # first (`async_maybe_transform`, a large share of the runner's CPU per call);
     # LangChain built the payload from the same types already.
     body = {k: v for k, v in payload.items() if k not in ("model", "stream")}
     async with create(

@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    """auto_now_add -> default=timezone.now (ADR 156): neither is in the database, so the
+    """auto_now_add -> default=timezone.now: neither is in the database, so the
     change is Django's state only (SQLite would otherwise rebuild the table)."""
 
     dependencies = [

@@ -1,4 +1,4 @@
-"""One search document per session for PostgreSQL history search (ADR 65): the table,
+"""One search document per session for PostgreSQL history search: the table,
 its stored English tsvector, GIN trigram and full-text indexes, the trigger on
 diagnosis_event that keeps it in the events' own transaction, and a backfill from the
 log. The per-message and report indexes of 0001 are dropped: nothing queries them now,

@@ -194,7 +194,7 @@
 
   // Optional: a browser notification and a short sound for each new R2/R3 request. Off
   // until the approver turns it on (the browser asks for permission then); the choice is
-  // stored on their preference, so it follows them (ADR-139).
+  // stored on their preference, so it follows them.
   var seenRisky = null;
   function notifyToggle() { return document.querySelector("[data-notify-toggle]"); }
   function riskyIds() {

@@ -1,7 +1,7 @@
 """Fault injection against AERO's own services (tests/faults/cluster.py): workers killed
 with SIGKILL mid-node, Redis and PostgreSQL restarted mid-run, 50 approvers deciding one
 approval at once. Each test asserts that nothing is lost or done twice and prints its
-figures (tried / survived / lost, recovery time) for the README; timings are printed,
+figures (tried / survived / lost, recovery time) for bench/RESULTS.md; timings are printed,
 never asserted."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.faults.cluster import LEASE_SECONDS, Cluster, wait_until
 from tests.faults.viewer import LiveViewer
 
 # One xdist worker runs the whole fault suite, one test after another: they share one
-# cluster (started once) and kill its processes on purpose (ADR 165).
+# cluster (started once) and kill its processes on purpose.
 pytestmark = [pytest.mark.services, pytest.mark.faults, pytest.mark.xdist_group("faults")]
 
 WORKERS = 4

@@ -10,11 +10,11 @@ past the capacity are dropped in Redis (counted) or in daphne's receive buffer. 
 viewer reads everything: every seq 1..last exactly once, in order. Last, with the viewer
 caught up and the session quiet, one more event is appended with no notice at all (one
 refused while the channel was full): the server's resync (AERO_LIVE_RESYNC_SECONDS, 1 s
-here) brings it anyway, once (ADR 106).
+here) brings it anyway, once.
 
 daphne is up when it answers HTTP at all: /healthz says 503 after the kill -9 test (the
 killed workers' heartbeat rows are stale, no worker runs here), which is why this test's
-daphne "did not start" when it ran after that test in CI (ADR 107)."""
+daphne "did not start" when it ran after that test in CI."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from websockets.sync.client import ClientConnection, connect
 from tests.faults.cluster import Cluster
 
 # One xdist worker runs the whole fault suite, one test after another: they share one
-# cluster (started once) and kill its processes on purpose (ADR 165).
+# cluster (started once) and kill its processes on purpose.
 pytestmark = [pytest.mark.services, pytest.mark.faults, pytest.mark.xdist_group("faults")]
 
 SEQ = re.compile(r'<li id="event-(\d+)" data-seq="(\d+)"')
@@ -70,7 +70,7 @@ def read_rows(ws: ClientConnection, until: int, seconds: float) -> tuple[list[in
 def test_slow_viewer_past_capacity_catches_up_without_gap_or_duplicate(cluster: Cluster) -> None:
     (session,) = cluster.driver("create", "1")  # no worker runs: only this test appends
     cookie: str = cluster.driver("login")
-    # The live pages' resync at 1 s (ADR 106) only in this daphne.
+    # The live pages' resync at 1 s only in this daphne.
     live = {**SMALL_LAYER, "AERO_LIVE_RESYNC_SECONDS": str(RESYNC_SECONDS)}
     with cluster.daphne("daphne-slow-viewer", **live) as base:
         url = base.replace("http://", "ws://") + f"/ws/sessions/{session}/?lang=en&last_seq=0"

@@ -69,7 +69,7 @@ class Command(BaseCommand):
                 message = (
                     f"{owner}, the owner of the tables, is a superuser: whatever runs as it "
                     "can switch the audit triggers off. Give the database and its tables an "
-                    "owner without SUPERUSER (README, Security)."
+                    "owner without SUPERUSER (docs/security.md)."
                 )
                 if require_unprivileged_owner:
                     raise CommandError(message)

@@ -13,7 +13,7 @@ from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Event
 
-# The operator's messages after the last one read: compiled once per connection (ADR 179).
+# The operator's messages after the last one read: compiled once per connection.
 _messages_after = Compiled(
     Event,
     lambda: Event.objects.filter(
@@ -59,7 +59,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             return provider.extract(definition, text, ctx.graph, asked)
 
         # Keyed by the message, not by the call's place in this step: the session's
-        # creation records the opening message's request under the same key (ADR 170).
+        # creation records the opening message's request under the same key.
         with waits.call_key(waits.extraction_key(ctx.session_id, message.seq)):
             found = call_with_fallback(
                 ctx.providers,
@@ -135,7 +135,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
 def replan_after_correction(
     state: AgentState, definition: dict[str, Any], changed: dict[str, Any], evidence: dict[str, str]
 ) -> dict[str, Any]:
-    """A fact corrected after the risk was assessed (ADR-138): the risk, the impact and
+    """A fact corrected after the risk was assessed: the risk, the impact and
     the proposals no longer stand. They are cleared so the planner runs the rules again
     (and the lookups, when the flight or the position changed); the proposals made next
     are revision n, and what was open before is withdrawn then (tool_executor)."""

@@ -47,7 +47,7 @@ def revise_proposals(
     revision: int,
     actions: list[ToolCall],
 ) -> list[dict[str, Any]]:
-    """The proposals after a correction (ADR-138). Approvals still open were requested
+    """The proposals after a correction. Approvals still open were requested
     under the earlier facts (their state digest no longer holds): each is withdrawn with
     an `approval.canceled` event (`withdrawn`), saying whether the corrected facts still
     call for it (then it is asked again, as revision n: a new call id and approval) or not.
@@ -63,7 +63,7 @@ def revise_proposals(
         still = base_call_id(call.call_id) in wanted
         reason = WITHDRAWN_ASKED_AGAIN if still else WITHDRAWN_NOT_CALLED_FOR
         at = timezone.now()
-        with transaction.atomic(savepoint=False):  # inside the step (ADR 86)
+        with transaction.atomic(savepoint=False):  # inside the step
             ToolCall.objects.filter(pk=call.pk).update(
                 status=ToolCallStatus.CANCELED, decided_at=at, decision_reason=reason
             )
@@ -150,8 +150,8 @@ def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Restriction]
     return held
 
 
-# Read at every proposal step: compiled once per connection (ADR 179); the targets go as
-# one array, so the SQL is the same whatever their number (ADR 186).
+# Read at every proposal step: compiled once per connection; the targets go as
+# one array, so the SQL is the same whatever their number.
 _in_force_on = Compiled(
     Restriction,
     lambda: Restriction.objects.filter(AnyOf("target", 0), lifted_at__isnull=True).order_by(
@@ -199,7 +199,7 @@ def note_if_in_force(
 def propose_action(tctx: ToolContext, call: dict[str, Any], *, fresh: bool = False) -> None:
     """Propose an action: an R0 action is handed to the outbox at once (the proposal and
     its outbox row commit together; the effect follows the commit); R1-R3 wait for
-    approval. No savepoint: it runs in the step's transaction (ADR 86)."""
+    approval. No savepoint: it runs in the step's transaction."""
     # An R1-R3 call is inserted awaiting approval (one INSERT, no UPDATE after it).
     waits_for_people = call.get("risk_class", "R0") != "R0"
     status = ToolCallStatus.AWAITING_APPROVAL if waits_for_people else ToolCallStatus.PROPOSED
@@ -233,7 +233,7 @@ def open_proposals(
     board: dict[tuple[str, str], Restriction],
 ) -> dict[str, tuple[ToolCall, dict[str, Any]]]:
     """A step that only proposes (the planner's proposals) inserts all its new calls in
-    one statement and their approvals in one more, instead of two per call (ADR 145).
+    one statement and their approvals in one more, instead of two per call.
     Returns, by call id, each new call and what its approval was opened with; the step
     then logs them in the calls' order (`proposed`). Calls refused by the compliance
     check, already in force or made before (a re-run) are left to the step's loop."""
@@ -292,13 +292,13 @@ _session = Compiled(Session, lambda: Session.objects.filter(pk=Arg(0, Session._m
 
 
 def session_row(session_id: Any) -> Session:
-    """The session's row (compiled once per connection, ADR 179)."""
+    """The session's row (compiled once per connection)."""
     return _session.get(session_id)
 
 
 def logged_session(tctx: ToolContext) -> Session:
     """The session (read once per step) with the events queued in this group folded into
-    its snapshot: what the approvals' state digest must be taken from (ADR 145)."""
+    its snapshot: what the approvals' state digest must be taken from."""
     if tctx.session is None:
         tctx.session = session_row(tctx.session_id)
     return as_logged(copy.copy(tctx.session))

@@ -18,7 +18,7 @@ from scenarios_admin.definition import BUDGET_TOOL
 def wait_for_user(ctx: AgentContext, value: dict[str, Any]) -> None:
     """Interrupt for a human (a question, approvals). When the graph really stops here
     (no resume value), the steps so far commit before the interrupt's checkpoint, with
-    the session's move to waiting_user as their group's last event (ADR 174): the job
+    the session's move to waiting_user as their group's last event: the job
     then needs no transaction of its own for it, nor a read of the state it stopped in.
     Resumed, the steps go on in their group."""
     try:
@@ -45,7 +45,7 @@ def ask_user(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any
 
 def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
     # The actions awaiting a decision, and a request to continue past the model budget,
-    # which waits like one (ADR 143): one query (in the steps' transaction, if open: it
+    # which waits like one: one query (in the steps' transaction, if open: it
     # sees their proposals).
     waiting = list(
         ToolCall.objects.filter(
@@ -60,7 +60,7 @@ def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[st
         wait_for_user(runtime.context, {"kind": "approval", "tool_calls": waiting})
     else:
         commit_steps(runtime.context)
-    # A correction sent while waiting goes through the input parser first (ADR-138).
+    # A correction sent while waiting goes through the input parser first.
     unread = Event.objects.filter(
         session_id=runtime.context.session_id,
         type="user.message",

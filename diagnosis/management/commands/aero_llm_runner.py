@@ -13,7 +13,7 @@ from diagnosis.llm_runner import Runner
 
 class Command(BaseCommand):
     help = (
-        "Run the LLM runner (ADR 95): it makes the model calls sessions wait for, many at "
+        "Run the LLM runner: it makes the model calls sessions wait for, many at "
         "once, and enqueues each session when its reply is stored. One per host, beside "
         "the rq workers; more are safe (each request is claimed with a lease)."
     )

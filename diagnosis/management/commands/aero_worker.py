@@ -21,7 +21,7 @@ class Command(BaseCommand):
             raise CommandError(
                 "REDIS_URL is not set: embedded mode runs jobs inside the web process"
             )
-        # The priority queue first: rq takes from the first non-empty queue (ADR 119).
+        # The priority queue first: rq takes from the first non-empty queue.
         queues = [
             django_rq.get_queue(settings.AERO_PRIORITY_QUEUE),
             django_rq.get_queue(settings.AERO_QUEUE),

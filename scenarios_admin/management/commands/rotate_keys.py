@@ -1,4 +1,4 @@
-"""Re-encrypt every stored secret with the first of AERO_ENCRYPTION_KEYS (README: Security)."""
+"""Re-encrypt every stored secret with the first of AERO_ENCRYPTION_KEYS (docs/security.md)."""
 
 from __future__ import annotations
 
