@@ -40,7 +40,7 @@ class ApiTokenAdmin(admin.ModelAdmin[ApiToken]):
             # A token acts as its user: an admin minting one for someone else could be
             # that person, and so the second person of the two-person rule. Admins
             # issue tokens for themselves; they may revoke anyone's.
-            kwargs["queryset"] = get_user_model().objects.filter(pk=request.user.pk)
+            kwargs["queryset"] = get_user_model().objects.filter(pk=request.user.pk or 0)
             kwargs["initial"] = request.user.pk
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
