@@ -4,13 +4,18 @@ model calls it makes."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
+from decimal import Decimal
 from typing import Any, Protocol
 
 from django.db import connection, transaction
+from django.db.models import Q, Sum
 from django.utils import timezone
 from langgraph.config import get_config
+from langgraph.errors import GraphBubbleUp
 from langgraph.runtime import Runtime
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
@@ -40,7 +45,7 @@ class SessionCanceled(Exception):
 
 
 def recorded(
-    name: str, *, last: bool = False, rows: bool = True
+    name: str, *, last: bool = False, rows: bool = True, fans_out: bool = False
 ) -> Callable[[Callable[..., dict[str, Any]]], NodeFn]:
     """Run a node as a child AgentRun with agent.node_* events, and stop if canceled.
 
@@ -53,52 +58,99 @@ def recorded(
     graph ends after this node, so the group commits when it returns. `rows=False`: the
     node writes no row but its run (it only reads, and queues events) when no model
     reasons for the session: it joins its group without a savepoint (a write would be
-    refused)."""
+    refused). `fans_out`: parallel branches follow this node, so its group commits when
+    it returns (see `_branch_context`)."""
 
     def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
         # No functools.wraps: LangGraph reads the signature to inject `runtime`.
         def wrapper(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-            ctx = runtime.context
-            group = step_group(ctx)
-            if shutdown.stopping():
-                group.commit()  # the steps before this one: their checkpoint follows
-                raise shutdown.WorkerStopping()  # before the step: the next job runs it
-            # A canceled session has no lease any more: the group's write is refused
-            # under the row lock (LeaseLost) and the job ends as canceled. No query here.
+            if on_job_thread(runtime.context):
+                return _record(fn, name, state, runtime, runtime.context, last or fans_out, rows)
+            ctx = _branch_context(runtime.context, name)
             try:
-                update = _run_step(
-                    fn,
-                    name,
-                    state,
-                    ctx,
-                    _task_key(runtime, name),
-                    _wait_key(runtime, name),
-                    lean=not rows and group.is_open and not reasons(ctx),
-                )
-            except waits.ModelWait as wait:
-                # The step rolled back, the steps before it commit; it re-runs from its
-                # first line once the runner has the reply. The interrupt
-                # carries the request; the job records its row after the checkpoint
-                # (not with this commit).
-                group.commit()
-                waits.interrupt_for(wait)
-                raise  # not reached: interrupt_for raises the interrupt
-            if (
-                update.pop("_commit", False)
-                or last
-                or group.end_after_step
-                or commits_after(ctx, name, update)
-            ):
-                # The graph ends after this node (its checkpoint follows), or the step
-                # handed effects to the outbox, which go out once it commits; a session
-                # a model reasons for commits after its model's steps (`commits_after`).
-                group.commit()
-            return update
+                return _record(fn, name, state, runtime, ctx, True, rows)
+            finally:
+                # LangGraph's pool thread ends with the graph's run: so does its connection.
+                connection.close()
 
         wrapper.__name__ = fn.__name__
         return wrapper
 
     return decorator
+
+
+def on_job_thread(ctx: AgentContext) -> bool:
+    """Whether this step runs on the job's own thread. LangGraph runs a step of one task
+    inline, and the tasks of a step with several (parallel branches) each on a thread of
+    its own."""
+    return threading.get_ident() == ctx.thread
+
+
+def _branch_context(shared: AgentContext, name: str) -> AgentContext:
+    """A parallel branch's step records with a context of its own: its own group, on its
+    thread's connection, committed when the step returns (the next step may run on
+    another thread, and no transaction is shared across threads), and its own view of
+    the action calls. The job's group must have committed before the branches began:
+    the branches' commits would come before the steps that led to them, which they could
+    not even read."""
+    if shared.group is not None and shared.group.is_open:
+        raise RuntimeError(
+            f"{name} runs in parallel while the steps before it are uncommitted: record the "
+            "node the branches follow with recorded(..., fans_out=True)"
+        )
+    return replace(
+        shared,
+        group=StepGroup(shared.session_id),
+        actions=None,
+        waiting_written=False,
+        thread=threading.get_ident(),
+    )
+
+
+def _record(
+    fn: Callable[..., dict[str, Any]],
+    name: str,
+    state: AgentState,
+    runtime: Runtime[AgentContext],
+    ctx: AgentContext,
+    last: bool,
+    rows: bool,
+) -> dict[str, Any]:
+    """A node's step in `ctx`'s group (see `recorded`); `last`: the group commits after it."""
+    group = step_group(ctx)
+    if shutdown.stopping():
+        group.commit()  # the steps before this one: their checkpoint follows
+        raise shutdown.WorkerStopping()  # before the step: the next job runs it
+    # A canceled session has no lease any more: the group's write is refused
+    # under the row lock (LeaseLost) and the job ends as canceled. No query here.
+    try:
+        update = _run_step(
+            fn,
+            name,
+            state,
+            ctx,
+            task_key(ctx, name),
+            _wait_key(runtime, ctx, name),
+            lean=not rows and group.is_open and not reasons(ctx),
+        )
+    except waits.ModelWait as wait:
+        # The step rolled back, the steps before it commit; it re-runs from its
+        # first line once the runner has the reply. The interrupt carries the
+        # request; the job records its row after the checkpoint (not with this commit).
+        group.commit()
+        waits.interrupt_for(wait)
+        raise  # not reached: interrupt_for raises the interrupt
+    if (
+        update.pop("_commit", False)
+        or last
+        or group.end_after_step
+        or commits_after(ctx, name, update)
+    ):
+        # The graph ends after this node (its checkpoint follows), or the step
+        # handed effects to the outbox, which go out once it commits; a session
+        # a model reasons for commits after its model's steps (`commits_after`).
+        group.commit()
+    return update
 
 
 def _run_step(
@@ -228,7 +280,7 @@ def _record_failure(
         else:
             run = AgentRun.objects.create(
                 session_id=ctx.session_id,
-                parent=ctx.root_run,
+                parent=ctx.parent_run or ctx.root_run,
                 agent_name=name,
                 status="failed",
                 ended_at=timezone.now(),
@@ -243,25 +295,31 @@ def _record_failure(
         )
 
 
-def _task_key(runtime: Runtime[AgentContext], name: str) -> str:
-    """The same for a re-run of the step, new for any later step. Not LangGraph's task id:
-    checkpoints are saved only when the graph exits, so after a crash mid-run
-    the steps after the first get new task ids (their checkpoints were never saved).
-    The checkpoint the run started from, the step number (counted from the thread's
-    start) and the node do not change: the graph is a chain, one node per step."""
-    step = get_config()["metadata"]["langgraph_step"]
-    return f"task:{runtime.context.origin or 'start'}:{step}:{name}"
+def task_key(ctx: AgentContext, name: str) -> str:
+    """The same for a re-run of the task, new for any other. Not LangGraph's task id:
+    checkpoints are saved only when the graph exits, so after a crash mid-run the steps
+    after the first get new task ids (their checkpoints were never saved). What does not
+    change: the checkpoint the run started from (in a child context, the enclosing
+    task's key), the step number (counted from the thread's start) and the task's path
+    in the step: its node, and for a node sent several times in one step (Send) its
+    index. Parallel branches of one step have keys of their own."""
+    metadata = get_config()["metadata"]
+    key = f"task:{ctx.origin or 'start'}:{metadata['langgraph_step']}:{name}"
+    path: tuple[Any, ...] = tuple(metadata.get("langgraph_path") or ())
+    if len(path) > 1 and isinstance(path[1], int):  # (push, index): a Send's task
+        key += f":{path[1]}"
+    return key
 
 
-def _wait_key(runtime: Runtime[AgentContext], name: str) -> str:
+def _wait_key(runtime: Runtime[AgentContext], ctx: AgentContext, name: str) -> str:
     """The key of a node's model calls: it must survive the interrupt a model wait ends
-    the job with, and `_task_key` does not (the resumed run starts from the checkpoint
+    the job with, and `task_key` does not (the resumed run starts from the checkpoint
     saved at that interrupt: a new origin). LangGraph's task id does: the interrupted
     task is pending in that checkpoint and keeps its id when it re-runs on resume."""
     info = runtime.execution_info
     if info is not None and info.task_id:
         return f"task:{info.task_id}"
-    return _task_key(runtime, name)
+    return task_key(ctx, name)
 
 
 def _start_node(
@@ -276,7 +334,7 @@ def _start_node(
         return run
     fields = {
         "session_id": ctx.session_id,
-        "parent": ctx.root_run,
+        "parent": ctx.parent_run or ctx.root_run,
         "agent_name": name,
         "input_snapshot": {"fsm": state.get("fsm", "")},
     }
@@ -291,6 +349,62 @@ def _start_node(
         run=run,
     )
     return run
+
+
+@contextmanager
+def child_run(ctx: AgentContext, name: str, key: str) -> Iterator[AgentContext]:
+    """A child agent run (a specialist's) under the steps' current run, recorded like the
+    root: its own row, running while the block runs, then completed or failed with its
+    end time and what its steps' model calls cost. Yields the context whose steps record
+    under it, their keys nested under `key` (the enclosing task's: `task_key`). Found
+    again by `key` when the block re-runs (a crash, a retry): never a second row. An
+    interrupt leaves it running: it goes on when the graph resumes."""
+    child = _open_child_run(ctx, name, key)
+    try:
+        yield child
+    except GraphBubbleUp:
+        raise
+    except BaseException:
+        _end_child_run(child, "failed")
+        raise
+    else:
+        _end_child_run(child, "completed")
+    finally:
+        if not on_job_thread(ctx):
+            connection.close()  # a branch's: its thread ends with the graph's run
+
+
+def _open_child_run(ctx: AgentContext, name: str, key: str) -> AgentContext:
+    run = AgentRun.objects.filter(
+        session_id=ctx.session_id, agent_name=name, input_snapshot__key=key
+    ).first()
+    if run is None:
+        run = AgentRun.objects.create(
+            session_id=ctx.session_id,
+            parent=ctx.parent_run or ctx.root_run,
+            agent_name=name,
+            input_snapshot={"key": key},
+        )
+    elif run.status != "running":
+        AgentRun.objects.filter(pk=run.pk).update(status="running", ended_at=None)
+    # One group for the child's steps and the parent's on the job's thread.
+    step_group(ctx)
+    return replace(ctx, parent_run=run, origin=key, actions=None)
+
+
+def _end_child_run(child: AgentContext, status: str) -> None:
+    run = child.parent_run
+    assert run is not None
+    used = LLMCall.objects.filter(Q(agent_run=run) | Q(agent_run__parent=run)).aggregate(
+        tokens_in=Sum("tokens_in", default=0),
+        tokens_out=Sum("tokens_out", default=0),
+        cost=Sum("cost", default=Decimal(0)),
+    )
+    AgentRun.objects.filter(pk=run.pk).update(
+        status=status,
+        ended_at=timezone.now(),
+        output_summary={**used, "cost": str(used["cost"])},
+    )
 
 
 def call_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -61,3 +62,7 @@ class AgentContext:
     actions: list[ToolCall] | None = None
     # A human wait's group wrote the move to waiting_user: the job does not.
     waiting_written: bool = False
+    # The run the steps record under: a child run's (recording.child_run), else the root.
+    parent_run: AgentRun | None = None
+    # The job's thread: a step on another one is a parallel branch (recording).
+    thread: int = field(default_factory=threading.get_ident)
