@@ -9,9 +9,9 @@ from django.db import transaction
 from django.utils.translation import gettext as _
 
 from aero.models import audit
-from scenarios_admin.definition import definition_issues
 from scenarios_admin.draft import assemble, draft_from_definition, save_draft
 from scenarios_admin.models import Scenario, ScenarioVersion
+from scenarios_admin.schema import definition_issues
 from scenarios_admin.signals import publish_check
 from scenarios_admin.yamlio import LocatedIssue, dump_definition, load_yaml, locate
 

@@ -11,7 +11,6 @@ from django.db import transaction
 
 from scenarios_admin.actions import ScenarioError, do_publish
 from scenarios_admin.airport import touch_topology
-from scenarios_admin.definition import validate_definition
 from scenarios_admin.draft import (
     assemble,
     draft_from_definition,
@@ -27,6 +26,7 @@ from scenarios_admin.models import (
     TopologyEdge,
     TopologyNode,
 )
+from scenarios_admin.schema import validate_definition
 from scenarios_admin.topology import data_from_yaml, topology_issues
 
 DATA_DIR = Path(__file__).resolve().parent / "data"

@@ -19,12 +19,7 @@ from django.db import transaction
 from django.db.models import F
 
 from scenarios_admin.conditions import ConditionSyntaxError, condition_text, parse_condition
-from scenarios_admin.definition import (
-    ACTION_TOOLS,
-    LIST_SEPARATORS,
-    Issue,
-    definition_issues,
-)
+from scenarios_admin.definition import ACTION_TOOLS, LIST_SEPARATORS, Issue
 from scenarios_admin.models import (
     FieldValue,
     RiskRule,
@@ -34,6 +29,7 @@ from scenarios_admin.models import (
     ScenarioField,
     SpreadRadius,
 )
+from scenarios_admin.schema import definition_issues
 
 SCENARIO_COLUMNS = (
     "slug",
@@ -218,7 +214,7 @@ def _texts(zh: str, en: str) -> dict[str, str]:
 
 def definition_from_draft(draft: Draft) -> tuple[dict[str, Any], list[Issue]]:
     """The definition the rows describe, and what could not be read from them (paths as
-    in the definition). Schema validation is separate (definition_issues)."""
+    in the definition). Schema validation is separate (scenarios_admin.schema)."""
     issues: list[Issue] = []
     s = draft.scenario
     fields: dict[str, dict[str, Any]] = {}

@@ -23,8 +23,9 @@ from diagnosis.models import Event, Restriction, Session, ToolCall
 from diagnosis.selfcheck import publish_check
 from scenarios_admin.actions import ScenarioError, do_publish
 from scenarios_admin.airport import load_active_graph
-from scenarios_admin.definition import Issue, definition_issues
+from scenarios_admin.definition import Issue
 from scenarios_admin.models import Scenario, ScenarioAction
+from scenarios_admin.schema import definition_issues
 from tests.builtin_data import builtin_definition, demo_graph
 from tests.web_helpers import approval_for, login, waiting_session
 

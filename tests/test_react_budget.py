@@ -35,9 +35,9 @@ from diagnosis.models import (
     ToolCall,
 )
 from scenarios_admin.airport import load_active_graph
-from scenarios_admin.definition import validate_definition
 from scenarios_admin.draft import normalize
 from scenarios_admin.models import ProviderConfig
+from scenarios_admin.schema import validate_definition
 from tests.builtin_data import oil_spill
 from tests.llm_helpers import fake_llm, fake_provider
 from tests.test_react import EXTRACTION, OFFLINE_ACTIONS, proposed, reasoning_rules, start
@@ -208,9 +208,10 @@ def test_the_budget_comes_from_the_scenario_before_the_provider(
     # The admin editor's rows keep it (scenario fields budget_steps/_tokens/_cost).
     assert normalize(definition)["budget"] == {"steps": 3, "cost": 1.5}
     assert "budget" not in normalize(oil_spill())
+    # In the order of the document.
     assert validate_definition({**oil_spill(), "budget": {"steps": 0, "coins": 1}}) == [
-        "budget.coins: unknown key (allowed: steps, tokens, cost)",
         "budget.steps: must be a positive whole number",
+        "budget.coins: unknown key (allowed: steps, tokens, cost)",
     ]
 
 

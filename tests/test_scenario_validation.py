@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from scenarios_admin.definition import validate_definition
+from scenarios_admin.schema import validate_definition
 from tests.builtin_data import BUILTIN_SLUGS, builtin_definition, oil_spill
 
 
@@ -109,10 +109,11 @@ def test_a_misspelt_key_is_reported_not_ignored() -> None:
     def change(d: dict[str, Any]) -> None:
         d["fields"]["fluid_type"]["lable"] = d["fields"]["fluid_type"].pop("label")
 
+    # A missing key is listed where its mapping starts, before the keys that are there.
     assert broken(change) == [
-        "fields.fluid_type.lable: unknown key (allowed: label, type, priority, ask, kinds, "
-        "values, default, measure)",
-        "fields.fluid_type.label: must be a mapping",
+        "fields.fluid_type.label: required",
+        "fields.fluid_type.lable: unknown key (allowed: label, type, priority, ask, values, "
+        "default, measure, kinds)",
     ]
 
 

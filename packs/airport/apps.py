@@ -12,11 +12,13 @@ class AirportPackConfig(AppConfig):
 
     def ready(self) -> None:
         from aero.packs import DomainPack, register
+        from packs.airport.definition import ApronDefinition
 
         register(
             DomainPack(
                 kind="apron",
                 app_label=self.label,
                 label={"zh": "机坪应急", "en": "Apron emergency"},
+                definition_model=ApronDefinition,
             )
         )
