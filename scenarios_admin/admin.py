@@ -1,22 +1,22 @@
 from __future__ import annotations
 
-import difflib
-import io
-import zipfile
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.db.models import F, OuterRef, QuerySet, Subquery
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from aero.models import audit
+
+# The topology and provider admins register themselves; the admin's autodiscovery imports
+# only this module.
+from scenarios_admin import admin_providers, admin_topology  # noqa: F401
 from scenarios_admin.actions import (
     NothingToPublish,
     ScenarioError,
@@ -29,39 +29,33 @@ from scenarios_admin.actions import (
 from scenarios_admin.admin_forms import (
     CheckedInlineFormSet,
     CrossCheck,
-    EdgeForm,
     FieldValueForm,
-    FlightForm,
     RiskRuleForm,
-    RunwayForm,
     ScenarioActionForm,
     ScenarioExampleForm,
     ScenarioFieldForm,
     ScenarioForm,
-    TopologyForm,
     validate_scenario,
-    validate_topology,
+)
+from scenarios_admin.admin_versions import (
+    ScenarioVersionInline,
+    diff_against_latest,
+    diff_lines,
+    latest_yaml,
+    side_label,
+    yaml_response,
 )
 from scenarios_admin.draft import assemble, renumber
 from scenarios_admin.models import (
     FieldValue,
-    Flight,
-    ProviderConfig,
-    ProviderKind,
     RiskRule,
-    Runway,
     Scenario,
     ScenarioAction,
     ScenarioExample,
     ScenarioField,
-    ScenarioVersion,
     SpreadRadius,
-    Topology,
-    TopologyEdge,
-    TopologyNode,
 )
-from scenarios_admin.probe import probe
-from scenarios_admin.topology import data_of, topology_issues, topology_map
+from scenarios_admin.schema import definition_json_schema
 from scenarios_admin.yamlio import dump_definition
 
 # --- scenarios: the draft, edited as rows -------------------------------------------------
@@ -157,45 +151,6 @@ class ExampleInline(admin.TabularInline[ScenarioExample, Scenario]):
     verbose_name_plural = gettext_lazy(
         "Example cases (the self-check: all must pass before publishing)"
     )
-
-
-class ScenarioVersionInline(admin.TabularInline[ScenarioVersion, Scenario]):
-    model = ScenarioVersion
-    classes = ["collapse"]
-    fields = ("number", "published_at", "published_by", "note", "links")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    show_change_link = True
-    verbose_name_plural = gettext_lazy(
-        "Published versions (immutable; sessions pin the one they start with)"
-    )
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    @admin.display(description="")
-    def links(self, obj: ScenarioVersion) -> str:
-        return version_links(obj)
-
-
-def version_links(version: ScenarioVersion) -> str:
-    diff = reverse("admin:scenarios_admin_scenario_diff", args=[version.scenario_id])
-    export = reverse("admin:scenarios_admin_scenario_export", args=[version.scenario_id])
-    if version.number > 1:
-        return format_html(
-            '<a href="{}?a={}&amp;b={}">changes since v{}</a> · <a href="{}?version={}">YAML</a>',
-            diff,
-            version.number - 1,
-            version.number,
-            version.number - 1,
-            export,
-            version.number,
-        )
-    return format_html('<a href="{}?version={}">YAML</a>', export, version.number)
 
 
 class PublishForm(forms.Form):
@@ -340,6 +295,7 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         view = self.admin_site.admin_view
         return [
             path("import/", view(self.import_view), name="scenarios_admin_scenario_import"),
+            path("schema.json", view(self.schema_view), name="scenarios_admin_scenario_schema"),
             path(
                 "<path:object_id>/publish/",
                 view(self.publish_view),
@@ -401,7 +357,9 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         diff = (
             []
             if issues
-            else _diff(latest, "draft", latest_yaml(latest), dump_definition(definition))
+            else diff_against_latest(
+                latest, "draft", latest_yaml(latest), dump_definition(definition)
+            )
         )
         return self._page(
             request,
@@ -456,7 +414,7 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
             a=a,
             b=b,
             problems=problems,
-            diff=_diff_lines(_label(a), _label(b), texts[a], texts[b]),
+            diff=diff_lines(side_label(a), side_label(b), texts[a], texts[b]),
         )
 
     def export_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -499,6 +457,13 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         for scenario in queryset:
             audit("scenario.exported", obj=scenario, actor=request.user, detail={"bulk": True})
         return yaml_response(files)
+
+    def schema_view(self, request: HttpRequest) -> HttpResponse:
+        """The JSON Schema of a definition, for editors that check a scenario file as it
+        is typed (the import page says how to point one at it)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return JsonResponse(definition_json_schema(), content_type="application/schema+json")
 
     def import_view(self, request: HttpRequest) -> HttpResponse:
         if not (self.has_add_permission(request) and self.has_change_permission(request)):
@@ -549,55 +514,15 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
                     return HttpResponseRedirect(
                         reverse("admin:scenarios_admin_scenario_change", args=[result.scenario.pk])
                     )
+        schema_url = request.build_absolute_uri(reverse("admin:scenarios_admin_scenario_schema"))
         return self._page(
-            request, "import.html", title=_("Import a scenario"), form=form, refused=refused
+            request,
+            "import.html",
+            title=_("Import a scenario"),
+            form=form,
+            refused=refused,
+            schema_url=schema_url,
         )
-
-
-def latest_yaml(version: ScenarioVersion | None) -> str:
-    return dump_definition(version.definition) if version is not None else ""
-
-
-def _label(side: str) -> str:
-    return "draft" if side == "draft" else f"v{side}"
-
-
-def _diff(
-    latest: ScenarioVersion | None, side: str, before: str, after: str
-) -> list[dict[str, str]]:
-    return _diff_lines(
-        f"v{latest.number}" if latest else "(nothing published)", side, before, after
-    )
-
-
-def _diff_lines(a: str, b: str, before: str, after: str) -> list[dict[str, str]]:
-    lines = difflib.unified_diff(
-        before.splitlines(), after.splitlines(), fromfile=a, tofile=b, lineterm="", n=3
-    )
-    kinds = {"+": "added", "-": "removed", "@": "hunk"}
-    return [
-        {
-            "text": line,
-            "kind": "file" if line.startswith(("+++", "---")) else kinds.get(line[:1], ""),
-        }
-        for line in lines
-    ]
-
-
-def yaml_response(files: dict[str, str]) -> HttpResponse:
-    """One scenario: its .yaml file; several: a zip with one file per scenario."""
-    if len(files) == 1:
-        ((name, text),) = files.items()
-        response = HttpResponse(text, content_type="application/yaml; charset=utf-8")
-        response["Content-Disposition"] = f'attachment; filename="{name}"'
-        return response
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, text in files.items():
-            archive.writestr(name, text)
-    response = HttpResponse(buffer.getvalue(), content_type="application/zip")
-    response["Content-Disposition"] = 'attachment; filename="scenarios.zip"'
-    return response
 
 
 def draft_status_text(scenario: Scenario, *, short: bool = False) -> str:
@@ -620,320 +545,3 @@ def draft_status_text(scenario: Scenario, *, short: bool = False) -> str:
         )
         % {"n": latest.number}
     )
-
-
-@admin.register(ScenarioVersion)
-class ScenarioVersionAdmin(admin.ModelAdmin[ScenarioVersion]):
-    """Published versions are immutable: shown, never edited."""
-
-    list_display = ["scenario", "number", "published_at", "published_by", "note"]
-    list_filter = ["scenario"]
-    readonly_fields = [
-        "scenario",
-        "number",
-        "published_at",
-        "published_by",
-        "note",
-        "checksum",
-        "links",
-        "as_yaml",
-    ]
-    exclude = ["definition"]
-
-    @admin.display(description=gettext_lazy("Compare and download"))
-    def links(self, obj: ScenarioVersion) -> str:
-        return version_links(obj)
-
-    @admin.display(description=gettext_lazy("Definition (YAML)"))
-    def as_yaml(self, obj: ScenarioVersion) -> str:
-        return format_html("<pre>{}</pre>", dump_definition(obj.definition))
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-# --- airport topology --------------------------------------------------------------------
-
-
-class TopologyNodeInline(admin.TabularInline[TopologyNode, Topology]):
-    model = TopologyNode
-    formset = CheckedInlineFormSet
-    fields = ["node_id", "kind", "runway", "x", "y"]
-    extra = 0
-    verbose_name_plural = gettext_lazy(
-        "Nodes (stands, taxiway nodes, runway nodes; x/y place them on the map)"
-    )
-
-
-class TopologyEdgeInline(admin.TabularInline[TopologyEdge, Topology]):
-    model = TopologyEdge
-    form = EdgeForm
-    formset = CheckedInlineFormSet
-    fields = ["source_id", "target_id"]
-    extra = 0
-    verbose_name_plural = gettext_lazy("Edges (undirected; name the two nodes)")
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TopologyEdge]:
-        return super().get_queryset(request).select_related("source", "target").order_by("id")
-
-
-class RunwayInline(admin.TabularInline[Runway, Topology]):
-    model = Runway
-    form = RunwayForm
-    formset = CheckedInlineFormSet
-    fields = ["designator", "reference_id"]
-    extra = 0
-    verbose_name_plural = gettext_lazy("Runways and their reference nodes")
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Runway]:
-        return super().get_queryset(request).select_related("reference_node")
-
-
-class FlightInline(admin.TabularInline[Flight, Topology]):
-    model = Flight
-    form = FlightForm
-    formset = CheckedInlineFormSet
-    fields = [
-        "flight_no",
-        "airline",
-        "aircraft",
-        "registration",
-        "stand_id",
-        "std",
-        "destination",
-        "pax",
-    ]
-    extra = 0
-    verbose_name_plural = gettext_lazy("Flights (the flight information the agent looks up)")
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Flight]:
-        return super().get_queryset(request).select_related("stand")
-
-
-@admin.register(Topology)
-class TopologyAdmin(admin.ModelAdmin[Topology]):
-    """The airport graph, edited and validated as a whole (no dangling edges, duplicate
-    ids or unreachable nodes), and drawn as the map the session pages show."""
-
-    form = TopologyForm
-    list_display = ["icao", "name", "is_active", "updated_at"]
-    inlines = [TopologyNodeInline, TopologyEdgeInline, RunwayInline, FlightInline]
-
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> Any:
-        form = super().get_form(request, obj, change, **kwargs)
-        check = CrossCheck.of(request, validate_topology)
-        return type(form.__name__, (form,), {"cross_check": check})
-
-    def get_formset_kwargs(
-        self, request: HttpRequest, obj: Any, inline: Any, prefix: str
-    ) -> dict[str, Any]:
-        kwargs = super().get_formset_kwargs(request, obj, inline, prefix)
-        kwargs["cross_check"] = CrossCheck.of(request, validate_topology)
-        return kwargs
-
-    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
-        """Nodes first (edges, runways and flights name them), node deletions last, after
-        the rows that named them were saved or deleted."""
-        form.save_m2m()
-        nodes, *others = formsets
-        nodes.save(commit=False)
-        for node in [*nodes.new_objects, *(obj for obj, _fields in nodes.changed_objects)]:
-            node.save()
-        for formset in others:
-            self.save_formset(request, form, formset, change)
-        for node in nodes.deleted_objects:
-            node.delete()
-
-    def render_change_form(
-        self,
-        request: HttpRequest,
-        context: dict[str, Any],
-        add: bool = False,
-        change: bool = False,
-        form_url: str = "",
-        obj: Any = None,
-    ) -> HttpResponse:
-        check: CrossCheck | None = getattr(request, "_aero_cross_check", None)
-        context["graph_issues"] = check.summary if check is not None else []
-        if obj is not None and obj.pk:
-            context["map"] = topology_map(obj)
-            context["saved_issues"] = [str(i) for i in topology_issues(data_of(obj))]
-        return super().render_change_form(request, context, add, change, form_url, obj)
-
-
-class FlightAdminForm(forms.ModelForm[Flight]):
-    class Meta:
-        model = Flight
-        fields = [
-            "topology",
-            "flight_no",
-            "airline",
-            "aircraft",
-            "registration",
-            "stand",
-            "std",
-            "destination",
-            "pax",
-        ]
-
-    def clean(self) -> dict[str, Any]:
-        cleaned = super().clean() or {}
-        stand, topology = cleaned.get("stand"), cleaned.get("topology")
-        if stand is None or topology is None:
-            return cleaned
-        if stand.kind != "stand" or stand.topology_id != topology.pk:
-            self.add_error("stand", f"{stand.node_id} is not a stand of {topology}.")
-        return cleaned
-
-
-@admin.register(Flight)
-class FlightAdmin(admin.ModelAdmin[Flight]):
-    form = FlightAdminForm
-    list_display = ["flight_no", "airline", "aircraft", "stand", "std", "destination", "pax"]
-    list_filter = ["topology", "airline"]
-    search_fields = ["flight_no", "registration"]
-
-
-class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
-    # Write-only: the stored key is never rendered back; leave empty to keep it.
-    api_key = forms.CharField(
-        required=False,
-        max_length=1000,
-        widget=forms.PasswordInput(render_value=False),
-        help_text=(
-            gettext_lazy(
-                "Write only. Leave empty to keep the current key. Changing the base URL clears "
-                "the stored key: enter it again in the same save to use it with the new URL."
-            )
-        ),
-    )
-    clear_api_key = forms.BooleanField(
-        required=False, help_text=gettext_lazy("Remove the stored key.")
-    )
-    key_cleared_by_url = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.fields["base_url"].help_text = _(
-            "Changing it clears the stored API key, so the key is never sent to a host it "
-            "was not given for."
-        )
-
-    class Meta:
-        model = ProviderConfig
-        fields = [
-            "name",
-            "kind",
-            "base_url",
-            "model",
-            "price_input_per_1k",
-            "price_output_per_1k",
-            "timeout_seconds",
-            "retries",
-            "priority",
-            "enabled",
-            "max_steps",
-            "max_tokens",
-            "max_cost",
-        ]
-
-    def clean(self) -> dict[str, Any]:
-        """An OpenAI-compatible provider needs a URL and a model (a database constraint
-        too): said on the field, where the constraint's own message named only itself
-        (issue 12). A field with an error is left out of the model's constraint check."""
-        cleaned = super().clean() or {}
-        if cleaned.get("kind") and cleaned["kind"] != ProviderKind.OFFLINE:
-            if not cleaned.get("base_url") and "base_url" not in self.errors:
-                self.add_error(
-                    "base_url",
-                    _(
-                        "An OpenAI-compatible provider needs the base URL of its API "
-                        "(e.g. https://api.example.com/v1); only the offline provider has none."
-                    ),
-                )
-            if not cleaned.get("model") and "model" not in self.errors:
-                self.add_error(
-                    "model",
-                    _("An OpenAI-compatible provider needs a model name (e.g. gpt-4o-mini)."),
-                )
-        return cleaned
-
-    def clean_api_key(self) -> str:
-        """A key travels in an HTTP header: one with a line break could add headers of its
-        own, and one with other than printable ASCII cannot be sent at all ("Test
-        connection" failed with a server error). Refused here, where it is typed."""
-        key: str = self.cleaned_data.get("api_key") or ""
-        if key and not (key.isascii() and key.isprintable()):
-            raise ValidationError(
-                _(
-                    "An API key is printable ASCII (letters, digits, punctuation, spaces); this "
-                    "one has line breaks or other characters an HTTP header cannot carry. "
-                    "Nothing was saved: paste the key again."
-                )
-            )
-        return key
-
-    def save(self, commit: bool = True) -> ProviderConfig:
-        config = super().save(commit=False)
-        # A key entered with the new URL is for that URL; the old key never follows it.
-        url_changed = bool(self.instance.pk) and "base_url" in self.changed_data
-        if self.cleaned_data.get("api_key") and not self.cleaned_data.get("clear_api_key"):
-            config.set_api_key(self.cleaned_data["api_key"])
-        elif self.cleaned_data.get("clear_api_key") or url_changed:
-            self.key_cleared_by_url = url_changed and bool(config.api_key_encrypted)
-            config.set_api_key("")
-        if commit:
-            config.save()
-        return config
-
-
-@admin.register(ProviderConfig)
-class ProviderConfigAdmin(admin.ModelAdmin[ProviderConfig]):
-    form = ProviderConfigForm
-    list_display = ["name", "kind", "model", "base_url", "priority", "enabled", "has_key"]
-    list_filter = ["kind", "enabled"]
-    actions = ["test_connection"]
-
-    def save_model(
-        self, request: HttpRequest, obj: ProviderConfig, form: Any, change: bool
-    ) -> None:
-        super().save_model(request, obj, form, change)
-        if getattr(form, "key_cleared_by_url", False):
-            self.message_user(
-                request,
-                _(
-                    "%(name)s: the base URL changed, so the stored API key was cleared; "
-                    "enter the key for the new URL."
-                )
-                % {"name": obj.name},
-                messages.WARNING,
-            )
-
-    @admin.display(boolean=True, description=gettext_lazy("API key set"))
-    def has_key(self, obj: ProviderConfig) -> bool:
-        return bool(obj.api_key_encrypted)
-
-    @admin.action(
-        description=gettext_lazy("Test connection (one tiny chat completion)"),
-        permissions=["change"],
-    )
-    def test_connection(self, request: HttpRequest, queryset: QuerySet[ProviderConfig]) -> None:
-        for config in queryset.order_by("priority", "name"):
-            result = probe(config)
-            audit(
-                "provider.tested",
-                obj=config,
-                actor=request.user,
-                detail={"ok": result.ok, "message": result.message},
-            )
-            level = messages.SUCCESS if result.ok else messages.ERROR
-            outcome = "OK" if result.ok else "failed"
-            self.message_user(request, f"{config.name}: {outcome}: {result.message}", level)

@@ -1,4 +1,4 @@
-"""Forms of the scenario and topology admin, and the cross-check that validates a change
+"""Forms of the scenario admin, and the cross-check that validates a change
 form with all its inline rows as one document before anything is saved."""
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from scenarios_admin.definition import ACTION_TOOLS, IMPACT_LISTS, NODE_KINDS, Issue
 from scenarios_admin.draft import ROWS, SCENARIO_COLUMNS, Draft, check_draft, split_list
 from scenarios_admin.models import Scenario, ScenarioKind
-
-# Scenario kinds the model knows but nothing runs yet: not offered in the admin.
-UNAVAILABLE_KINDS = frozenset({ScenarioKind.DIAGNOSIS.value})
+from scenarios_admin.schema import installed_kinds
 
 COMPLIANCE_LABELS = (
     gettext_lazy("1. start"),
@@ -288,12 +286,13 @@ class ScenarioForm(DraftForm):
                 field.strip = False  # a template's final newline is part of it
         kind = self.fields.get("kind")
         if isinstance(kind, forms.ChoiceField):
-            # IT problem diagnosis has no agent behind it yet (issue 12): not offered, and
-            # refused if posted, unless the scenario already is one (shown as it is).
+            # A kind no installed domain pack serves is not offered, and refused if
+            # posted, unless the scenario already is one (shown as it is).
+            served = installed_kinds()
             kind.choices = [
                 (value, label)
                 for value, label in [("", "---------"), *ScenarioKind.choices]
-                if value not in UNAVAILABLE_KINDS or value == self.instance.kind
+                if value in ("", *served) or value == self.instance.kind
             ]
         states = list(self.instance.compliance_states or [])
         for i in range(len(COMPLIANCE_LABELS)):
@@ -454,157 +453,3 @@ def _place_issue(
                 return _place(row, column, message, "Spread radius")
         return _place(form, "radius_key", message, "Spread radius")
     return None
-
-
-# --- topology ------------------------------------------------------------------------------
-
-
-class NodeRefForm(forms.ModelForm[Any]):
-    """A row that names nodes by id (text), so nodes added in the same save can be used.
-    The ids are turned into references when the row is saved, after the nodes."""
-
-    node_refs: dict[str, str] = {}  # form field -> model foreign key
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for name, fk in self.node_refs.items():
-            node = getattr(self.instance, fk, None) if self.instance.pk else None
-            if node is not None:
-                self.initial[name] = node.node_id
-
-    def save(self, commit: bool = True) -> Any:
-        from scenarios_admin.models import TopologyNode
-
-        for name, fk in self.node_refs.items():
-            node_id = self.cleaned_data.get(name) or ""
-            node = (
-                TopologyNode.objects.get(topology=self.instance.topology, node_id=node_id)
-                if node_id
-                else None
-            )
-            setattr(self.instance, fk, node)
-        return super().save(commit)
-
-
-class EdgeForm(NodeRefForm):
-    node_refs = {"source_id": "source", "target_id": "target"}
-    source_id = forms.CharField(label=gettext_lazy("from node"), max_length=32)
-    target_id = forms.CharField(label=gettext_lazy("to node"), max_length=32)
-
-    class Meta:
-        fields: list[str] = []
-
-
-class RunwayForm(NodeRefForm):
-    node_refs = {"reference_id": "reference_node"}
-    reference_id = forms.CharField(
-        label=gettext_lazy("reference node"),
-        max_length=32,
-        help_text=gettext_lazy("Where a runway-wide impact analysis starts (one of its nodes)."),
-    )
-
-    class Meta:
-        fields = ["designator"]
-
-
-class FlightForm(NodeRefForm):
-    node_refs = {"stand_id": "stand"}
-    stand_id = forms.CharField(label=gettext_lazy("stand"), max_length=32, required=False)
-
-    class Meta:
-        fields = ["flight_no", "airline", "aircraft", "registration", "std", "destination", "pax"]
-
-
-class TopologyForm(forms.ModelForm[Any]):
-    cross_check: CrossCheck | None = None
-
-    class Meta:
-        fields = ["icao", "name", "is_active"]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.cross_check is not None:
-            self.cross_check.form = self
-
-    def clean_is_active(self) -> bool:
-        from scenarios_admin.models import Topology
-
-        active = bool(self.cleaned_data.get("is_active"))
-        other = Topology.objects.filter(is_active=True).exclude(pk=self.instance.pk).first()
-        if active and other is not None:
-            raise ValidationError(
-                _(
-                    "Only one topology is active (the agent's impact analysis uses it): "
-                    "deactivate %(icao)s first."
-                )
-                % {"icao": other.icao}
-            )
-        return active
-
-
-def validate_topology(check: CrossCheck) -> list[str]:
-    """The graph the page describes (nodes, edges, runways, flights) checked as a whole."""
-    from scenarios_admin.models import Flight, Runway, TopologyEdge, TopologyNode
-    from scenarios_admin.topology import TopologyData, topology_issues
-
-    def rows(model: type[Any]) -> list[forms.ModelForm[Any]]:
-        formset = check.formset(model)
-        return formset.live_forms() if formset is not None else []
-
-    nodes, edges, runways, flights = (
-        rows(TopologyNode),
-        rows(TopologyEdge),
-        rows(Runway),
-        rows(Flight),
-    )
-    # A renamed node keeps its edges, runway and flights: rows that still name it by its
-    # old id follow it.
-    new_ids = {f.cleaned_data["node_id"] for f in nodes}
-    renamed = {
-        f.initial["node_id"]: f.cleaned_data["node_id"]
-        for f in nodes
-        if f.instance.pk and f.initial.get("node_id") not in (None, f.cleaned_data["node_id"])
-    }
-    for row in (*edges, *runways, *flights):
-        for name in row.node_refs:  # type: ignore[attr-defined]
-            node_id = row.cleaned_data.get(name) or ""
-            if node_id not in new_ids and node_id in renamed:
-                row.cleaned_data[name] = renamed[node_id]
-    data = TopologyData(
-        nodes=[
-            {
-                "node_id": f.cleaned_data["node_id"],
-                "kind": f.cleaned_data["kind"],
-                "runway": f.cleaned_data.get("runway") or "",
-            }
-            for f in nodes
-        ],
-        edges=[(f.cleaned_data["source_id"], f.cleaned_data["target_id"]) for f in edges],
-        runways=[(f.cleaned_data["designator"], f.cleaned_data["reference_id"]) for f in runways],
-        flights=[
-            (f.cleaned_data["flight_no"], f.cleaned_data.get("stand_id") or "") for f in flights
-        ],
-    )
-    parts: dict[str, tuple[str, list[forms.ModelForm[Any]]]] = {
-        "nodes": ("Node", nodes),
-        "edges": ("Edge", edges),
-        "runways": ("Runway", runways),
-        "flights": ("Flight", flights),
-    }
-    form = check.form
-    assert form is not None
-    summary = []
-    for issue in topology_issues(data):
-        match = _INDEXED_TOPOLOGY.match(issue.path)
-        if match and match.group(1) in parts:
-            label, part_rows = parts[match.group(1)]
-            index = int(match.group(2))
-            summary.append(
-                _place(part_rows[index], None, issue.message, f"{label} row {index + 1}")
-            )
-        else:
-            summary.append(_place(form, None, issue.message, "Topology"))
-    return summary
-
-
-_INDEXED_TOPOLOGY = re.compile(r"^(nodes|edges|runways|flights)\[(\d+)\]$")
