@@ -363,7 +363,7 @@ def _column(rest: str, columns: dict[str, str]) -> str | None:
     return None
 
 
-def _place(
+def place_problem(
     form: forms.BaseForm, column: str | None, message: str, label: str, verbose: str = ""
 ) -> str:
     if column is not None and column in form.fields:
@@ -399,7 +399,7 @@ def validate_scenario(check: CrossCheck) -> list[str]:
     for issue in issues:
         summary.append(
             _place_issue(issue, form, fields, values, radii, indexed)
-            or _place(form, None, issue.message, f"Scenario, {issue.path}")
+            or place_problem(form, None, issue.message, f"Scenario, {issue.path}")
         )
     return summary
 
@@ -416,7 +416,7 @@ def _place_issue(
     if path in SCENARIO_PATHS or any(path.startswith(p + ".") for p in SCENARIO_PATHS):
         key = next(p for p in sorted(SCENARIO_PATHS, key=len, reverse=True) if path.startswith(p))
         verbose = "compliance states" if key == "compliance.states" else ""
-        return _place(form, SCENARIO_PATHS[key], message, "Scenario", verbose)
+        return place_problem(form, SCENARIO_PATHS[key], message, "Scenario", verbose)
     match = _INDEXED.match(path)
     if match:
         part, index, rest = match.group(1), int(match.group(2)), match.group(3) or ""
@@ -425,12 +425,12 @@ def _place_issue(
             row = rows[index]
             if part == "risk_rules":
                 label = f"Risk rule {row.cleaned_data['rule_id']} (row {index + 1})"
-                return _place(row, _column(rest, RULE_COLUMNS), message, label)
+                return place_problem(row, _column(rest, RULE_COLUMNS), message, label)
             if part == "actions":
                 label = f"Action {row.cleaned_data['tool']} (row {index + 1})"
-                return _place(row, _column(rest, ACTION_COLUMNS), message, label)
+                return place_problem(row, _column(rest, ACTION_COLUMNS), message, label)
             label = f"Example {index + 1}"
-            return _place(row, _column(rest, EXAMPLE_COLUMNS), message, label)
+            return place_problem(row, _column(rest, EXAMPLE_COLUMNS), message, label)
         return None
     if path.startswith("fields."):
         name, _, rest = path[len("fields.") :].partition(".")
@@ -439,10 +439,10 @@ def _place_issue(
             value_row = values.get((name, value))
             if value_row is not None:
                 label = f"Value {value} of field {name}"
-                return _place(value_row, _column(value_rest, VALUE_COLUMNS), message, label)
+                return place_problem(value_row, _column(value_rest, VALUE_COLUMNS), message, label)
         field_row = fields.get(name)
         if field_row is not None:
-            return _place(field_row, _column(rest, FIELD_COLUMNS), message, f"Field {name}")
+            return place_problem(field_row, _column(rest, FIELD_COLUMNS), message, f"Field {name}")
         return None
     if path.startswith("impact.radius"):
         suffix = path[len("impact.radius.") :] if path.startswith("impact.radius.") else ""
@@ -450,6 +450,6 @@ def _place_issue(
             row_path = f"{value}.{level}" if value else level
             if suffix and (row_path == suffix or row_path.startswith(suffix + ".")):
                 column = "hops" if row_path == suffix else "key_value"
-                return _place(row, column, message, "Spread radius")
-        return _place(form, "radius_key", message, "Spread radius")
+                return place_problem(row, column, message, "Spread radius")
+        return place_problem(form, "radius_key", message, "Spread radius")
     return None

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from scenarios_admin.admin_forms import CheckedInlineFormSet, CrossCheck, _place
+from scenarios_admin.admin_forms import CheckedInlineFormSet, CrossCheck, place_problem
 from scenarios_admin.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
 from scenarios_admin.topology import data_of, topology_issues, topology_map
 
@@ -162,10 +162,10 @@ def validate_topology(check: CrossCheck) -> list[str]:
             label, part_rows = parts[match.group(1)]
             index = int(match.group(2))
             summary.append(
-                _place(part_rows[index], None, issue.message, f"{label} row {index + 1}")
+                place_problem(part_rows[index], None, issue.message, f"{label} row {index + 1}")
             )
         else:
-            summary.append(_place(form, None, issue.message, "Topology"))
+            summary.append(place_problem(form, None, issue.message, "Topology"))
     return summary
 
 
