@@ -62,8 +62,8 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
 
     def clean(self) -> dict[str, Any]:
         """An OpenAI-compatible provider needs a URL and a model (a database constraint
-        too): said on the field, where the constraint's own message named only itself
-        (issue 12). A field with an error is left out of the model's constraint check."""
+        too): said on the field, where the constraint's own message named only itself.
+        A field with an error is left out of the model's constraint check."""
         cleaned = super().clean() or {}
         if cleaned.get("kind") and cleaned["kind"] != ProviderKind.OFFLINE:
             if not cleaned.get("base_url") and "base_url" not in self.errors:

@@ -1,6 +1,6 @@
 """A scenario definition is validated by one pydantic model: a discriminated union on
 `kind` over the definition models of the installed domain packs, whose JSON Schema the
-admin serves to editors (issue 28)."""
+admin serves to editors."""
 
 from __future__ import annotations
 
