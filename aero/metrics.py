@@ -134,5 +134,11 @@ def timed_job(job: Callable[[str], str]) -> Callable[[str], str]:
     return timed
 
 
+# Any client may send any method name: only these become label values, the rest "other",
+# so no caller can grow the series without bound.
+API_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
+
+
 def api_call(method: str, status: int) -> None:
-    _safe(lambda: API_CALLS.labels(method, str(status)).inc())
+    label = method if method in API_METHODS else "other"
+    _safe(lambda: API_CALLS.labels(label, str(status)).inc())

@@ -509,6 +509,9 @@ AERO_INGEST_SECRET = env_str("AERO_INGEST_SECRET")
 # DATA_UPLOAD_MAX_MEMORY_SIZE: a full Alertmanager group (up to 1,000 alerts, values up
 # to 4,000 characters) must fit; a larger one gets a JSON 413 naming this limit.
 AERO_INGEST_MAX_BYTES = env_int("AERO_INGEST_MAX_BYTES", 16 * 1024 * 1024, minimum=1024)
+# Observations (every alert and the gate's decision) are kept this many days, then
+# pruned by the workers' maintenance loop; the sessions they opened keep their alerts.
+AERO_OBSERVATION_RETENTION_DAYS = env_int("AERO_OBSERVATION_RETENTION_DAYS", 30, minimum=1)
 # Sessions opened by alerts that came in with the shared secret belong to this user.
 AERO_INGEST_USERNAME = env_str("AERO_INGEST_USERNAME", "alertmanager")
 # Optional YAML file of gate rules, watched by stamp (mtime_ns + size) and hash.

@@ -1,5 +1,8 @@
 """The JSON event stream for API clients: /ws/api/sessions/<id>?last_seq=N.
 
+A malformed id or last_seq gets one `{"type": "error", "code", "detail"}` message and
+close code 4400; a last_seq past the end of the log starts at its end.
+
 Authenticated by an API token (`Authorization: Bearer …` header, or `?token=` for clients
 that cannot set headers). Sends the tech plan's envelope, one event per message, in seq
 order: first everything after last_seq from the event log (catch-up, as far back as the
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -33,17 +37,20 @@ BATCH = 200
 BATCH_BYTES = 1024 * 1024  # messages one pull hands to the loop, whatever their count
 FETCH_CHUNK = 20  # rows read at a time (a server-side cursor on PostgreSQL)
 FRAME_BYTES = 512 * 1024  # largest message sent: half of daphne's 1 MB limit (1011)
+CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 STREAM = "api"
 
 
 class Viewer:
-    """What the presenters need to know about who is watching."""
+    """What the presenters need to know about who is watching (and where the session's
+    log ends, when it was checked)."""
 
-    def __init__(self, user: Any, roles: frozenset[str]) -> None:
+    def __init__(self, user: Any, roles: frozenset[str], last_seq: int = 0) -> None:
         self.user = user
         self.api_roles = roles
+        self.last_seq = last_seq
 
 
 def authenticate(raw: str, session_id: str) -> tuple[Viewer | None, int]:
@@ -53,9 +60,11 @@ def authenticate(raw: str, session_id: str) -> tuple[Viewer | None, int]:
     roles = token.effective_roles()
     if not roles & set(VIEW_SESSIONS):
         return None, CLOSE_FORBIDDEN
-    if not Session.objects.visible().filter(pk=session_id).exists():
+    last_seq = Session.objects.visible().filter(pk=session_id).values_list("last_seq", flat=True)
+    found = list(last_seq)
+    if not found:
         return None, CLOSE_FORBIDDEN
-    return Viewer(token.user, roles), 0
+    return Viewer(token.user, roles, found[0]), 0
 
 
 def pull(
@@ -131,8 +140,25 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
         self.flushing = asyncio.Lock()
-        self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         query = parse_qs(self.scope.get("query_string", b"").decode())
+        self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
+        last_seq = query.get("last_seq", ["0"])[0]
+        code, refusal = "", ""
+        try:
+            uuid.UUID(self.session_id)
+        except ValueError:
+            code, refusal = "invalid_session_id", f"{self.session_id[:40]!r} is not a session id."
+        if not refusal and not (last_seq.isascii() and last_seq.isdigit()):
+            code = "invalid_last_seq"
+            refusal = f"last_seq must be a whole number of 0 or more, not {last_seq[:20]!r}."
+        if refusal:
+            # Accept, say why in one message (daphne sends no close reason), close with
+            # 4400: a refused handshake would only say "403", a guessed start replay wrong.
+            metrics.ws_refused(STREAM)
+            await self.accept()
+            await self.send_json({"type": "error", "code": code, "detail": refusal})
+            await self.close(code=CLOSE_BAD_REQUEST, reason=refusal)
+            return
         headers = dict(self.scope.get("headers", []))
         raw = headers.get(b"authorization", b"").decode("latin-1")
         raw = raw[7:].strip() if raw.lower().startswith("bearer ") else query.get("token", [""])[0]
@@ -145,10 +171,9 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
             await self.close(code=code)
             return
         self.viewer, self.raw = viewer, raw
-        try:
-            self.sent_seq = max(0, int(query.get("last_seq", ["0"])[0]))
-        except ValueError:
-            self.sent_seq = 0
+        # A last_seq past the log's end (a client that kept another session's number, a
+        # log restored from a backup) starts at the end: live events still come.
+        self.sent_seq = min(int(last_seq), viewer.last_seq)
         # Notices arrive through the hub's subscription to the session (one per process);
         # a lost one is made up by its periodic resync.
         await hub().join(self.session_id, self)

@@ -1,17 +1,33 @@
-"""Every API error is JSON with a stable machine-readable `code` and a human `message`."""
+"""Every API error is an RFC 9457 problem (`application/problem+json`): `type`, `title`,
+`status`, `detail`, `instance`, plus a stable machine-readable `code`, the `request_id`
+(also in the `X-Request-ID` header and the log line of the error) and, for invalid
+input, `errors`. `message` repeats `detail` for clients of the first error format."""
 
 from __future__ import annotations
 
+import json
+import logging
+from http import HTTPStatus
 from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+logger = logging.getLogger("api.errors")
+PROBLEM = "application/problem+json"
+TYPE_PREFIX = "urn:aero:problem:"
+
 
 class ErrorOut(Schema):
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str
     code: str
     message: str
+    request_id: str
     errors: list[dict[str, Any]] | None = None
 
 
@@ -35,42 +51,88 @@ DEFAULT_CODES = {
     500: "server_error",
 }
 
-# The error responses each operation documents (schemathesis checks the schema's promise).
-READ_ERRORS: dict[int, type[ErrorOut]] = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut}
-WRITE_ERRORS: dict[int, type[ErrorOut]] = {**READ_ERRORS, 409: ErrorOut, 422: ErrorOut}
+# The error responses each operation documents (schemathesis checks the schema's promise):
+# a GET refuses bad query or path values with 422; a POST also a body it cannot parse
+# (400) and a refused action (409).
+READ_ERRORS: dict[int, type[ErrorOut]] = {
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    422: ErrorOut,
+}
+WRITE_ERRORS: dict[int, type[ErrorOut]] = {**READ_ERRORS, 400: ErrorOut, 409: ErrorOut}
 
 
-def error_body(
-    code: str, message: str, errors: list[dict[str, Any]] | None = None
+def request_id(request: HttpRequest) -> str:
+    return str(getattr(request, "request_id", "") or "")
+
+
+def problem(
+    request: HttpRequest,
+    status: int,
+    code: str,
+    detail: str,
+    errors: list[dict[str, Any]] | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"code": code, "message": message}
+    body: dict[str, Any] = {
+        "type": f"{TYPE_PREFIX}{code}",
+        "title": HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error",
+        "status": status,
+        "detail": detail,
+        "instance": request.path,
+        "code": code,
+        "message": detail,
+        "request_id": request_id(request),
+        **extra,
+    }
     if errors is not None:
         body["errors"] = errors
     return body
 
 
+def problem_response(
+    request: HttpRequest,
+    status: int,
+    code: str,
+    detail: str,
+    errors: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> HttpResponse:
+    """The problem as a response, logged with its request id."""
+    body = problem(request, status, code, detail, errors, **extra)
+    logger.info(
+        "%s %s -> %s %s: %s request_id=%s",
+        request.method,
+        request.path,
+        status,
+        code,
+        detail,
+        body["request_id"],
+    )
+    response = HttpResponse(json.dumps(body), status=status, content_type=PROBLEM)
+    if status == 401:
+        realm = "aero-ingest" if request.path.startswith("/ingest/") else "aero"
+        response["WWW-Authenticate"] = f'Bearer realm="{realm}"'
+    return response
+
+
 def install_handlers(api: NinjaAPI) -> None:
     def api_error(request: HttpRequest, exc: Any) -> HttpResponse:
-        return api.create_response(
-            request, error_body(exc.code, exc.message), status=exc.status_code
-        )
+        return problem_response(request, exc.status_code, exc.code, exc.message)
 
     def http_error(request: HttpRequest, exc: Any) -> HttpResponse:
         code = DEFAULT_CODES.get(exc.status_code, "error")
-        return api.create_response(request, error_body(code, exc.message), status=exc.status_code)
+        return problem_response(request, exc.status_code, code, exc.message)
 
     def auth_error(request: HttpRequest, exc: Any) -> HttpResponse:
-        response = api.create_response(
+        return problem_response(
             request,
-            error_body(
-                "unauthenticated",
-                "Send a valid API token: 'Authorization: Bearer <token>' "
-                "(create one under /api/tokens/).",
-            ),
-            status=401,
+            401,
+            "unauthenticated",
+            "Send a valid API token: 'Authorization: Bearer <token>' "
+            "(create one under /api/tokens/).",
         )
-        response["WWW-Authenticate"] = 'Bearer realm="aero"'
-        return response
 
     def validation_error(request: HttpRequest, exc: Any) -> HttpResponse:
         errors = [
@@ -79,16 +141,10 @@ def install_handlers(api: NinjaAPI) -> None:
         ]
         first = errors[0] if errors else {"loc": [], "msg": "invalid"}
         where = ".".join(first["loc"]) or "request"
-        return api.create_response(
-            request,
-            error_body("invalid_input", f"{where}: {first['msg']}", errors),
-            status=422,
-        )
+        return problem_response(request, 422, "invalid_input", f"{where}: {first['msg']}", errors)
 
     def not_found(request: HttpRequest, exc: Any) -> HttpResponse:
-        return api.create_response(
-            request, error_body("not_found", str(exc) or "Not found."), status=404
-        )
+        return problem_response(request, 404, "not_found", str(exc) or "Not found.")
 
     api.add_exception_handler(ApiError, api_error)
     api.add_exception_handler(AuthenticationError, auth_error)

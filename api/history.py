@@ -11,12 +11,14 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
-from ninja import Field, Query, Router, Schema, Status
+from ninja import Field, Query, Schema, Status
 
 from aero.roles import ADMIN, VIEW_SESSIONS
+from api import pagination
 from api.auth import TokenAuth
 from api.errors import READ_ERRORS, ApiError
 from api.presenters import masks, viewer_roles
+from api.strict import StrictRouter
 from diagnosis.models import Session, SessionStatus
 from replay import history, jobs
 from replay.export import render_export
@@ -25,7 +27,7 @@ from replay.history import parse_cursor
 from scenarios_admin.models import Scenario
 
 READ = TokenAuth(VIEW_SESSIONS, "view sessions")
-router = Router(tags=["history"])
+router = StrictRouter(tags=["history"])
 MARKDOWN = {"text/markdown": {"schema": {"type": "string"}}}
 
 
@@ -40,7 +42,13 @@ class HistoryQuery(Schema):
     since: date | None = None
     until: date | None = None
     sort: Literal["-created", "created", "-updated"] = "-created"
-    cursor: str = Field("", max_length=100, pattern=r"^[^\x00]*$")
+    limit: int = Field(50, ge=1, le=100)
+    cursor: str = Field(
+        "",
+        max_length=pagination.MAX_CURSOR,
+        pattern=pagination.CURSOR_PATTERN,
+        description=pagination.CURSOR_DOC,
+    )
 
 
 class HistoryRow(Schema):
@@ -72,8 +80,9 @@ class ExportJobOut(Schema):
 @router.get("/history", auth=READ, response={200: HistoryPage, **READ_ERRORS})
 def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
     """Sessions by text, problem type, status, risk, flight, position, creator and dates,
-    as on /history/ (deleted sessions excluded), 50 a page."""
+    as on /history/ (deleted sessions excluded), `limit` a page."""
     data = filters.model_dump()
+    limit = data.pop("limit")
     empty: dict[str, Any] = {"sessions": [], "next_cursor": None}
     # Filters that cannot match anything find nothing (rather than being "invalid").
     if data["since"] and data["until"] and data["since"] > data["until"]:
@@ -83,16 +92,19 @@ def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
     if data["problem_type"] and not Scenario.objects.filter(slug=data["problem_type"]).exists():
         return empty
     if data["cursor"]:
+        # the position in the replay search's own terms, for this sort order only
+        inner = pagination.decode(f"history:{data['sort']}", data["cursor"]).get("at")
         try:
-            parse_cursor(data["cursor"])
+            parse_cursor(str(inner))
         except ValueError:
-            raise ApiError(404, "invalid_cursor", "No such page: start from the first.") from None
+            raise ApiError(404, "invalid_cursor", "No such page: start again.") from None
+        data["cursor"] = inner
     data["scenario"] = data.pop("problem_type")
     form = HistoryForm({k: ("" if v is None else str(v)) for k, v in data.items()})
     if not form.is_valid():
         field, errors = next(iter(form.errors.items()))
         raise ApiError(422, "invalid_input", f"{field}: {errors[0]}")
-    page = history.search(form.cleaned_data)
+    page = history.search(form.cleaned_data, limit)
     return {
         "sessions": [
             {
@@ -109,7 +121,11 @@ def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
             }
             for row in page.rows
         ],
-        "next_cursor": page.next_cursor or None,
+        "next_cursor": (
+            pagination.encode(f"history:{data['sort']}", {"at": page.next_cursor})
+            if page.next_cursor
+            else None
+        ),
     }
 
 

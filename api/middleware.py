@@ -4,28 +4,39 @@ outcome (a refused approval is as interesting as a granted one). Every error und
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from http import HTTPStatus
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 
 from aero import metrics
 from aero.models import audit
-from api.errors import DEFAULT_CODES, error_body
+from api.errors import DEFAULT_CODES, PROBLEM, problem_response
 
 API_PREFIX = "/api/v1/"
 JSON_PREFIXES = (API_PREFIX, "/ingest/")
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{8,64}$")  # a caller's own id, if it is one
 
 
 class ApiAuditMiddleware:
+    """Also gives every API and ingest request its id: the caller's `X-Request-ID` when
+    it is a plain token, else a new one; it is sent back in the same header and named in
+    every problem body and error log line."""
+
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not request.path.startswith(JSON_PREFIXES):
+            return self.get_response(request)
+        sent = request.headers.get("X-Request-ID", "")
+        request.request_id = sent if REQUEST_ID.match(sent) else uuid.uuid4().hex  # type: ignore[attr-defined]
         response = self.get_response(request)
+        response["X-Request-ID"] = request.request_id  # type: ignore[attr-defined]
         if not request.path.startswith(API_PREFIX):
             return response
         metrics.api_call(request.method or "", response.status_code)
@@ -62,7 +73,7 @@ def _uuid_or_none(value: object) -> uuid.UUID | None:
 
 
 class JsonErrorsMiddleware:
-    """The API's error format (`{"code", "message"}`) for what Django answers before or
+    """The API's error format (RFC 9457 problem details) for what Django answers before or
     around the views: a method the route does not take (405, its Allow header kept), a
     body over DATA_UPLOAD_MAX_MEMORY_SIZE (413, naming the limit), a server error (500).
     A client of the API or of the ingest never has to parse an HTML page."""
@@ -75,7 +86,7 @@ class JsonErrorsMiddleware:
         if (
             response.status_code < 400
             or not request.path.startswith(JSON_PREFIXES)
-            or response.get("Content-Type", "").startswith("application/json")
+            or response.get("Content-Type", "").startswith(("application/json", PROBLEM))
         ):
             return response
         status = response.status_code
@@ -84,7 +95,7 @@ class JsonErrorsMiddleware:
         else:
             message = HTTPStatus(status).phrase + "." if status in HTTPStatus else "Error."
         code = DEFAULT_CODES.get(status, "server_error" if status >= 500 else "error")
-        converted = JsonResponse(error_body(code, message), status=status)
+        converted = problem_response(request, status, code, message)
         for header in ("Allow", "WWW-Authenticate", "Retry-After"):
             if header in response:
                 converted[header] = response[header]
@@ -93,8 +104,10 @@ class JsonErrorsMiddleware:
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if isinstance(exception, RequestDataTooBig) and request.path.startswith(JSON_PREFIXES):
             limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-            return JsonResponse(
-                error_body("payload_too_large", f"The body is over the {limit:,} bytes accepted."),
-                status=413,
+            return problem_response(
+                request,
+                413,
+                "payload_too_large",
+                f"The body is over the {limit:,} bytes accepted.",
             )
         return None

@@ -3,7 +3,10 @@ WebSocket stream so both say the same thing."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
 
 from approvals.models import Approval, ApprovalStatus
 from diagnosis.models import AgentRun, Event, Session
@@ -30,13 +33,19 @@ def visible_payload(event: Event, roles: frozenset[str]) -> dict[str, Any]:
     return payload
 
 
+def timestamp(moment: datetime) -> str:
+    """A time as every JSON answer of the API writes it (Django's encoder: milliseconds,
+    "Z"), so an event's `ts` reads the same on the stream and in REST."""
+    return str(DjangoJSONEncoder().default(moment))
+
+
 def envelope(event: Event, viewer: Any) -> dict[str, Any]:
     """The tech plan's envelope (§2.3): event_id, session_id, type, ts, seq, payload."""
     return {
         "event_id": str(event.event_id),
         "session_id": str(event.session_id),
         "type": event.type,
-        "ts": event.ts.isoformat(),
+        "ts": timestamp(event.ts),
         "seq": event.seq,
         "payload": visible_payload(event, viewer_roles(viewer)),
     }

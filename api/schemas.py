@@ -7,9 +7,16 @@ from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from ninja import Field, Schema
-from pydantic import StringConstraints
+from pydantic import ConfigDict, StringConstraints
 
 from aero.text import MAX_MESSAGE, MAX_REASON
+
+
+class StrictIn(Schema):
+    """A request body: an unknown field is refused (422), not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
 
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL cannot store U+0000 in text
 SLUG = r"^[-a-zA-Z0-9_]+$"
@@ -22,7 +29,7 @@ Reason = Annotated[
 ]
 
 
-class SessionIn(Schema):
+class SessionIn(StrictIn):
     problem_type: str = Field(
         ...,
         max_length=64,
@@ -71,16 +78,19 @@ class SessionSummary(Schema):
     last_seq: int
 
 
+NEXT_CURSOR = "Pass as `cursor` for the next page; null when this page is the last."
+
+
 class SessionPage(Schema):
     sessions: list[SessionSummary]
-    next_offset: int | None = Field(..., description="Pass as offset for the next page.")
+    next_cursor: str | None = Field(..., description=NEXT_CURSOR)
 
 
-class CancelIn(Schema):
+class CancelIn(StrictIn):
     reason: Reason = ""
 
 
-class AnswerIn(Schema):
+class AnswerIn(StrictIn):
     message: Text
 
 
@@ -97,9 +107,7 @@ class TimelineOut(Schema):
     session_id: UUID
     last_seq: int
     events: list[Envelope]
-    next_from_seq: int | None = Field(
-        ..., description="Pass as from_seq for the next page; null when this page is the end."
-    )
+    next_cursor: str | None = Field(..., description=NEXT_CURSOR)
 
 
 class RunNode(Schema):
@@ -153,12 +161,12 @@ class ApprovalOut(Schema):
     )
 
 
-class DecisionIn(Schema):
+class DecisionIn(StrictIn):
     digest: str = Field(..., min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
     reason: Reason = ""
 
 
-class RejectIn(Schema):
+class RejectIn(StrictIn):
     digest: str = Field(..., min_length=64, max_length=64, pattern="^[0-9a-f]{64}$")
     reason: Annotated[
         str,

@@ -3,21 +3,33 @@ actions as the pages: the API adds authentication, JSON and idempotency, never p
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
-from ninja import Header, NinjaAPI, Query, Router, Status
+from django.urls import reverse
+from ninja import Header, NinjaAPI, Query, Status
 from ninja.openapi.docs import Swagger
+from ninja.operation import Operation
 
 from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_SESSIONS
-from api import schemas
+from api import pagination, schemas
 from api.auth import TokenAuth
-from api.errors import READ_ERRORS, WRITE_ERRORS, ApiError, ErrorOut, install_handlers
+from api.errors import (
+    PROBLEM,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    ApiError,
+    ErrorOut,
+    install_handlers,
+    problem_response,
+)
 from api.history import router as history_router
 from api.idempotency import request_hash, run_once
 from api.presenters import approval_out, envelope, run_tree, session_out, viewer_roles
+from api.strict import StrictRouter
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import OPEN_STATUSES, Approval
 from diagnosis import actions
@@ -28,13 +40,54 @@ from scenarios_admin.models import Scenario
 TIMELINE_MAX = 200
 LIST_MAX = 100  # rendering is not involved, but one page stays one small query
 
-api = NinjaAPI(
+REPLAYED = "Idempotent-Replayed"
+HEADERS = {
+    "X-Request-ID": "This request's id: in every problem body and the server's log lines.",
+}
+
+
+class AeroApi(NinjaAPI):
+    """Readable operationIds (`createSession`, not the module path) and a schema that
+    says what the API answers: errors as RFC 9457 problems, the request id on every
+    response, `Location` on a 201 and the replay marker of an idempotent retry."""
+
+    def get_openapi_operation_id(self, operation: Operation) -> str:
+        first, *rest = operation.view_func.__name__.split("_")
+        return first + "".join(word.capitalize() for word in rest)
+
+    def get_openapi_schema(self, **kwargs: Any) -> Any:
+        schema = super().get_openapi_schema(**kwargs)
+        for item in schema["paths"].values():
+            for operation in item.values():
+                for status, response in operation.get("responses", {}).items():
+                    headers = response.setdefault("headers", {})
+                    for name, text in HEADERS.items():
+                        headers[name] = {"description": text, "schema": {"type": "string"}}
+                    if int(status) >= 400 and "application/json" in response.get("content", {}):
+                        response["content"] = {PROBLEM: response["content"]["application/json"]}
+                    if operation.get("operationId") == "createSession" and int(status) == 201:
+                        headers["Location"] = {
+                            "description": "The new session's URL.",
+                            "schema": {"type": "string"},
+                            "required": True,
+                        }
+                        headers[REPLAYED] = {
+                            "description": '"true" when this answers a retry with the same'
+                            " Idempotency-Key (the first response, replayed).",
+                            "schema": {"type": "string", "enum": ["true"]},
+                        }
+        return schema
+
+
+api = AeroApi(
     title="AERO API",
     version="1",
     description=(
         "Incident sessions, their event log and approvals, for machines. Authenticate with "
         "a personal API token (`Authorization: Bearer aero_…`), created under /api/tokens/. "
-        "Errors are JSON: `{code, message}`."
+        "Errors are RFC 9457 problems (`application/problem+json`: type, title, status, "
+        "detail, instance, plus `code` and `request_id`). Lists page with `limit` and an "
+        "opaque `cursor` (pass the page's `next_cursor`)."
     ),
     urls_namespace="api",
     # Served from django-ninja's own static files (ninja is in INSTALLED_APPS): no CDN.
@@ -44,8 +97,8 @@ install_handlers(api)
 READ = TokenAuth(VIEW_SESSIONS, "view sessions")
 RUN = TokenAuth(RUN_SESSIONS, "run sessions (open, answer, cancel, resume)")
 DECIDE = TokenAuth(DECIDE_APPROVALS, "decide approvals")
-sessions = Router(tags=["sessions"])
-approvals = Router(tags=["approvals"])
+sessions = StrictRouter(tags=["sessions"])
+approvals = StrictRouter(tags=["approvals"])
 
 
 def _session(session_id: UUID) -> Session:
@@ -86,6 +139,7 @@ def _snapshot(session_id: UUID) -> dict[str, Any]:
 )
 def create_session(
     request: HttpRequest,
+    response: HttpResponse,
     payload: schemas.SessionIn,
     idempotency_key: str | None = Header(
         None,
@@ -95,7 +149,7 @@ def create_session(
         description="Retry safely: the same key and body return the first response (24 h).",
     ),
 ) -> Any:
-    body = payload.model_dump()
+    sent = payload.model_dump()
 
     def create() -> tuple[int, dict[str, Any]]:
         scenario = Scenario.objects.filter(slug=payload.problem_type, is_active=True).first()
@@ -112,12 +166,15 @@ def create_session(
             raise _refused(exc) from exc
         return 201, {"session_id": str(session.pk), "status": session.status}
 
-    status, response, replayed = run_once(
-        request.user, idempotency_key, request_hash("POST", request.path, body), create
+    status, body, replayed = run_once(
+        request.user, idempotency_key, request_hash("POST", request.path, sent), create
     )
     if replayed:
         request.idempotent_replay = True  # type: ignore[attr-defined]
-    return Status(status, response)
+        response[REPLAYED] = "true"
+    if status == 201:
+        response["Location"] = reverse("api:get_session", kwargs={"session_id": body["session_id"]})
+    return Status(status, body)
 
 
 @sessions.get("", auth=READ, response={200: schemas.SessionPage, **READ_ERRORS})
@@ -126,7 +183,12 @@ def list_sessions(
     status: Literal["", *SessionStatus.values] = "",  # type: ignore[valid-type]
     problem_type: str = Query("", max_length=64, pattern=r"^[-a-zA-Z0-9_]*$"),
     limit: int = Query(50, ge=1, le=LIST_MAX),
-    offset: int = Query(0, ge=0, le=10_000),
+    cursor: str = Query(
+        "",
+        max_length=pagination.MAX_CURSOR,
+        pattern=pagination.CURSOR_PATTERN,
+        description=pagination.CURSOR_DOC,
+    ),
 ) -> Any:
     """Sessions newest first, as on the sessions page (deleted ones excluded)."""
     sessions = Session.objects.visible().select_related("scenario", "created_by")
@@ -134,7 +196,15 @@ def list_sessions(
         sessions = sessions.filter(status=status)
     if problem_type:
         sessions = sessions.filter(scenario__slug=problem_type)
-    page = list(sessions.order_by("-created_at", "id")[offset : offset + limit + 1])
+    if cursor:
+        after = pagination.decode("sessions", cursor)
+        try:
+            moment, last = datetime.fromisoformat(after["t"]), UUID(after["id"])
+        except (KeyError, TypeError, ValueError):
+            raise ApiError(404, "invalid_cursor", "No such page: start again.") from None
+        sessions = sessions.filter(Q(created_at__lt=moment) | Q(created_at=moment, pk__lt=last))
+    page = list(sessions.order_by("-created_at", "-id")[: limit + 1])
+    shown = page[:limit]
     return {
         "sessions": [
             {
@@ -147,9 +217,15 @@ def list_sessions(
                 "ended_at": s.ended_at,
                 "last_seq": s.last_seq,
             }
-            for s in page[:limit]
+            for s in shown
         ],
-        "next_offset": offset + limit if len(page) > limit else None,
+        "next_cursor": (
+            pagination.encode(
+                "sessions", {"t": shown[-1].created_at.isoformat(), "id": str(shown[-1].pk)}
+            )
+            if len(page) > limit
+            else None
+        ),
     }
 
 
@@ -198,13 +274,28 @@ def answer_session(request: HttpRequest, session_id: UUID, payload: schemas.Answ
 def timeline(
     request: HttpRequest,
     session_id: UUID,
-    from_seq: int = Query(1, ge=1, le=2**53, description="First seq to return."),
+    from_seq: int | None = Query(
+        None, ge=1, le=2**53, description="First seq to return (a cursor, when given, wins)."
+    ),
     limit: int = Query(100, ge=1, le=TIMELINE_MAX),
+    cursor: str = Query(
+        "",
+        max_length=pagination.MAX_CURSOR,
+        pattern=pagination.CURSOR_PATTERN,
+        description=pagination.CURSOR_DOC,
+    ),
 ) -> Any:
-    """Events in seq order from `from_seq`, at most `limit` of them (keyset on seq)."""
+    """Events in seq order from `from_seq` (or the cursor's position; the first event
+    when neither is given), at most `limit` of them (keyset on seq)."""
     session = _session(session_id)
+    first = from_seq or 1
+    if cursor:
+        position = pagination.decode(f"timeline:{session.pk}", cursor).get("seq")
+        if not isinstance(position, int) or position < 1:
+            raise ApiError(404, "invalid_cursor", "No such page: start again.")
+        first = position
     events = list(
-        Event.objects.filter(session_id=session.pk, seq__gte=from_seq).order_by("seq")[: limit + 1]
+        Event.objects.filter(session_id=session.pk, seq__gte=first).order_by("seq")[: limit + 1]
     )
     more = len(events) > limit
     events = events[:limit]
@@ -212,7 +303,11 @@ def timeline(
         "session_id": session.pk,
         "last_seq": session.last_seq,
         "events": [envelope(event, request) for event in events],
-        "next_from_seq": events[-1].seq + 1 if more else None,
+        "next_cursor": (
+            pagination.encode(f"timeline:{session.pk}", {"seq": events[-1].seq + 1})
+            if more
+            else None
+        ),
     }
 
 
@@ -301,10 +396,8 @@ api.add_router("", history_router)
 
 
 def not_found(request: HttpRequest, unknown: str = "") -> HttpResponse:
-    """Unknown paths under /api/v1/ answer in JSON too, not with the HTML 404 page."""
-    return api.create_response(
-        request, {"code": "not_found", "message": "No such API endpoint."}, status=404
-    )
+    """Unknown paths under /api/v1/ answer with a problem too, not the HTML 404 page."""
+    return problem_response(request, 404, "not_found", "No such API endpoint.")
 
 
 __all__ = ["ErrorOut", "api", "not_found"]

@@ -56,6 +56,21 @@ def repeat_of(
     return last
 
 
+PRUNE_BATCH = 1000
+
+
+def prune_observations() -> int:
+    """Periodic (the workers' maintenance loop): delete observations older than
+    AERO_OBSERVATION_RETENTION_DAYS, a batch at a time. Returns how many went."""
+    cutoff = timezone.now() - timedelta(days=settings.AERO_OBSERVATION_RETENTION_DAYS)
+    old = Observation.objects.filter(received_at__lt=cutoff).order_by("received_at")
+    pks = list(old.values_list("pk", flat=True)[:PRUNE_BATCH])
+    if not pks:
+        return 0
+    deleted, _ = Observation.objects.filter(pk__in=pks).delete()
+    return deleted
+
+
 def ingest_user() -> Any:
     """The user sessions opened by shared-secret alerts belong to (cannot log in)."""
     user_model = get_user_model()

@@ -13,31 +13,34 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from pydantic import BaseModel, ValidationError
 
 from aero.roles import RUN_SESSIONS
 from api.auth import token_from_raw, touch
+from api.errors import problem_response
 from ingest.actions import do_ingest, do_refuse, ingest_user
 from ingest.config import ConfigError
 from ingest.gate import Alert, from_alertmanager, from_generic
 from ingest.schemas import AlertmanagerAlert, AlertmanagerPayload, GenericAlert, GenericPayload
 
 
-def _error(status: int, code: str, message: str, **extra: Any) -> JsonResponse:
-    response = JsonResponse({"code": code, "message": message, **extra}, status=status)
-    if status == 401:
-        response["WWW-Authenticate"] = 'Bearer realm="aero-ingest"'
-    return response
+def _error(
+    request: HttpRequest, status: int, code: str, message: str, **extra: Any
+) -> HttpResponse:
+    return problem_response(request, status, code, message, **extra)
 
 
-def _caller(request: HttpRequest) -> tuple[Any, JsonResponse | None]:
+def _caller(request: HttpRequest) -> tuple[Any, HttpResponse | None]:
     header = request.headers.get("Authorization", "")
     if not header.lower().startswith("bearer "):
         return None, _error(
-            401, "unauthenticated", "Send an API token or the ingest secret as a Bearer credential."
+            request,
+            401,
+            "unauthenticated",
+            "Send an API token or the ingest secret as a Bearer credential.",
         )
     credential = header[7:].strip()
     secret = settings.AERO_INGEST_SECRET
@@ -45,10 +48,12 @@ def _caller(request: HttpRequest) -> tuple[Any, JsonResponse | None]:
         return ingest_user(), None
     token = token_from_raw(credential)
     if token is None:
-        return None, _error(401, "unauthenticated", "Unknown, revoked or expired credential.")
+        return None, _error(
+            request, 401, "unauthenticated", "Unknown, revoked or expired credential."
+        )
     if not token.effective_roles() & set(RUN_SESSIONS):
         return None, _error(
-            403, "forbidden", "This token may not open sessions (needs operator or admin)."
+            request, 403, "forbidden", "This token may not open sessions (needs operator or admin)."
         )
     touch(token)
     request.api_token = token  # type: ignore[attr-defined]
@@ -105,7 +110,7 @@ def _ingest(
     item_schema: type[BaseModel],
     convert: Callable[[Any, Any], Alert],
     source: Callable[[Any, Any], tuple[str, str]],
-) -> JsonResponse:
+) -> HttpResponse:
     """The envelope must be valid (422 otherwise); each alert is then validated on its
     own: an invalid one is recorded as refused with its reason, and the delivery is
     accepted (200) whenever any alert in it is valid."""
@@ -115,6 +120,7 @@ def _ingest(
     raw = _body(request)
     if raw is None:
         return _error(
+            request,
             413,
             "payload_too_large",
             f"The delivery is over the {settings.AERO_INGEST_MAX_BYTES:,} bytes accepted"
@@ -125,10 +131,11 @@ def _ingest(
         body = json.loads(raw or b"null")
     except (ValueError, UnicodeDecodeError, RecursionError):
         # RecursionError: nested deeper than the parser goes.
-        return _error(400, "bad_json", "The body is not JSON.")
+        return _error(request, 400, "bad_json", "The body is not JSON.")
     envelope = {k: v for k, v in body.items() if k != "alerts"} if isinstance(body, dict) else body
     if _has_nul(envelope):
         return _error(
+            request,
             422,
             "invalid_input",
             "The delivery holds a NUL character (U+0000), which cannot be stored.",
@@ -141,7 +148,7 @@ def _ingest(
             for e in exc.errors(include_url=False)
         ]
         where = ".".join(errors[0]["loc"]) or "body"
-        return _error(422, "invalid_input", f"{where}: {errors[0]['msg']}", errors=errors)
+        return _error(request, 422, "invalid_input", f"{where}: {errors[0]['msg']}", errors=errors)
     results = []
     refused: list[str] = []
     try:
@@ -166,9 +173,10 @@ def _ingest(
             )
     except ConfigError as exc:
         # No valid gate configuration at all (never the case after one good load).
-        return _error(503, "gate_unavailable", str(exc))
+        return _error(request, 503, "gate_unavailable", str(exc))
     if refused and len(refused) == len(results):
         return _error(
+            request,
             422,
             "invalid_input",
             refused[0],
@@ -194,7 +202,7 @@ def _generic_source(payload: GenericPayload, item: Any) -> tuple[str, str]:
 
 @csrf_exempt
 @require_POST
-def alertmanager(request: HttpRequest) -> JsonResponse:
+def alertmanager(request: HttpRequest) -> HttpResponse:
     return _ingest(
         request, AlertmanagerPayload, AlertmanagerAlert, from_alertmanager, _alertmanager_source
     )
@@ -202,5 +210,5 @@ def alertmanager(request: HttpRequest) -> JsonResponse:
 
 @csrf_exempt
 @require_POST
-def generic(request: HttpRequest) -> JsonResponse:
+def generic(request: HttpRequest) -> HttpResponse:
     return _ingest(request, GenericPayload, GenericAlert, from_generic, _generic_source)

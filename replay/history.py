@@ -151,7 +151,7 @@ def search_queryset(data: dict[str, Any]) -> QuerySet[Session]:
     return sessions
 
 
-def search(data: dict[str, Any]) -> Page:
+def search(data: dict[str, Any], limit: int = PAGE) -> Page:
     sort = data.get("sort") or "-created"
     column = SORT_COLUMNS[sort]
     descending = sort.startswith("-")
@@ -176,9 +176,9 @@ def search(data: dict[str, Any]) -> Page:
         .annotate(**{f"row_{name}": fact(name) for name in ROW_FACTS})
         .order_by(*order)
     )
-    found = list(page[: PAGE + 1])
-    more = len(found) > PAGE
-    found = found[:PAGE]
+    found = list(page[: limit + 1])
+    more = len(found) > limit
+    found = found[:limit]
     rows = [
         {"session": s, **{name: getattr(s, f"row_{name}") or "" for name in ROW_FACTS}}
         for s in found

@@ -63,7 +63,12 @@ def test_openapi_31_schema_and_docs_from_our_static_files(db: None) -> None:
 def test_unknown_api_paths_answer_json_404(db: None, alice: User) -> None:
     response = call("GET", "/api/v1/no-such-thing", token_for(alice))
     assert response.status_code == 404
-    assert response.json() == {"code": "not_found", "message": "No such API endpoint."}
+    body = response.json()
+    assert (body["code"], body["detail"], body["status"]) == (
+        "not_found",
+        "No such API endpoint.",
+        404,
+    )
 
 
 # --- authentication and roles ---------------------------------------------------------
@@ -98,17 +103,17 @@ def test_inactive_users_tokens_stop_working(db: None, alice: User) -> None:
 
 
 READS = {
-    "list_sessions",
+    "listSessions",
     "search",
-    "export_markdown",
-    "export_job",
-    "get_session",
+    "exportMarkdown",
+    "exportJob",
+    "getSession",
     "timeline",
-    "agent_tree",
-    "pending_approvals",
-    "get_approval",
+    "agentTree",
+    "pendingApprovals",
+    "getApproval",
 }
-RUNS = {"create_session", "cancel_session", "resume_session", "answer_session"}
+RUNS = {"createSession", "cancelSession", "resumeSession", "answerSession"}
 DECIDES = {"approve", "confirm", "reject"}
 # Which operations each role may reach (anything else is a 403).
 ALLOWED = {
@@ -131,7 +136,7 @@ def test_role_matrix_for_every_endpoint(
     schema = api.get_openapi_schema()
     for path, item in schema["paths"].items():
         for method, operation in item.items():
-            name = operation["operationId"].removeprefix("api_views_").removeprefix("api_history_")
+            name = operation["operationId"]
             response = call(method.upper(), _concrete(path), token, {"x": 1})
             if name in ALLOWED[role]:
                 assert response.status_code != 403, (role, name, response.json())
@@ -270,10 +275,9 @@ def test_errors_django_answers_around_the_views_are_json_and_audited(
         "POST", SESSIONS, token, {"problem_type": "oil_spill", "description": "x" * 3000}
     )
     assert too_large.status_code == 413
-    assert too_large.json() == {
-        "code": "payload_too_large",
-        "message": "The body is over the 2,000 bytes accepted.",
-    }
+    assert too_large["Content-Type"] == "application/problem+json"
+    assert too_large.json()["code"] == "payload_too_large"
+    assert too_large.json()["detail"] == "The body is over the 2,000 bytes accepted."
     assert Session.objects.count() == 0
 
     for method, path in (
@@ -316,18 +320,18 @@ def test_snapshot_timeline_pages_and_agent_tree(
     assert snapshot["created_by"] == "alice"
 
     seqs: list[int] = []
-    from_seq = 1
+    query = "from_seq=1"
     while True:
         # 9: token, roles, session, events, and the audited call (the audit chain's lock,
         # its head, the entry)
         with django_assert_max_num_queries(10):
-            page = call("GET", f"{SESSIONS}/{sid}/timeline?from_seq={from_seq}&limit=7", token)
+            page = call("GET", f"{SESSIONS}/{sid}/timeline?{query}&limit=7", token)
         body = page.json()
         assert len(body["events"]) <= 7
         seqs += [e["seq"] for e in body["events"]]
-        if body["next_from_seq"] is None:
+        if body["next_cursor"] is None:
             break
-        from_seq = body["next_from_seq"]
+        query = f"cursor={body['next_cursor']}"
     assert seqs == list(range(1, snapshot["last_seq"] + 1))
     first = call("GET", f"{SESSIONS}/{sid}/timeline?limit=1", token).json()["events"][0]
     assert set(first) == {"event_id", "session_id", "type", "ts", "seq", "payload"}
@@ -356,9 +360,17 @@ def test_list_sessions_newest_first_with_filters(builtin: None, alice: User, car
     reader = token_for(carol)
 
     first = call("GET", f"{SESSIONS}?limit=1", reader).json()
-    assert [s["id"] for s in first["sessions"]] == [ids[2]] and first["next_offset"] == 1
-    rest = call("GET", f"{SESSIONS}?limit=1&offset=1", reader).json()
-    assert [s["id"] for s in rest["sessions"]] == [ids[0]] and rest["next_offset"] is None
+    assert [s["id"] for s in first["sessions"]] == [ids[2]] and first["next_cursor"]
+    # a session opened between two pages goes on top, never onto the next page again
+    newer = call("POST", SESSIONS, token, {"problem_type": "oil_spill", "description": NO_POSITION})
+    rest = call("GET", f"{SESSIONS}?limit=1&cursor={first['next_cursor']}", reader).json()
+    assert [s["id"] for s in rest["sessions"]] == [ids[0]] and rest["next_cursor"] is None
+    assert newer.json()["session_id"] not in {s["id"] for s in rest["sessions"]}
+    bad = call("GET", f"{SESSIONS}?cursor=bm90LWEtY3Vyc29y", reader)
+    assert bad.status_code == 404 and bad.json()["code"] == "invalid_cursor"
+    other_list = call("GET", f"{SESSIONS}/{ids[2]}/timeline?limit=1", reader).json()
+    misused = call("GET", f"{SESSIONS}?cursor={other_list['next_cursor']}", reader)
+    assert misused.json()["code"] == "invalid_cursor", "a cursor is good for its own list"
     canceled = call("GET", f"{SESSIONS}?status=canceled", reader).json()["sessions"]
     assert [s["id"] for s in canceled] == [ids[0]]
     assert call("GET", f"{SESSIONS}?problem_type=bird_strike", reader).json()["sessions"] == []

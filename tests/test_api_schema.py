@@ -1,8 +1,9 @@
 """The schema is the contract: schemathesis generates requests for every operation from
-/api/v1/openapi.json and sends them to AERO served by daphne (another process), checking
-every response against the schema (status codes, content types, bodies, auth). Path ids
-point at a real session and approval half of the time, so success bodies are checked
-too. Bounded: a few examples per operation."""
+/api/v1/openapi.json, valid and invalid ones, and sends them to AERO served by daphne
+(another process), running every check it has (the CLI's `--checks all`: status codes,
+content types, headers, bodies, negative data refused, positive data accepted, auth,
+unsupported methods). Path ids point at a real session and approval half of the time, so
+success bodies are checked too. Bounded: a few examples per operation and mode."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 import schemathesis
 from django.contrib.auth.models import User
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import CHECKS, load_all_checks
 
 from approvals.models import Approval
 from tests.api_helpers import token_for
@@ -46,26 +49,31 @@ def test_api_matches_its_schema(live_api: dict[str, Any]) -> None:
     operations = [result.ok() for result in live_api["schema"].get_all_operations()]
     assert len(operations) == 16
 
+    load_all_checks()
+    checks = CHECKS.get_all()
+    assert len(checks) >= 14, "every check schemathesis has"
+
     for operation in operations:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
-        @given(case=operation.as_strategy())
-        @settings(
-            max_examples=6,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
-        def run(case: Any) -> None:
-            if case.path_parameters and chooser.random() < 0.5:
-                if "session_id" in case.path_parameters:
-                    case.path_parameters["session_id"] = live_api["session_id"]
-                if "approval_id" in case.path_parameters:
-                    case.path_parameters["approval_id"] = live_api["approval_id"]
-            case.call_and_validate(base_url=live_api["base"], headers=headers)
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @settings(
+                max_examples=3,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
+            def run(case: Any) -> None:
+                if case.path_parameters and chooser.random() < 0.5:
+                    if "session_id" in case.path_parameters:
+                        case.path_parameters["session_id"] = live_api["session_id"]
+                    if "approval_id" in case.path_parameters:
+                        case.path_parameters["approval_id"] = live_api["approval_id"]
+                case.call_and_validate(base_url=live_api["base"], headers=headers, checks=checks)
 
-        try:
-            run()
-        except Exception as exc:
-            failures.append(f"{operation.method.upper()} {operation.path}: {exc}")
+            try:
+                run()
+            except (Exception, BaseExceptionGroup) as exc:
+                failures.append(f"{operation.method.upper()} {operation.path} ({mode}): {exc}")
     assert not failures, "\n\n".join(failures)

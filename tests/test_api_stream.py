@@ -18,7 +18,7 @@ from api.models import ApiToken
 from diagnosis.actions import do_answer, do_create_session
 from diagnosis.models import Event, Session
 from scenarios_admin.models import Scenario
-from tests.api_helpers import token_for
+from tests.api_helpers import call, token_for
 
 pytestmark = pytest.mark.services
 ENVELOPE = {"event_id", "session_id", "type", "ts", "seq", "payload"}
@@ -209,3 +209,35 @@ def test_what_a_pull_read_is_not_sent_when_the_token_went_away_meanwhile(
     monkeypatch.setattr(consumers, "events_after", read_then_change)
     viewer, code, batch = consumers.pull(token, str(session.pk), 0, opened)
     assert (viewer, code, batch) == (None, 4401, [])
+
+
+def test_a_malformed_id_or_last_seq_is_refused_and_a_late_one_still_gets_live_events(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    operator = make_user("olga", "operator")
+    token = token_for(operator)
+    session = do_create_session(operator, Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏")
+    session.refresh_from_db()
+    base = asgi_server.replace("http://", "ws://")
+    auth = {"Authorization": f"Bearer {token}"}
+    for path, code in (
+        ("/ws/api/sessions/abc", "invalid_session_id"),
+        (f"/ws/api/sessions/{session.pk}?last_seq=abc", "invalid_last_seq"),
+        (f"/ws/api/sessions/{session.pk}?last_seq=-3", "invalid_last_seq"),
+    ):
+        with connect(base + path, open_timeout=10, additional_headers=auth) as ws:
+            error = json.loads(ws.recv(timeout=10))
+            assert (error["type"], error["code"]) == ("error", code), path
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400
+
+    with stream(asgi_server, session.pk, token, last_seq=session.last_seq + 1000) as ws:
+        do_answer(session.pk, operator, "CA1234")
+        live = receive(ws, count=1)
+    assert live[0]["seq"] == session.last_seq + 1, "a last_seq past the end starts at the end"
+
+    rest = call("GET", f"/api/v1/diagnosis-sessions/{session.pk}/timeline?limit=200", token)
+    by_id = {e["event_id"]: e for e in rest.json()["events"]}
+    assert live[0]["ts"] == by_id[live[0]["event_id"]]["ts"], "the same ts on both"
+    assert live[0]["ts"].endswith("Z") and len(live[0]["ts"]) == len("2026-01-01T00:00:00.000Z")

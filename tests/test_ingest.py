@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from aero.models import AuditLog
 from diagnosis.actions import do_cancel
+from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import Event, Session
 from ingest.config import ConfigError, GateConfigProvider, build_snapshot, provider
 from ingest.gate import Alert, decide
@@ -615,3 +618,19 @@ def test_a_sunk_alert_costs_few_queries(
     with django_assert_max_num_queries(4):
         decision = post("/ingest/alerts", body).json()["decisions"][0]
     assert decision["decision"] == "sink"
+
+
+@pytest.mark.services
+def test_the_maintenance_loop_prunes_observations_past_their_retention(
+    gate_rules: GateRule, settings: Any
+) -> None:
+    settings.AERO_INGEST_SECRET = SECRET
+    settings.AERO_OBSERVATION_RETENTION_DAYS = 30
+    for stand in ("1", "2", "3"):
+        post("/ingest/alerts", {"alerts": [{"labels": {"alertname": "Disk", "stand": stand}}]})
+    old, kept = list(Observation.objects.order_by("id"))[:2], Observation.objects.last()
+    Observation.objects.filter(pk__in=[o.pk for o in old]).update(
+        received_at=timezone.now() - timedelta(days=31)
+    )
+    run_periodic_tasks()
+    assert list(Observation.objects.all()) == [kept]

@@ -120,3 +120,20 @@ def test_metrics_need_an_allowed_address_or_the_token(db: None, settings: Any) -
     assert remote.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me").status_code == 200
     assert remote.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
     assert remote.post("/metrics").status_code == 405
+
+
+def test_unknown_methods_share_one_label_value(db: None, settings: Any) -> None:
+    """Anyone may send any method name to /api/v1/, signed in or not: each one must not
+    become a series of its own."""
+    from aero.metrics import API_CALLS, API_METHODS
+
+    def methods() -> set[str]:
+        return {
+            sample.labels["method"] for family in API_CALLS.collect() for sample in family.samples
+        }
+
+    for method in ("BREW", "X" * 60, "PROPFIND", "GET"):
+        Client().generic(method, "/api/v1/diagnosis-sessions")
+    seen = methods()
+    assert "other" in seen and "GET" in seen
+    assert seen <= API_METHODS | {"other"}, seen
