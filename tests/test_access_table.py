@@ -550,7 +550,7 @@ def api_stream_opens(base: str, path: str, token: str | None) -> bool:
         return False
 
 
-API_STREAM = "ws/api/sessions/<uuid:session_id>"
+API_STREAM = "ws/api/sessions/<str:session_id>"
 
 
 def test_the_api_stream(world: dict[str, Any], asgi_server: str) -> None:
