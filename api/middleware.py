@@ -4,7 +4,6 @@ outcome (a refused approval is as interesting as a granted one). Every error und
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable
 from http import HTTPStatus
@@ -19,24 +18,14 @@ from api.errors import DEFAULT_CODES, PROBLEM, problem_response
 
 API_PREFIX = "/api/v1/"
 JSON_PREFIXES = (API_PREFIX, "/ingest/")
-REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{8,64}$")  # a caller's own id, if it is one
 
 
 class ApiAuditMiddleware:
-    """Also gives every API and ingest request its id: the caller's `X-Request-ID` when
-    it is a plain token, else a new one; it is sent back in the same header and named in
-    every problem body and error log line."""
-
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if not request.path.startswith(JSON_PREFIXES):
-            return self.get_response(request)
-        sent = request.headers.get("X-Request-ID", "")
-        request.request_id = sent if REQUEST_ID.match(sent) else uuid.uuid4().hex  # type: ignore[attr-defined]
         response = self.get_response(request)
-        response["X-Request-ID"] = request.request_id  # type: ignore[attr-defined]
         if not request.path.startswith(API_PREFIX):
             return response
         metrics.api_call(request.method or "", response.status_code)
