@@ -17,7 +17,7 @@ SCRIPTS = ("scripts/install-system-deps.sh", "scripts/install-browser.sh")
 def _users() -> list[list[str]]:
     # As root, run them as an unprivileged user too (no sudo): the font check used to
     # fail there half the time and make `make test` stop before pytest.
-    users = [[]]
+    users: list[list[str]] = [[]]
     if os.geteuid() == 0 and shutil.which("runuser"):
         users.append(["runuser", "-u", "nobody", "--"])
     return users
