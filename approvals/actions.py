@@ -64,9 +64,7 @@ def do_decide(
         if approval.is_lift:
             lock_lift_sessions(approval.tool_call)  # its own session among them, in order
         session = lock_session(approval.session_id)
-        approval = (
-            Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)
-        )
+        approval = _lock_approval(approval_id)
         # The deadline is enforced here, under the row lock, and not only by the sweeper:
         # with every worker down a late decision must still not execute.
         if approval.is_open and approval.is_past_deadline():
@@ -82,6 +80,17 @@ def do_decide(
             "recorded and the action became a manual to-do."
         )
         % {"deadline": when(timed_out.deadline)}
+    )
+
+
+def _lock_approval(approval_id: int) -> Approval:
+    """The approval row, locked after its session's (docs/lock-order.md), its tool call
+    read with it but not locked: a duplicate decision, refused once it sees the row,
+    never waits for a tool call the running job holds."""
+    return (
+        Approval.objects.select_for_update(of=("self",))
+        .select_related("tool_call")
+        .get(pk=approval_id)
     )
 
 
@@ -146,9 +155,7 @@ def do_edit_args(
     with transaction.atomic():
         approval = Approval.objects.select_related("tool_call").get(pk=approval_id)
         session = lock_session(approval.session_id)
-        approval = (
-            Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)
-        )
+        approval = _lock_approval(approval_id)
         _check_still_valid(approval, session, digest)
         if approval.is_lift:
             raise ActionError(_("A lift request names one restriction; reject it instead."))
@@ -426,9 +433,7 @@ def do_timeout(approval_id: int) -> bool:
         if approval.is_lift:
             lock_lift_sessions(approval.tool_call)  # as do_decide: the same lock order
         session = lock_session(approval.session_id)
-        approval = (
-            Approval.objects.select_for_update().select_related("tool_call").get(pk=approval_id)
-        )
+        approval = _lock_approval(approval_id)
         if not approval.is_open or not approval.is_past_deadline():
             return False
         _time_out(approval, session)

@@ -799,6 +799,7 @@ def execute_lift(outbox_id: int, *, producer: str = "web") -> str:
                 )
             delay = settings.AERO_TOOL_BACKOFF * attempt
             with transaction.atomic():
+                lock_session(tool_call.session_id)  # before the row: docs/lock-order.md
                 row = Outbox.objects.select_for_update().get(pk=outbox_id)
                 if row.status != OutboxStatus.PENDING:
                     return row.status

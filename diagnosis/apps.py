@@ -12,14 +12,18 @@ class DiagnosisConfig(AppConfig):
     def ready(self) -> None:
         from diagnosis.actions import resume_pending_lifts
         from diagnosis.jobs import (
+            close_orphaned_runs,
             delete_ended_checkpoints,
             prune_waiting_checkpoints,
             requeue_stalled_sessions,
+            resume_failed_sessions,
         )
         from diagnosis.llm_runner import prune_requests
         from diagnosis.maintenance import register
 
         register("requeue-stalled-sessions", requeue_stalled_sessions)
+        register("resume-failed-sessions", resume_failed_sessions)
+        register("close-orphaned-runs", close_orphaned_runs)
         register("delete-ended-checkpoints", delete_ended_checkpoints)
         register("prune-waiting-checkpoints", prune_waiting_checkpoints)
         register("prune-llm-requests", prune_requests)

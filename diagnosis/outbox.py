@@ -30,7 +30,7 @@ from django.utils import timezone
 from aero import metrics
 from aero.compiled import Arg, Compiled, CompiledUpdate
 from diagnosis import external
-from diagnosis.events import append_event, event_batch
+from diagnosis.events import append_event, event_batch, lock_session
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import AgentRun, Outbox, OutboxStatus, ToolCall, ToolCallStatus
 
@@ -144,7 +144,7 @@ def execute(ctx: ToolContext, effect: Effect) -> str:
         except Exception as exc:  # unreachable, 5xx, timeout: the same key may be re-sent
             error = str(exc) or type(exc).__name__
             with transaction.atomic(), event_batch(effect.session_id):
-                outbox, tool_call = _lock(effect.outbox_id)
+                outbox, tool_call = _lock(effect.session_id, effect.outbox_id)
                 if outbox.status != OutboxStatus.PENDING:
                     return outbox.status
                 if attempt > retries:
@@ -159,7 +159,7 @@ def execute(ctx: ToolContext, effect: Effect) -> str:
             sleep(delay)
             attempt += 1
             with transaction.atomic(), event_batch(effect.session_id):
-                outbox, tool_call = _lock(effect.outbox_id)
+                outbox, tool_call = _lock(effect.session_id, effect.outbox_id)
                 if outbox.status != OutboxStatus.PENDING:
                     return outbox.status
                 _started(ctx, tool_call)
@@ -187,8 +187,10 @@ def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], sta
     from diagnosis.agent.tools import ToolFailure, _finished, action_result
 
     with transaction.atomic(), event_batch(effect.session_id):
-        # Claimed by a conditional UPDATE (its row lock lasts until the commit): of two
-        # executors of one effect only one records it, without another FOR UPDATE.
+        # The session row first (docs/lock-order.md): the job and the decisions take it
+        # before a call's row too. Then claimed by a conditional UPDATE (its row lock
+        # lasts until the commit): of two executors of one effect only one records it.
+        lock_session(effect.session_id)
         at = timezone.now()  # the row's completion time is its call's
         claimed = _claim_done.run(effect.outbox_id, at)
         if not claimed:
@@ -208,9 +210,10 @@ def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], sta
     return OutboxStatus.DONE
 
 
-def _lock(outbox_id: int) -> tuple[Outbox, ToolCall]:
-    """Lock the outbox row (every executor of this effect goes through it) and read its
-    call with it, in one query."""
+def _lock(session_id: Any, outbox_id: int) -> tuple[Outbox, ToolCall]:
+    """Lock the session row, then the outbox row (every executor of this effect goes
+    through it; docs/lock-order.md) and read its call with it."""
+    lock_session(session_id)
     outbox = (
         Outbox.objects.select_for_update(of=("self",)).select_related("tool_call").get(pk=outbox_id)
     )

@@ -22,7 +22,7 @@ from django.utils.translation import gettext_lazy, pgettext_lazy
 
 from aero.compiled import AnyOf, Compiled, insert_rows
 from diagnosis import external
-from diagnosis.events import append_event
+from diagnosis.events import append_event, lock_session
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import (
     AgentRun,
@@ -492,6 +492,9 @@ def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
     same key: the external system never repeats the effect. Anything else is left as
     it is. No savepoint: it runs in a graph step's transaction."""
     with transaction.atomic(savepoint=False):
+        # The session row first, as every writer of a session's rows (docs/lock-order.md):
+        # a decision holding it never waits for this call's row while this waits for it.
+        lock_session(ctx.session_id)
         tool_call = (
             ToolCall.objects.select_for_update(of=("self",))
             .select_related("outbox")

@@ -38,13 +38,19 @@ from diagnosis.jobs.enqueue import (
 from diagnosis.jobs.job import WAITING_MODEL, advance_session, warm_up_worker
 from diagnosis.jobs.lease import lease_is_live
 from diagnosis.jobs.model_requests import request_opening_extraction
-from diagnosis.jobs.reconciler import requeue_stalled_sessions, stalled_sessions
+from diagnosis.jobs.reconciler import (
+    close_orphaned_runs,
+    requeue_stalled_sessions,
+    resume_failed_sessions,
+    stalled_sessions,
+)
 
 __all__ = [
     "WAITING_MODEL",
     "advance_session",
     "agent_graph",
     "close_agent_runtime",
+    "close_orphaned_runs",
     "delete_ended_checkpoints",
     "dispatch",
     "dispatch_after_commit",
@@ -57,6 +63,7 @@ __all__ = [
     "queued_job_ids",
     "request_opening_extraction",
     "requeue_stalled_sessions",
+    "resume_failed_sessions",
     "running_embedded_worker",
     "stalled_sessions",
     "warm_up_worker",

@@ -1,6 +1,7 @@
 """The reconciler: PostgreSQL says which sessions must move, and every worker's
 maintenance loop re-enqueues those that have no job (a killed worker, a job Redis lost),
-after letting go of the leases of this host's dead processes."""
+after letting go of the leases of this host's dead processes; and a session that failed
+with approved actions not executed yet is resumed, not left for a person to find."""
 
 from __future__ import annotations
 
@@ -8,12 +9,22 @@ import logging
 import os
 import socket
 
-from django.db.models import Q
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from diagnosis.jobs.enqueue import dispatch, queued_job_ids
+from diagnosis.events import lock_session, set_status
+from diagnosis.jobs.enqueue import dispatch, enqueue_advance, queued_job_ids
 from diagnosis.jobs.lease import holder_pid, process_gone
-from diagnosis.models import LLMRequestStatus, Session, SessionStatus
+from diagnosis.models import (
+    AgentRun,
+    Event,
+    LLMRequestStatus,
+    Session,
+    SessionStatus,
+    ToolCall,
+    ToolCallStatus,
+)
 
 logger = logging.getLogger("diagnosis.jobs")
 
@@ -91,3 +102,75 @@ def stalled_sessions() -> list[str]:
         .exclude(llm_requests__status=LLMRequestStatus.PENDING)
     )
     return [str(pk) for pk in rows.values_list("pk", flat=True)]
+
+
+# Who the reconciler's own status moves are recorded as.
+PRODUCER = "reconciler"
+# How many times the reconciler resumes one failed session: one that keeps failing stays
+# failed after that, for a person to look at (POST .../resume still resumes it).
+RESUME_FAILED_LIMIT = 3
+# Approved actions a failed session has not executed yet (handed to the outbox or not).
+_UNEXECUTED = (ToolCallStatus.APPROVED, ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING)
+
+
+def resume_failed_sessions() -> int:
+    """Resume (as POST .../resume does) each failed session with approved actions not
+    executed yet: a job that gave up midway left what people approved undone. At most
+    RESUME_FAILED_LIMIT times per session. Returns how many were resumed."""
+    unexecuted = ToolCall.objects.filter(session=OuterRef("pk"), status__in=_UNEXECUTED)
+    candidates = (
+        Session.objects.visible()
+        .filter(status=SessionStatus.FAILED)
+        .filter(Exists(unexecuted))
+        .values_list("pk", flat=True)
+    )
+    resumed = 0
+    for session_id in candidates:
+        with transaction.atomic():
+            session = lock_session(session_id)
+            if session.status != SessionStatus.FAILED:
+                continue  # resumed meanwhile (a person, another worker's pass)
+            tries = Event.objects.filter(
+                session_id=session_id, type="session.status_changed", producer=PRODUCER
+            ).count()
+            if tries >= RESUME_FAILED_LIMIT:
+                continue
+            set_status(
+                session_id,
+                SessionStatus.QUEUED,
+                producer=PRODUCER,
+                reason="approved actions were not executed yet: resumed by the reconciler",
+            )
+            enqueue_advance(session_id)
+        logger.warning("session %s: failed with approved actions pending, resumed", session_id)
+        resumed += 1
+    return resumed
+
+
+def close_orphaned_runs() -> int:
+    """Close the root runs whose job is gone without closing them (its worker killed,
+    PostgreSQL restarted under it): a root run is its job's, which holds the lease the
+    run names; once that lease is no longer live on its session, the job cannot end the
+    run any more (its end is fenced by the lease). Marked failed, with the reason."""
+    now = timezone.now()
+    rows = AgentRun.objects.filter(parent__isnull=True, status="running").values_list(
+        "pk",
+        "input_snapshot",
+        "session__lease_token",
+        "session__lease_expires_at",
+    )
+    orphans = []
+    for pk, snapshot, token, expires in rows:
+        held = token is not None and expires is not None and expires > now
+        if not held or str(snapshot.get("lease", "")) != str(token):
+            orphans.append(pk)
+    if not orphans:
+        return 0
+    closed = AgentRun.objects.filter(pk__in=orphans, status="running").update(
+        status="failed",
+        ended_at=now,
+        output_summary={"status": "interrupted", "reason": "its job ended without closing it"},
+    )
+    if closed:
+        logger.warning("closed %d run(s) their dead jobs left running", closed)
+    return closed

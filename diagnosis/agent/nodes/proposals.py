@@ -13,7 +13,7 @@ from aero.compiled import AnyOf, Arg, Compiled, insert_rows
 from diagnosis.agent import fsm
 from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import ToolContext, get_or_create_call, new_call, run_action
-from diagnosis.events import append_event_once, as_logged
+from diagnosis.events import append_event_once, as_logged, lock_session
 from diagnosis.execution import log_approval_required, open_approval
 from diagnosis.models import (
     WITHDRAWN_ASKED_AGAIN,
@@ -64,6 +64,7 @@ def revise_proposals(
         reason = WITHDRAWN_ASKED_AGAIN if still else WITHDRAWN_NOT_CALLED_FOR
         at = timezone.now()
         with transaction.atomic(savepoint=False):  # inside the step
+            lock_session(ctx.session_id)  # before the call and its approval: lock order
             ToolCall.objects.filter(pk=call.pk).update(
                 status=ToolCallStatus.CANCELED, decided_at=at, decision_reason=reason
             )

@@ -1,0 +1,128 @@
+"""One lock order for sessions, jobs and approvals (docs/lock-order.md): decisions racing
+a running job never deadlock. Each round, 20 approvers' clients POST the same decision
+of each open approval over and over while the job the first one started runs (inline
+backend: in the winning request's thread): no deadlock, no 5xx (409 for every
+duplicate), every approved action executed once, no session failed."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections
+
+from approvals.actions import do_decide
+from approvals.models import Approval, ApprovalStatus
+from diagnosis.events import set_status
+from diagnosis.jobs import enqueue as job_enqueue
+from diagnosis.jobs import reconciler
+from diagnosis.models import Outbox, OutboxStatus, Session, SessionStatus, ToolCall
+from tests.api_helpers import call, token_for
+from tests.web_helpers import approval_for, waiting_session
+
+pytestmark = pytest.mark.services
+
+ROUNDS = 100
+CLIENTS = 20
+# How often each client re-POSTs while the winning request (and its job) runs.
+MAX_POSTS = 40
+
+
+def race(approval: Approval, token: str) -> list[int]:
+    """CLIENTS threads POST the approval's next step at once, then again until the one
+    that was recorded (its request runs the job) has answered. The statuses, in order."""
+    step = "confirm" if approval.status == ApprovalStatus.CONFIRMING else "approve"
+    url = f"/api/v1/approvals/{approval.pk}/{step}"
+    body = {"digest": approval.digest, "reason": "approved in the race"}
+    barrier = threading.Barrier(CLIENTS)
+    decided = threading.Event()
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def client() -> None:
+        try:
+            barrier.wait(timeout=30)
+            for _ in range(MAX_POSTS):
+                try:
+                    status = call("POST", url, token, body).status_code
+                except Exception:  # the test client re-raises what became a 500
+                    status = 500
+                with lock:
+                    statuses.append(status)
+                if status == 200:
+                    decided.set()
+                    return
+                if decided.is_set():
+                    return
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+    return statuses
+
+
+def test_duplicate_decisions_racing_a_running_job_never_deadlock(
+    builtin: None, make_user: Callable[..., User], caplog: pytest.LogCaptureFixture
+) -> None:
+    olga, bea = make_user("olga", "operator"), make_user("bea", "approver")
+    token = token_for(bea)
+    caplog.set_level(logging.WARNING)
+    for round_number in range(ROUNDS):
+        session = waiting_session(olga)
+        while True:
+            approval = (
+                Approval.objects.filter(session=session, status__in=["pending", "confirming"])
+                .order_by("pk")
+                .first()
+            )
+            if approval is None:
+                break
+            statuses = race(approval, token)
+            where = f"round {round_number}, approval {approval.pk}: {statuses}"
+            assert statuses.count(200) == 1, where
+            assert set(statuses) <= {200, 409}, where
+        session.refresh_from_db()
+        assert session.status != SessionStatus.FAILED, f"round {round_number}"
+        for approval in Approval.objects.filter(session=session, status="approved"):
+            tool_call = ToolCall.objects.get(pk=approval.tool_call_id)
+            assert (tool_call.status, tool_call.attempts) == ("completed", 1), tool_call
+            (outbox,) = Outbox.objects.filter(tool_call=tool_call)
+            assert outbox.status == OutboxStatus.DONE
+    problems = [
+        r.getMessage()
+        for r in caplog.records
+        if "deadlock" in (r.getMessage() + str(r.exc_info and r.exc_info[1])).lower()
+        or (r.name == "django.request" and r.levelno >= logging.ERROR)
+    ]
+    assert problems == []
+    assert not Session.objects.filter(status=SessionStatus.FAILED).exists()
+
+
+def test_a_failed_session_with_approved_actions_pending_is_resumed(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that gave up after a decision left an approved action undone: the reconciler
+    resumes the session (as POST .../resume would) and the action runs once."""
+    session = waiting_session(make_user("olga", "operator"))
+    crew = approval_for(session, "dispatch_cleanup_crew")
+    with monkeypatch.context() as patched:
+        # The decision commits; its job never runs (the worker died), then it is failed.
+        patched.setattr(job_enqueue, "dispatch_after_commit", lambda *a, **k: False)
+        do_decide(crew.pk, make_user("bea", "approver"), "approve", digest=crew.digest)
+    set_status(session.pk, SessionStatus.FAILED, producer="test", reason="the job gave up")
+    assert ToolCall.objects.get(pk=crew.tool_call_id).status != "completed"
+
+    assert reconciler.resume_failed_sessions() == 1  # resumed, its job run (inline)
+    session.refresh_from_db()
+    assert session.status != SessionStatus.FAILED
+    tool_call = ToolCall.objects.get(pk=crew.tool_call_id)
+    assert (tool_call.status, tool_call.attempts) == ("completed", 1)
+    assert reconciler.resume_failed_sessions() == 0
