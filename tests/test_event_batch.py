@@ -20,7 +20,7 @@ from django.contrib.auth.models import User
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-import diagnosis.events as events_module
+import diagnosis.eventlog.write as events_module
 import diagnosis.push as push_module
 from diagnosis.actions import do_create_session
 from diagnosis.chain import verify_chain

@@ -125,7 +125,7 @@ def test_an_event_whose_notice_was_lost_reaches_an_idle_page(
         seqs, _ = receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
         assert seqs == list(range(1, session.last_seq + 1))
         # The notice of the next event is lost: nothing is published at all.
-        monkeypatch.setattr("diagnosis.events.notify_session", lambda *args: None)
+        monkeypatch.setattr("diagnosis.eventlog.write.notify_session", lambda *args: None)
         quiet = append_event(session.pk, "agent.note", {"text": "no notice"}, producer="test")
         seqs, html = receive_until(ws, lambda s, _: bool(s), timeout=10)
         assert seqs == [quiet.seq]

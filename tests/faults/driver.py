@@ -33,6 +33,7 @@ from approvals.actions import do_decide  # noqa: E402
 from approvals.models import Approval  # noqa: E402
 from diagnosis import events  # noqa: E402
 from diagnosis.actions import ActionError, do_create_session  # noqa: E402
+from diagnosis.eventlog import write as event_write  # noqa: E402
 from diagnosis.models import Event, Session, ToolCall  # noqa: E402
 from scenarios_admin.builtin import load_builtin_data  # noqa: E402
 from scenarios_admin.models import ProviderConfig, Scenario  # noqa: E402
@@ -223,7 +224,7 @@ def append(session_id: str, count: str, notices: str = "notices") -> dict[str, A
     notice after commit, as fast as this process goes; with "no-notices", none is
     published (a notice lost whatever the layer: only the viewers' resync can bring it)."""
     if notices == "no-notices":
-        events.notify_session = lambda *args: None
+        event_write.notify_session = lambda *args: None
     counter = _OverCapacity()
     layer_logger = logging.getLogger("channels_redis.core")
     layer_logger.addHandler(counter)
