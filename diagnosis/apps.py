@@ -10,6 +10,10 @@ class DiagnosisConfig(AppConfig):
     verbose_name = "Incident sessions"
 
     def ready(self) -> None:
+        # Every event type this app writes, declared before anything folds or appends.
+        from diagnosis.eventlog.types import declare
+
+        declare()
         from diagnosis.actions import resume_pending_lifts
         from diagnosis.jobs import (
             close_orphaned_runs,

@@ -370,7 +370,7 @@ def _render_updates(
     rows, sent = timeline_rows(events, presenters.version_definition(session))
     panels: set[str] = set()
     for event in sent:
-        panels |= presenters.PANELS_BY_EVENT.get(event.type, set())
+        panels |= presenters.panels_of(event.type)
     new_key = presenters.composer_key(session)
     if new_key != pull.composer_key:
         panels.add("session-composer")

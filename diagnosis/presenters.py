@@ -12,6 +12,7 @@ from django.db.models import Q
 
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
 from diagnosis.consequences import Board
+from diagnosis.eventlog import registry
 from diagnosis.models import (
     WITHDRAWN_ASKED_AGAIN,
     WITHDRAWN_NOT_CALLED_FOR,
@@ -31,34 +32,12 @@ from scenarios_admin.models import ScenarioVersion
 TIMELINE_PAGE = 200  # rendering dominates the page's time, and grows with the rows
 SESSION_PAGE = 100
 
-# Which panels an event type changes (the consumer re-renders only those). The composer
-# is not here: the consumer re-sends it whenever its composer_key changes.
-PANELS_BY_EVENT = {
-    "session.status_changed": {"session-status", "session-actions"},
-    "fields.extracted": {"session-facts"},
-    "agent.question": {"session-facts"},
-    "risk.assessed": {"session-facts"},
-    "impact.analyzed": {"session-facts"},
-    "fsm.transition": {"session-facts"},
-    "timeline.appended": {"session-facts"},
-    "approval.required": {"session-actions"},
-    "approval.first_approved": {"session-actions"},
-    "approval.approved": {"session-actions"},
-    "approval.rejected": {"session-actions"},
-    "approval.timeout": {"session-actions"},
-    "approval.canceled": {"session-actions"},
-    "session.deleted": {"session-status", "session-actions"},
-    "agent.note": set(),
-    "tool.call_queued": {"session-actions"},
-    "tool.call_retrying": set(),
-    "tool.call_completed": {"session-actions", "session-facts"},
-    "tool.call_failed": {"session-actions"},
-    "tool.call_refused": {"session-actions"},
-    "report.ready": {"session-report", "session-status"},
-    # The model's text as it streams and its tokens once counted.
-    "llm.delta": {"session-thinking"},
-    "llm.call": {"session-thinking", "session-status"},
-}
+
+def panels_of(event_type: str) -> frozenset[str]:
+    """Which panels an event changes (the consumer re-renders only those), as its type
+    declares. The composer is not among them: the consumer re-sends it whenever its
+    composer_key changes."""
+    return registry.panels(event_type)
 
 
 def composer_key(session: Session) -> str:
@@ -365,7 +344,7 @@ def session_context(
         "report_html": markdown_to_html(report.markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
-        # The model's text, streaming or final: from the snapshot, no query.
+        # The model's text, streaming or final (ADR 96): from the snapshot, no query.
         "thinking": snapshot.get("thinking"),
         **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),
     }

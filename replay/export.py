@@ -11,118 +11,22 @@ from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils import timezone
-from django.utils.functional import Promise
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
 
 from diagnosis.chain import check_events
+from diagnosis.eventlog import registry
 from diagnosis.fold import FoldState, fold_events
 from diagnosis.models import Event, Session
-from diagnosis.wording import (
-    FSM_LABELS,
-    NODE_LABELS,
-    plain,
-    stand_mismatch_text,
-    status_words,
-    step_summary_words,
-)
-from replay import masking, presenters
+from replay import presenters
 
 Progress = Callable[[int, int], None]
 PROGRESS_EVERY = 1000
 
 
 def summarize(event_type: str, p: dict[str, Any]) -> str:
-    """One line of plain text per event for the chronology (escaped by the template)."""
-    if event_type == "user.message":
-        return f"{p.get('author', '')}: {p.get('text', '')}"
-    if event_type == "agent.question":
-        return _("agent asks: %(text)s") % {"text": p.get("text", "")}
-    if event_type == "session.status_changed":
-        reason = f" ({p['reason']})" if p.get("reason") else ""
-        moved = _("status %(from)s → %(to)s") % {
-            "from": status_words(p.get("from")),
-            "to": status_words(p.get("to")),
-        }
-        return f"{moved}{reason}"
-    if event_type == "fields.extracted":
-        changed = ", ".join(f"{k}={v}" for k, v in (p.get("changed") or {}).items())
-        return _("recognised %(what)s") % {"what": changed or _("nothing new")}
-    if event_type.startswith("tool.call_"):
-        tail = f": {p['error']}" if p.get("error") else ""
-        return f"{p.get('tool_name', '')}({args_text(p.get('args'))}){tail}"
-    if event_type.startswith("approval."):
-        what = f"{p.get('tool_name', '')} [{p.get('risk_level', '')}]"
-        if p.get("by"):
-            what = _("%(what)s by %(by)s") % {"what": what, "by": p["by"]}
-        reason = f": {p['reason']}" if p.get("reason") else ""
-        return f"{what}{reason}"
-    if event_type == "risk.assessed":
-        return _("risk %(level)s %(score)s by rule %(rule)s") % {
-            "level": p.get("level"),
-            "score": p.get("score"),
-            "rule": p.get("rule"),
-        }
-    if event_type == "impact.analyzed":
-        return _("radius %(radius)s from %(start)s") % {
-            "radius": p.get("radius"),
-            "start": p.get("start"),
-        }
-    if event_type == "fsm.transition":
-        return f"{plain(FSM_LABELS, p.get('from'))} → {plain(FSM_LABELS, p.get('to'))}"
-    if event_type in ("agent.node_started", "agent.node_completed", "agent.node_failed"):
-        node = plain(NODE_LABELS, p["node"]) if p.get("node") else ""
-        summary = step_summary_words(p.get("summary"))
-        return " ".join(str(v) for v in (node, summary, p.get("error")) if v)
-    if event_type == "llm.call":
-        return _("%(provider)s %(purpose)s %(status)s, tokens in/out %(tokens)s") % {
-            "provider": p.get("provider"),
-            "purpose": p.get("purpose"),
-            "status": p.get("status"),
-            "tokens": f"{p.get('tokens_in', 0)}/{p.get('tokens_out', 0)}",
-        }
-    if event_type == "agent.note" and p.get("outcome"):
-        return _("continuing without %(tool)s (%(outcome)s): %(reason)s") % {
-            "tool": p.get("tool_name", ""),
-            "outcome": p.get("outcome"),
-            "reason": p.get("reason") or "—",
-        }
-    if event_type == "agent.note" and p.get("kind") == "already_in_force":
-        return _("%(tool)s not proposed: already in force (session %(session)s)") % {
-            "tool": p.get("tool_name", ""),
-            "session": p.get("held_by", ""),
-        }
-    if event_type == "agent.note" and p.get("kind") == "proposed_again":
-        return _("%(tool)s again, the corrected facts change it: %(before)s -> %(after)s") % {
-            "tool": p.get("tool_name", ""),
-            "before": args_text(p.get("before")),
-            "after": args_text(p.get("args")),
-        }
-    if event_type == "agent.note":
-        return str(p.get("text", ""))
-    if event_type == "timeline.appended":
-        kind = TIMELINE_KINDS.get(str(p.get("kind")), p.get("kind") or "")
-        parts = [str(kind), *(str(p[k]) for k in ("by", "title", "note") if p.get(k))]
-        text = " ".join(part for part in parts if part)
-        warning = stand_mismatch_text(p.get("enrichment")) if p.get("kind") == "enrichment" else ""
-        return f"{text}: {warning}" if warning else text
-    return ""
-
-
-# What was appended to a session's timeline, by kind (the chronology's words for it).
-TIMELINE_KINDS: dict[str, Promise] = {
-    "enrichment": gettext_lazy("Flight and position looked up"),
-    "todo_resolved": gettext_lazy("to-do resolved"),
-    "restriction_lifted": gettext_lazy("restriction lifted"),
-    "alert": gettext_lazy("alert"),
-}
-
-
-def args_text(args: Any) -> str:
-    """Arguments as k=v pairs, or the word a masked value was replaced by."""
-    if args == masking.MASKED or not isinstance(args, dict):
-        return str(args or "")
-    return ", ".join(f"{k}={v}" for k, v in args.items())
+    """One line of plain text per event for the chronology (escaped by the template): the
+    words its type declares."""
+    return registry.summary(event_type, p)
 
 
 def usage_rows(events: list[Event]) -> list[dict[str, Any]]:

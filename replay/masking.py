@@ -16,6 +16,7 @@ from django.conf import settings
 from pydantic import BaseModel, Field, TypeAdapter
 
 from aero.roles import ADMIN, APPROVER, OPERATOR, user_roles
+from diagnosis.eventlog import registry
 
 MASKED = "masked"
 _EMPTY: tuple[Any, ...] = (None, "", {}, [])
@@ -29,25 +30,12 @@ class MaskRule(BaseModel):
     risk_classes: list[str] = Field(default_factory=list)  # empty: every event of the types
 
 
-DEFAULT_POLICY: list[dict[str, Any]] = [
-    # Arguments and results of the actions that close runways, taxiways and stands, also
-    # where an edit or a correction names them ("before": what they were).
-    {
-        "types": ["tool.call_*", "approval.*", "agent.note"],
-        "fields": ["args", "before", "response", "error"],
-        "risk_classes": ["R2", "R3"],
-    },
-    # Raw model input and output, where a provider records them.
-    {"types": ["llm.*"], "fields": ["prompt", "messages", "response", "raw"]},
-]
-
-
 @cache
 def _rules(policy_key: str) -> tuple[MaskRule, ...]:
     raw = getattr(settings, "AERO_REPLAY_MASK", None)
-    return tuple(
-        TypeAdapter(list[MaskRule]).validate_python(raw if raw is not None else DEFAULT_POLICY)
-    )
+    # Without the setting: what each event type declares (diagnosis.eventlog.registry).
+    policy = raw if raw is not None else registry.mask_rules()
+    return tuple(TypeAdapter(list[MaskRule]).validate_python(policy))
 
 
 def rules() -> tuple[MaskRule, ...]:

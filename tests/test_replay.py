@@ -398,7 +398,7 @@ def test_auditors_see_high_risk_payloads_masked(finished: Session, carol: User) 
     )
     page = html.unescape(payload(login(carol), finished, closing.seq).content.decode())
     assert '"args": "masked"' in page and '"response": "masked"' in page
-    assert "Masked for your role: args, response." in page
+    assert "Masked for your role: args, response, call_id." in page
     assert "Taxiway closed: A" not in page
     assert '"tool_name": "close_taxiway"' in page  # masked, never dropped
     # A low-risk payload is shown in full.

@@ -180,16 +180,17 @@ def test_switching_language_in_the_header(
 
 
 def test_every_kind_of_event_has_its_line_and_every_line_a_kind() -> None:
-    """diagnosis/_event.html shows the line `event_line` names: a name without its partial
-    would be a server error on any page showing that event; a partial no row names is a
-    line no event can reach."""
+    """diagnosis/_event.html shows the line an event's type declares: a name without its
+    partial would be a server error on any page showing that event; a partial no type
+    names is a line no event can reach."""
     from django.template.loader import get_template
 
-    from diagnosis.templatetags.timeline import EVENT_LINES, EVENT_LINES_TEMPLATE
+    from diagnosis.eventlog import registry
+    from diagnosis.templatetags.timeline import EVENT_LINES_TEMPLATE
 
     source = (settings.BASE_DIR / "templates" / EVENT_LINES_TEMPLATE).read_text()
     defined = set(re.findall(r"\{% partialdef ([\w-]+) %\}", source))
-    named = {name for *_, name in EVENT_LINES} | {"cockpit", "other"}
+    named = registry.possible_lines() | {"other"}
     assert defined == named
     for name in named:
         get_template(f"{EVENT_LINES_TEMPLATE}#{name}")
@@ -211,10 +212,12 @@ def test_every_kind_of_event_has_its_line_and_every_line_a_kind() -> None:
         ("timeline.appended", {"kind": "alert"}, "timeline-appended-alert"),
         ("timeline.appended", {"kind": "operator_update"}, "cockpit"),
         ("approval.args_edited", {}, "cockpit"),
-        # the cockpit's kinds take any type the table does not name...
-        ("scenario.note", {"kind": "scenario_switched_to"}, "cockpit"),
-        # ...but a type it names keeps its own line
+        ("timeline.appended", {"kind": "scenario_switched_to"}, "cockpit"),
+        # a type keeps its own line whatever its payload holds
         ("user.message", {"kind": "operator_update"}, "user-message"),
+        ("finding.recorded", {"kind": "risk", "level": "HIGH"}, "risk-assessed"),
+        ("risk.assessed", {"level": "HIGH"}, "risk-assessed"),
+        ("finding.recorded", {"kind": "impact"}, "impact-analyzed"),
         ("no.such.type", {}, "other"),
     ],
 )

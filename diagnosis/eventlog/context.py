@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from diagnosis.fold import reduce_snapshot
+from diagnosis.eventlog.registry import reduce_snapshot
 from diagnosis.models import (
     AgentRun,
     Event,

@@ -26,6 +26,7 @@ from aero.compiled import (
 )
 from aero.text import check_event_size
 from diagnosis.chain import event_hash
+from diagnosis.eventlog import registry
 from diagnosis.eventlog.context import (
     EventBatch,
     IllegalTransition,
@@ -36,7 +37,6 @@ from diagnosis.eventlog.context import (
     current_trace_id,
     unfenced,
 )
-from diagnosis.fold import reduce_snapshot
 from diagnosis.models import (
     ENDED_STATUSES,
     AgentRun,
@@ -101,6 +101,8 @@ def _new_event(
     # Refused before it is queued: a batch then writes nothing of its step (ADR 37).
     check_event_size(type, len(raw.encode()))
     payload = json.loads(raw)
+    # Checked, never rewritten: the chain hashes the payload exactly as given.
+    registry.check_payload(type, payload)
     return Event(
         session_id=session_id,
         type=type,
@@ -131,7 +133,7 @@ def _write(
         event.seq = seq
         event.ts = now
         event.hash = head = event_hash(head, event)
-        reduced = reduce_snapshot(snapshot, event.type, event.payload)
+        reduced = registry.reduce_snapshot(snapshot, event.type, event.payload)
         if reduced is not None:
             snapshot, changed = reduced, True
     updates: dict[str, Any] = {**fields, "last_seq": seq, "chain_head": head, "updated_at": now}

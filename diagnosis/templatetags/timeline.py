@@ -16,6 +16,7 @@ from django.utils.translation import get_language, pgettext, pgettext_lazy
 
 from diagnosis.agent.tools import ARGUMENT_WORDS
 from diagnosis.consequences import plain_words
+from diagnosis.eventlog import registry
 from diagnosis.reporting import display_value
 from diagnosis.wording import (
     FSM_LABELS,
@@ -37,21 +38,6 @@ from scenarios_admin.definition import ACTION_TOOLS, LIFT_TOOL
 
 register = template.Library()
 
-# Agent internals: how the agent worked, not what happened. Kept in the log and replay,
-# folded on the session page.
-INTERNAL_TYPES = frozenset(
-    {
-        "agent.node_started",
-        "agent.node_completed",
-        "tool.call_started",
-        "tool.call_queued",
-        "llm.call",
-        "llm.delta",  # the live text is the thinking panel; the final text is llm.call's
-        "llm.fallback",
-        "fsm.transition",
-        "session.status_changed",
-    }
-)
 ACTIONS = frozenset(ACTION_TOOLS) | {LIFT_TOOL}
 
 
@@ -65,14 +51,9 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 
 def is_internal(event_type: str, payload: dict[str, Any]) -> bool:
-    if event_type in INTERNAL_TYPES:
-        return True
-    if event_type == "tool.call_completed":
-        # a lookup or an analysis: its finding has its own entry (risk, impact, lookups)
-        return payload.get("tool_name") not in ACTIONS
-    if event_type == "fields.extracted":
-        return not payload.get("changed") and not payload.get("missing")
-    return False
+    """An agent internal (how the agent worked, not what happened): kept in the log and
+    replay, folded on the session page. The event type declares it."""
+    return registry.is_internal(event_type, payload)
 
 
 def field_label(definition: dict[str, Any] | None, name: str, language: str) -> str:
@@ -127,74 +108,12 @@ def risk_because(context: template.Context, when: Any) -> list[dict[str, str]]:
     return because(context.get("definition"), when, scenario_language())
 
 
-# Which line of diagnosis/_event_lines.html shows an event: the first row whose type
-# matches and, where a row names a payload key, whose payload has that value there (or, with
-# no value, any truthy one). One lookup instead of a chain of {% if %}s in the template,
-# which was most of a 200-event session page's time.
-EVENT_LINES: tuple[tuple[str, str | None, str | None, str], ...] = (
-    ("session.created", None, None, "session-created"),
-    ("user.message", None, None, "user-message"),
-    ("agent.question", None, None, "agent-question"),
-    ("fields.extracted", None, None, "fields-extracted"),
-    ("agent.node_started", None, None, "agent-node-started"),
-    ("agent.node_completed", None, None, "agent-node-completed"),
-    ("agent.node_failed", None, None, "agent-node-failed"),
-    ("tool.call_started", None, None, "tool-call-started"),
-    ("tool.call_queued", None, None, "tool-call-queued"),
-    ("tool.call_retrying", None, None, "tool-call-retrying"),
-    ("tool.call_completed", None, None, "tool-call-completed"),
-    ("tool.call_refused", None, None, "tool-call-refused"),
-    ("tool.call_failed", None, None, "tool-call-failed"),
-    ("risk.assessed", None, None, "risk-assessed"),
-    ("impact.analyzed", None, None, "impact-analyzed"),
-    ("approval.required", None, None, "approval-required"),
-    ("approval.first_approved", None, None, "approval-first-approved"),
-    ("approval.approved", None, None, "approval-approved"),
-    ("approval.rejected", None, None, "approval-rejected"),
-    ("approval.timeout", "tool_name", "continue_budget", "approval-timeout-continue-budget"),
-    ("approval.timeout", None, None, "approval-timeout"),
-    ("approval.canceled", "withdrawn", "not_called_for", "approval-canceled-not-called-for"),
-    ("approval.canceled", "withdrawn", None, "approval-canceled-withdrawn"),
-    ("approval.canceled", None, None, "approval-canceled"),
-    ("agent.note", "kind", "already_in_force", "agent-note-already-in-force"),
-    ("agent.note", "kind", "proposed_again", "agent-note-proposed-again"),
-    ("agent.note", "outcome", "rejected", "agent-note-rejected"),
-    ("agent.note", "outcome", None, "agent-note-outcome"),
-    ("agent.note", None, None, "agent-note"),
-    ("fsm.transition", None, None, "fsm-transition"),
-    ("fsm.violation", None, None, "fsm-violation"),
-    ("llm.call", None, None, "llm-call"),
-    ("llm.delta", None, None, "llm-delta"),
-    ("llm.fallback", None, None, "llm-fallback"),
-    ("budget.exhausted", None, None, "budget-exhausted"),
-    ("budget.raised", None, None, "budget-raised"),
-    ("budget.stopped", None, None, "budget-stopped"),
-    ("session.status_changed", None, None, "session-status-changed"),
-    ("session.canceled", None, None, "session-canceled"),
-    ("session.completed", "closed_by", None, "session-completed-closed-by"),
-    ("session.completed", None, None, "session-completed"),
-    ("session.failed", None, None, "session-failed"),
-    ("session.deleted", None, None, "session-deleted"),
-    ("report.ready", None, None, "report-ready"),
-    ("timeline.appended", "kind", "enrichment", "timeline-appended-enrichment"),
-    ("timeline.appended", "kind", "todo_resolved", "timeline-appended-todo-resolved"),
-    ("timeline.appended", "kind", "restriction_lifted", "timeline-appended-restriction-lifted"),
-    ("timeline.appended", "kind", "alert", "timeline-appended-alert"),
-)
-COCKPIT_KINDS = frozenset({"operator_update", "scenario_switched_to", "scenario_switched_from"})
-EVENT_LINES_TEMPLATE = "diagnosis/_event_lines.html"
+EVENT_LINES_TEMPLATE = registry.EVENT_LINES_TEMPLATE
 
 
 def event_line(event_type: str, payload: dict[str, Any]) -> str:
-    """The partial of diagnosis/_event_lines.html that shows this event."""
-    for row_type, key, value, name in EVENT_LINES:
-        if row_type != event_type:
-            continue
-        if key is None or (payload.get(key) == value if value is not None else payload.get(key)):
-            return f"{EVENT_LINES_TEMPLATE}#{name}"
-    if event_type == "approval.args_edited" or payload.get("kind") in COCKPIT_KINDS:
-        return f"{EVENT_LINES_TEMPLATE}#cockpit"
-    return f"{EVENT_LINES_TEMPLATE}#other"
+    """The partial that shows this event: the one its type declares."""
+    return registry.timeline_line(event_type, payload)
 
 
 WHICH_ARGS = ("runway", "taxiway", "stand", "position", "flight_no")

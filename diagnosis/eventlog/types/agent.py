@@ -1,0 +1,252 @@
+"""How the agent worked: its steps and notes, its model calls, the compliance states it
+moved through and its model budget."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.utils.translation import gettext as _
+
+from aero.text import MAX_MODEL_TEXT
+from diagnosis.eventlog import names
+from diagnosis.eventlog.registry import ByKey, EventType, Payload
+from diagnosis.eventlog.state import EventLike, FoldState
+from diagnosis.wording import FSM_LABELS, NODE_LABELS, plain, step_summary_words
+
+# An action's arguments and results are the airport's closures: read-only viewers see
+# neither for R2/R3 actions, nor where an edit or a correction names them.
+ACTION_SECRETS = ("args", "before", "response", "error", "call_id")
+SECRET_RISKS = ("R2", "R3")
+# Raw model input and output, where a provider records them.
+MODEL_SECRETS = ("prompt", "messages", "response", "raw")
+
+
+def args_text(args: Any) -> str:
+    """Arguments as k=v pairs, or the word a masked value was replaced by."""
+    if not isinstance(args, dict):
+        return str(args or "")
+    return ", ".join(f"{k}={v}" for k, v in args.items())
+
+
+class AgentNote(Payload):
+    text: str = ""
+    kind: str = ""
+
+
+def _note(state: FoldState, event: EventLike) -> None:
+    state.notes.append(event.payload.get("text", ""))
+
+
+def _note_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any] | None:
+    if p.get("kind") == "scenario_mismatch":
+        # The session page offers the switch while the session runs.
+        return {**snapshot, "scenario_mismatch": dict(p["suggested"])}
+    return None
+
+
+def _note_words(p: dict[str, Any]) -> str:
+    if p.get("outcome"):
+        return _("continuing without %(tool)s (%(outcome)s): %(reason)s") % {
+            "tool": p.get("tool_name", ""),
+            "outcome": p.get("outcome"),
+            "reason": p.get("reason") or "—",
+        }
+    if p.get("kind") == "already_in_force":
+        return _("%(tool)s not proposed: already in force (session %(session)s)") % {
+            "tool": p.get("tool_name", ""),
+            "session": p.get("held_by", ""),
+        }
+    if p.get("kind") == "proposed_again":
+        return _("%(tool)s again, the corrected facts change it: %(before)s -> %(after)s") % {
+            "tool": p.get("tool_name", ""),
+            "before": args_text(p.get("before")),
+            "after": args_text(p.get("args")),
+        }
+    return str(p.get("text", ""))
+
+
+_NOTE_LINE = ByKey(
+    "kind",
+    {
+        "already_in_force": "agent-note-already-in-force",
+        "proposed_again": "agent-note-proposed-again",
+    },
+    default=ByKey(
+        "outcome",
+        {"rejected": "agent-note-rejected"},
+        any_value="agent-note-outcome",
+        default="agent-note",
+    ),
+)
+
+
+class NodeEvent(Payload):
+    node: str = ""
+
+
+def _node_words(p: dict[str, Any]) -> str:
+    node = plain(NODE_LABELS, p["node"]) if p.get("node") else ""
+    summary = step_summary_words(p.get("summary"))
+    return " ".join(str(v) for v in (node, summary, p.get("error")) if v)
+
+
+class LLMCall(Payload):
+    provider: str = ""
+    purpose: str = ""
+    status: str = ""
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+
+
+def _llm_call(state: FoldState, event: EventLike) -> None:
+    p = event.payload
+    state.llm_calls += 1
+    state.tokens_in += int(p.get("tokens_in") or 0)
+    state.tokens_out += int(p.get("tokens_out") or 0)
+    state.cost += Decimal(str(p.get("cost") or 0))
+
+
+def _llm_call_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any] | None:
+    if not (p.get("request") and p.get("status") == "ok"):
+        return None
+    thinking = {
+        "request": p["request"],
+        "purpose": p.get("purpose", ""),
+        "status": "done",
+        "provider": p.get("provider", ""),
+        "text": p.get("text", ""),
+    }
+    return {**snapshot, "thinking": thinking}
+
+
+def _llm_call_words(p: dict[str, Any]) -> str:
+    return _("%(provider)s %(purpose)s %(status)s, tokens in/out %(tokens)s") % {
+        "provider": p.get("provider"),
+        "purpose": p.get("purpose"),
+        "status": p.get("status"),
+        "tokens": f"{p.get('tokens_in', 0)}/{p.get('tokens_out', 0)}",
+    }
+
+
+class LLMDelta(Payload):
+    text: str = ""
+
+
+def _delta_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    # The model's text as it streams; a new attempt starts a new text.
+    current = snapshot.get("thinking") or {}
+    same = (current.get("request"), current.get("attempt")) == (p.get("request"), p.get("attempt"))
+    text = (current.get("text", "") if same else "") + p.get("text", "")
+    thinking = {
+        "request": p.get("request"),
+        "attempt": p.get("attempt"),
+        "purpose": p.get("purpose", ""),
+        "status": "pending",
+        "text": text[-MAX_MODEL_TEXT:],
+    }
+    return {**snapshot, "thinking": thinking}
+
+
+def _fallback(state: FoldState, event: EventLike) -> None:
+    state.fallbacks.append(dict(event.payload))
+
+
+def _fallback_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any] | None:
+    if p.get("request") and p.get("to") == "offline":
+        return {**snapshot, "thinking": {"request": p["request"], "status": "failed", "text": ""}}
+    return None
+
+
+class FsmTransition(Payload):
+    to: str
+
+
+def _fsm_words(p: dict[str, Any]) -> str:
+    return f"{plain(FSM_LABELS, p.get('from'))} → {plain(FSM_LABELS, p.get('to'))}"
+
+
+def _violation(state: FoldState, event: EventLike) -> None:
+    state.violations.append(dict(event.payload))
+
+
+def _budget(state_name: str) -> Any:
+    """The model budget: paused with what was spent, raised, or stopped."""
+
+    def step(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+        budget = {**(snapshot.get("budget") or {}), **p, "state": state_name}
+        return {**snapshot, "budget": budget}
+
+    return step
+
+
+def _line(name: str) -> str:
+    return name.replace(".", "-").replace("_", "-")
+
+
+TYPES = (
+    EventType(
+        names.AGENT_NOTE,
+        AgentNote,
+        reduce=_note,
+        snapshot=_note_snapshot,
+        summary=_note_words,
+        line=_NOTE_LINE,
+        masked=ACTION_SECRETS,
+        masked_at=SECRET_RISKS,
+    ),
+    *(
+        EventType(
+            name,
+            NodeEvent,
+            summary=_node_words,
+            line=_line(name),
+            internal=name != names.AGENT_NODE_FAILED,
+        )
+        for name in (names.AGENT_NODE_STARTED, names.AGENT_NODE_COMPLETED, names.AGENT_NODE_FAILED)
+    ),
+    EventType(
+        names.LLM_CALL,
+        LLMCall,
+        reduce=_llm_call,
+        snapshot=_llm_call_snapshot,
+        summary=_llm_call_words,
+        line=_line(names.LLM_CALL),
+        internal=True,
+        masked=MODEL_SECRETS,
+        panels=frozenset({"session-thinking", "session-status"}),
+    ),
+    EventType(
+        names.LLM_DELTA,
+        LLMDelta,
+        snapshot=_delta_snapshot,
+        line=_line(names.LLM_DELTA),
+        # The live text is the thinking panel; the final text is llm.call's.
+        internal=True,
+        masked=MODEL_SECRETS,
+        panels=frozenset({"session-thinking"}),
+    ),
+    EventType(
+        names.LLM_FALLBACK,
+        reduce=_fallback,
+        snapshot=_fallback_snapshot,
+        line=_line(names.LLM_FALLBACK),
+        internal=True,
+        masked=MODEL_SECRETS,
+    ),
+    EventType(
+        names.FSM_TRANSITION,
+        FsmTransition,
+        snapshot=lambda snapshot, p: {**snapshot, "fsm": p["to"]},
+        summary=_fsm_words,
+        line=_line(names.FSM_TRANSITION),
+        internal=True,
+        panels=frozenset({"session-facts"}),
+    ),
+    EventType(names.FSM_VIOLATION, reduce=_violation, line=_line(names.FSM_VIOLATION)),
+    EventType(
+        names.BUDGET_EXHAUSTED, snapshot=_budget("paused"), line=_line(names.BUDGET_EXHAUSTED)
+    ),
+    EventType(names.BUDGET_RAISED, snapshot=_budget("running"), line=_line(names.BUDGET_RAISED)),
+    EventType(names.BUDGET_STOPPED, snapshot=_budget("stopped"), line=_line(names.BUDGET_STOPPED)),
+)
