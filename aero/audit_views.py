@@ -19,7 +19,8 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_GET
 
 from aero.models import AuditLog, audit
-from aero.roles import READ_AUDIT_LOG, role_required
+from aero.roles import READ_AUDIT_LOG, role_required, user_roles
+from diagnosis.eventlog.masking import AuditMasks, masks_roles
 
 PAGE = 50
 CSV_COLUMNS = (
@@ -134,6 +135,10 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         if len(entries) > PAGE:
             entries = entries[:PAGE]
             next_cursor = cursor_of(entries[-1])
+        masks = viewer_masks(request.user)
+        if masks is not None:
+            for entry in entries:  # shown, never saved
+                entry.detail = masks.detail(entry.session_id, entry.detail)
     query = request.GET.copy()
     query.pop("after", None)
     next_query = query.copy()
@@ -152,6 +157,11 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     )
 
 
+def viewer_masks(user: Any) -> AuditMasks | None:
+    """Masking for a read-only viewer of the log (None: an admin sees details whole)."""
+    return AuditMasks() if masks_roles(user_roles(user)) else None
+
+
 def safe_cell(value: Any) -> str:
     """Text a spreadsheet shows as text: a leading formula character gets a quote."""
     text = "" if value is None else str(value)
@@ -163,10 +173,12 @@ class _Echo:
         return value
 
 
-def csv_rows(entries: QuerySet[AuditLog]) -> Iterator[str]:
+def csv_rows(entries: QuerySet[AuditLog], masks: AuditMasks | None = None) -> Iterator[str]:
+    """`masks`: for a read-only viewer, the details as masking shows them."""
     writer = csv.writer(_Echo())
     yield writer.writerow(CSV_COLUMNS)
     for entry in entries.iterator(chunk_size=2000):
+        detail = masks.detail(entry.session_id, entry.detail) if masks else entry.detail
         yield writer.writerow(
             [
                 safe_cell(value)
@@ -177,7 +189,7 @@ def csv_rows(entries: QuerySet[AuditLog]) -> Iterator[str]:
                     entry.object_type,
                     entry.object_id,
                     entry.session_id or "",
-                    json.dumps(entry.detail, ensure_ascii=False, sort_keys=True),
+                    json.dumps(detail, ensure_ascii=False, sort_keys=True),
                     entry.digest,
                 )
             ]
@@ -200,7 +212,8 @@ def audit_csv(request: HttpRequest) -> HttpResponseBase:
     audit("audit.exported", object_type="aero.auditlog", actor=request.user, detail=filters)
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
     response = StreamingHttpResponse(
-        csv_rows(form.filtered()), content_type="text/csv; charset=utf-8"
+        csv_rows(form.filtered(), viewer_masks(request.user)),
+        content_type="text/csv; charset=utf-8",
     )
     response["Content-Disposition"] = f'attachment; filename="aero-audit-{stamp}.csv"'
     return response

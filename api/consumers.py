@@ -26,8 +26,9 @@ from django.urls import reverse
 from aero import metrics
 from aero.roles import VIEW_SESSIONS
 from api.auth import token_from_raw
-from api.presenters import envelope
+from api.presenters import envelope, viewer_mask
 from diagnosis.consumers import CHECK_ROUNDS, hub
+from diagnosis.eventlog.masking import SessionMask
 from diagnosis.models import Event, Session
 from diagnosis.push import register_server_loop, session_group
 
@@ -88,12 +89,12 @@ def pull(
     return None, CLOSE_FORBIDDEN, []  # the roles changed under every read
 
 
-def message_for(event: Event, viewer: Viewer) -> tuple[str, int]:
+def message_for(event: Event, mask: SessionMask | None) -> tuple[str, int]:
     """The event's message, JSON as sent, and its size in bytes. An envelope over
     FRAME_BYTES (only an event stored before the per-event cap could be) is replaced by
     an `event.too_large` notice naming the REST call that returns it: the stream never
     sends what daphne would refuse, and never skips an event without a word."""
-    body = envelope(event, viewer)
+    body = envelope(event, mask)
     text = json.dumps(body)
     if len(text) > FRAME_BYTES:  # ASCII: json.dumps escapes everything else
         text = json.dumps(
@@ -121,8 +122,11 @@ def events_after(session_id: str, after: int, viewer: Viewer) -> list[tuple[int,
     batch: list[tuple[int, str, Any]] = []
     used = 0
     events = Event.objects.filter(session_id=session_id, seq__gt=after).order_by("seq")[:BATCH]
+    # Read before the events: values a call written meanwhile hides are masked by key
+    # in its own events, and known to the next batch's mask.
+    mask = viewer_mask(session_id, viewer)
     for event in events.iterator(chunk_size=FETCH_CHUNK):
-        text, size = message_for(event, viewer)
+        text, size = message_for(event, mask)
         if batch and used + size > BATCH_BYTES:
             break
         batch.append((event.seq, text, event.ts))

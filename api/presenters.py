@@ -9,8 +9,8 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 
 from approvals.models import Approval, ApprovalStatus
+from diagnosis.eventlog import masking
 from diagnosis.models import AgentRun, Event, Session
-from replay import masking
 
 
 def viewer_roles(viewer: Any) -> frozenset[str]:
@@ -18,19 +18,14 @@ def viewer_roles(viewer: Any) -> frozenset[str]:
 
 
 def masks(roles: frozenset[str]) -> bool:
-    """Read-only viewers (auditors) get the replay pages' masked view
-    (replay.masking: AERO_REPLAY_MASK); operating roles see payloads in full, as on the
-    live pages."""
-    return not (roles & masking.UNMASKED_ROLES)
+    """Read-only viewers (auditors) get the masked view (diagnosis.eventlog.masking);
+    operating roles see payloads in full, as on the live pages."""
+    return masking.masks_roles(roles)
 
 
-def visible_payload(event: Event, roles: frozenset[str]) -> dict[str, Any]:
-    """The payload as this viewer may see it, by the replay pages' rules: one place for
-    the REST timeline and the WebSocket stream."""
-    if not masks(roles):
-        return event.payload
-    payload, _ = masking.mask_payload(event.type, event.payload)
-    return payload
+def viewer_mask(session_id: Any, viewer: Any) -> masking.SessionMask | None:
+    """The one masking rule for this viewer of the session (None: sees everything)."""
+    return masking.session_mask(session_id, viewer_roles(viewer))
 
 
 def timestamp(moment: datetime) -> str:
@@ -39,7 +34,13 @@ def timestamp(moment: datetime) -> str:
     return str(DjangoJSONEncoder().default(moment))
 
 
-def envelope(event: Event, viewer: Any) -> dict[str, Any]:
+def visible_payload(event: Event, mask: masking.SessionMask | None) -> dict[str, Any]:
+    """The payload as this viewer may see it: one place for the REST timeline and the
+    WebSocket stream."""
+    return mask.shown(event.type, event.payload)[0] if mask is not None else event.payload
+
+
+def envelope(event: Event, mask: masking.SessionMask | None) -> dict[str, Any]:
     """The tech plan's envelope (§2.3): event_id, session_id, type, ts, seq, payload."""
     return {
         "event_id": str(event.event_id),
@@ -47,11 +48,11 @@ def envelope(event: Event, viewer: Any) -> dict[str, Any]:
         "type": event.type,
         "ts": timestamp(event.ts),
         "seq": event.seq,
-        "payload": visible_payload(event, viewer_roles(viewer)),
+        "payload": visible_payload(event, mask),
     }
 
 
-def session_out(session: Session) -> dict[str, Any]:
+def session_out(session: Session, mask: masking.SessionMask | None = None) -> dict[str, Any]:
     open_approvals = getattr(session, "open_approvals", None)
     if open_approvals is None:
         open_approvals = session.approvals.open().count()
@@ -67,7 +68,7 @@ def session_out(session: Session) -> dict[str, Any]:
         "started_at": session.started_at,
         "ended_at": session.ended_at,
         "last_seq": session.last_seq,
-        "snapshot": session.snapshot,
+        "snapshot": mask.scrub(session.snapshot) if mask is not None else session.snapshot,
         "tokens_in": session.tokens_in,
         "tokens_out": session.tokens_out,
         "cost": str(session.cost),
@@ -99,6 +100,7 @@ def run_tree(runs: list[AgentRun]) -> list[dict[str, Any]]:
 
 
 def approval_out(approval: Approval, roles: frozenset[str] | None = None) -> dict[str, Any]:
+    mask = masking.session_mask(approval.session_id, roles) if roles is not None else None
     if approval.status == ApprovalStatus.PENDING:
         next_step = "approve"
     elif approval.status == ApprovalStatus.CONFIRMING:
@@ -121,12 +123,14 @@ def approval_out(approval: Approval, roles: frozenset[str] | None = None) -> dic
             approval.first_approved_by.get_username() if approval.first_approved_by else None
         ),
         "approver": approval.approver.get_username() if approval.approver else None,
-        "reason": approval.reason,
-        "edited": _edited(approval, roles),
+        "reason": mask.text(approval.reason) if mask is not None else approval.reason,
+        "edited": _edited(approval, roles, mask),
     }
 
 
-def _edited(approval: Approval, roles: frozenset[str] | None) -> dict[str, Any] | None:
+def _edited(
+    approval: Approval, roles: frozenset[str] | None, mask: masking.SessionMask | None
+) -> dict[str, Any] | None:
     """The latest change of the arguments by an approver, or None."""
     if approval.edited_at is None:
         return None
@@ -134,7 +138,7 @@ def _edited(approval: Approval, roles: frozenset[str] | None) -> dict[str, Any] 
         "by": approval.edited_by.get_username() if approval.edited_by else None,
         "at": approval.edited_at,
         "args_before": _args(approval, roles, approval.args_before_edit),
-        "reason": approval.edit_reason,
+        "reason": mask.text(approval.edit_reason) if mask is not None else approval.edit_reason,
     }
 
 

@@ -28,7 +28,14 @@ from api.errors import (
 )
 from api.history import router as history_router
 from api.idempotency import request_hash, run_once
-from api.presenters import approval_out, envelope, run_tree, session_out, viewer_roles
+from api.presenters import (
+    approval_out,
+    envelope,
+    run_tree,
+    session_out,
+    viewer_mask,
+    viewer_roles,
+)
 from api.strict import StrictRouter
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import OPEN_STATUSES, Approval
@@ -117,7 +124,7 @@ def _refused(exc: ActionError) -> ApiError:
     return ApiError(409, "action_refused", str(exc))
 
 
-def _snapshot(session_id: UUID) -> dict[str, Any]:
+def _snapshot(session_id: UUID, request: HttpRequest) -> dict[str, Any]:
     session = (
         Session.objects.select_related("scenario", "scenario_version", "created_by")
         .annotate(
@@ -125,7 +132,7 @@ def _snapshot(session_id: UUID) -> dict[str, Any]:
         )
         .get(pk=session_id)
     )
-    return session_out(session)
+    return session_out(session, viewer_mask(session.pk, request))
 
 
 # --- sessions -------------------------------------------------------------------------
@@ -233,7 +240,7 @@ def list_sessions(
 def get_session(request: HttpRequest, session_id: UUID) -> Any:
     """The session's current snapshot, state and usage."""
     _session(session_id)
-    return _snapshot(session_id)
+    return _snapshot(session_id, request)
 
 
 @sessions.post("/{session_id}/cancel", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
@@ -243,7 +250,7 @@ def cancel_session(request: HttpRequest, session_id: UUID, payload: schemas.Canc
         actions.do_cancel(session_id, request.user, payload.reason)
     except ActionError as exc:
         raise _refused(exc) from exc
-    return _snapshot(session_id)
+    return _snapshot(session_id, request)
 
 
 @sessions.post("/{session_id}/resume", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
@@ -254,7 +261,7 @@ def resume_session(request: HttpRequest, session_id: UUID) -> Any:
         actions.do_retry(session_id, request.user)
     except ActionError as exc:
         raise _refused(exc) from exc
-    return _snapshot(session_id)
+    return _snapshot(session_id, request)
 
 
 @sessions.post("/{session_id}/answer", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
@@ -265,7 +272,7 @@ def answer_session(request: HttpRequest, session_id: UUID, payload: schemas.Answ
         actions.do_answer(session_id, request.user, payload.message, producer="api")
     except ActionError as exc:
         raise _refused(exc) from exc
-    return _snapshot(session_id)
+    return _snapshot(session_id, request)
 
 
 @sessions.get(
@@ -299,10 +306,11 @@ def timeline(
     )
     more = len(events) > limit
     events = events[:limit]
+    mask = viewer_mask(session.pk, request)
     return {
         "session_id": session.pk,
         "last_seq": session.last_seq,
-        "events": [envelope(event, request) for event in events],
+        "events": [envelope(event, mask) for event in events],
         "next_cursor": (
             pagination.encode(f"timeline:{session.pk}", {"seq": events[-1].seq + 1})
             if more

@@ -50,6 +50,7 @@ from aero.i18n import supported
 from aero.roles import ALL_ROLES, VIEW_SESSIONS
 from aero.templatetags.aero_text import when
 from diagnosis import presenters
+from diagnosis.eventlog.masking import SessionMask, masks_roles, secrets_of
 from diagnosis.models import Event, Session
 from diagnosis.push import AIRPORT_GROUP, register_server_loop, session_group
 
@@ -332,17 +333,29 @@ class PanelContexts:
     def __init__(self) -> None:
         self.airport: tuple[Any, Any] | None = None
         self.reads: dict[str, presenters.SessionReads] = {}
-        self.worded: dict[tuple[str, str | None], dict[str, Any]] = {}
+        # Worded per language and per masking (a read-only viewer's panels hide values).
+        self.worded: dict[tuple[str, str | None, bool], dict[str, Any]] = {}
+        self.masks: dict[str, SessionMask] = {}
+
+    def mask(self, pull: Pull, session: Session) -> SessionMask | None:
+        """The masking for the pull's viewers (None: they see everything), its hidden
+        values read once per session."""
+        if not masks_roles(pull.roles):
+            return None
+        if pull.session_id not in self.masks:
+            self.masks[pull.session_id] = SessionMask(secrets_of(session.pk))
+        return self.masks[pull.session_id]
 
     def context(self, pull: Pull, session: Session) -> dict[str, Any]:
-        worded = self.worded.get((pull.session_id, pull.language))
+        key = (pull.session_id, pull.language, masks_roles(pull.roles))
+        worded = self.worded.get(key)
         if worded is None:
             reads = self.reads.get(pull.session_id)
             if reads is None:
                 self.airport = self.airport or presenters.read_airport()
                 reads = self.reads[pull.session_id] = presenters.read_session(session, self.airport)
-            worded = self.worded[(pull.session_id, pull.language)] = presenters.session_context(
-                session, None, roles=pull.roles, reads=reads
+            worded = self.worded[key] = presenters.session_context(
+                session, None, roles=pull.roles, reads=reads, mask=self.mask(pull, session)
             )
         return {**worded, **presenters.flags_for_roles(pull.roles)}
 
@@ -367,7 +380,9 @@ def _render_updates(
     over 1 MB, which broke every catch-up of a session holding a large event."""
     if not events:
         return Update((), pull.after, pull.composer_key, session.last_seq)
-    rows, sent = timeline_rows(events, presenters.version_definition(session))
+    mask = contexts.mask(pull, session)
+    shown = mask.events(events) if mask is not None else events
+    rows, sent = timeline_rows(shown, presenters.version_definition(session))
     panels: set[str] = set()
     for event in sent:
         panels |= presenters.panels_of(event.type)

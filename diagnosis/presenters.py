@@ -13,6 +13,7 @@ from django.db.models import Q
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
 from diagnosis.consequences import Board
 from diagnosis.eventlog import registry
+from diagnosis.eventlog.masking import SessionMask, session_mask
 from diagnosis.models import (
     WITHDRAWN_ASKED_AGAIN,
     WITHDRAWN_NOT_CALLED_FOR,
@@ -126,25 +127,43 @@ def correction_choices(spec: dict[str, Any], language: str) -> list[tuple[str, s
 
 
 def action_rows(
-    session: Session, board: Board | None = None, reads: SessionReads | None = None
+    session: Session,
+    board: Board | None = None,
+    reads: SessionReads | None = None,
+    mask: SessionMask | None = None,
 ) -> list[dict[str, Any]]:
     """The session's actions; with `board`, each open one with its plain words and its
     consequence on the airport as it is now (diagnosis.consequences). `reads`: the calls
-    and approvals already read (read_session)."""
+    and approvals already read (read_session). `mask`: the viewer's (masking): a masked
+    call shows no consequence, which would name what its arguments hide."""
     reads = reads or read_session(session)
     approvals = {a.tool_call_id: a for a in reads.approvals}
-    return [
-        {
-            "call": c,
-            "decision": decision_of(c),
-            "withdrawn": _withdrawn(c),
-            "approval": approvals.get(c.pk),
-            "consequence": board.consequence(c.tool_name, c.request_payload, session.pk)
-            if board
-            else None,
-        }
-        for c in reads.calls
-    ]
+    rows = []
+    for c in reads.calls:
+        approval = approvals.get(c.pk)
+        hidden = mask is not None and mask.call(c)
+        rows.append(
+            {
+                "call": mask.tool_call(c) if mask is not None else c,
+                "decision": decision_of(c),
+                "withdrawn": _withdrawn(c),
+                "approval": mask.approval(approval)
+                if mask is not None and approval is not None
+                else approval,
+                "consequence": board.consequence(c.tool_name, c.request_payload, session.pk)
+                if board and not hidden
+                else None,
+            }
+        )
+    return rows
+
+
+def viewer_mask(
+    session: Session, user: Any = None, roles: frozenset[str] | None = None
+) -> SessionMask | None:
+    """The masking for this viewer of the session (by `roles` when given, else the user's
+    roles); None for a viewer who sees everything."""
+    return session_mask(session, roles if roles is not None else user_roles(user))
 
 
 def _withdrawn(call: ToolCall) -> str:
@@ -322,12 +341,18 @@ def session_context(
     *,
     roles: frozenset[str] | None = None,
     reads: SessionReads | None = None,
+    mask: SessionMask | None = None,
 ) -> dict[str, Any]:
     """`roles` instead of `user`: the live consumer renders for a role set, not a person.
-    `reads`: what read_session returned, for a caller rendering it more than once."""
+    `reads`: what read_session returned, for a caller rendering it more than once.
+    `mask`: the viewer's masking when the caller has it already."""
     reads = reads or read_session(session)
     graph, restrictions, report = reads.graph, reads.restrictions, reads.report
     snapshot = session.snapshot
+    mask = mask or viewer_mask(session, user, roles)
+    report_markdown = report.markdown if report else ""
+    if mask is not None:
+        report_markdown = mask.text(report_markdown)
     return {
         "session": session,
         "definition": version_definition(session),
@@ -339,13 +364,15 @@ def session_context(
         "enrichment": snapshot.get("enrichment"),
         "fsm": snapshot.get("fsm", "INIT"),
         "map": impact_map(graph, snapshot.get("impact"), restrictions),
-        "actions": action_rows(session, Board(graph, restrictions), reads),
+        "actions": action_rows(session, Board(graph, restrictions), reads, mask),
         "report": report,
-        "report_html": markdown_to_html(report.markdown) if report else "",
+        "report_html": markdown_to_html(report_markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
         # The model's text, streaming or final (ADR 96): from the snapshot, no query.
-        "thinking": snapshot.get("thinking"),
+        "thinking": mask.scrub(snapshot.get("thinking")) if mask else snapshot.get("thinking"),
+        # The timeline beside the panels is masked by the same mask (views, consumer).
+        "viewer_mask": mask,
         **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),
     }
 

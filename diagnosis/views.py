@@ -130,7 +130,9 @@ def _choose_message(fit: suggest.Fit | None) -> str:
 def session_detail(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     session = get_session_for_user(request, session_id)
     context = presenters.session_context(session, request.user)
-    context["events"] = presenters.latest_events(session)
+    mask = context["viewer_mask"]
+    events = presenters.latest_events(session)
+    context["events"] = mask.events(events) if mask is not None else events
     # What was not sent (a lapsed sign-in, a refused update) comes back to check and send.
     answer = take_draft(request, reverse("diagnosis:session-answer", args=[session.pk]))
     context["answer_form"] = AnswerForm(initial={"message": (answer or {}).get("message", "")})
@@ -318,6 +320,9 @@ def session_events(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     events = presenters.timeline(session, after=after, before=before)
     if before is not None and events:
         after = events[0].seq - 1
+    mask = presenters.viewer_mask(session, request.user)
+    if mask is not None:
+        events = mask.events(events)
     template = "diagnosis/session_events.html"
     if request.htmx:
         template += "#timeline-events"
@@ -354,7 +359,9 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
         session_id=session.pk,
         detail={"format": "markdown", "characters": len(report.markdown)},
     )
-    response = HttpResponse(report.markdown, content_type="text/markdown; charset=utf-8")
+    mask = presenters.viewer_mask(session, request.user)
+    markdown = mask.text(report.markdown) if mask is not None else report.markdown
+    response = HttpResponse(markdown, content_type="text/markdown; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="aero-report-{session.pk}.md"'
     return response
 

@@ -18,7 +18,7 @@ def check_mask_policy(**kwargs: Any) -> list[checks.CheckMessage]:
     """A bad AERO_REPLAY_MASK fails at start-up, not on an auditor's first replay."""
     from pydantic import ValidationError
 
-    from replay import masking
+    from diagnosis.eventlog import masking
 
     try:
         masking.rules()

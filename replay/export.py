@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from diagnosis.chain import check_events
-from diagnosis.eventlog import registry
+from diagnosis.eventlog import masking, registry
 from diagnosis.fold import FoldState, fold_events
 from diagnosis.models import Event, Session
 from replay import presenters
@@ -113,9 +113,12 @@ def render_export(
     if progress:
         progress(len(events), total)
 
+    # The one masking rule, for a masked viewer: payloads, calls and every text that may
+    # quote what they hide (the embedded report, reasons, follow-ups).
+    mask = masking.session_mask(session, ()) if masked else None
     chronology = []
     for event in events:
-        payload, _ = presenters.shown_payload(event, masked)
+        payload, _ = presenters.shown_payload(event, mask)
         chronology.append(
             {
                 "seq": event.seq,
@@ -126,16 +129,19 @@ def render_export(
         )
     # The chain is checked over the very rows exported: the head printed is theirs.
     chain = check_events(session.pk, events, session.last_seq, session.chain_head)
+    items = follow_ups(state)
     context = {
         "chain": chain,
         "session": session,
         "state": state,
         "fields": presenters.field_rows(session, state),
-        "evidence": presenters.evidence_calls(state, masked),
-        "actions": presenters.action_rows(state, masked),
+        "evidence": presenters.evidence_calls(state, mask),
+        "actions": presenters.action_rows(state, mask),
         "questions": presenters.question_rows(state),
         "usage": usage_rows(events),
-        "follow_ups": follow_ups(state),
+        "follow_ups": [mask.text(item) for item in items] if mask else items,
+        "report_markdown": presenters.report_markdown(state, mask),
+        "closed_summary": mask.text(state.closed_summary) if mask else state.closed_summary,
         "chronology": chronology,
         "masked": masked,
         "exported_by": user.get_username(),

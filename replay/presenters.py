@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -14,12 +14,13 @@ from django.core.cache import caches
 from django.db import connection
 from django.db.models import Count, Max, Min, Q, QuerySet
 
+from diagnosis.eventlog import masking, names
+from diagnosis.eventlog.masking import SessionMask
 from diagnosis.fold import ApprovalState, FoldState, ToolCallState, fold_events
 from diagnosis.models import AgentRun, Event, Restriction, Session
 from diagnosis.presenters import impact_map
 from diagnosis.reporting import display_value
 from diagnosis.templatetags.timeline import scenario_language
-from replay import masking
 from replay.forms import EVENT_GROUPS
 from scenarios_admin.airport import AirportGraph, load_active_graph, load_graph
 from scenarios_admin.models import Topology
@@ -289,8 +290,12 @@ def field_rows(session: Session, state: FoldState) -> list[dict[str, Any]]:
     return rows
 
 
-def call_row(call: ToolCallState, approval: ApprovalState | None, masked: bool) -> dict[str, Any]:
-    """A tool call (and its approval) as the page and the export show it."""
+def call_row(
+    call: ToolCallState, approval: ApprovalState | None, mask: SessionMask | None
+) -> dict[str, Any]:
+    """A tool call (and its approval) as the page and the export show it, masked for a
+    viewer with a `mask`."""
+    decisions = approval.decisions if approval else []
     row: dict[str, Any] = {
         "call_id": call.call_id,
         "tool_name": call.tool_name,
@@ -302,20 +307,26 @@ def call_row(call: ToolCallState, approval: ApprovalState | None, masked: bool) 
         "completed_at": call.completed_at,
         "duration_ms": call.duration_ms,
         "approval": approval,
-        "decisions": approval.decisions if approval else [],
+        "decisions": decisions,
         "masked": False,
     }
-    return masking.mask_call(row, "tool.call_completed") if masked else row
+    if mask is None:
+        return row
+    row["decisions"] = [replace(d, reason=mask.text(d.reason)) for d in decisions]
+    row = masking.mask_call(row, names.TOOL_CALL_COMPLETED)
+    if row["masked"]:
+        row["call_id"] = masking.MASKED
+    return row
 
 
-def action_rows(state: FoldState, masked: bool) -> list[dict[str, Any]]:
+def action_rows(state: FoldState, mask: SessionMask | None) -> list[dict[str, Any]]:
     """The response actions in proposal order, each with its decisions."""
-    return [call_row(c, state.approvals.get(c.call_id), masked) for c in state.actions]
+    return [call_row(c, state.approvals.get(c.call_id), mask) for c in state.actions]
 
 
-def evidence_calls(state: FoldState, masked: bool) -> list[dict[str, Any]]:
+def evidence_calls(state: FoldState, mask: SessionMask | None) -> list[dict[str, Any]]:
     """Every tool call, lookups and actions, in the order they were first logged."""
-    return [call_row(c, state.approvals.get(c.call_id), masked) for c in state.tool_calls.values()]
+    return [call_row(c, state.approvals.get(c.call_id), mask) for c in state.tool_calls.values()]
 
 
 def question_rows(state: FoldState) -> list[dict[str, Any]]:
@@ -335,10 +346,18 @@ def closures(state: FoldState) -> list[Restriction]:
     ]
 
 
-def shown_payload(event: Event, masked: bool) -> tuple[dict[str, Any], list[str]]:
-    if not masked:
+def shown_payload(event: Event, mask: SessionMask | None) -> tuple[dict[str, Any], list[str]]:
+    """The payload as the viewer may see it and the keys masked in it."""
+    if mask is None:
         return event.payload, []
-    return masking.mask_payload(event.type, event.payload)
+    return mask.shown(event.type, event.payload)
+
+
+def report_markdown(state: FoldState, mask: SessionMask | None) -> str:
+    """The report as the fold holds it, its hidden values masked for a masked viewer."""
+    if state.report is None:
+        return ""
+    return mask.text(state.report.markdown) if mask is not None else state.report.markdown
 
 
 _graphs: dict[tuple[int, Any], tuple[float, AirportGraph]] = {}

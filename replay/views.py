@@ -11,11 +11,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from aero.http import HtmxHttpRequest
-from aero.roles import ADMIN, VIEW_SESSIONS, has_role, role_required
+from aero.roles import ADMIN, VIEW_SESSIONS, has_role, role_required, user_roles
 from diagnosis.chain import verify_chain
+from diagnosis.eventlog.masking import masks_roles, session_mask
 from diagnosis.models import Event, Session
 from diagnosis.reporting import markdown_to_html
-from replay import history, jobs, masking, presenters
+from replay import history, jobs, presenters
 from replay.export import render_export
 from replay.forms import EVENT_GROUPS, HISTORY_SORTS, HistoryForm, ReplayForm
 
@@ -59,7 +60,8 @@ def replay_context(
     if seq is None:
         seq = presenters.navigation(session, filters, 0)["first"] or 0
     seq = min(seq, session.last_seq)
-    masked = masking.masks_for(request.user)
+    mask = session_mask(session, user_roles(request.user))
+    masked = mask is not None
     state = presenters.state_at(session, seq)
     nav = presenters.navigation(session, filters, seq)
     window, earlier, later = presenters.event_window(
@@ -71,7 +73,7 @@ def replay_context(
         current = Event.objects.filter(session=session, seq=seq).first()
     shown = [*window, *([current] if current and current not in window else [])]
     for event in shown:  # shown, never saved
-        event.payload, keys = presenters.shown_payload(event, masked)
+        event.payload, keys = presenters.shown_payload(event, mask)
         event.masked_keys = keys  # type: ignore[attr-defined]
     speed = data.get("play") or ""
     links = {
@@ -88,12 +90,14 @@ def replay_context(
         "fields": presenters.field_rows(session, state),
         # The rule's conditions in words (risk_because reads the scenario's labels).
         "definition": session.scenario_version.definition,
-        "actions": presenters.action_rows(state, masked),
-        "evidence": presenters.evidence_calls(state, masked),
+        "actions": presenters.action_rows(state, mask),
+        "evidence": presenters.evidence_calls(state, mask),
         "map": presenters.impact_map_at(presenters.airport_graph(), state),
         "impact": state.impact,
         "questions": presenters.question_rows(state),
-        "report_html": markdown_to_html(state.report.markdown) if state.report else "",
+        "report_html": markdown_to_html(presenters.report_markdown(state, mask))
+        if state.report
+        else "",
         "nav": nav,
         "links": links,
         "events": window,
@@ -164,7 +168,8 @@ def replay_event(request: HtmxHttpRequest, session_id: UUID, seq: int) -> HttpRe
     """One event's full original payload (masked for read-only viewers, never dropped)."""
     session = get_replay_session(session_id)
     event = get_object_or_404(Event, session=session, seq=seq)
-    payload, masked_keys = presenters.shown_payload(event, masking.masks_for(request.user))
+    mask = session_mask(session, user_roles(request.user))
+    payload, masked_keys = presenters.shown_payload(event, mask)
     template = "replay/event.html"
     if request.htmx:
         template += "#event-payload"
@@ -185,7 +190,7 @@ def replay_event(request: HtmxHttpRequest, session_id: UUID, seq: int) -> HttpRe
 def replay_export(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     """Small sessions download at once; large ones export in the background."""
     session = get_replay_session(session_id)
-    masked = masking.masks_for(request.user)
+    masked = masks_roles(user_roles(request.user))
     if session.last_seq > settings.AERO_REPLAY_EXPORT_INLINE_EVENTS:
         job = jobs.start_export(session, request.user, masked=masked)
         return redirect("replay:export-status", job_id=job.job_id)

@@ -409,7 +409,7 @@ def test_auditors_see_high_risk_payloads_masked(finished: Session, carol: User) 
 def test_what_an_edit_or_a_correction_changed_is_masked_like_the_action() -> None:
     """The arguments a closure had before an approver's edit, or before a correction
     changed them, are as closed to an auditor as the arguments it has now."""
-    from replay.masking import masked_keys
+    from diagnosis.eventlog.masking import masked_keys
 
     closure = {"tool_name": "close_taxiway", "risk_level": "R2"}
     edited = {**closure, "before": {"taxiway": "A"}, "args": {"taxiway": "B"}}

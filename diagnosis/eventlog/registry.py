@@ -2,7 +2,7 @@
 words, its timeline line and what read-only viewers may not see of it.
 
 The fold (diagnosis.fold), the export (replay.export), the timeline (the `timeline`
-template tags), the live page's panels and masking (replay.masking) read a type's
+template tags), the live page's panels and masking (diagnosis.eventlog.masking) read a type's
 declaration here instead of each keeping its own `if type == ...` chain. The
 declarations are made by the apps that own the types (diagnosis.eventlog.types, a
 domain pack) when Django starts (AppConfig.ready), so this module imports none of them.
@@ -214,7 +214,7 @@ def finding_kinds() -> Mapping[str, FindingKind]:
 
 
 def mask_rules() -> list[dict[str, Any]]:
-    """The masking the declarations ask for, as replay.masking's rules."""
+    """The masking the declarations ask for, as diagnosis.eventlog.masking's rules."""
     return [
         {"types": [t.name], "fields": list(t.masked), "risk_classes": list(t.masked_at)}
         for t in _TYPES.values()
