@@ -104,7 +104,7 @@ def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
     if not form.is_valid():
         field, errors = next(iter(form.errors.items()))
         raise ApiError(422, "invalid_input", f"{field}: {errors[0]}")
-    page = history.search(form.cleaned_data, limit)
+    page = history.search(form.cleaned_data, limit, viewer_roles(request))
     return {
         "sessions": [
             {

@@ -18,6 +18,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from diagnosis.eventlog import masking
 from diagnosis.models import Session
 
 PAGE = 50
@@ -151,7 +152,9 @@ def search_queryset(data: dict[str, Any]) -> QuerySet[Session]:
     return sessions
 
 
-def search(data: dict[str, Any], limit: int = PAGE) -> Page:
+def search(data: dict[str, Any], limit: int = PAGE, roles: frozenset[str] | None = None) -> Page:
+    """`roles`: the viewer's; a masked viewer's text search finds no session by a value
+    the masking rule hides in it."""
     sort = data.get("sort") or "-created"
     column = SORT_COLUMNS[sort]
     descending = sort.startswith("-")
@@ -179,9 +182,13 @@ def search(data: dict[str, Any], limit: int = PAGE) -> Page:
     found = list(page[: limit + 1])
     more = len(found) > limit
     found = found[:limit]
+    hidden: set[Any] = set()
+    if data.get("q") and roles is not None and masking.masks_roles(roles):
+        hidden = masking.hiding(data["q"].strip(), [s.pk for s in found])
     rows = [
         {"session": s, **{name: getattr(s, f"row_{name}") or "" for name in ROW_FACTS}}
         for s in found
+        if s.pk not in hidden
     ]
     next_cursor = ""
     if more and found:

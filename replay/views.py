@@ -247,7 +247,7 @@ def history_search(request: HtmxHttpRequest) -> HttpResponse:
             {"form": form, "rows": [], "sorts": HISTORY_SORTS},
             status=400,
         )
-    page = history.search(form.cleaned_data)
+    page = history.search(form.cleaned_data, roles=user_roles(request.user))
     data = {k: v for k, v in request.GET.items() if k != "cursor" and v}
     template = "replay/history.html"
     if request.htmx and not request.htmx.boosted:

@@ -220,6 +220,18 @@ def secrets_of(session_id: Any) -> frozenset[str]:
     return frozenset(found)
 
 
+def hiding(text: str, session_ids: Iterable[Any]) -> set[Any]:
+    """The sessions among `session_ids` where `text` names (part of) a value the rule
+    hides: a masked viewer's search must not find them by it."""
+    wanted = text.casefold()
+    return {
+        session_id
+        for session_id in session_ids
+        if wanted
+        and any(wanted in s.casefold() or s.casefold() in wanted for s in secrets_of(session_id))
+    }
+
+
 def session_mask(session: Session | Any, roles: Iterable[str]) -> SessionMask | None:
     """The mask for viewers with `roles` of this session (an instance or its pk); None
     for viewers who see everything."""
