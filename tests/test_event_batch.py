@@ -64,18 +64,18 @@ def seqs(session: Session) -> list[tuple[int, str]]:
 def test_a_batch_is_one_block_of_seqs_and_one_notice_after_commit(
     session: Session, notices: list[tuple[str, int, bool]]
 ) -> None:
-    append_event(session.pk, "first", {}, producer="test")
+    append_event(session.pk, "agent.note", {"text": "first"}, producer="test")
     assert notices == [(str(session.pk), 1, False)]
     with transaction.atomic(), event_batch(session.pk):
         for number in range(3):
-            append_event(session.pk, f"step.{number}", {"n": number}, producer="test")
+            append_event(session.pk, "agent.node_started", {"node": f"n{number}"}, producer="test")
         append_event(session.pk, "risk.assessed", {"level": "HIGH"}, producer="test")
-        assert seqs(session) == [(1, "first")]  # queued, not written yet
+        assert seqs(session) == [(1, "agent.note")]  # queued, not written yet
     assert seqs(session) == [
-        (1, "first"),
-        (2, "step.0"),
-        (3, "step.1"),
-        (4, "step.2"),
+        (1, "agent.note"),
+        (2, "agent.node_started"),
+        (3, "agent.node_started"),
+        (4, "agent.node_started"),
         (5, "risk.assessed"),
     ]
     assert notices[1:] == [(str(session.pk), 5, False)]  # one notice, highest seq
@@ -113,12 +113,16 @@ def test_an_event_committed_meanwhile_takes_the_next_seq_and_nothing_interleaves
             connections.close_all()
 
     with transaction.atomic(), event_batch(session.pk):
-        append_event(session.pk, "step.a", {}, producer="test")
+        append_event(session.pk, "agent.node_started", {"node": "a"}, producer="test")
         writer = threading.Thread(target=other_writer)
         writer.start()
         writer.join()
-        append_event(session.pk, "step.b", {}, producer="test")
-    assert seqs(session) == [(1, "user.message"), (2, "step.a"), (3, "step.b")]
+        append_event(session.pk, "agent.node_completed", {"node": "a"}, producer="test")
+    assert seqs(session) == [
+        (1, "user.message"),
+        (2, "agent.node_started"),
+        (3, "agent.node_completed"),
+    ]
     assert [seq for _, seq, _ in notices] == [1, 3]
     assert all(not open_transaction for _, _, open_transaction in notices)
     assert verify_chain(session.pk).ok

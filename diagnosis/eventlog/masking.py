@@ -135,9 +135,9 @@ class SessionMask:
         if not self.secrets:
             return None
         alternatives = "|".join(re.escape(s) for s in sorted(self.secrets, key=len, reverse=True))
-        # Whole values only (taxiway "A" is not the A of "AERO"); letters of other
-        # scripts around a value do not join it ("滑行道A").
-        return re.compile(rf"(?<![0-9A-Za-z])(?:{alternatives})(?![0-9A-Za-z])")
+        # Whole values only: taxiway "A" is not the A of "AERO", of node "A1" or of
+        # "B-6543"; letters of other scripts around a value do not join it ("滑行道A").
+        return re.compile(rf"(?<![0-9A-Za-z_/-])(?:{alternatives})(?![0-9A-Za-z_/-])")
 
     def text(self, text: str) -> str:
         pattern = self._pattern
@@ -198,26 +198,28 @@ class SessionMask:
 
 
 def secrets_of(session_id: Any) -> frozenset[str]:
-    """The values the rule hides in this session: the arguments (and results) of its
-    masked tool calls, the arguments an approver's edit replaced, the parts of their call
-    ids. Two queries."""
+    """The values the rule hides in this session, in one query: the arguments of its
+    masked tool calls, the ones an approver's edit replaced, the parts of their call ids.
+    Not a value the session states as one of its own facts (the position the operator
+    reported is on the page whatever an action does with it)."""
     found: set[str] = set()
-    calls = ToolCall.objects.filter(session_id=session_id).only(
-        "call_id", "risk_class", "request_payload", "response_payload", "tool_name"
+    facts: set[str] = set()
+    rows = ToolCall.objects.filter(session_id=session_id).values_list(
+        "call_id",
+        "risk_class",
+        "request_payload",
+        "approval__args_before_edit",
+        "session__snapshot__fields",
     )
-    for call in calls:
-        if not call_masked(call.risk_class):
+    for call_id, risk_class, args, before, fields in rows:
+        facts.update(_leaves(fields))
+        if not call_masked(risk_class):
             continue
-        found.update(_leaves(call.request_payload))
+        found.update(_leaves(args))
+        found.update(_leaves(before))
         # The call id repeats the arguments ("action:close_stand:stand=105").
-        found.update(part.split("=", 1)[1] for part in call.call_id.split(":") if "=" in part)
-    edits = Event.objects.filter(
-        session_id=session_id, type=names.APPROVAL_ARGS_EDITED
-    ).values_list("payload", flat=True)
-    for payload in edits:
-        if "before" in masked_keys(names.APPROVAL_ARGS_EDITED, payload):
-            found.update(_leaves(payload.get("before")))
-    return frozenset(found)
+        found.update(part.split("=", 1)[1] for part in call_id.split(":") if "=" in part)
+    return frozenset(found - facts)
 
 
 def hiding(text: str, session_ids: Iterable[Any]) -> set[Any]:
