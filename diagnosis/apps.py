@@ -14,6 +14,11 @@ class DiagnosisConfig(AppConfig):
         from diagnosis.eventlog.types import declare
 
         declare()
+        # The audit log shows a read-only viewer entries' details masked by the same rule.
+        from aero.audit_views import register_detail_mask
+        from diagnosis.eventlog.masking import audit_mask_for
+
+        register_detail_mask(audit_mask_for)
         from diagnosis.actions import resume_pending_lifts
         from diagnosis.jobs import (
             close_orphaned_runs,

@@ -799,6 +799,8 @@ def test_history_query_count(
 ) -> None:
     client = login(carol)
     history(client)
-    with django_assert_max_num_queries(6):
+    # 7: an auditor's text search reads the found sessions' hidden values (one query), so
+    # a value the masking hides finds nothing.
+    with django_assert_max_num_queries(7):
         response = history(client, q="燃油", risk="HIGH")
     assert response.status_code == 200

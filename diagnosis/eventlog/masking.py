@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Any
@@ -198,40 +198,53 @@ class SessionMask:
 
 
 def secrets_of(session_id: Any) -> frozenset[str]:
-    """The values the rule hides in this session, in one query: the arguments of its
-    masked tool calls, the ones an approver's edit replaced, the parts of their call ids.
-    Not a value the session states as one of its own facts (the position the operator
+    """The values the rule hides in this session (one query)."""
+    return secrets_by_session([session_id]).get(str(session_id), frozenset())
+
+
+def secrets_by_session(session_ids: Iterable[Any]) -> dict[str, frozenset[str]]:
+    """The values the rule hides in each of these sessions, in one query: the arguments of
+    their masked tool calls, the ones an approver's edit replaced, the parts of their call
+    ids. Not a value a session states as one of its own facts (the position the operator
     reported is on the page whatever an action does with it)."""
-    found: set[str] = set()
-    facts: set[str] = set()
-    rows = ToolCall.objects.filter(session_id=session_id).values_list(
+    found: dict[str, set[str]] = {}
+    facts: dict[str, set[str]] = {}
+    rows = ToolCall.objects.filter(session_id__in=list(session_ids)).values_list(
+        "session_id",
         "call_id",
         "risk_class",
         "request_payload",
         "approval__args_before_edit",
         "session__snapshot__fields",
     )
-    for call_id, risk_class, args, before, fields in rows:
-        facts.update(_leaves(fields))
+    for session_id, call_id, risk_class, args, before, fields in rows:
+        key = str(session_id)
+        facts.setdefault(key, set()).update(_leaves(fields))
         if not call_masked(risk_class):
             continue
-        found.update(_leaves(args))
-        found.update(_leaves(before))
+        hidden = found.setdefault(key, set())
+        hidden.update(_leaves(args))
+        hidden.update(_leaves(before))
         # The call id repeats the arguments ("action:close_stand:stand=105").
-        found.update(part.split("=", 1)[1] for part in call_id.split(":") if "=" in part)
-    return frozenset(found - facts)
+        hidden.update(part.split("=", 1)[1] for part in call_id.split(":") if "=" in part)
+    return {key: frozenset(values - facts.get(key, set())) for key, values in found.items()}
 
 
 def hiding(text: str, session_ids: Iterable[Any]) -> set[Any]:
-    """The sessions among `session_ids` where `text` names (part of) a value the rule
-    hides: a masked viewer's search must not find them by it."""
+    """The sessions among `session_ids` where `text` names a value the rule hides (or a
+    part of one, three characters or more): a masked viewer's search must not find them
+    by it. One query."""
+    ids = list(session_ids)
     wanted = text.casefold()
-    return {
-        session_id
-        for session_id in session_ids
-        if wanted
-        and any(wanted in s.casefold() or s.casefold() in wanted for s in secrets_of(session_id))
-    }
+    secrets = secrets_by_session(ids)
+    hidden = set()
+    for session_id in ids:
+        values = secrets.get(str(session_id), frozenset())
+        named = SessionMask(values).text(text) != text
+        inside = len(wanted) >= 3 and any(wanted in value.casefold() for value in values)
+        if named or inside:
+            hidden.add(session_id)
+    return hidden
 
 
 def session_mask(session: Session | Any, roles: Iterable[str]) -> SessionMask | None:
@@ -264,3 +277,8 @@ class AuditMasks:
         if call_masked(str(shown.get("risk_class", ""))):
             shown.update({k: MASKED for k in AUDIT_ARGUMENTS if shown.get(k) not in _EMPTY})
         return self.masks[key].scrub(shown)
+
+
+def audit_mask_for(user: Any) -> Callable[[Any, dict[str, Any]], dict[str, Any]] | None:
+    """The audit log's detail mask for this viewer (registered with aero.audit_views)."""
+    return AuditMasks().detail if masks_roles(user_roles(user)) else None

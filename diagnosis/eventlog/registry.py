@@ -17,12 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-
-if TYPE_CHECKING:
-    from diagnosis.eventlog.state import EventLike, FoldState
 
 
 class Payload(BaseModel):
@@ -32,10 +29,9 @@ class Payload(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class Reducer(Protocol):
-    def __call__(self, state: FoldState, event: EventLike) -> None: ...
-
-
+# The fold's step of a type: (diagnosis.eventlog.state.FoldState, the event) -> None. Typed
+# loosely here: the state imports this module, not the other way round.
+Reducer = Callable[[Any, Any], None]
 SnapshotStep = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None]
 Summary = Callable[[dict[str, Any]], str]
 ByPayload = Callable[[dict[str, Any]], Any]
