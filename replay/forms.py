@@ -16,7 +16,7 @@ EVENT_GROUPS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "agent": (_("Agent steps and compliance"), ("agent.", "fsm.")),
     "findings": (
         _("Fields, risk, impact, report"),
-        ("fields.", "risk.", "impact.", "timeline.", "report."),
+        ("fields.", "finding.", "risk.", "impact.", "timeline.", "report."),
     ),
     "tools": (_("Tool calls"), ("tool.",)),
     "approvals": (_("Approvals"), ("approval.",)),
