@@ -45,7 +45,7 @@ class LeaseLost(Exception):
     its write was refused and the job must stop."""
 
 
-# --- fencing (ADR 100) ------------------------------------------------------------------
+# --- fencing ------------------------------------------------------------------
 # A job's writes carry its lease token: `fenced` sets it for everything the job does (and
 # LangGraph's threads copy the context). Every write to a session's log locks the session
 # row first; under that lock the token must still be the session's, so a job that lost
@@ -56,7 +56,7 @@ class Fence:
     def __init__(self, session_id: Any, token: uuid.UUID) -> None:
         self.session_id = str(session_id)
         self.token = token
-        # Set when a step group failed to commit (ADR 145): LangGraph still holds those
+        # Set when a step group failed to commit: LangGraph still holds those
         # steps' state, so this run's exit checkpoint must not be saved (the savers
         # refuse it) and the retry starts again from the checkpoint before them.
         self.steps_lost = False
@@ -143,7 +143,7 @@ class KnownKeys:
                 )
             )
             return
-        # One statement (ADR 176): the events' keys, the requests' keys and a block of
+        # One statement: the events' keys, the requests' keys and a block of
         # run ids, where they were three (nextval is not transactional either way).
         with connection.cursor() as cursor:
             cursor.execute(
@@ -259,7 +259,7 @@ def current_batch(session_id: Any) -> EventBatch | None:
 
 def as_logged(session: Session) -> Session:
     """`session` as the log will read once the batch queuing its events now (if any) is
-    written: what an approval's state digest is taken from (ADR 145)."""
+    written: what an approval's state digest is taken from."""
     batch = current_batch(session.pk)
     return batch.projected(session) if batch is not None else session
 

@@ -36,7 +36,7 @@ from diagnosis.models import (
 @contextmanager
 def _step_savepoint() -> Iterator[None]:
     """A savepoint a failing step rolls back to, like `atomic()`'s, but not released when
-    the step succeeds (ADR 156): the database keeps it until the group commits, one
+    the step succeeds: the database keeps it until the group commits, one
     statement saved per step. As `atomic()` does, the step's on-commit callbacks carry
     the savepoint, so rolling back to it drops them with its rows."""
     connection = transaction.get_connection()
@@ -66,7 +66,7 @@ class StepGroup:
     """Graph steps that follow each other with no wait between them (the rules, the
     impact, the lookups, the proposals...), written as ONE transaction: one row lock,
     one block of seqs, one bulk insert, one session update and one notice after commit
-    for all of them (issue 8 item 1, ADR 145). It is opened by the first step and
+    for all of them. It is opened by the first step and
     committed before anything that ends the graph's run: a wait (the waiting nodes and a
     model wait commit it first), the last node, a failure, the worker stopping; so the
     checkpoint LangGraph saves when the run exits never gets ahead of the log.
@@ -84,7 +84,7 @@ class StepGroup:
         # The node runs its steps finished that already had a row (a re-run step, or a
         # database without sequences): one UPDATE for all of them at the commit.
         self.finished: list[AgentRun] = []
-        # The node runs of its steps that have no row yet (ADR 156): inserted in ONE
+        # The node runs of its steps that have no row yet: inserted in ONE
         # statement at the commit, already completed, with their own timing.
         self.new_runs: list[AgentRun] = []
         # Run ids reserved from the sequence, a block at a time, for `new_runs`: the
@@ -94,11 +94,11 @@ class StepGroup:
         # A step locked the session row (usage counted): the group ends with it.
         self.end_after_step = False
         # The job's move to `running`, written as the first event of the next group
-        # rather than on its own (ADR 156): (from, to, producer) and its queued event.
+        # rather than on its own: (from, to, producer) and its queued event.
         self.status: tuple[str, str, str] | None = None
         self.status_event: Event | None = None
-        # The move the group's commit ends with (to waiting_user at a human wait, ADR
-        # 174): (from, to, producer), its event the group's last.
+        # The move the group's commit ends with (to waiting_user at a human wait):
+        # (from, to, producer), its event the group's last.
         self.end_status: tuple[str, str, str] | None = None
 
     def defer_status(self, previous: str, to: str, producer: str) -> None:

@@ -47,7 +47,7 @@ from diagnosis.models import (
 from diagnosis.push import notify_session
 
 # Every write to a session's log starts here (several times per job): compiled once per
-# connection (ADR 179).
+# connection.
 _lock_session = Compiled(
     Session, lambda: Session.objects.select_for_update().filter(pk=Arg(0, Session._meta.pk))
 )
@@ -98,7 +98,7 @@ def _new_event(
     """An event to write: no seq, ts or hash yet (_write gives them)."""
     # Stored as JSON: hash exactly what a reader will get back (tuples become lists).
     raw = json.dumps(payload or {}, ensure_ascii=False)
-    # Refused before it is queued: a batch then writes nothing of its step (ADR 37).
+    # Refused before it is queued: a batch then writes nothing of its step.
     check_event_size(type, len(raw.encode()))
     payload = json.loads(raw)
     # Checked, never rewritten: the chain hashes the payload exactly as given.
@@ -122,7 +122,7 @@ def _write(
     highest seq. A job's write is fenced: refused unless it still holds the lease.
     `fields`: more columns of the session to set in the same UPDATE (set_status, the
     token counters). `rows`: other new rows (of other models) inserted in the same
-    statement (an LLM call's `LLMCall`, ADR 167); their pks are not read back."""
+    statement (an LLM call's `LLMCall`); their pks are not read back."""
     check_fence(session)
     now = timezone.now()
     seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
@@ -166,11 +166,11 @@ def _update_and_insert(
     rows: Sequence[Model] = (),
 ) -> None:
     """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
-    CTE, PostgreSQL; ADR 156): the UPDATE Django writes, the events' INSERT from one
+    CTE, PostgreSQL): the UPDATE Django writes, the events' INSERT from one
     jsonb parameter (`insert_sql`), one round trip.
     `rows`: each another INSERT in the same WITH (PostgreSQL runs every data-modifying
-    CTE to completion, read or not; ADR 167). The SQL is built once per connection and
-    shape (the columns set, the models and the number of events; ADR 179): each call
+    CTE to completion, read or not). The SQL is built once per connection and
+    shape (the columns set, the models and the number of events): each call
     prepares its values as Django's compiler would."""
     # Each value a placeholder (an increment's amount too); other expressions are
     # compiled into the SQL, which is then not kept.
@@ -228,12 +228,12 @@ def _log_write_sql(
 def event_batch(session_id: Any, *, created: Session | None = None) -> Iterator[EventBatch]:
     """Queue the session's events appended inside and write them when the block ends
     without an error: one row lock, one bulk insert, one session update, one notice
-    after commit (a graph step, ADR 55). Must run inside the caller's transaction, so
+    after commit (a graph step). Must run inside the caller's transaction, so
     the step's other writes commit or roll back with its events. Events appended inside
     a savepoint that rolls back are still written: do not append inside one.
     `created`: the session, inserted by this same transaction: no other transaction can
     see its row yet (and the INSERT holds its lock), so it is written as it is in hand,
-    without a locking read (ADR 156)."""
+    without a locking read."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("event_batch needs an open transaction")
     batch = EventBatch(session_id)
@@ -369,7 +369,7 @@ def usage_fields(tokens_in: int, tokens_out: int, cost: Any) -> dict[str, Any]:
 
 class Increment(CombinedExpression):
     """`column + amount`, a counter raised in the UPDATE itself. `_update_and_insert`
-    binds the amount as a value, so its statement's SQL stays the same (ADR 179)."""
+    binds the amount as a value, so its statement's SQL stays the same."""
 
     def __init__(self, column: str, amount: Any) -> None:
         super().__init__(F(column), "+", Value(amount))
@@ -394,7 +394,7 @@ def append_projected(
     """Append `events` (from `new_event`; at most one of them keyed) and, only when the
     keyed one is new, its projections: `fields`, more columns of the session (the token
     counters: `usage_fields`) and `rows`, other new rows (its `LLMCall`). Two statements
-    in all (ADR 167): the session row locked by a read that also tells whether the key
+    in all: the session row locked by a read that also tells whether the key
     is in the log (what append_keyed asks in a SELECT of its own, after a second lock),
     then ONE statement that updates the session and inserts the events and the rows. A
     keyed event already in the log is not written again, nor are its projections: a
