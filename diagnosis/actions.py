@@ -84,7 +84,7 @@ def do_create_session(
             created_by=user,
         )
         # The first events in one write: one lock, one insert, one notice.
-        with event_batch(session.pk, created=session):
+        with event_batch(session.pk, locked=session):
             append_event(
                 session.pk,
                 "session.created",

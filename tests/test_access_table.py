@@ -133,6 +133,7 @@ ADMIN_PAGES = {
     "scenarios_admin_scenario_publish": 200,
     "scenarios_admin_scenario_diff": 200,
     "scenarios_admin_scenario_export": 200,
+    "scenarios_admin_scenario_schema": 200,
     "django_rq": 200,
 }
 READ_ONLY_PAGES = {"add": 403, "delete": 403}

@@ -200,6 +200,9 @@ class EventBatch:
         self.pending: list[Event] = []
         self.by_key: dict[str, Event] = {}
         self.loaded_prefixes: set[str] = set()
+        # The session's row as this transaction locked it (lock_session inside the
+        # batch): the batch's write takes it as it is, without a second locking read.
+        self.locked: Session | None = None
 
     def add(self, event: Event) -> None:
         self.pending.append(event)

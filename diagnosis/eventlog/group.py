@@ -183,6 +183,7 @@ class StepGroup:
         batch = self.batch
         assert batch is not None
         mark, finished, runs = len(batch.pending), len(self.finished), len(self.new_runs)
+        held = batch.locked
         token = _batch.set(batch)
         try:
             if first or not savepoint:
@@ -192,6 +193,7 @@ class StepGroup:
                     yield batch
         except BaseException:
             batch.truncate(mark)
+            batch.locked = held  # a rolled-back savepoint released the lock taken after it
             del self.finished[finished:]
             del self.new_runs[runs:]  # the failed step's run is the caller's to record
             if first:
@@ -249,7 +251,7 @@ class StepGroup:
         status, event = self.status, self.status_event
         if not batch.pending:
             return
-        session = lock_session(self.session_id)
+        session = batch.locked or lock_session(self.session_id)
         fields: dict[str, Any] = {}
         if status is not None and event is not None and batch.pending[0] is event:
             previous, to, producer = status

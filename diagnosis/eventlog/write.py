@@ -54,7 +54,13 @@ _lock_session = Compiled(
 
 
 def lock_session(session_id: Any) -> Session:
-    return _lock_session.get(session_id)
+    """The session's row, locked until the transaction ends (docs/lock-order.md). Kept
+    by the open batch of that session, whose write then needs no second read."""
+    session = _lock_session.get(session_id)
+    batch = _batch.get()
+    if batch is not None and str(batch.session_id) == str(session.pk):
+        batch.locked = session
+    return session
 
 
 def append_event(
@@ -152,6 +158,9 @@ def _write(
             row.save(force_insert=True)
     transaction.on_commit(partial(notify_session, session.pk, seq))
     anchors.note_events(session.pk, session.last_seq, seq, head)
+    for name, value in updates.items():  # the row in hand stays the row written
+        if not hasattr(value, "resolve_expression"):  # a counter's F() + n stays unread
+            setattr(session, name, value)
     known = _known.get()
     if known is not None and known.session_id == str(session.pk):
         # Only once committed: a step that rolls back wrote none of its keys.
@@ -225,15 +234,15 @@ def _log_write_sql(
 
 
 @contextmanager
-def event_batch(session_id: Any, *, created: Session | None = None) -> Iterator[EventBatch]:
+def event_batch(session_id: Any, *, locked: Session | None = None) -> Iterator[EventBatch]:
     """Queue the session's events appended inside and write them when the block ends
     without an error: one row lock, one bulk insert, one session update, one notice
     after commit (a graph step). Must run inside the caller's transaction, so
     the step's other writes commit or roll back with its events. Events appended inside
     a savepoint that rolls back are still written: do not append inside one.
-    `created`: the session, inserted by this same transaction: no other transaction can
-    see its row yet (and the INSERT holds its lock), so it is written as it is in hand,
-    without a locking read."""
+    `locked`: the session's row as this transaction holds it (inserted by it, or read by
+    lock_session before any of its events was written): written as it is in hand,
+    without a second locking read."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("event_batch needs an open transaction")
     batch = EventBatch(session_id)
@@ -243,7 +252,7 @@ def event_batch(session_id: Any, *, created: Session | None = None) -> Iterator[
     finally:
         _batch.reset(token)
     if batch.pending:
-        _write(created if created is not None else lock_session(session_id), batch.pending)
+        _write(locked or batch.locked or lock_session(session_id), batch.pending)
 
 
 def append_keyed(
