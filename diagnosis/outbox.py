@@ -189,8 +189,9 @@ def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], sta
     # The session row first (docs/lock-order.md): the job and the decisions take it
     # before a call's row too. Then claimed by a conditional UPDATE (its row lock lasts
     # until the commit): of two executors of one effect only one records it.
-    with transaction.atomic(), event_batch(
-        effect.session_id, locked=lock_session(effect.session_id)
+    with (
+        transaction.atomic(),
+        event_batch(effect.session_id, locked=lock_session(effect.session_id)),
     ):
         at = timezone.now()  # the row's completion time is its call's
         claimed = _claim_done.run(effect.outbox_id, at)
