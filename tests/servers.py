@@ -53,6 +53,9 @@ def service_env(db_url: str, redis_url: str, **extra: str) -> dict[str, str]:
             "AERO_QUEUE": os.environ["AERO_QUEUE"],
             "AERO_DATA_DIR": os.environ["AERO_DATA_DIR"],  # this xdist worker's
             "PYTHONUNBUFFERED": "1",
+            # As in tests/settings.py: the suite flushes its tables between tests, so a
+            # head one test's server anchored would read as a cut chain in the next.
+            "AERO_ANCHOR_EVERY": "0",
             # As in tests/settings.py: counted, but above what the tests send.
             **{
                 f"AERO_RATE_{scope}_PER_MINUTE": "1000000"

@@ -205,13 +205,13 @@ def test_the_app_runs_as_that_role(app_role: dict[str, Any]) -> None:
         [PYTHON, "manage.py", "verify_audit"],
         cwd=ROOT,
         env=env,
-        check=True,
+        check=False,
         timeout=60,
         capture_output=True,
         text=True,
     )
 
-    assert "audit chain OK: 2 entries" in done.stdout
+    assert "audit chain OK: 2 entries" in done.stdout, done.stdout + done.stderr
     assert AuditLog.objects.latest("id").actor_label == "app"
 
 
