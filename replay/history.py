@@ -152,9 +152,12 @@ def search_queryset(data: dict[str, Any]) -> QuerySet[Session]:
     return sessions
 
 
-def search(data: dict[str, Any], limit: int = PAGE, roles: frozenset[str] | None = None) -> Page:
-    """`roles`: the viewer's; a masked viewer's text search finds no session by a value
-    the masking rule hides in it."""
+def search(
+    data: dict[str, Any], limit: int | None = None, roles: frozenset[str] | None = None
+) -> Page:
+    """`limit`: rows a page (PAGE, read at call time); `roles`: the viewer's, a masked
+    viewer's text search finds no session by a value the masking rule hides in it."""
+    limit = PAGE if limit is None else limit
     sort = data.get("sort") or "-created"
     column = SORT_COLUMNS[sort]
     descending = sort.startswith("-")
