@@ -9,6 +9,7 @@ the site works without it; the sign-in stays guarded by the lockout (django-axes
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import threading
@@ -19,8 +20,11 @@ from typing import Any
 import redis
 from axes.helpers import get_client_ip_address
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils.translation import gettext as _
+from django.http import HttpRequest, HttpResponse
+from django.template.loader import render_to_string
+from django.utils import translation
+
+from aero.i18n import request_language
 
 logger = logging.getLogger(__name__)
 
@@ -107,22 +111,34 @@ def scope_of(request: HttpRequest) -> tuple[str, str] | None:
     return "anonymous", address
 
 
+# RFC 9457, the shape the API's own problems have (api.errors: the kernel imports no app).
+PROBLEM = "application/problem+json"
+THROTTLED_TYPE = "urn:aero:problem:throttled"
+
+
 def too_many(request: HttpRequest, retry_after: int) -> HttpResponse:
+    """429 with Retry-After: an RFC 9457 problem for the API and the ingest, a page in
+    the visitor's language for everything else."""
     response: HttpResponse
     if request.path.startswith((API_PREFIX, INGEST_PREFIX)):
-        response = JsonResponse(
-            {
-                "code": "throttled",
-                "message": f"Too many requests: try again in {retry_after} seconds.",
-            },
-            status=429,
-        )
+        detail = f"Too many requests: try again in {retry_after} seconds."
+        body = {
+            "type": THROTTLED_TYPE,
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": detail,
+            "instance": request.path,
+            "code": "throttled",
+            "message": detail,
+            "request_id": str(getattr(request, "request_id", "") or ""),
+            "retry_after": retry_after,
+        }
+        response = HttpResponse(json.dumps(body), status=429, content_type=PROBLEM)
     else:
-        response = HttpResponse(
-            _("Too many requests: try again in %(seconds)s seconds.") % {"seconds": retry_after},
-            status=429,
-            content_type="text/plain; charset=utf-8",
-        )
+        # Before the language middleware: the visitor's language chosen here.
+        with translation.override(request_language(request)):
+            html = render_to_string("429.html", {"retry_after": retry_after}, request=request)
+        response = HttpResponse(html, status=429)
     response["Retry-After"] = str(retry_after)
     return response
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -41,6 +42,17 @@ def refused(response: object, seconds: int = 60) -> bool:
     return 1 <= retry_after <= seconds
 
 
+def assert_problem(response: Any, path: str) -> None:
+    """An RFC 9457 problem, as every other API error is, with the wait in it."""
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert body["type"] == "urn:aero:problem:throttled"
+    assert (body["status"], body["title"], body["code"]) == (429, "Too Many Requests", "throttled")
+    assert body["instance"] == path and body["request_id"] == response["X-Request-ID"]
+    assert body["retry_after"] == int(response["Retry-After"])
+    assert response["Retry-After"] in body["detail"]
+
+
 def test_sign_ins_per_address(db: None, make_user: Callable[..., User]) -> None:
     make_user("olga", "operator")
     here, there = an_address(), an_address()
@@ -54,7 +66,10 @@ def test_sign_ins_per_address(db: None, make_user: Callable[..., User]) -> None:
     )
 
     assert refused(over)
-    assert "Too many requests" in over.content.decode()
+    assert over["Content-Type"].startswith("text/html")  # a page a person reads
+    page = over.content.decode()
+    assert 'data-testid="error-page"' in page and "429" in page
+    assert f"Try again in {over['Retry-After']} second" in page
     assert (
         Client(REMOTE_ADDR=there)
         .post("/accounts/login/", {"username": "olga", "password": "pw-for-tests"})
@@ -118,7 +133,7 @@ def test_api_calls_per_token(db: None, make_user: Callable[..., User]) -> None:
     over = call("GET", "/api/v1/diagnosis-sessions", mine)
 
     assert refused(over)
-    assert over.json()["code"] == "throttled"
+    assert_problem(over, "/api/v1/diagnosis-sessions")
     assert call("GET", "/api/v1/diagnosis-sessions", theirs).status_code == 200
 
 
@@ -130,7 +145,7 @@ def test_ingest_deliveries_per_source(db: None) -> None:
     over = call("POST", "/ingest/alerts", body={}, headers=secret)
 
     assert refused(over)
-    assert over.json()["code"] == "throttled"
+    assert_problem(over, "/ingest/alerts")
 
 
 def test_the_window_and_its_retry_after() -> None:
