@@ -2,7 +2,8 @@
 AppConfig.ready(), so the kernel names no app: their websocket routes, and what a web
 process starts with (warm-up, the embedded worker, the sweeper).
 
-Page sockets use the login cookie, so they check the Origin; an app under its own path
+Page sockets use the login cookie, so they check the Origin (scheme, host and port:
+aero.ws_origin); an app under its own path
 prefix (the API stream) authenticates with a token (no ambient credential) and serves
 clients that send no Origin at all.
 """
@@ -14,7 +15,8 @@ from typing import Any, Literal
 
 from channels.auth import AuthMiddlewareStack
 from channels.routing import URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
+
+from aero.ws_origin import PageOriginValidator
 
 Server = Literal["asgi", "wsgi"]
 
@@ -44,7 +46,7 @@ def on_start(hook: Callable[[Server], None]) -> None:
 
 def page_websocket() -> Any:
     routes = [route for routes in _page_routes for route in routes()]
-    return AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(routes)))
+    return PageOriginValidator(AuthMiddlewareStack(URLRouter(routes)))
 
 
 def websocket(pages: Any) -> Callable[..., Any]:

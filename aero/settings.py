@@ -273,6 +273,9 @@ AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
 # processes (scripts/run.sh in production: gunicorn for HTTP, daphne for WebSockets),
 # e.g. "ws://127.0.0.1:8001". Empty: the page's own origin.
 AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
+# The origins (scheme://host:port) pages are served from when their sockets are elsewhere
+# (AERO_WS_URL): page sockets accept their own origin, these and CSRF_TRUSTED_ORIGINS.
+AERO_PAGE_ORIGINS = env_list("AERO_PAGE_ORIGINS", [])
 if AERO_WS_URL:
     SECURE_CSP["connect-src"] = [CSP.SELF, AERO_WS_URL]  # the sockets' own origin
 # Live pages also re-read their sessions' last seq from PostgreSQL this often (one query

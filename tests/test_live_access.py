@@ -193,7 +193,11 @@ def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
         await real_close()
 
     monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted_close)
-    headers = [(b"origin", b"http://testserver"), (b"cookie", cookie_for(operator).encode())]
+    headers = [
+        (b"origin", b"http://testserver"),
+        (b"host", b"testserver"),
+        (b"cookie", cookie_for(operator).encode()),
+    ]
     path = f"/ws/sessions/{session.pk}/?last_seq={session.last_seq}&lang=en"
 
     async def watch() -> tuple[int, int, int]:
@@ -298,7 +302,11 @@ def test_what_a_viewers_own_pull_read_is_not_sent_when_its_role_went_away_meanwh
         return updates
 
     monkeypatch.setattr(consumers, "render_batch", read_then_remove)
-    headers = [(b"origin", b"http://testserver"), (b"cookie", cookie_for(auditor).encode())]
+    headers = [
+        (b"origin", b"http://testserver"),
+        (b"host", b"testserver"),
+        (b"cookie", cookie_for(auditor).encode()),
+    ]
     path = f"/ws/sessions/{session.pk}/?last_seq=0&lang=en"
 
     async def watch() -> tuple[list[str], int | None]:

@@ -67,7 +67,7 @@ async def connect_all(session: Session, cookies: list[bytes]) -> list[WebsocketC
     path = f"/ws/sessions/{session.pk}/?last_seq={session.last_seq}&lang=en"
     viewers = []
     for cookie in cookies:
-        headers = [(b"origin", b"http://testserver"), (b"cookie", cookie)]
+        headers = [(b"origin", b"http://testserver"), (b"host", b"testserver"), (b"cookie", cookie)]
         viewer = WebsocketCommunicator(page_websocket, path, headers=headers)
         connected, _ = await viewer.connect(timeout=10)
         assert connected

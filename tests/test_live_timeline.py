@@ -226,6 +226,58 @@ def test_auditor_may_watch_but_gets_no_decision_forms(
     assert "Approve (1 of 2)" not in html and 'name="decision"' not in html
 
 
+def test_only_the_pages_own_origin_may_open_a_socket_scheme_host_and_port(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    """A page on another port of the same host is another origin: its socket, carrying
+    the operator's cookie, is refused at the handshake, as is another scheme. The
+    configured page origins (the pages' port when sockets have their own) are let in."""
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "105机位燃油泄漏")
+    url = ws_url(asgi_server, session, 0)
+    scheme, _, rest = asgi_server.partition("://")
+    host, _, port = rest.partition(":")
+    cookie = cookie_for(operator)
+
+    def opens(origin: str) -> bool:
+        headers = {"Origin": origin, "Cookie": cookie}
+        try:
+            with connect(url, open_timeout=10, max_queue=None, additional_headers=headers) as ws:
+                return bool(ws.recv(timeout=10))
+        except InvalidStatus:
+            return False
+
+    assert opens(asgi_server)
+    assert not opens(f"{scheme}://{host}:{int(port) + 1}")  # another port, same host
+    assert not opens(f"https://{host}:{port}")  # another scheme
+    assert not opens(f"{scheme}://{host}")  # the default port is another port too
+    assert not opens("null")
+
+
+def test_page_origins_compare_scheme_host_and_port(settings: Any) -> None:
+    from aero.ws_origin import origin_allowed
+
+    settings.ALLOWED_HOSTS = ["aero.example.org", "127.0.0.1"]
+    settings.CSRF_TRUSTED_ORIGINS = ["https://*.example.com"]
+    settings.AERO_PAGE_ORIGINS = ["http://127.0.0.1:8000"]
+
+    def allowed(origin: str, host: str = "aero.example.org", scheme: str = "wss") -> bool:
+        headers = [(b"origin", origin.encode()), (b"host", host.encode())]
+        return origin_allowed({"type": "websocket", "scheme": scheme, "headers": headers})
+
+    assert allowed("https://aero.example.org")
+    assert allowed("https://aero.example.org:443")
+    assert not allowed("https://aero.example.org:8443")
+    assert not allowed("http://aero.example.org")  # a wss socket's page is https
+    assert not allowed("https://aero.example.org", host="evil.example")  # not an allowed host
+    assert allowed("https://ops.example.com") and not allowed("http://ops.example.com")
+    assert not allowed("https://ops.example.com:444")
+    # run.sh with Redis: pages on :8000, sockets on :8001.
+    assert allowed("http://127.0.0.1:8000", host="127.0.0.1:8001", scheme="ws")
+    assert not allowed("http://127.0.0.1:9000", host="127.0.0.1:8001", scheme="ws")
+    assert allowed("http://127.0.0.1:8001", host="127.0.0.1:8001", scheme="ws")
+
+
 def test_socket_refuses_anonymous_roleless_and_missing_origin(
     builtin: None, asgi_server: str, make_user: Callable[..., User]
 ) -> None:
