@@ -275,7 +275,9 @@ AERO_CHANNEL_PREFIX = env_str("AERO_CHANNEL_PREFIX", "aero")
 AERO_WS_URL = env_str("AERO_WS_URL").rstrip("/")
 # The origins (scheme://host:port) pages are served from when their sockets are elsewhere
 # (AERO_WS_URL): page sockets accept their own origin, these and CSRF_TRUSTED_ORIGINS.
-AERO_PAGE_ORIGINS = env_list("AERO_PAGE_ORIGINS", [])
+# By default where scripts/run.sh serves the pages (AERO_HOST, AERO_PORT).
+_PAGES_AT = f"http://{env_str('AERO_HOST', '127.0.0.1')}:{env_str('AERO_PORT', '8000')}"
+AERO_PAGE_ORIGINS = env_list("AERO_PAGE_ORIGINS", [_PAGES_AT] if AERO_WS_URL else [])
 if AERO_WS_URL:
     SECURE_CSP["connect-src"] = [CSP.SELF, AERO_WS_URL]  # the sockets' own origin
 # Live pages also re-read their sessions' last seq from PostgreSQL this often (one query

@@ -101,8 +101,6 @@ if [ -n "${REDIS_URL:-}" ]; then
     *) launch llmrunner ;;
   esac
   export AERO_WS_URL=${AERO_WS_URL:-ws://$HOST:$WS_PORT}
-  # The sockets are on another port than the pages: they accept the pages' origin.
-  export AERO_PAGE_ORIGINS=${AERO_PAGE_ORIGINS:-http://$HOST:$PORT}
   proc_web[daphne]=1 proc_web[gunicorn]=1
   launch daphne
   launch gunicorn

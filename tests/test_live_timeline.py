@@ -278,6 +278,23 @@ def test_page_origins_compare_scheme_host_and_port(settings: Any) -> None:
     assert allowed("http://127.0.0.1:8001", host="127.0.0.1:8001", scheme="ws")
 
 
+def test_sockets_on_their_own_port_accept_the_pages_port_by_default(tmp_path: Any) -> None:
+    """make run with Redis: pages on AERO_PORT, sockets on AERO_WS_URL's port."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
+    env.pop("DATABASE_URL", None)
+    env.update(AERO_DATA_DIR=str(tmp_path), AERO_WS_URL="ws://10.0.0.5:9001", AERO_HOST="10.0.0.5")
+    env["AERO_PORT"] = "9000"
+    code = "from aero import settings; print(settings.AERO_PAGE_ORIGINS)"
+    shown = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert shown.stdout.strip() == "['http://10.0.0.5:9000']", shown.stderr
+
+
 def test_socket_refuses_anonymous_roleless_and_missing_origin(
     builtin: None, asgi_server: str, make_user: Callable[..., User]
 ) -> None:
