@@ -7,12 +7,40 @@ without a pack installed simply has no scenarios of that kind.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
 class UnknownDomain(LookupError):
     """No installed pack serves this scenario kind."""
+
+
+@dataclass(frozen=True)
+class ActionTool:
+    """An action a pack's agent may propose: what the core's approvals, outbox and policy
+    need to know of it. `request(tool_ctx, tool_call)` says what to send (system,
+    operation, body) and raises the core's ToolFailure for a request no retry could make
+    acceptable; `result(tool_ctx, tool_call, remote)` is the call's response from the
+    system's answer, in the transaction that records it; `problems(tool_call)` is the
+    pack's own policy, checked again where the action executes (empty: none)."""
+
+    name: str
+    risk_floor: str  # the lowest class a definition may give it ("R0".."R3")
+    system: str  # the external system that performs it
+    request: Callable[[Any, Any], tuple[str, str, dict[str, Any]]]
+    result: Callable[[Any, Any, dict[str, Any]], dict[str, Any]]
+    problems: Callable[[Any], list[str]] | None = None
+    label: Mapping[str, str] = field(default_factory=dict)  # {"zh": ..., "en": ...}
+
+
+@dataclass(frozen=True)
+class ToolRegistry:
+    """A pack's tools, by name. Lookups and analyses are run by the pack's own graph
+    nodes through the core's recorded calls; actions are dispatched by the core."""
+
+    actions: Mapping[str, ActionTool] = field(default_factory=dict)
+    evidence: tuple[str, ...] = ()  # the names of its evidence tools (R0)
 
 
 @dataclass
@@ -24,18 +52,67 @@ class DomainPack:
     app_label: str
     label: dict[str, str]  # the domain's name per language, {"zh": ..., "en": ...}
     definition_model: Any = None  # pydantic model of a scenario definition of this kind
-    tools: Any = None  # the pack's tool registry
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    # The session's LangGraph graph, uncompiled: the core compiles it once per process
+    # with its checkpointer and runs it in its jobs.
+    graph: Callable[[], Any] | None = None
+    # The graph's first input for a new session: (session, definition) -> state.
+    initial_state: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
+    # The world the agent acts on (AgentContext.graph), from the stamp the lease read.
+    world: Callable[[Any], Any] | None = None
+    # Whether a session of this kind starts from the reporter's message alone (the
+    # message form, the CLI's --message, a model extracting the opening message).
+    opens_from_message: bool = True
+    # Seeds the pack's built-in data (load_builtin; `update`: publish changed files);
+    # returns what it did, line by line.
+    seed: Callable[[bool], list[str]] | None = None
+    # Opens a session from an evidence file (a diagnosis's incident bundle):
+    # (user, path, options) -> the session, queued; nothing created for a bad file.
+    start_from_file: Callable[[Any, Any, dict[str, Any]], Any] | None = None
+    # A session's result as the command line prints it (`incident run --json`).
+    summarize: Callable[[Any], dict[str, Any]] | None = None
 
 
 _PACKS: dict[str, DomainPack] = {}
 
 
+_ACTIONS: dict[str, tuple[str, ActionTool]] = {}  # tool name -> (pack kind, tool)
+
+
 def register(pack: DomainPack) -> None:
-    """Called once per pack from its AppConfig.ready(); a second kind holder is a bug."""
+    """Called once per pack from its AppConfig.ready(); a second kind holder is a bug, and
+    so is an action name two packs declare (the core dispatches an action by its name)."""
     holder = _PACKS.get(pack.kind)
     if holder is not None and holder.app_label != pack.app_label:
         raise RuntimeError(f"scenario kind {pack.kind!r} is served by {holder.app_label} already")
+    for name, tool in pack.tools.actions.items():
+        owner = _ACTIONS.get(name)
+        if owner is not None and owner[0] != pack.kind:
+            raise RuntimeError(f"action {name!r} is declared by the {owner[0]} pack already")
+        _ACTIONS[name] = (pack.kind, tool)
     _PACKS[pack.kind] = pack
+
+
+def action_tool(name: str) -> ActionTool | None:
+    """The action declared under `name` by an installed pack, or None."""
+    found = _ACTIONS.get(name)
+    return found[1] if found else None
+
+
+def file_pack() -> DomainPack:
+    """The installed pack that opens sessions from an evidence file."""
+    for pack in _PACKS.values():
+        if pack.start_from_file is not None:
+            return pack
+    raise UnknownDomain("no installed domain pack opens sessions from a file")
+
+
+def default_kind() -> str:
+    """The first installed pack's kind (INSTALLED_APPS order): what the core uses where no
+    session is at hand (a worker warming up, the checkpointer shared by every kind)."""
+    if not _PACKS:
+        raise UnknownDomain("no domain pack is installed")
+    return next(iter(_PACKS))
 
 
 def pack_for(kind: str) -> DomainPack:

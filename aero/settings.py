@@ -119,6 +119,7 @@ INSTALLED_APPS = [
     "aero",
     "scenarios_admin",
     "packs.airport",
+    "packs.diagnosis",
     "diagnosis",
     "approvals",
     "replay",
@@ -364,6 +365,8 @@ AERO_LLM_RUNNER_CONCURRENCY = env_int("AERO_LLM_RUNNER_CONCURRENCY", 500, minimu
 AERO_LLM_RUNNER_POLL = env_float("AERO_LLM_RUNNER_POLL", 0.2)
 # Streamed text goes into the log at most this often per call (seconds).
 AERO_LLM_STREAM_FLUSH = env_float("AERO_LLM_STREAM_FLUSH", 0.1)
+# Incident bundles of diagnosis sessions, a folder per session (packs.diagnosis.storage).
+AERO_BUNDLE_DIR = Path(env_str("AERO_BUNDLE_DIR", str(DATA_DIR / "bundles")))
 AERO_CHECKPOINT_SQLITE = Path(
     env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
 )

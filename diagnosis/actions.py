@@ -4,6 +4,7 @@ go out after commit (append_event), never from model signals."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from aero.models import audit
+from aero.packs import pack_for
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
 from diagnosis import external, suggest
 from diagnosis import outbox as outbox_module
@@ -66,9 +68,17 @@ def clean_text(text: str) -> str:
 
 
 def do_create_session(
-    user: Any, scenario: Scenario, text: str, *, producer: str = "web"
+    user: Any,
+    scenario: Scenario,
+    text: str,
+    *,
+    producer: str = "web",
+    title: str = "",
+    attach: Callable[[Session], None] | None = None,
 ) -> Session:
-    """Create a session pinned to the scenario's newest published version and queue it."""
+    """Create a session pinned to the scenario's newest published version and queue it.
+    `attach`: what the scenario's pack keeps with a new session (a diagnosis's bundle),
+    called in the transaction that creates it, before its first job is queued."""
     text = clean_text(text)
     version = scenario.latest_version()
     if version is None or not scenario.is_active:
@@ -79,7 +89,7 @@ def do_create_session(
         session = Session.objects.create(
             scenario=scenario,
             scenario_version=version,
-            title=text[:120],
+            title=(title or text)[:120],
             language=detect_language(text),
             created_by=user,
         )
@@ -103,7 +113,10 @@ def do_create_session(
                 {"text": text, "author": user.get_username()},
                 producer=producer,
             )
-            note_scenario_mismatch(session, scenario, text, producer)
+            if pack_for(version.definition["kind"]).opens_from_message:
+                note_scenario_mismatch(session, scenario, text, producer)
+        if attach is not None:
+            attach(session)
         # A model reads the opening message first: its request is recorded now and the
         # runner enqueues the first job with the reply. Inline (the CLI,
         # tests), the job is also the runner: it runs now and makes the call.

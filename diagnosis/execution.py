@@ -8,6 +8,7 @@ from typing import Any
 from django.utils import timezone
 
 from aero.models import audit
+from aero.packs import action_tool
 from diagnosis.events import append_event, append_event_once
 from diagnosis.models import AgentRun, ToolCall, ToolCallStatus
 from diagnosis.signals import approval_required, execution_check
@@ -20,6 +21,12 @@ def execution_problems(tool_call: ToolCall) -> list[str]:
     one only on a decision the approvals app vouches for (fail closed without it)."""
     if below_floor(tool_call.tool_name, tool_call.risk_class):
         return [floor_message(tool_call.tool_name, tool_call.risk_class)]
+    declared = action_tool(tool_call.tool_name)
+    if declared is not None and declared.problems is not None:
+        # The pack's own policy (a diagnosis fix only on the root cause's service).
+        found = declared.problems(tool_call)
+        if found:
+            return found
     if tool_call.status == ToolCallStatus.PROPOSED:
         if tool_call.risk_class != "R0":
             return [f"an {tool_call.risk_class} action runs only after an approver's decision"]

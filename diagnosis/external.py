@@ -40,6 +40,17 @@ SYSTEM_OF = {
 }
 
 
+# Each system's reference prefix; a pack adds its own systems (register_system).
+PREFIXES = {AIRPORT_OPS: "AODB", ATC: "ATC", DISPATCH: "DSP"}
+
+
+def register_system(name: str, prefix: str) -> None:
+    """A simulated system a pack's actions reach (from its AppConfig.ready())."""
+    if PREFIXES.get(name, prefix) != prefix:
+        raise RuntimeError(f"external system {name!r} is registered already")
+    PREFIXES[name] = prefix
+
+
 class ExternalUnavailable(Exception):
     """A transient failure (unreachable, 5xx, timeout): the same request may be retried
     with the same key."""
@@ -83,6 +94,6 @@ def request(system: str, operation: str, key: str, body: dict[str, Any]) -> dict
 
 def _perform(system: str, operation: str, key: str) -> dict[str, Any]:
     """The remote side's answer: a reference number of its own, stable for the key."""
-    prefix = {AIRPORT_OPS: "AODB", ATC: "ATC", DISPATCH: "DSP"}[system]
+    prefix = PREFIXES[system]
     number = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100_000
     return {"reference": f"{prefix}-{number:05d}", "accepted": operation}

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from aero.packs import installed_packs
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, LimitedTextField
 from scenarios_admin.models import Scenario
 
@@ -18,6 +21,15 @@ class NewSessionForm(forms.Form):
     )
     # Set by the "open it anyway" button after AERO said another scenario fits better.
     keep_scenario = forms.BooleanField(required=False, widget=forms.HiddenInput)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Only the kinds whose sessions start from a message (not an evidence file).
+        field = self.fields["scenario"]
+        assert isinstance(field, forms.ModelChoiceField)
+        field.queryset = field.queryset.filter(  # type: ignore[union-attr]
+            kind__in=[p.kind for p in installed_packs() if p.opens_from_message]
+        )
+
     message = LimitedTextField(
         what="message",
         widget=forms.Textarea(

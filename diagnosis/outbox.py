@@ -100,7 +100,7 @@ def prepare(
     decision; `checked`: the caller just did), the request built, the attempt
     logged. None when the call ended here (refused, or a request no system could
     accept)."""
-    from diagnosis.agent.tools import ToolFailure, _started, action_request
+    from diagnosis.agent.tools import ToolFailure, _started, request_of
 
     problems = [] if checked else execution_problems(tool_call)
     if problems:
@@ -108,7 +108,7 @@ def prepare(
         _close(outbox, OutboxStatus.REFUSED, tool_call)
         return None
     try:
-        system, operation, body = action_request(ctx, tool_call)
+        system, operation, body = request_of(ctx, tool_call)
     except ToolFailure as exc:  # no retry can make this request acceptable
         _record_failure(ctx, outbox, tool_call, time.monotonic(), str(exc))
         return None
@@ -184,7 +184,7 @@ _tool_call = Compiled(ToolCall, lambda: ToolCall.objects.filter(pk=Arg(0)))
 def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], started: float) -> str:
     """The external system accepted the request: the call completes, with its event and
     the rows it puts in force, in one transaction; once."""
-    from diagnosis.agent.tools import ToolFailure, _finished, action_result
+    from diagnosis.agent.tools import ToolFailure, _finished, result_of
 
     # The session row first (docs/lock-order.md): the job and the decisions take it
     # before a call's row too. Then claimed by a conditional UPDATE (its row lock lasts
@@ -205,7 +205,7 @@ def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], sta
             idempotency_key=effect.key,
         )
         try:
-            response = action_result(ctx, tool_call, remote)
+            response = result_of(ctx, tool_call, remote)
         except ToolFailure as exc:
             return _record_failure(ctx, outbox, tool_call, started, str(exc))
         _finished(ctx, tool_call, started, response=response, at=at)

@@ -133,10 +133,15 @@ def display_value(spec: dict[str, Any], value: Any, language: str) -> str:
 
 
 def render_report(
-    session_id: Any, definition: dict[str, Any], state: dict[str, Any], preface: str = ""
+    session_id: Any,
+    definition: dict[str, Any],
+    state: dict[str, Any],
+    preface: str = "",
+    extra: dict[str, Any] | None = None,
 ) -> tuple[str, str]:
     """The report's Markdown and its language. `preface` (Markdown) goes under the title:
-    a canceled session's report says so first."""
+    a canceled session's report says so first. `extra`: what the session's pack adds to
+    the template's context (a diagnosis's root cause and evidence)."""
     session = Session.objects.select_related("created_by", "scenario_version").get(pk=session_id)
     language = session.language if session.language in definition["report_template"] else "en"
     context = {
@@ -158,6 +163,7 @@ def render_report(
         "impact": state.get("impact") or {},
         "enrichment": worded_enrichment(state.get("enrichment") or {}, language),
         "actions": action_rows(session_id, language),
+        **(extra or {}),
     }
     # Markdown, not HTML: the engine's autoescaping is pointed at Markdown instead (every
     # string in the context is an MdText, whose __html__ is md_cell), so user and model
@@ -185,11 +191,12 @@ def write_report(
     producer: str,
     run: AgentRun | None = None,
     preface: str = "",
+    extra: dict[str, Any] | None = None,
 ) -> str:
     """Render the report, store it and log its full text and hash in one transaction:
     the `report.ready` event is the record, the Report row its projection. `preface` is
     Markdown: escape what people typed in it (md_cell)."""
-    text, language = render_report(session_id, definition, state, preface)
+    text, language = render_report(session_id, definition, state, preface, extra)
     # Generated text: a report larger than one event may carry (a long template filled
     # with every message at its limit) is kept up to MAX_REPORT_CHARS and says, in its
     # last line and in the event, that it was cut. The Report row holds exactly

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db.models import OuterRef, Subquery
 
+from aero.packs import installed_packs
 from diagnosis.agent.extraction import _occurrences
 from scenarios_admin.models import Scenario, ScenarioVersion
 
@@ -62,7 +63,10 @@ def rank(text: str) -> list[Fit]:
     newest = ScenarioVersion.objects.filter(scenario=OuterRef("scenario")).order_by("-number")
     versions = (
         ScenarioVersion.objects.filter(
-            scenario__is_active=True, number=Subquery(newest.values("number")[:1])
+            scenario__is_active=True,
+            # Only kinds whose sessions start from a message (not an evidence file).
+            scenario__kind__in=[p.kind for p in installed_packs() if p.opens_from_message],
+            number=Subquery(newest.values("number")[:1]),
         )
         .select_related("scenario")
         .order_by("scenario__slug")

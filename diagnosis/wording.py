@@ -44,6 +44,14 @@ TOOL_LABELS: dict[str, Promise] = {
     "analyze_impact": _("Analyse the impact"),
 }
 
+
+def register_tool_labels(labels: dict[str, Promise]) -> None:
+    """A domain pack's tools' words (from its AppConfig.ready()); a name already worded
+    keeps its words."""
+    for name, label in labels.items():
+        TOOL_LABELS.setdefault(name, label)
+
+
 # The compliance states the scenarios use (their `compliance.states`).
 FSM_LABELS: dict[str, Promise] = {
     "INIT": _("Started"),

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from django.db import transaction
 
+from aero.packs import installed_packs
 from scenarios_admin.actions import ScenarioError, do_publish
 from scenarios_admin.airport import touch_topology
 from scenarios_admin.draft import (
@@ -64,6 +65,9 @@ def load_builtin_data(*, update: bool = False) -> list[str]:
         if errors:
             raise BuiltinDataError(f"{path.name}: " + "; ".join(errors))
         done.extend(_load_scenario(path.name, normalize(definition), update=update))
+    for pack in installed_packs():
+        if pack.seed is not None:  # a pack's own built-in scenarios
+            done.extend(pack.seed(update))
     return done
 
 

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aero.packs import action_tool
+
 FIELD_TYPES = ("flight_no", "position", "enum", "bool", "text", "number")
 PRIORITIES = ("P1", "P2")
 LEVELS = ("HIGH", "MEDIUM", "LOW")
@@ -81,7 +83,11 @@ RISK_FLOORS: dict[str, str] = {
 
 
 def risk_floor(tool: str) -> str:
-    """An unknown tool gets the highest class: the policy fails closed."""
+    """An action an installed pack declares has its floor there; an unknown tool gets the
+    highest class: the policy fails closed."""
+    declared = action_tool(tool)
+    if declared is not None:
+        return declared.risk_floor
     return RISK_FLOORS.get(tool, RISK_CLASSES[-1])
 
 

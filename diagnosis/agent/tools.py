@@ -21,6 +21,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy, pgettext_lazy
 
 from aero.compiled import AnyOf, Compiled, insert_rows
+from aero.packs import action_tool
 from diagnosis import external
 from diagnosis.events import append_event, lock_session
 from diagnosis.execution import execution_problems, refuse_execution
@@ -380,6 +381,29 @@ def run_deterministic(
     return response
 
 
+def run_recorded(
+    ctx: ToolContext, call: dict[str, Any], compute: Callable[[], dict[str, Any]]
+) -> tuple[dict[str, Any], str]:
+    """A pack's lookup or evidence tool (R0): run once, recorded as its ToolCall with its
+    start and its outcome, keyed so a re-run reuses it. A failure is recorded on the call
+    and returned as (empty response, error), never raised: a broken source degrades the
+    evidence, it never fails the step."""
+    key = idempotency_key(ctx.session_id, call["call_id"])
+    earlier = ToolCall.objects.filter(idempotency_key=key).first()
+    if earlier is not None and earlier.status in (ToolCallStatus.COMPLETED, ToolCallStatus.FAILED):
+        return earlier.response_payload, earlier.error
+    started = time.monotonic()
+    try:
+        response, error = compute(), ""
+    except Exception as exc:  # recorded on the call; the evidence goes on without it
+        response, error = {}, str(exc) or type(exc).__name__
+    if earlier is None:
+        _record_done(ctx, call, started, response=response, error=error)
+    else:  # left running by a crashed step: finish its row
+        _finished(ctx, earlier, started, response=response, error=error)
+    return response, error
+
+
 # --- response actions -----------------------------------------------------------------
 # An action's effect happens in an external system, from the outbox (diagnosis/outbox.py):
 # action_request says what to send (refusing a request no system could accept),
@@ -446,6 +470,23 @@ def action_request(ctx: ToolContext, tool_call: ToolCall) -> tuple[str, str, dic
         if not _known_target(ctx.graph, kind, args[arg]):
             raise ToolFailure(f"{args[arg]} is not a {kind} of {ctx.graph.icao}")
     return external.SYSTEM_OF[name], name, {"airport": ctx.graph.icao, **args}
+
+
+def request_of(ctx: ToolContext, tool_call: ToolCall) -> tuple[str, str, dict[str, Any]]:
+    """(system, operation, body) of an action call, from the pack that declares the
+    action (aero.packs): the core sends it through the outbox whatever its domain."""
+    declared = action_tool(tool_call.tool_name)
+    if declared is None:
+        raise ToolFailure(f"unknown action tool {tool_call.tool_name}")
+    return declared.request(ctx, tool_call)
+
+
+def result_of(ctx: ToolContext, tool_call: ToolCall, remote: dict[str, Any]) -> dict[str, Any]:
+    """The action call's response from its system's answer, by its pack."""
+    declared = action_tool(tool_call.tool_name)
+    if declared is None:
+        raise ToolFailure(f"unknown action tool {tool_call.tool_name}")
+    return declared.result(ctx, tool_call, remote)
 
 
 def action_result(ctx: ToolContext, tool_call: ToolCall, remote: dict[str, Any]) -> dict[str, Any]:

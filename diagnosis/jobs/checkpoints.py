@@ -20,8 +20,8 @@ from django.db import connection
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
+from aero.packs import UnknownDomain, default_kind, pack_for
 from diagnosis import checkpoint_tables
-from diagnosis.agent.graph import build_graph
 from diagnosis.conn_health import psycopg_quiet
 from diagnosis.events import (
     Fence,
@@ -41,11 +41,22 @@ class _AgentRuntime:
     savers serialise their use of the connection with their own lock, so the embedded
     worker's threads share one runtime."""
 
-    def __init__(self, key: str, conn: Any, graph: Any) -> None:
+    def __init__(self, key: str, conn: Any, saver: Any) -> None:
         self.key = key
         self.conn = conn
-        self.graph = graph
+        self.saver = saver
+        # Each domain pack's graph, compiled on first use with this one checkpointer.
+        self.graphs: dict[str, Any] = {}
         self.pid = os.getpid()
+
+    def graph(self, kind: str) -> Any:
+        compiled = self.graphs.get(kind)
+        if compiled is None:
+            builder = pack_for(kind).graph
+            if builder is None:
+                raise UnknownDomain(f"the {kind} pack has no agent graph")
+            compiled = self.graphs[kind] = builder().compile(checkpointer=self.saver)
+        return compiled
 
     def healthy(self) -> bool:
         if self.pid != os.getpid():
@@ -75,19 +86,21 @@ _runtime: _AgentRuntime | None = None
 _runtime_lock = threading.Lock()
 
 
-def agent_graph() -> Any:
-    """The compiled agent graph with its checkpointer: built on first use in this
+def agent_graph(kind: str | None = None) -> Any:
+    """The compiled agent graph of the scenario kind's pack (aero.packs; None: the first
+    installed pack's) with the checkpointer every kind shares: built on first use in this
     process, rebuilt only if its connection died or the database changed."""
     global _runtime
     key = _checkpoint_key()
+    kind = kind or default_kind()
     with _runtime_lock:
         if _runtime is not None and _runtime.key == key and _runtime.healthy():
-            return _runtime.graph
+            return _runtime.graph(kind)
         if _runtime is not None:
             _runtime.close()
         conn, saver = _postgres_saver() if connection.vendor == "postgresql" else _sqlite_saver()
-        _runtime = _AgentRuntime(key, conn, build_graph().compile(checkpointer=saver))
-        return _runtime.graph
+        _runtime = _AgentRuntime(key, conn, saver)
+        return _runtime.graph(kind)
 
 
 def close_agent_runtime() -> None:

@@ -19,6 +19,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from aero import metrics
+from aero.packs import installed_packs
 from diagnosis import shutdown
 from diagnosis.agent import waits
 from diagnosis.agent.providers import (
@@ -46,7 +47,7 @@ from diagnosis.jobs.lease import (
     take_lease,
 )
 from diagnosis.jobs.model_requests import model_answered, record_model_request
-from diagnosis.jobs.world import definition_of, load_world
+from diagnosis.jobs.world import definition_of, initial_state, world_of
 from diagnosis.models import (
     ENDED_STATUSES,
     AgentRun,
@@ -77,8 +78,10 @@ def warm_up_worker() -> None:
     started before the migrations) warms nothing more: the first job builds them."""
     warm_up()
     try:
-        agent_graph()
-        load_world()
+        for pack in installed_packs():
+            if pack.graph is not None:
+                agent_graph(pack.kind)
+                world_of(pack.kind)
     except Exception:  # psycopg's own errors too (the checkpointer's connection)
         logger.warning("warm-up: the agent or airport graph is not ready yet", exc_info=True)
 
@@ -134,7 +137,7 @@ def resumable(session_id: Any, waiting: Any = None) -> bool:
         session = Session.objects.get(pk=session_id)
         if session.is_ended:
             return False
-        waiting = agent_graph().get_state(_config(session_id))
+        waiting = agent_graph(definition_of(session)["kind"]).get_state(_config(session_id))
     return resume_value(session_id, waiting) is not None
 
 
@@ -203,7 +206,7 @@ def _advance_locked(
         # read with the lease: nothing else to read when neither changed.
         root = AgentRun(pk=root_id, session=session, agent_name=ROOT_AGENT)
         root._state.adding = False
-        world = load_world(getattr(session, "world_stamp", None))
+        world = world_of(definition["kind"], getattr(session, "world_stamp", None))
         providers = configured_providers(getattr(session, "providers_stamp", None))
     else:
         # What the job reads to start, and its root run: one transaction.
@@ -213,9 +216,9 @@ def _advance_locked(
                 agent_name=ROOT_AGENT,
                 input_snapshot={"status": session.status, **root_snapshot(token)},
             )
-            world, providers = load_world(), configured_providers()
+            world, providers = world_of(definition["kind"]), configured_providers()
     with tracing():
-        graph = agent_graph()
+        graph = agent_graph(definition["kind"])
         config = _config(session_id)
         context = AgentContext(
             session_id=session.pk,
@@ -262,12 +265,7 @@ def _drive(
     snapshot: Any = graph.get_state(config)
     while True:
         if not snapshot.values:
-            graph_input: Any = {
-                "session_id": str(session.pk),
-                "language": session.language,
-                "consumed_seq": 0,
-                "fsm": context.definition["compliance"]["states"][0],
-            }
+            graph_input: Any = initial_state(session, context.definition)
         elif snapshot.interrupts:
             waiting = snapshot.interrupts[0].value
             value = resume_value(session.pk, snapshot)

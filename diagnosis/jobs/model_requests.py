@@ -10,6 +10,7 @@ from typing import Any
 from django.db import transaction
 
 from aero.compiled import Arg, Compiled, cached_sql, insert_values
+from aero.packs import pack_for
 from diagnosis.agent import waits
 from diagnosis.agent.providers import (
     OfflineProvider,
@@ -23,7 +24,7 @@ from diagnosis.events import (
     current_fence,
     lock_session,
 )
-from diagnosis.jobs.world import definition_of, load_world
+from diagnosis.jobs.world import definition_of, world_of
 from diagnosis.models import (
     Event,
     LLMRequest,
@@ -126,8 +127,10 @@ def request_opening_extraction(session: Session, message: Event) -> bool:
     if all(isinstance(p, OfflineProvider) for p in providers):
         return False
     definition = definition_of(session)
+    if not pack_for(definition["kind"]).opens_from_message:
+        return False  # its pack reads no opening message with a model
     text = message.payload.get("text", "")
-    world = load_world()
+    world = world_of(definition["kind"])
 
     def extract(provider: Provider) -> Any:
         return provider.extract(definition, text, world, None)

@@ -1,12 +1,13 @@
-"""What a job loads to start besides the session: its scenario's definition and the world
-the agent acts on (the active airport topology). The lease statement reads the world's
-stamp with the lease (`world_stamp_sql`), so a job builds the world again only when it
-changed; this module is the one place that knows what the world is."""
+"""What a job loads to start besides the session: its scenario's definition, the world
+the agent acts on and the graph's first input, each from the pack of the definition's
+kind (aero.packs). The lease statement reads the airport world's stamp with the lease
+(`world_stamp_sql`), so a job builds that world again only when it changed."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from aero.packs import pack_for
 from diagnosis.models import Session
 from scenarios_admin.airport import load_active_graph
 from scenarios_admin.models import ScenarioVersion, Topology
@@ -32,9 +33,23 @@ def definition_of(session: Session) -> dict[str, Any]:
 
 
 def load_world(stamp: WorldStamp = None) -> World:
-    """The active world, built once per process and stamp; `stamp` as the lease read it
-    (read here when None)."""
+    """The active airport world, built once per process and stamp; `stamp` as the lease
+    read it (read here when None). The airport pack's world."""
     return load_active_graph(stamp)
+
+
+def world_of(kind: str, stamp: WorldStamp = None) -> World:
+    """The world of the pack serving `kind` (None when the pack acts on none)."""
+    loader = pack_for(kind).world
+    return loader(stamp) if loader is not None else None
+
+
+def initial_state(session: Session, definition: dict[str, Any]) -> dict[str, Any]:
+    """The graph's first input for a new session, as its pack builds it."""
+    build = pack_for(definition["kind"]).initial_state
+    if build is None:
+        return {"session_id": str(session.pk), "language": session.language}
+    return build(session, definition)
 
 
 def world_stamp_sql(connection: Any) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
+from aero.packs import UnknownDomain, file_pack
 from aero.roles import APPROVER, OPERATOR, ensure_role_groups
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import OPEN_STATUSES, Approval, ApprovalStatus
@@ -29,8 +30,18 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
         run = sub.add_parser("run", help="Run one session to its end or its first unanswered wait.")
-        run.add_argument("--scenario", required=True, help="Scenario slug, e.g. oil_spill.")
-        run.add_argument("--message", required=True, help="The incident description.")
+        run.add_argument("--scenario", help="Scenario slug, e.g. oil_spill.")
+        run.add_argument("--message", help="The incident description.")
+        run.add_argument(
+            "--bundle",
+            help="An incident bundle (folder, .zip or .tar.gz): opens a session of the pack "
+            "that reads evidence files (IT diagnosis) instead of --scenario/--message.",
+        )
+        run.add_argument(
+            "--mode",
+            choices=["react", "plan_execute", "hierarchical"],
+            help="Preferred run mode of a --bundle session.",
+        )
         run.add_argument(
             "--answer",
             action="append",
@@ -49,15 +60,20 @@ class Command(BaseCommand):
         _require_migrated()
         # Jobs run here, in this process, through the same advance_session as workers.
         settings.AERO_JOB_BACKEND = "inline"
-        scenario = Scenario.objects.filter(slug=options["scenario"]).first()
-        if scenario is None:
-            known = ", ".join(Scenario.objects.values_list("slug", flat=True)) or "none loaded"
-            raise CommandError(f"unknown scenario {options['scenario']!r} (known: {known})")
         if options["decide"] and not options["reason"].strip():
             # Rejections and R3 confirmations need a written reason; say where it came from.
             options["reason"] = {APPROVE: "approved", REJECT: "rejected"}[
                 options["decide"]
             ] + " from the command line"
+        if options["bundle"]:
+            self._run_file(options)
+            return
+        if not options["scenario"] or not options["message"]:
+            raise CommandError("give --scenario and --message, or --bundle")
+        scenario = Scenario.objects.filter(slug=options["scenario"]).first()
+        if scenario is None:
+            known = ", ".join(Scenario.objects.values_list("slug", flat=True)) or "none loaded"
+            raise CommandError(f"unknown scenario {options['scenario']!r} (known: {known})")
         user = _cli_user()
         try:
             session = do_create_session(user, scenario, options["message"], producer="cli")
@@ -72,6 +88,38 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(result, ensure_ascii=False, sort_keys=True))
         else:
             self._print(result)
+
+    def _run_file(self, options: dict[str, Any]) -> None:
+        """A session opened from an evidence file by the pack that reads them, run to its
+        end (or its first unanswered wait) and printed as that pack summarizes it."""
+        try:
+            pack = file_pack()
+        except UnknownDomain as exc:
+            raise CommandError(str(exc)) from exc
+        assert pack.start_from_file is not None and pack.summarize is not None
+        user = _cli_user()
+        try:
+            session = pack.start_from_file(
+                user,
+                options["bundle"],
+                {
+                    "producer": "cli",
+                    "description": options["message"] or "",
+                    "preferred_mode": options["mode"] or "",
+                },
+            )
+            self._drive(
+                session, user, list(options["answer"]), options["decide"], options["reason"]
+            )
+        except ActionError as exc:
+            raise CommandError(str(exc)) from exc
+        session.refresh_from_db()
+        result = pack.summarize(session)
+        if options["json"]:
+            self.stdout.write(json.dumps(result, ensure_ascii=False, sort_keys=True))
+        else:
+            for key, value in result.items():
+                self.stdout.write(f"{key}: {json.dumps(value, ensure_ascii=False)}")
 
     def _drive(
         self, session: Session, user: Any, answers: list[str], decide: str | None, reason: str

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class DiagnosisPackConfig(AppConfig):
+    """IT problem diagnosis (scenario kind "diagnosis"): incident bundles, evidence tools,
+    the offline playbook, fixes under approval (DIAGNOSIS.md)."""
+
+    name = "packs.diagnosis"
+    label = "diagnosis_pack"
+    verbose_name = "IT problem diagnosis"
+
+    def ready(self) -> None:
+        from aero.packs import DomainPack, ToolRegistry, register
+        from diagnosis import external
+        from diagnosis.eventlog.registry import register_finding
+        from diagnosis.wording import register_tool_labels
+        from packs.diagnosis import fixes, graph, sessions
+        from packs.diagnosis.definition import DiagnosisDefinition
+        from packs.diagnosis.findings import KINDS
+        from packs.diagnosis.seed import seed
+        from packs.diagnosis.system import demo_shop
+
+        external.register_system(fixes.SHOP_OPS, fixes.SHOP_OPS_PREFIX)
+        register_finding(*KINDS)
+        register_tool_labels({**fixes.LABELS, **sessions.EVIDENCE_LABELS})
+        register(
+            DomainPack(
+                kind="diagnosis",
+                app_label=self.label,
+                label={"zh": "IT 故障诊断", "en": "IT problem diagnosis"},
+                definition_model=DiagnosisDefinition,
+                tools=ToolRegistry(
+                    actions=fixes.action_tools(),
+                    evidence=tuple(sessions.EVIDENCE_LABELS),
+                ),
+                graph=graph.build_graph,
+                initial_state=graph.initial_state,
+                world=lambda stamp: demo_shop(),
+                opens_from_message=False,
+                seed=seed,
+                start_from_file=sessions.start_from_bundle,
+                summarize=sessions.summarize,
+            )
+        )

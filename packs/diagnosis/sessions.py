@@ -1,0 +1,146 @@
+"""Diagnosis sessions: opened from an incident bundle (a folder or an archive, checked
+before anything is created), and their result as DIAGNOSIS.md §6's JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.utils.functional import Promise
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from diagnosis.actions import ActionError, do_create_session
+from diagnosis.models import AgentRun, Session, ToolCall
+from diagnosis.reporting import decision_of
+from packs.diagnosis.bundle import BundleError, open_bundle
+from packs.diagnosis.storage import delete_bundle, store_bundle
+from scenarios_admin.models import Scenario
+
+KIND = "diagnosis"
+# The evidence tools a session runs, in its words (the core's timeline reads them).
+EVIDENCE_LABELS: dict[str, Promise] = {
+    "read_bundle": gettext_lazy("Read the incident bundle"),
+    "log_signatures": gettext_lazy("Error signatures in the logs"),
+    "anomalies": gettext_lazy("Metric anomalies"),
+    "deploys": gettext_lazy("Deploys"),
+    "config_changes": gettext_lazy("Config changes"),
+    "topology": gettext_lazy("Service topology"),
+    "code": gettext_lazy("Read the code (MCP git)"),
+}
+# The one run mode the offline pipeline has: a plan of evidence calls, then one conclusion.
+MODE = "plan_execute"
+
+
+def diagnosis_scenario() -> Scenario:
+    scenario = (
+        Scenario.objects.filter(kind=KIND, is_active=True, versions__isnull=False)
+        .order_by("slug")
+        .first()
+    )
+    if scenario is None:
+        raise ActionError(
+            _("No IT diagnosis scenario is published: run `manage.py load_builtin` first.")
+        )
+    return scenario
+
+
+def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Session:
+    """Check the bundle, then create the session with its bundle stored and queue it.
+    A bad bundle raises ActionError naming its file, line and field; nothing is created.
+    `options`: description (overrides the bundle's), title, producer."""
+    try:
+        bundle = open_bundle(Path(source))
+    except BundleError as exc:
+        raise ActionError(_("The bundle is not valid: %(error)s") % {"error": exc}) from exc
+    try:
+        scenario = diagnosis_scenario()
+        incident = bundle.incident
+        text = (options.get("description") or "").strip() or incident.description
+        title = (options.get("title") or "").strip() or incident.title
+        stored: list[Any] = []
+
+        def attach(session: Session) -> None:
+            stored.append(session.pk)
+            store_bundle(session.pk, bundle.root)
+
+        try:
+            return do_create_session(
+                user,
+                scenario,
+                text,
+                producer=options.get("producer", "web"),
+                title=title,
+                attach=attach,
+            )
+        except BaseException:
+            for session_id in stored:  # the transaction rolled back: so does the copy
+                delete_bundle(session_id)
+            raise
+    finally:
+        bundle.close()
+
+
+def summarize(session: Session) -> dict[str, Any]:
+    """DIAGNOSIS.md §6: one JSON object for `incident run --bundle --json`."""
+    snapshot = session.snapshot or {}
+    cause = snapshot.get("root_cause") or {}
+    lang = "zh" if session.language == "zh" else "en"
+    calls = list(ToolCall.objects.filter(session=session).order_by("id"))
+    evidence = [
+        {
+            "id": c.call_id,
+            "tool": c.tool_name,
+            "summary": (c.response_payload or {}).get("summary", "") or c.error,
+        }
+        for c in calls
+        if c.call_id.startswith("ev-")
+    ]
+    return {
+        "session": str(session.pk),
+        "status": session.status,
+        "kind": KIND,
+        "problem_type": cause.get("problem_type", ""),
+        "mode": MODE,
+        "mode_source": "default",
+        "root_cause": {
+            "hypothesis": cause.get("hypothesis"),
+            "service": cause.get("service"),
+            "deploy": cause.get("deploy"),
+            "config_key": cause.get("config_key"),
+            "summary": (cause.get("summary") or {}).get(lang, ""),
+        }
+        if cause
+        else None,
+        "confidence": cause.get("confidence"),
+        "related_services": cause.get("related_services", []),
+        "code_locations": [
+            {"path": loc["path"], "line": loc["line"]} for loc in cause.get("code_locations", [])
+        ],
+        "similar_cases": [],
+        "actions": [
+            {
+                "tool": c.tool_name,
+                "args": c.request_payload,
+                "risk_class": c.risk_class,
+                "decision": decision_of(c),
+                "status": c.status,
+            }
+            for c in calls
+            if c.is_action
+        ],
+        "agent_tree": [
+            {
+                "run": run.pk,
+                "parent": run.parent_id,
+                "agent": run.agent_name,
+                "mode": MODE,
+                "status": run.status,
+            }
+            for run in AgentRun.objects.filter(session=session).order_by("id")
+            if run.parent_id is None
+        ],
+        "evidence": evidence,
+        "question": (snapshot.get("question") or {}).get("text"),
+        "tokens": session.tokens_in + session.tokens_out,
+    }

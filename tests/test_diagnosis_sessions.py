@@ -1,0 +1,194 @@
+"""IT diagnosis as a session kind: `manage.py incident run --bundle ... --json` opens a
+session of the diagnosis pack, its graph records every evidence call, the conclusion and
+the fix, and the fix goes through the same approvals and outbox as the airport's
+actions. The shipped example bundles give exactly their expected results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
+
+from approvals.models import Approval
+from diagnosis.models import Event, ExternalEffect, Outbox, Session, ToolCall
+from packs.diagnosis.storage import bundle_dir
+from tests.bundles import ONSET, START, BundleWriter
+
+SPEC = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
+EXPECTED = yaml.safe_load((SPEC / "expected.yaml").read_text("utf-8"))
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(autouse=True)
+def _bundles_in_tmp(tmp_path: Path) -> Any:
+    with override_settings(AERO_BUNDLE_DIR=tmp_path / "stored"):
+        yield
+
+
+def run_bundle(capsys: pytest.CaptureFixture[str], bundle: Path, *options: str) -> dict[str, Any]:
+    capsys.readouterr()
+    call_command("incident", "run", "--bundle", str(bundle), *options, "--json")
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_shipped_examples_conclude_as_expected_through_the_command(
+    builtin: None, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    expected = EXPECTED[name]
+    result = run_bundle(capsys, SPEC / f"{name}.tar.gz", "--decide", "approve")
+
+    assert result["kind"] == "diagnosis"
+    assert result["status"] == "completed"
+    cause = result["root_cause"]
+    assert (cause["hypothesis"], cause["service"]) == (expected["hypothesis"], expected["service"])
+    assert cause["deploy"] == expected.get("deploy")
+    if "code_path" in expected:
+        assert result["code_locations"][0] == {
+            "path": expected["code_path"],
+            "line": expected["code_line"],
+        }
+    else:
+        assert result["code_locations"] == []
+    action = expected["action"]
+    assert [(a["tool"], a["args"]["service"], a["risk_class"]) for a in result["actions"]] == [
+        (action["tool"], action["service"], action["risk_class"])
+    ]
+    assert result["actions"][0]["decision"] == "approved"
+    assert result["actions"][0]["status"] == "completed"
+    assert 0 < result["confidence"] <= 1
+    # Every evidence call is listed with what it found; the conclusion cites them.
+    tools = [e["tool"] for e in result["evidence"]]
+    assert tools[0] == "read_bundle" and "log_signatures" in tools
+    assert all(e["summary"] for e in result["evidence"])
+    session = Session.objects.get(pk=result["session"])
+    finding = Event.objects.filter(
+        session=session, type="finding.recorded", payload__kind="root_cause"
+    ).get()
+    assert set(finding.payload["evidence"]) <= {e["id"] for e in result["evidence"]}
+    assert finding.payload["evidence"]
+
+
+def test_a_bad_deploy_reads_the_code_through_mcp_and_reports_it(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_bundle(capsys, SPEC / "ex-deploy-payments.tar.gz", "--decide", "reject")
+
+    code = ToolCall.objects.get(session_id=result["session"], tool_name="code")
+    assert code.status == "completed" and not code.is_action and code.risk_class == "R0"
+    assert code.request_payload["path"] == "payments/app/handlers.py"
+    assert code.response_payload["hunk"].startswith("@@")
+    # Rejected: nothing reaches the shop-operations system, and the report says so.
+    assert result["actions"][0]["decision"] == "rejected"
+    assert not ExternalEffect.objects.filter(system="shop_ops").exists()
+    report = Session.objects.get(pk=result["session"]).report.markdown
+    assert "payments/app/handlers.py:26" in report
+    assert "D-5716" in report and "rollback_deploy" in report
+
+
+def test_an_approved_fix_is_executed_once_by_the_shop_operations_system(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_bundle(capsys, SPEC / "ex-pool-inventory.tar.gz", "--decide", "approve")
+
+    call = ToolCall.objects.get(session_id=result["session"], is_action=True)
+    approval = Approval.objects.get(tool_call=call)
+    assert approval.risk_class == "R2" and approval.status == "approved"
+    effect = ExternalEffect.objects.get(idempotency_key=call.idempotency_key)
+    assert (effect.system, effect.operation, effect.requests) == ("shop_ops", "restart_service", 1)
+    assert effect.request["service"] == "inventory"
+    assert Outbox.objects.get(tool_call=call).status == "done"
+    assert call.response_payload["reference"].startswith("OPS-")
+
+
+def test_without_a_decision_the_session_waits_for_the_approver(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_bundle(capsys, SPEC / "ex-upstream-cache.tar.gz")
+
+    assert result["status"] == "waiting_user"
+    assert [(a["tool"], a["risk_class"], a["status"]) for a in result["actions"]] == [
+        ("open_ticket", "R1", "awaiting_approval")
+    ]
+    assert result["root_cause"]["service"] == "cache"
+
+
+def test_a_bundle_without_evidence_asks_the_reporter_and_reports_unknown(
+    builtin: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    folder = BundleWriter(metrics=False).write(tmp_path / "empty")
+    for name in ("logs.jsonl", "metrics.csv", "deploys.yaml", "config_changes.yaml"):
+        (folder / name).unlink(missing_ok=True)
+    shutil.rmtree(folder / "repo", ignore_errors=True)
+
+    asked = run_bundle(capsys, folder)
+    assert asked["status"] == "waiting_user"
+    assert asked["root_cause"]["hypothesis"] == "unknown"
+    assert "logs, metrics, changes" in asked["question"]
+    assert asked["actions"] == []
+
+    answered = run_bundle(capsys, folder, "--answer", "payments looked slow since 11:30")
+    assert answered["status"] == "completed"
+    assert answered["root_cause"]["hypothesis"] == "unknown"
+    report = Session.objects.get(pk=answered["session"]).report.markdown
+    assert "payments looked slow since 11:30" in report
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda root: (root / "incident.yaml").unlink(), "incident.yaml"),
+        (
+            lambda root: (root / "logs.jsonl").write_text(
+                (root / "logs.jsonl").read_text() + '{"ts": "2026-10-20T11:00:00", "x": 1}\n'
+            ),
+            "logs.jsonl line",
+        ),
+        (
+            lambda root: (root / "metrics.csv").write_text(
+                (root / "metrics.csv").read_text() + "2026-10-20T11:00:00+08:00,orders,up,high\n"
+            ),
+            "metrics.csv line",
+        ),
+    ],
+)
+def test_a_bad_bundle_is_refused_with_where_and_creates_nothing(
+    builtin: None, tmp_path: Path, damage: Any, named: str
+) -> None:
+    writer = BundleWriter()
+    writer.errors("orders", "boom ({n})", first=START, count=3)
+    root = writer.write(tmp_path / "bad")
+    damage(root)
+    sessions = Session.objects.count()
+
+    with pytest.raises(CommandError) as refused:
+        call_command("incident", "run", "--bundle", str(root), "--json")
+
+    assert named in str(refused.value)
+    assert Session.objects.count() == sessions
+    assert not any(Path(bundle_dir("x")).parent.glob("*"))
+
+
+def test_the_stored_bundle_is_the_sessions_own_copy(
+    builtin: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    writer = BundleWriter()
+    writer.errors("orders", "boom ({n})", first=ONSET, count=30)
+    root = writer.write(tmp_path / "mine")
+    result = run_bundle(capsys, root)
+    shutil.rmtree(root)  # the reporter's folder may go: the session keeps its copy
+
+    stored = bundle_dir(result["session"])
+    assert (stored / "incident.yaml").is_file()
+    assert ToolCall.objects.get(session_id=result["session"], call_id="ev-bundle").status == (
+        "completed"
+    )
