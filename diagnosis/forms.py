@@ -21,6 +21,7 @@ class NewSessionForm(forms.Form):
     )
     # Set by the "open it anyway" button after AERO said another scenario fits better.
     keep_scenario = forms.BooleanField(required=False, widget=forms.HiddenInput)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Only the kinds whose sessions start from a message (not an evidence file).
