@@ -17,8 +17,11 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from approvals.models import Approval
+from diagnosis.execution import execution_problems
 from diagnosis.models import Event, ExternalEffect, Outbox, Session, ToolCall
+from packs.diagnosis.fixes import fix_problems
 from packs.diagnosis.storage import bundle_dir
+from packs.diagnosis.system import demo_shop
 from tests.bundles import ONSET, START, BundleWriter
 
 SPEC = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
@@ -192,3 +195,32 @@ def test_the_stored_bundle_is_the_sessions_own_copy(
     assert ToolCall.objects.get(session_id=result["session"], call_id="ev-bundle").status == (
         "completed"
     )
+
+
+def test_a_fix_moved_to_another_service_is_refused_where_it_executes(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pack's policy is checked again by the core where an action runs: an R2 fix on a
+    service that is not the root cause never runs, whatever its row says."""
+    result = run_bundle(capsys, SPEC / "ex-pool-inventory.tar.gz")
+    call = ToolCall.objects.get(session_id=result["session"], is_action=True)
+    call.status = "proposed"
+    call.risk_class = "R2"
+    call.request_payload = {"service": "orders"}
+    assert execution_problems(call) == [
+        "an R2 fix runs only on the root cause's service (inventory), not orders"
+    ]
+
+
+def test_a_third_party_only_gets_tickets_and_notices() -> None:
+    shop = demo_shop()
+    cause = {"service": "bank-api"}
+    assert fix_problems("open_ticket", {"service": "bank-api"}, "R1", cause, shop) == []
+    assert fix_problems("notify_owner", {"service": "bank-api"}, "R1", cause, shop) == []
+    assert fix_problems("restart_service", {"service": "bank-api"}, "R2", cause, shop) == [
+        "bank-api is a third party: only open_ticket or notify_owner (R1), not restart_service"
+    ]
+    assert fix_problems("rollback_deploy", {"service": "nowhere"}, "R2", cause, shop) == [
+        "nowhere is not a service of shop",
+        "an R2 fix runs only on the root cause's service (bank-api), not nowhere",
+    ]

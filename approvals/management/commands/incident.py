@@ -68,7 +68,7 @@ class Command(BaseCommand):
         if options["bundle"]:
             self._run_file(options)
             return
-        if not options["scenario"] or not options["message"]:
+        if options["scenario"] is None or options["message"] is None:
             raise CommandError("give --scenario and --message, or --bundle")
         scenario = Scenario.objects.filter(slug=options["scenario"]).first()
         if scenario is None:
