@@ -87,7 +87,9 @@ def test_check_a_published_version(builtin: None) -> None:
 
 def test_check_an_unknown_scenario(builtin: None) -> None:
     _, _, error = run_failing("check", "volcano")
-    assert error == "unknown scenario 'volcano' (known: bird_strike, it_diagnosis, oil_spill, tire_burst)"
+    assert error == (
+        "unknown scenario 'volcano' (known: bird_strike, it_diagnosis, oil_spill, tire_burst)"
+    )
 
 
 # --- export / import -------------------------------------------------------------------------
