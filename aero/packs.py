@@ -71,6 +71,12 @@ class DomainPack:
     start_from_file: Callable[[Any, Any, dict[str, Any]], Any] | None = None
     # A session's result as the command line prints it (`incident run --json`).
     summarize: Callable[[Any], dict[str, Any]] | None = None
+    # The session page's panel of what the agent found (a template name), and what it
+    # adds to the page's context: (session) -> dict. None: the core's facts panel.
+    page_panel: str | None = None
+    page_context: Callable[[Any], dict[str, Any]] | None = None
+    # Where the pack's own form to open a session is (a URL name), if it has one.
+    new_session_url: str | None = None
 
 
 _PACKS: dict[str, DomainPack] = {}

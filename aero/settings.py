@@ -367,6 +367,8 @@ AERO_LLM_RUNNER_POLL = env_float("AERO_LLM_RUNNER_POLL", 0.2)
 AERO_LLM_STREAM_FLUSH = env_float("AERO_LLM_STREAM_FLUSH", 0.1)
 # Incident bundles of diagnosis sessions, a folder per session (packs.diagnosis.storage).
 AERO_BUNDLE_DIR = Path(env_str("AERO_BUNDLE_DIR", str(DATA_DIR / "bundles")))
+# The largest bundle archive the web form accepts (bytes; unpacked, the bundle's own limits).
+AERO_BUNDLE_MAX_UPLOAD = env_int("AERO_BUNDLE_MAX_UPLOAD", 200 * 1024 * 1024)
 AERO_CHECKPOINT_SQLITE = Path(
     env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
 )

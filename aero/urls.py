@@ -16,6 +16,8 @@ urlpatterns = [
     path("audit/export.csv", audit_views.audit_csv, name="audit-csv"),
     path("admin/", admin.site.urls),
     path("", include("diagnosis.urls")),
+    # The IT diagnosis pack's form (named by string: the kernel imports no app or pack).
+    path("", include("packs.diagnosis.urls")),
     path("approvals/", include("approvals.urls")),
     path("", include("replay.urls")),
     path("api/v1/", include("api.v1_urls")),

@@ -10,6 +10,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import Q
 
+from aero.packs import pack_for
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
 from diagnosis.consequences import Board
 from diagnosis.eventlog import registry
@@ -353,9 +354,16 @@ def session_context(
     report_markdown = report.markdown if report else ""
     if mask is not None:
         report_markdown = mask.text(report_markdown)
+    definition = version_definition(session)
+    pack = pack_for(definition["kind"])
+    # The session's pack may show what it found in its own panel.
+    pack_panel: dict[str, Any] = {}
+    if pack.page_panel is not None and pack.page_context is not None:
+        pack_panel = {"pack_panel": pack.page_panel, **pack.page_context(session)}
     return {
+        **pack_panel,
         "session": session,
-        "definition": version_definition(session),
+        "definition": definition,
         "snapshot": snapshot,
         "fields": field_rows(session),
         "question": snapshot.get("question"),

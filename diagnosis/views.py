@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from aero.drafts import keep_draft, take_draft
 from aero.http import HtmxHttpRequest
 from aero.models import audit
+from aero.packs import installed_packs
 from aero.roles import (
     DELETE_SESSIONS,
     MANAGE_AIRPORT,
@@ -54,10 +55,20 @@ def session_list(request: HtmxHttpRequest) -> HttpResponse:
         {
             **presenters.session_page(status, request.GET.get("before", "")),
             "form": _new_session_form(request),
+            "pack_forms": pack_forms(),
             "status": status,
             "status_choices": SessionStatus.choices,
         },
     )
+
+
+def pack_forms() -> list[tuple[dict[str, str], str]]:
+    """The packs' own forms to open a session (a diagnosis from a bundle): label, URL."""
+    return [
+        (pack.label, reverse(pack.new_session_url))
+        for pack in installed_packs()
+        if pack.new_session_url is not None
+    ]
 
 
 def _new_session_form(request: HtmxHttpRequest) -> NewSessionForm:
@@ -101,6 +112,7 @@ def session_create(request: HtmxHttpRequest) -> HttpResponse:
         {
             **presenters.session_page("", ""),
             "form": form,
+            "pack_forms": pack_forms(),
             "fit": fit,
             "status": "",
             "status_choices": SessionStatus.choices,

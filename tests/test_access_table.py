@@ -54,6 +54,8 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "audit-csv": ("GET", row(LOGIN, 403, 403, 200, 200)),
     "diagnosis:session-list": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-create": ("POST", row(LOGIN, 400, 403, 403, 400)),  # empty form: errors
+    # the IT diagnosis form: an empty form (no bundle, no demo) is an error
+    "diagnosis_pack:new": ("POST", row(LOGIN, 400, 403, 403, 400)),
     "diagnosis:session-detail": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-answer": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-cancel": ("POST", row(LOGIN, 302, 403, 403, 302)),

@@ -14,9 +14,10 @@ class DiagnosisPackConfig(AppConfig):
     def ready(self) -> None:
         from aero.packs import DomainPack, ToolRegistry, register
         from diagnosis import external
+        from diagnosis.eventlog.registry import register as register_events
         from diagnosis.eventlog.registry import register_finding
         from diagnosis.wording import register_tool_labels
-        from packs.diagnosis import fixes, graph, sessions
+        from packs.diagnosis import fixes, graph, sessions, web
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
         from packs.diagnosis.seed import seed
@@ -24,6 +25,7 @@ class DiagnosisPackConfig(AppConfig):
 
         external.register_system(fixes.SHOP_OPS, fixes.SHOP_OPS_PREFIX)
         register_finding(*KINDS)
+        register_events(*sessions.EVENT_TYPES)
         register_tool_labels({**fixes.LABELS, **sessions.EVIDENCE_LABELS})
         register(
             DomainPack(
@@ -42,5 +44,8 @@ class DiagnosisPackConfig(AppConfig):
                 seed=seed,
                 start_from_file=sessions.start_from_bundle,
                 summarize=sessions.summarize,
+                page_panel="diagnosis_pack/_panel.html",
+                page_context=web.page_context,
+                new_session_url="diagnosis_pack:new",
             )
         )

@@ -158,6 +158,12 @@ def intake(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str,
         .values_list("seq", flat=True)
         .first()
     )
+    requested = (
+        Event.objects.filter(session_id=ctx.session_id, type="diagnosis.requested")
+        .values_list("payload", flat=True)
+        .first()
+    ) or {}
+    result = {**result, "problem_type": requested.get("problem_type", "")}
     return {"bundle": result, "consumed_seq": opening or 0, "_summary": result["summary"]}
 
 
@@ -194,6 +200,9 @@ def gather_evidence(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> 
         return response
 
     with session_bundle(ctx.session_id) as bundle:
+        chosen = state["bundle"].get("problem_type") or ""
+        if chosen in playbook.problem_types:  # the reporter's choice on the form
+            bundle.incident = bundle.incident.model_copy(update={"problem_type": chosen})
         found = diagnose(bundle, system, playbook)
         since, until = found.window
         window = {"since": since.isoformat(), "until": until.isoformat()}

@@ -11,13 +11,18 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from diagnosis.actions import ActionError, do_create_session
-from diagnosis.models import AgentRun, Session, ToolCall
+from diagnosis.eventlog.registry import EventType, Payload
+from diagnosis.events import append_event
+from diagnosis.models import AgentRun, Event, Session, ToolCall
 from diagnosis.reporting import decision_of
 from packs.diagnosis.bundle import BundleError, open_bundle
 from packs.diagnosis.storage import delete_bundle, store_bundle
 from scenarios_admin.models import Scenario
 
 KIND = "diagnosis"
+# The event that records what a diagnosis was asked with (its bundle, the reporter's
+# choices), written with the session's creation.
+REQUESTED = "diagnosis.requested"
 # The evidence tools a session runs, in its words (the core's timeline reads them).
 EVIDENCE_LABELS: dict[str, Promise] = {
     "read_bundle": gettext_lazy("Read the incident bundle"),
@@ -63,6 +68,19 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
         def attach(session: Session) -> None:
             stored.append(session.pk)
             store_bundle(session.pk, bundle.root)
+            append_event(
+                session.pk,
+                REQUESTED,
+                {
+                    "source": Path(source).name,
+                    "problem_type": options.get("problem_type") or "",
+                    "preferred_mode": options.get("preferred_mode") or "",
+                    "sources": bundle.sources,
+                    "log_lines": bundle.log_lines,
+                    "metric_rows": bundle.metric_rows,
+                },
+                producer=options.get("producer", "web"),
+            )
 
         try:
             return do_create_session(
@@ -96,13 +114,18 @@ def summarize(session: Session) -> dict[str, Any]:
         for c in calls
         if c.call_id.startswith("ev-")
     ]
+    requested = (
+        Event.objects.filter(session=session, type=REQUESTED).values_list("payload", flat=True)
+    ).first() or {}
     return {
         "session": str(session.pk),
         "status": session.status,
         "kind": KIND,
         "problem_type": cause.get("problem_type", ""),
+        # One offline plan runs whatever was preferred (run modes are not built yet).
         "mode": MODE,
         "mode_source": "default",
+        "preferred_mode": requested.get("preferred_mode", ""),
         "root_cause": {
             "hypothesis": cause.get("hypothesis"),
             "service": cause.get("service"),
@@ -144,3 +167,26 @@ def summarize(session: Session) -> dict[str, Any]:
         "question": (snapshot.get("question") or {}).get("text"),
         "tokens": session.tokens_in + session.tokens_out,
     }
+
+
+class DiagnosisRequested(Payload):
+    source: str
+    problem_type: str = ""
+    preferred_mode: str = ""
+    sources: dict[str, bool] = {}
+    log_lines: int = 0
+    metric_rows: int = 0
+
+
+def _requested_words(p: dict[str, Any]) -> str:
+    return _("diagnosis requested from %(source)s") % {"source": p.get("source", "")}
+
+
+EVENT_TYPES = (
+    EventType(
+        REQUESTED,
+        DiagnosisRequested,
+        summary=_requested_words,
+        line="diagnosis_pack/_lines.html#requested",
+    ),
+)

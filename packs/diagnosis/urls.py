@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from packs.diagnosis import web
+
+app_name = "diagnosis_pack"
+
+urlpatterns = [
+    path("diagnosis/new/", web.new_diagnosis, name="new"),
+]

@@ -1,0 +1,165 @@
+"""The diagnosis pack's pages: the form that opens a diagnosis session (a bundle
+uploaded, or one of the shipped demo incidents) and the session page's panel of
+evidence and conclusion (server-rendered; the core's live page re-renders it with the
+facts panel)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.shortcuts import redirect, render
+from django.utils import translation
+from django.utils.translation import gettext_lazy as _
+from django.views.decorators.http import require_http_methods
+
+from aero.http import HtmxHttpRequest
+from aero.roles import RUN_SESSIONS, role_required
+from aero.text import MAX_MESSAGE, LimitedTextField
+from diagnosis.actions import ActionError
+from diagnosis.models import Session, ToolCall
+from packs.diagnosis.bundle import MODES
+from packs.diagnosis.playbook import default_playbook
+from packs.diagnosis.sessions import start_from_bundle
+
+EXAMPLES = Path(__file__).resolve().parent / "data" / "examples"
+DEMO_TITLES = {
+    "ex-deploy-payments": _("Payments fail after a deploy"),
+    "ex-pool-inventory": _("Inventory runs out of database connections"),
+    "ex-upstream-cache": _("The cache slows everything down"),
+}
+MODE_LABELS = {
+    "react": _("ReAct"),
+    "plan_execute": _("Plan and execute"),
+    "hierarchical": _("Hierarchical"),
+}
+
+
+def demo_incidents() -> list[tuple[str, Any]]:
+    return [
+        (path.name.removesuffix(".tar.gz"), DEMO_TITLES.get(path.name.removesuffix(".tar.gz")))
+        for path in sorted(EXAMPLES.glob("*.tar.gz"))
+    ]
+
+
+class NewDiagnosisForm(forms.Form):
+    problem_type = forms.ChoiceField(label=_("Problem type"), required=False)
+    description = LimitedTextField(
+        what="description",
+        label=_("What do you see?"),
+        required=False,
+        max_length=MAX_MESSAGE,
+        strip=True,
+        widget=forms.Textarea(
+            attrs={"rows": 3, "placeholder": _("Empty: the bundle's own description")}
+        ),
+    )
+    bundle = forms.FileField(
+        label=_("Incident bundle (.zip or .tar.gz)"),
+        required=False,
+        help_text=_("incident.yaml with logs.jsonl, metrics.csv, deploys.yaml, repo/ ..."),
+    )
+    demo = forms.ChoiceField(label=_("or a demo incident"), required=False)
+    preferred_mode = forms.ChoiceField(label=_("Preferred mode"), required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        playbook = default_playbook()
+        language = "zh" if (translation.get_language() or "").startswith("zh") else "en"
+        self.fields["problem_type"].choices = [  # type: ignore[attr-defined]
+            ("", _("Classify from the evidence")),
+            *((key, words[language]) for key, words in playbook.problem_types.items()),
+        ]
+        self.fields["demo"].choices = [("", "—"), *demo_incidents()]  # type: ignore[attr-defined]
+        self.fields["preferred_mode"].choices = [  # type: ignore[attr-defined]
+            ("", _("Default")),
+            *((mode, MODE_LABELS[mode]) for mode in MODES),
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if bool(data.get("bundle")) == bool(data.get("demo")):
+            raise forms.ValidationError(
+                _("Upload a bundle or choose a demo incident (one of the two).")
+            )
+        upload = data.get("bundle")
+        if upload is not None and upload.size > settings.AERO_BUNDLE_MAX_UPLOAD:
+            raise forms.ValidationError(
+                _("The bundle is larger than %(max)s bytes.")
+                % {"max": settings.AERO_BUNDLE_MAX_UPLOAD}
+            )
+        return data
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(RUN_SESSIONS)
+def new_diagnosis(request: HtmxHttpRequest) -> Any:
+    if request.method == "GET":
+        return render(request, "diagnosis_pack/new.html", {"form": NewDiagnosisForm()})
+    form = NewDiagnosisForm(request.POST, request.FILES)
+    if form.is_valid():
+        data = form.cleaned_data
+        scratch = Path(tempfile.mkdtemp(prefix="aero-upload-"))
+        try:
+            if data["demo"]:
+                source = EXAMPLES / f"{data['demo']}.tar.gz"
+            else:
+                source = scratch / "bundle"
+                with source.open("wb") as out:
+                    for chunk in data["bundle"].chunks():
+                        out.write(chunk)
+            session = start_from_bundle(
+                request.user,
+                source,
+                {
+                    "producer": "web",
+                    "description": data["description"],
+                    "problem_type": data["problem_type"],
+                    "preferred_mode": data["preferred_mode"],
+                },
+            )
+        except ActionError as exc:
+            form.add_error(None, str(exc))
+        else:
+            return redirect("diagnosis:session-detail", session_id=session.pk)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return render(request, "diagnosis_pack/new.html", {"form": form}, status=400)
+
+
+# --- the session page's panel -------------------------------------------------------------
+
+
+def page_context(session: Session) -> dict[str, Any]:
+    """What the panel shows: the root cause (from the snapshot's finding) and each
+    evidence call with its result, in the order they ran."""
+    calls = {
+        c.call_id: c
+        for c in ToolCall.objects.filter(session=session, call_id__startswith="ev-").order_by(
+            "position", "id"
+        )
+    }
+    cause = (session.snapshot or {}).get("root_cause")
+    lang = "zh" if session.language == "zh" else "en"
+    evidence = [
+        {
+            "id": call_id,
+            "tool": call.tool_name,
+            "status": call.status,
+            "error": call.error,
+            "result": call.response_payload or {},
+            "cited": bool(cause) and call_id in cause.get("evidence", []),
+        }
+        for call_id, call in calls.items()
+    ]
+    return {
+        "diagnosis": {
+            "cause": cause,
+            "summary": ((cause or {}).get("summary") or {}).get(lang, ""),
+            "evidence": evidence,
+        }
+    }
