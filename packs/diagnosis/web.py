@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from django import forms
 from django.conf import settings
@@ -69,7 +69,9 @@ class NewDiagnosisForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         playbook = default_playbook()
-        language = "zh" if (translation.get_language() or "").startswith("zh") else "en"
+        language: Literal["zh", "en"] = (
+            "zh" if (translation.get_language() or "").startswith("zh") else "en"
+        )
         self.fields["problem_type"].choices = [  # type: ignore[attr-defined]
             ("", _("Classify from the evidence")),
             *((key, words[language]) for key, words in playbook.problem_types.items()),
@@ -143,7 +145,7 @@ def page_context(session: Session) -> dict[str, Any]:
             "position", "id"
         )
     }
-    cause = (session.snapshot or {}).get("root_cause")
+    cause: dict[str, Any] = (session.snapshot or {}).get("root_cause") or {}
     lang = "zh" if session.language == "zh" else "en"
     evidence = [
         {
@@ -152,14 +154,14 @@ def page_context(session: Session) -> dict[str, Any]:
             "status": call.status,
             "error": call.error,
             "result": call.response_payload or {},
-            "cited": bool(cause) and call_id in cause.get("evidence", []),
+            "cited": call_id in cause.get("evidence", []),
         }
         for call_id, call in calls.items()
     ]
     return {
         "diagnosis": {
-            "cause": cause,
-            "summary": ((cause or {}).get("summary") or {}).get(lang, ""),
+            "cause": cause or None,
+            "summary": (cause.get("summary") or {}).get(lang, ""),
             "evidence": evidence,
         }
     }
