@@ -142,3 +142,43 @@ API_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIO
 def api_call(method: str, status: int) -> None:
     label = method if method in API_METHODS else "other"
     _safe(lambda: API_CALLS.labels(label, str(status)).inc())
+
+
+# Model providers: label values are the names of the configured providers (set by
+# administrators, a handful), a fixed set of reasons, error classes and transitions.
+LLM_FALLBACKS = Counter(
+    "aero_llm_fallbacks",
+    "Model calls moved on from a provider to the next one (the offline provider last), by "
+    "the provider left and why: failed (its attempts failed) or open (skipped at once: "
+    "its circuit breaker is open).",
+    ["provider", "reason"],
+)
+LLM_ATTEMPT_ERRORS = Counter(
+    "aero_llm_attempt_errors",
+    "Failed model call attempts, by provider and error class (refused, timeout, "
+    "connection, 4xx, 5xx, bad_reply, other).",
+    ["provider", "error_class"],
+)
+LLM_BREAKER = Counter(
+    "aero_llm_breaker_transitions",
+    "Provider circuit breakers opened or closed, by provider.",
+    ["provider", "to"],
+)
+FALLBACK_REASONS = frozenset({"failed", "open"})
+ERROR_CLASSES = frozenset({"refused", "timeout", "connection", "4xx", "5xx", "bad_reply"})
+
+
+def llm_fallback(provider: str, reason: str) -> None:
+    label = reason if reason in FALLBACK_REASONS else "failed"
+    _safe(lambda: LLM_FALLBACKS.labels(provider[:80], label).inc())
+
+
+def llm_attempt_failed(provider: str, error_class: str) -> None:
+    label = error_class if error_class in ERROR_CLASSES else "other"
+    _safe(lambda: LLM_ATTEMPT_ERRORS.labels(provider[:80], label).inc())
+
+
+def llm_breaker(provider: str, change: str) -> None:
+    """`change`: what a call did to the breaker ("opened", "closed"; "" or "open": nothing)."""
+    if change in ("opened", "closed"):
+        _safe(lambda: LLM_BREAKER.labels(provider[:80], change).inc())

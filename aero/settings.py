@@ -350,6 +350,10 @@ AERO_TOOL_RETRIES = env_int("AERO_TOOL_RETRIES", 2, minimum=0)
 AERO_TOOL_BACKOFF = env_float("AERO_TOOL_BACKOFF", 1.0)
 AERO_LLM_RETRIES = env_int("AERO_LLM_RETRIES", 3, minimum=1)
 AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
+# A provider's circuit breaker (scenarios_admin.breaker): this many failed attempts in a
+# row open it; open, no call goes to it for the cool-down (seconds); then one probe call.
+AERO_LLM_BREAKER_FAILURES = env_int("AERO_LLM_BREAKER_FAILURES", 3, minimum=1)
+AERO_LLM_BREAKER_COOLDOWN = env_float("AERO_LLM_BREAKER_COOLDOWN", 30.0)
 # With a real provider configured, the model picks the reasoning node's calls (ReAct),
 # checked by the compliance policy; off: the deterministic planner alone.
 AERO_LLM_REACT = env_bool("AERO_LLM_REACT", True)

@@ -32,6 +32,8 @@ from prometheus_client.registry import Collector
 
 from approvals.models import OPEN_STATUSES, Approval
 from diagnosis.models import LLMCall, Session, SessionStatus
+from scenarios_admin import breaker
+from scenarios_admin.models import ProviderConfig, ProviderKind
 
 logger = logging.getLogger("api.metrics")
 
@@ -43,8 +45,25 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield self.sessions()
         yield from self.llm()
+        yield self.breakers()
         yield from self.approvals()
         yield self.queue()
+
+    @staticmethod
+    def breakers() -> Metric:
+        """Each enabled real provider's circuit breaker now, as every process sees it."""
+        family = GaugeMetricFamily(
+            "aero_llm_provider_breaker",
+            "Model providers' circuit breakers: 1 for the state each is in (closed, open, "
+            "half_open), 0 for the others.",
+            labels=["provider", "state"],
+        )
+        configs = ProviderConfig.objects.filter(enabled=True, kind=ProviderKind.OPENAI)
+        for config in configs.select_related("health").order_by("name"):
+            state = breaker.state_of(getattr(config, "health", None))
+            for each in (breaker.CLOSED, breaker.OPEN, breaker.HALF_OPEN):
+                family.add_metric([config.name, each], 1 if each == state else 0)
+        return family
 
     @staticmethod
     def sessions() -> Metric:
@@ -68,6 +87,12 @@ class DatabaseCollector(Collector):
             "LLM tokens by provider and direction.",
             labels=["provider", "direction"],
         )
+        estimated = CounterMetricFamily(
+            "aero_llm_tokens_estimated",
+            "LLM tokens AERO estimated because the provider reported no usage (a part of "
+            "aero_llm_tokens), by provider and direction.",
+            labels=["provider", "direction"],
+        )
         cost = CounterMetricFamily(
             "aero_llm_cost",
             "LLM cost by provider (the configured price unit).",
@@ -75,22 +100,34 @@ class DatabaseCollector(Collector):
         )
         rows = (
             LLMCall.objects.values("provider", "status")
-            .annotate(n=Count("pk"), tin=Sum("tokens_in"), tout=Sum("tokens_out"), c=Sum("cost"))
+            .annotate(
+                n=Count("pk"),
+                tin=Sum("tokens_in"),
+                tout=Sum("tokens_out"),
+                c=Sum("cost"),
+                ein=Sum("tokens_in", filter=Q(tokens_estimated=True)),
+                eout=Sum("tokens_out", filter=Q(tokens_estimated=True)),
+            )
             .order_by()
         )
         by_provider: dict[str, list[float]] = {}
         for row in rows:
             calls.add_metric([row["provider"], row["status"]], row["n"])
-            totals = by_provider.setdefault(row["provider"], [0.0, 0.0, 0.0])
+            totals = by_provider.setdefault(row["provider"], [0.0, 0.0, 0.0, 0.0, 0.0])
             totals[0] += row["tin"] or 0
             totals[1] += row["tout"] or 0
             totals[2] += float(row["c"] or 0)
-        for provider, (tin, tout, total_cost) in sorted(by_provider.items()):
+            totals[3] += row["ein"] or 0
+            totals[4] += row["eout"] or 0
+        for provider, (tin, tout, total_cost, ein, eout) in sorted(by_provider.items()):
             tokens.add_metric([provider, "in"], tin)
             tokens.add_metric([provider, "out"], tout)
+            estimated.add_metric([provider, "in"], ein)
+            estimated.add_metric([provider, "out"], eout)
             cost.add_metric([provider], total_cost)
         yield calls
         yield tokens
+        yield estimated
         yield cost
 
     @staticmethod

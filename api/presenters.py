@@ -71,6 +71,7 @@ def session_out(session: Session, mask: masking.SessionMask | None = None) -> di
         "snapshot": mask.scrub(session.snapshot) if mask is not None else session.snapshot,
         "tokens_in": session.tokens_in,
         "tokens_out": session.tokens_out,
+        "tokens_estimated": bool(session.snapshot.get("usage_estimated")),
         "cost": str(session.cost),
         "open_approvals": open_approvals,
         "has_report": hasattr(session, "report"),

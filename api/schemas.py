@@ -62,6 +62,11 @@ class SessionOut(Schema):
     )
     tokens_in: int
     tokens_out: int
+    tokens_estimated: bool = Field(
+        ...,
+        description="Some calls' provider reported no usage: their tokens (and cost) are "
+        "AERO's estimate.",
+    )
     cost: str = Field(..., description="LLM cost so far, as a decimal string.")
     open_approvals: int
     has_report: bool

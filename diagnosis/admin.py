@@ -125,11 +125,13 @@ class LLMCallAdmin(ReadOnlyAdmin):
         "status",
         "tokens_in",
         "tokens_out",
+        "tokens_estimated",
         "cost",
         "latency_ms",
+        "error_class",
         "created_at",
     ]
-    list_filter = ["provider", "status", "purpose"]
+    list_filter = ["provider", "status", "purpose", "tokens_estimated", "error_class"]
 
 
 @admin.register(AgentRun)

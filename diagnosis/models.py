@@ -291,8 +291,12 @@ class LLMCall(models.Model):
     tokens_in = models.PositiveIntegerField(default=0)
     tokens_out = models.PositiveIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal(0))
+    # The provider reported no usage: the tokens (and so the cost) are AERO's estimate.
+    tokens_estimated = models.BooleanField(default=False)
     latency_ms = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
+    # Why the attempt failed (diagnosis.agent.usage.ErrorClass), empty when it did not.
+    error_class = models.CharField(max_length=16, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -45,8 +45,10 @@ def usage_rows(events: list[Event]) -> list[dict[str, Any]]:
                 "tokens_out": 0,
                 "cost": Decimal(0),
                 "failed": 0,
+                "estimated": False,
             },
         )
+        row["estimated"] = row["estimated"] or bool(p.get("estimated"))
         row["calls"] += 1
         row["failed"] += p.get("status") != "ok"
         row["tokens_in"] += int(p.get("tokens_in") or 0)

@@ -13,6 +13,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from aero.models import audit
+from aero.templatetags.aero_text import when
+from scenarios_admin import breaker
 from scenarios_admin.models import ProviderConfig, ProviderKind
 from scenarios_admin.probe import probe
 
@@ -113,9 +115,42 @@ class ProviderConfigForm(forms.ModelForm[ProviderConfig]):
 @admin.register(ProviderConfig)
 class ProviderConfigAdmin(admin.ModelAdmin[ProviderConfig]):
     form = ProviderConfigForm
-    list_display = ["name", "kind", "model", "base_url", "priority", "enabled", "has_key"]
+    list_display = [
+        "name",
+        "kind",
+        "model",
+        "base_url",
+        "priority",
+        "enabled",
+        "has_key",
+        "breaker_state",
+    ]
     list_filter = ["kind", "enabled"]
+    readonly_fields = ["breaker_state"]
     actions = ["test_connection"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ProviderConfig]:
+        return super().get_queryset(request).select_related("health")
+
+    @admin.display(description=gettext_lazy("Circuit breaker"))
+    def breaker_state(self, obj: ProviderConfig) -> str:
+        """The breaker as every process sees it now (scenarios_admin.breaker)."""
+        if obj.pk is None:
+            return "—"
+        health = getattr(obj, "health", None)
+        state = breaker.state_of(health)
+        if health is None or state == breaker.CLOSED:
+            failures = health.failures if health is not None else 0
+            if failures:
+                return _("closed (%(n)s failed attempts in a row)") % {"n": failures}
+            return _("closed")
+        error = f"{health.last_error_class}: {health.last_error}" if health.last_error else ""
+        if state == breaker.OPEN:
+            return _("open until %(until)s (%(error)s)") % {
+                "until": when(health.open_until),
+                "error": error,
+            }
+        return _("half-open: the next call is a probe (%(error)s)") % {"error": error}
 
     def save_model(
         self, request: HttpRequest, obj: ProviderConfig, form: Any, change: bool
@@ -143,12 +178,17 @@ class ProviderConfigAdmin(admin.ModelAdmin[ProviderConfig]):
     def test_connection(self, request: HttpRequest, queryset: QuerySet[ProviderConfig]) -> None:
         for config in queryset.order_by("priority", "name"):
             result = probe(config)
+            # A provider that answers is healthy: its breaker closes (as a probe's would).
+            closed = bool(result.ok) and breaker.succeeded(config.pk, breaker.MANUAL_PROBE) != ""
             audit(
                 "provider.tested",
                 obj=config,
                 actor=request.user,
-                detail={"ok": result.ok, "message": result.message},
+                detail={"ok": result.ok, "message": result.message, "breaker_closed": closed},
             )
             level = messages.SUCCESS if result.ok else messages.ERROR
             outcome = "OK" if result.ok else "failed"
-            self.message_user(request, f"{config.name}: {outcome}: {result.message}", level)
+            message = f"{config.name}: {outcome}: {result.message}"
+            if closed:
+                message += " " + _("(its circuit breaker is closed again)")
+            self.message_user(request, message, level)

@@ -474,3 +474,26 @@ class ProviderConfig(models.Model):
 
     def api_key(self) -> str:
         return crypto.decrypt(self.api_key_encrypted) if self.api_key_encrypted else ""
+
+
+class ProviderHealth(models.Model):
+    """A provider's circuit breaker, in PostgreSQL so that every process (web, workers,
+    LLM runners) routes by the same state (scenarios_admin.breaker has the rules). No row:
+    closed, no failure counted yet."""
+
+    provider = models.OneToOneField(
+        ProviderConfig, on_delete=models.CASCADE, primary_key=True, related_name="health"
+    )
+    # Failed attempts in a row (the ones the breaker counts); a success resets it.
+    failures = models.PositiveIntegerField(default=0)
+    # Open until then (no call goes to the provider); past it, one probe call may go.
+    open_until = models.DateTimeField(null=True, blank=True)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    # A probe call is under way until then (one at a time; a prober that died frees it).
+    probe_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+    last_error_class = models.CharField(max_length=16, blank=True)
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.provider_id}: {self.failures} failures"

@@ -366,8 +366,13 @@ def test_when_the_model_is_down_the_policy_reasons_offline(
     session = start(make_user)
 
     assert proposed(session) == OFFLINE_ACTIONS
+    # Three failed steps open the provider's circuit breaker (AERO_LLM_BREAKER_FAILURES):
+    # the fourth step skips it at once, with no request.
     hops = Event.objects.filter(session=session, type="llm.fallback")
-    assert hops.count() == 4 and all(h.payload["to"] == "offline" for h in hops)
+    assert hops.count() == 3 and all(h.payload["to"] == "offline" for h in hops)
+    skips = Event.objects.filter(session=session, type="llm.skipped")
+    assert [(e.payload["provider"], e.payload["to"]) for e in skips] == [("fake", "offline")]
+    assert len(fake_llm.requests) == 1 + 3  # the extraction, three reasoning attempts
 
 
 def test_the_model_chooses_the_order_and_what_to_look_up(

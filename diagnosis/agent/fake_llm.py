@@ -21,7 +21,7 @@ Replies come from a script (YAML or JSON), first matching rule wins:
       - match: {after_tool: lookup_flight_plan}   # the last message is this tool's result
         tool_calls: [{name: assess_risk, arguments: {}}]
       - content: "done"           # no match: always applies
-        usage: {prompt_tokens: 100, completion_tokens: 20}
+        usage: {prompt_tokens: 100, completion_tokens: 20}   # or no_usage: true
 
 A request that no rule matches gets HTTP 404 with the reason, so a test never passes on
 a reply nobody scripted. Every request is kept (`FakeLLMServer.requests`) for assertions.
@@ -93,6 +93,11 @@ class Rule(BaseModel):
     latency: float | None = None
     times: int | None = Field(default=None, ge=1)
     usage: Usage = Field(default_factory=Usage)
+    no_usage: bool = Field(
+        default=False,
+        description="report no usage at all (no usage field, no usage chunk even when "
+        "the client asks for one), as some OpenAI-compatible servers do",
+    )
 
 
 class Script(BaseModel):
@@ -282,7 +287,7 @@ def _reply(server: FakeLLMServer, rule: Rule, body: dict[str, Any]) -> dict[str,
         else _estimate_tokens(completion),
     }
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    return {"message": message, "usage": usage}
+    return {"message": message, "usage": None if rule.no_usage else usage}
 
 
 def _tool_call(name: str, arguments: str) -> dict[str, Any]:
@@ -403,7 +408,7 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                             else "stop",
                         }
                     ],
-                    "usage": reply["usage"],
+                    **({"usage": reply["usage"]} if reply["usage"] is not None else {}),
                 },
             )
 
@@ -468,7 +473,7 @@ def _handler_for(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             finish = "tool_calls" if message.get("tool_calls") else "stop"
             if not send([{"index": 0, "delta": {}, "finish_reason": finish}]):
                 return
-            if include_usage:
+            if include_usage and reply["usage"] is not None:
                 send([], reply["usage"])
             if self._chunk(b"data: [DONE]\n\n"):
                 self._chunk(b"")  # the last chunk: the reply is complete

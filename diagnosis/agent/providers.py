@@ -13,6 +13,7 @@ while the chain runs, and a hung call ends before a lease it could not renew run
 from __future__ import annotations
 
 import email.utils
+import errno
 import functools
 import json
 import logging
@@ -35,12 +36,21 @@ from tenacity import (
     stop_after_attempt,
     stop_before_delay,
 )
+from tenacity.stop import stop_base
 
+from aero import metrics
 from aero.compiled import Compiled
 from diagnosis.agent import prompts, waits
 from diagnosis.agent.extraction import Extraction, detect_language, extract_fields
 from diagnosis.agent.grounding import Claim, ground
-from diagnosis.agent.usage import ProviderError, Usage
+from diagnosis.agent.usage import (
+    ProviderError,
+    Usage,
+    estimate_reply,
+    estimate_request,
+    reported,
+)
+from scenarios_admin import breaker
 from scenarios_admin.airport import AirportGraph
 from scenarios_admin.definition import value_order
 from scenarios_admin.models import ProviderConfig, ProviderKind
@@ -66,6 +76,9 @@ class Attempt:
     error: str = ""
     attempt: int = 1
     retryable: bool = False
+    error_class: str = ""
+    # What this attempt did to the provider's circuit breaker ("opened", "closed").
+    breaker: str = ""
 
 
 class Provider(Protocol):
@@ -312,9 +325,26 @@ def _retry_after(response: Any) -> float | None:
         return max(0.0, parsed.timestamp() - time.time()) if parsed else None
 
 
+def _refused(exc: BaseException) -> bool:
+    """Whether nothing listened at the address: a ConnectionRefusedError anywhere in the
+    chain of causes. The SDK's aiohttp transport wraps a refused connect in its
+    ConnectTimeout, which the SDK reports as a timeout ("timed out" for a closed port)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        if isinstance(current, OSError) and current.errno == errno.ECONNREFUSED:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def classify(exc: Exception, secrets: Iterable[str] = ()) -> ProviderError:
-    """An SDK error as a ProviderError: retryable or final, with the server's Retry-After;
-    its text redacted (`secrets`: the provider's key)."""
+    """An SDK error as a ProviderError: retryable or final, with the server's Retry-After
+    and its class (refused, timeout, connection, 4xx, 5xx, bad_reply); its text redacted
+    (`secrets`: the provider's key)."""
     if isinstance(exc, ProviderError):
         return exc
     secrets = list(secrets)
@@ -328,15 +358,28 @@ def classify(exc: Exception, secrets: Iterable[str] = ()) -> ProviderError:
             retryable=retryable,
             retry_after=_retry_after(exc.response) if retryable else None,
             secrets=secrets,
+            error_class="5xx" if status >= 500 else "4xx",
+            status=status,
+        )
+    if _refused(exc):
+        return ProviderError(
+            "connection refused (nothing listens at the provider's address)",
+            retryable=True,
+            secrets=secrets,
+            error_class="refused",
         )
     if isinstance(exc, openai.APITimeoutError):
-        return ProviderError("timed out", retryable=True, secrets=secrets)
+        return ProviderError("timed out", retryable=True, secrets=secrets, error_class="timeout")
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__ or exc
-        return ProviderError(f"connection failed: {cause}", retryable=True, secrets=secrets)
+        return ProviderError(
+            f"connection failed: {cause}", retryable=True, secrets=secrets, error_class="connection"
+        )
     if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError):
         return ProviderError(f"invalid response: {exc}", retryable=True, secrets=secrets)
-    return ProviderError(f"{type(exc).__name__}: {exc}", retryable=False, secrets=secrets)
+    return ProviderError(
+        f"{type(exc).__name__}: {exc}", retryable=False, secrets=secrets, error_class="other"
+    )
 
 
 class OpenAICompatibleProvider:
@@ -354,6 +397,23 @@ class OpenAICompatibleProvider:
             + Decimal(tokens_out) / 1000 * self.config.price_output_per_1k
         )
 
+    def usage(
+        self, reply: Any, messages: Iterable[Any] = (), options: dict[str, Any] | None = None
+    ) -> Usage:
+        """A reply's tokens and cost: the provider's own count, or, when it reported none
+        (a stream without its usage chunk), AERO's estimate of the request (`messages`,
+        the tools and response format in `options`) and the reply, marked `estimated`."""
+        counted = reported(getattr(reply, "usage_metadata", None))
+        estimated = counted is None
+        if counted is None:
+            extra = [(options or {}).get(key) for key in ("tools", "response_format")]
+            counted = (
+                estimate_request(messages, extra),
+                estimate_reply(reply.content, getattr(reply, "tool_calls", None) or ()),
+            )
+        tokens_in, tokens_out = counted
+        return Usage(tokens_in, tokens_out, self.cost(tokens_in, tokens_out), estimated=estimated)
+
     def structured(
         self, system: str, user: str, schema: type[BaseModel]
     ) -> tuple[dict[str, Claim], list[str], Usage]:
@@ -363,19 +423,16 @@ class OpenAICompatibleProvider:
         try:
             # A resume reads the stored reply without LangChain's call path, and
             # without the response format, which only the request needs.
+            messages = [("system", system), ("human", user)]
+            response_format = {"type": "json_schema", "json_schema": response_schema(schema)}
             raw = waits.stored_reply()
             if raw is None:
-                response_format = {"type": "json_schema", "json_schema": response_schema(schema)}
-                raw = client_for(self.config).invoke(
-                    [("system", system), ("human", user)], response_format=response_format
-                )
+                raw = client_for(self.config).invoke(messages, response_format=response_format)
         except Exception as exc:
             # from None: the SDK's exception may quote the key; only the redacted text
             # travels on (tracebacks in logs included).
             raise classify(exc, [self.config.api_key()]) from None
-        meta = getattr(raw, "usage_metadata", None) or {}
-        usage = Usage(int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0)))
-        usage.cost = self.cost(usage.tokens_in, usage.tokens_out)
+        usage = self.usage(raw, messages, {"response_format": response_format})
         usage.text = str(raw.content)
         try:
             claims, dropped = parse_reply(schema, str(raw.content))
@@ -478,16 +535,58 @@ def backoff_wait(retry_state: RetryCallState) -> float:
     return float(min(exponential, 4 * base) + random.uniform(0, base / 4))
 
 
+class _StopWhenOpen(stop_base):
+    """tenacity's stop condition for a provider whose breaker the last failure found
+    open (opened by it, or by other calls meanwhile): no retry against it."""
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        outcome = retry_state.outcome
+        error = outcome.exception() if outcome is not None else None
+        return isinstance(error, ProviderError) and error.breaker_open
+
+
+def chain_stop(provider: Provider, admission: breaker.Admission, remaining: float) -> stop_base:
+    """When the chain stops trying one provider: after its retries (one attempt for the
+    half-open probe), when no time is left, or as soon as its breaker is open."""
+    attempts = 1 if admission.probe else provider.retries
+    return stop_after_attempt(attempts) | stop_before_delay(max(remaining, 0)) | _StopWhenOpen()
+
+
+def skipped_text(admission: breaker.Admission) -> str:
+    if admission.state == breaker.OPEN and admission.retry_at is not None:
+        return f"circuit breaker open until {admission.retry_at.isoformat(timespec='seconds')}"
+    return "circuit breaker half-open: another call is its probe"
+
+
+def skipped_payload(
+    provider: str, next_provider: str, admission: breaker.Admission, purpose: str, request: str
+) -> dict[str, Any]:
+    """The `llm.skipped` event of a provider the chain did not try."""
+    payload: dict[str, Any] = {
+        "provider": provider,
+        "to": next_provider,
+        "state": admission.state,
+        "until": admission.retry_at.isoformat() if admission.retry_at else "",
+        "purpose": purpose,
+    }
+    if request:
+        payload["request"] = request
+    return payload
+
+
 def call_with_fallback[T](
     providers: list[Provider],
     purpose: str,
     call: Callable[[Provider], tuple[T, Usage]],
     record: Callable[[Attempt], None],
     on_fallback: Callable[[str, str, str], None],
+    on_skip: Callable[[dict[str, Any]], None] | None = None,
 ) -> T:
-    """Try each provider with its retries; fall back to the next. The offline provider
-    cannot fail, so the chain always answers. Inside a graph node with waits on, the real
-    providers' part of the chain is the LLM runner's (call_waiting)."""
+    """Try each provider with its retries; fall back to the next. A provider whose
+    circuit breaker is open is skipped at once (`on_skip` gets the `llm.skipped`
+    payload). The offline provider cannot fail, so the chain always answers. Inside a
+    graph node with waits on, the real providers' part of the chain is the LLM runner's
+    (call_waiting)."""
     scope = waits.current_scope()
     if scope is not None and any(not isinstance(p, OfflineProvider) for p in providers):
         return call_waiting(scope, providers, purpose, call, record, on_fallback)
@@ -497,20 +596,45 @@ def call_with_fallback[T](
     for index, provider in enumerate(providers):
         offline = isinstance(provider, OfflineProvider)
         remaining = budget - (time.monotonic() - started_chain)
+        next_name = providers[index + 1].name if index + 1 < len(providers) else ""
+        config: ProviderConfig | None = getattr(provider, "config", None)
+        # A config never saved (a test's, a preview) has no breaker row to share.
+        shared = config is not None and not config._state.adding
+        admission = breaker.Admission(True)
+        if shared and config is not None:
+            admission = breaker.admit(config.pk, config.timeout_seconds)
         if not offline and remaining <= 0:
             last_error = last_error or "no time left within the lease"
+        elif not admission.allowed:
+            last_error = skipped_text(admission)
+            if on_skip is not None:
+                on_skip(skipped_payload(provider.name, next_name, admission, purpose, ""))
+            metrics.llm_fallback(provider.name, "open")
+            continue  # the skip event names the next provider: no fallback event too
         else:
             attempt_number = 0
 
-            def attempt(provider: Provider = provider) -> T:
+            def attempt(
+                provider: Provider = provider,
+                config: ProviderConfig | None = config,
+                admission: breaker.Admission = admission,
+                shared: bool = shared,
+            ) -> T:
                 nonlocal attempt_number
                 attempt_number += 1
                 started = time.monotonic()
                 try:
                     value, usage = call(provider)
                 except Exception as exc:  # any provider failure degrades to the next one
-                    config = getattr(provider, "config", None)
                     error = classify(exc, [config.api_key()] if config is not None else [])
+                    change = ""
+                    if shared and config is not None:
+                        change = breaker.failed(
+                            config.pk, error.error_class, error.status, str(error), admission.probe
+                        )
+                        error.breaker_open = change in (breaker.OPENED, breaker.OPEN)
+                        metrics.llm_attempt_failed(provider.name, error.error_class)
+                        metrics.llm_breaker(provider.name, change)
                     record(
                         Attempt(
                             provider.name,
@@ -522,10 +646,22 @@ def call_with_fallback[T](
                             error=str(error),
                             attempt=attempt_number,
                             retryable=error.retryable,
+                            error_class=error.error_class,
+                            breaker=change if change == breaker.OPENED else "",
                         )
                     )
-                    logger.warning("provider %s failed (%s): %s", provider.name, purpose, error)
+                    logger.warning(
+                        "provider %s failed (%s, %s): %s",
+                        provider.name,
+                        purpose,
+                        error.error_class,
+                        error,
+                    )
                     raise error from None
+                change = ""
+                if shared and config is not None:
+                    change = breaker.succeeded(config.pk, admission)
+                    metrics.llm_breaker(provider.name, change)
                 record(
                     Attempt(
                         provider.name,
@@ -535,12 +671,13 @@ def call_with_fallback[T](
                         _ms(started),
                         usage,
                         attempt=attempt_number,
+                        breaker=change,
                     )
                 )
                 return value
 
             retrying = Retrying(
-                stop=stop_after_attempt(provider.retries) | stop_before_delay(max(remaining, 0)),
+                stop=chain_stop(provider, admission, remaining),
                 wait=backoff_wait,
                 retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
                 sleep=lambda seconds: backoff_sleep(seconds),
@@ -550,8 +687,10 @@ def call_with_fallback[T](
                 return retrying(attempt)
             except ProviderError as exc:
                 last_error = str(exc)
-        if index + 1 < len(providers):
-            on_fallback(provider.name, providers[index + 1].name, last_error)
+                if not offline:
+                    metrics.llm_fallback(provider.name, "failed")
+        if next_name:
+            on_fallback(provider.name, next_name, last_error)
     raise RuntimeError(f"every provider failed for {purpose}: {last_error}")
 
 

@@ -45,7 +45,7 @@ from diagnosis.agent.providers import (
     classify,
     client_for,
 )
-from diagnosis.agent.recording import call_recorder, fallback_recorder
+from diagnosis.agent.recording import call_recorder, fallback_recorder, skip_recorder
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.events import append_event_once
 from diagnosis.models import Event, ToolCall
@@ -312,14 +312,20 @@ def ask_model(
     except Exception as exc:
         raise classify(exc, [provider.config.api_key()]) from None
     assert isinstance(reply, AIMessage)
-    return reply, usage_of(provider, reply)
+    return reply, usage_of(provider, reply, messages, tools)
 
 
-def usage_of(provider: OpenAICompatibleProvider, reply: AIMessage) -> Usage:
-    meta: dict[str, Any] = dict(reply.usage_metadata or {})
-    tokens_in, tokens_out = int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0))
-    text = reply.content if isinstance(reply.content, str) else json.dumps(reply.content)
-    return Usage(tokens_in, tokens_out, provider.cost(tokens_in, tokens_out), text)
+def usage_of(
+    provider: OpenAICompatibleProvider,
+    reply: AIMessage,
+    messages: list[BaseMessage] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> Usage:
+    """The reply's tokens and cost (estimated from the request and the reply when the
+    provider reported none); a stored reply's are not counted again (the runner did)."""
+    usage = provider.usage(reply, messages or (), {"tools": tools})
+    usage.text = reply.content if isinstance(reply.content, str) else json.dumps(reply.content)
+    return usage
 
 
 def choose(
@@ -383,7 +389,11 @@ def choose(
 
 def _added(a: Usage, b: Usage) -> Usage:
     return Usage(
-        a.tokens_in + b.tokens_in, a.tokens_out + b.tokens_out, a.cost + b.cost, b.text or a.text
+        a.tokens_in + b.tokens_in,
+        a.tokens_out + b.tokens_out,
+        a.cost + b.cost,
+        b.text or a.text,
+        estimated=a.estimated or b.estimated,  # partly estimated: marked as estimated
     )
 
 
@@ -617,12 +627,19 @@ def react_plan(
         if isinstance(provider, OfflineProvider):
             return Choice(reference), Usage()
         if not isinstance(provider, OpenAICompatibleProvider):
-            raise ProviderError(f"{provider.name} cannot reason", retryable=False)
+            raise ProviderError(
+                f"{provider.name} cannot reason", retryable=False, error_class="other"
+            )
         return choose(provider, state, ctx, reference)
 
     run = ctx.root_run
     choice = call_with_fallback(
-        ctx.providers, "reason", call, call_recorder(ctx, run), fallback_recorder(ctx, run)
+        ctx.providers,
+        "reason",
+        call,
+        call_recorder(ctx, run),
+        fallback_recorder(ctx, run),
+        skip_recorder(ctx, run),
     )
     step = _step_key(state, reference)
     if choice.text or choice.calls or choice.plan is not reference:

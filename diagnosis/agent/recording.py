@@ -422,6 +422,12 @@ def call_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]
             "error": attempt.error,
             "attempt": attempt.attempt,
         }
+        if usage.estimated:
+            payload["estimated"] = True  # the provider sent no usage: AERO's estimate
+        if attempt.error_class:
+            payload["error_class"] = attempt.error_class
+        if attempt.breaker:
+            payload["breaker"] = attempt.breaker
         if usage.text:
             # The reply's text, as the runner records a streamed one: replay shows it.
             payload["text"], cut_from = cut_generated(usage.text, MAX_MODEL_TEXT)
@@ -443,8 +449,10 @@ def call_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]
                 tokens_in=usage.tokens_in,
                 tokens_out=usage.tokens_out,
                 cost=usage.cost,
+                tokens_estimated=usage.estimated,
                 latency_ms=attempt.latency_ms,
                 error=attempt.error,
+                error_class=attempt.error_class,
             )
             if usage.tokens_in or usage.tokens_out or usage.cost:
                 add_usage(ctx.session_id, usage.tokens_in, usage.tokens_out, usage.cost)
@@ -467,3 +475,12 @@ def fallback_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[str, str, s
         )
 
     return on_fallback
+
+
+def skip_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[dict[str, Any]], None]:
+    """A provider the chain skipped (its circuit breaker open): `llm.skipped`."""
+
+    def on_skip(payload: dict[str, Any]) -> None:
+        append_step_event(ctx.session_id, "llm.skipped", payload, producer=ctx.producer, run=run)
+
+    return on_skip

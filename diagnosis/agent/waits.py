@@ -239,7 +239,9 @@ def _stored(scope: WaitScope, key: str) -> BaseMessage | None:
         return message
     if row.status == LLMRequestStatus.FAILED:
         scope.chain_failed = True
-        raise ProviderError(row.error or "every model provider failed", retryable=False)
+        raise ProviderError(
+            row.error or "every model provider failed", retryable=False, error_class="other"
+        )
     return None
 
 

@@ -160,6 +160,7 @@ class FoldState:
     tokens_in: int = 0
     tokens_out: int = 0
     cost: Decimal = Decimal(0)
+    tokens_estimated: bool = False  # some of the tokens are AERO's estimate
     llm_calls: int = 0
     deleted_at: datetime | None = None
     deleted_by: str | None = None

@@ -9,7 +9,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +24,7 @@ from diagnosis.models import (
     SessionStatus,
     WorkerBeat,
 )
-from scenarios_admin.models import ProviderConfig
+from scenarios_admin.models import ProviderConfig, ProviderHealth
 
 BEAT_PREFIX = "llm-runner:"
 
@@ -46,6 +46,10 @@ class Claimed:
     # The enabled ones among them, each with its row version (PostgreSQL's xmin) as the
     # claim read it; None where the claim cannot read them (SQLite): loaded per call.
     provider_versions: dict[int, str] | None = None
+    # The breaker rows of its providers that are not plain closed (failures counted, or
+    # open), as the claim read them; None where the claim cannot read them (SQLite): the
+    # chain reads them itself. A provider absent from it is closed with no failure.
+    provider_health: dict[int, ProviderHealth] | None = None
     buffer: list[str] = field(default_factory=list)
     attempts: int = 0  # attempts recorded under this claim (their keys' counter)
     # The call's writes, in order: its streamed text never lands after its reply.
@@ -86,6 +90,7 @@ def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()
     pick_sql += " " + connection.ops.for_update_sql(skip_locked=True)
     table = connection.ops.quote_name(LLMRequest._meta.db_table)
     configs = connection.ops.quote_name(ProviderConfig._meta.db_table)
+    health = connection.ops.quote_name(ProviderHealth._meta.db_table)
     # gen_random_uuid(): a token per row, drawn by PostgreSQL (13+), so that every check
     # keys on (pk, token) exactly as before. `provider_versions`: the request's enabled
     # provider configs as "id:xmin": xmin changes with every write of the row
@@ -98,7 +103,14 @@ def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()
         " RETURNING id, key, session_id, claim_token, claims, purpose, request, providers,"
         " created_at,"
         f" (SELECT array_agg(p.id::text || ':' || p.xmin::text) FROM {configs} p"
-        f" WHERE p.enabled AND {table}.providers @> to_jsonb(p.id)) AS provider_versions",
+        f" WHERE p.enabled AND {table}.providers @> to_jsonb(p.id)) AS provider_versions,"
+        # The breakers that are not plain closed, read in the same statement: a closed
+        # provider (the usual case) costs the call no query of its own.
+        " (SELECT array_agg(h.provider_id::text || ':' || h.failures::text || ':'"
+        " || coalesce(extract(epoch FROM h.open_until)::text, '')"
+        " || ':' || coalesce(extract(epoch FROM h.probe_until)::text, ''))"
+        f" FROM {health} h WHERE (h.failures > 0 OR h.open_until IS NOT NULL)"
+        f" AND {table}.providers @> to_jsonb(h.provider_id)) AS provider_health",
         (expires, *pick_params),
     )
     # RETURNING follows no order: the calls start oldest first, as the SELECT had them.
@@ -108,8 +120,28 @@ def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()
         call = _claimed(row, row.claim_token, row.claims)
         pairs = (item.split(":") for item in row.provider_versions or ())  # type: ignore[attr-defined]
         call.provider_versions = {int(pk): version for pk, version in pairs}
+        call.provider_health = dict(
+            _health_row(item)
+            for item in row.provider_health or ()  # type: ignore[attr-defined]
+        )
         calls.append(call)
     return calls
+
+
+def _health_row(item: str) -> tuple[int, ProviderHealth]:
+    """One "id:failures:open_until:probe_until" of the claim (epoch seconds or empty)."""
+    pk, failures, open_until, probe_until = item.split(":")
+
+    def when(epoch: str) -> datetime | None:
+        return datetime.fromtimestamp(float(epoch), tz=UTC) if epoch else None
+
+    health = ProviderHealth(
+        provider_id=int(pk),
+        failures=int(failures),
+        open_until=when(open_until),
+        probe_until=when(probe_until),
+    )
+    return int(pk), health
 
 
 def _claimed(row: LLMRequest, token: uuid.UUID, claims: int) -> Claimed:

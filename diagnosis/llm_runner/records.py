@@ -15,12 +15,14 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 from langchain_core.messages import AIMessage, message_to_dict
 
+from aero import metrics
 from aero.compiled import Arg, CompiledUpdate
 from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis.agent.providers import (
     OpenAICompatibleProvider,
     ProviderError,
     Usage,
+    skipped_payload,
 )
 from diagnosis.events import append_projected, new_event, usage_fields
 from diagnosis.llm_runner.claims import Claimed, ClaimLost, locked_claim
@@ -31,6 +33,7 @@ from diagnosis.models import (
     LLMRequestStatus,
     Session,
 )
+from scenarios_admin import breaker
 from scenarios_admin.models import ProviderConfig
 
 logger = logging.getLogger("diagnosis.llm_runner")
@@ -139,6 +142,8 @@ def _attempt(
     attempt: int,
     error: str = "",
     text: str | None = None,
+    error_class: str = "",
+    breaker: str = "",
 ) -> tuple[Event, dict[str, Any], list[Model]]:
     """One attempt, to be written once by its key (append_projected): its `llm.call`
     event, and what is written with it only if that event is new: the token counters
@@ -157,6 +162,12 @@ def _attempt(
         "attempt": attempt,
         "request": call.key,
     }
+    if usage.estimated:
+        payload["estimated"] = True  # the provider sent no usage: AERO's estimate
+    if error_class:
+        payload["error_class"] = error_class
+    if breaker:
+        payload["breaker"] = breaker
     if text is not None:
         # The call's final text: what replay shows for it (the deltas are the live view).
         payload["text"], cut_from = cut_generated(text, MAX_MODEL_TEXT)
@@ -178,8 +189,10 @@ def _attempt(
         tokens_in=usage.tokens_in,
         tokens_out=usage.tokens_out,
         cost=usage.cost,
+        tokens_estimated=usage.estimated,
         latency_ms=latency_ms,
         error=error,
+        error_class=error_class,
     )
     counted = usage.tokens_in or usage.tokens_out or usage.cost
     fields = usage_fields(usage.tokens_in, usage.tokens_out, usage.cost) if counted else {}
@@ -192,13 +205,63 @@ def record_failed_attempt(
     error: ProviderError,
     latency_ms: int,
     attempt: int,
+    breaker: str = "",
 ) -> None:
     event, fields, rows = _attempt(
-        call, provider, "error", error.usage, latency_ms, attempt, error=str(error)
+        call,
+        provider,
+        "error",
+        error.usage,
+        latency_ms,
+        attempt,
+        error=str(error),
+        error_class=error.error_class,
+        breaker=breaker,
     )
     with transaction.atomic():
         locked_claim(call)
         append_projected(call.session_id, [event], fields=fields, rows=rows)
+
+
+def record_failure(
+    call: Claimed,
+    provider: OpenAICompatibleProvider,
+    error: ProviderError,
+    latency_ms: int,
+    attempt: int,
+    probe: bool,
+) -> None:
+    """A failed attempt: told to the provider's breaker first (its own transaction),
+    then recorded with what it did to the breaker. `error.breaker_open` tells the retry
+    policy to stop: no attempt goes to an open provider."""
+    change = breaker.failed(provider.config.pk, error.error_class, error.status, str(error), probe)
+    error.breaker_open = change in (breaker.OPENED, breaker.OPEN)
+    metrics.llm_attempt_failed(provider.name, error.error_class)
+    metrics.llm_breaker(provider.name, change)
+    record_failed_attempt(
+        call, provider, error, latency_ms, attempt, change if change == breaker.OPENED else ""
+    )
+
+
+def record_skip(
+    call: Claimed,
+    provider: OpenAICompatibleProvider,
+    admission: breaker.Admission,
+    next_provider: str,
+    index: int,
+) -> None:
+    """A provider skipped because its breaker is open (or another call is its probe): an
+    `llm.skipped` event, which also names the provider the call goes on to."""
+    event = new_event(
+        call.session_id,
+        "llm.skipped",
+        skipped_payload(provider.name, next_provider, admission, call.purpose, call.key),
+        producer=PRODUCER,
+        key=f"llm.skipped:{call.key}:{call.claims}:{index}",
+    )
+    with transaction.atomic():
+        locked_claim(call)
+        append_projected(call.session_id, [event])
 
 
 def record_fallback(call: Claimed, failed: str, next_provider: str, error: str, index: int) -> None:
@@ -223,6 +286,7 @@ def finish_ok(
     attempt: int,
     enqueue: Dispatch | None,
     tail: str = "",
+    breaker_change: str = "",
 ) -> None:
     """The successful attempt and the reply, in one transaction: a runner killed before
     it commits leaves the request pending (the next claim makes the call again), one
@@ -234,7 +298,9 @@ def finish_ok(
     session's UPDATE (seqs, token counters) and the INSERTs of the events and LLMCall."""
     events = [_delta_event(call, tail)] if tail else []
     text = message.content if isinstance(message.content, str) else json.dumps(message.content)
-    event, fields, rows = _attempt(call, provider, "ok", usage, latency_ms, attempt, text=text)
+    event, fields, rows = _attempt(
+        call, provider, "ok", usage, latency_ms, attempt, text=text, breaker=breaker_change
+    )
     reply = message_to_dict(message)
     with transaction.atomic():
         updated = _answer.run(call.pk, call.token, tail, reply, provider.name, timezone.now())

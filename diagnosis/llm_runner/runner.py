@@ -24,8 +24,9 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
 from langchain_core.messages import AIMessage
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
+from tenacity import AsyncRetrying, retry_if_exception
 
+from aero import metrics
 from diagnosis.agent import waits
 from diagnosis.agent.providers import (
     OpenAICompatibleProvider,
@@ -33,8 +34,10 @@ from diagnosis.agent.providers import (
     Usage,
     async_client_of_its_own,
     backoff_wait,
+    chain_stop,
     classify,
     client_for,
+    skipped_text,
     warm_up,
 )
 from diagnosis.llm_runner.claims import (
@@ -53,12 +56,14 @@ from diagnosis.llm_runner.records import (
     finish_failed,
     finish_ok,
     load_providers,
-    record_failed_attempt,
+    record_failure,
     record_fallback,
+    record_skip,
     reset_text,
     write_deltas,
 )
 from diagnosis.llm_runner.stream import stream_reply
+from scenarios_admin import breaker
 
 logger = logging.getLogger("diagnosis.llm_runner")
 
@@ -266,16 +271,36 @@ class Runner:
         options = dict(call.request.get("kwargs") or {})
         started_chain = time.monotonic()
         budget = settings.AERO_LLM_BUDGET_SECONDS
+        # The last provider that failed (the offline hop's `from`); "" when the last one
+        # was skipped (its skip event names the offline provider already).
         last_error, last_name = "", ""
         for index, provider in enumerate(providers):
             remaining = budget - (time.monotonic() - started_chain)
             if remaining <= 0:
                 last_error = last_error or "no time left for another attempt"
                 break
+            next_name = providers[index + 1].name if index + 1 < len(providers) else "offline"
+            # The first provider's breaker as the claim read it (no query while it is
+            # closed); a later one's is read now: the first one's retries took time.
+            seen = call.provider_health if index == 0 else None
+            health = seen.get(provider.config.pk) if seen is not None else False
+            if health is None:
+                admission = breaker.Admission(True)  # closed, nothing counted: no query
+            else:
+                admission = await _db(breaker.admit)(
+                    provider.config.pk, provider.config.timeout_seconds, health
+                )
+            if not admission.allowed:
+                last_error, last_name = skipped_text(admission), ""
+                await _db(record_skip)(call, provider, admission, next_name, index)
+                metrics.llm_fallback(provider.name, "open")
+                logger.info("provider %s skipped (%s): breaker open", provider.name, call.purpose)
+                continue
             attempt_number = 0
 
             async def attempt(
                 provider: OpenAICompatibleProvider = provider,
+                admission: breaker.Admission = admission,
             ) -> tuple[AIMessage, Usage, int, int]:
                 nonlocal attempt_number
                 attempt_number += 1
@@ -286,17 +311,21 @@ class Runner:
                     raise
                 except Exception as exc:
                     error = classify(exc, [provider.config.api_key()])
-                    await _db(record_failed_attempt)(
-                        call, provider, error, _ms(started), attempt_number
+                    await _db(record_failure)(
+                        call, provider, error, _ms(started), attempt_number, admission.probe
                     )
                     logger.warning(
-                        "provider %s failed (%s): %s", provider.name, call.purpose, error
+                        "provider %s failed (%s, %s): %s",
+                        provider.name,
+                        call.purpose,
+                        error.error_class,
+                        error,
                     )
                     raise error from None
                 return message, usage, _ms(started), attempt_number
 
             retrying = AsyncRetrying(
-                stop=stop_after_attempt(provider.retries) | stop_before_delay(max(remaining, 0)),
+                stop=chain_stop(provider, admission, remaining),
                 wait=backoff_wait,
                 retry=retry_if_exception(lambda e: isinstance(e, ProviderError) and e.retryable),
                 sleep=lambda seconds: backoff_sleep(seconds),
@@ -310,16 +339,19 @@ class Runner:
                 message, usage, latency, number = await retrying(attempt)
             except ProviderError as exc:
                 last_error, last_name = str(exc), provider.name
+                metrics.llm_fallback(provider.name, "failed")
                 if index + 1 < len(providers):
-                    await _db(record_fallback)(
-                        call, provider.name, providers[index + 1].name, last_error, index
-                    )
+                    await _db(record_fallback)(call, provider.name, next_name, last_error, index)
                 continue
+            change = ""
+            if breaker.resets(admission):
+                change = await _db(breaker.succeeded)(provider.config.pk, admission)
+                metrics.llm_breaker(provider.name, change)
             async with call.lock:
                 # The last of the text goes with the reply, in its transaction.
                 tail, call.buffer[:] = "".join(call.buffer), []
                 await _db(finish_ok)(
-                    call, provider, message, usage, latency, number, self.enqueue, tail
+                    call, provider, message, usage, latency, number, self.enqueue, tail, change
                 )
             return
         await self._flush(call)
@@ -350,9 +382,7 @@ class Runner:
             raise ProviderError(
                 f"invalid response: {type(exc).__name__}: {exc}", retryable=True
             ) from None
-        meta: dict[str, Any] = dict(message.usage_metadata or {})
-        tokens_in, tokens_out = int(meta.get("input_tokens", 0)), int(meta.get("output_tokens", 0))
-        usage = Usage(tokens_in, tokens_out, provider.cost(tokens_in, tokens_out))
+        usage = provider.usage(message, messages, options)
         if "response_format" in options:
             # Structured output: a reply that is not a JSON object is an unusable reply,
             # retried like a failed call (and paid for); the node validates the schema.

@@ -8,7 +8,7 @@ from aero.compiled import Arg, Compiled
 from diagnosis.agent import grounding, policy, summaries, waits
 from diagnosis.agent.extraction import Extraction, is_unsure
 from diagnosis.agent.providers import Provider, Usage, call_with_fallback
-from diagnosis.agent.recording import call_recorder, fallback_recorder, recorded
+from diagnosis.agent.recording import call_recorder, fallback_recorder, recorded, skip_recorder
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Event
@@ -67,6 +67,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
                 extract,
                 call_recorder(ctx, run),
                 fallback_recorder(ctx, run),
+                skip_recorder(ctx, run),
             )
         for name, extraction in grounding.settle(definition, found, pending, asked, text):
             known = fields.get(name)

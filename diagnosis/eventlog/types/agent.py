@@ -4,7 +4,7 @@ moved through and its model budget."""
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from django.utils.translation import gettext as _
 
@@ -97,6 +97,12 @@ class LLMCall(Payload):
     status: str = ""
     tokens_in: int | None = None
     tokens_out: int | None = None
+    # The provider reported no usage: the tokens are AERO's estimate (model-calls.md).
+    estimated: bool = False
+    # Why a failed attempt failed (diagnosis.agent.usage.ErrorClass).
+    error_class: str = ""
+    # What the attempt did to the provider's circuit breaker: opened or closed it.
+    breaker: Literal["", "opened", "closed"] = ""
 
 
 def _llm_call(state: FoldState, event: EventLike) -> None:
@@ -105,11 +111,16 @@ def _llm_call(state: FoldState, event: EventLike) -> None:
     state.tokens_in += int(p.get("tokens_in") or 0)
     state.tokens_out += int(p.get("tokens_out") or 0)
     state.cost += Decimal(str(p.get("cost") or 0))
+    state.tokens_estimated = state.tokens_estimated or bool(p.get("estimated"))
 
 
 def _llm_call_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any] | None:
+    changed = None
+    if p.get("estimated") and not snapshot.get("usage_estimated"):
+        # The session's token counts include an estimate from now on: its pages say so.
+        changed = snapshot = {**snapshot, "usage_estimated": True}
     if not (p.get("request") and p.get("status") == "ok"):
-        return None
+        return changed
     thinking = {
         "request": p["request"],
         "purpose": p.get("purpose", ""),
@@ -121,12 +132,13 @@ def _llm_call_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str,
 
 
 def _llm_call_words(p: dict[str, Any]) -> str:
-    return _("%(provider)s %(purpose)s %(status)s, tokens in/out %(tokens)s") % {
+    words = _("%(provider)s %(purpose)s %(status)s, tokens in/out %(tokens)s") % {
         "provider": p.get("provider"),
         "purpose": p.get("purpose"),
         "status": p.get("status"),
         "tokens": f"{p.get('tokens_in', 0)}/{p.get('tokens_out', 0)}",
     }
+    return f"{words} {_('(estimated)')}" if p.get("estimated") else words
 
 
 class LLMDelta(Payload):
@@ -156,6 +168,39 @@ def _fallback_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str,
     if p.get("request") and p.get("to") == "offline":
         return {**snapshot, "thinking": {"request": p["request"], "status": "failed", "text": ""}}
     return None
+
+
+class LLMSkipped(Payload):
+    """A provider the chain did not try: its circuit breaker is open (or, half-open,
+    another call is its probe). `to`: the provider the call went on to."""
+
+    provider: str
+    to: str = ""
+    state: Literal["open", "half_open"] = "open"
+    until: str = ""
+    purpose: str = ""
+
+
+def _skipped(state: FoldState, event: EventLike) -> None:
+    state.fallbacks.append({**event.payload, "skipped": True})
+
+
+def _skipped_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any] | None:
+    # Skipped on to the offline provider: no model text comes for this call.
+    return _fallback_snapshot(snapshot, p)
+
+
+def _skipped_words(p: dict[str, Any]) -> str:
+    names = {"provider": p.get("provider", ""), "to": p.get("to", "")}
+    if p.get("state") == "open":
+        return (
+            _("Model provider %(provider)s skipped (circuit breaker open), going on to %(to)s")
+            % names
+        )
+    return (
+        _("Model provider %(provider)s skipped (circuit breaker half-open), going on to %(to)s")
+        % names
+    )
 
 
 class FsmTransition(Payload):
@@ -233,6 +278,15 @@ TYPES = (
         line=_line(names.LLM_FALLBACK),
         internal=True,
         masked=MODEL_SECRETS,
+    ),
+    EventType(
+        names.LLM_SKIPPED,
+        LLMSkipped,
+        reduce=_skipped,
+        snapshot=_skipped_snapshot,
+        summary=_skipped_words,
+        line=_line(names.LLM_SKIPPED),
+        internal=True,
     ),
     EventType(
         names.FSM_TRANSITION,
