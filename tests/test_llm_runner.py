@@ -28,6 +28,7 @@ from diagnosis.jobs import enqueue as job_enqueue
 from diagnosis.llm_runner import runner as runner_module
 from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import Event, LLMCall, LLMRequest, Session, SessionStatus
+from scenarios_admin import breaker
 from scenarios_admin.models import ProviderConfig, Scenario
 from tests.llm_helpers import fake_llm, fake_provider
 from tests.servers import PYTHON, ROOT, run_worker_burst, service_env
@@ -495,3 +496,45 @@ def test_an_edited_provider_config_is_used_from_the_next_call_on(
         assert len(fake_llm.requests) == 2
     finally:
         other.stop()
+
+
+def test_a_breaker_opened_in_one_process_is_skipped_by_a_runner_in_another(
+    builtin: None,
+    clean_queue: None,
+    db_url: str,
+    redis_url: str,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    no_inline_runner: None,
+    tmp_path: Any,
+    settings: Any,
+) -> None:
+    """The circuit breaker is one state for every process: opened by failures counted
+    here (this test's process), a real `aero_llm_runner` process skips the provider at
+    once: no request reaches it, the session's log says so, the offline provider goes on."""
+    fake_llm.set_script({"rules": [ANSWER]})
+    config = fake_provider(fake_llm)
+    for _ in range(settings.AERO_LLM_BREAKER_FAILURES):
+        breaker.failed(config.pk, "5xx", 503, "HTTP 503: simulated", False)
+    session = start(make_user)
+    request = LLMRequest.objects.get(session=session)
+    log_path = tmp_path / "runner.log"
+    with log_path.open("w") as log:
+        runner = start_runner(db_url, redis_url, log)
+        try:
+            wait_until(
+                lambda: LLMRequest.objects.filter(pk=request.pk, status="failed").exists(),
+                60,
+                "the runner to skip the provider",
+            )
+        finally:
+            runner.send_signal(signal.SIGTERM)
+            runner.wait(timeout=30)
+    assert fake_llm.requests == [], log_path.read_text()[-2000:]
+    assert not LLMCall.objects.filter(session=session, provider="fake").exists()
+    skip = Event.objects.get(session=session, type="llm.skipped")
+    assert (skip.payload["provider"], skip.payload["to"], skip.payload["state"]) == (
+        "fake",
+        "offline",
+        "open",
+    )
