@@ -17,6 +17,7 @@ from ninja.operation import Operation
 from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_SESSIONS
 from api import pagination, schemas
 from api.auth import TokenAuth
+from api.bundles import router as bundle_router
 from api.errors import (
     PROBLEM,
     READ_ERRORS,
@@ -48,6 +49,8 @@ TIMELINE_MAX = 200
 LIST_MAX = 100  # rendering is not involved, but one page stays one small query
 
 REPLAYED = "Idempotent-Replayed"
+# The operations that create a session: a 201 says where it is.
+CREATES = ("createSession", "createFromBundle")
 HEADERS = {
     "X-Request-ID": "This request's id: in every problem body and the server's log lines.",
 }
@@ -72,7 +75,7 @@ class AeroApi(NinjaAPI):
                         headers[name] = {"description": text, "schema": {"type": "string"}}
                     if int(status) >= 400 and "application/json" in response.get("content", {}):
                         response["content"] = {PROBLEM: response["content"]["application/json"]}
-                    if operation.get("operationId") == "createSession" and int(status) == 201:
+                    if operation.get("operationId") in CREATES and int(status) == 201:
                         headers["Location"] = {
                             "description": "The new session's URL.",
                             "schema": {"type": "string"},
@@ -398,6 +401,8 @@ def reject(request: HttpRequest, approval_id: int, payload: schemas.RejectIn) ->
     return _decide(request, approval_id, REJECT, payload.digest, payload.reason)
 
 
+# Before the sessions' router: its path would otherwise read "bundle" as a session id.
+api.add_router("/diagnosis-sessions/bundle", bundle_router)
 api.add_router("/diagnosis-sessions", sessions)
 api.add_router("/approvals", approvals)
 api.add_router("", history_router)

@@ -60,6 +60,14 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
         raise ActionError(_("The bundle is not valid: %(error)s") % {"error": exc}) from exc
     try:
         scenario = diagnosis_scenario()
+        chosen = options.get("problem_type") or ""
+        latest = scenario.latest_version()
+        known = (latest.definition.get("playbook") or {}).get("problem_types", {}) if latest else {}
+        if chosen and chosen not in known:
+            raise ActionError(
+                _("Unknown problem type %(type)s (known: %(known)s).")
+                % {"type": chosen, "known": ", ".join(sorted(known))}
+            )
         incident = bundle.incident
         text = (options.get("description") or "").strip() or incident.description
         title = (options.get("title") or "").strip() or incident.title
