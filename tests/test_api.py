@@ -84,7 +84,7 @@ def test_every_endpoint_refuses_a_missing_bad_revoked_or_expired_token(
         admin, "expired", expires_at=timezone.now() - timedelta(minutes=1)
     )
     operations = _operations()
-    assert len(operations) == 16
+    assert len(operations) == 17
     for method, path in operations:
         for token in (None, "aero_not-a-token", revoked_raw, expired_raw):
             response = call(method, _concrete(path), token)
@@ -113,7 +113,7 @@ READS = {
     "pendingApprovals",
     "getApproval",
 }
-RUNS = {"createSession", "cancelSession", "resumeSession", "answerSession"}
+RUNS = {"createSession", "createFromBundle", "cancelSession", "resumeSession", "answerSession"}
 DECIDES = {"approve", "confirm", "reject"}
 # Which operations each role may reach (anything else is a 403).
 ALLOWED = {
