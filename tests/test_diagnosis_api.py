@@ -29,10 +29,10 @@ def _bundles_in_tmp(tmp_path: Path) -> Any:
 def post(token: str | None, data: dict[str, Any], key: str = "") -> Any:
     headers: dict[str, str] = {}
     if token:
-        headers["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+        headers["Authorization"] = f"Bearer {token}"
     if key:
-        headers["HTTP_IDEMPOTENCY_KEY"] = key
-    return Client().post(URL, data, **headers)
+        headers["Idempotency-Key"] = key
+    return Client().post(URL, data, headers=headers)
 
 
 def archive(name: str = "ex-pool-inventory") -> Any:
