@@ -8,14 +8,18 @@ so the idle clock is exact to that minute at the cost of one write a minute."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import import_module
 from typing import Any
 
 from django.conf import settings
+from django.contrib import auth
+from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_logged_in
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 RENEWED_KEY = "_aero_renewed"
 RENEW_AFTER_SECONDS = 60
@@ -62,3 +66,53 @@ def clear_expired_sessions() -> bool:
     _last_clear = now
     import_module(settings.SESSION_ENGINE).SessionStore.clear_expired()
     return True
+
+
+Viewer = tuple[Any, str | None]  # (user id, the key of the sign-in session it came with)
+
+
+def signed_in(viewers: Iterable[Viewer]) -> set[Viewer]:
+    """The viewers whose sign-in still stands: their session exists, has not expired and
+    still holds that user with the user's current password hash (a sign-out flushes it,
+    a password change invalidates it). Live sockets ask at every push: a socket outlives
+    the sign-in it was opened with. Database-backed session engines: one query for the
+    sessions and one for the users' hashes."""
+    wanted = [(user_id, key) for user_id, key in viewers if user_id is not None and key]
+    if not wanted:
+        return set()
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    keys = {key for _, key in wanted}
+    data: dict[str, dict[str, Any]] = {}
+    if hasattr(store, "get_model_class"):
+        rows = (
+            store.get_model_class()
+            .objects.filter(session_key__in=keys, expire_date__gt=timezone.now())
+            .values_list("session_key", "session_data")
+        )
+        data = {key: store().decode(raw) for key, raw in rows}
+    else:  # cache or cookie sessions: one read each
+        for key in keys:
+            session = store(key)
+            loaded = session.load()
+            if session.session_key == key:
+                data[key] = loaded
+    passwords = dict(
+        get_user_model()
+        .objects.filter(pk__in={user_id for user_id, _ in wanted}, is_active=True)
+        .values_list("pk", "password")
+    )
+    found: set[Viewer] = set()
+    for user_id, key in wanted:
+        session = data.get(str(key), {})
+        if user_id not in passwords or str(session.get(auth.SESSION_KEY)) != str(user_id):
+            continue
+        user = get_user_model()(pk=user_id, password=passwords[user_id])
+        stored = str(session.get(auth.HASH_SESSION_KEY, ""))
+        # As django.contrib.auth.get_user: the current key's hash, or a fallback key's.
+        hashes = [user.get_session_auth_hash()] + [
+            user._get_session_auth_hash(secret=old)  # type: ignore[attr-defined]
+            for old in settings.SECRET_KEY_FALLBACKS
+        ]
+        if any(constant_time_compare(stored, expected) for expected in hashes):
+            found.add((user_id, key))
+    return found

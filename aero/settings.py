@@ -177,7 +177,8 @@ WSGI_APPLICATION = "aero.wsgi.application"
 
 TEMPLATES = [
     {
-        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        # Django's, with bidirectional controls in the output neutralised (aero.text).
+        "BACKEND": "aero.template_backend.Templates",
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {

@@ -9,6 +9,7 @@ A few KB per text keeps any event far below that, and is more than a person writ
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django import forms
@@ -120,3 +121,16 @@ def cut_generated(text: str, limit: int) -> tuple[str, int | None]:
         return text, None
     marker = f"\n\n[… cut by AERO: {len(text) - limit} of {len(text)} characters not kept]"
     return text[:limit] + marker, len(text)
+
+
+# Bidirectional controls (embeddings, overrides, isolates, the marks) reorder the text
+# around them: "invoice\u202egnp.exe" reads as "invoiceexe.png". Wherever AERO shows text
+# it shows them as their code point instead, so nothing is lost and nothing reorders.
+BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def neutralise_bidi(text: str) -> str:
+    """`text` with each bidirectional control written as its code point ("[U+202E]")."""
+    if not BIDI_CONTROLS.search(text):
+        return text
+    return BIDI_CONTROLS.sub(lambda m: f"[U+{ord(m.group()):04X}]", text)

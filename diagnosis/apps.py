@@ -50,6 +50,13 @@ class DiagnosisConfig(AppConfig):
 
         publish_check.connect(run_self_check, dispatch_uid="diagnosis.selfcheck")
 
+        # A sign-out closes the page sockets opened with that sign-in.
+        from django.contrib.auth.signals import user_logged_out
+
+        from diagnosis.push import notify_signed_out
+
+        user_logged_out.connect(notify_signed_out, dispatch_uid="diagnosis.signed-out")
+
         # The kernel names no app: this one adds its sockets, health probes and what a
         # web process starts with.
         from aero import db_owner, health, serving

@@ -48,17 +48,25 @@ from django.utils.translation import gettext
 from aero import metrics
 from aero.i18n import supported
 from aero.roles import ALL_ROLES, VIEW_SESSIONS
+from aero.sessions import Viewer, signed_in
 from aero.templatetags.aero_text import when
 from diagnosis import presenters
 from diagnosis.eventlog.masking import SessionMask, masks_roles, secrets_of
 from diagnosis.models import Event, Session
-from diagnosis.push import AIRPORT_GROUP, register_server_loop, session_group
+from diagnosis.push import (
+    AIRPORT_GROUP,
+    register_server_loop,
+    session_digest,
+    session_group,
+    user_group,
+)
 
 BATCH = presenters.TIMELINE_PAGE
 # Largest WebSocket message the consumers send: half of daphne's 1 MB limit (over it,
 # daphne closes the socket with 1011), leaving room for any framing overhead.
 FRAME_BYTES = 512 * 1024
-CLOSE_FORBIDDEN = 4403  # no (longer a) role that may watch this
+CLOSE_SIGNED_OUT = 4401  # the sign-in the socket was opened with ended
+CLOSE_FORBIDDEN = 4403  # no (longer a) role that may watch this, or no longer signed in
 CLOSE_GONE = 4404  # the session does not exist or was deleted
 RENDER_CACHE_SIZE = 256
 
@@ -98,11 +106,25 @@ def current_roles(user_ids: Iterable[Any]) -> dict[Any, frozenset[str]]:
     return {pk: frozenset(roles) for pk, roles in found.items()}
 
 
+def viewer_roles(viewers: Iterable[Viewer]) -> dict[Viewer, frozenset[str]]:
+    """Each viewer's roles now, none when the sign-in it came with has ended (signed
+    out, expired, the password changed): current_roles and aero.sessions.signed_in."""
+    wanted = list(viewers)
+    found = current_roles({user_id for user_id, _ in wanted if user_id is not None})
+    live = signed_in(wanted)
+    return {v: found.get(v[0], frozenset()) if v in live else frozenset() for v in wanted}
+
+
 def user_id_of(scope: dict[str, Any]) -> Any:
     user = scope.get("user")
     if user is None or not getattr(user, "is_authenticated", False):
         return None
     return user.pk
+
+
+def session_key_of(scope: dict[str, Any]) -> str | None:
+    """The key of the sign-in session the socket was opened with (its cookie's)."""
+    return getattr(scope.get("session"), "session_key", None) or None
 
 
 @dataclass(frozen=True)
@@ -284,6 +306,8 @@ class Ask:
     # The roles the viewer's last check found: the render reads the events under them,
     # then the check reads the roles now (check_and_render).
     roles: frozenset[str] = frozenset()
+    # The viewer's sign-in session: checked with the roles (none, or ended: no roles).
+    session_key: str | None = None
 
 
 # A viewer whose roles change at every check is given up on after this many renders (its
@@ -308,10 +332,10 @@ def check_and_render(asks: list[Ask]) -> list[tuple[frozenset[str] | None, Updat
     for _ in range(CHECK_ROUNDS):
         distinct = list(dict.fromkeys(pulls[i] for i in unsettled))
         updates = dict(zip(distinct, render_batch(distinct), strict=True))
-        found = current_roles({asks[i].user_id for i in unsettled if asks[i].user_id is not None})
+        found = viewer_roles({(asks[i].user_id, asks[i].session_key) for i in unsettled})
         changed: list[int] = []
         for i in unsettled:
-            roles = found.get(asks[i].user_id, frozenset())
+            roles = found.get((asks[i].user_id, asks[i].session_key), frozenset())
             if not roles & set(VIEW_SESSIONS):
                 answers[i] = (None, None)
             elif roles != pulls[i].roles:
@@ -408,7 +432,7 @@ class Hub:
     def __init__(self) -> None:
         self.renders: OrderedDict[Hashable, asyncio.Future[Any]] = OrderedDict()
         self.latest: dict[str, int] = {}  # session -> highest seq a notice announced
-        self.pending_roles: dict[Any, list[asyncio.Future[frozenset[str]]]] = {}
+        self.pending_roles: dict[Viewer, list[asyncio.Future[frozenset[str]]]] = {}
         self.roles_task: asyncio.Task[None] | None = None
         # session -> its viewers here, in the order they joined (a dict as an ordered set):
         # a fan-out writes to them in that order.
@@ -426,11 +450,12 @@ class Hub:
 
     # --- access -----------------------------------------------------------------------
 
-    async def roles_of(self, user_id: Any) -> frozenset[str]:
-        if user_id is None:
+    async def roles_of(self, user_id: Any, session_key: str | None) -> frozenset[str]:
+        """The viewer's roles now; none once the sign-in `session_key` has ended."""
+        if user_id is None or not session_key:
             return frozenset()
         future: asyncio.Future[frozenset[str]] = asyncio.get_running_loop().create_future()
-        self.pending_roles.setdefault(user_id, []).append(future)
+        self.pending_roles.setdefault((user_id, session_key), []).append(future)
         if self.roles_task is None:
             self.roles_task = asyncio.ensure_future(self._load_roles())
         return await future
@@ -443,17 +468,17 @@ class Hub:
             while self.pending_roles:
                 batch, self.pending_roles = self.pending_roles, {}
                 try:
-                    found = await database_sync_to_async(current_roles)(list(batch))
+                    found = await database_sync_to_async(viewer_roles)(list(batch))
                 except Exception as exc:
                     for futures in batch.values():
                         for future in futures:
                             if not future.done():
                                 future.set_exception(exc)
                     continue
-                for user_id, futures in batch.items():
+                for viewer, futures in batch.items():
                     for future in futures:
                         if not future.done():
-                            future.set_result(found.get(user_id, frozenset()))
+                            future.set_result(found.get(viewer, frozenset()))
         finally:
             self.roles_task = None
 
@@ -595,7 +620,15 @@ class Hub:
             return
         try:
             asks = [
-                Ask(v.user_id, session_id, v.sent_seq, v.composer_key, v.language, v.roles)
+                Ask(
+                    v.user_id,
+                    session_id,
+                    v.sent_seq,
+                    v.composer_key,
+                    v.language,
+                    v.roles,
+                    v.session_key,
+                )
                 for v in pages
             ]
             answers = await self.check_and_render(asks)
@@ -738,7 +771,37 @@ def hub() -> Hub:
     return found
 
 
-class SessionConsumer(AsyncWebsocketConsumer):
+class SignedInSocket(AsyncWebsocketConsumer):
+    """A page socket lasts only as long as the sign-in it was opened with: it joins its
+    user's group, and signing out of that sign-in (diagnosis.push.notify_signed_out,
+    naming the session by its digest) closes it at once; the user's sockets of other
+    sign-ins stay. Every push re-checks the sign-in as well (viewer_roles), so one whose
+    notice was lost, or that ended otherwise (expired, a changed password), stops at the
+    next push."""
+
+    user_id: Any = None
+    session_key: str | None = None
+    user_joined: bool = False
+
+    async def join_user(self) -> None:
+        await self.channel_layer.group_add(user_group(self.user_id), self.channel_name)
+        self.user_joined = True
+
+    async def leave_user(self) -> None:
+        if self.user_joined:
+            self.user_joined = False
+            await self.channel_layer.group_discard(user_group(self.user_id), self.channel_name)
+
+    async def auth_ended(self, message: dict[str, Any]) -> None:
+        if self.session_key and message.get("session") == session_digest(self.session_key):
+            await self.signed_out()
+
+    async def signed_out(self) -> None:
+        await self.disconnect(CLOSE_SIGNED_OUT)
+        await self.close(code=CLOSE_SIGNED_OUT)
+
+
+class SessionConsumer(SignedInSocket):
     """The session page's live timeline. It joins no channel-layer group itself: the hub
     holds one subscription per session and process and fans each notice out."""
 
@@ -758,11 +821,13 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.flushing = asyncio.Lock()
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         self.user_id = user_id_of(self.scope)
+        self.session_key = session_key_of(self.scope)
         roles = await self.allowed()
         if not roles:
             await self.close(code=CLOSE_FORBIDDEN)
             return
         self.roles = roles
+        await self.join_user()
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
             self.sent_seq = max(0, int(query.get("last_seq", ["0"])[0]))
@@ -781,13 +846,17 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self.flush()  # catch up on everything after last_seq
 
     async def allowed(self) -> frozenset[str] | None:
-        roles = await hub().roles_of(self.user_id)
+        roles = await hub().roles_of(self.user_id, self.session_key)
         return roles if roles & set(VIEW_SESSIONS) else None
 
     async def disconnect(self, code: int) -> None:
+        await self.leave_user()
         if self.group:
             self.group = ""  # a pull running now stops at its next turn
             await hub().leave(self.session_id, self)
+
+    async def signed_out(self) -> None:
+        await self.stop(CLOSE_SIGNED_OUT)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # The page sends nothing we act on: decisions and answers are plain POSTs, so a
@@ -863,7 +932,7 @@ def render_board(roles: frozenset[str]) -> str:
     return render_to_string("diagnosis/airport_board.html#airport-board", {**context, "oob": True})
 
 
-class PageNoticeConsumer(AsyncWebsocketConsumer):
+class PageNoticeConsumer(SignedInSocket):
     """A page that re-reads itself on a notice (no content in the notice, as for the
     session timeline): the airport board, the to-dos page. Each pull re-checks the
     viewer's roles and shares one render per notice and role set."""
@@ -894,10 +963,12 @@ class PageNoticeConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
         self.user_id = user_id_of(self.scope)
+        self.session_key = session_key_of(self.scope)
         self.read_query(parse_qs(self.scope.get("query_string", b"").decode()))
         if await self.allowed() is None:
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        await self.join_user()
         await self.channel_layer.group_add(self.group, self.channel_name)
         self.joined = True
         await self.accept()
@@ -905,10 +976,11 @@ class PageNoticeConsumer(AsyncWebsocketConsumer):
         await self.refresh(uuid.uuid4().hex)
 
     async def allowed(self) -> frozenset[str] | None:
-        roles = await hub().roles_of(self.user_id)
+        roles = await hub().roles_of(self.user_id, self.session_key)
         return roles if roles & set(self.may_view) else None
 
     async def disconnect(self, code: int) -> None:
+        await self.leave_user()
         if self.joined:
             await self.channel_layer.group_discard(self.group, self.channel_name)
             self.joined = False

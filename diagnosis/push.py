@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import hashlib
 import logging
 import os
 import threading
@@ -41,6 +42,24 @@ def register_server_loop(loop: asyncio.AbstractEventLoop) -> None:
 
 def session_group(session_id: Any) -> str:
     return f"session-{getattr(session_id, 'hex', str(session_id).replace('-', ''))}"
+
+
+def user_group(user_id: Any) -> str:
+    """A user's page sockets, told when one of the user's sign-ins ends."""
+    return f"user-{user_id}"
+
+
+def session_digest(session_key: str) -> str:
+    """A sign-in session named in a notice: never its key (the key is the cookie)."""
+    return hashlib.sha256(session_key.encode()).hexdigest()[:32]
+
+
+def notify_signed_out(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
+    """On sign-out (user_logged_out, before Django flushes the session): the page sockets
+    opened with this sign-in close (consumers.SignedInSocket)."""
+    key = getattr(getattr(request, "session", None), "session_key", None)
+    if user is not None and getattr(user, "pk", None) is not None and key:
+        group_send(user_group(user.pk), {"type": "auth.ended", "session": session_digest(key)})
 
 
 class _Publisher:

@@ -13,7 +13,7 @@ from django.template import Context, Engine
 from django.utils import timezone, translation
 
 from aero.i18n import interface_language
-from aero.text import MAX_EVENT_BYTES, cut_generated
+from aero.text import MAX_EVENT_BYTES, cut_generated, neutralise_bidi
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Report, Session, ToolCall
 from diagnosis.wording import done_words, failure_words
@@ -241,9 +241,6 @@ _MD_LINE_START = re.compile(r"^(\s*)([-+])|^(\s*\d+)([.)])")
 _MD_SETEXT = re.compile(r"^(\s*)=")
 # An entity reference would display as the character it names, not as typed.
 _MD_ENTITY = re.compile(r"&(?=#?\w+;)")
-# Bidirectional controls would reorder the text around the value (an RTL override turns
-# "gnp.exe" into "exe.png"): shown as their code point instead, so nothing is lost.
-_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def md_escape(text: Any) -> str:
@@ -261,7 +258,8 @@ def md_cell(text: Any) -> str:
 
 def _escape_line(line: str) -> str:
     line = line.replace("\x00", "\ufffd")
-    line = _BIDI_CONTROLS.sub(lambda m: f"[U+{ord(m.group()):04X}]", line)
+    # Bidirectional controls would reorder the text around the value: their code points.
+    line = neutralise_bidi(line)
     line = _MD_ENTITY.sub("&amp;", line)
     line = _MD_SPECIAL.sub(r"\\\1", line)
     line = _MD_LT.sub("&lt;", line)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
+from aero.text import neutralise_bidi
+
 # Each must come out as typed (escaped) or be refused with a clear message.
 INERT = {
     "script": "<script>window.__xss=1</script>",
@@ -92,5 +94,6 @@ def page_text(html: str) -> str:
 
 
 def shown(value: str, html: str) -> bool:
-    """The value is on the page as text (whitespace collapsed)."""
-    return " ".join(value.split()) in page_text(html)
+    """The value is on the page as text (whitespace collapsed), its bidirectional
+    controls as their code points (aero.text.neutralise_bidi)."""
+    return " ".join(neutralise_bidi(value).split()) in page_text(html)

@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from aero.text import neutralise_bidi
 from diagnosis.models import Report, Session
 from scenarios_admin.models import (
     FieldValue,
@@ -315,8 +316,10 @@ def test_hostile_provider_fields_are_kept_and_shown_inert_or_refused(
     assert (KEY_REFUSED in html) is not key_ok
     assert problems(html) == []
     kept = form_data(html, "providerconfig_form")
-    assert kept["name"] == value.strip() and kept["model"] == value.strip()
-    assert kept["base_url"] == url.strip()  # back in the form, to be corrected
+    # Back in the form, to be corrected (bidirectional controls as their code points).
+    typed = neutralise_bidi(value.strip())
+    assert kept["name"] == typed and kept["model"] == typed
+    assert kept["base_url"] == neutralise_bidi(url.strip())
     assert "api_key" in kept and kept["api_key"] == ""  # a key is never sent back
 
 

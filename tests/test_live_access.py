@@ -12,6 +12,7 @@ from typing import Any
 import channels.consumer
 import pytest
 from django.contrib.auth.models import Group, User
+from django.test import Client
 from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -19,13 +20,32 @@ from websockets.sync.client import ClientConnection, connect
 from aero.roles import user_roles
 from approvals.push import QUEUE_GROUP
 from diagnosis import consumers
-from diagnosis.consumers import CLOSE_FORBIDDEN, CLOSE_GONE, Hub, current_roles
+from diagnosis.consumers import (
+    CLOSE_FORBIDDEN,
+    CLOSE_GONE,
+    CLOSE_SIGNED_OUT,
+    Hub,
+    current_roles,
+)
 from diagnosis.events import append_event
 from diagnosis.models import Session
 from diagnosis.push import group_send
-from tests.test_live_timeline import cookie_for, new_session, open_socket, receive_until
+from tests.test_live_timeline import (
+    cookie_for,
+    new_session,
+    open_socket,
+    receive_until,
+    ws_url,
+)
 
 pytestmark = pytest.mark.services
+
+
+def sign_in_key(user: User) -> str:
+    """The key of a new sign-in session of `user` (what a socket's cookie names)."""
+    client = Client()
+    client.force_login(user)
+    return str(client.session.session_key)
 
 
 def closed_with(ws: ClientConnection, timeout: float = 15) -> int | None:
@@ -55,6 +75,89 @@ def test_a_viewer_whose_role_is_removed_stops_receiving_at_the_next_push(
         assert closed_with(revoked) == CLOSE_FORBIDDEN
         _, html = receive_until(kept, lambda s, _: bool(s) and s[-1] > session.last_seq)
         assert "after the role change" in html  # the others keep watching
+
+
+def sign_out_over_http(base: str, cookie: str) -> None:
+    """Sign out as the browser does: the page's CSRF token, then POST the sign-out to
+    the same server the sockets are on (its user_logged_out tells them)."""
+    import httpx
+
+    with httpx.Client(base_url=base, headers={"Cookie": cookie, "Origin": base}) as browser:
+        page = browser.get("/sessions/")
+        assert page.status_code == 200
+        token = page.cookies["csrftoken"]
+        cookies = f"{cookie}; csrftoken={token}"
+        response = browser.post(
+            "/accounts/logout/", headers={"Cookie": cookies, "X-CSRFToken": token}
+        )
+        assert response.status_code == 302
+
+
+def test_signing_out_closes_that_sign_ins_sockets_at_once_and_no_others(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "105机位燃油泄漏")
+    here, elsewhere = cookie_for(operator), cookie_for(operator)  # two browsers
+    board_url = asgi_server.replace("http://", "ws://") + "/ws/airport/"
+    with (
+        connect(
+            ws_url(asgi_server, session, 0),
+            open_timeout=10,
+            max_queue=None,
+            additional_headers={"Cookie": here, "Origin": asgi_server},
+        ) as page,
+        connect(
+            board_url,
+            open_timeout=10,
+            max_queue=None,
+            additional_headers={"Cookie": here, "Origin": asgi_server},
+        ) as board,
+        connect(
+            ws_url(asgi_server, session, 0),
+            open_timeout=10,
+            max_queue=None,
+            additional_headers={"Cookie": elsewhere, "Origin": asgi_server},
+        ) as other,
+    ):
+        for ws in (page, other):
+            receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
+        assert "airport-board" in str(board.recv(timeout=15))
+
+        sign_out_over_http(asgi_server, here)
+
+        # Closed by the sign-out itself, before anything else happens in the session.
+        assert closed_with(page) == CLOSE_SIGNED_OUT
+        assert closed_with(board) == CLOSE_SIGNED_OUT
+        append_event(session.pk, "agent.note", {"text": "after the sign-out"}, producer="t")
+        _, html = receive_until(other, lambda s, _: bool(s) and s[-1] > session.last_seq)
+        assert "after the sign-out" in html  # the other browser's sign-in still stands
+
+
+def test_a_sign_in_that_ended_unannounced_stops_its_socket_at_the_next_push(
+    builtin: None, asgi_server: str, make_user: Callable[..., User]
+) -> None:
+    """No sign-out notice (lost, or the sign-in expired or was deleted): the check at
+    every push finds the sign-in gone and closes the socket with nothing sent."""
+    from django.contrib.sessions.models import Session as SignIn
+
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "105机位燃油泄漏")
+    cookie = cookie_for(operator)
+    with open_socket_with(asgi_server, session, cookie) as ws:
+        receive_until(ws, lambda s, _: bool(s) and s[-1] >= session.last_seq)
+        SignIn.objects.filter(session_key=cookie.split("=", 1)[1]).delete()
+        append_event(session.pk, "agent.note", {"text": "nobody may see this"}, producer="t")
+        assert closed_with(ws) == CLOSE_FORBIDDEN
+
+
+def open_socket_with(base: str, session: Session, cookie: str) -> ClientConnection:
+    return connect(
+        ws_url(base, session, 0),
+        open_timeout=10,
+        max_queue=None,
+        additional_headers={"Cookie": cookie, "Origin": base},
+    )
 
 
 def test_a_deleted_session_closes_its_sockets(
@@ -128,12 +231,13 @@ def test_viewers_with_the_same_roles_share_one_render_and_roles_never_mix(
 
     monkeypatch.setattr(consumers, "render_batch", counted)
     sid = str(session.pk)
+    keys = {user.pk: sign_in_key(user) for user in (approver, operator)}
 
     async def viewers() -> tuple[list[Any], list[Any], int]:
         hub = Hub()
         hub.announce(sid, session.last_seq)
         role_sets = await asyncio.gather(
-            *[hub.roles_of(user.pk) for user in [approver] * 20 + [operator] * 20]
+            *[hub.roles_of(user.pk, keys[user.pk]) for user in [approver] * 20 + [operator] * 20]
         )
         first = await asyncio.gather(
             *[hub.session_update(roles, sid, 0, None) for roles in role_sets]
@@ -244,7 +348,9 @@ def test_what_a_fan_out_read_is_not_sent_when_access_went_away_meanwhile(
         return updates
 
     monkeypatch.setattr(consumers, "render_batch", read_then_change)
-    ask = consumers.Ask(auditor.pk, str(session.pk), 0, None, "en", frozenset({"auditor"}))
+    ask = consumers.Ask(
+        auditor.pk, str(session.pk), 0, None, "en", frozenset({"auditor"}), sign_in_key(auditor)
+    )
     assert consumers.check_and_render([ask]) == [(None, None)]
 
 
@@ -269,9 +375,10 @@ def test_a_viewer_whose_roles_changed_during_the_read_gets_a_render_under_the_ne
 
     monkeypatch.setattr(consumers, "render_batch", read_then_promote)
     sid = str(session.pk)
+    promoted_key, operator_key = sign_in_key(promoted), sign_in_key(operator)
     asks = [
-        consumers.Ask(promoted.pk, sid, 0, None, "en", frozenset({"auditor"})),
-        consumers.Ask(operator.pk, sid, 0, None, "en", frozenset({"operator"})),
+        consumers.Ask(promoted.pk, sid, 0, None, "en", frozenset({"auditor"}), promoted_key),
+        consumers.Ask(operator.pk, sid, 0, None, "en", frozenset({"operator"}), operator_key),
     ]
     (roles, update), (kept_roles, kept) = consumers.check_and_render(asks)
     assert roles == frozenset({"approver"}) and update is not None

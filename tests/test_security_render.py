@@ -14,8 +14,10 @@ from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
+from aero.text import BIDI_CONTROLS
 from approvals.actions import sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
+from diagnosis.consumers import render_updates
 from diagnosis.models import Event, Report, Restriction, Session
 from diagnosis.reporting import markdown_to_html, md_cell, md_escape, sanitize_html
 from scenarios_admin.models import Scenario
@@ -189,6 +191,53 @@ def test_hostile_message_and_answer_render_inert_everywhere(builtin: None, alice
         assert hostile.inert_problems(html) == [], url
         if url != "/sessions/":  # the list shows the title: the message's first line
             assert_all_shown(html, values, where=url)
+
+
+# Every bidirectional control: embeddings and overrides, isolates, the marks.
+BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f"
+
+
+@pytest.mark.services
+def test_bidi_controls_never_reach_a_page_raw(builtin: None, alice: User, carol: User) -> None:
+    """A title and a chat message holding every bidirectional control: each page, live
+    fragment and the history show them as code points, never as the characters that
+    would reorder what surrounds them ("invoice\u202egnp.exe" reading "invoiceexe.png")."""
+    client = login(alice)
+    oil_spill = Scenario.objects.get(slug="oil_spill")
+    title = f"CA1234 105 invoice\u202egnp.exe {BIDI}"
+    assert (
+        client.post("/sessions/new/", {"scenario": oil_spill.pk, "message": title}).status_code
+        == 302
+    )
+    session = Session.objects.get()
+    update = client.post(f"/sessions/{session.pk}/update/", {"text": f"chat \u2067exe.gnp {BIDI}"})
+    assert update.status_code == 302
+    assert Session.objects.get().title.startswith("CA1234 105 invoice\u202e")  # stored as typed
+    logged = json.dumps(
+        [e.payload for e in Event.objects.filter(session=session)], ensure_ascii=False
+    )
+    assert "chat \u2067exe.gnp" in logged  # the log keeps what was typed
+
+    pages = {
+        url: login(user).get(url).content.decode()
+        for user in (alice, carol)
+        for url in (
+            f"/sessions/{session.pk}/",
+            f"/sessions/{session.pk}/events/",
+            "/sessions/",
+            "/history/",
+            "/history/?q=invoice",
+        )
+    }
+    update_frames = render_updates(frozenset({"auditor"}), session.pk, 0, composer_key="")
+    assert update_frames is not None
+    pages["live fragments"] = update_frames.html
+    raw = [url for url, html in pages.items() if BIDI_CONTROLS.search(html)]
+    assert raw == []
+    session_page = pages[f"/sessions/{session.pk}/"]
+    assert "invoice[U+202E]gnp.exe" in session_page  # the title, readable as typed
+    assert "chat [U+2067]exe.gnp" in session_page  # the chat message
+    assert "invoice[U+202E]gnp.exe" in pages["/history/"]
 
 
 @pytest.mark.services

@@ -5,6 +5,7 @@ record, log, page or export."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,7 +28,7 @@ from django.test import Client
 from pytest_django.fixtures import Settings
 
 from aero.models import AuditLog
-from aero.redact import redact
+from aero.redact import redact, redact_error
 from diagnosis.models import Event, LLMCall, Report
 from scenarios_admin.models import ProviderConfig
 from tests.admin_helpers import admin_client
@@ -39,12 +41,14 @@ SECRET = "sk-live-AbCdEf0123456789-topsecret"
 
 
 class Echo:
-    """An endpoint that refuses every key and quotes it back, headers and all."""
+    """An endpoint that refuses every key and quotes it back, headers and all (`quote`
+    words the message from the key it was sent)."""
 
     requests: list[dict[str, Any]]
 
-    def __init__(self) -> None:
+    def __init__(self, quote: Callable[[str], str] | None = None) -> None:
         self.requests = []
+        self.quote = quote or (lambda key: f"Incorrect API key provided: {key}")
         echo = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -55,7 +59,7 @@ class Echo:
                 data = json.dumps(
                     {
                         "error": {
-                            "message": f"Incorrect API key provided: {auth[7:]}",
+                            "message": echo.quote(auth[7:]),
                             "headers": {"Authorization": auth},
                             "internal": "db-password=hunter2 from the internal service",
                         }
@@ -321,6 +325,88 @@ def test_an_echoed_key_is_in_no_record_log_page_or_export(
     leaks = [where for where, text in haystacks.items() if SECRET in text]
     assert leaks == []
     assert ProviderConfig.objects.get().api_key() == SECRET  # still usable
+
+
+# Nothing about it looks like a key: only knowing the provider's key finds it.
+PLAIN_KEY = "Zq8vR2-plain-words-0123456789"
+
+
+def key_forms(key: str) -> dict[str, str]:
+    """The key as an error body may quote it."""
+    b64 = base64.b64encode(key.encode()).decode()
+    return {
+        "as is": key,
+        "reversed": key[::-1],
+        "base64": b64,
+        "base64 unpadded": b64.rstrip("="),
+        "base64url": base64.urlsafe_b64encode(key.encode()).decode().rstrip("="),
+        "base64 reversed": base64.b64encode(key[::-1].encode()).decode(),
+        "hex": key.encode().hex(),
+        "percent": urllib.parse.quote(key, safe=""),
+        "basic": base64.b64encode(f"user:{key}".encode()).decode(),
+        "inside base64": base64.b64encode(json.dumps({"key": key}).encode()).decode(),
+    }
+
+
+@pytest.fixture
+def encoding_echo() -> Iterator[Echo]:
+    def quote(key: str) -> str:
+        return "Key refused. " + " ".join(
+            f"{name}: {form}" for name, form in key_forms(key).items()
+        )
+
+    server = Echo(quote)
+    thread = threading.Thread(target=server.server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.server.shutdown()
+
+
+def test_a_key_echoed_in_any_encoding_reaches_no_viewer(
+    root: Client,
+    encoding_echo: Echo,
+    make_user: Callable[..., User],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A provider quoting its key back as is, reversed, in base64 (standard, URL-safe,
+    unpadded, inside a longer encoded text, as Basic credentials), hex or percent-encoded:
+    viewers of the session see the error's class and a short redacted text, never one of
+    those forms; nor do the records and logs."""
+    provider(encoding_echo.url, key=PLAIN_KEY, retries=1)
+    olga = make_user("olga", "operator")
+    with caplog.at_level(logging.INFO):
+        session = waiting_session(olga)
+    assert encoding_echo.requests  # the key was sent, and echoed
+    fallback = Event.objects.filter(session=session, type="llm.fallback").first()
+    assert fallback is not None
+    error = fallback.payload["error"]
+    assert error.startswith("HTTP 401: Key refused.") and "[redacted]" in error
+    assert len(error) <= 200 + len("… (9999 characters in all)")
+
+    haystacks: dict[str, str] = {
+        "events": json.dumps([e.payload for e in Event.objects.all()], ensure_ascii=False),
+        "llm calls": json.dumps([c.error for c in LLMCall.objects.all()], ensure_ascii=False),
+        "log records": caplog.text,
+    }
+    for user in (olga, make_user("cora", "auditor")):
+        for url in (f"/sessions/{session.pk}/", f"/sessions/{session.pk}/events/"):
+            haystacks[f"{url} as {user.username}"] = login(user).get(url).content.decode()
+    leaks = [
+        (where, name)
+        for where, text in haystacks.items()
+        for name, form in key_forms(PLAIN_KEY).items()
+        if form in text
+    ]
+    assert leaks == []
+
+
+def test_redact_finds_the_key_in_every_encoding() -> None:
+    for name, form in key_forms(PLAIN_KEY).items():
+        assert redact(f"error: {form}.", [PLAIN_KEY]) == "error: [redacted].", name
+    # An opaque token in an error text is nobody's business either; words stay.
+    assert redact_error("id 8203a97c-c156-4aed-b948-5538bbe57593: basic auth") == (
+        "id [redacted]: basic auth"
+    )
 
 
 def test_redact_removes_key_shaped_text() -> None:

@@ -12,6 +12,9 @@ from typing import Any, Literal
 
 from aero.redact import redact_error
 
+# What a failed call's error keeps of the provider's text: a reason, not its error page.
+PROVIDER_ERROR_CHARS = 200
+
 
 @dataclass
 class Usage:
@@ -122,9 +125,10 @@ class ProviderError(Exception):
         error_class: ErrorClass = "bad_reply",
         status: int | None = None,
     ) -> None:
-        # The text may quote the key (a rejected key often is): only a redacted, bounded
-        # text goes on to the LLM call row, the events, the audit log and logs.
-        super().__init__(redact_error(message, secrets))
+        # The text may quote the key (a rejected key often is, encoded or not): only the
+        # error's class ("HTTP 401", "timed out", ...) and a short redacted text go on to
+        # the LLM call row, the events every viewer reads, the audit log and logs.
+        super().__init__(redact_error(message, secrets, limit=PROVIDER_ERROR_CHARS))
         self.retryable = retryable
         self.retry_after = retry_after
         self.usage = usage or Usage()
