@@ -2,7 +2,8 @@
 OpenAI-compatible endpoint, with the provider's key, model and timeout. The answer is
 success (latency, tokens) or the HTTP status and a short classified error.
 
-Never a response body, an exception text or anything the endpoint chose: the URL may
+Never a response body, an exception text or anything the endpoint chose, and one
+answer for every failure before an HTTP answer (see NO_ANSWER): the URL may
 point at an internal service (the probe would read it out to whoever presses the button)
 and an endpoint may echo the key back. The key only ever goes to the saved URL: the
 admin form clears it when the URL changes, and redirects are not followed.
@@ -12,13 +13,17 @@ the same request shape: POST {base_url}/chat/completions with a bearer key."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 import httpx
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from scenarios_admin.models import ProviderConfig, ProviderKind
 
+logger = logging.getLogger("scenarios_admin.probe")
 PROBE_PROMPT = "Reply with the single word: ok"
 
 
@@ -39,10 +44,45 @@ STATUS_HINTS = {
 }
 
 
+# Every failure before an HTTP answer (refused, filtered, unreachable, no such name, not
+# HTTP, TLS, silence) reads the same on the page and comes after the provider's whole
+# timeout: which one it was would tell whoever presses the button what listens on a port
+# of a host the server reaches. The cause goes to the server's log.
+NO_ANSWER = gettext_lazy(
+    "no HTTP answer from the endpoint within its timeout (unreachable, refused or not "
+    "HTTP; the server log has the cause)"
+)
+
+
+def target(base_url: str) -> httpx.URL | None:
+    """The chat completions URL under `base_url` (its query kept), None when it would not
+    go exactly to the base URL's own scheme, host and port, or the URL names a host
+    people would misread (credentials before it: "http://api.example.com@10.0.0.5/")."""
+    try:
+        base = httpx.URL(base_url)
+    except (httpx.InvalidURL, TypeError, ValueError):
+        return None
+    if base.scheme not in ("http", "https") or not base.host or base.userinfo:
+        return None
+    url = base.copy_with(path=base.path.rstrip("/") + "/chat/completions", fragment=None)
+    same = (url.scheme, url.host, url.port) == (base.scheme, base.host, base.port)
+    return url if same else None
+
+
 def probe(config: ProviderConfig) -> ProbeResult:
     if config.kind == ProviderKind.OFFLINE:
         return ProbeResult(True, "the offline provider needs no connection")
-    url = config.base_url.rstrip("/") + "/chat/completions"
+    url = target(config.base_url)
+    if url is None:
+        return ProbeResult(
+            False,
+            str(
+                _(
+                    "the base URL is not tested: it must be http(s)://host[:port]/path, "
+                    "with no user name or password before the host"
+                )
+            ),
+        )
     try:
         key = config.api_key()
     except ValueError as exc:
@@ -62,14 +102,17 @@ def probe(config: ProviderConfig) -> ProbeResult:
         response = httpx.post(
             url, json=body, headers=headers, timeout=config.timeout_seconds, follow_redirects=False
         )
-    except httpx.TimeoutException as exc:
-        return ProbeResult(
-            False, f"{type(exc).__name__}: no answer within {config.timeout_seconds:g} s"
-        )
-    except httpx.ConnectError:
-        return ProbeResult(False, "ConnectError: cannot connect (nothing listening, DNS or TLS)")
     except httpx.HTTPError as exc:
-        return ProbeResult(False, f"{type(exc).__name__}: the request failed")
+        logger.warning(
+            "test connection of provider %s (%s): %s: %s",
+            config.name,
+            url.copy_with(query=None),
+            type(exc).__name__,
+            exc,
+        )
+        # The same wait whatever the cause (a refusal is instant, a filtered port is not).
+        time.sleep(max(0.0, started + config.timeout_seconds - time.monotonic()))
+        return ProbeResult(False, str(NO_ANSWER))
     elapsed = int((time.monotonic() - started) * 1000)
     if response.is_redirect:
         return ProbeResult(False, f"HTTP {response.status_code}: a redirect (not followed)")

@@ -5,7 +5,10 @@ fake one on 127.0.0.1 here) and reports success or the exact error."""
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +22,7 @@ from pytest_django.fixtures import Settings
 
 from aero.models import AuditLog
 from scenarios_admin.models import ProviderConfig
+from scenarios_admin.probe import NO_ANSWER
 from tests.admin_helpers import admin_client, staff_with
 from tests.servers import free_port
 
@@ -32,6 +36,7 @@ class Endpoint:
     status: int = 200
     body: str = ""
     hang: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
 
@@ -53,6 +58,8 @@ def endpoint() -> Iterator[Endpoint]:
             self.send_response(state.status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in state.headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 
@@ -140,22 +147,83 @@ def test_a_rejected_key_reports_a_classified_error_never_the_body(
     assert AuditLog.objects.get(action="provider.tested").detail["ok"] is False
 
 
-def test_nothing_listening(root: Client) -> None:
-    url = f"http://127.0.0.1:{free_port()}/v1"
+@pytest.fixture
+def not_http() -> Iterator[str]:
+    """A port where something that is not HTTP listens (it greets and hangs up)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
 
-    [message] = press_test_connection(root, provider(url))
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
 
-    assert message == "fake: failed: ConnectError: cannot connect (nothing listening, DNS or TLS)"
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/v1"
+    stop.set()
+    thread.join(timeout=5)
+    server.close()
 
 
-def test_a_slow_endpoint_times_out_after_the_configured_timeout(
+@pytest.mark.parametrize("kind", ["closed", "not HTTP", "silent", "no such host", "unroutable"])
+def test_test_connection_answers_the_same_for_every_unreachable_target(
+    root: Client,
+    endpoint: Endpoint,
+    not_http: str,
+    kind: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No port oracle: a closed port, a service that is not HTTP, one that never answers,
+    a name that does not resolve and an address nothing routes to read the same on the
+    page, after the same wait (the provider's whole timeout); only the server log says
+    which it was."""
+    endpoint.hang = True
+    url = {
+        "closed": f"http://127.0.0.1:{free_port()}/v1",
+        "not HTTP": not_http,
+        "silent": endpoint.url,
+        "no such host": "http://no-such-host.invalid/v1",
+        "unroutable": "http://192.0.2.1:8443/v1",  # TEST-NET-1: reaches nothing
+    }[kind]
+    timeout = 0.5
+    started = time.monotonic()
+
+    with caplog.at_level(logging.WARNING, logger="scenarios_admin.probe"):
+        [message] = press_test_connection(root, provider(url, timeout=timeout))
+
+    assert message == f"fake: failed: {NO_ANSWER}"
+    assert time.monotonic() - started >= timeout  # a refusal waits as long as silence
+    assert "test connection of provider fake" in caplog.text  # the cause, for the operator
+    assert "sk-test-123" not in caplog.text
+
+
+def test_test_connection_goes_only_to_the_base_urls_own_host(
     root: Client, endpoint: Endpoint
 ) -> None:
-    endpoint.hang = True
+    """A redirect is not followed (not even to the same host), and a URL naming another
+    host before an @ (read as the host by people, as credentials by HTTP clients) is not
+    tested at all."""
+    endpoint.status = 307
+    endpoint.headers = {"Location": endpoint.url + "/elsewhere/chat/completions"}
+    config = provider(endpoint.url)
 
-    assert press_test_connection(root, provider(endpoint.url, timeout=0.3)) == [
-        "fake: failed: ReadTimeout: no answer within 0.3 s"
+    assert press_test_connection(root, config) == [
+        "fake: failed: HTTP 307: a redirect (not followed)"
     ]
+    assert [r["path"] for r in endpoint.requests] == ["/v1/chat/completions"]
+
+    port = endpoint.url.split(":")[2].split("/")[0]
+    config.base_url = f"http://api.openai.com@127.0.0.1:{port}/v1"
+    config.save()
+    [message] = press_test_connection(root, config)
+    assert message.startswith("fake: failed: the base URL is not tested")
+    assert len(endpoint.requests) == 1  # nothing sent
 
 
 def test_an_endpoint_that_is_not_openai_compatible(root: Client, endpoint: Endpoint) -> None:
