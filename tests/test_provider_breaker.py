@@ -138,6 +138,14 @@ def test_dead_providers_are_skipped_once_their_breakers_open_and_a_probe_closes_
     page = admin_page(admin)
     assert "open until" in row_of(page, "refused") and "open until" in row_of(page, "hanging")
     assert metric("aero_llm_provider_breaker", provider="refused", state="open") == 1
+    root = Client()
+    root.force_login(admin)
+    refused_config = ProviderConfig.objects.get(name="refused")
+    change = root.get(f"/admin/scenarios_admin/providerconfig/{refused_config.pk}/change/")
+    assert "Circuit breaker" in change.content.decode()
+    assert "open until" in change.content.decode() and "refused: connection refused" in (
+        change.content.decode()
+    )
     assert fallbacks_counted("refused", "failed") >= 1
 
     # 2. The next session: both skipped at once, no attempt, no request.

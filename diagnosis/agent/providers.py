@@ -601,7 +601,7 @@ def call_with_fallback[T](
         # A config never saved (a test's, a preview) has no breaker row to share.
         shared = config is not None and not config._state.adding
         admission = breaker.Admission(True)
-        if shared and config is not None:
+        if shared and config is not None and remaining > 0:  # no probe taken for nothing
             admission = breaker.admit(config.pk, config.timeout_seconds)
         if not offline and remaining <= 0:
             last_error = last_error or "no time left within the lease"
