@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.contrib.messages import get_messages
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from aero.models import AuditLog
 from diagnosis.actions import do_create_session
 from diagnosis.agent import providers
 from diagnosis.agent.fake_llm import FakeLLMServer
@@ -243,3 +245,27 @@ def test_what_the_breaker_counts(builtin: None, fake_llm: FakeLLMServer) -> None
     health = ProviderHealth.objects.get()
     assert (health.failures, health.open_until, health.probe_until) == (0, None, None)
     assert breaker.admit(config.pk, 5) == breaker.Admission(True)
+
+
+def test_a_successful_test_connection_closes_the_breaker(
+    builtin: None, fake_llm: FakeLLMServer
+) -> None:
+    """The admin's "Test connection" is a probe a person makes: a provider that answers
+    it is healthy again, and its breaker closes (the audit entry says so)."""
+    fake_llm.set_script({"rules": [{"content": "ok"}]})
+    config = fake_provider(fake_llm)
+    for _ in range(2):  # the threshold in these tests
+        breaker.failed(config.pk, "5xx", 503, "HTTP 503", False)
+    assert breaker.state_of(ProviderHealth.objects.get()) == breaker.OPEN
+    root = Client()
+    root.force_login(User.objects.create_superuser("root", password="pw-for-tests"))
+    response = root.post(
+        "/admin/scenarios_admin/providerconfig/",
+        {"action": "test_connection", "_selected_action": [config.pk]},
+        follow=True,
+    )
+    messages = [str(m) for m in get_messages(response.wsgi_request)]
+    assert any("circuit breaker is closed again" in m for m in messages), messages
+    assert breaker.state_of(ProviderHealth.objects.get()) == breaker.CLOSED
+    entry = AuditLog.objects.filter(action="provider.tested").latest("pk")
+    assert entry.detail["breaker_closed"] is True
