@@ -53,81 +53,109 @@ $PY manage.py collectstatic --noinput -v0
 METRICS_DIR=${PROMETHEUS_MULTIPROC_DIR:-${AERO_DATA_DIR:-var}/metrics}
 mkdir -p "$METRICS_DIR" && rm -f "$METRICS_DIR"/*.db
 
-# A small supervisor: every process runs under it; one that exits is restarted
-# with a backoff (1 s, doubling to 30 s, back to 1 s after a minute up), so a crashed
-# worker never takes the web server down. A web server that exits within 10 s of its
-# first start (a port in use, a bad setting) stops the whole script: that is no crash
-# a restart would cure. Ctrl-C or SIGTERM stops every process.
-declare -A proc_pid=() proc_started=() proc_delay=() proc_web=() proc_tries=()
-start_worker() { exec $PY manage.py aero_worker; }
-start_llmrunner() { exec $PY manage.py aero_llm_runner; }
-start_daphne() {
-  if [ -n "${REDIS_URL:-}" ]; then
-    exec .venv/bin/daphne -e "tcp:port=$WS_PORT:interface=$HOST:backlog=$BACKLOG" aero.asgi:application
-  fi
-  exec .venv/bin/daphne -e "tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG" aero.asgi:application
-}
-start_gunicorn() {
-  exec .venv/bin/gunicorn aero.wsgi:application --bind "$HOST:$PORT" --backlog "$BACKLOG" \
-    --worker-class gthread --workers "${AERO_WEB_WORKERS:-3}" --threads "${AERO_WEB_THREADS:-4}" \
-    --access-logfile -
-}
-launch() { # launch NAME: run start_<NAME without its -N suffix> in the background
-  local name=$1
-  "start_${name%%-*}" &
-  proc_pid[$name]=$!
-  proc_started[$name]=$SECONDS
-  proc_tries[$name]=$((${proc_tries[$name]:-0} + 1))
-}
-cleanup() {
-  trap - EXIT INT TERM
-  for pid in "${proc_pid[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  # The chains' heads, anchored outside the database at every stop (aero.anchors).
-  $PY manage.py anchor_heads >/dev/null 2>&1 || echo "anchoring the chain heads failed" >&2
-}
-trap cleanup EXIT
-trap 'exit 0' INT TERM
-
-if [ -n "${REDIS_URL:-}" ]; then
-  for n in $(seq "${AERO_WORKERS:-1}"); do
-    launch "worker-$n"
-  done
-  echo "Mode: PostgreSQL + Redis, ${AERO_WORKERS:-1} worker(s) (more: .venv/bin/python manage.py aero_worker)"
-  # The model calls sessions wait for: one runner per host, supervised like a
-  # worker. AERO_LLM_WAITS=0 makes the calls inside the jobs instead (no runner).
-  case "${AERO_LLM_WAITS:-1}" in
-    0 | false | no | off) ;;
-    *) launch llmrunner ;;
-  esac
-  export AERO_WS_URL=${AERO_WS_URL:-ws://$HOST:$WS_PORT}
-  proc_web[daphne]=1 proc_web[gunicorn]=1
-  launch daphne
-  launch gunicorn
-  echo "AERO is at http://$HOST:$PORT/ (WebSockets: $AERO_WS_URL)"
-else
-  echo "Mode: embedded (SQLite in var/, in-process worker, offline LLM provider)"
-  proc_web[daphne]=1
-  launch daphne
-  echo "AERO is at http://$HOST:$PORT/"
+if [ "${1:-}" = "--setup-only" ]; then
+  echo "Set up: not starting the servers (--setup-only)"
+  exit 0
 fi
 
-while true; do
-  done_pid="" status=0
-  wait -n -p done_pid "${proc_pid[@]}" || status=$?
-  [ -n "$done_pid" ] || continue # woken by a signal, not by an exit
-  for name in "${!proc_pid[@]}"; do
-    [ "${proc_pid[$name]}" = "$done_pid" ] || continue
-    up=$((SECONDS - proc_started[$name]))
-    if [ -n "${proc_web[$name]:-}" ] && [ "${proc_tries[$name]}" = 1 ] && [ "$up" -lt 10 ]; then
-      echo "$name could not start (exit status $status): stopping AERO" >&2
-      exit 1
-    fi
-    delay=${proc_delay[$name]:-1}
-    if [ "$up" -ge 60 ]; then delay=1; fi
-    echo "$name (pid $done_pid) exited with status $status after ${up} s: restarting it in ${delay} s" >&2
-    sleep "$delay"
-    proc_delay[$name]=$((delay * 2 > 30 ? 30 : delay * 2))
-    launch "$name"
-  done
+# supervisord runs every process (docs/operations.md): one that exits is restarted (at
+# once after a run, with a growing backoff while it keeps failing to start) and each exit
+# is logged. A web server that cannot start at all stops the run (supervisor_listener.py).
+# Ctrl-C or SIGTERM stops every process, then the chains' heads are anchored.
+RUN_DIR=${AERO_DATA_DIR:-var}/supervisor
+mkdir -p "$RUN_DIR" && rm -f "$RUN_DIR/fatal"
+CONF="$RUN_DIR/supervisord.conf"
+program() { # program NAME COMMAND [NUMPROCS [STARTSECS STARTRETRIES]]
+  cat <<CONF
+[program:$1]
+command=$2
+directory=$PWD
+numprocs=${3:-1}
+process_name=%(program_name)s$([ "${3:-1}" -gt 1 ] || [ "$1" = worker ] && echo "-%(process_num)d")
+numprocs_start=1
+autorestart=true
+startsecs=${4:-2}
+startretries=${5:-1000000}
+stopsignal=TERM
+stopwaitsecs=60
+stopasgroup=true
+killasgroup=true
+redirect_stderr=true
+stdout_logfile=/dev/stdout
+stdout_logfile_maxbytes=0
+
+CONF
+}
+{
+  cat <<CONF
+[supervisord]
+nodaemon=true
+# In the foreground supervisord logs to stdout already: no second copy.
+logfile=/dev/null
+logfile_maxbytes=0
+loglevel=info
+pidfile=$RUN_DIR/supervisord.pid
+
+[unix_http_server]
+file=$RUN_DIR/supervisor.sock
+chmod=0700
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[supervisorctl]
+serverurl=unix://$RUN_DIR/supervisor.sock
+
+[eventlistener:fatal]
+command=$PY scripts/supervisor_listener.py
+directory=$PWD
+events=PROCESS_STATE_FATAL
+stderr_logfile=/dev/stderr
+stderr_logfile_maxbytes=0
+
+CONF
+  # A web server gets 3 tries to stay up 10 s (gunicorn itself retries its bind for 5 s,
+  # as a killed predecessor's children may hold the port a moment): then FATAL.
+  if [ -n "${REDIS_URL:-}" ]; then
+    program worker "$PY manage.py aero_worker" "${AERO_WORKERS:-1}"
+    # The model calls sessions wait for: one runner per host, supervised like a
+    # worker. AERO_LLM_WAITS=0 makes the calls inside the jobs instead (no runner).
+    case "${AERO_LLM_WAITS:-1}" in
+      0 | false | no | off) ;;
+      *) program llmrunner "$PY manage.py aero_llm_runner" ;;
+    esac
+    program daphne ".venv/bin/daphne -e tcp:port=$WS_PORT:interface=$HOST:backlog=$BACKLOG aero.asgi:application" 1 10 3
+    program gunicorn ".venv/bin/gunicorn aero.wsgi:application --bind $HOST:$PORT --backlog $BACKLOG --worker-class gthread --workers ${AERO_WEB_WORKERS:-3} --threads ${AERO_WEB_THREADS:-4} --access-logfile -" 1 10 3
+  else
+    program daphne ".venv/bin/daphne -e tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG aero.asgi:application" 1 10 3
+  fi
+} >"$CONF"
+
+if [ -n "${REDIS_URL:-}" ]; then
+  export AERO_WS_URL=${AERO_WS_URL:-ws://$HOST:$WS_PORT}
+  export AERO_SUPERVISED_WEB="daphne gunicorn"
+  echo "Mode: PostgreSQL + Redis, ${AERO_WORKERS:-1} worker(s) (more: .venv/bin/python manage.py aero_worker)"
+  echo "AERO is at http://$HOST:$PORT/ (WebSockets: $AERO_WS_URL)"
+else
+  export AERO_SUPERVISED_WEB="daphne"
+  echo "Mode: embedded (SQLite in var/, in-process worker, offline LLM provider)"
+  echo "AERO is at http://$HOST:$PORT/"
+fi
+export AERO_SUPERVISOR_FATAL="$RUN_DIR/fatal"
+
+.venv/bin/supervisord -c "$CONF" &
+supervisor=$!
+stop() { kill -TERM "$supervisor" 2>/dev/null || true; }
+trap stop INT TERM
+# wait returns early when a trapped signal arrives: wait again until supervisord is gone.
+status=0
+while kill -0 "$supervisor" 2>/dev/null; do
+  wait "$supervisor" || status=$?
 done
+trap - INT TERM
+# The chains' heads, anchored outside the database at every stop (aero.anchors).
+$PY manage.py anchor_heads >/dev/null 2>&1 || echo "anchoring the chain heads failed" >&2
+if [ -s "$RUN_DIR/fatal" ]; then
+  exit 1
+fi
+exit "$status"

@@ -1,8 +1,9 @@
-"""`make run` (scripts/run.sh) supervises its processes: a worker killed with kill -9 is
-restarted and the web server keeps answering meanwhile; SIGTERM stops everything.
+"""`make run` (scripts/run.sh) supervises its processes with supervisord: processes
+killed with kill -9, however close together, are restarted; a web server that cannot
+start stops the run; SIGTERM stops everything.
 
-Runs the real script in production mode (PostgreSQL + Redis, gunicorn, daphne, one
-worker) against a scratch database of its own."""
+Runs the real script in production mode (PostgreSQL + Redis, gunicorn, daphne, two
+workers, the LLM runner) against a scratch database of its own."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.test_security_production import production_env
 
 pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parent.parent
-START_TIMEOUT = 180  # migrations on an empty database, the built-in data, collectstatic
+START_TIMEOUT = 300  # migrations on an empty database, the built-in data, collectstatic, app load
 
 
 def free_port() -> int:
@@ -51,8 +52,29 @@ def children(pid: int) -> dict[int, str]:
     return found
 
 
-def workers_of(pid: int) -> list[int]:
-    return [child for child, cmd in children(pid).items() if "aero_worker" in cmd]
+def supervised(run: int) -> dict[str, list[int]]:
+    """The processes supervisord (run.sh's child) runs, by program."""
+    (supervisor,) = [pid for pid, cmd in children(run).items() if "supervisord" in cmd]
+    found: dict[str, list[int]] = {}
+    for pid, cmd in children(supervisor).items():
+        for name, mark in PROGRAMS.items():
+            if mark in cmd:
+                found.setdefault(name, []).append(pid)
+    return found
+
+
+PROGRAMS = {
+    "worker": "aero_worker",
+    "llmrunner": "aero_llm_runner",
+    "daphne": "bin/daphne",
+    "gunicorn": "bin/gunicorn",
+}
+
+
+def all_up(run: int, before: dict[str, list[int]]) -> bool:
+    """Every program runs again, each killed one under a new pid."""
+    now = supervised(run)
+    return all(len(now.get(name, [])) == len(pids) for name, pids in before.items())
 
 
 def healthz(port: int) -> int:
@@ -74,7 +96,7 @@ def wait_for(check: object, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def scratch_db() -> Iterator[tuple[str, str]]:
     """(owner URL, app URL) of an empty database, dropped afterwards with its role."""
     name = f"{TEST_DB_NAME}_run"
@@ -92,11 +114,8 @@ def scratch_db() -> Iterator[tuple[str, str]]:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
-def test_a_killed_worker_is_restarted_and_the_web_stays_up(
-    scratch_db: tuple[str, str], tmp_path: Path
-) -> None:
-    owner_url, app_url = scratch_db
-    port = free_port()
+def run_env(db: tuple[str, str], data: Path, port: int, ws_port: int) -> dict[str, str]:
+    owner_url, app_url = db
     env = production_env(owner_url, AERO_HTTPS="0")
     env.update(
         {
@@ -107,48 +126,93 @@ def test_a_killed_worker_is_restarted_and_the_web_stays_up(
             "AERO_CHANNEL_PREFIX": f"aero-{TEST_DB_NAME}-run",
             "AERO_ALLOWED_HOSTS": "127.0.0.1",
             "AERO_PORT": str(port),
-            "AERO_WS_PORT": str(free_port()),
-            "AERO_WORKERS": "1",
+            "AERO_WS_PORT": str(ws_port),
+            "AERO_WORKERS": "2",
             "AERO_WEB_WORKERS": "1",
             "AERO_WEB_THREADS": "2",
-            "AERO_DATA_DIR": str(tmp_path),
+            "AERO_DATA_DIR": str(data),
         }
     )
-    log = (tmp_path / "run.log").open("w+")
+    return env
+
+
+def test_killed_processes_are_restarted_however_close_together(
+    scratch_db: tuple[str, str], tmp_path: Path
+) -> None:
+    """Two processes killed 0.3 s apart, then three: all back within the backoff, each
+    exit logged; SIGTERM stops everything."""
+    port = free_port()
+    env = run_env(scratch_db, tmp_path, port, free_port())
+    log = (tmp_path / "run.log").open("a+")  # appends: several processes write to it
     run = subprocess.Popen(
         ["bash", "scripts/run.sh"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
     )
     try:
         wait_for(lambda: healthz(port) in (200, 503), START_TIMEOUT, "the web server")
-        wait_for(lambda: len(workers_of(run.pid)) == 1, 30, "the worker")
-        (worker,) = workers_of(run.pid)
-        # The LLM runner runs beside the workers, under the same supervisor.
-        runners = [c for c, cmd in children(run.pid).items() if "aero_llm_runner" in cmd]
-        assert len(runners) == 1
-
-        os.kill(worker, signal.SIGKILL)
-        answers = []
-        for _ in range(6):  # the web server answers all along
-            answers.append(healthz(port))
-            time.sleep(0.5)
-        assert 0 not in answers, answers
         wait_for(
-            lambda: len(workers_of(run.pid)) == 1 and workers_of(run.pid) != [worker],
+            lambda: (
+                {k: len(v) for k, v in supervised(run.pid).items()}
+                == {"worker": 2, "llmrunner": 1, "daphne": 1, "gunicorn": 1}
+            ),
             30,
-            "a new worker",
+            "every program",
         )
+        before = supervised(run.pid)
+        killed: list[int] = []
+        for group in (
+            [before["worker"][0], before["daphne"][0]],
+            [before["worker"][1], before["llmrunner"][0], before["gunicorn"][0]],
+        ):
+            for pid in group:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                time.sleep(0.3)
+            # supervisord restarts a process that had run at once; 15 s covers a slow start.
+            wait_for(lambda seen=before: all_up(run.pid, seen), 15, "every program back")
+            assert not set(killed) & {p for pids in supervised(run.pid).values() for p in pids}
+            before = supervised(run.pid)
+        wait_for(lambda: healthz(port) in (200, 503), START_TIMEOUT, "the web server back")
         assert run.poll() is None
-        (restarted,) = workers_of(run.pid)
         log.seek(0)
-        assert f"worker-1 (pid {worker}) exited with status 137" in log.read()
+        text = log.read()
+        for name in ("worker-1", "worker-2", "daphne", "llmrunner", "gunicorn"):
+            assert f"exited: {name} (terminated by SIGKILL; not expected)" in text, name
+        survivors = [p for pids in supervised(run.pid).values() for p in pids]
 
         run.send_signal(signal.SIGTERM)
-        assert run.wait(timeout=60) == 0
+        assert run.wait(timeout=90) == 0
         assert healthz(port) == 0  # everything it started has stopped
-        assert not Path(f"/proc/{restarted}").exists()
-        assert not Path(f"/proc/{runners[0]}").exists()
+        assert not [p for p in survivors if Path(f"/proc/{p}").exists()]
+    except BaseException:
+        log.seek(0)
+        print(log.read()[-12000:])  # the supervisor's story, in the failure's report
+        raise
     finally:
         if run.poll() is None:
             run.kill()
             run.wait()
         log.close()
+
+
+def test_a_web_server_that_cannot_start_stops_the_run(
+    scratch_db: tuple[str, str], tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        env = run_env(scratch_db, tmp_path, port, free_port())
+        try:
+            run = subprocess.run(
+                ["bash", "scripts/run.sh"],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=START_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired as exc:
+            print(exc.stdout, exc.stderr)
+            raise
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "gunicorn could not start: stopping AERO" in run.stderr
