@@ -51,7 +51,7 @@ from aero.roles import ALL_ROLES, VIEW_SESSIONS
 from aero.sessions import Viewer, signed_in
 from aero.templatetags.aero_text import when
 from diagnosis import presenters
-from diagnosis.eventlog.masking import SessionMask, masks_roles, secrets_of
+from diagnosis.eventlog.masking import SessionMask, mask_of, masks_roles
 from diagnosis.models import Event, Session
 from diagnosis.push import (
     AIRPORT_GROUP,
@@ -367,7 +367,7 @@ class PanelContexts:
         if not masks_roles(pull.roles):
             return None
         if pull.session_id not in self.masks:
-            self.masks[pull.session_id] = SessionMask(secrets_of(session.pk))
+            self.masks[pull.session_id] = mask_of(session.pk)
         return self.masks[pull.session_id]
 
     def context(self, pull: Pull, session: Session) -> dict[str, Any]:

@@ -349,8 +349,10 @@ def session_context(
     `mask`: the viewer's masking when the caller has it already."""
     reads = reads or read_session(session)
     graph, restrictions, report = reads.graph, reads.restrictions, reads.report
-    snapshot = session.snapshot
     mask = mask or viewer_mask(session, user, roles)
+    # What the analyses found, as this viewer may see it (the map's nodes are the
+    # airport's own, read from the snapshot as it is).
+    snapshot = mask.snapshot(session.snapshot) if mask is not None else session.snapshot
     report_markdown = report.markdown if report else ""
     if mask is not None:
         report_markdown = mask.text(report_markdown)
@@ -371,14 +373,14 @@ def session_context(
         "impact": snapshot.get("impact"),
         "enrichment": snapshot.get("enrichment"),
         "fsm": snapshot.get("fsm", "INIT"),
-        "map": impact_map(graph, snapshot.get("impact"), restrictions),
+        "map": impact_map(graph, session.snapshot.get("impact"), restrictions),
         "actions": action_rows(session, Board(graph, restrictions), reads, mask),
         "report": report,
         "report_html": markdown_to_html(report_markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
         # The model's text, streaming or final (ADR 96): from the snapshot, no query.
-        "thinking": mask.scrub(snapshot.get("thinking")) if mask else snapshot.get("thinking"),
+        "thinking": snapshot.get("thinking"),
         # The timeline beside the panels is masked by the same mask (views, consumer).
         "viewer_mask": mask,
         **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),

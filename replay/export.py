@@ -118,6 +118,7 @@ def render_export(
     # The one masking rule, for a masked viewer: payloads, calls and every text that may
     # quote what they hide (the embedded report, reasons, follow-ups).
     mask = masking.session_mask(session, ()) if masked else None
+    state = presenters.shown_state(state, mask)
     chronology = []
     for event in events:
         payload, _ = presenters.shown_payload(event, mask)

@@ -316,7 +316,20 @@ def call_row(
     row = masking.mask_call(row, names.TOOL_CALL_COMPLETED)
     if row["masked"]:
         row["call_id"] = masking.MASKED
+        return row
+    # A call the rule does not mask may still name what a masked one hides (a lookup's
+    # result names the taxiway the closure closes).
+    for key in ("call_id", "args", "result", "error"):
+        row[key] = mask.scrub(row[key])
     return row
+
+
+def shown_state(state: FoldState, mask: SessionMask | None) -> FoldState:
+    """The state as a viewer with `mask` may see what its analyses found (risk, impact,
+    lookups: the snapshot)."""
+    if mask is None:
+        return state
+    return replace(state, snapshot=mask.snapshot(state.snapshot))
 
 
 def action_rows(state: FoldState, mask: SessionMask | None) -> list[dict[str, Any]]:

@@ -62,7 +62,8 @@ def replay_context(
     seq = min(seq, session.last_seq)
     mask = session_mask(session, user_roles(request.user))
     masked = mask is not None
-    state = presenters.state_at(session, seq)
+    folded = presenters.state_at(session, seq)
+    state = presenters.shown_state(folded, mask)
     nav = presenters.navigation(session, filters, seq)
     window, earlier, later = presenters.event_window(
         session, filters, seq, data.get("after"), data.get("before")
@@ -92,7 +93,7 @@ def replay_context(
         "definition": session.scenario_version.definition,
         "actions": presenters.action_rows(state, mask),
         "evidence": presenters.evidence_calls(state, mask),
-        "map": presenters.impact_map_at(presenters.airport_graph(), state),
+        "map": presenters.impact_map_at(presenters.airport_graph(), folded),
         "impact": state.impact,
         "questions": presenters.question_rows(state),
         "report_html": markdown_to_html(presenters.report_markdown(state, mask))

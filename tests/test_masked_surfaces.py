@@ -11,6 +11,7 @@ as an operator do hold them (the seeding reaches every surface, so the test can 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,18 @@ pytestmark = pytest.mark.services
 
 SECRET = "RWY-SECRET-77L"  # the runway the R3 action closes
 BEFORE = "RWY-SECRET-09R"  # the runway an approver's edit replaced
-HIDDEN = (SECRET, BEFORE)
+# The session's own R2 action on the stand the operator reported: the stand is a fact of
+# the session (shown as such, and a lookup's flight plan names it), but the action's
+# argument, as its call id, its outbox key and its report row write it, is hidden.
+STAND_PAIR = "stand=105"
+HIDDEN = (SECRET, BEFORE, f"suspend_stand_operations:{STAND_PAIR}")
+# The report row of that action, in Markdown or rendered.
+STAND_ROW = re.compile(r"stand=105\s*(\||</td>\s*<td>)\s*R2")
+
+
+def leaks(text: str) -> list[str]:
+    found = [value for value in HIDDEN if value in text or json.dumps(value) in text]
+    return found + [row.group() for row in STAND_ROW.finditer(text)]
 
 
 def seed(session: Session, approver: User) -> Approval:
@@ -92,9 +104,68 @@ def seed(session: Session, approver: User) -> Approval:
         (names.REPORT_READY, {"markdown": f"| close_runway | runway={SECRET} | R3 |"}),
     ):
         append_event(session.pk, event_type, payload, producer="test")
-    Report.objects.update_or_create(
+    # What an analysis found names the runway too, and so does an R0 lookup's result.
+    append_event(
+        session.pk,
+        names.FINDING_RECORDED,
+        {
+            "kind": "impact",
+            "start": "105",
+            "radius": 3,
+            "isolated_nodes": ["105", "A3"],
+            "taxiways": ["A"],
+            "runways": [SECRET, BEFORE],
+            "stands": ["105"],
+            "flights": ["CA1234"],
+        },
+        producer="test",
+    )
+    lookup = ToolCall.objects.create(
         session=session,
-        defaults={"language": "en", "markdown": f"| close_runway | runway={SECRET} | R3 |"},
+        call_id="lookup_runway_state",
+        tool_name="lookup_stand_location",
+        risk_class="R0",
+        idempotency_key=f"{session.pk}:lookup_runway_state",
+        request_payload={"position": "105"},
+        response_payload={"node_id": "105", "runway": SECRET},
+        status="completed",
+        position=98,
+    )
+    append_event(
+        session.pk,
+        names.TOOL_CALL_COMPLETED,
+        {
+            "tool_call": lookup.pk,
+            "call_id": lookup.call_id,
+            "tool_name": lookup.tool_name,
+            "risk_level": "R0",
+            "args": lookup.request_payload,
+            "response": lookup.response_payload,
+        },
+        producer="test",
+    )
+    # The session's own R2 stand action, sent to its external system: its key.
+    stand = ToolCall.objects.get(
+        session=session, call_id=f"action:suspend_stand_operations:{STAND_PAIR}"
+    )
+    append_event(
+        session.pk,
+        names.TOOL_CALL_QUEUED,
+        {
+            "tool_call": stand.pk,
+            "call_id": stand.call_id,
+            "tool_name": stand.tool_name,
+            "risk_level": "R2",
+            "idempotency_key": f"{session.pk}:{stand.call_id}",
+        },
+        producer="test",
+    )
+    report = (
+        f"| close_runway | runway={SECRET} | R3 |\n| suspend_stand_operations | {STAND_PAIR} | R2 |"
+    )
+    append_event(session.pk, names.REPORT_READY, {"markdown": report}, producer="test")
+    Report.objects.update_or_create(
+        session=session, defaults={"language": "en", "markdown": report}
     )
     audit(
         "approval.approved",
@@ -226,7 +297,7 @@ def test_an_auditor_never_sees_a_masked_value(
     session, approval = seeded
     carol = make_user("carol", "auditor")
     text = SURFACES[surface](carol, session, approval)
-    leaked = [value for value in HIDDEN if value in text or json.dumps(value) in text]
+    leaked = leaks(text)
     assert "found-by-a-hidden-value" not in text
     assert leaked == [], f"{surface} shows {leaked} to an auditor"
 

@@ -126,22 +126,31 @@ def _leaves(value: Any) -> Iterator[str]:
 class SessionMask:
     """The rule applied for one read-only viewer of one session. `secrets`: the values
     its masked payload keys hold (an action's taxiway, stand, runway...), hidden in any
-    text too."""
+    text too. `pairs`: its masked calls' arguments as `key=value` (how report rows, call
+    ids and outbox keys write them), hidden as `key=masked` even where the value is one
+    the session states as a fact (the stand the operator reported)."""
 
     secrets: frozenset[str]
+    pairs: frozenset[str] = frozenset()
 
     @cached_property
     def _pattern(self) -> re.Pattern[str] | None:
-        if not self.secrets:
+        hidden = self.secrets | self.pairs
+        if not hidden:
             return None
-        alternatives = "|".join(re.escape(s) for s in sorted(self.secrets, key=len, reverse=True))
+        # Longest first: "taxiway=A" before "A".
+        alternatives = "|".join(re.escape(s) for s in sorted(hidden, key=len, reverse=True))
         # Whole values only: taxiway "A" is not the A of "AERO", of node "A1" or of
         # "B-6543"; letters of other scripts around a value do not join it ("滑行道A").
         return re.compile(rf"(?<![0-9A-Za-z_/-])(?:{alternatives})(?![0-9A-Za-z_/-])")
 
+    def _hide(self, match: re.Match[str]) -> str:
+        found = match.group()
+        return f"{found.split('=', 1)[0]}={MASKED}" if found in self.pairs else MASKED
+
     def text(self, text: str) -> str:
         pattern = self._pattern
-        return pattern.sub(MASKED, text) if pattern is not None and text else text
+        return pattern.sub(self._hide, text) if pattern is not None and text else text
 
     def scrub(self, value: Any) -> Any:
         """`value` with every hidden value in its texts replaced (dicts and lists too)."""
@@ -152,6 +161,11 @@ class SessionMask:
         if isinstance(value, list):
             return [self.scrub(v) for v in value]
         return value
+
+    def snapshot(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """A session's snapshot as this viewer may see it: what its analyses found (the
+        taxiways and runways an impact reaches, a lookup's result) names no hidden value."""
+        return dict(self.scrub(snapshot))
 
     def shown(self, event_type: str, payload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """The payload as this viewer may see it and the keys the rule masked in it."""
@@ -180,6 +194,10 @@ class SessionMask:
         shown = copy.copy(call)
         shown.decision_reason = self.text(call.decision_reason)
         if not self.call(call):
+            # Its own values are shown; one a masked call hides is not, here either.
+            shown.request_payload = self.scrub(call.request_payload)
+            shown.response_payload = self.scrub(call.response_payload)
+            shown.call_id = self.text(call.call_id)
             return shown
         shown.request_payload = {k: MASKED for k in call.request_payload}
         shown.response_payload = {}
@@ -202,12 +220,34 @@ def secrets_of(session_id: Any) -> frozenset[str]:
     return secrets_by_session([session_id]).get(str(session_id), frozenset())
 
 
+def mask_of(session_id: Any) -> SessionMask:
+    """The masking of one session for a read-only viewer: its hidden values and its
+    masked calls' `key=value` pairs (one query)."""
+    key = str(session_id)
+    return hidden_by_session([key]).get(key, SessionMask(frozenset()))
+
+
+def _scalars(args: Any) -> Iterator[tuple[str, str]]:
+    if isinstance(args, dict):
+        for name, value in args.items():
+            scalar = isinstance(value, str | int | float) and not isinstance(value, bool)
+            if scalar and str(value).strip() and str(value) != MASKED:
+                yield str(name), str(value)
+
+
 def secrets_by_session(session_ids: Iterable[Any]) -> dict[str, frozenset[str]]:
-    """The values the rule hides in each of these sessions, in one query: the arguments of
-    their masked tool calls, the ones an approver's edit replaced, the parts of their call
-    ids. Not a value a session states as one of its own facts (the position the operator
-    reported is on the page whatever an action does with it)."""
+    """The values the rule hides in each of these sessions (see hidden_by_session)."""
+    return {key: mask.secrets for key, mask in hidden_by_session(session_ids).items()}
+
+
+def hidden_by_session(session_ids: Iterable[Any]) -> dict[str, SessionMask]:
+    """Each session's masking for a read-only viewer, in one query: the values the rule
+    hides (the arguments of its masked tool calls, the ones an approver's edit replaced,
+    the parts of their call ids) and those arguments as `key=value`. Not a value a session
+    states as one of its own facts (the position the operator reported is on the page
+    whatever an action does with it); its `key=value` pair is hidden all the same."""
     found: dict[str, set[str]] = {}
+    pairs: dict[str, set[str]] = {}
     facts: dict[str, set[str]] = {}
     rows = ToolCall.objects.filter(session_id__in=list(session_ids)).values_list(
         "session_id",
@@ -226,8 +266,15 @@ def secrets_by_session(session_ids: Iterable[Any]) -> dict[str, frozenset[str]]:
         hidden.update(_leaves(args))
         hidden.update(_leaves(before))
         # The call id repeats the arguments ("action:close_stand:stand=105").
-        hidden.update(part.split("=", 1)[1] for part in call_id.split(":") if "=" in part)
-    return {key: frozenset(values - facts.get(key, set())) for key, values in found.items()}
+        parts = [part for part in call_id.split(":") if "=" in part]
+        hidden.update(part.split("=", 1)[1] for part in parts)
+        written = pairs.setdefault(key, set())
+        written.update(parts)
+        written.update(f"{k}={v}" for k, v in [*_scalars(args), *_scalars(before)])
+    return {
+        key: SessionMask(frozenset(values - facts.get(key, set())), frozenset(pairs[key]))
+        for key, values in found.items()
+    }
 
 
 def hiding(text: str, session_ids: Iterable[Any]) -> set[Any]:
@@ -252,7 +299,7 @@ def session_mask(session: Session | Any, roles: Iterable[str]) -> SessionMask | 
     for viewers who see everything."""
     if not masks_roles(roles):
         return None
-    return SessionMask(secrets_of(getattr(session, "pk", session)))
+    return mask_of(getattr(session, "pk", session))
 
 
 # Keys of an audit entry's detail that hold a call's arguments (before and after an edit).
@@ -272,7 +319,7 @@ class AuditMasks:
             return detail
         key = str(session_id)
         if key not in self.masks:
-            self.masks[key] = SessionMask(secrets_of(session_id))
+            self.masks[key] = mask_of(session_id)
         shown = dict(detail)
         if call_masked(str(shown.get("risk_class", ""))):
             shown.update({k: MASKED for k in AUDIT_ARGUMENTS if shown.get(k) not in _EMPTY})
