@@ -77,6 +77,8 @@ class DomainPack:
     page_context: Callable[[Any], dict[str, Any]] | None = None
     # Where the pack's own form to open a session is (a URL name), if it has one.
     new_session_url: str | None = None
+    # A session was soft-deleted: drop what the pack keeps outside the log for it.
+    on_deleted: Callable[[Any], None] | None = None
 
 
 _PACKS: dict[str, DomainPack] = {}

@@ -479,6 +479,11 @@ def do_delete_session(session_id: Any, user: Any, reason: str) -> Session:
             session_id=session.pk,
             detail={"reason": reason, "status": session.status, "approvals_closed": closed},
         )
+        forget = pack_for(session.scenario_version.definition["kind"]).on_deleted
+        if forget is not None:
+            # What the pack keeps outside the log (a diagnosis's bundle) goes with the
+            # delete, once it has committed.
+            transaction.on_commit(lambda: forget(session.pk))
     session.refresh_from_db()
     return session
 

@@ -21,6 +21,7 @@ class DiagnosisPackConfig(AppConfig):
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
         from packs.diagnosis.seed import seed
+        from packs.diagnosis.storage import delete_bundle
         from packs.diagnosis.system import demo_shop
 
         external.register_system(fixes.SHOP_OPS, fixes.SHOP_OPS_PREFIX)
@@ -47,5 +48,6 @@ class DiagnosisPackConfig(AppConfig):
                 page_panel="diagnosis_pack/_panel.html",
                 page_context=web.page_context,
                 new_session_url="diagnosis_pack:new",
+                on_deleted=delete_bundle,
             )
         )
