@@ -7,6 +7,7 @@ workers, the LLM runner) against a scratch database of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -69,6 +71,30 @@ PROGRAMS = {
     "daphne": "bin/daphne",
     "gunicorn": "bin/gunicorn",
 }
+
+
+def descendants(pid: int) -> list[int]:
+    found = []
+    for child in children(pid):
+        found += [child, *descendants(child)]
+    return found
+
+
+def stop(run: subprocess.Popen[Any]) -> None:
+    """Stop the script as a person would (SIGTERM: supervisord stops its programs); if
+    that fails, kill everything under it, so no worker outlives the test."""
+    if run.poll() is None:
+        everything = descendants(run.pid)
+        run.send_signal(signal.SIGTERM)
+        try:
+            run.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            everything += descendants(run.pid)
+            run.kill()
+            run.wait()
+        for pid in everything:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def all_up(run: int, before: dict[str, list[int]]) -> bool:
@@ -188,9 +214,7 @@ def test_killed_processes_are_restarted_however_close_together(
         print(log.read()[-12000:])  # the supervisor's story, in the failure's report
         raise
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+        stop(run)
         log.close()
 
 
@@ -202,17 +226,17 @@ def test_a_web_server_that_cannot_start_stops_the_run(
         taken.listen()
         port = int(taken.getsockname()[1])
         env = run_env(scratch_db, tmp_path, port, free_port())
+        run = subprocess.Popen(
+            ["bash", "scripts/run.sh"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
-            run = subprocess.run(
-                ["bash", "scripts/run.sh"],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=START_TIMEOUT,
-            )
-        except subprocess.TimeoutExpired as exc:
-            print(exc.stdout, exc.stderr)
-            raise
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert "gunicorn could not start: stopping AERO" in run.stderr
+            out, err = run.communicate(timeout=START_TIMEOUT)
+        finally:
+            stop(run)
+    assert run.returncode == 1, out + err
+    assert "gunicorn could not start: stopping AERO" in err
