@@ -23,6 +23,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 from django.utils import translation
+from django.utils.csp import CSP, LazyNonce, build_policy
 
 from aero.i18n import request_language
 
@@ -135,10 +136,14 @@ def too_many(request: HttpRequest, retry_after: int) -> HttpResponse:
         }
         response = HttpResponse(json.dumps(body), status=429, content_type=PROBLEM)
     else:
-        # Before the language middleware: the visitor's language chosen here.
+        # Before the language and CSP middleware (a refusal costs no more than its
+        # count): the visitor's language and the site's policy, applied here.
+        nonce = LazyNonce()
+        request._csp_nonce = nonce  # type: ignore[attr-defined]  # what the CSP context reads
         with translation.override(request_language(request)):
             html = render_to_string("429.html", {"retry_after": retry_after}, request=request)
         response = HttpResponse(html, status=429)
+        response[CSP.HEADER_ENFORCE] = build_policy(settings.SECURE_CSP, nonce)
     response["Retry-After"] = str(retry_after)
     return response
 

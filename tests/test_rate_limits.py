@@ -70,6 +70,7 @@ def test_sign_ins_per_address(db: None, make_user: Callable[..., User]) -> None:
     page = over.content.decode()
     assert 'data-testid="error-page"' in page and "429" in page
     assert f"Try again in {over['Retry-After']} second" in page
+    assert "default-src 'self'" in over["Content-Security-Policy"]  # as every page
     assert (
         Client(REMOTE_ADDR=there)
         .post("/accounts/login/", {"username": "olga", "password": "pw-for-tests"})
