@@ -334,7 +334,8 @@ CACHES = {
         }
     ),
 }
-# Which payload fields read-only viewers see masked (replay/masking.py): JSON list of rules.
+# Which payload fields read-only viewers see masked (diagnosis/eventlog/masking.py): JSON
+# list of rules.
 try:
     AERO_REPLAY_MASK = json.loads(env_str("AERO_REPLAY_MASK", "null"))
 except ValueError as exc:
