@@ -375,6 +375,8 @@ AERO_LLM_STREAM_FLUSH = env_float("AERO_LLM_STREAM_FLUSH", 0.1)
 AERO_BUNDLE_DIR = Path(env_str("AERO_BUNDLE_DIR", str(DATA_DIR / "bundles")))
 # The largest bundle archive the web form accepts (bytes; unpacked, the bundle's own limits).
 AERO_BUNDLE_MAX_UPLOAD = env_int("AERO_BUNDLE_MAX_UPLOAD", 200 * 1024 * 1024)
+# One exchange with the MCP git server (start-up included), seconds.
+AERO_CODE_TOOL_TIMEOUT = env_float("AERO_CODE_TOOL_TIMEOUT", 30.0)
 AERO_CHECKPOINT_SQLITE = Path(
     env_str("AERO_CHECKPOINT_SQLITE", str(DATA_DIR / "checkpoints.sqlite3"))
 )

@@ -19,6 +19,8 @@ from django.test import override_settings
 from approvals.models import Approval
 from diagnosis.execution import execution_problems
 from diagnosis.models import Event, ExternalEffect, Outbox, Session, ToolCall
+from packs.diagnosis import graph
+from packs.diagnosis.code import CodeToolError
 from packs.diagnosis.fixes import fix_problems
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import demo_shop
@@ -224,3 +226,29 @@ def test_a_third_party_only_gets_tickets_and_notices() -> None:
         "nowhere is not a service of shop",
         "an R2 fix runs only on the root cause's service (bank-api), not nowhere",
     ]
+
+
+def test_a_failing_code_server_fails_its_call_not_the_session(
+    builtin: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attempts: list[str] = []
+
+    def crashed(repo: Path, **kwargs: Any) -> Any:
+        attempts.append(kwargs["path"])
+        raise CodeToolError("the MCP server exited before it answered")
+
+    monkeypatch.setattr(graph, "code", crashed)
+    with override_settings(AERO_TOOL_RETRIES=2, AERO_TOOL_BACKOFF=0):
+        result = run_bundle(capsys, SPEC / "ex-deploy-payments.tar.gz", "--decide", "approve")
+
+    assert attempts == ["payments/app/handlers.py"] * 3  # retried per the tools' policy
+    code = ToolCall.objects.get(session_id=result["session"], tool_name="code")
+    assert code.status == "failed" and "MCP server exited" in code.error
+    assert Event.objects.filter(session_id=result["session"], type="tool.call_failed").exists()
+    # the diagnosis goes on without it, and does not cite it
+    assert result["status"] == "completed"
+    assert result["root_cause"]["deploy"] == "D-5716"
+    finding = Event.objects.get(
+        session_id=result["session"], type="finding.recorded", payload__kind="root_cause"
+    )
+    assert code.call_id not in finding.payload["evidence"]

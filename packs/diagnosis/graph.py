@@ -16,7 +16,9 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any, Literal, TypedDict
 
+from django.conf import settings
 from langgraph.graph import END, START, StateGraph
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
 from diagnosis.agent.nodes.proposals import propose_action
 from diagnosis.agent.nodes.waiting import ask_user, await_approval
@@ -305,10 +307,26 @@ def _topology(system: System, service: str) -> dict[str, Any]:
 
 
 def _code(bundle: Bundle, location: Any) -> dict[str, Any]:
+    """The code tool through MCP, retried per the tools' policy (AERO_TOOL_RETRIES, linear
+    AERO_TOOL_BACKOFF) when its server crashed, hung or refused; after the last attempt
+    the call fails (recorded) and the diagnosis goes on without it."""
     if not bundle.has_repo:
         raise CodeToolError("the bundle has no repo/")
-    looked = code(
-        bundle.root / "repo", commit=location.commit, path=location.path, line=location.line
+    retrying = Retrying(
+        retry=retry_if_exception_type(CodeToolError),
+        stop=stop_after_attempt(settings.AERO_TOOL_RETRIES + 1),
+        wait=wait_incrementing(
+            start=settings.AERO_TOOL_BACKOFF, increment=settings.AERO_TOOL_BACKOFF
+        ),
+        reraise=True,
+    )
+    looked = retrying(
+        code,
+        bundle.root / "repo",
+        commit=location.commit,
+        path=location.path,
+        line=location.line,
+        timeout=settings.AERO_CODE_TOOL_TIMEOUT,
     )
     return {
         "commit": looked.commit,
