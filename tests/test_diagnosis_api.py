@@ -63,6 +63,8 @@ def test_a_bundle_opens_a_diagnosis_once_per_key(builtin: None, alice: User) -> 
         f"/api/v1/diagnosis-sessions/{session_id}", HTTP_AUTHORIZATION=f"Bearer {token}"
     )
     assert got.status_code == 200
+    cause = got.json()["snapshot"]["root_cause"]
+    assert (cause["hypothesis"], cause["service"]) == ("db_pool_exhausted", "inventory")
 
 
 def test_a_bad_bundle_is_a_422_with_where(builtin: None, alice: User, tmp_path: Path) -> None:
