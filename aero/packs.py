@@ -79,6 +79,10 @@ class DomainPack:
     new_session_url: str | None = None
     # A session was soft-deleted: drop what the pack keeps outside the log for it.
     on_deleted: Callable[[Any], None] | None = None
+    # The example cases of a definition, run through the pack's own analysis (`scenario
+    # check`): each has number, passed, problems and summary(). A pack with its own has
+    # no row-edited draft: its published versions are what is checked.
+    check_examples: Callable[[dict[str, Any]], list[Any]] | None = None
 
 
 _PACKS: dict[str, DomainPack] = {}

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import override_settings
 from django.urls import reverse
 
@@ -15,7 +17,7 @@ from diagnosis.actions import do_delete_session
 from diagnosis.models import Event, Session
 from packs.diagnosis.sessions import start_from_bundle
 from packs.diagnosis.storage import bundle_dir
-from scenarios_admin.models import Scenario
+from scenarios_admin.models import Scenario, ScenarioVersion
 from tests.web_helpers import login
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
@@ -83,3 +85,24 @@ def test_a_soft_delete_removes_the_stored_bundle(diagnosed: Session, make_user: 
     assert not stored.exists()
     # the log keeps what the evidence said
     assert Event.objects.filter(session=diagnosed, type="tool.call_completed").exists()
+
+
+def test_scenario_check_runs_the_example_bundles(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    call_command("scenario", "check", "it_diagnosis")
+    out = capsys.readouterr().out
+    assert "it_diagnosis v1: 3 example cases" in out
+    assert "PASS 2: ex-pool-inventory: db_pool_exhausted on inventory" in out
+    assert "3 passed, 0 failed" in out
+
+    # A version whose pool threshold can never hold misses the pool example.
+    scenario = Scenario.objects.get(slug="it_diagnosis")
+    definition = scenario.latest_version().definition  # type: ignore[union-attr]
+    definition["playbook"]["hypotheses"]["db_pool_exhausted"]["threshold"] = 2.0
+    ScenarioVersion.objects.create(scenario=scenario, number=2, definition=definition)
+    with pytest.raises(CommandError, match="1 of 3 example cases failed"):
+        call_command("scenario", "check", "it_diagnosis", "--version", "2")
+    out = capsys.readouterr().out
+    assert "FAIL 2: ex-pool-inventory" in out
+    assert "hypothesis: expected db_pool_exhausted" in out

@@ -21,6 +21,7 @@ class DiagnosisPackConfig(AppConfig):
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
         from packs.diagnosis.seed import seed
+        from packs.diagnosis.selfcheck import check_examples
         from packs.diagnosis.storage import delete_bundle
         from packs.diagnosis.system import demo_shop
 
@@ -49,5 +50,6 @@ class DiagnosisPackConfig(AppConfig):
                 page_context=web.page_context,
                 new_session_url="diagnosis_pack:new",
                 on_deleted=delete_bundle,
+                check_examples=check_examples,
             )
         )
