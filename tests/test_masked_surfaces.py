@@ -238,8 +238,11 @@ def _api(user: User, session: Session, approval: Approval) -> str:
     export = f"/api/v1/diagnosis-sessions/{session.pk}/replay/export-md"
     bodies.append(call("POST", export, token))
     assert all(b.status_code == 200 for b in bodies), [b.status_code for b in bodies]
-    found = call("GET", f"/api/v1/history?q={SECRET}", token).json()["sessions"]
-    hit = "found-by-a-hidden-value" if any(s["id"] == str(session.pk) for s in found) else ""
+    hit = ""
+    for hidden in (SECRET, STAND_PAIR):
+        found = call("GET", f"/api/v1/history?q={hidden}", token).json()["sessions"]
+        if any(s["id"] == str(session.pk) for s in found):
+            hit = "found-by-a-hidden-value"
     return "".join(b.content.decode() for b in bodies) + hit
 
 
@@ -251,8 +254,12 @@ def _api_stream(user: User, session: Session, approval: Approval) -> str:
 def _history(user: User, session: Session, approval: Approval) -> str:
     client = login(user)
     listed = client.get(reverse("replay:history")).content.decode()
-    # Searching for a hidden value finds nothing a masked viewer could not see.
-    found = client.get(reverse("replay:history"), {"q": SECRET}).content.decode()
+    # Searching for a hidden value (or argument) finds nothing a masked viewer could not
+    # see.
+    found = "".join(
+        client.get(reverse("replay:history"), {"q": hidden}).content.decode()
+        for hidden in (SECRET, STAND_PAIR)
+    )
     assert str(session.pk) in listed
     return listed + ("found-by-a-hidden-value" if str(session.pk) in found else "")
 

@@ -283,11 +283,13 @@ def hiding(text: str, session_ids: Iterable[Any]) -> set[Any]:
     by it. One query."""
     ids = list(session_ids)
     wanted = text.casefold()
-    secrets = secrets_by_session(ids)
+    masks = hidden_by_session(ids)
     hidden = set()
     for session_id in ids:
-        values = secrets.get(str(session_id), frozenset())
-        named = SessionMask(values).text(text) != text
+        mask = masks.get(str(session_id), SessionMask(frozenset()))
+        values = mask.secrets
+        # A whole hidden value or `key=value` pair ("stand=105"), or a part of a value.
+        named = mask.text(text) != text
         inside = len(wanted) >= 3 and any(wanted in value.casefold() for value in values)
         if named or inside:
             hidden.add(session_id)
