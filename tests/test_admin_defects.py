@@ -93,7 +93,18 @@ def test_an_offline_provider_needs_neither_and_a_full_one_saves(root: Client) ->
     assert set(ProviderConfig.objects.values_list("name", flat=True)) == {"local", "gateway"}
 
 
-def test_the_kind_list_offers_only_kinds_that_work(root: Client) -> None:
+def test_the_kind_list_offers_only_kinds_that_work(
+    root: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kind whose pack is not installed (here: the diagnosis pack taken out of the
+    registry, as a deployment without it) is neither offered nor accepted."""
+    from aero import packs
+
+    offered = root.get("/admin/scenarios_admin/scenario/add/").content.decode()
+    assert "IT problem diagnosis" in offered  # installed: offered
+    monkeypatch.setattr(
+        packs, "_PACKS", {k: v for k, v in packs._PACKS.items() if k != "diagnosis"}
+    )
     scenario = Scenario.objects.get(slug="oil_spill")
     html = root.get(change_url(scenario)).content.decode()
     assert "IT problem diagnosis" not in html
