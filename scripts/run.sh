@@ -37,7 +37,11 @@ if [ -n "${DATABASE_URL:-}" ]; then
     exit 2
   fi
   DATABASE_URL="$DATABASE_OWNER_URL" $PY manage.py migrate --noinput -v0
-  DATABASE_URL="$DATABASE_OWNER_URL" $PY manage.py db_roles --app-url "$DATABASE_URL"
+  # Served over https (real production): an owner with SUPERUSER is refused, as it could
+  # switch the audit triggers off. A plain-http try-out (AERO_HTTPS=0) is only warned.
+  owner_check=(--require-unprivileged-owner)
+  case "${AERO_HTTPS:-1}" in 0 | false | no | off) owner_check=() ;; esac
+  DATABASE_URL="$DATABASE_OWNER_URL" $PY manage.py db_roles --app-url "$DATABASE_URL" "${owner_check[@]}"
 else
   $PY manage.py migrate --noinput -v0
 fi

@@ -98,6 +98,36 @@ def test_production_mode_run_script_seeds_no_demo_users(
     assert not User.objects.filter(username__in=["admin", "operator", "approver"]).exists()
 
 
+@pytest.mark.services
+def test_production_over_https_refuses_a_superuser_owner(
+    transactional_db: None, db_url: str
+) -> None:
+    """Served over https, run.sh refuses to grant with a SUPERUSER owner (it could switch
+    the audit triggers off); a plain-http try-out (the test above) is only warned."""
+    role = f"{connection.settings_dict['NAME']}_runapp"
+    app_url = db_url.replace("postgres://postgres@", f"postgres://{role}@", 1)
+    env = production_env(db_url)
+    env.pop("AERO_HTTPS", None)
+    env.update({"DATABASE_OWNER_URL": db_url, "DATABASE_URL": app_url})
+    try:
+        run = subprocess.run(
+            ["bash", "scripts/run.sh", "--setup-only"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
+            if cursor.fetchone():
+                cursor.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
+    assert run.returncode != 0
+    assert "is a superuser" in run.stderr, run.stdout + run.stderr
+    assert "Set up" not in run.stdout
+
+
 # --- sign-in rate limit ---------------------------------------------------------------
 
 
