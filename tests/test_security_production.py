@@ -67,19 +67,16 @@ def test_check_deploy_is_clean_with_production_settings(db_url: str) -> None:
         assert warning in plain.stderr
 
 
-@pytest.mark.services
-def test_production_mode_run_script_seeds_no_demo_users(
-    transactional_db: None, db_url: str
-) -> None:
-    # --setup-only: everything before the servers runs, then the script exits.
-    # Production runs as the app's own role (DATABASE_URL) beside the owner: run.sh
-    # migrates and grants as the owner, then seeds (or not) as the app.
+def run_setup(db_url: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """`scripts/run.sh --setup-only` in production mode: everything before the servers.
+    It runs as the app's own role (DATABASE_URL) beside the owner: run.sh migrates and
+    grants as the owner, then seeds (or not) as the app. The role is dropped after."""
     role = f"{connection.settings_dict['NAME']}_runapp"
-    app_url = db_url.replace("postgres://postgres@", f"postgres://{role}@", 1)
-    env = production_env(db_url, AERO_HTTPS="0")
-    env.update({"DATABASE_OWNER_URL": db_url, "DATABASE_URL": app_url})
+    env = production_env(db_url, **extra)  # without AERO_HTTPS: served over https
+    env["DATABASE_OWNER_URL"] = db_url
+    env["DATABASE_URL"] = db_url.replace("postgres://postgres@", f"postgres://{role}@", 1)
     try:
-        run = subprocess.run(
+        return subprocess.run(
             ["bash", "scripts/run.sh", "--setup-only"],
             cwd=ROOT,
             env=env,
@@ -92,6 +89,14 @@ def test_production_mode_run_script_seeds_no_demo_users(
             cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
             if cursor.fetchone():
                 cursor.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
+
+
+@pytest.mark.services
+def test_production_mode_run_script_seeds_no_demo_users(
+    transactional_db: None, db_url: str
+) -> None:
+    run = run_setup(db_url, AERO_HTTPS="0")
+
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Production mode: no demo users are created" in run.stdout
     assert "Demo users" not in run.stdout
@@ -104,25 +109,8 @@ def test_production_over_https_refuses_a_superuser_owner(
 ) -> None:
     """Served over https, run.sh refuses to grant with a SUPERUSER owner (it could switch
     the audit triggers off); a plain-http try-out (the test above) is only warned."""
-    role = f"{connection.settings_dict['NAME']}_runapp"
-    app_url = db_url.replace("postgres://postgres@", f"postgres://{role}@", 1)
-    env = production_env(db_url)
-    env.pop("AERO_HTTPS", None)
-    env.update({"DATABASE_OWNER_URL": db_url, "DATABASE_URL": app_url})
-    try:
-        run = subprocess.run(
-            ["bash", "scripts/run.sh", "--setup-only"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
-            if cursor.fetchone():
-                cursor.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
+    run = run_setup(db_url)
+
     assert run.returncode != 0
     assert "is a superuser" in run.stderr, run.stdout + run.stderr
     assert "Set up" not in run.stdout
