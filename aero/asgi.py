@@ -2,9 +2,14 @@ from __future__ import annotations
 
 import os
 
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
+if not settings.configured:
+    # This process is the ASGI server (not a test importing the app): the settings then
+    # keep no idle database connection (docs/operations.md).
+    os.environ["AERO_ASGI_PROCESS"] = "1"
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402

@@ -40,12 +40,20 @@ _local_lock = threading.Lock()
 _last_warning = 0.0
 
 
+_client_lock = threading.Lock()
+
+
 def _redis() -> redis.Redis:
+    """One client per process, made once: two threads' first requests each making one
+    left the loser to the garbage collector, whose close disconnected the connections
+    the other thread was using (a 500 from a burst of requests at start)."""
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5
-        )
+        with _client_lock:
+            if _client is None:
+                _client = redis.Redis.from_url(
+                    settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5
+                )
     return _client
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from channels.auth import AuthMiddlewareStack
+from channels.auth import AuthMiddleware, get_user
 from channels.routing import URLRouter
+from channels.sessions import CookieMiddleware, SessionMiddleware
 
+from aero.db_async import db_call
 from aero.ws_origin import PageOriginValidator
 
 Server = Literal["asgi", "wsgi"]
@@ -44,9 +46,19 @@ def on_start(hook: Callable[[Server], None]) -> None:
         _start_hooks.append(hook)
 
 
+class _AuthMiddleware(AuthMiddleware):
+    """channels' AuthMiddleware, its sign-in lookup on the bounded database pool
+    (aero.db_async): channels runs it on the one thread-sensitive thread, so 50 sockets
+    opening at once signed in one after another behind every consumer's database call."""
+
+    async def resolve_scope(self, scope: Any) -> None:
+        scope["user"]._wrapped = await db_call(get_user.func)(scope)
+
+
 def page_websocket() -> Any:
     routes = [route for routes in _page_routes for route in routes()]
-    return PageOriginValidator(AuthMiddlewareStack(URLRouter(routes)))
+    stack = CookieMiddleware(SessionMiddleware(_AuthMiddleware(URLRouter(routes))))
+    return PageOriginValidator(stack)
 
 
 def websocket(pages: Any) -> Callable[..., Any]:

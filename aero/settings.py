@@ -205,16 +205,28 @@ TEMPLATES = [
 ]
 
 # --- database -------------------------------------------------------------------------
+# Set by aero/asgi.py before Django loads: this process is daphne.
+ASGI_PROCESS = os.environ.get("AERO_ASGI_PROCESS") == "1"
+# daphne's database calls (consumers, the sign-in lookup) run on this many threads at
+# once, each call on a connection opened for it and closed after it: at most this many
+# connections while sockets are busy, none while they idle.
+AERO_ASGI_DB_THREADS = env_int("AERO_ASGI_DB_THREADS", 8, minimum=1)
 if DATABASE_URL:
     # Persistent connections, checked before reuse: opening a PostgreSQL connection per
     # request or consumer pull is a large share of the ASGI process's CPU.
     DATABASES = {
         "default": dj_database_url.parse(
             DATABASE_URL,
-            conn_max_age=env_int("AERO_DB_CONN_MAX_AGE", 300, minimum=0),
+            # daphne keeps none (docs/operations.md): its sockets mostly idle, and 100
+            # viewers' consumers once held 30 idle connections on a server with 100.
+            conn_max_age=0 if ASGI_PROCESS else env_int("AERO_DB_CONN_MAX_AGE", 300, minimum=0),
             conn_health_checks=True,
         )
     }
+    # Named in pg_stat_activity, so an operator (and a test) can count each process's.
+    DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = env_str(
+        "AERO_DB_APPLICATION_NAME", "aero-daphne" if ASGI_PROCESS else "aero"
+    )
     # Parameters bound by the server, not pasted into the SQL text: the same statement
     # text is then prepared once per connection (psycopg prepares a statement run more
     # than 5 times), so PostgreSQL parses and plans the hot statements once, and psycopg

@@ -7,7 +7,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 
-from aero import health
+from aero import health, supervision
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -31,14 +31,29 @@ def _redis() -> str:
     return "ok"
 
 
+def _processes() -> str:
+    """Under `make run`: every process supervisord is configured to run must be running
+    now (not starting, backing off or exited), each missing one named."""
+    path = supervision.socket_path()
+    assert path is not None
+    found = supervision.processes(path)
+    missing = supervision.down(found)
+    if missing:
+        raise RuntimeError("; ".join(missing))
+    return f"{len(found)} running: " + ", ".join(p.name for p in found)
+
+
 def healthz(request: HttpRequest) -> JsonResponse:
     """For load balancers and the run scripts, so it needs no login. The database always;
-    Redis and the workers' heartbeats in production mode (REDIS_URL set)."""
+    Redis and the workers' heartbeats in production mode (REDIS_URL set); every
+    supervised process under `make run`."""
     checks: dict[str, str] = {}
     ok = True
     probes = [("database", _database)]
     if settings.REDIS_URL:
         probes.append(("redis", _redis))
+    if supervision.socket_path():
+        probes.append(("processes", _processes))
     probes.extend(health.probes())
     for name, probe in probes:
         try:

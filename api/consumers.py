@@ -19,11 +19,11 @@ import uuid
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.urls import reverse
 
 from aero import metrics
+from aero.db_async import db_call
 from aero.roles import VIEW_SESSIONS
 from api.auth import token_from_raw
 from api.presenters import envelope, viewer_mask
@@ -166,13 +166,13 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
         headers = dict(self.scope.get("headers", []))
         raw = headers.get(b"authorization", b"").decode("latin-1")
         raw = raw[7:].strip() if raw.lower().startswith("bearer ") else query.get("token", [""])[0]
-        viewer, code = await database_sync_to_async(authenticate)(raw, self.session_id)
+        viewer, close_code = await db_call(authenticate)(raw, self.session_id)
         if viewer is None:
             metrics.ws_refused(STREAM)
             # Accept, then close with a code that says why (4401: no valid token, 4403: no
             # access): a refused handshake would only tell an API client "403".
             await self.accept()
-            await self.close(code=code)
+            await self.close(code=close_code)
             return
         self.viewer, self.raw = viewer, raw
         # A last_seq past the log's end (a client that kept another session's number, a
@@ -208,7 +208,7 @@ class ApiSessionStream(AsyncJsonWebsocketConsumer):
         while True:
             if self.viewer is None:
                 return  # connect() refused the stream
-            viewer, code, batch = await database_sync_to_async(pull)(
+            viewer, code, batch = await db_call(pull)(
                 self.raw, self.session_id, self.sent_seq, self.viewer
             )
             if viewer is None:

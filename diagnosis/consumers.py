@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -46,6 +45,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext
 
 from aero import metrics
+from aero.db_async import db_call
 from aero.i18n import supported
 from aero.roles import ALL_ROLES, VIEW_SESSIONS
 from aero.sessions import Viewer, signed_in
@@ -468,7 +468,7 @@ class Hub:
             while self.pending_roles:
                 batch, self.pending_roles = self.pending_roles, {}
                 try:
-                    found = await database_sync_to_async(viewer_roles)(list(batch))
+                    found = await db_call(viewer_roles)(list(batch))
                 except Exception as exc:
                     for futures in batch.values():
                         for future in futures:
@@ -507,7 +507,7 @@ class Hub:
                 if not self.watchers:
                     return
                 try:
-                    found = await database_sync_to_async(last_seqs)(list(self.watchers))
+                    found = await db_call(last_seqs)(list(self.watchers))
                 except Exception:
                     # PostgreSQL restarting: the next pass reads again.
                     logger.warning("live resync: could not read the sessions", exc_info=True)
@@ -662,7 +662,7 @@ class Hub:
             while self.pending_asks:
                 batch, self.pending_asks = self.pending_asks, []
                 try:
-                    answers = await database_sync_to_async(check_and_render)(
+                    answers = await db_call(check_and_render)(
                         [ask for asks, _ in batch for ask in asks]
                     )
                 except Exception as exc:
@@ -745,7 +745,7 @@ class Hub:
                 batch, self.pending_pulls = self.pending_pulls, {}
                 pulls = list(batch)
                 try:
-                    updates = await database_sync_to_async(render_batch)(pulls)
+                    updates = await db_call(render_batch)(pulls)
                 except Exception as exc:
                     for future in batch.values():
                         if not future.done():
@@ -1000,6 +1000,6 @@ class PageNoticeConsumer(SignedInSocket):
         html = await hub().shared(
             (*self.page_key(), stamp, roles),
             lambda _: True,
-            lambda: database_sync_to_async(self.render_in_language)(roles),
+            lambda: db_call(self.render_in_language)(roles),
         )
         await self.send(text_data=html)

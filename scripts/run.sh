@@ -87,6 +87,7 @@ killasgroup=true
 redirect_stderr=true
 stdout_logfile=/dev/stdout
 stdout_logfile_maxbytes=0
+environment=AERO_DB_APPLICATION_NAME="aero-$1$([ "${3:-1}" -gt 1 ] || [ "$1" = worker ] && echo "-%(process_num)d")"
 
 CONF
 }
@@ -146,6 +147,9 @@ else
   echo "AERO is at http://$HOST:$PORT/"
 fi
 export AERO_SUPERVISOR_FATAL="$RUN_DIR/fatal"
+# /healthz asks supervisord which processes are configured and which run (aero/supervision.py).
+AERO_SUPERVISOR_SOCKET="$(cd "$RUN_DIR" && pwd)/supervisor.sock"
+export AERO_SUPERVISOR_SOCKET
 
 .venv/bin/supervisord -c "$CONF" &
 supervisor=$!

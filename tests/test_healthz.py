@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +20,7 @@ from django.db import OperationalError
 from django.test import Client
 from django.utils import timezone
 
-from aero import views
+from aero import supervision, views
 from diagnosis.models import WorkerBeat
 from diagnosis.worker import WorkerHeartbeat
 
@@ -65,7 +73,7 @@ def test_healthz_reads_the_workers_own_heartbeats(db: None, settings: Any) -> No
     WorkerBeat.objects.update(beat_at=timezone.now() - timedelta(minutes=5))
     response = Client().get("/healthz")
     assert response.status_code == 503
-    assert "none with a recent heartbeat" in response.json()["checks"]["workers"]
+    assert "no worker alive" in response.json()["checks"]["workers"]
 
     # Redis down does not hide a live worker: the heartbeat is in the database.
     beats.session_id = str(uuid.uuid4())
@@ -97,7 +105,7 @@ def test_healthz_reads_the_llm_runners_heartbeat(db: None, settings: Any) -> Non
     WorkerBeat.objects.filter(name=name).update(beat_at=timezone.now() - timedelta(minutes=5))
     response = Client().get("/healthz")
     assert response.status_code == 503
-    assert "none with a recent heartbeat" in response.json()["checks"]["llm_runner"]
+    assert "no LLM runner alive" in response.json()["checks"]["llm_runner"]
 
     settings.AERO_LLM_WAITS = False  # calls inside the jobs: no runner to check
     assert "llm_runner" not in Client().get("/healthz").json()["checks"]
@@ -115,3 +123,174 @@ def test_the_shared_test_server_leaves_no_llm_runner_beating(
     # A runner beats every AERO_LLM_CLAIM_SECONDS / 4 (5 s by default).
     time.sleep(6)
     assert not WorkerBeat.objects.filter(name__startswith=llm_runner.BEAT_PREFIX).exists()
+
+
+def beat_row(pid: int, *, age: timedelta = timedelta(0), host: str | None = None) -> WorkerBeat:
+    now = timezone.now()
+    return WorkerBeat.objects.create(
+        name=f"healthz-{uuid.uuid4().hex}",
+        host=host or socket.gethostname(),
+        pid=pid,
+        started_at=now - age,
+        beat_at=now - age,
+    )
+
+
+@pytest.mark.services
+def test_stale_and_dead_workers_rows_are_ignored(db: None, settings: Any) -> None:
+    """Rows left by workers killed long ago (or on another run) never count: not "40
+    worker(s) registered", only the live ones. On this host a row whose process is gone
+    stops counting at once, however fresh its beat."""
+    settings.AERO_JOB_BACKEND = "rq"
+    for _ in range(40):
+        beat_row(4_000_000 + _, age=timedelta(minutes=10), host="old-host")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    beat_row(dead.pid)  # killed a moment ago: its beat is fresh
+
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    workers = response.json()["checks"]["workers"]
+    assert workers.startswith("failed: no worker alive (the last heartbeat was ")
+    assert "40" not in workers
+
+    beat_row(os.getpid())  # one live worker (this process)
+    response = Client().get("/healthz")
+    assert response.status_code == 200
+    assert response.json()["checks"]["workers"] == "1 alive, 0 running a job"
+
+    # A remote worker counts while it beats within two intervals, not after.
+    beat_row(1, host="other-host", age=timedelta(seconds=settings.AERO_HEARTBEAT_SECONDS))
+    assert Client().get("/healthz").json()["checks"]["workers"] == "2 alive, 0 running a job"
+    WorkerBeat.objects.filter(host="other-host").update(
+        beat_at=timezone.now() - timedelta(seconds=2 * settings.AERO_HEARTBEAT_SECONDS + 1)
+    )
+    assert Client().get("/healthz").json()["checks"]["workers"] == "1 alive, 0 running a job"
+
+
+SUPERVISOR_CONF = """
+[supervisord]
+nodaemon=true
+logfile={dir}/supervisord.log
+pidfile={dir}/supervisord.pid
+
+[unix_http_server]
+file={dir}/supervisor.sock
+
+[rpcinterface:supervisor]
+supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface
+
+[program:worker]
+command={python} -c "import time; time.sleep(600)"
+numprocs=2
+numprocs_start=1
+process_name=%(program_name)s-%(process_num)d
+startsecs=1
+autorestart=true
+
+[program:daphne]
+command={python} -c "import time; time.sleep(600)"
+startsecs=1
+autorestart=false
+"""
+
+
+@pytest.fixture
+def supervisord(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A real supervisord running two stand-in workers and a stand-in daphne (sleeping
+    processes), its socket exported as `make run` exports it."""
+    # A unix socket's path has at most 107 bytes: a short directory.
+    directory = tempfile.mkdtemp(prefix="aero-sv-", dir="/tmp")
+    conf = Path(directory) / "supervisord.conf"
+    conf.write_text(SUPERVISOR_CONF.format(dir=directory, python=sys.executable))
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).parent / "supervisord"), "-c", str(conf)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    path = f"{directory}/supervisor.sock"
+    try:
+        wait_until(lambda: running(path, "worker-1", "worker-2", "daphne"), "supervisord")
+        monkeypatch.setenv(supervision.SOCKET_ENV, path)
+        yield path
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)
+
+
+def wait_until(check: Any, what: str, timeout: float = 30) -> None:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def running(path: str, *names: str) -> dict[str, int]:
+    """{name: pid} when each named process runs, else {}."""
+    try:
+        found = {p.name: p for p in supervision.processes(path)}
+    except OSError:
+        return {}
+    if all(name in found and found[name].state == "RUNNING" for name in names):
+        return {name: found[name].pid for name in names}
+    return {}
+
+
+@pytest.mark.services
+def test_every_supervised_process_is_present_or_named(
+    db: None, settings: Any, supervisord: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under `make run` the configured processes are supervisord's: a killed worker is
+    named at the next request (its pid is gone before supervisord even restarts it, and
+    the restarted one has not beaten yet), as is a daphne that is gone."""
+    settings.AERO_JOB_BACKEND = "rq"
+    settings.AERO_LLM_WAITS = False
+    pids = running(supervisord, "worker-1", "worker-2", "daphne")
+    beat_row(pids["worker-1"])
+    response = Client().get("/healthz")
+    assert response.status_code == 503  # worker-2 runs but has never beaten
+    assert (
+        response.json()["checks"]["workers"]
+        == f"failed: worker-2: no heartbeat (pid {pids['worker-2']})"
+    )
+    beat_row(pids["worker-2"])
+    body = Client().get("/healthz").json()
+    assert body["ok"] is True, body
+    assert body["checks"]["processes"] == "3 running: daphne, worker-1, worker-2"
+    assert body["checks"]["workers"] == "2 alive, 0 running a job"
+
+    os.kill(pids["worker-1"], signal.SIGKILL)
+    response = Client().get("/healthz")  # at once: no beat interval to wait for
+    assert response.status_code == 503
+    checks = response.json()["checks"]
+    assert checks["workers"].startswith("failed: worker-1: "), checks
+    assert "worker-2" not in checks["workers"]
+
+    # Restarted by supervisord: named until the new process beats.
+    wait_until(
+        lambda: running(supervisord, "worker-1").get("worker-1") not in (None, pids["worker-1"]),
+        "worker-1 restarted",
+    )
+    new_pid = running(supervisord, "worker-1")["worker-1"]
+    assert Client().get("/healthz").json()["checks"]["workers"] == (
+        f"failed: worker-1: no heartbeat (pid {new_pid})"
+    )
+    beat_row(new_pid)
+    assert Client().get("/healthz").status_code == 200
+
+    os.kill(pids["daphne"], signal.SIGKILL)
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["processes"].startswith("failed: daphne: ")
+    wait_until(lambda: not running(supervisord, "daphne"), "daphne exited")
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["processes"] == "failed: daphne: exited"
+
+    # supervisord itself gone: nothing can be vouched for.
+    monkeypatch.setenv(supervision.SOCKET_ENV, supervisord + ".missing")
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["processes"].startswith("failed: ")

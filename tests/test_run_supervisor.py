@@ -8,6 +8,7 @@ workers, the LLM runner) against a scratch database of its own."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ import pytest
 from django.conf import settings
 from psycopg import sql
 
+from aero import supervision
 from tests.settings import TEST_DATABASE_URL, TEST_DB_NAME
 from tests.test_security_production import production_env
 
@@ -104,13 +106,18 @@ def all_up(run: int, before: dict[str, list[int]]) -> bool:
 
 
 def healthz(port: int) -> int:
+    return health_report(port)[0]
+
+
+def health_report(port: int) -> tuple[int, dict[str, str]]:
+    """/healthz's status and checks (0 and none when nothing answers)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
-            return int(response.status)
+            return int(response.status), json.loads(response.read())["checks"]
     except urllib.error.HTTPError as exc:
-        return exc.code  # 503 still means the web server answers
+        return exc.code, json.loads(exc.read())["checks"]  # 503 still means it answers
     except OSError:
-        return 0
+        return 0, {}
 
 
 def wait_for(check: object, timeout: float, what: str) -> None:
@@ -183,7 +190,16 @@ def test_killed_processes_are_restarted_however_close_together(
             30,
             "every program",
         )
+        # Every configured process runs and beats: /healthz says so.
+        wait_for(lambda: healthz(port) == 200, 60, "/healthz 200")
+        status, checks = health_report(port)
+        assert checks["processes"].startswith("6 running: "), checks  # the listener too
+        assert checks["workers"] == "2 alive, 0 running a job", checks
         before = supervised(run.pid)
+        names = {
+            p.pid: p.name
+            for p in supervision.processes(str(tmp_path / "supervisor" / "supervisor.sock"))
+        }
         killed: list[int] = []
         for group in (
             [before["worker"][0], before["daphne"][0]],
@@ -193,11 +209,18 @@ def test_killed_processes_are_restarted_however_close_together(
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
                 time.sleep(0.3)
+            if len(killed) == 2:
+                # Within one beat, at the next request: the killed worker and daphne are
+                # named (gone, or restarted and not yet beating / starting).
+                status, checks = health_report(port)
+                assert status == 503, checks
+                assert checks["workers"].startswith(f"failed: {names[killed[0]]}: "), checks
+                assert "daphne: " in checks["processes"], checks
             # supervisord restarts a process that had run at once; 15 s covers a slow start.
             wait_for(lambda seen=before: all_up(run.pid, seen), 15, "every program back")
             assert not set(killed) & {p for pids in supervised(run.pid).values() for p in pids}
             before = supervised(run.pid)
-        wait_for(lambda: healthz(port) in (200, 503), START_TIMEOUT, "the web server back")
+        wait_for(lambda: healthz(port) == 200, 60, "/healthz 200 again: all back and beating")
         assert run.poll() is None
         log.seek(0)
         text = log.read()

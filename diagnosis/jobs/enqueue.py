@@ -17,9 +17,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from aero import metrics
+from aero.supervision import process_gone
 from diagnosis.jobs.embedded import EmbeddedWorker
 from diagnosis.jobs.job import WAITING_MODEL, advance_session
-from diagnosis.jobs.lease import lease_is_live, process_gone
+from diagnosis.jobs.lease import lease_is_live
 from diagnosis.llm_runner import run_pending_inline, start_in_thread
 from diagnosis.models import Session
 

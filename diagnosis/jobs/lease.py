@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -36,22 +35,6 @@ def lease_is_live(session_id: Any) -> bool:
     return Session.objects.filter(
         pk=session_id, lease_token__isnull=False, lease_expires_at__gt=timezone.now()
     ).exists()
-
-
-def process_gone(pid: int) -> bool:
-    """Whether no process `pid` runs on this host (a zombie counts as gone: killed and
-    not yet reaped by its parent). Unsure (not ours to signal) reads as alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def lease_holder() -> str:

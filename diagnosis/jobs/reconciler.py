@@ -13,9 +13,10 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from aero.supervision import process_gone
 from diagnosis.events import lock_session, set_status
 from diagnosis.jobs.enqueue import dispatch, enqueue_advance, queued_job_ids
-from diagnosis.jobs.lease import holder_pid, process_gone
+from diagnosis.jobs.lease import holder_pid
 from diagnosis.models import (
     AgentRun,
     Event,
