@@ -155,11 +155,13 @@ export AERO_SUPERVISOR_SOCKET
 supervisor=$!
 stop() { kill -TERM "$supervisor" 2>/dev/null || true; }
 trap stop INT TERM
-# wait returns early when a trapped signal arrives: wait again until supervisord is gone.
-status=0
+# wait returns early (143) when a trapped signal arrives: wait again until supervisord is
+# gone, then take its own exit status (bash keeps a reaped child's for wait), not 143.
 while kill -0 "$supervisor" 2>/dev/null; do
-  wait "$supervisor" || status=$?
+  wait "$supervisor" || true
 done
+status=0
+wait "$supervisor" || status=$?
 trap - INT TERM
 # The chains' heads, anchored outside the database at every stop (aero.anchors).
 $PY manage.py anchor_heads >/dev/null 2>&1 || echo "anchoring the chain heads failed" >&2
