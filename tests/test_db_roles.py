@@ -102,13 +102,22 @@ def owned(django_db_setup: None, django_db_blocker: Any) -> Iterator[dict[str, s
     with _admin() as admin:
         _drop(admin, dbname, [app, owner])
         admin.execute(f'CREATE ROLE "{owner}" LOGIN NOSUPERUSER CREATEROLE')
-        # CREATE DATABASE ... TEMPLATE needs the template to itself.
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = %s AND pid <> pg_backend_pid()",
-            [template],
-        )
-        admin.execute(f'CREATE DATABASE "{dbname}" TEMPLATE "{template}" OWNER "{owner}"')
+        admin.execute(f'CREATE DATABASE "{dbname}" OWNER "{owner}"')
+    # Copied by a dump, not CREATE DATABASE ... TEMPLATE: that needs the template to
+    # itself, and ending its other connections broke the test servers still using it.
+    dump = subprocess.run(
+        ["pg_dump", "--no-owner", "--no-privileges", _url("postgres", template)],
+        capture_output=True,
+        check=True,
+        timeout=300,
+    )
+    subprocess.run(
+        ["psql", "-q", "-v", "ON_ERROR_STOP=1", _url("postgres", dbname)],
+        input=dump.stdout,
+        capture_output=True,
+        check=True,
+        timeout=300,
+    )
     with _admin(dbname) as admin:
         admin.execute(
             f"""DO $$ DECLARE o record; BEGIN
