@@ -26,6 +26,7 @@ from websockets.sync.client import connect
 from api.models import ApiToken
 from approvals.models import ManualTodo
 from diagnosis.models import Report, Restriction, ToolCall
+from ingest.models import GateSettings
 from scenarios_admin.models import ProviderConfig
 from tests.web_helpers import approval_for, waiting_session
 
@@ -276,6 +277,8 @@ def world(builtin: None, make_user: Callable[..., User]) -> dict[str, Any]:
         AUD: make_user("carol", "auditor"),
         ADM: User.objects.create_superuser("root", password="pw-for-tests"),
     }
+    # Made by its migration, but a transactional test's flush before this one drops it.
+    GateSettings.load()
     session = waiting_session(people[OP])
     crew = approval_for(session, "dispatch_cleanup_crew")
     closure = approval_for(session, "close_taxiway", taxiway="A")

@@ -31,9 +31,9 @@ def test_the_airport_pack_brings_the_apron_definition_model() -> None:
 
 
 def test_a_kind_no_installed_pack_serves_is_refused_by_name() -> None:
-    # IT problem diagnosis has no pack yet: its definitions are refused, not read as apron.
-    assert validate_definition({**oil_spill(), "kind": "diagnosis"}) == [
-        "kind: 'diagnosis' is not one of apron: no installed domain pack serves that kind"
+    # A kind without a pack is refused, not read as another kind.
+    assert validate_definition({**oil_spill(), "kind": "maritime"}) == [
+        "kind: 'maritime' is not one of apron, diagnosis: no installed domain pack serves that kind"
     ]
 
 
@@ -105,7 +105,8 @@ def test_the_union_holds_every_installed_pack(test_pack: None) -> None:
         "fields, report_template, budget, checks)",
     ]
     assert validate_definition({**_test_definition(), "kind": "tests"}) == [
-        "kind: 'tests' is not one of apron, test: no installed domain pack serves that kind"
+        "kind: 'tests' is not one of apron, diagnosis, test: no installed domain pack serves"
+        " that kind"
     ]
 
 
@@ -114,7 +115,7 @@ def test_the_json_schema_describes_each_kind_and_its_parts(test_pack: None) -> N
     defs = schema["$defs"]
 
     assert schema["discriminator"]["propertyName"] == "kind"
-    assert set(schema["discriminator"]["mapping"]) == {"apron", "test"}
+    assert set(schema["discriminator"]["mapping"]) == {"apron", "diagnosis", "test"}
     apron = defs["ApronDefinition"]
     assert apron["properties"]["kind"]["const"] == "apron"
     assert apron["additionalProperties"] is False  # an editor flags a misspelt key
@@ -130,8 +131,10 @@ def test_the_json_schema_describes_each_kind_and_its_parts(test_pack: None) -> N
         "actions",
         "compliance",
     }
-    assert defs["Action"]["properties"]["risk_class"]["enum"] == ["R0", "R1", "R2", "R3"]
-    assert "close_runway" in defs["Action"]["properties"]["tool"]["enum"]
+    # Followed by reference: two packs' models named Action get qualified names.
+    action = defs[apron["properties"]["actions"]["items"]["$ref"].rsplit("/", 1)[1]]
+    assert action["properties"]["risk_class"]["enum"] == ["R0", "R1", "R2", "R3"]
+    assert "close_runway" in action["properties"]["tool"]["enum"]
     assert defs["ApronFieldSpec"]["properties"]["type"]["enum"] == [
         "flight_no",
         "position",
