@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security import HttpBearer
 
+from aero.roles import RUN_SESSIONS
 from api.errors import ApiError
 from api.models import ApiToken, hash_token
 
@@ -71,3 +72,7 @@ def require_role(request: HttpRequest, roles: Iterable[str], what: str) -> None:
 
 def api_user(request: HttpRequest) -> Any:
     return request.user
+
+
+# The scope both session-opening routers (api.views, api.bundles) require.
+RUN = TokenAuth(RUN_SESSIONS, "run sessions (open, answer, cancel, resume)")

@@ -17,17 +17,14 @@ from ninja import File, Form, Header, Status
 from ninja.files import UploadedFile
 
 from aero.packs import UnknownDomain, file_pack
-from aero.roles import RUN_SESSIONS
 from api import schemas
-from api.auth import TokenAuth
+from api.auth import RUN
 from api.errors import WRITE_ERRORS, ApiError
-from api.idempotency import request_hash, run_once
+from api.idempotency import REPLAYED, request_hash, run_once
 from api.strict import StrictRouter
 from diagnosis.actions import ActionError
 
 router = StrictRouter(tags=["sessions"])
-REPLAYED = "Idempotent-Replayed"  # as api.views says it
-RUN = TokenAuth(RUN_SESSIONS, "run sessions (open, answer, cancel, resume)")
 
 
 @router.post(

@@ -18,6 +18,8 @@ from django.utils import timezone
 from api.errors import ApiError
 from api.models import IdempotencyKey
 
+# The header of a response replayed for a repeated Idempotency-Key.
+REPLAYED = "Idempotent-Replayed"
 KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")  # visible ASCII, as in the IETF draft
 
 

@@ -14,9 +14,9 @@ from ninja import Header, NinjaAPI, Query, Status
 from ninja.openapi.docs import Swagger
 from ninja.operation import Operation
 
-from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_SESSIONS
+from aero.roles import DECIDE_APPROVALS, VIEW_SESSIONS
 from api import pagination, schemas
-from api.auth import TokenAuth
+from api.auth import RUN, TokenAuth
 from api.bundles import router as bundle_router
 from api.errors import (
     PROBLEM,
@@ -28,7 +28,7 @@ from api.errors import (
     problem_response,
 )
 from api.history import router as history_router
-from api.idempotency import request_hash, run_once
+from api.idempotency import REPLAYED, request_hash, run_once
 from api.presenters import (
     approval_out,
     envelope,
@@ -48,7 +48,6 @@ from scenarios_admin.models import Scenario
 TIMELINE_MAX = 200
 LIST_MAX = 100  # rendering is not involved, but one page stays one small query
 
-REPLAYED = "Idempotent-Replayed"
 # The operations that create a session: a 201 says where it is.
 CREATES = ("createSession", "createFromBundle")
 HEADERS = {
@@ -105,7 +104,6 @@ api = AeroApi(
 )
 install_handlers(api)
 READ = TokenAuth(VIEW_SESSIONS, "view sessions")
-RUN = TokenAuth(RUN_SESSIONS, "run sessions (open, answer, cancel, resume)")
 DECIDE = TokenAuth(DECIDE_APPROVALS, "decide approvals")
 sessions = StrictRouter(tags=["sessions"])
 approvals = StrictRouter(tags=["approvals"])

@@ -379,7 +379,7 @@ def session_context(
         "report_html": markdown_to_html(report_markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
-        # The model's text, streaming or final (ADR 96): from the snapshot, no query.
+        # The model's text, streaming or final: the snapshot holds it, so no query.
         "thinking": snapshot.get("thinking"),
         # The timeline beside the panels is masked by the same mask (views, consumer).
         "viewer_mask": mask,
