@@ -31,6 +31,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run's Redis keys go at its end (tests/redis_cleanup.py): queues, jobs, workers,
+    rate counters and replay cache entries would otherwise stay, some without expiry.
+    Each xdist worker removes its own; Redis down (the SQLite fallback) leaves nothing."""
+    import redis
+
+    from tests.redis_cleanup import remove_run_keys
+    from tests.settings import TEST_DB_NAME
+
+    if not settings.REDIS_URL:
+        return
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
+    try:
+        remove_run_keys(client, TEST_DB_NAME)
+    except redis.RedisError:
+        pass
+    finally:
+        client.close()
+
+
 @pytest.fixture(autouse=True)
 def _language_of_the_settings() -> Iterator[None]:
     """Each test starts in the settings' language. A request switches the thread's

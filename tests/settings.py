@@ -26,7 +26,8 @@ os.environ.setdefault("AERO_HTTPS", "0")
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 REQUIRE_SERVICES = os.environ.get("AERO_REQUIRE_SERVICES") == "1"
 TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/aero")
-TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# 14: `make test`'s two workers use 14 and 15, never the development database 0.
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
 # pytest-xdist runs the suite in worker processes (gw0, gw1, ...). Each worker
 # is a run of its own: its own test database, Redis database, queue and channel prefix,
 # data directory (the metrics files daphne sums) and scratch databases, so two workers
@@ -63,7 +64,7 @@ else:
     os.environ.pop("DATABASE_URL", None)
 os.environ["REDIS_URL"] = TEST_REDIS_URL
 os.environ["AERO_JOB_BACKEND"] = "inline"
-# Parallel runs (CI and a developer, several checkouts) share Redis database 15: each run
+# Parallel runs (CI and a developer, several checkouts) share Redis databases: each run
 # gets its own queue and channel prefix, named after its test database.
 TEST_DB_NAME = os.environ.get("AERO_TEST_DB", "test_aero")
 if XDIST_WORKER:

@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -69,7 +70,7 @@ def _manage(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PYTHON, "manage.py", *args],
         cwd=ROOT,
-        env=service_env(url, "redis://127.0.0.1:6379/10"),
+        env=service_env(url, str(settings.REDIS_URL)),  # this run's Redis database
         timeout=300,
         capture_output=True,
         text=True,

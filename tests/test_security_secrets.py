@@ -32,6 +32,7 @@ from aero.redact import redact, redact_error
 from diagnosis.models import Event, LLMCall, Report
 from scenarios_admin.models import ProviderConfig
 from tests.admin_helpers import admin_client
+from tests.settings import TEST_DATABASE_URL, TEST_DB_NAME
 from tests.web_helpers import approve_everything, login, waiting_session
 
 pytestmark = pytest.mark.services
@@ -222,8 +223,15 @@ def settings_in_subprocess(tmp_path: Path, **env: str) -> subprocess.CompletedPr
     )
 
 
+def run_database_url() -> str:
+    """This run's test database (tests/settings.py), not a fixed name: the settings
+    subprocess connects to nothing, but a second run's servers may hold any other name."""
+    url = urllib.parse.urlsplit(TEST_DATABASE_URL)
+    return url._replace(path=f"/{TEST_DB_NAME}").geturl()
+
+
 def test_production_mode_refuses_to_start_without_its_secrets(tmp_path: Path) -> None:
-    db = "postgres://postgres@127.0.0.1:5432/aero"
+    db = run_database_url()
     no_secret = settings_in_subprocess(tmp_path, DATABASE_URL=db, AERO_ENCRYPTION_KEYS="k")
     assert no_secret.returncode != 0
     assert "AERO_SECRET_KEY must be set in production mode" in no_secret.stderr
@@ -255,7 +263,7 @@ STRONG = "Zq3-vT8kP1xW9mR4nB6yH2cJ7fL5dG0sA-eU1iO8rK3wQ6tY9pM2"
 )
 def test_production_mode_refuses_weak_keys(tmp_path: Path, weak: dict[str, str]) -> None:
     env = {
-        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/aero",
+        "DATABASE_URL": run_database_url(),
         "AERO_SECRET_KEY": STRONG,
         "AERO_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
         **weak,

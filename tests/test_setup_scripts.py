@@ -32,3 +32,26 @@ def test_install_script_is_quiet_and_succeeds_when_everything_is_there(script: s
                 [*prefix, "bash", str(ROOT / script)], capture_output=True, text=True, timeout=60
             )
             assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), prefix
+
+
+def test_a_user_without_root_or_sudo_is_told_what_to_run() -> None:
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("runs the script as another user: needs root")
+    # No terminal (stdin closed): sudo could not ask, so the message comes at once.
+    done = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            "nobody",
+            "--",
+            "bash",
+            "-c",
+            f". {ROOT}/scripts/lib/apt.sh && apt_install 'a test' aero-no-such-package",
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "as root run 'apt-get install -y aero-no-such-package'" in done.stderr
