@@ -32,6 +32,21 @@ class ActionTool:
     result: Callable[[Any, Any, dict[str, Any]], dict[str, Any]]
     problems: Callable[[Any], list[str]] | None = None
     label: Mapping[str, str] = field(default_factory=dict)  # {"zh": ..., "en": ...}
+    # Its argument names, in the order a scenario writes them.
+    args: tuple[str, ...] = ()
+    # The arguments an approver may correct before deciding, and their check against the
+    # world: check_args(before, edited) -> the arguments after, or the core's ActionError.
+    editable: tuple[str, ...] = ()
+    check_args: Callable[[dict[str, Any], dict[str, str]], dict[str, Any]] | None = None
+    # The restriction it puts in force on the pack's board: (kind, the argument naming
+    # its target); None: it restricts nothing.
+    restricts: tuple[str, str] | None = None
+    # The action in plain words with its arguments (a lazy "%(arg)s" text): the approval
+    # cards and the timeline show a worded action as a decision, not an internal call.
+    plain: Any = None
+    # What its result says when done, in words (lazy); the core adds where ("... (position
+    # 105)") from the registry's argument words.
+    done: Any = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,12 @@ class ToolRegistry:
 
     actions: Mapping[str, ActionTool] = field(default_factory=dict)
     evidence: tuple[str, ...] = ()  # the names of its evidence tools (R0)
+    # Its tools' argument names in words (lazy texts): cards, forms and results label
+    # arguments with them.
+    argument_words: Mapping[str, Any] = field(default_factory=dict)
+    # The arguments that say what a call acts on, in the order the timeline names them
+    # ("close_taxiway (A)"): two decisions on one tool are told apart by them.
+    target_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -109,6 +130,40 @@ def action_tool(name: str) -> ActionTool | None:
     """The action declared under `name` by an installed pack, or None."""
     found = _ACTIONS.get(name)
     return found[1] if found else None
+
+
+def actions_of(kind: str) -> Mapping[str, ActionTool]:
+    """The actions of the pack serving `kind`; none when no installed pack serves it."""
+    pack = _PACKS.get(kind)
+    return pack.tools.actions if pack is not None else {}
+
+
+def action_args(name: str) -> tuple[str, ...]:
+    """The argument names of the action `name` (none for an unknown one)."""
+    declared = action_tool(name)
+    return declared.args if declared is not None else ()
+
+
+def restricting_action(kind: str) -> ActionTool | None:
+    """The action that puts a restriction of `kind` in force: its system also lifts it."""
+    for _kind, tool in _ACTIONS.values():
+        if tool.restricts is not None and tool.restricts[0] == kind:
+            return tool
+    return None
+
+
+def argument_words() -> dict[str, Any]:
+    """Every installed pack's argument words (the first pack's word for a shared name)."""
+    words: dict[str, Any] = {}
+    for pack in _PACKS.values():
+        for name, word in pack.tools.argument_words.items():
+            words.setdefault(name, word)
+    return words
+
+
+def target_args() -> tuple[str, ...]:
+    """Every installed pack's target arguments, in pack order, each once."""
+    return tuple(dict.fromkeys(a for pack in _PACKS.values() for a in pack.tools.target_args))
 
 
 def file_pack() -> DomainPack:

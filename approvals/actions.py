@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from aero.models import audit
+from aero.packs import action_tool
 from aero.templatetags.aero_text import when
 from aero.text import MAX_NOTE, MAX_REASON
 from approvals.models import (
@@ -31,8 +32,7 @@ from diagnosis.actions import ActionError, checked_text, do_apply_decision, lock
 from diagnosis.events import append_event, lock_session
 from diagnosis.models import Restriction
 from diagnosis.push import notify_board
-from scenarios_admin.airport import load_active_graph
-from scenarios_admin.definition import ACTION_TOOLS, below_floor, floor_message, restriction_of
+from scenarios_admin.definition import below_floor, floor_message, restriction_of
 
 logger = logging.getLogger("approvals")
 
@@ -145,10 +145,11 @@ def do_edit_args(
 ) -> Approval:
     """An approver corrects an action's arguments before deciding it: "close
     taxiway B, not A". The tool and its risk class stay (never below the tool's floor);
-    every argument is checked against the airport; the edit is an event with before and
-    after, and the approval is re-digested, so a decision shown the old arguments is
-    refused and an approve-once on them starts over. Locks the session row, then the
-    approval row. Lift requests are not editable (they name one restriction)."""
+    every argument is checked against the world by the action's pack; the edit is an
+    event with before and after, and the approval is re-digested, so a decision shown
+    the old arguments is refused and an approve-once on them starts over. Locks the
+    session row, then the approval row. Lift requests are not editable (they name one
+    restriction)."""
     reason = checked_text(
         reason, limit=MAX_REASON, what="reason", required=_("Say why the arguments change.")
     )
@@ -225,44 +226,12 @@ def do_edit_args(
 
 
 def checked_args(tool: str, before: dict[str, Any], edited: dict[str, str]) -> dict[str, Any]:
-    """The call's arguments with the edited ones, each naming something on the airport.
-    The free-text message of notify_atc stays as the agent wrote it."""
-    graph = load_active_graph()
-    names = [name for name in ACTION_TOOLS.get(tool, ()) if name != "message"]
-    after = dict(before)
-    for name in names:
-        value = (edited.get(name) or "").strip()
-        if not value:
-            raise ActionError(_("%(name)s is empty: give a value.") % {"name": name})
-        value = checked_text(value, limit=32, what=name)
-        kind = ARG_KINDS.get(name)
-        if kind == "runway" and value.upper() not in graph.runways:
-            raise ActionError(
-                _("%(v)s is not a runway of %(icao)s.") % {"v": value, "icao": graph.icao}
-            )
-        if kind == "taxiway" and value.upper() not in {
-            n.taxiway for n in graph.nodes.values() if n.taxiway
-        }:
-            raise ActionError(
-                _("%(v)s is not a taxiway of %(icao)s.") % {"v": value, "icao": graph.icao}
-            )
-        if kind == "stand":
-            node = graph.nodes.get(value)
-            if node is None or node.kind != "stand":
-                raise ActionError(
-                    _("%(v)s is not a stand of %(icao)s.") % {"v": value, "icao": graph.icao}
-                )
-        if kind == "position" and graph.resolve(value) is None:
-            raise ActionError(
-                _("%(v)s is not a stand, taxiway node or runway of %(icao)s.")
-                % {"v": value, "icao": graph.icao}
-            )
-        after[name] = value.upper() if kind in ("runway", "taxiway") else value
-    return after
-
-
-# What each editable argument names on the airport (flight numbers are free text).
-ARG_KINDS = {"runway": "runway", "taxiway": "taxiway", "stand": "stand", "position": "position"}
+    """The call's arguments with the edited ones, each checked against the world by the
+    pack that declares the action; one without such a check has nothing to edit."""
+    declared = action_tool(tool)
+    if declared is None or declared.check_args is None:
+        return dict(before)
+    return declared.check_args(before, edited)
 
 
 def do_decide_r1_batch(

@@ -11,8 +11,9 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from aero.packs import action_tool
 from diagnosis.models import Restriction, Session, ToolCall
-from scenarios_admin.definition import ACTION_TOOLS, BUDGET_TOOL, LIFT_TOOL
+from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
 
 
 class ApprovalStatus(models.TextChoices):
@@ -202,7 +203,8 @@ class Approval(models.Model):
         agent's free-text ATC message is not one)."""
         if self.is_lift or self.is_budget:
             return []
-        return [n for n in ACTION_TOOLS.get(self.action_name, ()) if n != "message"]
+        declared = action_tool(self.action_name)
+        return list(declared.editable) if declared is not None else []
 
     def minutes_left(self) -> int | None:
         """Whole minutes, rounded up: "4 min" at 4:59 left would read as earlier than it is."""

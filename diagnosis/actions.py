@@ -15,7 +15,7 @@ from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from aero.models import audit
-from aero.packs import pack_for
+from aero.packs import pack_for, restricting_action
 from aero.text import MAX_LIFT_NOTE, MAX_MESSAGE, MAX_REASON, TextRefused, check_text
 from diagnosis import external, suggest
 from diagnosis import outbox as outbox_module
@@ -794,8 +794,8 @@ def _execute_lift_in_thread(outbox_id: int, producer: str) -> None:
 
 
 def execute_lift(outbox_id: int, *, producer: str = "web") -> str:
-    """Send a decided lift to the airport operations system (outside any transaction),
-    retrying a transient failure with the same key (AERO_TOOL_RETRIES, linear
+    """Send a decided lift to the system that put the restriction in force (outside any
+    transaction), retrying a transient failure with the same key (AERO_TOOL_RETRIES, linear
     AERO_TOOL_BACKOFF), and record the result once. Returns the row's final status."""
     outbox = Outbox.objects.select_related("tool_call").get(pk=outbox_id)
     if outbox.status != OutboxStatus.PENDING:
@@ -804,10 +804,17 @@ def execute_lift(outbox_id: int, *, producer: str = "web") -> str:
     args = tool_call.request_payload
     restriction = Restriction.objects.get(pk=args["restriction"])
     body = {"restriction": restriction.kind, "target": restriction.target, "note": args["note"]}
+    # The system of the action that put it in force lifts it.
+    restricting = restricting_action(restriction.kind)
+    if restricting is None:
+        return _record_lift(
+            outbox_id, producer, error=f"no installed action lifts {restriction.kind}"
+        )
+    system = restricting.system
     attempt = 1
     while True:
         try:
-            remote = external.request(external.AIRPORT_OPS, LIFT_TOOL, outbox.idempotency_key, body)
+            remote = external.request(system, LIFT_TOOL, outbox.idempotency_key, body)
             break
         except Exception as exc:  # unreachable, 5xx, timeout: the same key may be re-sent
             error = str(exc) or type(exc).__name__

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.utils.translation import gettext, ngettext
 
+from aero.packs import action_tool
 from diagnosis.models import Restriction
 from scenarios_admin.airport import AirportGraph
 from scenarios_admin.definition import restriction_of
@@ -29,18 +30,12 @@ class Consequence:
 
 
 def _translated(tool: str) -> str:
-    """Plain words per action tool; %(...)s are the call's arguments. gettext on each
-    literal, so makemessages finds them."""
+    """Plain words per action tool, as its pack declares them (the core's own two here);
+    %(...)s are the call's arguments. gettext on each literal, so makemessages finds them."""
+    declared = action_tool(tool)
+    if declared is not None and declared.plain is not None:
+        return str(declared.plain)
     return {
-        "close_runway": gettext("Close runway %(runway)s"),
-        "close_taxiway": gettext("Close taxiway %(taxiway)s"),
-        "suspend_stand_operations": gettext("Suspend operations at stand %(stand)s"),
-        "dispatch_cleanup_crew": gettext("Send the cleanup crew to %(position)s"),
-        "request_fire_standby": gettext("Fire and rescue on standby at %(position)s"),
-        "fod_sweep": gettext("FOD sweep at %(position)s"),
-        "runway_inspection": gettext("Inspect runway %(runway)s"),
-        "tow_aircraft": gettext("Tow %(flight_no)s away from %(position)s"),
-        "notify_atc": gettext("Notify ATC"),
         "lift_restriction": gettext("Lift the closure of %(kind)s %(target)s"),
         "continue_budget": gettext("Let the agent ask the model again"),
     }.get(tool, tool)

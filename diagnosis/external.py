@@ -1,5 +1,5 @@
-"""The external systems an action reaches, simulated: the airport operations database
-(closures, suspensions), ATC, and the dispatch desk (crews, fire and rescue, towing).
+"""The external systems an action reaches, simulated: each pack registers the systems
+its actions reach (register_system) and says which system performs each action.
 
 They behave like real APIs with idempotency keys: every request carries the key, the
 first request with a key performs the effect and stores its response, a later request
@@ -22,26 +22,8 @@ from django.utils import timezone
 
 from diagnosis.models import ExternalEffect
 
-AIRPORT_OPS = "airport_ops"
-ATC = "atc"
-DISPATCH = "dispatch"
-
-# Which system performs each action tool (scenarios_admin.definition.ACTION_TOOLS).
-SYSTEM_OF = {
-    "close_taxiway": AIRPORT_OPS,
-    "close_runway": AIRPORT_OPS,
-    "suspend_stand_operations": AIRPORT_OPS,
-    "notify_atc": ATC,
-    "dispatch_cleanup_crew": DISPATCH,
-    "request_fire_standby": DISPATCH,
-    "runway_inspection": DISPATCH,
-    "fod_sweep": DISPATCH,
-    "tow_aircraft": DISPATCH,
-}
-
-
-# Each system's reference prefix; a pack adds its own systems (register_system).
-PREFIXES = {AIRPORT_OPS: "AODB", ATC: "ATC", DISPATCH: "DSP"}
+# Each system's reference prefix: the packs register the systems their actions reach.
+PREFIXES: dict[str, str] = {}
 
 
 def register_system(name: str, prefix: str) -> None:

@@ -13,9 +13,9 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext, ngettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
+from aero.packs import action_tool
 from diagnosis.agent import summaries
 from diagnosis.agent.tools import (
-    DISPATCHES,
     FAILURES,
     dispatch_summary,
     restriction_summary,
@@ -24,16 +24,7 @@ from diagnosis.agent.tools import (
 from diagnosis.models import Restriction, SessionStatus
 
 TOOL_LABELS: dict[str, Promise] = {
-    # response actions (scenarios_admin.definition.ACTION_TOOLS) and the lift
-    "notify_atc": _("Notify ATC"),
-    "dispatch_cleanup_crew": _("Dispatch the cleanup crew"),
-    "request_fire_standby": _("Put the fire brigade on standby"),
-    "suspend_stand_operations": _("Suspend stand operations"),
-    "close_taxiway": _("Close taxiway"),
-    "close_runway": _("Close runway"),
-    "runway_inspection": _("Inspect the runway"),
-    "fod_sweep": _("Sweep for FOD"),
-    "tow_aircraft": _("Tow the aircraft"),
+    # the core's own actions (a pack's are registered by the pack: register_tool_labels)
     "lift_restriction": _("Lift a closure"),
     "continue_budget": _("Continue past the model budget"),
     # the agent's own lookups and analyses
@@ -152,7 +143,8 @@ def done_words(tool: str, args: Any, response: Any) -> str:
     restriction = response.get("restriction")
     if isinstance(restriction, dict) and restriction.get("kind") in Restriction.Kind.values:
         return restriction_summary(str(restriction["kind"]), restriction.get("target", ""))
-    if tool in DISPATCHES and isinstance(args, dict):
+    declared = action_tool(tool)
+    if declared is not None and declared.done is not None and isinstance(args, dict):
         return dispatch_summary(tool, args)
     return str(response["summary"])
 

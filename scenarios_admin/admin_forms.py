@@ -14,7 +14,8 @@ from django.http import HttpRequest, QueryDict
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from scenarios_admin.definition import ACTION_TOOLS, IMPACT_LISTS, NODE_KINDS, Issue
+from aero.packs import actions_of
+from scenarios_admin.definition import IMPACT_LISTS, NODE_KINDS, Issue
 from scenarios_admin.draft import ROWS, SCENARIO_COLUMNS, Draft, check_draft, split_list
 from scenarios_admin.models import Scenario, ScenarioKind
 from scenarios_admin.schema import installed_kinds
@@ -207,8 +208,14 @@ class RiskRuleForm(DraftForm):
         widgets = {"condition": forms.TextInput(attrs={"size": 70})}
 
 
+def _action_choices() -> list[tuple[str, str]]:
+    """The row-edited draft's kind's actions (read when a form is made: packs register
+    theirs when the apps are ready)."""
+    return [("", "---------"), *[(t, t) for t in sorted(actions_of(ScenarioKind.APRON))]]
+
+
 class ScenarioActionForm(DraftForm):
-    tool = forms.ChoiceField(choices=[("", "---------"), *[(t, t) for t in sorted(ACTION_TOOLS)]])
+    tool = forms.ChoiceField(choices=_action_choices)
     for_each = forms.ChoiceField(
         choices=[
             ("", gettext_lazy("(once)")),

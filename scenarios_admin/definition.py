@@ -28,32 +28,12 @@ IMPACT_LISTS = ("isolated_nodes", "taxiways", "runways", "stands", "flights")
 LANGUAGES = ("zh", "en")
 NODE_KINDS = ("stand", "taxiway", "runway")
 
-# Response action tools the runtime implements, with their argument names. The scenario
-# validator and the diagnosis tool registry share this catalogue.
-ACTION_TOOLS: dict[str, tuple[str, ...]] = {
-    "notify_atc": ("message",),
-    "dispatch_cleanup_crew": ("position",),
-    "request_fire_standby": ("position",),
-    "suspend_stand_operations": ("stand",),
-    "close_taxiway": ("taxiway",),
-    "close_runway": ("runway",),
-    "runway_inspection": ("runway",),
-    "fod_sweep": ("position",),
-    "tow_aircraft": ("flight_no", "position"),
-}
-
-# Actions whose effect is a restriction on the airport board: tool -> (restriction kind,
-# the argument naming its target). The board, the to-dos and the consequence texts read it.
-RESTRICTING_TOOLS: dict[str, tuple[str, str]] = {
-    "suspend_stand_operations": ("stand", "stand"),
-    "close_taxiway": ("taxiway", "taxiway"),
-    "close_runway": ("runway", "runway"),
-}
-
 
 def restriction_of(tool: str, args: dict[str, Any]) -> tuple[str, str] | None:
-    """(kind, target) of the restriction this action puts in force, if it puts one."""
-    spec = RESTRICTING_TOOLS.get(tool)
+    """(kind, target) of the restriction this action puts in force, if it puts one (its
+    pack declares which: aero.packs.ActionTool.restricts)."""
+    declared = action_tool(tool)
+    spec = declared.restricts if declared is not None else None
     if spec is None or args.get(spec[1]) in (None, ""):
         return None
     return spec[0], str(args[spec[1]])
@@ -67,19 +47,18 @@ LIFT_TOOL = "lift_restriction"
 # Nor is `continue_budget`: the agent's request for more steps or money when its budget
 # ran out (R1: one approver says "go on", nothing outside AERO happens).
 BUDGET_TOOL = "continue_budget"
+# A pack's actions declare their own floors (aero.packs.ActionTool.risk_floor).
 RISK_FLOORS: dict[str, str] = {
-    "notify_atc": "R0",
-    "dispatch_cleanup_crew": "R1",
-    "request_fire_standby": "R1",
-    "runway_inspection": "R1",
-    "fod_sweep": "R1",
-    "tow_aircraft": "R1",
-    "suspend_stand_operations": "R2",
-    "close_taxiway": "R2",
-    "close_runway": "R3",
     LIFT_TOOL: "R2",
     BUDGET_TOOL: "R1",
 }
+
+
+def shown_as_decision(tool: str) -> bool:
+    """Whether a call of `tool` is an action the timeline shows as a decision (its pack
+    words it plainly, or the lift): lookups and analyses are internal steps."""
+    declared = action_tool(tool)
+    return tool == LIFT_TOOL or (declared is not None and declared.plain is not None)
 
 
 def risk_floor(tool: str) -> str:

@@ -18,8 +18,9 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
+from aero.packs import action_args
 from scenarios_admin.conditions import ConditionSyntaxError, condition_text, parse_condition
-from scenarios_admin.definition import ACTION_TOOLS, LIST_SEPARATORS, Issue
+from scenarios_admin.definition import LIST_SEPARATORS, Issue
 from scenarios_admin.models import (
     FieldValue,
     RiskRule,
@@ -455,7 +456,7 @@ def draft_from_definition(definition: dict[str, Any]) -> Draft:
             draft.radii.append({"key_value": "", "level": level, "hops": hops})
     for action in definition["actions"]:
         args = action.get("args", {})
-        names = [a for a in ACTION_TOOLS.get(action["tool"], ()) if a in args]
+        names = [a for a in action_args(action["tool"]) if a in args]
         names += [a for a in args if a not in names]
         draft.actions.append(
             {

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
+from aero.packs import action_args
 from scenarios_admin.definition import (
     ACTION_KEYS,
-    ACTION_TOOLS,
     EXAMPLE_KEYS,
     IMPACT_KEYS,
     IMPACT_LISTS,
@@ -196,7 +196,7 @@ def _action(action: dict[str, Any], order: list[str]) -> dict[str, Any]:
     if "when" in out:
         out["when"] = _when(out["when"], order)
     if "args" in out:
-        out["args"] = _ordered(out["args"], ACTION_TOOLS.get(action.get("tool", ""), ()))
+        out["args"] = _ordered(out["args"], action_args(str(action.get("tool", ""))))
     return out
 
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from approvals.actions import APPROVE, CONFIRM, do_decide
 from diagnosis import external, jobs, outbox
 from diagnosis.models import Event, ExternalEffect, Outbox, Restriction, Session, ToolCall
+from packs.airport import actions
 from tests.log_helpers import assert_projections_match
 from tests.web_helpers import approval_for, approve_everything, login, waiting_session
 
@@ -214,13 +215,13 @@ def test_retries_run_out_into_a_failure_the_user_sees(
 
 def test_external_systems_are_never_called_inside_our_transaction(builtin: None) -> None:
     with transaction.atomic(), pytest.raises(RuntimeError, match="outside the database"):
-        external.request(external.ATC, "notify_atc", "k-1", {})
+        external.request(actions.ATC, "notify_atc", "k-1", {})
     assert not ExternalEffect.objects.exists()
 
 
 def test_a_key_seen_before_returns_the_stored_response(builtin: None) -> None:
-    first = external.request(external.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
-    again = external.request(external.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
+    first = external.request(actions.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
+    again = external.request(actions.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
     assert again == first
     effect = ExternalEffect.objects.get(idempotency_key="k-2")
     assert effect.requests == 2

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scenarios_admin.definition import ACTION_TOOLS
+from aero.packs import action_tool
 
 # Index of the state a step needs before it may run.
 STEP_REQUIRES = {"assess_risk": 1, "analyze_impact": 2, "write_report": 4}
@@ -50,13 +50,14 @@ def state_name(definition: dict[str, Any], index: int) -> str:
 def check_step(definition: dict[str, Any], facts: Facts, step: str) -> str | None:
     """None when `step` is allowed now, else the violation in words."""
     current = state_index(facts)
-    if step in ACTION_TOOLS:
+    is_action = action_tool(step) is not None
+    if is_action:
         required = ACTION_REQUIRES
     elif step in STEP_REQUIRES:
         required = STEP_REQUIRES[step]
     else:
         return None
-    if current >= required and not (step in ACTION_TOOLS and facts.reported):
+    if current >= required and not (is_action and facts.reported):
         return None
     return (
         f"{step} needs state {state_name(definition, required)} but the session is in "

@@ -18,11 +18,10 @@ from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
 from django.utils import timezone, translation
 from django.utils.functional import Promise
-from django.utils.translation import gettext_lazy, pgettext_lazy
+from django.utils.translation import gettext_lazy
 
 from aero.compiled import AnyOf, Compiled, insert_rows
-from aero.packs import action_tool
-from diagnosis import external
+from aero.packs import action_tool, argument_words
 from diagnosis.events import append_event, lock_session
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import (
@@ -35,9 +34,7 @@ from diagnosis.models import (
     ToolCallStatus,
 )
 from diagnosis.outbox import enqueue_effect, execute_after_commit, prepare
-from diagnosis.push import notify_board
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
-from scenarios_admin.definition import ACTION_TOOLS
 
 
 @dataclass
@@ -406,70 +403,23 @@ def run_recorded(
 
 # --- response actions -----------------------------------------------------------------
 # An action's effect happens in an external system, from the outbox (diagnosis/outbox.py):
-# action_request says what to send (refusing a request no system could accept),
-# action_result records what came back, in the transaction that records the result.
-
-RESTRICTIONS = {
-    "close_taxiway": ("taxiway", "taxiway"),
-    "close_runway": ("runway", "runway"),
-    "suspend_stand_operations": ("stand", "stand"),
-}
-# What a dispatch's result says. The log keeps it in English (language-neutral, as the
-# rest of the log); pages and reports word it per reader (diagnosis.wording.done_words).
-DISPATCHES: dict[str, Promise] = {
-    "notify_atc": gettext_lazy("ATC notified"),
-    "dispatch_cleanup_crew": gettext_lazy("Cleanup crew dispatched"),
-    "request_fire_standby": gettext_lazy("Fire and rescue on standby"),
-    "runway_inspection": gettext_lazy("Runway inspection ordered"),
-    "fod_sweep": gettext_lazy("FOD sweep ordered"),
-    "tow_aircraft": gettext_lazy("Tow requested"),
-}
-
-
-# An action's arguments in words: a dispatch's result names them ("position 105",
-# "flight CA1234"), and the cards and forms label them (diagnosis.wording).
-ARGUMENT_WORDS: dict[str, Promise] = {
-    "position": pgettext_lazy("action argument", "position"),
-    "runway": pgettext_lazy("action argument", "runway"),
-    "taxiway": pgettext_lazy("action argument", "taxiway"),
-    "stand": pgettext_lazy("action argument", "stand"),
-    "flight_no": pgettext_lazy("action argument", "flight"),
-    "message": pgettext_lazy("action argument", "message"),
-}
+# its pack's request says what to send (refusing a request no system could accept), its
+# result records what came back, in the transaction that records the result.
 
 
 def dispatch_summary(name: str, args: dict[str, Any]) -> str:
-    """A dispatch's result in the active language: what was done, and where."""
-    where = ", ".join(f"{ARGUMENT_WORDS.get(k, k)} {v}" for k, v in args.items() if k != "message")
-    return f"{DISPATCHES[name]} ({where})" if where else str(DISPATCHES[name])
+    """A dispatch's result in the active language: what was done (the words its pack
+    declares), and where."""
+    declared = action_tool(name)
+    done = declared.done if declared is not None and declared.done is not None else name
+    words = argument_words()
+    where = ", ".join(f"{words.get(k, k)} {v}" for k, v in args.items() if k != "message")
+    return f"{done} ({where})" if where else str(done)
 
 
 def restriction_summary(kind: str, target: Any) -> str:
     """A restriction put in force, in the active language: "Taxiway closed: A"."""
     return f"{Restriction.Kind(kind).label}: {target}"
-
-
-def _known_target(graph: AirportGraph, kind: str, target: str) -> bool:
-    if kind == "taxiway":
-        return target in {n.taxiway for n in graph.nodes.values() if n.taxiway}
-    if kind == "runway":
-        return target in graph.runways
-    node = graph.nodes.get(target)
-    return node is not None and node.kind == "stand"
-
-
-def action_request(ctx: ToolContext, tool_call: ToolCall) -> tuple[str, str, dict[str, Any]]:
-    """(system, operation, body) of the call's request. Raises ToolFailure for a request
-    that no retry could make acceptable (an unknown tool or target)."""
-    name = tool_call.tool_name
-    args = tool_call.request_payload
-    if name not in ACTION_TOOLS or name not in external.SYSTEM_OF:
-        raise ToolFailure(f"unknown action tool {name}")
-    if name in RESTRICTIONS:
-        kind, arg = RESTRICTIONS[name]
-        if not _known_target(ctx.graph, kind, args[arg]):
-            raise ToolFailure(f"{args[arg]} is not a {kind} of {ctx.graph.icao}")
-    return external.SYSTEM_OF[name], name, {"airport": ctx.graph.icao, **args}
 
 
 def request_of(ctx: ToolContext, tool_call: ToolCall) -> tuple[str, str, dict[str, Any]]:
@@ -487,33 +437,6 @@ def result_of(ctx: ToolContext, tool_call: ToolCall, remote: dict[str, Any]) -> 
     if declared is None:
         raise ToolFailure(f"unknown action tool {tool_call.tool_name}")
     return declared.result(ctx, tool_call, remote)
-
-
-def action_result(ctx: ToolContext, tool_call: ToolCall, remote: dict[str, Any]) -> dict[str, Any]:
-    """The call's response from the external system's answer; a closure or suspension
-    is put in force on our map too. Runs in the transaction that records the result."""
-    name = tool_call.tool_name
-    args = tool_call.request_payload
-    reference = remote.get("reference", "")
-    if name in RESTRICTIONS:
-        kind, arg = RESTRICTIONS[name]
-        target = args[arg]
-        Restriction.objects.create(
-            kind=kind, target=target, session_id=ctx.session_id, tool_call=tool_call
-        )
-        notify_board()  # after the commit that puts it in force
-        with translation.override("en"):  # the log's language, whatever the settings'
-            summary = restriction_summary(kind, target)
-        return {
-            "summary": summary,
-            "restriction": {"kind": kind, "target": target},
-            "reference": reference,
-        }
-    with translation.override("en"):
-        response = {"summary": dispatch_summary(name, args), "reference": reference}
-    if name == "notify_atc":
-        response["message"] = args.get("message", "")
-    return response
 
 
 UNFINISHED = (

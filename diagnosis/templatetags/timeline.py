@@ -14,7 +14,7 @@ from django import template
 from django.utils.functional import Promise
 from django.utils.translation import get_language, pgettext, pgettext_lazy
 
-from diagnosis.agent.tools import ARGUMENT_WORDS
+from aero.packs import argument_words, target_args
 from diagnosis.consequences import plain_words
 from diagnosis.eventlog import registry
 from diagnosis.reporting import display_value
@@ -34,11 +34,9 @@ from diagnosis.wording import (
 )
 from diagnosis.wording import done_words as wording_done_words
 from diagnosis.wording import failure_words as wording_failure_words
-from scenarios_admin.definition import ACTION_TOOLS, LIFT_TOOL
+from scenarios_admin.definition import shown_as_decision
 
 register = template.Library()
-
-ACTIONS = frozenset(ACTION_TOOLS) | {LIFT_TOOL}
 
 
 def scenario_language() -> str:
@@ -116,9 +114,6 @@ def event_line(event_type: str, payload: dict[str, Any]) -> str:
     return registry.timeline_line(event_type, payload)
 
 
-WHICH_ARGS = ("runway", "taxiway", "stand", "position", "flight_no")
-
-
 @register.simple_tag(takes_context=True)
 def event_view(context: template.Context, event: Any) -> dict[str, Any]:
     payload: dict[str, Any] = event.payload if isinstance(event.payload, dict) else {}
@@ -129,7 +124,7 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
     changed = as_dict(payload.get("changed"))
     when = as_dict(payload.get("when"))
     label = plain(TOOL_LABELS, tool) if tool else ""
-    which = ", ".join(str(args[k]) for k in WHICH_ARGS if args.get(k) not in (None, ""))
+    which = ", ".join(str(args[k]) for k in target_args() if args.get(k) not in (None, ""))
     return {
         "line": event_line(event.type, payload),
         "internal": is_internal(event.type, payload),
@@ -138,7 +133,7 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
         # tool are told apart by it (not by the long free text some actions carry).
         "tool_which": f"{label} ({which})" if which else label,
         "args": ", ".join(str(v) for v in args.values()),
-        "plain": plain_words(tool, args) if tool in ACTIONS else "",
+        "plain": plain_words(tool, args) if shown_as_decision(tool) else "",
         "node": plain(NODE_LABELS, payload.get("node", "")),
         "changes": [
             {
@@ -229,7 +224,7 @@ def node_kind_label(code: str) -> str:
 def argument_label(name: str) -> str:
     """An action argument's name in words ("位置" for position); the name itself when it
     has none."""
-    return plain(ARGUMENT_WORDS, name)
+    return plain(argument_words(), name)
 
 
 @register.filter

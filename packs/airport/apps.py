@@ -13,31 +13,28 @@ class AirportPackConfig(AppConfig):
     verbose_name = "Airport apron"
 
     def ready(self) -> None:
-        from aero.packs import ActionTool, DomainPack, ToolRegistry, register
+        from aero.packs import DomainPack, ToolRegistry, register
         from diagnosis import external
         from diagnosis.agent.graph import build_graph
-        from diagnosis.agent.tools import action_request, action_result
         from diagnosis.jobs.world import load_world
+        from diagnosis.wording import register_tool_labels
+        from packs.airport import actions
         from packs.airport.definition import ApronDefinition
-        from scenarios_admin.definition import ACTION_TOOLS, RISK_FLOORS
 
-        actions = {
-            name: ActionTool(
-                name=name,
-                risk_floor=RISK_FLOORS[name],
-                system=external.SYSTEM_OF[name],
-                request=action_request,
-                result=action_result,
-            )
-            for name in ACTION_TOOLS
-        }
+        for system, prefix in actions.SYSTEMS.items():
+            external.register_system(system, prefix)
+        register_tool_labels(actions.LABELS)
         register(
             DomainPack(
                 kind="apron",
                 app_label=self.label,
                 label={"zh": "机坪应急", "en": "Apron emergency"},
                 definition_model=ApronDefinition,
-                tools=ToolRegistry(actions=actions),
+                tools=ToolRegistry(
+                    actions=actions.action_tools(),
+                    argument_words=actions.ARGUMENT_WORDS,
+                    target_args=actions.TARGET_ARGS,
+                ),
                 graph=build_graph,
                 initial_state=initial_state,
                 world=load_world,

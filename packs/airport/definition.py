@@ -10,9 +10,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, ValidationInfo
 
+from packs.airport.actions import ACTION_ARGS
 from scenarios_admin.conditions import value_is_representable
 from scenarios_admin.definition import (
-    ACTION_TOOLS,
     COMPLIANCE_STEPS,
     FIELD_TYPES,
     IMPACT_LISTS,
@@ -327,8 +327,8 @@ class Action(Part):
     tool: Annotated[
         str,
         OneOf(
-            tuple(sorted(ACTION_TOOLS)),
-            f"{{value}} is not a known action tool ({', '.join(sorted(ACTION_TOOLS))})",
+            tuple(sorted(ACTION_ARGS)),
+            f"{{value}} is not a known action tool ({', '.join(sorted(ACTION_ARGS))})",
         ),
     ]
     risk_class: Annotated[str, OneOf(RISK_CLASSES, "{value} is not one of R0-R3")]
@@ -341,7 +341,7 @@ class Action(Part):
     @classmethod
     def check(cls, data: dict[str, Any], problems: Problems, info: ValidationInfo) -> None:
         tool = data.get("tool")
-        tool = tool if isinstance(tool, str) and tool in ACTION_TOOLS else None
+        tool = tool if isinstance(tool, str) and tool in ACTION_ARGS else None
         risk_class = data.get("risk_class")
         valid_class = isinstance(risk_class, str) and risk_class in RISK_CLASSES
         if tool and valid_class and below_floor(tool, str(risk_class)):
@@ -350,11 +350,11 @@ class Action(Part):
         if not isinstance(args, dict):
             return
         if tool:
-            for arg in ACTION_TOOLS[tool]:
+            for arg in ACTION_ARGS[tool]:
                 if arg not in args:
                     problems.add(("args", arg), f"required by {tool}")
             for arg in args:
-                if arg not in ACTION_TOOLS[tool]:
+                if arg not in ACTION_ARGS[tool]:
                     problems.add(("args", arg), f"{tool} takes no such argument")
         fields = document_fields(info)
         for arg, text in args.items():
@@ -388,7 +388,7 @@ def action_tools(definition: dict[str, Any]) -> set[str]:
         for action in (actions if isinstance(actions, list) else [])
         if isinstance(action, dict)
         and isinstance(action.get("tool"), str)
-        and action["tool"] in ACTION_TOOLS
+        and action["tool"] in ACTION_ARGS
     }
 
 

@@ -20,9 +20,8 @@ from diagnosis.eventlog.state import (
     tool_call_of,
 )
 from diagnosis.eventlog.types.agent import ACTION_SECRETS, SECRET_RISKS, args_text
-from scenarios_admin.definition import ACTION_TOOLS, LIFT_TOOL
+from scenarios_admin.definition import shown_as_decision
 
-ACTIONS = frozenset(ACTION_TOOLS) | {LIFT_TOOL}
 ACTION_PANELS = frozenset({"session-actions"})
 
 
@@ -195,7 +194,7 @@ TYPES = (
         names.TOOL_CALL_COMPLETED,
         reduce=_ended(failed=False),
         # A lookup or an analysis is internal: its finding has its own entry.
-        internal=lambda p: p.get("tool_name") not in ACTIONS,
+        internal=lambda p: not shown_as_decision(str(p.get("tool_name", ""))),
         panels=frozenset({"session-actions", "session-facts"}),
     ),
     _call(names.TOOL_CALL_FAILED, reduce=_ended(failed=True), panels=ACTION_PANELS),
