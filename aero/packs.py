@@ -92,6 +92,14 @@ class DomainPack:
     start_from_file: Callable[[Any, Any, dict[str, Any]], Any] | None = None
     # A session's result as the command line prints it (`incident run --json`).
     summarize: Callable[[Any], dict[str, Any]] | None = None
+    # A session's report fields (the API's `report`): (session) -> dict. None: no such
+    # fields (the report is the Markdown only).
+    report_fields: Callable[[Any], dict[str, Any]] | None = None
+    # The Markdown export (replay): the pack's own template (it may extend the core's
+    # replay/export.md and replace its blocks) and what it adds to the template's context:
+    # (session, mask or None) -> dict. None: the core's export.
+    export_template: str | None = None
+    export_context: Callable[[Any, Any], dict[str, Any]] | None = None
     # The session page's panel of what the agent found (a template name), and what it
     # adds to the page's context: (session) -> dict. None: the core's facts panel.
     page_panel: str | None = None

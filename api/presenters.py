@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
+from aero.packs import UnknownDomain, pack_for
 from approvals.models import Approval, ApprovalStatus
 from diagnosis.eventlog import masking
 from diagnosis.models import AgentRun, Event, Session
@@ -56,6 +57,7 @@ def session_out(session: Session, mask: masking.SessionMask | None = None) -> di
     open_approvals = getattr(session, "open_approvals", None)
     if open_approvals is None:
         open_approvals = session.approvals.open().count()
+    fields = pack_report_fields(session)
     return {
         "id": session.pk,
         "title": session.title,
@@ -75,7 +77,17 @@ def session_out(session: Session, mask: masking.SessionMask | None = None) -> di
         "cost": str(session.cost),
         "open_approvals": open_approvals,
         "has_report": hasattr(session, "report"),
+        "report": mask.scrub(fields) if mask is not None and fields else fields,
     }
+
+
+def pack_report_fields(session: Session) -> dict[str, Any] | None:
+    """The report fields of the session's pack, if it has them (an IT diagnosis's)."""
+    try:
+        pack = pack_for(session.scenario.kind)
+    except UnknownDomain:
+        return None
+    return pack.report_fields(session) if pack.report_fields else None
 
 
 def run_tree(runs: list[AgentRun]) -> list[dict[str, Any]]:

@@ -70,6 +70,13 @@ class SessionOut(Schema):
     cost: str = Field(..., description="LLM cost so far, as a decimal string.")
     open_approvals: int
     has_report: bool
+    report: dict[str, Any] | None = Field(
+        None,
+        description="The pack's report fields, if it has them. An IT diagnosis: "
+        "root_cause_md, fix_suggestion_md, confidence_score, related_services, "
+        "code_locations [{path, line}], similar_cases [{id, title, score, strategy}] "
+        "(best first); empty before the conclusion.",
+    )
 
 
 class SessionSummary(Schema):

@@ -13,6 +13,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from aero.packs import DomainPack, UnknownDomain, pack_for
 from diagnosis.chain import check_events
 from diagnosis.eventlog import masking, registry
 from diagnosis.fold import FoldState, fold_events
@@ -153,7 +154,22 @@ def render_export(
         "first_ts": events[0].ts if events else None,
         "last_ts": events[-1].ts if events else None,
     }
-    return render_to_string("replay/export.md", context)
+    template = "replay/export.md"
+    pack = installed_pack(session)
+    if pack is not None and pack.export_template:
+        # The pack's sections (a diagnosis's root cause, fixes, similar cases) in its own
+        # template, which extends this one.
+        template = pack.export_template
+        if pack.export_context is not None:
+            context.update(pack.export_context(session, mask))
+    return render_to_string(template, context)
+
+
+def installed_pack(session: Session) -> DomainPack | None:
+    try:
+        return pack_for(session.scenario.kind)
+    except UnknownDomain:
+        return None
 
 
 def digest(text: str) -> str:

@@ -20,6 +20,7 @@ class DiagnosisPackConfig(AppConfig):
         from packs.diagnosis import fixes, graph, sessions, web
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
+        from packs.diagnosis.report import export_context, report_fields
         from packs.diagnosis.seed import seed
         from packs.diagnosis.selfcheck import check_examples
         from packs.diagnosis.storage import delete_bundle
@@ -46,6 +47,9 @@ class DiagnosisPackConfig(AppConfig):
                 seed=seed,
                 start_from_file=sessions.start_from_bundle,
                 summarize=sessions.summarize,
+                report_fields=report_fields,
+                export_template="diagnosis_pack/export.md",
+                export_context=export_context,
                 page_panel="diagnosis_pack/_panel.html",
                 page_context=web.page_context,
                 new_session_url="diagnosis_pack:new",

@@ -32,6 +32,7 @@ from packs.diagnosis.bundle import Bundle, open_bundle
 from packs.diagnosis.code import CodeToolError, code
 from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.fixes import fix_problems
+from packs.diagnosis.knowledge import record_similar_cases
 from packs.diagnosis.playbook import Diagnosis, Playbook, diagnose
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System, demo_shop
@@ -396,6 +397,8 @@ def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[st
         producer=ctx.producer,
         run=run,
     )
+    # The past cases like it, linked and recorded with the conclusion.
+    record_similar_cases(ctx.session_id, found, producer=ctx.producer, run=run)
     update: dict[str, Any] = {"_summary": f"root cause: {found['hypothesis']}"}
     if found["hypothesis"] == "unknown":
         lang = "zh" if state.get("language") == "zh" else "en"

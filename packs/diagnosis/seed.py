@@ -11,6 +11,8 @@ import yaml
 from django.db import transaction
 
 from aero.models import audit
+from packs.diagnosis.knowledge import seed_knowledge
+from packs.diagnosis.system import demo_shop
 from scenarios_admin.models import Scenario, ScenarioVersion
 from scenarios_admin.schema import validate_definition
 
@@ -31,6 +33,12 @@ class SeedError(Exception):
 
 @transaction.atomic
 def seed(update: bool = False) -> list[str]:
+    """The built-in scenario (`seed_scenario`) and the demo shop's knowledge items that
+    are not there yet."""
+    return seed_scenario(update) + seed_knowledge(demo_shop())
+
+
+def seed_scenario(update: bool = False) -> list[str]:
     """Create the built-in diagnosis scenario and its version 1; with `update`, publish
     the shipped files again when they changed, unless an admin published since."""
     definition = builtin_definition()

@@ -16,13 +16,13 @@ from diagnosis.events import append_event
 from diagnosis.models import AgentRun, Event, Session, ToolCall
 from diagnosis.reporting import decision_of
 from packs.diagnosis.bundle import BundleError, open_bundle
+from packs.diagnosis.knowledge import KEPT, linked_cases
+from packs.diagnosis.names import REQUESTED, SAVED, SIMILAR
+from packs.diagnosis.report import report_fields
 from packs.diagnosis.storage import delete_bundle, store_bundle
 from scenarios_admin.models import Scenario
 
 KIND = "diagnosis"
-# The event that records what a diagnosis was asked with (its bundle, the reporter's
-# choices), written with the session's creation.
-REQUESTED = "diagnosis.requested"
 # The evidence tools a session runs, in its words (the core's timeline reads them).
 EVIDENCE_LABELS: dict[str, Promise] = {
     "read_bundle": gettext_lazy("Read the incident bundle"),
@@ -122,6 +122,7 @@ def summarize(session: Session) -> dict[str, Any]:
         for c in calls
         if c.call_id.startswith("ev-")
     ]
+    fields = report_fields(session)
     requested = (
         Event.objects.filter(session=session, type=REQUESTED).values_list("payload", flat=True)
     ).first() or {}
@@ -148,7 +149,10 @@ def summarize(session: Session) -> dict[str, Any]:
         "code_locations": [
             {"path": loc["path"], "line": loc["line"]} for loc in cause.get("code_locations", [])
         ],
-        "similar_cases": [],
+        "similar_cases": [
+            {"id": c["id"], "score": c["score"], "strategy": c["strategy"]}
+            for c in linked_cases(session, limit=KEPT)
+        ],
         "actions": [
             {
                 "tool": c.tool_name,
@@ -174,6 +178,8 @@ def summarize(session: Session) -> dict[str, Any]:
         "evidence": evidence,
         "question": (snapshot.get("question") or {}).get("text"),
         "tokens": session.tokens_in + session.tokens_out,
+        # Seed 003's report fields (related_services and code_locations are above).
+        **{key: fields[key] for key in ("root_cause_md", "fix_suggestion_md", "confidence_score")},
     }
 
 
@@ -190,11 +196,60 @@ def _requested_words(p: dict[str, Any]) -> str:
     return _("diagnosis requested from %(source)s") % {"source": p.get("source", "")}
 
 
+class SimilarCasePayload(Payload):
+    id: str  # the knowledge item's key, e.g. KB-003
+    score: float
+    strategy: str
+
+
+class SimilarCasesFound(Payload):
+    cases: list[SimilarCasePayload] = []
+
+
+class KnowledgeSaved(Payload):
+    id: str
+    item: int
+    by: str
+
+
+def _similar_words(p: dict[str, Any]) -> str:
+    cases = p.get("cases") or []
+    if not cases:
+        return _("no similar past cases found")
+    return _("similar past cases: %(cases)s") % {
+        "cases": ", ".join(f"{c.get('id')} ({c.get('score')})" for c in cases)
+    }
+
+
+def _saved_words(p: dict[str, Any]) -> str:
+    return _("saved to the knowledge base as %(id)s by %(by)s") % {
+        "id": p.get("id", ""),
+        "by": p.get("by", ""),
+    }
+
+
+# The pack's panel stands where the facts panel is: it re-renders with it.
+PANEL = frozenset({"session-facts"})
+
 EVENT_TYPES = (
     EventType(
         REQUESTED,
         DiagnosisRequested,
         summary=_requested_words,
         line="diagnosis_pack/_lines.html#requested",
+    ),
+    EventType(
+        SIMILAR,
+        SimilarCasesFound,
+        summary=_similar_words,
+        line="diagnosis_pack/_lines.html#similar-cases",
+        panels=PANEL,
+    ),
+    EventType(
+        SAVED,
+        KnowledgeSaved,
+        summary=_saved_words,
+        line="diagnosis_pack/_lines.html#knowledge-saved",
+        panels=PANEL,
     ),
 )

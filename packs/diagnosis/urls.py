@@ -8,4 +8,9 @@ app_name = "diagnosis_pack"
 
 urlpatterns = [
     path("diagnosis/new/", web.new_diagnosis, name="new"),
+    path(
+        "diagnosis/<uuid:session_id>/save-knowledge/",
+        web.save_knowledge,
+        name="save-knowledge",
+    ),
 ]

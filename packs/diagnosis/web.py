@@ -9,20 +9,25 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
+from uuid import UUID
 
 from django import forms
 from django.conf import settings
+from django.contrib import messages
 from django.shortcuts import redirect, render
 from django.utils import translation
 from django.utils.translation import gettext_lazy as _
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
 from aero.http import HtmxHttpRequest
 from aero.roles import RUN_SESSIONS, role_required
 from aero.text import MAX_MESSAGE, LimitedTextField
 from diagnosis.actions import ActionError
-from diagnosis.models import Session, ToolCall
+from diagnosis.models import Session, SessionStatus, ToolCall
+from diagnosis.views import get_session_for_user
 from packs.diagnosis.bundle import MODES
+from packs.diagnosis.knowledge import do_save_as_knowledge, linked_cases
+from packs.diagnosis.models import KnowledgeItem
 from packs.diagnosis.playbook import default_playbook
 from packs.diagnosis.sessions import start_from_bundle
 
@@ -158,10 +163,28 @@ def page_context(session: Session) -> dict[str, Any]:
         }
         for call_id, call in calls.items()
     ]
+    saved = KnowledgeItem.objects.filter(session=session).values_list("key", flat=True).first()
     return {
         "diagnosis": {
             "cause": cause or None,
             "summary": (cause.get("summary") or {}).get(lang, ""),
             "evidence": evidence,
+            "similar": linked_cases(session),
+            "saved_as": saved,
+            "can_save": session.status == SessionStatus.COMPLETED and bool(cause) and not saved,
         }
     }
+
+
+@require_POST
+@role_required(RUN_SESSIONS)
+def save_knowledge(request: HtmxHttpRequest, session_id: UUID) -> Any:
+    """Save a completed diagnosis into the knowledge base (operators and admins)."""
+    session = get_session_for_user(request, session_id)
+    try:
+        item = do_save_as_knowledge(session.pk, request.user)
+    except ActionError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, _("Saved to the knowledge base as %(id)s.") % {"id": item.key})
+    return redirect("diagnosis:session-detail", session_id=session.pk)

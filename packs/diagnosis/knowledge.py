@@ -1,0 +1,322 @@
+"""The knowledge base: seeded from the demo shop's knowledge items, searched for the past
+cases most like a concluded diagnosis, and grown by completed sessions saved into it.
+
+The search (no vector database, seed 003's scheme A): full text and trigram similarity
+over each item's `search_text`, in PostgreSQL `to_tsvector('simple')` with
+`ts_rank_cd` and pg_trgm's `similarity`; in the embedded SQLite mode an FTS5 table
+(trigram tokenizer, bm25) and the same trigram similarity computed here. Without FTS5
+(an SQLite built without it) the words the two texts share stand in for the rank. The
+text score is then weighed with what the conclusion states outright: the same root
+cause kind and the same services."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, connection, transaction
+from django.utils.translation import gettext as _
+
+from aero.models import audit
+from diagnosis.actions import ActionError
+from diagnosis.eventlog.write import lock_session
+from diagnosis.events import append_event, append_step_event
+from diagnosis.models import Session, SessionStatus
+from packs.diagnosis.models import KnowledgeItem, KnowledgeSource, SimilarCase
+from packs.diagnosis.names import SAVED, SIMILAR
+from packs.diagnosis.system import System
+
+SHOWN = 3  # the page, the report and the export show the best three
+KEPT = 5  # links stored per session
+CANDIDATES = 50
+# Weights of the score (0..1): the texts' full-text rank and trigram similarity, then the
+# conclusion's own root cause kind and services.
+W_FTS, W_TRGM, W_HYPOTHESIS, W_SERVICES = 0.35, 0.15, 0.3, 0.2
+MIN_SCORE = 0.05
+WORD = re.compile(r"[0-9a-z]+|[\u3400-\u9fff]+")
+CJK = re.compile(r"[\u3400-\u9fff]")
+
+
+@dataclass(frozen=True)
+class Match:
+    item: KnowledgeItem
+    score: float
+    strategy: str
+    fts: float
+    trgm: float
+
+
+# --- seed ------------------------------------------------------------------------------------
+
+
+def shipped_problem_type(hypothesis: str, tags: list[str]) -> str:
+    """The problem type a shipped item is filed under (demo_shop.yaml names only its root
+    cause kind): the playbook's own classes, latency tags meaning a slow response."""
+    if hypothesis in ("disk_full", "db_pool_exhausted", "memory_leak"):
+        return "resource_exhaustion"
+    if hypothesis == "db_primary_down":
+        return "service_down"
+    return "slow_response" if "latency" in tags else "error_spike"
+
+
+def seed_knowledge(system: System) -> list[str]:
+    """Create the system's shipped knowledge items that are not there yet (an admin's edit
+    of one is kept)."""
+    made = []
+    for entry in system.knowledge:
+        if KnowledgeItem.objects.filter(key=entry.id).exists():
+            continue
+        zh = bool(CJK.search(entry.title + entry.content))
+        lang = "zh" if zh else "en"
+        KnowledgeItem.objects.create(
+            key=entry.id,
+            source=KnowledgeSource.SHIPPED,
+            hypothesis=entry.hypothesis,
+            problem_type=shipped_problem_type(entry.hypothesis, entry.tags),
+            services=list(entry.services),
+            tags=list(entry.tags),
+            # A shipped item is one paragraph in one language: what happened, why and
+            # what fixed it, kept whole as its symptoms.
+            **{f"title_{lang}": entry.title, f"symptoms_{lang}": entry.content.strip()},
+        )
+        made.append(entry.id)
+    return [f"knowledge items: {', '.join(made)} created"] if made else []
+
+
+# --- search ----------------------------------------------------------------------------------
+
+
+def session_text(session: Session, cause: dict[str, Any]) -> str:
+    """The words a session's conclusion is searched by."""
+    summary = cause.get("summary") or {}
+    parts = [
+        session.title,
+        cause.get("hypothesis", ""),
+        cause.get("problem_type", ""),
+        cause.get("service", ""),
+        " ".join(cause.get("related_services", [])),
+        cause.get("config_key") or "",
+        summary.get("en", ""),
+        summary.get("zh", ""),
+    ]
+    return "\n".join(str(p) for p in parts if p)
+
+
+def words(text: str) -> list[str]:
+    seen: dict[str, None] = {}
+    for word in WORD.findall(text.lower()):
+        if len(word) > 1:
+            seen.setdefault(word, None)
+    return list(seen)[:64]
+
+
+def trigrams(text: str) -> set[str]:
+    """pg_trgm's trigrams: each word lowercased, padded with two spaces before and one
+    after."""
+    grams: set[str] = set()
+    for word in WORD.findall(text.lower()):
+        padded = f"  {word} "
+        grams.update(padded[i : i + 3] for i in range(len(padded) - 2))
+    return grams
+
+
+def trigram_similarity(a: str, b: str) -> float:
+    first, second = trigrams(a), trigrams(b)
+    if not first or not second:
+        return 0.0
+    return len(first & second) / len(first | second)
+
+
+def _pg_candidates(text: str, exclude: Any) -> tuple[dict[int, tuple[float, float]], str]:
+    query = " | ".join(f"'{w}'" for w in words(text))  # words hold no quote: safe to quote
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT k.id, "
+            "CASE WHEN %s = '' THEN 0 ELSE "
+            "ts_rank_cd(to_tsvector('simple', k.search_text), to_tsquery('simple', %s), 32) END, "
+            "similarity(k.search_text, %s) "
+            "FROM diagnosis_pack_knowledgeitem k "
+            "WHERE k.session_id IS DISTINCT FROM %s "
+            "ORDER BY 2 + 3 DESC, k.id LIMIT %s",
+            [query, query or "x", text, exclude, CANDIDATES * 10],
+        )
+        rows = cursor.fetchall()
+    return {row[0]: (float(row[1]), float(row[2])) for row in rows}, "pg_fts+trgm"
+
+
+def _sqlite_candidates(text: str, exclude: Any) -> tuple[dict[int, tuple[float, float]], str]:
+    items = dict(KnowledgeItem.objects.exclude(session_id=exclude).values_list("id", "search_text"))
+    ranks: dict[int, float] = {}
+    terms = [w for w in words(text) if len(w) >= 3]
+    strategy = "sqlite_fts5+trgm"
+    try:
+        if terms:
+            match = " OR ".join(f'"{t}"' for t in terms)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT item_id, -bm25(knowledge_fts) FROM knowledge_fts "
+                    "WHERE knowledge_fts MATCH %s",
+                    [match],
+                )
+                for item_id, rank in cursor.fetchall():
+                    ranks[int(item_id)] = max(0.0, float(rank))
+        ranks = {k: r / (r + 1) for k, r in ranks.items()}
+    except DatabaseError:
+        # No FTS5 table (an SQLite without FTS5): the share of the query's words found.
+        strategy = "words+trgm"
+        asked = set(words(text))
+        ranks = {
+            k: len(asked & set(words(body))) / len(asked) if asked else 0.0
+            for k, body in items.items()
+        }
+    return {
+        k: (ranks.get(k, 0.0), trigram_similarity(body, text)) for k, body in items.items()
+    }, strategy
+
+
+def similar_cases(
+    session: Session, cause: dict[str, Any] | None = None, limit: int = KEPT
+) -> list[Match]:
+    """The knowledge items most like the session's conclusion (`cause`: the root cause
+    finding, by default the snapshot's), best first, its own saved item left out."""
+    if cause is None:
+        cause = (session.snapshot or {}).get("root_cause") or {}
+    text = session_text(session, cause)
+    if not text.strip():
+        return []
+    if connection.vendor == "postgresql":
+        found, strategy = _pg_candidates(text, session.pk)
+    else:
+        found, strategy = _sqlite_candidates(text, session.pk)
+    # ts_rank_cd's normalization 32 is rank/(rank+1); a few shared words give ~0.1.
+    top_fts = max((f for f, _ in found.values()), default=0.0) or 1.0
+    items = KnowledgeItem.objects.in_bulk(list(found))
+    services = {cause.get("service"), *cause.get("related_services", [])} - {None, ""}
+    matches = []
+    for item_id, (fts, trgm) in found.items():
+        item = items[item_id]
+        same_kind = bool(cause.get("hypothesis")) and item.hypothesis == cause.get("hypothesis")
+        shared = services & set(item.services)
+        overlap = len(shared) / len(services | set(item.services)) if shared else 0.0
+        on_service = 1.0 if cause.get("service") in item.services else overlap
+        score = (
+            W_FTS * (fts / top_fts)
+            + W_TRGM * trgm
+            + W_HYPOTHESIS * same_kind
+            + W_SERVICES * on_service
+        )
+        if score >= MIN_SCORE:
+            matches.append(Match(item, round(score, 3), strategy, round(fts, 4), round(trgm, 4)))
+    matches.sort(key=lambda m: (-m.score, m.item.key))
+    return matches[:limit]
+
+
+def record_similar_cases(
+    session_id: Any, cause: dict[str, Any], *, producer: str, run: Any = None
+) -> list[Match]:
+    """Search for the conclusion `cause`, store the links (replacing any a re-run of the
+    step wrote) and record them in a `diagnosis.similar_cases` event. Runs in the
+    caller's transaction (the step's, whose events are written when it commits)."""
+    session = Session.objects.get(pk=session_id)
+    matches = similar_cases(session, cause)
+    SimilarCase.objects.filter(session_id=session_id).delete()
+    SimilarCase.objects.bulk_create(
+        SimilarCase(session_id=session_id, item=m.item, score=m.score, strategy=m.strategy, rank=i)
+        for i, m in enumerate(matches, 1)
+    )
+    append_step_event(
+        session_id,
+        SIMILAR,
+        {
+            "cases": [
+                {
+                    "id": m.item.key,
+                    "title": m.item.text("title", session.language),
+                    "score": m.score,
+                    "strategy": m.strategy,
+                    "fts": m.fts,
+                    "trgm": m.trgm,
+                }
+                for m in matches
+            ]
+        },
+        producer=producer,
+        run=run,
+    )
+    return matches
+
+
+def linked_cases(session: Session, limit: int = SHOWN) -> list[dict[str, Any]]:
+    """The session's stored similar cases, best first, as the page, the report, the
+    export and the JSON show them."""
+    lang = "zh" if session.language == "zh" else "en"
+    return [
+        {
+            "id": link.item.key,
+            "title": link.item.text("title", lang),
+            "summary": link.item.text("symptoms", lang),
+            "root_cause": link.item.text("root_cause", lang),
+            "fix": link.item.text("fix", lang),
+            "services": link.item.services,
+            "hypothesis": link.item.hypothesis,
+            "score": link.score,
+            "strategy": link.strategy,
+        }
+        for link in SimilarCase.objects.filter(session=session)
+        .select_related("item")
+        .order_by("rank")[:limit]
+    ]
+
+
+# --- saving a session ------------------------------------------------------------------------
+
+
+def do_save_as_knowledge(session_id: Any, user: Any) -> KnowledgeItem:
+    """Save a completed diagnosis as a knowledge item (once per session): its title, root
+    cause, services and fix in both languages where the session has them. Locks the
+    session row; the item, a `diagnosis.knowledge_saved` event and the audit entry commit
+    together."""
+    with transaction.atomic():
+        session = lock_session(session_id)
+        cause: dict[str, Any] = (session.snapshot or {}).get("root_cause") or {}
+        if session.status != SessionStatus.COMPLETED or not cause:
+            raise ActionError(_("Only a completed diagnosis with a root cause can be saved."))
+        if KnowledgeItem.objects.filter(session=session).exists():
+            raise ActionError(_("This session is already in the knowledge base."))
+        summary = cause.get("summary") or {}
+        fix = cause.get("fix") or cause.get("action") or {}
+        fix_words = (
+            f"{fix.get('tool')} {fix.get('args', {}).get('service', '')}".strip() if fix else ""
+        )
+        services = [cause.get("service"), *cause.get("related_services", [])]
+        item = KnowledgeItem.objects.create(
+            key=f"S-{session.pk.hex[:8]}",
+            source=KnowledgeSource.SESSION,
+            session=session,
+            created_by=user,
+            title_zh=session.title if CJK.search(session.title) else "",
+            title_en="" if CJK.search(session.title) else session.title,
+            hypothesis=cause.get("hypothesis", ""),
+            problem_type=cause.get("problem_type", ""),
+            services=list(dict.fromkeys(s for s in services if s)),
+            root_cause_zh=summary.get("zh", ""),
+            root_cause_en=summary.get("en", ""),
+            fix_zh=fix_words,
+            fix_en=fix_words,
+            tags=[t for t in (cause.get("hypothesis"), cause.get("problem_type")) if t],
+        )
+        append_event(
+            session.pk,
+            SAVED,
+            {"id": item.key, "item": item.pk, "by": user.get_username()},
+            producer="web",
+        )
+        audit(
+            "knowledge.saved",
+            obj=item,
+            actor=user,
+            session_id=session.pk,
+            detail={"key": item.key},
+        )
+    return item

@@ -1,0 +1,116 @@
+"""The diagnosis pack's knowledge base: past incidents (shipped with the demo shop, added
+by admins, or saved from a completed session) and the links a concluded session keeps to
+the ones most like it (knowledge.py searches them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from diagnosis.models import Session
+
+
+class KnowledgeSource(models.TextChoices):
+    SHIPPED = "shipped", _("Shipped with the system")
+    ADMIN = "admin", _("Written by an admin")
+    SESSION = "session", _("Saved from a session")
+
+
+class KnowledgeItem(models.Model):
+    # The id people cite: the shipped items keep demo_shop.yaml's ("KB-003").
+    key = models.CharField(_("id"), max_length=40, unique=True)
+    title_zh = models.CharField(_("title (Chinese)"), max_length=200, blank=True)
+    title_en = models.CharField(_("title (English)"), max_length=200, blank=True)
+    problem_type = models.CharField(_("problem type"), max_length=40, blank=True)
+    hypothesis = models.CharField(_("root cause kind"), max_length=40, blank=True)
+    services = models.JSONField(_("services"), default=list, blank=True)
+    symptoms_zh = models.TextField(_("symptoms (Chinese)"), blank=True)
+    symptoms_en = models.TextField(_("symptoms (English)"), blank=True)
+    root_cause_zh = models.TextField(_("root cause (Chinese)"), blank=True)
+    root_cause_en = models.TextField(_("root cause (English)"), blank=True)
+    fix_zh = models.TextField(_("fix (Chinese)"), blank=True)
+    fix_en = models.TextField(_("fix (English)"), blank=True)
+    tags = models.JSONField(_("tags"), default=list, blank=True)
+    source = models.CharField(
+        _("source"), max_length=10, choices=KnowledgeSource.choices, default=KnowledgeSource.ADMIN
+    )
+    # The session it was saved from: a session is saved once.
+    session = models.OneToOneField(
+        Session,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="knowledge_item",
+        verbose_name=_("session"),
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    # Every searchable word of the item in one column, written by save(): what the
+    # full-text and trigram indexes cover (migration 0002 makes them).
+    search_text = models.TextField(editable=False, default="")
+
+    class Meta:
+        ordering = ["key"]
+        verbose_name = _("knowledge item")
+        verbose_name_plural = _("knowledge items")
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.title_en or self.title_zh}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.search_text = self.searchable()
+        fields = kwargs.get("update_fields")
+        if fields is not None:
+            kwargs["update_fields"] = {*fields, "search_text"}
+        super().save(*args, **kwargs)
+
+    def text(self, name: str, language: str) -> str:
+        """A text field in `language`, else in the other one (shipped items have one)."""
+        first, second = ("zh", "en") if language == "zh" else ("en", "zh")
+        return str(getattr(self, f"{name}_{first}") or getattr(self, f"{name}_{second}"))
+
+    def searchable(self) -> str:
+        parts: list[Any] = [
+            self.key,
+            self.title_zh,
+            self.title_en,
+            self.problem_type,
+            self.hypothesis,
+            " ".join(str(s) for s in self.services),
+            " ".join(str(t) for t in self.tags),
+            self.symptoms_zh,
+            self.symptoms_en,
+            self.root_cause_zh,
+            self.root_cause_en,
+            self.fix_zh,
+            self.fix_en,
+        ]
+        return "\n".join(str(p) for p in parts if p)
+
+
+class SimilarCase(models.Model):
+    """A knowledge item found like a concluded session, with the score and the strategy
+    (which search found it) it was found by; written with the `diagnosis.similar_cases`
+    event."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="similar_cases")
+    item = models.ForeignKey(KnowledgeItem, on_delete=models.CASCADE, related_name="links")
+    score = models.FloatField()
+    strategy = models.CharField(max_length=40)
+    rank = models.PositiveSmallIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "item"], name="similar_case_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} ~ {self.item_id} ({self.score:.2f})"

@@ -1,0 +1,253 @@
+"""The knowledge base as an on-call engineer meets it: a concluded diagnosis lists the
+past cases most like it (the shipped examples find their own knowledge item first) on
+its page, in the command line's JSON, the API and the Markdown export; a completed
+session is saved into the knowledge base by an operator; admins edit the items."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client, override_settings
+from django.urls import reverse
+from django.utils import translation
+
+from aero.models import AuditLog
+from diagnosis.models import Event, Session
+from packs.diagnosis.knowledge import similar_cases, trigram_similarity, words
+from packs.diagnosis.models import KnowledgeItem, KnowledgeSource, SimilarCase
+from replay.export import render_export
+from tests.admin_helpers import admin_client, form_data, staff_with
+from tests.api_helpers import token_for
+from tests.web_helpers import login
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
+EXPECTED = yaml.safe_load((EXAMPLES / "expected.yaml").read_text("utf-8"))
+SAVE = "diagnosis_pack:save-knowledge"
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(autouse=True)
+def _bundles_in_tmp(tmp_path: Path) -> Any:
+    with override_settings(AERO_BUNDLE_DIR=tmp_path / "stored"):
+        yield
+
+
+def run(capsys: pytest.CaptureFixture[str], name: str, *options: str) -> dict[str, Any]:
+    capsys.readouterr()
+    call_command(
+        "incident", "run", "--bundle", str(EXAMPLES / f"{name}.tar.gz"), *options, "--json"
+    )
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_shipped_example_finds_its_own_past_case_first(
+    builtin: None, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    result = run(capsys, name)
+
+    similar = result["similar_cases"]
+    assert similar[0]["id"] == EXPECTED[name]["similar"][0]
+    assert similar[0]["strategy"] == "pg_fts+trgm"
+    assert [c["score"] for c in similar] == sorted((c["score"] for c in similar), reverse=True)
+    assert 0 < similar[0]["score"] <= 1
+    # the links are stored and the search is in the log, with the same ids and scores
+    session = Session.objects.get(pk=result["session"])
+    links = list(SimilarCase.objects.filter(session=session).order_by("rank"))
+    assert [(link.item.key, link.score) for link in links] == [
+        (c["id"], c["score"]) for c in similar
+    ]
+    event = Event.objects.get(session=session, type="diagnosis.similar_cases")
+    assert [c["id"] for c in event.payload["cases"]] == [c["id"] for c in similar]
+
+
+def test_the_report_fields_in_the_json_and_the_api(
+    builtin: None, capsys: pytest.CaptureFixture[str], alice: User
+) -> None:
+    result = run(capsys, "ex-deploy-payments", "--decide", "approve")
+    # the keys the command always had are still there
+    assert result["root_cause"]["service"] == "payments"
+    assert result["confidence"] == result["confidence_score"]
+    assert "payments/app/handlers.py:26" in result["root_cause_md"]
+    assert "D-5716" in result["root_cause_md"]
+    assert "rollback" in result["fix_suggestion_md"]
+
+    token = token_for(alice, "operator")
+    got = Client().get(
+        f"/api/v1/diagnosis-sessions/{result['session']}", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    assert got.status_code == 200
+    report = got.json()["report"]
+    assert report["root_cause_md"] == result["root_cause_md"]
+    assert report["confidence_score"] == result["confidence"]
+    assert report["related_services"] == result["related_services"]
+    assert report["code_locations"] == [{"path": "payments/app/handlers.py", "line": 26}]
+    assert report["similar_cases"][0]["id"] == "KB-011"
+    assert len(report["similar_cases"]) <= 3
+
+    refused = Client().get(f"/api/v1/diagnosis-sessions/{result['session']}")
+    assert refused.status_code == 401
+
+
+def test_the_page_shows_the_three_best_past_cases(builtin: None, alice: User) -> None:
+    client = login(alice)
+    opened = client.post(reverse("diagnosis_pack:new"), {"demo": "ex-pool-inventory"})
+    page = client.get(opened["Location"]).content.decode()
+
+    assert 'data-testid="similar-cases"' in page
+    listed = page.split('data-testid="similar-cases"')[1].split("</ol>")[0]
+    assert listed.count('data-item="') == 3
+    assert listed.index('data-item="KB-003"') == listed.index('data-item="')
+    assert "库存服务连接池耗尽" in listed
+
+
+def _sections(markdown: str) -> list[str]:
+    return [line for line in markdown.splitlines() if line.startswith("## ")]
+
+
+def test_the_markdown_export_has_seed_003s_sections_in_both_languages(
+    builtin: None, capsys: pytest.CaptureFixture[str], alice: User
+) -> None:
+    result = run(capsys, "ex-pool-inventory", "--decide", "approve")
+    session = Session.objects.get(pk=result["session"])
+
+    with translation.override("en"):
+        english = render_export(session, alice, masked=False)
+    assert _sections(english) == [
+        "## 1. Session",
+        "## 2. Root cause",
+        "## 3. Evidence chain",
+        "## 4. Approval record",
+        "## 5. Tokens and cost",
+        "## 6. Fix suggestions",
+        "## 7. Similar cases",
+        "## 8. Recommended follow-ups",
+        "## 9. Chronology",
+        "## 10. Hash chain",
+    ]
+    assert english.startswith("# IT diagnosis export")
+    assert f"| Problem type | {result['problem_type']} |" in english
+    assert "database connection pool of inventory is exhausted" in english
+    assert "| KB-003 |" in english.split("## 7. Similar cases")[1]
+    fixes = english.split("## 6. Fix suggestions")[1].split("## 7.")[0]
+    assert "**restart_service** (service=inventory), R2: approved" in fixes
+    # what fixed the past case of the same kind, not those of other kinds
+    assert "As in KB-003:" in fixes and "KB-009" not in fixes
+
+    with translation.override("zh-hans"):
+        chinese = render_export(session, alice, masked=False)
+    assert _sections(chinese) == [
+        "## 1. 会话",
+        "## 2. 根因",
+        "## 3. 证据链",
+        "## 4. 审批记录",
+        "## 5. 令牌与费用",
+        "## 6. 修复建议",
+        "## 7. 相似案例",
+        "## 8. 建议的后续工作",
+        "## 9. 时间线",
+        "## 10. 哈希链",
+    ]
+    assert "| KB-003 |" in chinese
+
+
+def test_an_operator_saves_a_completed_diagnosis_once(
+    builtin: None, capsys: pytest.CaptureFixture[str], alice: User, carol: User
+) -> None:
+    result = run(capsys, "ex-pool-inventory", "--decide", "approve")
+    session = Session.objects.get(pk=result["session"])
+    url = reverse(SAVE, args=[session.pk])
+
+    # an auditor sees the session but may not save it; signed out goes to sign in
+    auditor = login(carol)
+    assert (
+        'data-testid="save-knowledge"'
+        not in auditor.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+    )
+    assert auditor.post(url).status_code == 403
+    assert Client().post(url).status_code == 302
+    assert not KnowledgeItem.objects.filter(session=session).exists()
+
+    client = login(alice)
+    page = client.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+    assert 'data-testid="save-knowledge"' in page
+    assert client.post(url).status_code == 302
+
+    item = KnowledgeItem.objects.get(session=session)
+    assert item.source == KnowledgeSource.SESSION
+    assert (item.hypothesis, item.problem_type) == ("db_pool_exhausted", result["problem_type"])
+    assert "inventory" in item.services
+    assert "database connection pool of inventory is exhausted" in item.root_cause_en
+    assert item.created_by == alice
+    saved = Event.objects.get(session=session, type="diagnosis.knowledge_saved")
+    assert saved.payload == {"id": item.key, "item": item.pk, "by": "alice"}
+    assert AuditLog.objects.filter(action="knowledge.saved", actor=alice).count() == 1
+    page = client.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+    assert f"In the knowledge base as {item.key}." in page
+
+    # once only
+    client.post(url)
+    assert KnowledgeItem.objects.filter(session=session).count() == 1
+    assert Event.objects.filter(session=session, type="diagnosis.knowledge_saved").count() == 1
+
+    # the next diagnosis of the same kind finds the saved session among its past cases,
+    # and a session never finds itself
+    again = run(capsys, "ex-pool-inventory")
+    assert item.key in [c["id"] for c in again["similar_cases"]]
+    assert item.key not in [c.item.key for c in similar_cases(session)]
+
+
+def test_an_unfinished_diagnosis_is_not_saved(
+    builtin: None, capsys: pytest.CaptureFixture[str], alice: User
+) -> None:
+    result = run(capsys, "ex-pool-inventory")  # the fix still waits for approval
+    session = Session.objects.get(pk=result["session"])
+    client = login(alice)
+    client.post(reverse(SAVE, args=[session.pk]))
+    assert not KnowledgeItem.objects.filter(session=session).exists()
+    assert not Event.objects.filter(session=session, type="diagnosis.knowledge_saved").exists()
+
+
+def test_admins_edit_knowledge_items_and_others_may_not(
+    builtin: None, make_user: Any, alice: User
+) -> None:
+    item = KnowledgeItem.objects.get(key="KB-003")
+    assert item.source == KnowledgeSource.SHIPPED
+    assert item.title_zh == "库存服务连接池耗尽（定时任务未释放连接）"
+    assert item.problem_type == "resource_exhaustion"
+    change = f"/admin/diagnosis_pack/knowledgeitem/{item.pk}/change/"
+
+    operator = admin_client(alice)
+    assert operator.get(change).status_code == 302  # not staff: the admin's sign-in
+    viewer = admin_client(staff_with("vic", "view_knowledgeitem"))
+    data = form_data(viewer.get(change).content.decode(), "knowledgeitem_form")
+    data["title_en"] = "Changed by a viewer"
+    assert viewer.post(change, data).status_code == 403
+    item.refresh_from_db()
+    assert item.title_en == ""
+
+    editor = admin_client(staff_with("eve", "view_knowledgeitem", "change_knowledgeitem"))
+    data = form_data(editor.get(change).content.decode(), "knowledgeitem_form")
+    data["title_en"] = "Inventory pool exhausted by a nightly job"
+    data["fix_en"] = "A pool of its own for the job"
+    assert editor.post(change, data).status_code == 302
+    item.refresh_from_db()
+    assert item.title_en == "Inventory pool exhausted by a nightly job"
+    assert "A pool of its own for the job" in item.search_text  # searched by its new words
+    assert AuditLog.objects.filter(action="knowledge.changed").count() == 1
+
+
+def test_the_embedded_search_words_and_trigrams() -> None:
+    # what the SQLite mode computes itself: pg_trgm's similarity, and the query's words
+    assert trigram_similarity("connection pool", "connection pool") == 1.0
+    assert 0 < trigram_similarity("connection pool exhausted", "pool exhausted") < 1
+    assert trigram_similarity("abc", "xyz") == 0.0
+    assert words("DB pool 100/100 连接池 db") == ["db", "pool", "100", "连接池"]
