@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._env import in_process  # noqa: E402
+
 FLIGHTS = [f"{a}{n}" for a in ("CA", "MU", "CZ", "HU", "ZH", "3U") for n in range(1000, 1400)]
 POSITIONS = [str(p) for p in range(101, 140)] + [f"{t}{n}" for t in "ABC" for n in range(1, 6)]
 STATUSES = ["completed"] * 6 + ["canceled", "failed", "waiting_user", "running"]
@@ -85,7 +87,7 @@ def fill(sessions: int, rng: random.Random) -> None:
         with raw.cursor().copy(
             "COPY diagnosis_session (id, scenario_id, scenario_version_id, title, language, "
             "status, created_by_id, created_at, updated_at, tokens_in, tokens_out, cost, "
-            "last_seq, snapshot, job_attempts, failure, chain_head) FROM STDIN"
+            "last_seq, snapshot, job_attempts, failure, chain_head, lease_holder) FROM STDIN"
         ) as copy:
             for i in range(sessions):
                 flight, position = rng.choice(FLIGHTS), rng.choice(POSITIONS)
@@ -117,6 +119,7 @@ def fill(sessions: int, rng: random.Random) -> None:
                         0,
                         "",
                         NO_CHAIN,
+                        "",
                     )
                 )
                 rows.append((sid, created, opening, status, flight, position))
@@ -192,12 +195,7 @@ def main() -> None:
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
         sys.exit("DATABASE_URL must name a scratch PostgreSQL database")
-    os.environ.pop("REDIS_URL", None)
-    os.environ["AERO_JOB_BACKEND"] = "inline"
-    os.environ.setdefault(
-        "AERO_SECRET_KEY", "bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz-ABCDEF"
-    )
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
+    in_process()
     import django
 
     django.setup()

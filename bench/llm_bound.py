@@ -42,6 +42,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._env import clean_environment, forget_keys  # noqa: E402
+
 PY = sys.executable
 MESSAGE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
 
@@ -177,22 +181,18 @@ def loadavg() -> str:
 
 
 def environment(args: argparse.Namespace, waits: bool) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
+    env = clean_environment()
     database = urlsplit(args.database_url)._replace(path=f"/{scratch_name(args)}").geturl()
     redis = urlsplit(args.redis_url)._replace(path=f"/{args.redis_db}").geturl()
     env.update(
         DATABASE_URL=database,
         REDIS_URL=redis,
-        AERO_SECRET_KEY="aero-bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz",
-        AERO_ENCRYPTION_KEYS="aero-bench-encryption-key-not-secret",
-        AERO_HTTPS="0",
         AERO_DATA_DIR=tempfile.mkdtemp(prefix="aero-bench-llm-"),
-        AERO_QUEUE="bench-llm",
-        AERO_CHANNEL_PREFIX="bench-llm",
+        AERO_QUEUE=f"bench-{scratch_name(args)}",
+        AERO_CHANNEL_PREFIX=f"bench-{scratch_name(args)}",
         AERO_LLM_WAITS="1" if waits else "0",
         AERO_LLM_REACT="1",
         AERO_LOG_LEVEL="WARNING",
-        PYTHONUNBUFFERED="1",
     )
     return env
 
@@ -205,9 +205,7 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
          "-c", f"CREATE DATABASE {scratch_name(args)}"],
         check=True, capture_output=True,
     )  # fmt: skip
-    subprocess.run(
-        ["redis-cli", "-u", env["REDIS_URL"], "FLUSHDB"], check=True, capture_output=True
-    )
+    forget_keys(env["REDIS_URL"], env["AERO_QUEUE"])  # a run stopped earlier may have left some
     for command in (["migrate", "--noinput", "-v0"], ["load_builtin"]):
         subprocess.run([PY, "manage.py", *command], cwd=ROOT, env=env, check=True)
     log = (Path(env["AERO_DATA_DIR"]) / "processes.log").open("w")
@@ -290,6 +288,7 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
     for line in output.splitlines():
         if line.startswith("RESULT "):
             result.update(json.loads(line[len("RESULT ") :]))
+    forget_keys(env["REDIS_URL"], env["AERO_QUEUE"])
     if result.get("jobs"):
         result["worker_cpu_ms_per_job"] = round(1000 * workers_cpu / result["jobs"], 1)
     return result
@@ -439,11 +438,8 @@ def main() -> None:
     port = free_port()
     script_file = Path(tempfile.mkdtemp(prefix="aero-bench-llm-")) / "script.json"
     script_file.write_text(json.dumps(script(args.latency)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AERO_")}
-    env.update(
-        AERO_SECRET_KEY="aero-bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz",
-        AERO_DATA_DIR=str(script_file.parent),
-    )
+    env = clean_environment()
+    env["AERO_DATA_DIR"] = str(script_file.parent)
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
     fake = subprocess.Popen(

@@ -26,16 +26,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._env import clean_environment, forget_keys  # noqa: E402
+
 MEASURE = ROOT / "bench" / "perf_measure.py"
 
 
 def run_tree(tree: Path, mode: str, head: bool, db: str, args: argparse.Namespace) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
-    env["AERO_SECRET_KEY"] = "aero-bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz"
-    # Production mode (DATABASE_URL) refuses to start without encryption keys.
-    env["AERO_ENCRYPTION_KEYS"] = "YWVyby1iZW5jaC1rZXktMzItYnl0ZXMtbG9uZy0hISE="
+    env = clean_environment()
     env["AERO_DATA_DIR"] = tempfile.mkdtemp(prefix=f"aero-bench-{mode}-")
-    env["PYTHONUNBUFFERED"] = "1"
     if mode == "services":
         pg = urlsplit(args.database_url)
         subprocess.run(
@@ -45,13 +45,10 @@ def run_tree(tree: Path, mode: str, head: bool, db: str, args: argparse.Namespac
         )  # fmt: skip
         env["DATABASE_URL"] = pg._replace(path=f"/{db}").geturl()
         redis = urlsplit(args.redis_url)._replace(path=f"/{args.redis_db}").geturl()
-        subprocess.run(["redis-cli", "-u", redis, "FLUSHDB"], check=True, capture_output=True)
+        forget_keys(redis, f"bench-{db}")  # a run stopped earlier may have left some
         env["REDIS_URL"] = redis
         env["AERO_QUEUE"] = f"bench-{db}"
         env["AERO_CHANNEL_PREFIX"] = f"bench-{db}"
-        # Production mode requires the key from the environment (any key does here).
-        env["AERO_ENCRYPTION_KEYS"] = "aero-bench-" + "0" * 32
-        env["AERO_HTTPS"] = "0"  # plain HTTP on 127.0.0.1: no redirect to https
     command = [
         sys.executable, str(MEASURE), "--tree", str(tree), "--mode", mode,
         "--samples", str(args.samples), "--open", str(args.open),
@@ -62,7 +59,11 @@ def run_tree(tree: Path, mode: str, head: bool, db: str, args: argparse.Namespac
         "--at-once-timeout", str(args.at_once_timeout),
     ] + (["--head"] if head else [])  # fmt: skip
     print(f"  measuring {'this change' if head else 'base'} ({mode}) ...", flush=True)
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    try:
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    finally:
+        if mode == "services":
+            forget_keys(env["REDIS_URL"], f"bench-{db}")
     for line in result.stdout.splitlines():
         if line.startswith("RESULT "):
             data: dict[str, Any] = json.loads(line[len("RESULT ") :])

@@ -19,13 +19,14 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench._env import in_process  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -39,14 +40,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200)
     args = parser.parse_args()
 
-    if not os.environ.get("DATABASE_URL"):
-        os.environ["AERO_DATA_DIR"] = tempfile.mkdtemp(prefix="aero-bench-")
-    os.environ.pop("REDIS_URL", None)  # the replay cache is per process (LocMem) here
-    os.environ["AERO_JOB_BACKEND"] = "inline"
-    os.environ.setdefault(
-        "AERO_SECRET_KEY", "bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz-ABCDEF"
-    )
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
+    in_process()  # no Redis: the replay cache is per process (LocMem) here
     import django
 
     django.setup()

@@ -20,7 +20,6 @@ import pstats
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections import Counter
@@ -29,6 +28,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._env import in_process  # noqa: E402
+
 STAND_FUEL_LEAK = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
 
 
@@ -89,15 +92,7 @@ def main() -> None:
         check=True, capture_output=True,
     )  # fmt: skip
     os.environ["DATABASE_URL"] = urlsplit(args.database_url)._replace(path=f"/{args.db}").geturl()
-    os.environ.pop("REDIS_URL", None)
-    os.environ["AERO_JOB_BACKEND"] = "inline"
-    os.environ.setdefault(
-        "AERO_SECRET_KEY", "aero-bench-not-secret-0123456789-abcdefghijklmnopqrstuvwxyz"
-    )
-    # Production mode (DATABASE_URL) needs a key; any valid Fernet key will do here.
-    os.environ.setdefault("AERO_ENCRYPTION_KEYS", "YWVyby1iZW5jaC1rZXktMzItYnl0ZXMtbG9uZy0hISE=")
-    os.environ.setdefault("AERO_DATA_DIR", tempfile.mkdtemp(prefix="aero-bench-"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
+    in_process()
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
     import django

@@ -7,15 +7,15 @@ unless DATABASE_URL is set (then on that PostgreSQL database: use a scratch one)
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench._env import in_process  # noqa: E402
 
 
 def main() -> None:
@@ -24,11 +24,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=2000)
     args = parser.parse_args()
 
-    if not os.environ.get("DATABASE_URL"):
-        os.environ["AERO_DATA_DIR"] = tempfile.mkdtemp(prefix="aero-bench-")
-    os.environ.pop("REDIS_URL", None)
-    os.environ["AERO_JOB_BACKEND"] = "inline"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
+    in_process()
     import django
 
     django.setup()
