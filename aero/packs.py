@@ -64,6 +64,19 @@ class ToolRegistry:
     target_args: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class HistoryFilter:
+    """A fact a pack's sessions are found by in history (an IT diagnosis's problem type
+    and root-cause service): where the snapshot holds it (its keys, outermost first),
+    the filter's label, and its choices as (value, label) pairs, read when a form is
+    made (the labels in the reader's language)."""
+
+    name: str
+    path: tuple[str, ...]
+    label: Any
+    choices: Callable[[], list[tuple[str, Any]]]
+
+
 @dataclass
 class DomainPack:
     """One domain's parts. The fields grow as parts move out of the core; each is
@@ -112,6 +125,8 @@ class DomainPack:
     # check`): each has number, passed, problems and summary(). A pack with its own has
     # no row-edited draft: its published versions are what is checked.
     check_examples: Callable[[dict[str, Any]], list[Any]] | None = None
+    # What history filters this pack's sessions by, besides the core's own filters.
+    history_filters: tuple[HistoryFilter, ...] = ()
 
 
 _PACKS: dict[str, DomainPack] = {}
@@ -199,3 +214,12 @@ def pack_for(kind: str) -> DomainPack:
 
 def installed_packs() -> list[DomainPack]:
     return list(_PACKS.values())
+
+
+def history_filters() -> dict[str, HistoryFilter]:
+    """Every installed pack's history filters by name (the first pack's, if two name one)."""
+    found: dict[str, HistoryFilter] = {}
+    for pack in _PACKS.values():
+        for item in pack.history_filters:
+            found.setdefault(item.name, item)
+    return found

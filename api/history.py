@@ -4,7 +4,8 @@ masked export) and the pages' audit entry for every export that leaves the syste
 
 from __future__ import annotations
 
-from datetime import date
+from dataclasses import asdict
+from datetime import date, datetime
 from typing import Any, Literal
 from uuid import UUID
 
@@ -17,17 +18,19 @@ from aero.roles import ADMIN, VIEW_SESSIONS
 from api import pagination
 from api.auth import TokenAuth
 from api.errors import READ_ERRORS, ApiError
-from api.presenters import masks, viewer_roles
+from api.presenters import envelope, masks, viewer_mask, viewer_roles
 from api.strict import StrictRouter
-from diagnosis.models import Session, SessionStatus
-from replay import history, jobs
+from diagnosis.models import Event, Session, SessionStatus
+from replay import history, jobs, presenters
 from replay.export import render_export
 from replay.forms import HistoryForm
-from replay.history import parse_cursor
+from replay.history import pack_filters, parse_cursor
 from scenarios_admin.models import Scenario
 
 READ = TokenAuth(VIEW_SESSIONS, "view sessions")
 router = StrictRouter(tags=["history"])
+# Mounted before the sessions' router, whose /{session_id} would read "history" as an id.
+early = StrictRouter(tags=["history"])
 MARKDOWN = {"text/markdown": {"schema": {"type": "string"}}}
 
 
@@ -39,8 +42,13 @@ class HistoryQuery(Schema):
     flight: str = Field("", max_length=16, pattern=r"^[-A-Za-z0-9 ]*$")
     position: str = Field("", max_length=32, pattern=r"^[-A-Za-z0-9/ ]*$")
     creator: str = Field("", max_length=150, pattern=r"^[-\w.@+]*$")
+    service: str = Field(
+        "", max_length=64, pattern=r"^[-a-zA-Z0-9_.]*$", description="The root cause's service."
+    )
     since: date | None = None
     until: date | None = None
+    from_: date | None = Field(None, alias="from", description="Seed 003's name for since.")
+    to: date | None = Field(None, description="Seed 003's name for until.")
     sort: Literal["-created", "created", "-updated"] = "-created"
     limit: int = Field(50, ge=1, le=100)
     cursor: str = Field(
@@ -62,6 +70,9 @@ class HistoryRow(Schema):
     flight: str
     position: str
     risk: str
+    facts: dict[str, str] = Field(
+        ..., description="What a pack files its sessions by, e.g. problem_type and service."
+    )
 
 
 class HistoryPage(Schema):
@@ -77,20 +88,36 @@ class ExportJobOut(Schema):
     total: int
 
 
-@router.get("/history", auth=READ, response={200: HistoryPage, **READ_ERRORS})
-def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
-    """Sessions by text, problem type, status, risk, flight, position, creator and dates,
-    as on /history/ (deleted sessions excluded), `limit` a page."""
+def _search(request: HttpRequest, filters: HistoryQuery) -> dict[str, Any]:
     data = filters.model_dump()
     limit = data.pop("limit")
     empty: dict[str, Any] = {"sessions": [], "next_cursor": None}
+    for seed_name, name in (("from_", "since"), ("to", "until")):
+        value = data.pop(seed_name)
+        if value is not None and data[name] is not None:
+            other = seed_name.rstrip("_")
+            raise ApiError(422, "invalid_input", f"{name} and {other} are one filter: give one.")
+        data[name] = data[name] or value
     # Filters that cannot match anything find nothing (rather than being "invalid").
     if data["since"] and data["until"] and data["since"] > data["until"]:
         return empty
     if data["creator"] and not User.objects.filter(username=data["creator"]).exists():
         return empty
-    if data["problem_type"] and not Scenario.objects.filter(slug=data["problem_type"]).exists():
-        return empty
+    # A problem type is a scenario's, or one a pack classifies its sessions by (an IT
+    # diagnosis's error_spike): the pack's filter of that name says which.
+    facts = pack_filters()
+    problem_type = data.pop("problem_type")
+    if problem_type and Scenario.objects.filter(slug=problem_type).exists():
+        data["scenario"] = problem_type
+    elif problem_type:
+        fact = facts.get("problem_type")
+        if fact is None or problem_type not in dict(fact.choices()):
+            return empty
+        data["problem_type"] = problem_type
+    if data["service"]:
+        fact = facts.get("service")
+        if fact is None or data["service"] not in dict(fact.choices()):
+            return empty
     if data["cursor"]:
         # the position in the replay search's own terms, for this sort order only
         inner = pagination.decode(f"history:{data['sort']}", data["cursor"]).get("at")
@@ -99,7 +126,6 @@ def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
         except ValueError:
             raise ApiError(404, "invalid_cursor", "No such page: start again.") from None
         data["cursor"] = inner
-    data["scenario"] = data.pop("problem_type")
     form = HistoryForm({k: ("" if v is None else str(v)) for k, v in data.items()})
     if not form.is_valid():
         field, errors = next(iter(form.errors.items()))
@@ -118,6 +144,7 @@ def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
                 "flight": row["flight"],
                 "position": row["position"],
                 "risk": row["risk"],
+                "facts": row["facts"],
             }
             for row in page.rows
         ],
@@ -126,6 +153,123 @@ def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
             if page.next_cursor
             else None
         ),
+    }
+
+
+@router.get("/history", auth=READ, response={200: HistoryPage, **READ_ERRORS})
+def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
+    """Sessions by text, problem type, service, status, risk, flight, position, creator
+    and dates, as on /history/ (deleted sessions excluded), `limit` a page. A problem
+    type is a scenario's or an IT diagnosis's (`error_spike`); `service` is a diagnosis's
+    root-cause service; `from`/`to` are seed 003's names for `since`/`until`."""
+    return _search(request, filters)
+
+
+@early.get("/diagnosis-sessions/history", auth=READ, response={200: HistoryPage, **READ_ERRORS})
+def diagnosis_history(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
+    """The same search as /history, under the sessions' own path."""
+    return _search(request, filters)
+
+
+class ReplayCall(Schema):
+    call_id: str
+    tool_name: str
+    args: Any
+    risk_class: str
+    status: str
+    result: Any
+    error: Any
+    completed_at: datetime | None
+    decisions: list[dict[str, Any]]
+    masked: bool
+
+
+class ReplayState(Schema):
+    status: str
+    ts: datetime | None
+    snapshot: dict[str, Any]
+    tool_calls: list[ReplayCall]
+    report_markdown: str
+    tokens_in: int
+    tokens_out: int
+    cost: str
+
+
+class ReplayOut(Schema):
+    session_id: UUID
+    seq: int = Field(..., description="The step shown: the state is the log folded to here.")
+    last_seq: int
+    deleted: bool
+    masked: bool = Field(..., description="Values the masking rule hides are masked.")
+    event: dict[str, Any] | None = Field(..., description="The step's event (its envelope).")
+    navigation: dict[str, int | None] = Field(
+        ..., description="first, previous, next and last seq: where to step from here."
+    )
+    state: ReplayState
+
+
+NO_FILTERS = presenters.Filters(groups=[], run_ids=None, since=None, until=None)
+
+
+@router.get(
+    "/diagnosis-sessions/{session_id}/replay",
+    auth=READ,
+    response={200: ReplayOut, **READ_ERRORS},
+)
+def replay_session(
+    request: HttpRequest,
+    session_id: UUID,
+    seq: int | None = Query(
+        None, ge=0, le=2**53, description="The step to show (default: the last)."
+    ),
+    at: datetime | None = Query(  # noqa: B008 - ninja's parameter declaration
+        None, description="Or a moment: the last step at or before it (wins over seq)."
+    ),
+) -> Any:
+    """The session as it stood at one step of its log (the replay page's player): what
+    it knew, the calls and decisions so far, the report if written, and the step's event;
+    deleted sessions too (marked), masked for read-only viewers as on the replay pages."""
+    session = (
+        Session.objects.select_related("scenario", "scenario_version", "created_by")
+        .filter(pk=session_id)
+        .first()
+    )
+    if session is None:
+        raise ApiError(404, "not_found", f"No session {session_id}.")
+    if seq is not None and seq > session.last_seq:
+        raise ApiError(422, "invalid_input", f"seq: this session has {session.last_seq} events.")
+    if at is not None:
+        seq = presenters.seq_at_time(session, NO_FILTERS, at)
+    shown_seq = session.last_seq if seq is None else seq
+    mask = viewer_mask(session.pk, request)
+    state = presenters.shown_state(presenters.state_at(session, shown_seq), mask)
+    event = Event.objects.filter(session_id=session.pk, seq=shown_seq).first()
+    calls = []
+    for row in presenters.evidence_calls(state, mask):
+        calls.append(
+            {
+                **{k: v for k, v in row.items() if k not in ("approval", "duration_ms")},
+                "decisions": [asdict(d) for d in row["decisions"]],
+            }
+        )
+    return {
+        "session_id": session.pk,
+        "seq": shown_seq,
+        "last_seq": session.last_seq,
+        "deleted": session.deleted_at is not None,
+        "masked": mask is not None,
+        "event": envelope(event, mask) if event else None,
+        "navigation": presenters.navigation(session, NO_FILTERS, shown_seq),
+        "state": {
+            "status": state.status,
+            "ts": state.ts,
+            "snapshot": state.snapshot,
+            "tool_calls": calls,
+            "report_markdown": presenters.report_markdown(state, mask),
+            "tokens_in": state.tokens_in,
+            "tokens_out": state.tokens_out,
+            "cost": str(state.cost),
+        },
     }
 
 

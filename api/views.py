@@ -27,6 +27,7 @@ from api.errors import (
     install_handlers,
     problem_response,
 )
+from api.history import early as early_history_router
 from api.history import router as history_router
 from api.idempotency import REPLAYED, request_hash, run_once
 from api.presenters import (
@@ -244,25 +245,87 @@ def get_session(request: HttpRequest, session_id: UUID) -> Any:
     return _snapshot(session_id, request)
 
 
-@sessions.post("/{session_id}/cancel", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
-def cancel_session(request: HttpRequest, session_id: UUID, payload: schemas.CancelIn) -> Any:
-    _session(session_id)
-    try:
-        actions.do_cancel(session_id, request.user, payload.reason)
-    except ActionError as exc:
-        raise _refused(exc) from exc
+ACT_ONCE = "Retry safely: the same key and body act once (24 h), then answer the session."
+
+
+def _act_once(
+    request: HttpRequest,
+    response: HttpResponse,
+    session_id: UUID,
+    key: str | None,
+    sent: dict[str, Any],
+    act: Any,
+) -> Any:
+    """Run `act` at most once per Idempotency-Key (a retry with the key does not act
+    again) and answer with the session as it is now."""
+
+    def run() -> tuple[int, dict[str, Any]]:
+        act()
+        return 200, {"session_id": str(session_id)}
+
+    _, _, replayed = run_once(request.user, key, request_hash("POST", request.path, sent), run)
+    if replayed:
+        request.idempotent_replay = True  # type: ignore[attr-defined]
+        response[REPLAYED] = "true"
     return _snapshot(session_id, request)
+
+
+@sessions.post("/{session_id}/cancel", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
+def cancel_session(
+    request: HttpRequest,
+    response: HttpResponse,
+    session_id: UUID,
+    payload: schemas.CancelIn,
+    idempotency_key: str | None = Header(
+        None,
+        alias="Idempotency-Key",
+        max_length=255,
+        pattern=r"^[\x21-\x7e]{1,255}$",
+        description=ACT_ONCE,
+    ),
+) -> Any:
+    """Cancel the session (its open approvals are closed undecided, with events). A
+    session that is already canceled answers as it is, and nothing more is written; one
+    that ended otherwise is a 409."""
+    _session(session_id)
+
+    def cancel() -> None:
+        try:
+            actions.do_cancel(session_id, request.user, payload.reason, producer="api")
+        except ActionError as exc:
+            # Already canceled (by an earlier try, or a concurrent one): what was asked is so.
+            status = Session.objects.filter(pk=session_id).values_list("status", flat=True)
+            if status.first() != SessionStatus.CANCELED:
+                raise _refused(exc) from exc
+
+    return _act_once(request, response, session_id, idempotency_key, payload.model_dump(), cancel)
 
 
 @sessions.post("/{session_id}/resume", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
-def resume_session(request: HttpRequest, session_id: UUID) -> Any:
-    """Re-queue a failed session: the agent resumes from its last checkpoint."""
+def resume_session(
+    request: HttpRequest,
+    response: HttpResponse,
+    session_id: UUID,
+    idempotency_key: str | None = Header(
+        None,
+        alias="Idempotency-Key",
+        max_length=255,
+        pattern=r"^[\x21-\x7e]{1,255}$",
+        description=ACT_ONCE,
+    ),
+) -> Any:
+    """Re-queue a failed session: the agent resumes from its last checkpoint. With an
+    Idempotency-Key a retry does not queue it again; without one, resuming a session
+    that is no longer failed is a 409."""
     _session(session_id)
-    try:
-        actions.do_retry(session_id, request.user)
-    except ActionError as exc:
-        raise _refused(exc) from exc
-    return _snapshot(session_id, request)
+
+    def resume() -> None:
+        try:
+            actions.do_retry(session_id, request.user, producer="api")
+        except ActionError as exc:
+            raise _refused(exc) from exc
+
+    return _act_once(request, response, session_id, idempotency_key, {}, resume)
 
 
 @sessions.post("/{session_id}/answer", auth=RUN, response={200: schemas.SessionOut, **WRITE_ERRORS})
@@ -401,6 +464,7 @@ def reject(request: HttpRequest, approval_id: int, payload: schemas.RejectIn) ->
 
 # Before the sessions' router: its path would otherwise read "bundle" as a session id.
 api.add_router("/diagnosis-sessions/bundle", bundle_router)
+api.add_router("", early_history_router)
 api.add_router("/diagnosis-sessions", sessions)
 api.add_router("/approvals", approvals)
 api.add_router("", history_router)

@@ -174,7 +174,7 @@ CANCELED_PREFACE = {
 }
 
 
-def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
+def do_cancel(session_id: Any, user: Any, reason: str = "", *, producer: str = "web") -> None:
     """Cancel a session: its status, its open approvals (closed with events, out of the
     queue, never swept into to-dos) and a report of what was done, in one transaction.
     Locks the session row, then the approval rows."""
@@ -187,9 +187,8 @@ def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
                 % {"status": session.get_status_display().lower()}
             )
         why = reason or f"canceled by {user.get_username()}"
-        set_status(
-            session.pk, SessionStatus.CANCELED, producer="web", reason=why, by=user.get_username()
-        )
+        by = user.get_username()
+        set_status(session.pk, SessionStatus.CANCELED, producer=producer, reason=why, by=by)
         closed = closed_by_receivers(session, user, why)
         session.refresh_from_db(fields=["snapshot"])
         definition = session.scenario_version.definition
@@ -198,7 +197,7 @@ def do_cancel(session_id: Any, user: Any, reason: str = "") -> None:
             session.pk,
             definition,
             session.snapshot,
-            producer="web",
+            producer=producer,
             preface=preface.format(by=md_cell(user.get_username()), reason=md_cell(why)),
         )
         audit(
@@ -488,7 +487,7 @@ def do_delete_session(session_id: Any, user: Any, reason: str) -> Session:
     return session
 
 
-def do_retry(session_id: Any, user: Any) -> None:
+def do_retry(session_id: Any, user: Any, *, producer: str = "web") -> None:
     """Re-queue a failed session: the agent resumes from its last checkpoint."""
     with transaction.atomic():
         session = lock_session(session_id)
@@ -499,7 +498,7 @@ def do_retry(session_id: Any, user: Any) -> None:
         set_status(
             session.pk,
             SessionStatus.QUEUED,
-            producer="web",
+            producer=producer,
             reason=f"retry requested by {user.get_username()}",
         )
         audit("session.retried", obj=session, actor=user, session_id=session.pk)

@@ -6,6 +6,7 @@ from django import forms
 from django.contrib.auth.models import User
 from django.utils.translation import gettext_lazy as _
 
+from aero.packs import history_filters
 from diagnosis.models import SessionStatus
 from diagnosis.wording import RISK_LABELS
 from scenarios_admin.models import Scenario
@@ -78,6 +79,17 @@ class HistoryForm(forms.Form):
     until = forms.DateField(required=False, label=_("To"))
     sort = forms.ChoiceField(required=False, choices=list(HISTORY_SORTS.items()))
     cursor = forms.CharField(required=False, max_length=100)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The installed packs' own filters (an IT diagnosis's problem type and service).
+        for name, item in history_filters().items():
+            self.fields[name] = forms.ChoiceField(
+                required=False, label=item.label, choices=[("", _("any")), *item.choices()]
+            )
+
+    def pack_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in history_filters() if name in self.fields]
 
     def clean_cursor(self) -> str:
         from replay.history import parse_cursor

@@ -18,6 +18,7 @@ from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from aero.packs import HistoryFilter, history_filters
 from diagnosis.eventlog import masking
 from diagnosis.models import Session
 
@@ -120,6 +121,18 @@ def fact(name: str) -> RawSQL:
     return RawSQL(facts[name], ())
 
 
+def pack_filters() -> dict[str, HistoryFilter]:
+    return history_filters()
+
+
+def pack_fact(item: HistoryFilter) -> RawSQL:
+    """A pack's fact out of the snapshot as text (its path is the pack's code, passed as
+    a parameter all the same)."""
+    if connection.vendor == "postgresql":
+        return RawSQL('("diagnosis_session"."snapshot" #>> %s)', (list(item.path),))
+    return RawSQL('json_extract("diagnosis_session"."snapshot", %s)', ("$." + ".".join(item.path),))
+
+
 def parse_cursor(cursor: str) -> tuple[datetime, UUID]:
     """`<iso time>~<session id>`; ValueError for anything else."""
     stamp, _, pk = cursor.partition("~")
@@ -139,6 +152,11 @@ def search_queryset(data: dict[str, Any]) -> QuerySet[Session]:
         if data.get(name):
             sessions = sessions.alias(**{f"fact_{name}": fact(name)}).filter(
                 **{f"fact_{name}": data[name]}
+            )
+    for name, item in pack_filters().items():
+        if data.get(name):
+            sessions = sessions.alias(**{f"pack_{name}": pack_fact(item)}).filter(
+                **{f"pack_{name}": data[name]}
             )
     if data.get("creator"):
         sessions = sessions.filter(created_by__username=data["creator"])
@@ -176,10 +194,12 @@ def search(
     # Only what a row shows: the facts come out of the snapshot in SQL (the same
     # expressions as the filters), so a page never decodes 50 whole snapshots (impact,
     # enrichment, evidence) nor loads the users' password hashes.
+    packs = pack_filters()
     page = (
         sessions.select_related("scenario", "created_by")
         .only(*ROW_FIELDS)
         .annotate(**{f"row_{name}": fact(name) for name in ROW_FACTS})
+        .annotate(**{f"packrow_{name}": pack_fact(item) for name, item in packs.items()})
         .order_by(*order)
     )
     found = list(page[: limit + 1])
@@ -188,11 +208,25 @@ def search(
     hidden: set[Any] = set()
     if data.get("q") and roles is not None and masking.masks_roles(roles):
         hidden = masking.hiding(data["q"].strip(), [s.pk for s in found])
-    rows = [
-        {"session": s, **{name: getattr(s, f"row_{name}") or "" for name in ROW_FACTS}}
+    rows: list[dict[str, Any]] = [
+        {
+            "session": s,
+            **{name: getattr(s, f"row_{name}") or "" for name in ROW_FACTS},
+            # a pack's facts of this session (empty ones left out: another kind's session)
+            "facts": {
+                name: str(value) for name in packs if (value := getattr(s, f"packrow_{name}"))
+            },
+        }
         for s in found
         if s.pk not in hidden
     ]
+    if packs:
+        words = {name: dict(item.choices()) for name, item in packs.items()}
+        for row in rows:
+            facts: dict[str, str] = row["facts"]
+            row["fact_labels"] = [
+                (name, words[name].get(value, value)) for name, value in facts.items()
+            ]
     next_cursor = ""
     if more and found:
         last = found[-1]

@@ -185,7 +185,7 @@ TOKEN_URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "api:create_session": ("POST", row(401, 422, 403, 403, 422)),
     "api:create_from_bundle": ("POST", row(401, 422, 403, 403, 422)),  # no bundle sent
     "api:get_session": ("GET", row(401, 200, 200, 200, 200)),
-    "api:cancel_session": ("POST", row(401, 200, 403, 403, 409)),  # admin: already canceled
+    "api:cancel_session": ("POST", row(401, 200, 403, 403, 200)),  # admin: canceled already
     "api:resume_session": ("POST", row(401, 409, 403, 403, 409)),  # nothing to resume
     "api:answer_session": ("POST", row(401, 422, 403, 403, 422)),
     "api:timeline": ("GET", row(401, 200, 200, 200, 200)),
@@ -196,6 +196,8 @@ TOKEN_URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "api:confirm": ("POST", row(401, 403, 422, 403, 422)),
     "api:reject": ("POST", row(401, 403, 422, 403, 422)),
     "api:search": ("GET", row(401, 200, 200, 200, 200)),
+    "api:diagnosis_history": ("GET", row(401, 200, 200, 200, 200)),
+    "api:replay_session": ("GET", row(401, 200, 200, 200, 200)),
     "api:export_markdown": ("POST", row(401, 200, 200, 200, 200)),
     "api:export_job": ("GET", row(401, 404, 404, 404, 404)),  # no such job
     "ingest:alertmanager": ("POST", row(401, 422, 403, 403, 422)),

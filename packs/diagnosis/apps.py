@@ -55,5 +55,6 @@ class DiagnosisPackConfig(AppConfig):
                 new_session_url="diagnosis_pack:new",
                 on_deleted=delete_bundle,
                 check_examples=check_examples,
+                history_filters=web.HISTORY_FILTERS,
             )
         )

@@ -20,6 +20,7 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_http_methods, require_POST
 
 from aero.http import HtmxHttpRequest
+from aero.packs import HistoryFilter
 from aero.roles import RUN_SESSIONS, role_required
 from aero.text import MAX_MESSAGE, LimitedTextField
 from diagnosis.actions import ActionError
@@ -30,6 +31,7 @@ from packs.diagnosis.knowledge import do_save_as_knowledge, linked_cases
 from packs.diagnosis.models import KnowledgeItem
 from packs.diagnosis.playbook import default_playbook
 from packs.diagnosis.sessions import start_from_bundle
+from packs.diagnosis.system import demo_shop
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "examples"
 DEMO_TITLES = {
@@ -42,6 +44,29 @@ MODE_LABELS = {
     "plan_execute": _("Plan and execute"),
     "hierarchical": _("Hierarchical"),
 }
+
+
+def _language() -> Literal["zh", "en"]:
+    return "zh" if (translation.get_language() or "").startswith("zh") else "en"
+
+
+def problem_type_choices() -> list[tuple[str, Any]]:
+    language = _language()
+    return [(key, words[language]) for key, words in default_playbook().problem_types.items()]
+
+
+def service_choices() -> list[tuple[str, Any]]:
+    return [(name, name) for name in sorted(demo_shop().services)]
+
+
+# History finds a diagnosis by what it concluded (the root cause's problem type and
+# service, seed 003 §4.1.5), from the snapshot's root_cause.
+HISTORY_FILTERS = (
+    HistoryFilter(
+        "problem_type", ("root_cause", "problem_type"), _("Problem type"), problem_type_choices
+    ),
+    HistoryFilter("service", ("root_cause", "service"), _("Service"), service_choices),
+)
 
 
 def demo_incidents() -> list[tuple[str, Any]]:
@@ -73,13 +98,9 @@ class NewDiagnosisForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        playbook = default_playbook()
-        language: Literal["zh", "en"] = (
-            "zh" if (translation.get_language() or "").startswith("zh") else "en"
-        )
         self.fields["problem_type"].choices = [  # type: ignore[attr-defined]
             ("", _("Classify from the evidence")),
-            *((key, words[language]) for key, words in playbook.problem_types.items()),
+            *problem_type_choices(),
         ]
         self.fields["demo"].choices = [("", "—"), *demo_incidents()]  # type: ignore[attr-defined]
         self.fields["preferred_mode"].choices = [  # type: ignore[attr-defined]
