@@ -1,0 +1,202 @@
+"""Fitness test: the core knows no domain. A core module (aero, diagnosis, approvals,
+replay, scenarios_admin, api, ingest; migrations aside: they replay history) imports no
+pack, and names no airport thing, read from the source without importing it.
+
+How "names" is read: with `ast`, so comments and docstrings do not count (they may say
+why, with an example from a domain) while every identifier does (a name, an attribute,
+a function, class, argument or keyword name, an imported name) and so does every string
+in code (a dict key, a tool name, a user-visible text: the domain's words belong to its
+pack). An identifier is split into words at underscores and capitals
+(`stand_mismatch`, `AirportGraph`), so "standard" or "understand" never match.
+
+ALLOWED_TODAY lists the modules that still name airport things, with how many times: the
+move of the airport into `packs/airport` is under way (tracker issue 28). The list may
+only shrink: a module not listed, or one naming more than its count, fails; so does a
+listed module that names none any more (take it off the list). Lower a count when you
+move words out."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE = ("aero", "diagnosis", "approvals", "replay", "scenarios_admin", "api", "ingest")
+AIRPORT_WORDS = frozenset(
+    {"flight", "stand", "taxiway", "runway", "closure", "airport"}
+    | {"flights", "stands", "taxiways", "runways", "closures", "airports"}
+)
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+
+# Module (path from the project root) -> how many airport words it still has, at most.
+# This list may only shrink.
+ALLOWED_TODAY: dict[str, int] = {
+    "aero/audit_trail.py": 4,
+    "aero/roles.py": 3,
+    "aero/settings.py": 1,
+    "api/history.py": 4,
+    "approvals/management/commands/incident.py": 4,
+    "approvals/presenters.py": 1,
+    "diagnosis/actions.py": 9,
+    "diagnosis/agent/extraction.py": 36,
+    "diagnosis/agent/fake_llm.py": 1,
+    "diagnosis/agent/grounding.py": 7,
+    "diagnosis/agent/nodes/input.py": 1,
+    "diagnosis/agent/planning.py": 9,
+    "diagnosis/agent/policy.py": 6,
+    "diagnosis/agent/prompts.py": 2,
+    "diagnosis/agent/providers.py": 5,
+    "diagnosis/agent/react.py": 41,
+    "diagnosis/agent/state.py": 3,
+    "diagnosis/agent/tools.py": 67,
+    "diagnosis/consequences.py": 48,
+    "diagnosis/consumers.py": 10,
+    "diagnosis/eventlog/types/session.py": 3,
+    "diagnosis/jobs/job.py": 1,
+    "diagnosis/jobs/world.py": 1,
+    "diagnosis/management/commands/scenario.py": 1,
+    "diagnosis/models.py": 9,
+    "diagnosis/presenters.py": 51,
+    "diagnosis/push.py": 3,
+    "diagnosis/routing.py": 1,
+    "diagnosis/selfcheck.py": 4,
+    "diagnosis/templatetags/timeline.py": 3,
+    "diagnosis/urls.py": 4,
+    "diagnosis/views.py": 7,
+    "diagnosis/wording.py": 21,
+    "ingest/admin.py": 1,
+    "ingest/models.py": 1,
+    "replay/forms.py": 3,
+    "replay/history.py": 6,
+    "replay/presenters.py": 8,
+    "replay/views.py": 1,
+    "scenarios_admin/admin_topology.py": 77,
+    "scenarios_admin/airport.py": 56,
+    "scenarios_admin/apps.py": 2,
+    "scenarios_admin/builtin.py": 21,
+    "scenarios_admin/definition.py": 8,
+    "scenarios_admin/management/commands/load_builtin.py": 1,
+    "scenarios_admin/models.py": 39,
+    "scenarios_admin/topology.py": 63,
+}
+
+
+def core_modules(root: Path = ROOT) -> list[Path]:
+    return sorted(
+        path
+        for package in CORE
+        for path in (root / package).rglob("*.py")
+        if "migrations" not in path.relative_to(root).parts
+    )
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the string nodes that are docstrings or bare string statements."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for statement in body:
+            if (
+                isinstance(statement, ast.Expr)
+                and isinstance(statement.value, ast.Constant)
+                and isinstance(statement.value.value, str)
+            ):
+                found.add(id(statement.value))
+    return found
+
+
+def _names(tree: ast.AST) -> list[str]:
+    """Every identifier and every string in code of a module."""
+    docstrings = _docstrings(tree)
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, ast.arg | ast.keyword) and node.arg:
+            names.append(node.arg)
+        elif isinstance(node, ast.alias):
+            names.append(node.asname or node.name)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
+            names.append(node.value)
+    return names
+
+
+def airport_words(source: str) -> Counter[str]:
+    """The airport words a module's code names, counted."""
+    found: Counter[str] = Counter()
+    for name in _names(ast.parse(source)):
+        for word in _WORD.findall(name):
+            if word.lower() in AIRPORT_WORDS:
+                found[word.lower()] += 1
+    return found
+
+
+def pack_imports(source: str) -> list[str]:
+    """The packs a module imports, anywhere in it (inside a function too)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] == "packs"]
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and (node.module or "").split(".")[0] == "packs"
+        ):
+            found.append(str(node.module))
+    return found
+
+
+def test_the_reader_counts_code_not_comments_or_docstrings() -> None:
+    source = '''
+"""A module about the airport."""
+# a comment on a runway
+def f(stand_no: str) -> str:
+    """Close the taxiway."""
+    understand = "standard"
+    return AirportGraph(flight=stand_no, label="Close runway %(runway)s", x=understand)
+'''
+    assert airport_words(source) == Counter({"stand": 2, "airport": 1, "flight": 1, "runway": 2})
+    assert pack_imports("import packs.airport\nfrom packs import x\nfrom aero.packs import y") == [
+        "packs.airport",
+        "packs",
+    ]
+
+
+def test_no_core_module_imports_a_pack() -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): imports
+        for path in core_modules()
+        if (imports := pack_imports(path.read_text(encoding="utf-8")))
+    }
+    assert offenders == {}, "the core reaches a pack through aero.packs, never by import"
+
+
+def test_no_core_module_names_an_airport_thing_beyond_todays_list() -> None:
+    counts = {
+        str(path.relative_to(ROOT)): sum(airport_words(path.read_text(encoding="utf-8")).values())
+        for path in core_modules()
+    }
+    new = {path: n for path, n in counts.items() if n and path not in ALLOWED_TODAY}
+    grown = {
+        path: (ALLOWED_TODAY[path], n)
+        for path, n in counts.items()
+        if path in ALLOWED_TODAY and n > ALLOWED_TODAY[path]
+    }
+    clean = sorted(path for path in ALLOWED_TODAY if not counts.get(path))
+    assert new == {}, "core modules naming airport things: move the words to packs/airport"
+    assert grown == {}, "(allowed, now): these modules name more airport things than before"
+    assert clean == [], "these modules name no airport thing any more: take them off the list"
