@@ -50,12 +50,30 @@ class ActionTool:
 
 
 @dataclass(frozen=True)
+class LookupTool:
+    """A lookup the agent runs before it reasons (R0, no effect): `run(args)` answers
+    from the world the step's job holds (or raises the core's ToolFailure with a logged
+    text); its answer lands in the state's enrichment under `key`. `in_process`: it
+    reads this database, so it runs in the job's own thread (a remote one gets a thread
+    so its timeout holds)."""
+
+    name: str
+    run: Callable[[dict[str, Any]], dict[str, Any]]
+    key: str
+    in_process: bool = True
+
+
+@dataclass(frozen=True)
 class ToolRegistry:
     """A pack's tools, by name. Lookups and analyses are run by the pack's own graph
     nodes through the core's recorded calls; actions are dispatched by the core."""
 
     actions: Mapping[str, ActionTool] = field(default_factory=dict)
     evidence: tuple[str, ...] = ()  # the names of its evidence tools (R0)
+    lookups: Mapping[str, LookupTool] = field(default_factory=dict)
+    # Why a lookup failed, by code (lazy texts with %(...)s): logged in English, read back
+    # and worded per reader.
+    failures: Mapping[str, Any] = field(default_factory=dict)
     # Its tools' argument names in words (lazy texts): cards, forms and results label
     # arguments with them.
     argument_words: Mapping[str, Any] = field(default_factory=dict)
@@ -117,6 +135,9 @@ class DomainPack:
     # adds to the page's context: (session) -> dict. None: the core's facts panel.
     page_panel: str | None = None
     page_context: Callable[[Any], dict[str, Any]] | None = None
+    # A warning read from a session's enrichment (what its lookups found disagrees),
+    # in the reader's language; "" when there is none.
+    enrichment_warning: Callable[[Any], str] | None = None
     # Where the pack's own form to open a session is (a URL name), if it has one.
     new_session_url: str | None = None
     # A session was soft-deleted: drop what the pack keeps outside the log for it.

@@ -13,14 +13,9 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext, ngettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
-from aero.packs import action_tool
+from aero.packs import action_tool, installed_packs
 from diagnosis.agent import summaries
-from diagnosis.agent.tools import (
-    FAILURES,
-    dispatch_summary,
-    restriction_summary,
-    stand_mismatch,
-)
+from diagnosis.agent.tools import FAILURES, dispatch_summary, restriction_summary
 from diagnosis.models import Restriction, SessionStatus
 
 TOOL_LABELS: dict[str, Promise] = {
@@ -121,17 +116,13 @@ def plain(table: dict[str, Promise], code: object) -> str:
     return str(text) if text is not None else str(code)
 
 
-def stand_mismatch_text(enrichment: Any) -> str:
-    """The warning for a flight planned at another stand than the position given
-    (diagnosis.agent.tools.stand_mismatch), in the viewer's language; "" when none."""
-    found = stand_mismatch(enrichment)
-    if found is None:
-        return ""
-    return gettext(
-        "The flight plan puts %(flight)s at stand %(planned)s, not %(reported)s as reported:"
-        " the impact analysis starts at %(reported)s. Check which is right and correct the"
-        " position if it is wrong."
-    ) % {"flight": found["flight_no"], "planned": found["planned"], "reported": found["reported"]}
+def enrichment_warning(enrichment: Any) -> str:
+    """The warning a pack reads from what a session's lookups found, in the viewer's
+    language; "" when none."""
+    for pack in installed_packs():
+        if pack.enrichment_warning is not None and (found := pack.enrichment_warning(enrichment)):
+            return found
+    return ""
 
 
 def done_words(tool: str, args: Any, response: Any) -> str:

@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 
 from diagnosis.agent import tools
+from packs.airport import lookups
 from scenarios_admin.airport import load_active_graph
 from scenarios_admin.models import Flight, Topology, TopologyNode
 
@@ -35,7 +36,7 @@ def stand_from_tables(topology: Topology, ref: str) -> dict[str, Any] | str:
         "kind": node.kind,
         "taxiway": node.taxiway,
         "runway": node.runway,
-        "neighbours": tools.natural_sorted(neighbours),
+        "neighbours": lookups.natural_sorted(neighbours),
     }
 
 
@@ -54,40 +55,42 @@ def test_the_lookups_answer_what_the_topology_tables_hold(builtin: None) -> None
     refs += ["6/24", "Z99", ""]
     assert len(refs) > 40
     for ref in refs:
-        assert answer(tools.lookup_stand_location, {"position": ref}) == stand_from_tables(
+        assert answer(lookups.lookup_stand_location, {"position": ref}) == stand_from_tables(
             topology, ref
         ), ref
 
     flights = list(Flight.objects.filter(topology=topology).select_related("stand"))
     assert flights
     for flight in flights:
-        assert answer(tools.lookup_aircraft_info, {"flight_no": flight.flight_no}) == {
+        assert answer(lookups.lookup_aircraft_info, {"flight_no": flight.flight_no}) == {
             "flight_no": flight.flight_no,
             "airline": flight.airline,
             "aircraft": flight.aircraft,
             "registration": flight.registration,
         }
-        assert answer(tools.lookup_flight_plan, {"flight_no": flight.flight_no}) == {
+        assert answer(lookups.lookup_flight_plan, {"flight_no": flight.flight_no}) == {
             "flight_no": flight.flight_no,
             "std": flight.std.strftime("%H:%M"),
             "destination": flight.destination,
             "pax": flight.pax,
             "stand": flight.stand.node_id if flight.stand else "",
         }
-    assert answer(tools.lookup_aircraft_info, {"flight_no": "XX9999"}) == (
+    assert answer(lookups.lookup_aircraft_info, {"flight_no": "XX9999"}) == (
         "flight XX9999 is not in the flight information system"
     )
-    assert answer(tools.lookup_flight_plan, {"flight_no": "XX9999"}) == "no flight plan for XX9999"
+    assert (
+        answer(lookups.lookup_flight_plan, {"flight_no": "XX9999"}) == "no flight plan for XX9999"
+    )
 
 
 def test_inside_a_step_the_lookups_read_no_table(builtin: None) -> None:
     graph = load_active_graph()
-    token = tools._lookup_graph.set(graph)
+    token = tools._lookup_world.set(graph)
     try:
         with CaptureQueriesContext(connection) as queries:
-            tools.lookup_aircraft_info({"flight_no": "CA1234"})
-            tools.lookup_flight_plan({"flight_no": "CA1234"})
-            tools.lookup_stand_location({"position": "105"})
+            lookups.lookup_aircraft_info({"flight_no": "CA1234"})
+            lookups.lookup_flight_plan({"flight_no": "CA1234"})
+            lookups.lookup_stand_location({"position": "105"})
     finally:
-        tools._lookup_graph.reset(token)
+        tools._lookup_world.reset(token)
     assert len(queries) == 0

@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from diagnosis.agent.tools import stand_mismatch
+from packs.airport.lookups import stand_mismatch
 from replay.export import summarize
 from tests.web_helpers import STAND_FUEL_LEAK, waiting_session
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -21,7 +21,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy
 
 from aero.compiled import AnyOf, Compiled, insert_rows
-from aero.packs import action_tool, argument_words
+from aero.packs import LookupTool, action_tool, argument_words
 from diagnosis.events import append_event, lock_session
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import (
@@ -34,7 +34,7 @@ from diagnosis.models import (
     ToolCallStatus,
 )
 from diagnosis.outbox import enqueue_effect, execute_after_commit, prepare
-from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
+from scenarios_admin.airport import AirportGraph
 
 
 @dataclass
@@ -52,12 +52,9 @@ class ToolFailure(Exception):
 
 
 # Why a lookup failed, as the log says it (in English, language-neutral) and pages word
-# it per reader (diagnosis.wording.failure_words reads the logged text back).
+# it per reader (diagnosis.wording.failure_words reads the logged text back). The packs
+# add their lookups' own (register_lookups).
 FAILURES: dict[str, Promise] = {
-    "no_topology": gettext_lazy("no active airport topology"),
-    "no_flight": gettext_lazy("flight %(flight)s is not in the flight information system"),
-    "no_flight_plan": gettext_lazy("no flight plan for %(flight)s"),
-    "no_position": gettext_lazy("%(position)s is not a position of %(airport)s"),
     "timed_out": gettext_lazy("timed out after %(seconds)s s"),
 }
 
@@ -116,110 +113,38 @@ def new_call(ctx: ToolContext, call: dict[str, Any], status: str, attempts: int 
 # --- enrichment lookups (parallel, each with its own timeout) -----------------------
 
 
-# The airport graph the lookups read: the job's (ToolContext.graph, built once per process
-# and checked against the active topology's stamp when the job starts), set by
-# run_enrichment; outside a step, the active one. Five queries per lookup step before
-# (the topology, a flight twice, the node, its edges), none now.
-_lookup_graph: contextvars.ContextVar[AirportGraph | None] = contextvars.ContextVar(
-    "aero_lookup_graph", default=None
+# The world the lookups read: the job's (ToolContext.graph, built once per process and
+# checked against the stamp the lease read when the job starts), set by run_enrichment;
+# None outside a step (a lookup then loads its pack's active world itself).
+_lookup_world: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "aero_lookup_world", default=None
 )
 
 
-def _graph() -> AirportGraph:
-    graph = _lookup_graph.get()
-    if graph is not None:
-        return graph
-    try:
-        return load_active_graph()
-    except LookupError:
-        raise ToolFailure(failure("no_topology")) from None
+def lookup_world() -> Any:
+    """The world of the step running the lookups; None outside one."""
+    return _lookup_world.get()
 
 
-def lookup_aircraft_info(args: dict[str, Any]) -> dict[str, Any]:
-    flight = _graph().flights.get(args["flight_no"])
-    if flight is None:
-        raise ToolFailure(failure("no_flight", flight=args["flight_no"]))
-    return {
-        "flight_no": flight.flight_no,
-        "airline": flight.airline,
-        "aircraft": flight.aircraft,
-        "registration": flight.registration,
-    }
+# The lookups of the installed packs (aero.packs.LookupTool), by name: what each runs,
+# and where its answer lands in the enrichment (report templates use these names).
+ENRICHMENT_SOURCES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+ENRICHMENT_KEYS: dict[str, str] = {}
+# The sources that read this database run in the job's own thread (a thread each cost
+# more than the lookup). Any other source (a remote service, a test double) runs in a
+# thread so its timeout holds.
+IN_PROCESS_SOURCES: set[Callable[[dict[str, Any]], dict[str, Any]]] = set()
 
 
-def lookup_flight_plan(args: dict[str, Any]) -> dict[str, Any]:
-    flight = _graph().flights.get(args["flight_no"])
-    if flight is None:
-        raise ToolFailure(failure("no_flight_plan", flight=args["flight_no"]))
-    return {
-        "flight_no": flight.flight_no,
-        "std": flight.std,
-        "destination": flight.destination,
-        "pax": flight.pax,
-        "stand": flight.stand,
-    }
-
-
-def lookup_stand_location(args: dict[str, Any]) -> dict[str, Any]:
-    graph = _graph()
-    ref = str(args["position"])
-    # A node by its id (as the operator may type it in lower case), else a runway by its
-    # designator, as written.
-    node = graph.nodes.get(ref.upper())
-    if node is None and ref in graph.runways:
-        node = graph.nodes.get(graph.runways[ref])
-    if node is None:
-        raise ToolFailure(failure("no_position", position=ref, airport=graph.icao))
-    # Every edge that ends at the node, as stored (one neighbour per edge).
-    neighbours = [
-        target if source == node.node_id else source
-        for source, target in graph.edges
-        if node.node_id in (source, target)
-    ]
-    return {
-        "node_id": node.node_id,
-        "kind": node.kind,
-        "taxiway": node.taxiway,
-        "runway": node.runway,
-        "neighbours": natural_sorted(neighbours),
-    }
-
-
-ENRICHMENT_SOURCES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "lookup_aircraft_info": lookup_aircraft_info,
-    "lookup_flight_plan": lookup_flight_plan,
-    "lookup_stand_location": lookup_stand_location,
-}
-# Where each source's answer lands in the enrichment (report templates use these names).
-ENRICHMENT_KEYS = {
-    "lookup_aircraft_info": "aircraft",
-    "lookup_flight_plan": "flight_plan",
-    "lookup_stand_location": "stand_location",
-}
-
-
-def stand_mismatch(enrichment: Any) -> dict[str, str] | None:
-    """The flight plan's stand, when the position the operator gave is another stand:
-    one of the two is wrong, and the impact analysis starts at the position given (a
-    closure proposed for stand 106 while the aircraft stands at 105). None when they
-    agree, when the position is not a stand (a taxiing aircraft is not at its stand), or
-    when either lookup is missing."""
-    if not isinstance(enrichment, dict):
-        return None
-    plan = enrichment.get("flight_plan") or {}
-    where = enrichment.get("stand_location") or {}
-    if not isinstance(plan, dict) or not isinstance(where, dict) or where.get("kind") != "stand":
-        return None
-    planned, reported = str(plan.get("stand") or ""), str(where.get("node_id") or "")
-    if not planned or not reported or planned == reported:
-        return None
-    return {"flight_no": str(plan.get("flight_no") or ""), "planned": planned, "reported": reported}
-
-
-# The built-in sources read this database: they run in the job's own thread (a thread
-# each cost more than the lookup). Any other source (a remote service, a test double)
-# runs in a thread so its timeout holds.
-IN_PROCESS_SOURCES = frozenset(ENRICHMENT_SOURCES.values())
+def register_lookups(lookups: Mapping[str, LookupTool], failures: Mapping[str, Any]) -> None:
+    """A pack's lookups and its failure texts (from its AppConfig.ready())."""
+    for name, lookup in lookups.items():
+        ENRICHMENT_SOURCES[name] = lookup.run
+        ENRICHMENT_KEYS[name] = lookup.key
+        if lookup.in_process:
+            IN_PROCESS_SOURCES.add(lookup.run)
+    for code, text in failures.items():
+        FAILURES.setdefault(code, text)
 
 
 def _in_thread(
@@ -236,11 +161,11 @@ def run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, A
     """Run the lookups: in-process ones inline, remote ones in parallel threads under
     AERO_ENRICHMENT_TIMEOUT. A failing or slow source is recorded and degrades: the result
     lists it under `degraded` and the agent goes on without it."""
-    token = _lookup_graph.set(ctx.graph)
+    token = _lookup_world.set(ctx.graph)
     try:
         return _run_enrichment(ctx, calls)
     finally:
-        _lookup_graph.reset(token)
+        _lookup_world.reset(token)
 
 
 # Read at every enrichment step: compiled once per connection; the keys go as

@@ -28,11 +28,11 @@ from diagnosis.wording import (
     TOOL_LABELS,
     evidence_words,
     plain,
-    stand_mismatch_text,
     status_words,
     step_summary_words,
 )
 from diagnosis.wording import done_words as wording_done_words
+from diagnosis.wording import enrichment_warning as wording_enrichment_warning
 from diagnosis.wording import failure_words as wording_failure_words
 from scenarios_admin.definition import shown_as_decision
 
@@ -246,10 +246,10 @@ def done_words(tool: str, args: Any, response: Any) -> str:
 
 
 @register.filter
-def stand_mismatch(enrichment: Any) -> str:
-    """The warning when the flight is planned at another stand than the position given
-    (timeline, session page, approval queue); "" when there is none."""
-    return stand_mismatch_text(enrichment)
+def enrichment_warning(enrichment: Any) -> str:
+    """The warning a pack reads from what the lookups found (timeline, session page,
+    approval queue); "" when there is none."""
+    return wording_enrichment_warning(enrichment)
 
 
 @register.filter

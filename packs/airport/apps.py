@@ -16,14 +16,16 @@ class AirportPackConfig(AppConfig):
         from aero.packs import DomainPack, ToolRegistry, register
         from diagnosis import external
         from diagnosis.agent.graph import build_graph
+        from diagnosis.agent.tools import register_lookups
         from diagnosis.jobs.world import load_world
         from diagnosis.wording import register_tool_labels
-        from packs.airport import actions
+        from packs.airport import actions, lookups
         from packs.airport.definition import ApronDefinition
 
         for system, prefix in actions.SYSTEMS.items():
             external.register_system(system, prefix)
         register_tool_labels(actions.LABELS)
+        register_lookups(lookups.LOOKUPS, lookups.FAILURES)
         register(
             DomainPack(
                 kind="apron",
@@ -32,12 +34,15 @@ class AirportPackConfig(AppConfig):
                 definition_model=ApronDefinition,
                 tools=ToolRegistry(
                     actions=actions.action_tools(),
+                    lookups=lookups.LOOKUPS,
+                    failures=lookups.FAILURES,
                     argument_words=actions.ARGUMENT_WORDS,
                     target_args=actions.TARGET_ARGS,
                 ),
                 graph=build_graph,
                 initial_state=initial_state,
                 world=load_world,
+                enrichment_warning=lookups.stand_mismatch_text,
             )
         )
 

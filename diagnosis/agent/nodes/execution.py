@@ -135,7 +135,7 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
             proposed(tctx, *opened[call["call_id"]])
         elif not note_if_in_force(ctx, run, call, made, board):
             propose_action(tctx, call, fresh=call["call_id"] not in made)
-    if any(c["tool"] not in NOT_ACTIONS for c in calls):
+    if any(c["tool"] not in ENRICHMENT_SOURCES and c["tool"] not in ANALYSES for c in calls):
         ctx.actions = None  # proposed, executed or withdrawn here: read them again
         # An action handed to the outbox goes out when its transaction commits, and
         # the next steps must see its result: the group ends with this step.
@@ -147,4 +147,5 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     return update
 
 
-NOT_ACTIONS = frozenset({*ENRICHMENT_SOURCES, "assess_risk", "analyze_impact"})
+# With the lookups (filled when the packs are ready, so read at each call): not actions.
+ANALYSES = frozenset({"assess_risk", "analyze_impact"})

@@ -20,7 +20,7 @@ from diagnosis.eventlog.state import (
     RestrictionState,
     parse_ts,
 )
-from diagnosis.wording import stand_mismatch_text, status_words
+from diagnosis.wording import enrichment_warning, status_words
 
 FACTS = frozenset({"session-facts"})
 
@@ -218,7 +218,7 @@ def _appended_words(p: dict[str, Any]) -> str:
     kind = TIMELINE_KINDS.get(str(p.get("kind")), p.get("kind") or "")
     parts = [str(kind), *(str(p[k]) for k in ("by", "title", "note") if p.get(k))]
     text = " ".join(part for part in parts if part)
-    warning = stand_mismatch_text(p.get("enrichment")) if p.get("kind") == "enrichment" else ""
+    warning = enrichment_warning(p.get("enrichment")) if p.get("kind") == "enrichment" else ""
     return f"{text}: {warning}" if warning else text
 
 
