@@ -79,6 +79,13 @@ def test_the_report_fields_in_the_json_and_the_api(
     assert "payments/app/handlers.py:26" in result["root_cause_md"]
     assert "D-5716" in result["root_cause_md"]
     assert "rollback" in result["fix_suggestion_md"]
+    # the written report (in the session's language: this bundle's is Chinese) lists the
+    # three best past cases, best first
+    session = Session.objects.get(pk=result["session"])
+    heading = {"zh": "## 相似案例", "en": "## Similar cases"}[session.language]
+    listed = session.report.markdown.split(heading)[1].strip().splitlines()
+    assert len(listed) == 3 and listed[0].startswith("- KB-011 支付服务发布后签名校验失败")
+    assert str(result["similar_cases"][0]["score"]) in listed[0] and "pg_fts+trgm" in listed[0]
 
     token = token_for(alice, "operator")
     got = Client().get(

@@ -26,13 +26,13 @@ from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import ToolContext, run_action, run_recorded
 from diagnosis.events import append_event_once, append_step_event
-from diagnosis.models import AgentRun, Event, ToolCall, ToolCallStatus
+from diagnosis.models import AgentRun, Event, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import write_report
 from packs.diagnosis.bundle import Bundle, open_bundle
 from packs.diagnosis.code import CodeToolError, code
 from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.fixes import fix_problems
-from packs.diagnosis.knowledge import record_similar_cases
+from packs.diagnosis.knowledge import linked_cases, record_similar_cases
 from packs.diagnosis.playbook import Diagnosis, Playbook, diagnose
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System, demo_shop
@@ -536,6 +536,8 @@ def report(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str,
         },
         "evidence": state["evidence"]["calls"],
         "answers": state.get("answers", []),
+        # the three best past cases, as the conclusion's step linked them
+        "similar": linked_cases(Session.objects.get(pk=ctx.session_id)),
     }
     write_report(
         ctx.session_id, ctx.definition, dict(state), producer=ctx.producer, run=run, extra=extra
