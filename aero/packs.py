@@ -47,6 +47,10 @@ class ActionTool:
     # What its result says when done, in words (lazy); the core adds where ("... (position
     # 105)") from the registry's argument words.
     done: Any = None
+    # The pydantic model of its arguments and what the model reads of it: a pack whose
+    # agent lets a model pick calls declares them (the tool list and the call's check).
+    schema: Any = None
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class LookupTool:
     run: Callable[[dict[str, Any]], dict[str, Any]]
     key: str
     in_process: bool = True
+    schema: Any = None  # as ActionTool.schema
+    description: str = ""
 
 
 @dataclass(frozen=True)

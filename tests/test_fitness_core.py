@@ -48,7 +48,7 @@ ALLOWED_TODAY: dict[str, int] = {
     "diagnosis/agent/policy.py": 6,
     "diagnosis/agent/prompts.py": 2,
     "diagnosis/agent/providers.py": 5,
-    "diagnosis/agent/react.py": 41,
+    "diagnosis/agent/react.py": 2,
     "diagnosis/agent/state.py": 3,
     "diagnosis/agent/tools.py": 3,
     "diagnosis/consequences.py": 48,

@@ -29,9 +29,10 @@ from typing import Any
 from django.conf import settings
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from aero.compiled import Arg, Compiled
+from aero.packs import action_tool, installed_packs
 from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis.agent import budget, fsm, policy, prompts, waits
 from diagnosis.agent.planning import enrichment_calls, facts_of, revision_suffix
@@ -47,6 +48,7 @@ from diagnosis.agent.providers import (
 )
 from diagnosis.agent.recording import call_recorder, fallback_recorder, skip_recorder
 from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.tools import ENRICHMENT_SOURCES
 from diagnosis.events import append_event_once
 from diagnosis.models import Event, ToolCall
 from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
@@ -56,55 +58,33 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class FlightArgs(_Args):
-    flight_no: str = Field(description="flight number, e.g. CA1234")
-
-
-class PositionArgs(_Args):
-    position: str = Field(description="stand, taxiway node or runway designator")
-
-
 class NoArgs(_Args):
     """The deterministic tools read the session's fields; the model passes nothing."""
 
 
-class MessageArgs(_Args):
-    message: str
-
-
-class StandArgs(_Args):
-    stand: str
-
-
-class TaxiwayArgs(_Args):
-    taxiway: str = Field(description="taxiway letter, e.g. A")
-
-
-class RunwayArgs(_Args):
-    runway: str = Field(description="runway designator, e.g. 06/24")
-
-
-class TowArgs(_Args):
-    flight_no: str
-    position: str
-
-
-TOOL_ARGS: dict[str, tuple[type[BaseModel], str]] = {
-    "lookup_aircraft_info": (FlightArgs, "Aircraft type, airline and registration of a flight."),
-    "lookup_flight_plan": (FlightArgs, "Schedule, destination and passengers of a flight."),
-    "lookup_stand_location": (PositionArgs, "Where a stand or node is and what is next to it."),
+# The agent's own analyses; the lookups and actions are the packs' (aero.packs).
+ANALYSES: dict[str, tuple[type[BaseModel], str]] = {
     "assess_risk": (NoArgs, "Risk level by the scenario's rule table (deterministic)."),
     "analyze_impact": (NoArgs, "Impact zone by breadth-first search on the airport graph."),
-    "notify_atc": (MessageArgs, "Notify air traffic control (R0, automatic)."),
-    "dispatch_cleanup_crew": (PositionArgs, "Send the cleanup crew (R1)."),
-    "request_fire_standby": (PositionArgs, "Ask the fire service to stand by (R1)."),
-    "suspend_stand_operations": (StandArgs, "Suspend operations at a stand (R2)."),
-    "close_taxiway": (TaxiwayArgs, "Close a taxiway (R2)."),
-    "close_runway": (RunwayArgs, "Close a runway (R3)."),
-    "runway_inspection": (RunwayArgs, "Inspect a runway (R1)."),
-    "fod_sweep": (PositionArgs, "Sweep foreign object debris (R1)."),
-    "tow_aircraft": (TowArgs, "Tow an aircraft away (R1)."),
 }
+
+
+def tool_args() -> dict[str, tuple[type[BaseModel], str]]:
+    """Every tool the model may pick, with its argument model and description: the
+    packs' lookups, the analyses, the packs' actions, in that order."""
+    packs = installed_packs()
+    found: dict[str, tuple[type[BaseModel], str]] = {
+        name: (lookup.schema, lookup.description)
+        for pack in packs
+        for name, lookup in pack.tools.lookups.items()
+        if lookup.schema is not None
+    }
+    found.update(ANALYSES)
+    for pack in packs:
+        for name, action in pack.tools.actions.items():
+            if action.schema is not None:
+                found.setdefault(name, (action.schema, action.description))
+    return found
 
 
 def tool_schemas(definition: dict[str, Any]) -> list[dict[str, Any]]:
@@ -113,7 +93,9 @@ def tool_schemas(definition: dict[str, Any]) -> list[dict[str, Any]]:
     used = {action["tool"] for action in definition.get("actions", [])}
     # Copies: a caller may add to a schema; the cached one stays as generated.
     return [
-        json.loads(_tool_schema(name)) for name in TOOL_ARGS if name in used or not _is_action(name)
+        json.loads(_tool_schema(name))
+        for name in tool_args()
+        if name in used or action_tool(name) is None
     ]
 
 
@@ -122,21 +104,11 @@ def _tool_schema(name: str) -> str:
     """One tool's schema, generated once per process (as JSON): pydantic's schema
     generation is costly, and every model call of every resumed step would pay it for
     the same dozen fixed models."""
-    model, description = TOOL_ARGS[name]
+    model, description = tool_args()[name]
     schema = convert_to_openai_tool(model)
     schema["function"]["name"] = name
     schema["function"]["description"] = description
     return json.dumps(schema)
-
-
-def _is_action(name: str) -> bool:
-    return name not in (
-        "lookup_aircraft_info",
-        "lookup_flight_plan",
-        "lookup_stand_location",
-        "assess_risk",
-        "analyze_impact",
-    )
 
 
 # --- the conversation -----------------------------------------------------------------
@@ -273,16 +245,17 @@ class Choice:
 def _validate(calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Split the model's calls into valid ones and problems (unknown tool, bad arguments)."""
     valid, problems = [], []
+    args_of = tool_args()
     for call in calls:
         name = call.get("name") or ""
-        if name not in TOOL_ARGS:
+        if name not in args_of:
             problems.append({**call, "problem": f"unknown tool {name!r}", "repairable": False})
             continue
         if call.get("error"):
             problems.append({**call, "problem": call["error"], "repairable": True})
             continue
         try:
-            TOOL_ARGS[name][0].model_validate(call.get("args") or {})
+            args_of[name][0].model_validate(call.get("args") or {})
         except ValidationError as exc:
             problems.append({**call, "problem": str(exc), "repairable": True})
             continue
@@ -422,13 +395,12 @@ def _repaired(
     return merged, [p for p in problems if not p["repairable"]] + failed
 
 
-LOOKUPS = ("lookup_aircraft_info", "lookup_flight_plan", "lookup_stand_location")
-
-
+# The packs' lookups (registered when the apps are ready: read when first compiled).
 _lookups_made = Compiled(
     ToolCall,
     lambda: ToolCall.objects.filter(
-        session_id=Arg(0, ToolCall._meta.get_field("session")), tool_name__in=LOOKUPS
+        session_id=Arg(0, ToolCall._meta.get_field("session")),
+        tool_name__in=sorted(ENRICHMENT_SOURCES),
     ).values_list("tool_name", flat=True),
 )
 
@@ -499,7 +471,7 @@ def decide(
 
     for call in valid:
         name, args = call["name"], call.get("args") or {}
-        if name in LOOKUPS:
+        if name in ENRICHMENT_SOURCES:
             if name in done_lookups or any(p["tool"] == name for p in plan_calls):
                 refuse(call, f"{name} was already run; its result is in the conversation")
             elif name not in lookups:

@@ -18,6 +18,7 @@ from diagnosis.actions import ActionError, checked_text
 from diagnosis.agent.tools import ToolContext, ToolFailure, dispatch_summary, restriction_summary
 from diagnosis.models import Restriction, ToolCall
 from diagnosis.push import notify_board
+from packs.airport.arguments import SCHEMAS
 from scenarios_admin.airport import AirportGraph, load_active_graph
 
 # The external systems the actions reach (diagnosis.external), with their reference prefixes.
@@ -207,6 +208,8 @@ def action_tools() -> dict[str, ActionTool]:
             restricts=RESTRICTING.get(name),
             plain=PLAIN[name],
             done=DISPATCHES.get(name),
+            schema=SCHEMAS[name][0],
+            description=SCHEMAS[name][1],
         )
         for name, (args, floor, system) in ACTIONS.items()
     }

@@ -13,6 +13,7 @@ from django.utils.translation import gettext, gettext_lazy
 
 from aero.packs import LookupTool
 from diagnosis.agent.tools import ToolFailure, lookup_world
+from packs.airport.arguments import SCHEMAS
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
 
 # Why a lookup failed, as the log keeps it (English); pages word it per reader.
@@ -92,11 +93,12 @@ def lookup_stand_location(args: dict[str, Any]) -> dict[str, Any]:
 
 # Where each answer lands in the enrichment (report templates use these names).
 LOOKUPS: dict[str, LookupTool] = {
-    "lookup_aircraft_info": LookupTool("lookup_aircraft_info", lookup_aircraft_info, "aircraft"),
-    "lookup_flight_plan": LookupTool("lookup_flight_plan", lookup_flight_plan, "flight_plan"),
-    "lookup_stand_location": LookupTool(
-        "lookup_stand_location", lookup_stand_location, "stand_location"
-    ),
+    name: LookupTool(name, run, key, schema=SCHEMAS[name][0], description=SCHEMAS[name][1])
+    for name, run, key in (
+        ("lookup_aircraft_info", lookup_aircraft_info, "aircraft"),
+        ("lookup_flight_plan", lookup_flight_plan, "flight_plan"),
+        ("lookup_stand_location", lookup_stand_location, "stand_location"),
+    )
 }
 
 
