@@ -104,6 +104,22 @@ def test_the_report_fields_in_the_json_and_the_api(
     assert refused.status_code == 401
 
 
+def test_an_auditor_reads_the_report_fields_masked_as_the_snapshot(
+    builtin: None, capsys: pytest.CaptureFixture[str], carol: User
+) -> None:
+    result = run(capsys, "ex-deploy-payments", "--decide", "approve")
+    token = token_for(carol, "auditor")
+    got = Client().get(
+        f"/api/v1/diagnosis-sessions/{result['session']}", HTTP_AUTHORIZATION=f"Bearer {token}"
+    ).json()
+    # the R2 rollback's arguments are hidden from read-only viewers, here as everywhere
+    assert got["snapshot"]["root_cause"]["deploy"] == "masked"
+    report = got["report"]
+    assert "D-5716" not in report["root_cause_md"] + report["fix_suggestion_md"]
+    assert "deploy=masked" in report["fix_suggestion_md"]
+    assert report["similar_cases"][0]["id"] == "KB-011"
+
+
 def test_the_page_shows_the_three_best_past_cases(builtin: None, alice: User) -> None:
     client = login(alice)
     opened = client.post(reverse("diagnosis_pack:new"), {"demo": "ex-pool-inventory"})
@@ -114,6 +130,10 @@ def test_the_page_shows_the_three_best_past_cases(builtin: None, alice: User) ->
     assert listed.count('data-item="') == 3
     assert listed.index('data-item="KB-003"') == listed.index('data-item="')
     assert "库存服务连接池耗尽" in listed
+
+    client.post(reverse("set-language"), {"language": "zh-hans", "next": "/"})
+    chinese = client.get(opened["Location"]).content.decode()
+    assert "相似的历史案例" in chinese and "得分 0." in chinese
 
 
 def _sections(markdown: str) -> list[str]:

@@ -128,18 +128,24 @@ def trigram_similarity(a: str, b: str) -> float:
     return len(first & second) / len(first | second)
 
 
-def _pg_candidates(text: str, exclude: Any) -> tuple[dict[int, tuple[float, float]], str]:
-    query = " | ".join(f"'{w}'" for w in words(text))  # words hold no quote: safe to quote
+def _pg_candidates(
+    text: str, exclude: Any, hypothesis: str, services: list[str]
+) -> tuple[dict[int, tuple[float, float]], str]:
+    """Items sharing a word (the GIN tsvector index), close by trigrams (pg_trgm's `%`,
+    the trigram index), or naming the conclusion's root-cause kind or a service."""
+    query = " | ".join(f"'{w}'" for w in words(text)) or "''"  # words hold no quote
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT k.id, "
-            "CASE WHEN %s = '' THEN 0 ELSE "
-            "ts_rank_cd(to_tsvector('simple', k.search_text), to_tsquery('simple', %s), 32) END, "
-            "similarity(k.search_text, %s) "
-            "FROM diagnosis_pack_knowledgeitem k "
-            "WHERE k.session_id IS DISTINCT FROM %s "
-            "ORDER BY 2 + 3 DESC, k.id LIMIT %s",
-            [query, query or "x", text, exclude, CANDIDATES * 10],
+            "SELECT id, fts, trgm FROM ("
+            " SELECT k.id,"
+            "  ts_rank_cd(to_tsvector('simple', k.search_text), q, 32) AS fts,"
+            "  similarity(k.search_text, %s) AS trgm"
+            " FROM diagnosis_pack_knowledgeitem k, to_tsquery('simple', %s) q"
+            " WHERE k.session_id IS DISTINCT FROM %s AND ("
+            "  to_tsvector('simple', k.search_text) @@ q OR k.search_text %% %s"
+            "  OR k.hypothesis = %s OR k.services ?| %s::text[])"
+            ") found ORDER BY fts + trgm DESC, id LIMIT %s",
+            [text, query, exclude, text, hypothesis, services, CANDIDATES],
         )
         rows = cursor.fetchall()
     return {row[0]: (float(row[1]), float(row[2])) for row in rows}, "pg_fts+trgm"
@@ -185,14 +191,16 @@ def similar_cases(
     text = session_text(session, cause)
     if not text.strip():
         return []
+    services = {cause.get("service"), *cause.get("related_services", [])} - {None, ""}
     if connection.vendor == "postgresql":
-        found, strategy = _pg_candidates(text, session.pk)
+        found, strategy = _pg_candidates(
+            text, session.pk, str(cause.get("hypothesis") or ""), sorted(services)
+        )
     else:
         found, strategy = _sqlite_candidates(text, session.pk)
     # ts_rank_cd's normalization 32 is rank/(rank+1); a few shared words give ~0.1.
     top_fts = max((f for f, _ in found.values()), default=0.0) or 1.0
     items = KnowledgeItem.objects.in_bulk(list(found))
-    services = {cause.get("service"), *cause.get("related_services", [])} - {None, ""}
     matches = []
     for item_id, (fts, trgm) in found.items():
         item = items[item_id]
