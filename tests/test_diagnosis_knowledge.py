@@ -109,9 +109,8 @@ def test_an_auditor_reads_the_report_fields_masked_as_the_snapshot(
 ) -> None:
     result = run(capsys, "ex-deploy-payments", "--decide", "approve")
     token = token_for(carol, "auditor")
-    got = Client().get(
-        f"/api/v1/diagnosis-sessions/{result['session']}", HTTP_AUTHORIZATION=f"Bearer {token}"
-    ).json()
+    url = f"/api/v1/diagnosis-sessions/{result['session']}"
+    got = Client().get(url, HTTP_AUTHORIZATION=f"Bearer {token}").json()
     # the R2 rollback's arguments are hidden from read-only viewers, here as everywhere
     assert got["snapshot"]["root_cause"]["deploy"] == "masked"
     report = got["report"]
