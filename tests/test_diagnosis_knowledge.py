@@ -5,7 +5,9 @@ session is saved into the knowledge base by an operator; admins edit the items."
 
 from __future__ import annotations
 
+import importlib
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ from django.utils import translation
 
 from aero.models import AuditLog
 from diagnosis.models import Event, Session
-from packs.diagnosis.knowledge import similar_cases, trigram_similarity, words
+from packs.diagnosis.knowledge import embedded_scores, similar_cases, trigram_similarity, words
 from packs.diagnosis.models import KnowledgeItem, KnowledgeSource, SimilarCase
+from packs.diagnosis.system import demo_shop
 from replay.export import render_export
 from tests.admin_helpers import admin_client, form_data, staff_with
 from tests.api_helpers import token_for
@@ -269,6 +272,47 @@ def test_admins_edit_knowledge_items_and_others_may_not(
     assert item.title_en == "Inventory pool exhausted by a nightly job"
     assert "A pool of its own for the job" in item.search_text  # searched by its new words
     assert AuditLog.objects.filter(action="knowledge.changed").count() == 1
+
+
+POOL_CONCLUSION = (
+    "Stock checks time out\ndb_pool_exhausted\nslow_response\ninventory\ninventory orders\n"
+    "The database connection pool of inventory is exhausted (in use >= 95% of its maximum)."
+)
+
+
+def _shipped_texts() -> dict[int, tuple[str, str]]:
+    """The demo shop's items as the seed writes them (id -> key, search_text), unsaved."""
+    shipped = {}
+    for number, entry in enumerate(demo_shop().knowledge, 1):
+        item = KnowledgeItem(key=entry.id, title_en=entry.title, symptoms_en=entry.content)
+        item.hypothesis, item.services, item.tags = entry.hypothesis, entry.services, entry.tags
+        shipped[number] = (entry.id, item.searchable())
+    return shipped
+
+
+@pytest.mark.parametrize("fts5", [True, False])
+def test_the_embedded_sqlite_search_ranks_the_matching_item_first(fts5: bool) -> None:
+    # The embedded mode's own path, over an SQLite made by the migration's statements.
+    migration = importlib.import_module("packs.diagnosis.migrations.0002_knowledge_search")
+    shipped = _shipped_texts()
+    db = sqlite3.connect(":memory:")
+    if fts5:
+        db.execute(migration.SQLITE[0])
+        db.executemany(
+            "INSERT INTO knowledge_fts (item_id, body) VALUES (?, ?)",
+            [(number, body) for number, (_, body) in shipped.items()],
+        )
+
+    def execute(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        return list(db.execute(sql.replace("%s", "?"), params).fetchall())
+
+    scores, strategy = embedded_scores(
+        POOL_CONCLUSION, {n: body for n, (_, body) in shipped.items()}, execute
+    )
+    assert strategy == ("sqlite_fts5+trgm" if fts5 else "words+trgm")
+    by_text = sorted(scores, key=lambda n: -(scores[n][0] + scores[n][1]))
+    assert shipped[by_text[0]][0] == "KB-003"
+    assert all(0 <= fts <= 1 and 0 <= trgm <= 1 for fts, trgm in scores.values())
 
 
 def test_the_embedded_search_words_and_trigrams() -> None:

@@ -12,6 +12,8 @@ cause kind and the same services."""
 from __future__ import annotations
 
 import re
+import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,22 +155,39 @@ def _pg_candidates(
 
 def _sqlite_candidates(text: str, exclude: Any) -> tuple[dict[int, tuple[float, float]], str]:
     items = dict(KnowledgeItem.objects.exclude(session_id=exclude).values_list("id", "search_text"))
+
+    def execute(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+
+    return embedded_scores(text, items, execute)
+
+
+Execute = Callable[[str, list[Any]], list[tuple[Any, ...]]]
+
+
+def embedded_scores(
+    text: str, items: dict[int, str], execute: Execute
+) -> tuple[dict[int, tuple[float, float]], str]:
+    """SQLite's (full-text rank, trigram similarity) of each of `items` (id -> its
+    search_text) for `text`: bm25 over the FTS5 table `knowledge_fts` through `execute`
+    (sql with %s placeholders, params), else the share of the words found."""
     ranks: dict[int, float] = {}
+    # The trigram tokenizer matches strings of three characters or more.
     terms = [w for w in words(text) if len(w) >= 3]
     strategy = "sqlite_fts5+trgm"
     try:
         if terms:
-            match = " OR ".join(f'"{t}"' for t in terms)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT item_id, -bm25(knowledge_fts) FROM knowledge_fts "
-                    "WHERE knowledge_fts MATCH %s",
-                    [match],
-                )
-                for item_id, rank in cursor.fetchall():
-                    ranks[int(item_id)] = max(0.0, float(rank))
+            match = " OR ".join(f'"{t}"' for t in terms)  # words hold no quote
+            rows = execute(
+                "SELECT item_id, -bm25(knowledge_fts) FROM knowledge_fts "
+                "WHERE knowledge_fts MATCH %s",
+                [match],
+            )
+            ranks = {int(k): max(0.0, float(r)) for k, r in rows}
         ranks = {k: r / (r + 1) for k, r in ranks.items()}
-    except DatabaseError:
+    except (DatabaseError, sqlite3.Error):
         # No FTS5 table (an SQLite without FTS5): the share of the query's words found.
         strategy = "words+trgm"
         asked = set(words(text))
