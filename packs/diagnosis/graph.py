@@ -29,11 +29,12 @@ from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun, Event, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import write_report
 from packs.diagnosis.bundle import Bundle, open_bundle
+from packs.diagnosis.charts import downsample
 from packs.diagnosis.code import CodeToolError, code
 from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.fixes import fix_problems
 from packs.diagnosis.knowledge import linked_cases, record_similar_cases
-from packs.diagnosis.playbook import Diagnosis, Playbook, diagnose
+from packs.diagnosis.playbook import Diagnosis, Playbook, diagnose, minutes_between
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System, demo_shop
 from scenarios_admin.definition import effective_risk_class
@@ -219,7 +220,7 @@ def gather_evidence(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> 
                     lambda: _signatures(source, found),
                 )
             if bundle.has_metrics:
-                call("ev-anomalies", "anomalies", window, lambda: _anomalies(found))
+                call("ev-anomalies", "anomalies", window, lambda: _anomalies(source, found))
             if bundle.deploys:
                 call("ev-deploys", "deploys", window, lambda: _changes(bundle.deploys, "deploys"))
             if bundle.config_changes:
@@ -268,17 +269,33 @@ def _signatures(source: Evidence, found: Diagnosis) -> dict[str, Any]:
     }
 
 
-def _anomalies(found: Diagnosis) -> dict[str, Any]:
-    rows = [
-        {
+def _anomalies(source: Evidence, found: Diagnosis) -> dict[str, Any]:
+    """Each anomaly with its series over the window (downsampled), for the page's chart:
+    the picture comes from the log, as the rest of the evidence does."""
+    since, until = found.window
+    listed = found.anomalies[:MAX_LISTED]
+    metrics = sorted({a.metric for a in listed if a.metric != "log_errors_per_minute"})
+    samples = source.series(metrics, since=since, until=until) if metrics else {}
+    quiet = sorted({a.service for a in listed if a.metric == "log_errors_per_minute"})
+    per_minute = source.errors_per_minute(quiet, since, until)
+    minutes = minutes_between(since, until)
+    rows: list[dict[str, Any]] = []
+    for a in found.anomalies:
+        row: dict[str, Any] = {
             "service": a.service,
             "metric": a.metric,
             "onset": a.onset.isoformat(),
             "baseline": a.baseline,
             "peak": a.peak,
         }
-        for a in found.anomalies
-    ]
+        if len(rows) < MAX_LISTED:
+            if a.metric == "log_errors_per_minute":
+                counts = per_minute.get(a.service, {})
+                series = [(m, float(counts.get(m, 0))) for m in minutes]
+            else:
+                series = samples.get((a.service, a.metric), [])
+            row["series"] = downsample(series)
+        rows.append(row)
     words = "; ".join(f"{a['service']} {a['metric']} from {a['onset']}" for a in rows[:3])
     return {
         "anomalies": rows[:MAX_LISTED],

@@ -209,7 +209,7 @@ class _Diagnoser:
         # Services that log but have no metrics: their ERROR records a minute.
         quiet = sorted(self.evidence.log_services() - self.evidence.metric_services())
         per_minute = self.evidence.errors_per_minute(quiet, self.start, self.end)
-        minutes = _minutes(self.start, self.end)
+        minutes = minutes_between(self.start, self.end)
         rule = rules.log_errors_per_minute
         for service, counts in per_minute.items():
             values = [counts.get(m, 0) for m in minutes]
@@ -508,7 +508,7 @@ def _first_run(breach: list[bool], length: int) -> int | None:
     return None
 
 
-def _minutes(start: datetime, end: datetime) -> list[datetime]:
+def minutes_between(start: datetime, end: datetime) -> list[datetime]:
     first = start.replace(second=0, microsecond=0)
     count = int((end - first).total_seconds() // 60) + 1
     return [first + timedelta(minutes=i) for i in range(count)]

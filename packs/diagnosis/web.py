@@ -27,6 +27,7 @@ from diagnosis.actions import ActionError
 from diagnosis.models import Session, SessionStatus, ToolCall
 from diagnosis.views import get_session_for_user
 from packs.diagnosis.bundle import MODES
+from packs.diagnosis.charts import metric_chart, service_graph
 from packs.diagnosis.knowledge import do_save_as_knowledge, linked_cases
 from packs.diagnosis.models import KnowledgeItem
 from packs.diagnosis.playbook import default_playbook
@@ -162,6 +163,22 @@ def new_diagnosis(request: HtmxHttpRequest) -> Any:
 # --- the session page's panel -------------------------------------------------------------
 
 
+def blamed_change(cause: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | None:
+    """The deploy or config change the conclusion blames, with its time, as the deploys
+    and config_changes evidence calls recorded it (None: it blames none)."""
+    wanted = (
+        ("deploys", "id", cause.get("deploy"), _("deploy %(id)s")),
+        ("config_changes", "key", cause.get("config_key"), _("config %(id)s")),
+    )
+    for tool, key, value, words in wanted:
+        if not value:
+            continue
+        for change in (results.get(tool) or {}).get("changes") or []:
+            if change.get(key) == value:
+                return {"label": words % {"id": value}, "at": change.get("at")}
+    return None
+
+
 def page_context(session: Session) -> dict[str, Any]:
     """What the panel shows: the root cause (from the snapshot's finding) and each
     evidence call with its result, in the order they ran."""
@@ -185,8 +202,22 @@ def page_context(session: Session) -> dict[str, Any]:
         for call_id, call in calls.items()
     ]
     saved = KnowledgeItem.objects.filter(session=session).values_list("key", flat=True).first()
+    results: dict[str, Any] = {
+        str(item["tool"]): item["result"] for item in evidence if not item["error"]
+    }
+    change = blamed_change(cause, results)
+    anomalies = (results.get("anomalies") or {}).get("anomalies") or []
+    charts = [
+        chart
+        for index, anomaly in enumerate(anomalies, start=1)
+        if (chart := metric_chart(index, anomaly, change)) is not None
+    ]
     return {
         "diagnosis": {
+            "charts": charts,
+            "graph": service_graph(
+                demo_shop(), cause.get("service"), list(cause.get("related_services") or [])
+            ),
             "cause": cause or None,
             "summary": (cause.get("summary") or {}).get(lang, ""),
             "evidence": evidence,
