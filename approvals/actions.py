@@ -28,8 +28,10 @@ from approvals.models import (
     state_digest_for,
 )
 from approvals.push import notify_queue
-from diagnosis.actions import ActionError, checked_text, do_apply_decision, lock_lift_sessions
+from diagnosis.actions import do_apply_decision
+from diagnosis.decisions import ActionError, checked_text
 from diagnosis.events import append_event, lock_session
+from diagnosis.lifts import lock_lift_sessions
 from diagnosis.models import Restriction
 from diagnosis.push import notify_board
 from scenarios_admin.definition import below_floor, floor_message, restriction_of

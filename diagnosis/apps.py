@@ -19,7 +19,6 @@ class DiagnosisConfig(AppConfig):
         from diagnosis.eventlog.masking import audit_mask_for
 
         register_detail_mask(audit_mask_for)
-        from diagnosis.actions import resume_pending_lifts
         from diagnosis.jobs import (
             close_orphaned_runs,
             delete_ended_checkpoints,
@@ -27,6 +26,7 @@ class DiagnosisConfig(AppConfig):
             requeue_stalled_sessions,
             resume_failed_sessions,
         )
+        from diagnosis.lifts import resume_pending_lifts
         from diagnosis.llm_runner import prune_requests
         from diagnosis.maintenance import register
 

@@ -26,7 +26,7 @@ from aero.roles import (
     user_roles,
 )
 from aero.templatetags.aero_text import scenario_name
-from diagnosis import actions, presenters, suggest
+from diagnosis import actions, lifts, presenters, suggest
 from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
 from diagnosis.models import Report, Restriction, Session, SessionStatus
 from scenarios_admin.models import Scenario
@@ -394,7 +394,7 @@ def restriction_lift(request: HtmxHttpRequest, restriction_id: int) -> HttpRespo
         messages.error(request, str(form.errors["note"][0]))
         return redirect("diagnosis:airport-board")
     try:
-        actions.do_request_lift(restriction.pk, request.user, form.cleaned_data["note"])
+        lifts.do_request_lift(restriction.pk, request.user, form.cleaned_data["note"])
     except actions.ActionError as exc:
         messages.error(request, str(exc))
     else:

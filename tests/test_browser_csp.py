@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from approvals.actions import do_decide, sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
-from diagnosis.actions import do_request_lift
+from diagnosis.lifts import do_request_lift
 from diagnosis.models import Restriction, Session
 from scenarios_admin.models import Flight, ProviderConfig, Scenario, Topology
 from tests.browser_helpers import ARTIFACTS, sign_in

@@ -17,9 +17,10 @@ from django.utils import timezone
 
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide, sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
-from diagnosis.actions import ActionError, do_answer, do_cancel, do_request_lift, do_retry
+from diagnosis.actions import ActionError, do_answer, do_cancel, do_retry
 from diagnosis.agent.providers import OfflineProvider, Usage
 from diagnosis.fold import fold_events
+from diagnosis.lifts import do_request_lift
 from diagnosis.models import Event, LLMCall, Restriction, ToolCall
 from tests.log_helpers import assert_projections_match
 from tests.web_helpers import (

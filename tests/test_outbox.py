@@ -18,7 +18,7 @@ from django.utils import timezone
 from approvals.actions import APPROVE, CONFIRM, do_decide
 from diagnosis import external, jobs, outbox
 from diagnosis.models import Event, ExternalEffect, Outbox, Restriction, Session, ToolCall
-from packs.airport import actions
+from packs.airport import actions as airport_actions
 from tests.log_helpers import assert_projections_match
 from tests.web_helpers import approval_for, approve_everything, login, waiting_session
 
@@ -215,13 +215,13 @@ def test_retries_run_out_into_a_failure_the_user_sees(
 
 def test_external_systems_are_never_called_inside_our_transaction(builtin: None) -> None:
     with transaction.atomic(), pytest.raises(RuntimeError, match="outside the database"):
-        external.request(actions.ATC, "notify_atc", "k-1", {})
+        external.request(airport_actions.ATC, "notify_atc", "k-1", {})
     assert not ExternalEffect.objects.exists()
 
 
 def test_a_key_seen_before_returns_the_stored_response(builtin: None) -> None:
-    first = external.request(actions.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
-    again = external.request(actions.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
+    first = external.request(airport_actions.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
+    again = external.request(airport_actions.DISPATCH, "fod_sweep", "k-2", {"runway": "06/24"})
     assert again == first
     effect = ExternalEffect.objects.get(idempotency_key="k-2")
     assert effect.requests == 2
@@ -240,7 +240,7 @@ def decided_lift(
 ) -> tuple[Restriction, ToolCall, Session]:
     """A completed session's stand closure, and an approved-and-confirmed lift of it."""
     from approvals.models import Approval
-    from diagnosis.actions import do_request_lift
+    from diagnosis.lifts import do_request_lift
 
     session = waiting_session(people["olga"])
     approve_everything(session, people["abel"])
@@ -274,12 +274,12 @@ def test_a_lift_reaches_the_operations_system_once_with_its_key(
 def test_a_crash_after_the_lift_decision_is_finished_by_the_sweeper_once(
     people: dict[str, User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from diagnosis import actions
+    from diagnosis import lifts
 
     def crash_before_sending(*args: Any, **kwargs: Any) -> str:
         raise Crash()  # the web process died right after the decision committed
 
-    monkeypatch.setattr(actions, "execute_lift", crash_before_sending)
+    monkeypatch.setattr(lifts, "execute_lift", crash_before_sending)
     with pytest.raises(Crash):
         decided_lift(people)
     monkeypatch.undo()
@@ -290,19 +290,19 @@ def test_a_crash_after_the_lift_decision_is_finished_by_the_sweeper_once(
     row = Outbox.objects.get(tool_call=lift)
     assert row.status == "pending"
 
-    assert actions.resume_pending_lifts() == 0  # a fresh row may still be on its way
+    assert lifts.resume_pending_lifts() == 0  # a fresh row may still be on its way
     Outbox.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=5))
 
     # A pass whose sending fails (the database, say) ends quietly; the next one retries.
     def database_gone(*args: Any, **kwargs: Any) -> str:
         raise RuntimeError("connection lost")
 
-    monkeypatch.setattr(actions, "execute_lift", database_gone)
-    assert actions.resume_pending_lifts() == 1
+    monkeypatch.setattr(lifts, "execute_lift", database_gone)
+    assert lifts.resume_pending_lifts() == 1
     monkeypatch.undo()
     assert Outbox.objects.get(pk=row.pk).status == "pending"
-    assert actions.resume_pending_lifts() == 1
-    assert actions.resume_pending_lifts() == 0  # done: never sent again
+    assert lifts.resume_pending_lifts() == 1
+    assert lifts.resume_pending_lifts() == 0  # done: never sent again
 
     closure.refresh_from_db()
     assert closure.lifted_at is not None
@@ -316,9 +316,9 @@ def test_a_lift_whose_answer_was_lost_is_recorded_once_without_a_second_effect(
 ) -> None:
     """The operations system lifted it, then our process died before recording: the
     repeat with the same key performs nothing and the lift is recorded once."""
-    from diagnosis import actions
+    from diagnosis import lifts
 
-    real_record = actions._record_lift
+    real_record = lifts._record_lift
     calls: list[int] = []
 
     def die_once(outbox_id: int, producer: str, **kwargs: Any) -> str:
@@ -327,14 +327,14 @@ def test_a_lift_whose_answer_was_lost_is_recorded_once_without_a_second_effect(
             raise Crash()
         return real_record(outbox_id, producer, **kwargs)
 
-    monkeypatch.setattr(actions, "_record_lift", die_once)
+    monkeypatch.setattr(lifts, "_record_lift", die_once)
     with pytest.raises(Crash):
         decided_lift(people)
     lift = ToolCall.objects.get(tool_name="lift_restriction")
     row = Outbox.objects.get(tool_call=lift)
     Outbox.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=5))
 
-    assert actions.resume_pending_lifts() == 1
+    assert lifts.resume_pending_lifts() == 1
     effect = ExternalEffect.objects.get(idempotency_key=lift.idempotency_key)
     assert effect.requests == 2  # sent twice, performed once (the stored answer came back)
     lift.refresh_from_db()
@@ -384,7 +384,7 @@ def test_a_lift_is_sent_in_the_background_not_in_the_deciding_request(
     from rq import SimpleWorker
 
     from approvals.models import Approval
-    from diagnosis.actions import do_request_lift, lift_job_id
+    from diagnosis.lifts import do_request_lift, lift_job_id
 
     session = waiting_session(people["olga"])
     approve_everything(session, people["abel"])
@@ -433,7 +433,7 @@ def test_a_lift_is_sent_in_the_background_not_in_the_deciding_request(
     assert f'<tr class="closed" data-target="{closure.target}">' in board
     assert 'data-testid="lift-pending"' not in board
     Outbox.objects.filter(tool_call=lift).update(created_at=timezone.now() - timedelta(minutes=5))
-    from diagnosis.actions import resume_pending_lifts
+    from diagnosis.lifts import resume_pending_lifts
 
     assert resume_pending_lifts() == 0  # recorded once: never sent again
     assert len(attempts) == 3
@@ -447,7 +447,7 @@ def test_a_lift_the_queue_cannot_take_is_left_to_the_sweeper(
     approver), the row stays pending, and the sweeper sends it once."""
     import django_rq
 
-    from diagnosis import actions
+    from diagnosis import lifts
 
     def no_redis(*args: Any, **kwargs: Any) -> Any:
         raise ConnectionError("Redis is down")
@@ -462,7 +462,7 @@ def test_a_lift_the_queue_cannot_take_is_left_to_the_sweeper(
     assert closure.lifted_at is None and lift.status == "executing"
     row = Outbox.objects.get(tool_call=lift)
     Outbox.objects.filter(pk=row.pk).update(created_at=timezone.now() - timedelta(minutes=5))
-    assert actions.resume_pending_lifts() == 1
+    assert lifts.resume_pending_lifts() == 1
     closure.refresh_from_db()
     assert closure.lifted_at is not None
     assert ExternalEffect.objects.get(idempotency_key=lift.idempotency_key).requests == 1

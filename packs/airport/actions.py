@@ -14,8 +14,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, pgettext_lazy
 
 from aero.packs import ActionTool
-from diagnosis.actions import ActionError, checked_text
 from diagnosis.agent.tools import ToolContext, ToolFailure, dispatch_summary, restriction_summary
+from diagnosis.decisions import ActionError, checked_text
 from diagnosis.models import Restriction, ToolCall
 from diagnosis.push import notify_board
 from packs.airport.arguments import SCHEMAS
