@@ -27,7 +27,10 @@ chinese = do_create_session(user, oil, "CA1234 在105机位燃油泄漏，发动
 english = do_create_session(user, oil, "MU5678 fuel leak near stand 101")
 gone = do_create_session(user, oil, "ZH9527 燃油泄漏 in a deleted session")
 Session.objects.filter(pk=gone.pk).update(deleted_at="2026-01-01T00:00:00Z")
-names = {chinese.pk: "chinese", english.pk: "english", gone.pk: "gone"}
+diag = do_create_session(user, oil, "a session standing in for a concluded diagnosis")
+cause = {"root_cause": {"service": "payments", "problem_type": "error_spike"}}
+Session.objects.filter(pk=diag.pk).update(snapshot=cause)
+names = {chinese.pk: "chinese", english.pk: "english", gone.pk: "gone", diag.pk: "diag"}
 
 def titles(**data):
     return sorted(names[row["session"].pk] for row in search(data).rows)
@@ -40,6 +43,9 @@ print(json.dumps({
     "flight": titles(flight="MU5678"),
     "position": titles(position="105"),
     "all": titles(),
+    "service": titles(service="payments"),
+    "problem_type": titles(problem_type="error_spike"),
+    "facts": [row["facts"] for row in search({"service": "payments"}).rows],
 }))
 """
 
@@ -55,5 +61,9 @@ def test_history_search_on_sqlite(tmp_path: Path) -> None:
         "quote": [],  # FTS5 syntax in the text is matched as text, not parsed
         "flight": ["english"],
         "position": ["chinese"],
-        "all": ["chinese", "english"],  # the deleted session is not listed
+        "all": ["chinese", "diag", "english"],  # the deleted session is not listed
+        # a pack's facts out of the snapshot (json_extract here)
+        "service": ["diag"],
+        "problem_type": ["diag"],
+        "facts": [{"service": "payments", "problem_type": "error_spike"}],
     }
