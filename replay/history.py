@@ -125,12 +125,19 @@ def pack_filters() -> dict[str, HistoryFilter]:
     return history_filters()
 
 
+_KEY = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
 def pack_fact(item: HistoryFilter) -> RawSQL:
-    """A pack's fact out of the snapshot as text (its path is the pack's code, passed as
-    a parameter all the same)."""
+    """A pack's fact out of the snapshot as text, written as the pack's expression index
+    is (literal keys: a bound array would not match it), so a filter can use it."""
+    if not all(_KEY.match(key) for key in item.path):
+        raise ValueError(f"history filter {item.name}: keys must be identifiers")
     if connection.vendor == "postgresql":
-        return RawSQL('("diagnosis_session"."snapshot" #>> %s)', (list(item.path),))
-    return RawSQL('json_extract("diagnosis_session"."snapshot", %s)', ("$." + ".".join(item.path),))
+        *outer, last = item.path
+        steps = "".join(f" -> '{key}'" for key in outer)
+        return RawSQL(f'("diagnosis_session"."snapshot"{steps} ->> \'{last}\')', ())
+    return RawSQL(f'json_extract("diagnosis_session"."snapshot", \'$.{".".join(item.path)}\')', ())
 
 
 def parse_cursor(cursor: str) -> tuple[datetime, UUID]:
