@@ -271,6 +271,11 @@ def test_admins_edit_knowledge_items_and_others_may_not(
     item.refresh_from_db()
     assert item.title_en == "Inventory pool exhausted by a nightly job"
     assert "A pool of its own for the job" in item.search_text  # searched by its new words
+    data["services"] = '"inventory"'  # one word, not a list: refused, nothing changed
+    refused = editor.post(change, data)
+    assert refused.status_code == 200 and "A list of words" in refused.content.decode()
+    item.refresh_from_db()
+    assert item.services == ["inventory", "inventory-db"]
     assert AuditLog.objects.filter(action="knowledge.changed").count() == 1
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -69,6 +70,17 @@ class KnowledgeItem(models.Model):
         if fields is not None:
             kwargs["update_fields"] = {*fields, "search_text"}
         super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        # The search and the pages read both as lists of words.
+        errors = {
+            name: ValidationError(_('A list of words, e.g. ["inventory", "orders"].'))
+            for name in ("services", "tags")
+            if not isinstance(getattr(self, name), list)
+            or not all(isinstance(v, str) and v.strip() for v in getattr(self, name))
+        }
+        if errors:
+            raise ValidationError(errors)
 
     def text(self, name: str, language: str) -> str:
         """A text field in `language`, else in the other one (shipped items have one)."""
