@@ -29,6 +29,26 @@ for po in locale/*/LC_MESSAGES/django.po; do
   fi
 done
 
+# A set-up step whose inputs are unchanged since it last succeeded is skipped
+# (scripts/setup_stamps.py: stamps in the data dir), so a restart with nothing changed
+# starts no Django process before the servers. AERO_SETUP_ALWAYS=1 runs every step.
+step() { # step NAME COMMAND...
+  local name=$1
+  shift
+  if [ "${AERO_SETUP_ALWAYS:-0}" != 1 ] && $PY scripts/setup_stamps.py check "$name"; then
+    echo "Set-up: $name skipped (inputs unchanged)"
+    return 0
+  fi
+  "$@"
+  $PY scripts/setup_stamps.py save "$name"
+}
+SEEDED=${AERO_DATA_DIR:-var}/stamps/seed_demo.out
+seed_demo() { # the demo users' table is printed again when the step is skipped
+  mkdir -p "$(dirname "$SEEDED")"
+  $PY manage.py seed_demo >"$SEEDED.new"
+  mv "$SEEDED.new" "$SEEDED"
+}
+
 if [ -n "${DATABASE_URL:-}" ]; then
   if [ -z "${DATABASE_OWNER_URL:-}" ]; then
     echo "DATABASE_URL is set but DATABASE_OWNER_URL is not: the app must not own its tables." >&2
@@ -36,22 +56,25 @@ if [ -n "${DATABASE_URL:-}" ]; then
     echo "DATABASE_URL to the app's role (e.g. postgres://aero_app:PASSWORD@127.0.0.1:5432/aero)." >&2
     exit 2
   fi
-  DATABASE_URL="$DATABASE_OWNER_URL" $PY manage.py migrate --noinput -v0
+  DATABASE_URL="$DATABASE_OWNER_URL" step migrate $PY manage.py migrate --noinput -v0
   # Served over https (real production): an owner with SUPERUSER is refused, as it could
   # switch the audit triggers off. A plain-http try-out (AERO_HTTPS=0) is only warned.
+  # Never skipped: the roles' attributes and grants can change outside AERO.
   owner_check=(--require-unprivileged-owner)
   case "${AERO_HTTPS:-1}" in 0 | false | no | off) owner_check=() ;; esac
   DATABASE_URL="$DATABASE_OWNER_URL" $PY manage.py db_roles --app-url "$DATABASE_URL" "${owner_check[@]}"
 else
-  $PY manage.py migrate --noinput -v0
+  step migrate $PY manage.py migrate --noinput -v0
 fi
-$PY manage.py load_builtin
+step load_builtin $PY manage.py load_builtin
 if [ -z "${DATABASE_URL:-}" ]; then
-  $PY manage.py seed_demo
+  [ -s "$SEEDED" ] || rm -f "${AERO_DATA_DIR:-var}/stamps/seed_demo"
+  step seed_demo seed_demo
+  cat "$SEEDED"
 else
   echo "Production mode: no demo users are created (create an admin: .venv/bin/python manage.py createsuperuser)"
 fi
-$PY manage.py collectstatic --noinput -v0
+step collectstatic $PY manage.py collectstatic --noinput -v0
 
 # Prometheus multi-process files describe processes of this run only: start empty.
 METRICS_DIR=${PROMETHEUS_MULTIPROC_DIR:-${AERO_DATA_DIR:-var}/metrics}

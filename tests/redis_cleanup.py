@@ -49,8 +49,10 @@ def remove_run_keys(client: redis.Redis, run: str) -> int:
     for member in client.smembers("rq:queues"):
         if mine.search(_decode(member)):
             client.srem("rq:queues", member)
+    # A member whose hash is gone is a dead worker (one a test killed): rq's own
+    # registry clean-up drops those too, whichever run they were.
     for worker in client.smembers("rq:workers"):
-        if _decode(worker) in doomed:
+        if _decode(worker) in doomed or not client.exists(worker):
             client.srem("rq:workers", worker)
     deleted = 0
     ordered = sorted(doomed)

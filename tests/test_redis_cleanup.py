@@ -53,6 +53,7 @@ def _keys(client: redis.Redis) -> set[str]:
 def test_a_runs_keys_go_and_another_runs_stay(client: redis.Redis) -> None:
     mine, theirs = f"{TEST_DB_NAME}-probe", f"{TEST_DB_NAME}-probe0"
     planted, kept = _plant(client, mine), _plant(client, theirs)
+    client.sadd("rq:workers", "rq:worker:killed-long-ago")  # its hash expired
     before = _keys(client)
     assert set(planted.values()) <= before
 
@@ -63,6 +64,7 @@ def test_a_runs_keys_go_and_another_runs_stay(client: redis.Redis) -> None:
     assert not any(f"aero-{mine}-first" in key for key in after)
     assert planted["worker"].encode() not in client.smembers("rq:workers")
     assert planted["queue"].encode() not in client.smembers("rq:queues")
+    assert b"rq:worker:killed-long-ago" not in client.smembers("rq:workers")
     # The other run (a name that starts with this one's) keeps everything.
     assert set(kept.values()) <= after
     assert kept["worker"].encode() in client.smembers("rq:workers")
