@@ -721,3 +721,23 @@ def test_a_refused_htmx_answer_shows_its_error_in_the_page(
         "Please type an answer: the message is empty."
     )
     assert user_messages(asking) == 1
+
+
+@pytest.mark.services
+def test_without_javascript_the_page_reloads_itself_only_while_the_agent_works(
+    alice: User, asking: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refresh = '<noscript><meta http-equiv="refresh" content="3"'
+    client = login(alice)
+    # A question waits for the operator: nothing to wait for.
+    assert refresh not in client.get(url("session-detail", asking.pk)).content.decode()
+
+    # Answered, and no job has picked it up yet: the agent is working.
+    monkeypatch.setattr("diagnosis.actions.enqueue_advance", lambda session_id: None)
+    client.post(url("session-answer", asking.pk), {"message": "stand 105"})
+    page = client.get(url("session-detail", asking.pk)).content.decode()
+    assert "The agent is working" in page
+    assert refresh in page.split("</head>")[0]
+
+    set_status(asking.pk, SessionStatus.CANCELED, producer="test")
+    assert refresh not in client.get(url("session-detail", asking.pk)).content.decode()
