@@ -141,6 +141,9 @@ class DomainPack:
     # adds to the page's context: (session) -> dict. None: the core's facts panel.
     page_panel: str | None = None
     page_context: Callable[[Any], dict[str, Any]] | None = None
+    # The board: (world, restrictions in force) -> what an action would do to it, by
+    # `consequence(tool, args, session_id)` (diagnosis.consequences.Board).
+    board: Callable[[Any, list[Any]], Any] | None = None
     # A warning read from a session's enrichment (what its lookups found disagrees),
     # in the reader's language; "" when there is none.
     enrichment_warning: Callable[[Any], str] | None = None

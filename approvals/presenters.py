@@ -9,7 +9,7 @@ from django.db.models import Count, Min
 
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals.models import RISK_ORDER, Approval, ManualTodo
-from diagnosis.consequences import Board
+from diagnosis.consequences import board_of
 from diagnosis.models import Restriction
 from diagnosis.presenters import impact_map
 from scenarios_admin.airport import load_active_graph
@@ -114,7 +114,7 @@ def queue_context(
     )
     graph = load_active_graph() if page else None
     restrictions = list(Restriction.objects.filter(lifted_at__isnull=True)) if page else []
-    board = Board(graph, restrictions) if graph else None
+    board = board_of(graph, restrictions) if graph else None
     items = []
     for approval in page:
         snapshot = approval.session.snapshot

@@ -1,30 +1,25 @@
-"""What a proposed action means, in plain words, with its consequence on the airport as
-it is now: the airport graph plus the restrictions in force.
-
-"Close taxiway A — 2 flights lose their way to a runway"; "Close runway 06/24 — no
-runway is open afterwards; 5 flights held"; or "already in force (closed by session X)".
-Deterministic, no LLM; computed when shown, so it always reflects the current board.
+"""What a proposed action means, in plain words, with its consequence on the world as it
+is now: the pack's board (its world plus the restrictions in force) says it; a world
+without a board gets the plain words only. Deterministic, no LLM; computed when shown,
+so it always reflects the current board.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext
 
-from aero.packs import action_tool
+from aero.packs import action_tool, installed_packs
 from diagnosis.models import Restriction
-from scenarios_admin.airport import AirportGraph
-from scenarios_admin.definition import restriction_of
 
 
 @dataclass(frozen=True)
 class Consequence:
     plain: str
     consequence: str
-    warn: bool  # leaves no runway open, or cuts flights off
+    warn: bool  # the pack's board warns of it
     in_force: Restriction | None  # the same restriction already on the board
     own: bool = False  # put there by the session the action belongs to
 
@@ -49,89 +44,22 @@ def plain_words(tool: str, args: dict[str, Any]) -> str:
         return template.split(" %")[0] if "%" in template else template
 
 
-class Board:
-    """The airport with the restrictions in force: what is closed, what can still reach
-    an open runway."""
+class Board(Protocol):
+    def consequence(
+        self, tool: str, args: dict[str, Any], session_id: Any = None
+    ) -> Consequence: ...
 
-    def __init__(self, graph: AirportGraph, active: list[Restriction]) -> None:
-        self.graph = graph
-        self.active = active
-        self.closed = {(r.kind, r.target) for r in active}
 
-    def _blocked(self, closed: set[tuple[str, str]]) -> set[str]:
-        return {
-            node.node_id
-            for node in self.graph.nodes.values()
-            if ("taxiway", node.taxiway) in closed
-            or ("runway", node.runway) in closed
-            or ("stand", node.node_id) in closed
-        }
-
-    def open_runways(self, closed: set[tuple[str, str]]) -> list[str]:
-        return sorted(r for r in self.graph.runways if ("runway", r) not in closed)
-
-    def stands_cut_off(self, closed: set[tuple[str, str]]) -> set[str]:
-        """Stands from which no path over open nodes reaches an open runway."""
-        blocked = self._blocked(closed)
-        open_runways = set(self.open_runways(closed))
-        goals = {
-            n.node_id
-            for n in self.graph.nodes.values()
-            if n.kind == "runway" and n.runway in open_runways and n.node_id not in blocked
-        }
-        reached = set(goals)
-        queue = deque(goals)
-        while queue:
-            current = queue.popleft()
-            for neighbour in self.graph.adjacency.get(current, ()):
-                if neighbour not in reached and neighbour not in blocked:
-                    reached.add(neighbour)
-                    queue.append(neighbour)
-        stands = {n.node_id for n in self.graph.nodes.values() if n.kind == "stand"}
-        return stands - reached
-
-    def in_force(self, kind: str, target: str) -> Restriction | None:
-        return next((r for r in self.active if (r.kind, r.target) == (kind, target)), None)
+class PlainBoard:
+    """No pack keeps a board of this world: the plain words, no consequence."""
 
     def consequence(self, tool: str, args: dict[str, Any], session_id: Any = None) -> Consequence:
-        """`session_id`: the session the action belongs to (a closure it put in force
-        itself is its own, not "closed by another session")."""
-        plain = plain_words(tool, args)
-        effect = restriction_of(tool, args)
-        if effect is None:
-            return Consequence(plain, "", False, None)
-        existing = self.in_force(*effect)
-        if existing is not None:
-            own = session_id is not None and str(existing.session_id) == str(session_id)
-            return Consequence(plain, gettext("already in force"), False, existing, own)
-        after = self.closed | {effect}
-        runways_left = self.open_runways(after)
-        newly_cut = self.stands_cut_off(after) - self.stands_cut_off(self.closed)
-        if effect[0] == "stand":
-            newly_cut |= {effect[1]}
-        flights = self.graph.flights_at(sorted(newly_cut))
-        parts = []
-        warn = False
-        if effect[0] == "runway" or not runways_left:
-            if runways_left:
-                parts.append(
-                    gettext("runways still open: %(runways)s")
-                    % {"runways": ", ".join(runways_left)}
-                )
-            else:
-                parts.append(gettext("afterwards no runway is open"))
-                flights = sorted(f.flight_no for f in self.graph.flights.values())
-                warn = True
-        if flights:
-            warn = True
-            parts.append(
-                ngettext(
-                    "affects %(n)d flight (%(list)s)",
-                    "affects %(n)d flights (%(list)s)",
-                    len(flights),
-                )
-                % {"n": len(flights), "list": ", ".join(flights)}
-            )
-        elif effect[0] != "runway":
-            parts.append(gettext("no flight loses its way to a runway"))
-        return Consequence(plain, "; ".join(parts), warn, None)
+        return Consequence(plain_words(tool, args), "", False, None)
+
+
+def board_of(world: Any, active: list[Restriction]) -> Board:
+    """The board of the pack that keeps one, over `world` and the restrictions in force."""
+    for pack in installed_packs():
+        if pack.board is not None:
+            return pack.board(world, active)
+    return PlainBoard()

@@ -12,7 +12,7 @@ from django.db.models import Q
 
 from aero.packs import pack_for
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
-from diagnosis.consequences import Board
+from diagnosis.consequences import Board, board_of
 from diagnosis.eventlog import registry
 from diagnosis.eventlog.masking import SessionMask, session_mask
 from diagnosis.models import (
@@ -374,7 +374,7 @@ def session_context(
         "enrichment": snapshot.get("enrichment"),
         "fsm": snapshot.get("fsm", "INIT"),
         "map": impact_map(graph, session.snapshot.get("impact"), restrictions),
-        "actions": action_rows(session, Board(graph, restrictions), reads, mask),
+        "actions": action_rows(session, board_of(graph, restrictions), reads, mask),
         "report": report,
         "report_html": markdown_to_html(report_markdown) if report else "",
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,

@@ -16,8 +16,8 @@ from django.urls import reverse
 from aero.models import AuditLog
 from approvals.actions import do_decide
 from approvals.models import Approval
-from diagnosis.consequences import Board
 from diagnosis.models import Event, Restriction, Session, ToolCall
+from packs.airport.board import Board
 from tests.builtin_data import demo_graph
 from tests.log_helpers import assert_projections_match
 from tests.web_helpers import (

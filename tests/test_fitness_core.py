@@ -51,7 +51,7 @@ ALLOWED_TODAY: dict[str, int] = {
     "diagnosis/agent/react.py": 2,
     "diagnosis/agent/state.py": 3,
     "diagnosis/agent/tools.py": 3,
-    "diagnosis/consequences.py": 48,
+    "diagnosis/consequences.py": 1,
     "diagnosis/consumers.py": 10,
     "diagnosis/eventlog/types/session.py": 1,
     "diagnosis/jobs/job.py": 1,

@@ -20,6 +20,7 @@ class AirportPackConfig(AppConfig):
         from diagnosis.jobs.world import load_world
         from diagnosis.wording import register_tool_labels
         from packs.airport import actions, lookups
+        from packs.airport.board import Board
         from packs.airport.definition import ApronDefinition
 
         for system, prefix in actions.SYSTEMS.items():
@@ -43,6 +44,7 @@ class AirportPackConfig(AppConfig):
                 initial_state=initial_state,
                 world=load_world,
                 enrichment_warning=lookups.stand_mismatch_text,
+                board=Board,
             )
         )
 
