@@ -377,6 +377,10 @@ def session_context(
         "actions": action_rows(session, board_of(graph, restrictions), reads, mask),
         "report": report,
         "report_html": markdown_to_html(report_markdown) if report else "",
+        # Closing with a summary cancels these too: the close form asks first.
+        "open_approvals": sum(
+            1 for approval in reads.approvals if approval.status in ("pending", "confirming")
+        ),
         "two_person_rule": settings.AERO_TWO_PERSON_RULE,
         "composer_key": composer_key(session),
         # The model's text, streaming or final: the snapshot holds it, so no query.

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
@@ -741,3 +742,25 @@ def test_without_javascript_the_page_reloads_itself_only_while_the_agent_works(
 
     set_status(asking.pk, SessionStatus.CANCELED, producer="test")
     assert refresh not in client.get(url("session-detail", asking.pk)).content.decode()
+
+
+@pytest.mark.services
+def test_closing_with_open_approvals_asks_once_first(alice: User, asking: Session) -> None:
+    client = login(alice)
+    # Nothing to approve yet: closing cancels nothing, so it does not ask.
+    page = client.get(url("session-detail", asking.pk)).content.decode()
+    close_form = page.split('data-testid="close-session"')[1].split(">")[0]
+    assert "data-confirm" not in close_form
+
+    waiting = make_session(alice, STAND_FUEL_LEAK)
+    open_count = Approval.objects.filter(
+        session=waiting, status__in=["pending", "confirming"]
+    ).count()
+    assert open_count > 1
+    page = client.get(url("session-detail", waiting.pk)).content.decode()
+    close_form = page.split('data-testid="close-session"')[1].split(">")[0]
+    assert f'data-confirm="Closing also cancels {open_count} open approvals.' in close_form
+    # The one question, in Chinese too.
+    client.cookies[django_settings.LANGUAGE_COOKIE_NAME] = "zh-hans"
+    zh = client.get(url("session-detail", waiting.pk)).content.decode()
+    assert f"关闭会话也会取消 {open_count} 项未决审批" in zh
