@@ -57,6 +57,9 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "diagnosis:session-create": ("POST", row(LOGIN, 400, 403, 403, 400)),  # empty form: errors
     # the IT diagnosis form: an empty form (no bundle, no demo) is an error
     "diagnosis_pack:new": ("POST", row(LOGIN, 400, 403, 403, 400)),
+    # saving a diagnosis as knowledge: the walked session is not completed, so refused
+    # with a message back on its page
+    "diagnosis_pack:save-knowledge": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-detail": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-answer": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-cancel": ("POST", row(LOGIN, 302, 403, 403, 302)),
@@ -100,6 +103,7 @@ READ_ONLY_MODELS = {
     "diagnosis_agentrun",
     "diagnosis_report",
     "diagnosis_restriction",
+    "diagnosis_pack_similarcase",  # what a diagnosis found; its event records them
     "scenarios_admin_scenarioversion",
     # gate decisions are records; the gate's settings are one row, made by its migration
     "ingest_gatesettings",

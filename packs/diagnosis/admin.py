@@ -51,3 +51,6 @@ class SimilarCaseAdmin(admin.ModelAdmin[SimilarCase]):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
