@@ -157,6 +157,9 @@ class DomainPack:
     check_examples: Callable[[dict[str, Any]], list[Any]] | None = None
     # What history filters this pack's sessions by, besides the core's own filters.
     history_filters: tuple[HistoryFilter, ...] = ()
+    # The pack's own /api/v1 operations: () -> a django-ninja Router, mounted at the
+    # API's root once (the core's auth, problems and paging are the router's to import).
+    api_router: Callable[[], Any] | None = None
 
 
 _PACKS: dict[str, DomainPack] = {}

@@ -14,6 +14,7 @@ from ninja import Header, NinjaAPI, Query, Status
 from ninja.openapi.docs import Swagger
 from ninja.operation import Operation
 
+from aero.packs import installed_packs
 from aero.roles import DECIDE_APPROVALS, VIEW_SESSIONS
 from api import pagination, schemas
 from api.auth import RUN, TokenAuth
@@ -49,8 +50,8 @@ from scenarios_admin.models import Scenario
 TIMELINE_MAX = 200
 LIST_MAX = 100  # rendering is not involved, but one page stays one small query
 
-# The operations that create a session: a 201 says where it is.
-CREATES = ("createSession", "createFromBundle")
+# The operations that create something: a 201 says where it is.
+CREATES = ("createSession", "createFromBundle", "createKnowledgeItem")
 HEADERS = {
     "X-Request-ID": "This request's id: in every problem body and the server's log lines.",
 }
@@ -77,7 +78,7 @@ class AeroApi(NinjaAPI):
                         response["content"] = {PROBLEM: response["content"]["application/json"]}
                     if operation.get("operationId") in CREATES and int(status) == 201:
                         headers["Location"] = {
-                            "description": "The new session's URL.",
+                            "description": "The URL of what was created.",
                             "schema": {"type": "string"},
                             "required": True,
                         }
@@ -468,6 +469,9 @@ api.add_router("", early_history_router)
 api.add_router("/diagnosis-sessions", sessions)
 api.add_router("/approvals", approvals)
 api.add_router("", history_router)
+for pack in installed_packs():
+    if pack.api_router is not None:
+        api.add_router("", pack.api_router())
 
 
 def not_found(request: HttpRequest, unknown: str = "") -> HttpResponse:

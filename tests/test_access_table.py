@@ -204,6 +204,11 @@ TOKEN_URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "api:replay_session": ("GET", row(401, 200, 200, 200, 200)),
     "api:export_markdown": ("POST", row(401, 200, 200, 200, 200)),
     "api:export_job": ("GET", row(401, 404, 404, 404, 404)),  # no such job
+    # the diagnosis pack's knowledge base: read by every role, written by operators and
+    # admins (an empty body has no title: 422)
+    "api:list_knowledge_items": ("GET", row(401, 200, 200, 200, 200)),
+    "api:create_knowledge_item": ("POST", row(401, 422, 403, 403, 422)),
+    "api:get_knowledge_item": ("GET", row(401, 200, 200, 200, 200)),  # a shipped item
     "ingest:alertmanager": ("POST", row(401, 422, 403, 403, 422)),
     "ingest:alerts": ("POST", row(401, 422, 403, 403, 422)),
     "metrics": ("GET", row(200, 200, 200, 200, 200)),  # the test client is on loopback
@@ -471,6 +476,7 @@ def test_the_token_routes(world: dict[str, Any]) -> None:
         "session_id": str(world["session"].pk),
         "approval_id": world["kwargs"]["approval_id"],
         "job_id": "no-such-job",
+        "item_id": "KB-001",
     }
     failures = []
     for route, name, pattern in all_patterns():

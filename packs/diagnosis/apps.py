@@ -1,6 +1,15 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
+
+
+def api_router() -> Any:
+    # imported when the API's urls load, not at ready(): the API's modules need the apps
+    from packs.diagnosis.api import router
+
+    return router
 
 
 class DiagnosisPackConfig(AppConfig):
@@ -56,5 +65,6 @@ class DiagnosisPackConfig(AppConfig):
                 on_deleted=delete_bundle,
                 check_examples=check_examples,
                 history_filters=web.HISTORY_FILTERS,
+                api_router=api_router,
             )
         )

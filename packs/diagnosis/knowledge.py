@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils.translation import gettext as _
 
 from aero.models import audit
@@ -131,7 +132,7 @@ def trigram_similarity(a: str, b: str) -> float:
 
 
 def _pg_candidates(
-    text: str, exclude: Any, hypothesis: str, services: list[str]
+    text: str, exclude: Any, hypothesis: str | None, services: list[str]
 ) -> tuple[dict[int, tuple[float, float]], str]:
     """Items sharing a word (the GIN tsvector index), close by trigrams (pg_trgm's `%`,
     the trigram index), or naming the conclusion's root-cause kind or a service."""
@@ -207,26 +208,50 @@ def similar_cases(
     finding, by default the snapshot's), best first, its own saved item left out."""
     if cause is None:
         cause = (session.snapshot or {}).get("root_cause") or {}
-    text = session_text(session, cause)
+    return search(
+        session_text(session, cause),
+        hypothesis=str(cause.get("hypothesis") or ""),
+        service=str(cause.get("service") or ""),
+        services={cause.get("service"), *cause.get("related_services", [])} - {None, ""},
+        exclude=session.pk,
+        limit=limit,
+    )
+
+
+def search(
+    text: str,
+    *,
+    hypothesis: str = "",
+    service: str = "",
+    services: set[str] | None = None,
+    exclude: Any = None,
+    limit: int = KEPT,
+) -> list[Match]:
+    """The knowledge items most like `text`, best first: a conclusion's words with its
+    root-cause kind and services, or a person's free-text query (no kind, no services:
+    the text's rank and trigram similarity alone). `exclude`: a session whose saved item
+    is left out."""
     if not text.strip():
         return []
-    services = {cause.get("service"), *cause.get("related_services", [])} - {None, ""}
+    services = services or set()
+    # No session to leave out: the nil id, which none has (`IS DISTINCT FROM NULL` would
+    # leave out every item not saved from a session).
+    exclude = uuid.UUID(int=0) if exclude is None else exclude
     if connection.vendor == "postgresql":
-        found, strategy = _pg_candidates(
-            text, session.pk, str(cause.get("hypothesis") or ""), sorted(services)
-        )
+        # no kind: None, so that items without one are not candidates for that alone
+        found, strategy = _pg_candidates(text, exclude, hypothesis or None, sorted(services))
     else:
-        found, strategy = _sqlite_candidates(text, session.pk)
+        found, strategy = _sqlite_candidates(text, exclude)
     # ts_rank_cd's normalization 32 is rank/(rank+1); a few shared words give ~0.1.
     top_fts = max((f for f, _ in found.values()), default=0.0) or 1.0
     items = KnowledgeItem.objects.in_bulk(list(found))
     matches = []
     for item_id, (fts, trgm) in found.items():
         item = items[item_id]
-        same_kind = bool(cause.get("hypothesis")) and item.hypothesis == cause.get("hypothesis")
+        same_kind = bool(hypothesis) and item.hypothesis == hypothesis
         shared = services & set(item.services)
         overlap = len(shared) / len(services | set(item.services)) if shared else 0.0
-        on_service = 1.0 if cause.get("service") in item.services else overlap
+        on_service = 1.0 if service and service in item.services else overlap
         score = (
             W_FTS * (fts / top_fts)
             + W_TRGM * trgm
@@ -346,4 +371,28 @@ def do_save_as_knowledge(session_id: Any, user: Any) -> KnowledgeItem:
             session_id=session.pk,
             detail={"key": item.key},
         )
+    return item
+
+
+# --- written through the API -----------------------------------------------------------------
+
+
+def do_create_knowledge(user: Any, fields: dict[str, Any]) -> KnowledgeItem:
+    """A knowledge item written by a person (an operator or an admin, through the API), with
+    the audit entry the admin's add writes; `key` generated (`K-<8 hex>`) when not given.
+    A key already taken is refused."""
+    key = fields.pop("key", "") or f"K-{uuid.uuid4().hex[:8]}"
+    try:
+        with transaction.atomic():
+            item = KnowledgeItem.objects.create(
+                key=key, source=KnowledgeSource.API, created_by=user, **fields
+            )
+            audit(
+                "knowledge.created",
+                obj=item,
+                actor=user,
+                detail={"key": item.key, "fields": sorted(k for k, v in fields.items() if v)},
+            )
+    except IntegrityError:
+        raise ActionError(_("There is a knowledge item %(id)s already.") % {"id": key}) from None
     return item

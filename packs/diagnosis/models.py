@@ -18,6 +18,7 @@ class KnowledgeSource(models.TextChoices):
     SHIPPED = "shipped", _("Shipped with the system")
     ADMIN = "admin", _("Written by an admin")
     SESSION = "session", _("Saved from a session")
+    API = "api", _("Written through the API")
 
 
 class KnowledgeItem(models.Model):
