@@ -42,6 +42,7 @@ def _concrete(path: str, session_id: Any = None, approval_id: int = 1) -> str:
     return (
         path.replace("{session_id}", str(session_id or uuid.uuid4()))
         .replace("{approval_id}", str(approval_id))
+        .replace("{item_id}", "KB-001")
         .replace("{job_id}", uuid.uuid4().hex)
     )
 
@@ -84,7 +85,7 @@ def test_every_endpoint_refuses_a_missing_bad_revoked_or_expired_token(
         admin, "expired", expires_at=timezone.now() - timedelta(minutes=1)
     )
     operations = _operations()
-    assert len(operations) == 19
+    assert len(operations) == 22
     for method, path in operations:
         for token in (None, "aero_not-a-token", revoked_raw, expired_raw):
             response = call(method, _concrete(path), token)
@@ -114,8 +115,17 @@ READS = {
     "agentTree",
     "pendingApprovals",
     "getApproval",
+    "listKnowledgeItems",
+    "getKnowledgeItem",
 }
-RUNS = {"createSession", "createFromBundle", "cancelSession", "resumeSession", "answerSession"}
+RUNS = {
+    "createSession",
+    "createFromBundle",
+    "cancelSession",
+    "resumeSession",
+    "answerSession",
+    "createKnowledgeItem",
+}
 DECIDES = {"approve", "confirm", "reject"}
 # Which operations each role may reach (anything else is a 403).
 ALLOWED = {

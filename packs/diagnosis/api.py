@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import Field, Header, Path, Query, Schema, Status
-from pydantic import StringConstraints, model_validator
+from pydantic import ConfigDict, StringConstraints, model_validator
 
 from aero.roles import VIEW_SESSIONS
 from api import pagination
@@ -44,6 +44,16 @@ Tag = Annotated[
 
 
 class KnowledgeItemIn(StrictIn):
+    # The schema says what the validator below checks: a title in one language.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"pattern": r"\S"}}}
+                for name in ("title_zh", "title_en")
+            ]
+        }
+    )
+
     key: str = Field(
         "",
         pattern=r"^$|" + KEY,
