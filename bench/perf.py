@@ -53,6 +53,7 @@ def run_tree(tree: Path, mode: str, head: bool, db: str, args: argparse.Namespac
         sys.executable, str(MEASURE), "--tree", str(tree), "--mode", mode,
         "--samples", str(args.samples), "--open", str(args.open),
         "--at-once", str(args.at_once), "--viewers", str(args.viewers),
+        "--diagnoses", str(args.diagnoses),
         "--push-sessions", str(args.push_sessions), "--events", str(args.events),
         "--clients", str(args.clients), "--seconds", str(args.seconds),
         "--port", str(args.port + (0 if head else 100)), "--what", args.what,
@@ -121,6 +122,9 @@ def main() -> None:
         help="comma-separated: all, inline (session + page times), session (per session "
         "only), rq (the worker), push, pages (concurrent clients)",
     )
+    parser.add_argument(
+        "--diagnoses", type=int, default=100, help="IT diagnoses at once (this checkout)"
+    )
     parser.add_argument("--viewers", type=int, default=100)
     parser.add_argument(
         "--push-sessions", type=int, default=20, help="viewers on as many sessions (goal: 100)"
@@ -153,11 +157,11 @@ def main() -> None:
         head = results.get(f"head-{mode}", {}).get(key)
         cells = [f"{figure} [{mode}]", goal, fmt(base, unit), fmt(head, unit)]
         # Counts that should equal the sessions submitted (jobs, runs) have no "better".
-        counts = ("at_once_jobs", "at_once_runs", "at_once_executed")
+        counts = ("at_once_jobs", "at_once_runs", "at_once_executed", "diag_concluded")
         compared = "" if key in counts else ratio(base, head, higher)
         print("| " + " | ".join([*cells, compared]) + " |")
 
-    n, v, m = args.at_once, args.viewers, args.push_sessions
+    n, v, m, d = args.at_once, args.viewers, args.push_sessions, args.diagnoses
     print(f"\nIssue 8 goals: base {args.base} vs this checkout, same run, same machine.")
     print(
         f"Scale: {n} sessions at once (goal 1,000), {v} viewers on one session, "
@@ -181,6 +185,14 @@ def main() -> None:
         (f"{n} sessions at once: rq jobs created", "one each", "at_once_jobs", "", False),
         (f"{n} sessions at once: agent runs", "", "at_once_runs", "", False),
         (f"{n} sessions at once: jobs the workers ran", "one each", "at_once_executed", "", False),
+        (
+            f"{d} IT diagnoses at once, 2 workers: all concluded",
+            "< 60 s",
+            "diag_at_once_s",
+            " s",
+            False,
+        ),
+        (f"{d} IT diagnoses at once: with a root cause", "all", "diag_concluded", "", True),
         (f"commit -> browser p50, {v} viewers, 1 session", "", "push_p50_ms", " ms", False),
         (f"commit -> browser p99, {v} viewers, 1 session", "< 50 ms", "push_p99_ms", " ms", False),
         (f"failed handshakes, {v} at once", "0", "push_failed_handshakes", "", False),

@@ -354,6 +354,33 @@ def at_once(count: int, timeout: float, logs: Path) -> dict[str, Any]:
     }
 
 
+def diagnoses_at_once(count: int, timeout: float, logs: Path) -> dict[str, Any]:
+    """Issue 31's load: `count` diagnoses of the three example bundles submitted at once,
+    on 2 workers, until each has concluded (its fix waiting for approval, or done)."""
+    from diagnosis.models import Session
+    from packs.diagnosis.sessions import start_from_bundle
+
+    examples = sorted((Path.cwd() / "packs/diagnosis/data/examples").glob("ex-*.tar.gz"))
+    procs = workers(2, logs)
+    try:
+        time.sleep(3)
+        started = time.monotonic()
+        operator = user("operator")
+        ids = [
+            start_from_bundle(operator, examples[n % len(examples)], {}).pk for n in range(count)
+        ]
+        done = wait_statuses(ids, timeout)
+        elapsed = (max(done.values()) - started) if len(done) == count else float("inf")
+    finally:
+        stop(procs)
+    concluded = sum(
+        1
+        for snapshot in Session.objects.filter(pk__in=ids).values_list("snapshot", flat=True)
+        if (snapshot or {}).get("root_cause")
+    )
+    return {"diag_at_once_s": elapsed, "diag_at_once_done": len(done), "diag_concluded": concluded}
+
+
 def only_workers_missing(body: bytes) -> bool:
     """/healthz fails while no worker beats (correct in production). The bench stops its
     workers between phases, and one stopped may leave its row behind until it is swept,
@@ -621,6 +648,7 @@ def main() -> None:
     parser.add_argument("--open", type=int, default=2000)
     parser.add_argument("--at-once", type=int, default=40)
     parser.add_argument("--at-once-timeout", type=float, default=150)
+    parser.add_argument("--diagnoses", type=int, default=100)
     parser.add_argument("--viewers", type=int, default=100)
     parser.add_argument("--push-sessions", type=int, default=1)
     parser.add_argument("--events", type=int, default=5)
@@ -648,6 +676,8 @@ def main() -> None:
         settings.AERO_JOB_BACKEND = "rq"
         out.update(rq_latency(args.samples * 3, logs))
         out.update(at_once(args.at_once, args.at_once_timeout, logs))
+        if args.head:  # the base has no diagnosis pack
+            out.update(diagnoses_at_once(args.diagnoses, args.at_once_timeout, logs))
     if args.mode == "services" and "push" in what:
         out.update(live_push(args.viewers, 1, args.events, args.port, logs))
         if args.push_sessions > 1:
