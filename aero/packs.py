@@ -141,6 +141,9 @@ class DomainPack:
     # adds to the page's context: (session) -> dict. None: the core's facts panel.
     page_panel: str | None = None
     page_context: Callable[[Any], dict[str, Any]] | None = None
+    # The same panel on a replay step, from the log folded to that step:
+    # (session, folded state, mask or None) -> dict. None: replay shows the core's facts.
+    replay_context: Callable[[Any, Any, Any], dict[str, Any]] | None = None
     # The board: (world, restrictions in force) -> what an action would do to it, by
     # `consequence(tool, args, session_id)` (diagnosis.consequences.Board).
     board: Callable[[Any, list[Any]], Any] | None = None

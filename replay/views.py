@@ -11,6 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from aero.http import HtmxHttpRequest
+from aero.packs import pack_for
 from aero.roles import ADMIN, VIEW_SESSIONS, has_role, role_required, user_roles
 from diagnosis.chain import verify_chain
 from diagnosis.eventlog.masking import masks_roles, session_mask
@@ -82,7 +83,13 @@ def replay_context(
         for name, target in nav.items()
         if target is not None
     }
+    # The session's pack may show what it found by then in its own panel.
+    pack = pack_for(session.scenario_version.definition["kind"])
+    pack_panel: dict[str, Any] = {}
+    if pack.page_panel is not None and pack.replay_context is not None:
+        pack_panel = {"pack_panel": pack.page_panel, **pack.replay_context(session, folded, mask)}
     return {
+        **pack_panel,
         "session": session,
         "seq": seq,
         "current": current,

@@ -114,3 +114,34 @@ def test_the_graph_puts_callers_above_what_they_call() -> None:
     assert by_name["inventory"].role == "root" and by_name["orders"].role == "related"
     assert all(n.left >= 0 and n.left + graph.node_w <= graph.width for n in graph.nodes)
     assert [e.hot for e in graph.edges].count(True) == 1  # orders -> inventory
+
+
+@pytest.mark.services
+def test_replay_shows_the_diagnosis_panel_as_it_stood_at_each_step(
+    builtin: None, alice: User, carol: User
+) -> None:
+    """An auditor replaying a diagnosis sees its panel, not the apron's facts: before the
+    evidence, nothing found; at the end, the root cause, the chart and the similar cases;
+    the session's own save button never."""
+    from diagnosis.models import Event
+    from packs.diagnosis.names import SIMILAR
+
+    session = start_from_bundle(alice, EXAMPLES / "ex-deploy-payments.tar.gz", {"producer": "test"})
+    session = Session.objects.get(pk=session.pk)
+    client = login(carol)
+    url = reverse("replay:replay-step", args=[session.pk])
+    first = Event.objects.filter(session=session).order_by("seq").first()
+    assert first is not None
+    early = client.get(url, {"seq": first.seq}).content.decode()
+    assert 'data-testid="root-cause"' not in early and not _figure(early, "metric-chart")
+    assert 'class="facts"' not in early, "the apron's facts table is not a diagnosis's"
+
+    similar = Event.objects.get(session=session, type=SIMILAR).seq
+    before = client.get(url, {"seq": similar - 1}).content.decode()
+    assert 'data-testid="root-cause"' in before and _figure(before, "metric-chart")
+    assert 'data-testid="similar-cases"' not in before, "not searched yet at this step"
+    last = client.get(url, {"seq": session.last_seq}).content.decode()
+    assert 'data-testid="root-cause"' in last and session.snapshot["root_cause"]["service"] in last
+    assert _figure(last, "metric-chart") and _figure(last, "service-graph")
+    assert 'data-testid="similar-cases"' in last, "the similar cases once recorded"
+    assert 'data-testid="save-knowledge"' not in last

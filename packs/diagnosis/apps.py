@@ -61,6 +61,7 @@ class DiagnosisPackConfig(AppConfig):
                 export_context=export_context,
                 page_panel="diagnosis_pack/_panel.html",
                 page_context=web.page_context,
+                replay_context=web.replay_context,
                 new_session_url="diagnosis_pack:new",
                 on_deleted=delete_bundle,
                 check_examples=check_examples,

@@ -24,15 +24,19 @@ from aero.packs import HistoryFilter
 from aero.roles import RUN_SESSIONS, role_required
 from aero.text import MAX_MESSAGE, LimitedTextField
 from diagnosis.actions import ActionError
-from diagnosis.models import Session, SessionStatus, ToolCall
+from diagnosis.eventlog.masking import SessionMask
+from diagnosis.eventlog.state import FoldState
+from diagnosis.models import Event, Session, SessionStatus, ToolCall
 from diagnosis.views import get_session_for_user
 from packs.diagnosis.bundle import MODES
 from packs.diagnosis.charts import metric_chart, service_graph
 from packs.diagnosis.knowledge import do_save_as_knowledge, linked_cases
 from packs.diagnosis.models import KnowledgeItem
+from packs.diagnosis.names import SIMILAR
 from packs.diagnosis.playbook import default_playbook
 from packs.diagnosis.sessions import start_from_bundle
 from packs.diagnosis.system import demo_shop
+from replay.presenters import evidence_calls
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "examples"
 DEMO_TITLES = {
@@ -182,26 +186,53 @@ def blamed_change(cause: dict[str, Any], results: dict[str, Any]) -> dict[str, A
 def page_context(session: Session) -> dict[str, Any]:
     """What the panel shows: the root cause (from the snapshot's finding) and each
     evidence call with its result, in the order they ran."""
-    calls = {
-        c.call_id: c
+    calls = [
+        (c.call_id, c.tool_name, c.status, c.error, c.response_payload)
         for c in ToolCall.objects.filter(session=session, call_id__startswith="ev-").order_by(
             "position", "id"
         )
-    }
+    ]
     cause: dict[str, Any] = (session.snapshot or {}).get("root_cause") or {}
+    saved = KnowledgeItem.objects.filter(session=session).values_list("key", flat=True).first()
+    panel = _panel(session, cause, calls, linked_cases(session))
+    panel["saved_as"] = saved
+    panel["can_save"] = session.status == SessionStatus.COMPLETED and bool(cause) and not saved
+    return {"diagnosis": panel}
+
+
+def replay_context(session: Session, state: FoldState, mask: SessionMask | None) -> dict[str, Any]:
+    """The panel as it stood at a replay step: the evidence calls logged by then (masked
+    as replay masks every call), the root cause once found, the similar cases once
+    recorded. Nothing to save from here."""
+    calls = [
+        (row["call_id"], row["tool_name"], row["status"], row["error"], row["result"])
+        for row in evidence_calls(state, mask)
+        if str(row["call_id"]).startswith("ev-")
+    ]
+    cause: dict[str, Any] = state.snapshot.get("root_cause") or {}
+    found = Event.objects.filter(session=session, type=SIMILAR, seq__lte=state.seq).exists()
+    panel = _panel(session, cause, calls, linked_cases(session) if found else [])
+    return {"diagnosis": {**panel, "saved_as": None, "can_save": False}}
+
+
+def _panel(
+    session: Session,
+    cause: dict[str, Any],
+    calls: list[tuple[str, str, str, str, Any]],
+    similar: list[dict[str, Any]],
+) -> dict[str, Any]:
     lang = "zh" if session.language == "zh" else "en"
     evidence = [
         {
             "id": call_id,
-            "tool": call.tool_name,
-            "status": call.status,
-            "error": call.error,
-            "result": call.response_payload or {},
+            "tool": tool,
+            "status": status,
+            "error": error,
+            "result": result or {},
             "cited": call_id in cause.get("evidence", []),
         }
-        for call_id, call in calls.items()
+        for call_id, tool, status, error, result in calls
     ]
-    saved = KnowledgeItem.objects.filter(session=session).values_list("key", flat=True).first()
     results: dict[str, Any] = {
         str(item["tool"]): item["result"] for item in evidence if not item["error"]
     }
@@ -213,18 +244,14 @@ def page_context(session: Session) -> dict[str, Any]:
         if (chart := metric_chart(index, anomaly, change)) is not None
     ]
     return {
-        "diagnosis": {
-            "charts": charts,
-            "graph": service_graph(
-                demo_shop(), cause.get("service"), list(cause.get("related_services") or [])
-            ),
-            "cause": cause or None,
-            "summary": (cause.get("summary") or {}).get(lang, ""),
-            "evidence": evidence,
-            "similar": linked_cases(session),
-            "saved_as": saved,
-            "can_save": session.status == SessionStatus.COMPLETED and bool(cause) and not saved,
-        }
+        "charts": charts,
+        "graph": service_graph(
+            demo_shop(), cause.get("service"), list(cause.get("related_services") or [])
+        ),
+        "cause": cause or None,
+        "summary": (cause.get("summary") or {}).get(lang, ""),
+        "evidence": evidence,
+        "similar": similar,
     }
 
 
