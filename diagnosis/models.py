@@ -177,6 +177,9 @@ class ToolCallStatus(models.TextChoices):
 # CANCELED too, and the pages say "withdrawn" for these, not "canceled with the session".
 WITHDRAWN_ASKED_AGAIN = "requested under the earlier facts; asked again for the corrected ones"
 WITHDRAWN_NOT_CALLED_FOR = "no longer called for by the corrected facts"
+# After an optional question's answer re-assessed the risk (it was asked alongside).
+WITHDRAWN_SUPERSEDED = "superseded: an answer re-assessed the risk; asked again for the new facts"
+WITHDRAWN_NOT_CALLED_FOR_ANSWER = "no longer called for after an answer re-assessed the risk"
 
 
 class ToolCall(models.Model):

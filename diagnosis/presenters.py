@@ -18,6 +18,8 @@ from diagnosis.eventlog.masking import SessionMask, session_mask
 from diagnosis.models import (
     WITHDRAWN_ASKED_AGAIN,
     WITHDRAWN_NOT_CALLED_FOR,
+    WITHDRAWN_NOT_CALLED_FOR_ANSWER,
+    WITHDRAWN_SUPERSEDED,
     Event,
     Report,
     Restriction,
@@ -168,13 +170,17 @@ def viewer_mask(
 
 
 def _withdrawn(call: ToolCall) -> str:
-    """How a call withdrawn after a correction was withdrawn ("asked_again" or
-    "not_called_for"; "" for any other call): canceled, but not with the session."""
+    """How a call withdrawn after a correction or an answer was withdrawn ("asked_again",
+    "not_called_for", "superseded", "not_called_for_answer"; "" for any other call):
+    canceled, but not with the session."""
     if call.status != ToolCallStatus.CANCELED:
         return ""
-    return {WITHDRAWN_ASKED_AGAIN: "asked_again", WITHDRAWN_NOT_CALLED_FOR: "not_called_for"}.get(
-        call.decision_reason, ""
-    )
+    return {
+        WITHDRAWN_ASKED_AGAIN: "asked_again",
+        WITHDRAWN_NOT_CALLED_FOR: "not_called_for",
+        WITHDRAWN_SUPERSEDED: "superseded",
+        WITHDRAWN_NOT_CALLED_FOR_ANSWER: "not_called_for_answer",
+    }.get(call.decision_reason, "")
 
 
 def _approvals_of(session: Session) -> list[Any]:

@@ -138,9 +138,11 @@ def render_report(
     state: dict[str, Any],
     preface: str = "",
     extra: dict[str, Any] | None = None,
+    postscript: str = "",
 ) -> tuple[str, str]:
     """The report's Markdown and its language. `preface` (Markdown) goes under the title:
-    a canceled session's report says so first. `extra`: what the session's pack adds to
+    a canceled session's report says so first; `postscript` (Markdown) goes last (an
+    optional question left unanswered). `extra`: what the session's pack adds to
     the template's context (a diagnosis's root cause and evidence)."""
     session = Session.objects.select_related("created_by", "scenario_version").get(pk=session_id)
     language = session.language if session.language in definition["report_template"] else "en"
@@ -176,6 +178,8 @@ def render_report(
         text = f"{title}\n\n{preface.strip()}\n{rest}"
     elif preface:
         text = f"{preface.strip()}\n\n{text}"
+    if postscript:
+        text = f"{text}\n{postscript.strip()}\n"
     return text, language
 
 
@@ -192,11 +196,12 @@ def write_report(
     run: AgentRun | None = None,
     preface: str = "",
     extra: dict[str, Any] | None = None,
+    postscript: str = "",
 ) -> str:
     """Render the report, store it and log its full text and hash in one transaction:
     the `report.ready` event is the record, the Report row its projection. `preface` is
     Markdown: escape what people typed in it (md_cell)."""
-    text, language = render_report(session_id, definition, state, preface, extra)
+    text, language = render_report(session_id, definition, state, preface, extra, postscript)
     # Generated text: a report larger than one event may carry (a long template filled
     # with every message at its limit) is kept up to MAX_REPORT_CHARS and says, in its
     # last line and in the event, that it was cut. The Report row holds exactly

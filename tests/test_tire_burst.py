@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from approvals.models import Approval
+from diagnosis.models import Event, Session
 from diagnosis.selfcheck import check_examples
 from tests.builtin_data import builtin_definition, demo_graph
 from tests.scenario_helpers import (
@@ -292,3 +294,94 @@ def test_fire_at_the_stand_waits_for_the_approver(
         ("request_fire_standby", "pending", "awaiting_approval"),
     ]
     assert result["report_markdown"] == ""
+
+
+# --- an optional question never holds the response up ------------------------------------
+
+TAKEOFF_P1_ONLY = "CA1234 takeoff roll tire burst on runway 06/24, debris on runway"
+
+
+@pytest.mark.services
+def test_p1_facts_alone_assess_propose_and_complete(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Fire or smoke (P2) is not said: asked alongside the approvals, never instead.
+    result = run_incident(capsys, SLUG, TAKEOFF_P1_ONLY, "--decide", "approve")
+
+    assert result["status"] == "completed"
+    assert result["risk"] == {"rule": "TB-02", "level": "HIGH", "score": 85}
+    assert result["questions"] == ["Is there fire or smoke? (Answer “unknown” if you cannot tell.)"]
+    assert result["unanswered"] == ["fire_or_smoke"]
+    assert {a[3] for a in action_table(result)} == {"auto", "approved"}
+    assert ("runway", "06/24") in active_restrictions()
+    report = result["report_markdown"]
+    assert "**Optional question not answered:** Fire or smoke." in report.splitlines()[-1]
+
+
+@pytest.mark.services
+def test_the_optional_question_is_asked_alongside_the_approvals(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_incident(capsys, SLUG, TAKEOFF_P1_ONLY)
+
+    assert result["status"] == "waiting_user"
+    assert result["risk"] == {"rule": "TB-02", "level": "HIGH", "score": 85}
+    assert ("close_runway", "pending", "awaiting_approval") in [
+        (a[0], a[3], a[4]) for a in action_table(result)
+    ]
+    session = Session.objects.get(pk=result["session"])
+    assert session.snapshot["question"]["field"] == "fire_or_smoke"
+    assert session.snapshot["question"]["optional"] is True
+    # The proposals came before the question: it held nothing up.
+    types = list(
+        Event.objects.filter(session=session).order_by("seq").values_list("type", flat=True)
+    )
+    assert types.index("approval.required") < types.index("agent.question")
+    assert result["unanswered"] == [] and result["report_markdown"] == ""
+
+
+@pytest.mark.services
+def test_an_answer_that_raises_the_risk_supersedes_the_open_approvals(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taxiing = "3U8888 在滑行道B2滑行时爆胎，地面有碎片"  # fire or smoke not said: TB-04
+    result = run_incident(capsys, SLUG, taxiing, "--answer", "起火了")
+
+    assert result["fields"]["fire_or_smoke"] is True
+    assert result["risk"] == {"rule": "TB-01", "level": "HIGH", "score": 95}
+    session = Session.objects.get(pk=result["session"])
+    risk = session.snapshot["risk"]
+    assert risk["reassessed_from"]["rule"] == "TB-04"
+    assert risk["answered"] == {"fire_or_smoke": True}
+    withdrawn = {
+        e.payload["tool_name"]: (e.payload["withdrawn"], e.payload["reason"])
+        for e in Event.objects.filter(session=session, type="approval.canceled")
+    }
+    assert withdrawn["fod_sweep"] == (
+        "superseded",
+        "superseded: an answer re-assessed the risk; asked again for the new facts",
+    )
+    open_now = {
+        (a.action_name, a.tool_call.call_id.endswith("#r1"))
+        for a in Approval.objects.filter(session=session).open()
+    }
+    # New: the fire service (HIGH); the sweep asked again under the new facts.
+    assert ("request_fire_standby", True) in open_now
+    assert ("fod_sweep", True) in open_now
+    assert not any(not revised for _, revised in open_now)
+    assert result["unanswered"] == []
+
+
+@pytest.mark.services
+def test_an_answer_that_changes_nothing_leaves_the_approvals_open(
+    builtin: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = run_incident(
+        capsys, SLUG, "3U8888 在滑行道B2滑行时爆胎，地面有碎片", "--answer", "未起火"
+    )
+
+    assert result["fields"]["fire_or_smoke"] is False
+    assert result["risk"] == {"rule": "TB-04", "level": "MEDIUM", "score": 60}
+    session = Session.objects.get(pk=result["session"])
+    assert not Event.objects.filter(session=session, type="approval.canceled").exists()
+    assert "reassessed_from" not in session.snapshot["risk"]

@@ -72,9 +72,8 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     missing = policy.missing_p1(definition, fields)
     if missing:
         return {"step": "ask", "field": missing[0]}
-    optional = policy.unasked_p2(definition, fields, list(state.get("asked") or []))
-    if optional and not state.get("risk"):  # once, before the rules run without it
-        return {"step": "ask", "field": optional[0]}
+    # Optional (P2) facts never hold the response up: they are asked alongside the
+    # approvals (see the "await" step below), and an answer re-assesses.
     suffix = revision_suffix(state)
     if state.get("enrichment") is None:
         return {
@@ -121,6 +120,12 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
             ],
         }
     if any(a.status == ToolCallStatus.AWAITING_APPROVAL for a in actions):
+        # While people decide, the next optional fact is asked (once): its answer
+        # comes in like a correction and may raise the risk.
+        optional = policy.unasked_p2(definition, fields, list(state.get("asked") or []))
+        open_question = state.get("question")
+        if optional and not open_question:
+            return {"step": "await", "ask": optional[0]}
         return {"step": "await"}
     return {"step": "finish"}
 

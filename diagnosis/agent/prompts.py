@@ -55,6 +55,15 @@ BUDGET_STOPPED_PREFACE = {
     "本报告记录截至此时已完成的工作。",
 }
 
+# The report's last lines when an optional question went unanswered: every action was
+# decided without it (P2 never holds the response up).
+UNANSWERED_POSTSCRIPT = {
+    "en": "> **Optional question not answered:** {labels}. Every action was decided "
+    "without it; an answer would have re-assessed the risk.",
+    "zh": "> **可选问题未获回答：**{labels}。所有处置措施均在没有该信息的情况下决定；"
+    "如有回答，风险将重新评估。",
+}
+
 ANSWERING = {
     "en": "The operator is answering the question about {field!r}.",
     "zh": "值班员正在回答关于 {field!r} 的问题。",

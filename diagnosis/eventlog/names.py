@@ -15,6 +15,7 @@ SESSION_DELETED = "session.deleted"
 # What people and the agent said and recognised.
 USER_MESSAGE = "user.message"
 AGENT_QUESTION = "agent.question"
+AGENT_QUESTION_CLOSED = "agent.question_closed"
 AGENT_NOTE = "agent.note"
 FIELDS_EXTRACTED = "fields.extracted"
 TIMELINE_APPENDED = "timeline.appended"

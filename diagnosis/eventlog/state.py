@@ -119,6 +119,9 @@ class Question:
     label: str
     text: str
     answered_seq: int | None = None
+    optional: bool = False
+    # An optional question still open when every action was decided: closed unanswered.
+    unanswered_seq: int | None = None
 
 
 @dataclass

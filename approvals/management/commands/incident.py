@@ -129,11 +129,14 @@ class Command(BaseCommand):
             session.refresh_from_db()
             if session.status != SessionStatus.WAITING_USER:
                 return
-            if session.snapshot.get("question"):
-                if not answers:
-                    return
+            question = session.snapshot.get("question") or {}
+            if question and answers:
                 do_answer(session.pk, user, answers.pop(0), producer="cli")
                 continue
+            if question and not question.get("optional"):
+                return
+            # An optional question is asked alongside the approvals: left unanswered,
+            # the decisions go on and the session completes without it.
             pending = list(Approval.objects.filter(session=session, status__in=OPEN_STATUSES))
             if not pending or decide is None:
                 return
@@ -210,6 +213,13 @@ def summarize(session: Session) -> dict[str, Any]:
         "questions": [
             e.payload["text"]
             for e in Event.objects.filter(session=session, type="agent.question").order_by("seq")
+        ],
+        # Optional questions closed unanswered when every action was decided.
+        "unanswered": [
+            e.payload["field"]
+            for e in Event.objects.filter(session=session, type="agent.question_closed").order_by(
+                "seq"
+            )
         ],
         "risk": {"rule": risk["rule"], "level": risk["level"], "score": risk["score"]}
         if risk

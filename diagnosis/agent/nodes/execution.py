@@ -65,7 +65,12 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
     proposing = [c for c in calls if c.get("mode") == "propose"]
     if proposing and state.get("replanning"):
         calls = [c for c in calls if c.get("mode") != "propose"] + revise_proposals(
-            ctx, run, proposing, int(state.get("revision") or 0), actions
+            ctx,
+            run,
+            proposing,
+            int(state.get("revision") or 0),
+            actions,
+            answered=bool((state.get("replanning") or {}).get("answered")),
         )
         update["replanning"] = None
     made = {a.call_id for a in actions}
@@ -100,6 +105,8 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
                     # Re-run after a correction: what it was, and what was corrected.
                     "reassessed_from": {k: before.get(k) for k in ("rule", "level", "score")},
                     "corrected": replanning.get("corrected", {}),
+                    # Or after an optional question's answer (asked alongside).
+                    **({"answered": replanning["answered"]} if replanning.get("answered") else {}),
                 },
                 producer=ctx.producer,
                 run=run,

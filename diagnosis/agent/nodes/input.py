@@ -103,7 +103,9 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             evidence[name] = "default"
             changed[name] = spec["default"]
     missing = policy.missing_p1(definition, fields)
-    replan = replan_after_correction(state, definition, changed, evidence)
+    replan = replan_after_correction(state, definition, changed, evidence) or replan_after_answer(
+        state, ctx, fields, changed, evidence
+    )
     append_step_event(
         ctx.session_id,
         "fields.extracted",
@@ -130,6 +132,55 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         "new_input": False,
         **replan,
         "_summary": summary,
+    }
+
+
+def replan_after_answer(
+    state: AgentState,
+    ctx: AgentContext,
+    fields: dict[str, Any],
+    changed: dict[str, Any],
+    evidence: dict[str, str],
+) -> dict[str, Any]:
+    """An optional fact answered after the risk was assessed (it is asked alongside the
+    approvals): the rules run again, and when it changes the rule that matches or the
+    actions it calls for (a higher rule: fire standby, a closure), the proposals are made
+    again as revision n and the open ones are superseded. An answer that changes neither
+    leaves the approvals open: nothing to decide twice."""
+    definition = ctx.definition
+    risk = state.get("risk")
+    impact = state.get("impact")
+    before = state.get("fields") or {}
+    answered = {
+        name: value
+        for name, value in changed.items()
+        if definition["fields"][name]["priority"] == "P2"
+        and value is not None
+        and evidence.get(name) != "default"
+        and before.get(name) != value
+    }
+    if not risk or not answered:
+        return {}
+    new = policy.with_defaults(definition, fields)
+    new_risk = policy.assess_risk(definition, new, ctx.graph)
+    if new_risk["rule"] == risk.get("rule") and state.get("actions_planned") and impact:
+        old = policy.with_defaults(definition, before)
+        wanted = [
+            (c["call_id"], c["args"])
+            for c in policy.required_actions(definition, new, ctx.graph, risk, impact)
+        ]
+        had = [
+            (c["call_id"], c["args"])
+            for c in policy.required_actions(definition, old, ctx.graph, risk, impact)
+        ]
+        if wanted == had:
+            return {}
+    return {
+        "risk": None,
+        "impact": None,
+        "actions_planned": False,
+        "revision": int(state.get("revision") or 0) + 1,
+        "replanning": {"previous_risk": risk, "corrected": {}, "answered": answered},
     }
 
 

@@ -34,7 +34,14 @@ def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dic
     violation = fsm.check_step(ctx.definition, facts, "write_report")
     if violation:
         raise RuntimeError(violation)  # the validator routes here only when settled
-    write_report(ctx.session_id, ctx.definition, dict(state), producer=ctx.producer, run=run)
+    write_report(
+        ctx.session_id,
+        ctx.definition,
+        dict(state),
+        producer=ctx.producer,
+        run=run,
+        postscript=unanswered_postscript(state, ctx.definition),
+    )
     done = fsm.state_name(ctx.definition, fsm.state_index(fsm.Facts(True, True, True, True, True)))
     append_step_event(
         ctx.session_id,
@@ -44,3 +51,20 @@ def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dic
         run=run,
     )
     return {"reported": True, "fsm": done, "_summary": summaries.REPORT_WRITTEN}
+
+
+def unanswered_postscript(state: AgentState, definition: dict[str, Any]) -> str:
+    """The optional fields asked alongside the approvals and still unknown at the end
+    (never answered, or answered "unknown"): the report names them."""
+    fields = state.get("fields") or {}
+    lang = "zh" if state.get("language") == "zh" else "en"
+    unanswered = [
+        name
+        for name in dict.fromkeys(state.get("asked") or [])
+        if definition["fields"][name]["priority"] == "P2" and fields.get(name) is None
+    ]
+    if not unanswered:
+        return ""
+    sep = "、" if lang == "zh" else ", "
+    labels = sep.join(md_cell(definition["fields"][n]["label"][lang]) for n in unanswered)
+    return prompts.UNANSWERED_POSTSCRIPT[lang].format(labels=labels)

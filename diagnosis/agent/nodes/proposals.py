@@ -18,6 +18,8 @@ from diagnosis.execution import log_approval_required, open_approval
 from diagnosis.models import (
     WITHDRAWN_ASKED_AGAIN,
     WITHDRAWN_NOT_CALLED_FOR,
+    WITHDRAWN_NOT_CALLED_FOR_ANSWER,
+    WITHDRAWN_SUPERSEDED,
     AgentRun,
     Event,
     Restriction,
@@ -46,6 +48,8 @@ def revise_proposals(
     proposals: list[dict[str, Any]],
     revision: int,
     actions: list[ToolCall],
+    *,
+    answered: bool = False,
 ) -> list[dict[str, Any]]:
     """The proposals after a correction. Approvals still open were requested
     under the earlier facts (their state digest no longer holds): each is withdrawn with
@@ -54,14 +58,20 @@ def revise_proposals(
     An action already approved or done is proposed again only when the corrected facts
     change its arguments (ATC told "fuel, HIGH" hears "oil, MEDIUM"; the crew sent to
     stand 105 is sent to 107): the same arguments are never sent twice. Keyed, so a re-run
-    step withdraws and proposes nothing twice."""
+    step withdraws and proposes nothing twice. After an optional question's answer
+    (`answered`) the open approvals are superseded: the reason names the answer."""
     wanted = {p["call_id"] for p in proposals}
     done = done_with_args(ctx.session_id, actions)
     for call in actions:
         if call.status != ToolCallStatus.AWAITING_APPROVAL:
             continue
         still = base_call_id(call.call_id) in wanted
-        reason = WITHDRAWN_ASKED_AGAIN if still else WITHDRAWN_NOT_CALLED_FOR
+        if answered:
+            reason = WITHDRAWN_SUPERSEDED if still else WITHDRAWN_NOT_CALLED_FOR_ANSWER
+            how = "superseded" if still else "not_called_for"
+        else:
+            reason = WITHDRAWN_ASKED_AGAIN if still else WITHDRAWN_NOT_CALLED_FOR
+            how = "asked_again" if still else "not_called_for"
         at = timezone.now()
         with transaction.atomic(savepoint=False):  # inside the step
             lock_session(ctx.session_id)  # before the call and its approval: lock order
@@ -82,7 +92,7 @@ def revise_proposals(
                     "by": "system",
                     "at": at.isoformat(),
                     "reason": reason,
-                    "withdrawn": "asked_again" if still else "not_called_for",
+                    "withdrawn": how,
                 },
                 producer=ctx.producer,
                 run=run,

@@ -33,39 +33,76 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
     plan = PLANNER["plan"](state, ctx)
     update: dict[str, Any] = {"plan": plan, "refusals": []}
     if plan["step"] == "ask":
-        field = plan["field"]
-        asked = list(state.get("asked") or [])
-        spec = ctx.definition["fields"][field]
-        lang = state.get("language", "en")
-        text = spec["ask"][lang]
-        candidate = (state.get("unconfirmed") or {}).get(field)
-        if candidate is not None and "replaces" in candidate:
-            text = prompts.conflict(
-                spec, candidate["value"], candidate["replaces"], candidate["evidence"], lang
-            )
-        elif candidate is not None:
-            text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
-        elif field in asked and state.get("unsure"):
-            text = _unsure_hint(spec, lang) + text
-        elif field in asked and not state.get("only_corrections"):
-            text = _retry_hint(spec, lang) + text
-        asked.append(field)
-        question = {"field": field, "text": text, "key": f"q{len(asked)}"}
-        append_event_once(
-            ctx.session_id,
-            "agent.question",
-            question["key"],
-            {"field": field, "label": spec["label"][lang], "text": text},
-            producer=ctx.producer,
-            run=run,
-        )
-        update.update(asked=asked, question=question)
-        update["_summary"] = summaries.asks_for(field)
+        update.update(_question(state, ctx, run, plan["field"], optional=False))
+        update["_summary"] = summaries.asks_for(plan["field"])
+    elif plan["step"] == "await" and plan.get("ask"):
+        update.update(_question(state, ctx, run, plan["ask"], optional=True))
+        update["_summary"] = "await"
+    elif plan["step"] == "finish" and (open_question := state.get("question") or {}).get(
+        "optional"
+    ):
+        close_unanswered(ctx, run, open_question, state.get("language", "en"))
+        update["question"] = None
+        update["_summary"] = "finish"
     elif plan["step"] == "call":
         update["_summary"] = summaries.calls(c["tool"] for c in plan["calls"])
     else:
         update["_summary"] = plan["step"]
     return update
+
+
+def _question(
+    state: AgentState, ctx: AgentContext, run: AgentRun, field: str, *, optional: bool
+) -> dict[str, Any]:
+    """Word the question about `field` and log it (once, by key). An optional one is asked
+    alongside the approvals: the agent does not wait for its answer."""
+    asked = list(state.get("asked") or [])
+    spec = ctx.definition["fields"][field]
+    lang = state.get("language", "en")
+    text = spec["ask"][lang]
+    candidate = (state.get("unconfirmed") or {}).get(field)
+    if candidate is not None and "replaces" in candidate:
+        text = prompts.conflict(
+            spec, candidate["value"], candidate["replaces"], candidate["evidence"], lang
+        )
+    elif candidate is not None:
+        text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
+    elif field in asked and state.get("unsure"):
+        text = _unsure_hint(spec, lang) + text
+    elif field in asked and not state.get("only_corrections"):
+        text = _retry_hint(spec, lang) + text
+    asked.append(field)
+    question = {"field": field, "text": text, "key": f"q{len(asked)}"}
+    payload = {"field": field, "label": spec["label"][lang], "text": text}
+    if optional:
+        question["optional"] = payload["optional"] = True
+    append_event_once(
+        ctx.session_id,
+        "agent.question",
+        question["key"],
+        payload,
+        producer=ctx.producer,
+        run=run,
+    )
+    return {"asked": asked, "question": question}
+
+
+def close_unanswered(ctx: AgentContext, run: AgentRun, question: dict[str, Any], lang: str) -> None:
+    """Every action is decided and the optional question is still open: the session
+    completes without it, and the log (so the page and the report) says it went unanswered."""
+    append_event_once(
+        ctx.session_id,
+        "agent.question_closed",
+        f"closed:{question['key']}",
+        {
+            "question": question["key"],
+            "field": question["field"],
+            "label": ctx.definition["fields"][question["field"]]["label"][lang],
+            "answered": False,
+        },
+        producer=ctx.producer,
+        run=run,
+    )
 
 
 def note_unexecuted_actions(ctx: AgentContext, run: AgentRun) -> None:

@@ -132,18 +132,50 @@ class AgentQuestion(Payload):
     field: str
     text: str
     label: str = ""
+    # Asked alongside the approvals: the agent goes on without its answer.
+    optional: bool = False
 
 
 def _question(state: FoldState, event: EventLike) -> None:
     p = event.payload
     state.questions.append(
-        Question(event.seq, event.ts, p["key"], p["field"], p.get("label", p["field"]), p["text"])
+        Question(
+            event.seq,
+            event.ts,
+            p["key"],
+            p["field"],
+            p.get("label", p["field"]),
+            p["text"],
+            optional=bool(p.get("optional")),
+        )
     )
 
 
 def _question_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     question = {"field": p["field"], "text": p["text"], "key": p["key"]}
+    if p.get("optional"):
+        question["optional"] = True
     return {**snapshot, "question": question}
+
+
+class QuestionClosed(Payload):
+    question: str  # the question's key
+    field: str
+    label: str = ""
+    answered: bool = False
+
+
+def _question_closed(state: FoldState, event: EventLike) -> None:
+    for question in state.questions:
+        if question.key == event.payload["question"] and question.answered_seq is None:
+            question.unanswered_seq = event.seq
+
+
+def _question_closed_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any] | None:
+    open_question = snapshot.get("question") or {}
+    if open_question.get("key") != p["question"]:
+        return None
+    return {**snapshot, "question": None}
 
 
 class FieldsExtracted(Payload):
@@ -289,6 +321,17 @@ TYPES = (
         snapshot=_question_snapshot,
         summary=lambda p: _("agent asks: %(text)s") % {"text": p.get("text", "")},
         line=_line(names.AGENT_QUESTION),
+        panels=FACTS,
+    ),
+    EventType(
+        names.AGENT_QUESTION_CLOSED,
+        QuestionClosed,
+        reduce=_question_closed,
+        snapshot=_question_closed_snapshot,
+        summary=lambda p: (
+            _("optional question closed unanswered: %(field)s") % {"field": p.get("field", "")}
+        ),
+        line=_line(names.AGENT_QUESTION_CLOSED),
         panels=FACTS,
     ),
     EventType(
