@@ -190,6 +190,12 @@ def do_cancel(session_id: Any, user: Any, reason: str = "", *, producer: str = "
         )
 
 
+# The operator's summary is the report's conclusion: its last section.
+CLOSED_CONCLUSION = {
+    "en": "## Conclusion\n\n{summary}\n\n(closed by {by})",
+    "zh": "## 结论\n\n{summary}\n\n（由{by}结束会话）",
+}
+
 CLOSED_PREFACE = {
     "en": "> **Closed** by {by} with this summary: {summary}. Actions still awaiting a "
     "decision were closed undecided and were not executed.",
@@ -199,9 +205,9 @@ CLOSED_PREFACE = {
 
 def do_close(session_id: Any, user: Any, summary: str) -> None:
     """Close a session with the operator's summary: a normal end (completed, not
-    canceled), the summary in `session.completed` (`closed_by`, `summary`) and at the top
-    of the report; open approvals close as a cancel closes them. Locks the session row,
-    then the approval rows."""
+    canceled), the summary in `session.completed` (`closed_by`, `summary`), noted at the
+    top of the report and its conclusion (the last section); open approvals close as a
+    cancel closes them. Locks the session row, then the approval rows."""
     summary = checked_text(
         summary,
         limit=MAX_REASON,
@@ -227,12 +233,14 @@ def do_close(session_id: Any, user: Any, summary: str) -> None:
         closed = closed_by_receivers(session, user, summary)
         session.refresh_from_db(fields=["snapshot"])
         preface = CLOSED_PREFACE.get(session.language, CLOSED_PREFACE["en"])
+        conclusion = CLOSED_CONCLUSION.get(session.language, CLOSED_CONCLUSION["en"])
         write_report(
             session.pk,
             session.scenario_version.definition,
             session.snapshot,
             producer="web",
             preface=preface.format(by=md_cell(by), summary=md_cell(summary)),
+            postscript=conclusion.format(by=md_cell(by), summary=md_cell(summary)),
         )
         audit(
             "session.closed",

@@ -271,6 +271,10 @@ def test_closing_with_a_summary_is_a_normal_end_not_a_cancel(builtin: None, alic
     report = Report.objects.get(session=session).markdown
     assert "**会话已由alice结束**，总结：泄漏已由机务处理" in report  # the session's language
     assert "已取消" not in report
+    # The summary is the report's conclusion: its last section.
+    assert report.rstrip().endswith(
+        "## 结论\n\n泄漏已由机务处理，无需进一步措施\n\n（由alice结束会话）"
+    )
     html = response.content.decode()
     assert "Closed by alice with a summary" in html and "Session canceled" not in html
     # Replay, history and the export say so too.
@@ -339,4 +343,5 @@ def test_a_session_closed_before_the_risk_reports_it_plainly(
 
     report = Report.objects.get(session=session).markdown
     assert not_assessed in report and no_actions in report
+    assert "crew on scene, spill contained" in report.rstrip().splitlines()[-3]
     assert "****" not in report and "()" not in report and "（规则 ）" not in report
