@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+
 from django.conf import settings
 
 from aero.serving import Server
+
+logger = logging.getLogger("diagnosis.startup")
 
 
 def warm_up_imports() -> None:
@@ -17,9 +22,18 @@ def warm_up_imports() -> None:
     client_imports()
 
 
+def _warm_up_in_background() -> None:
+    try:
+        warm_up_imports()
+    except Exception:  # the first session's request imports them itself then
+        logger.warning("warm-up: the model client imports failed", exc_info=True)
+
+
 def web_started(server: Server) -> None:
     if server == "asgi":
-        warm_up_imports()
+        # On a thread: the server listens meanwhile (the imports were most of a
+        # restart's wait); a request that needs them first waits for them as it did.
+        threading.Thread(target=_warm_up_in_background, daemon=True, name="aero-warm-up").start()
     if server == "asgi" and settings.AERO_JOB_BACKEND == "embedded":
         # Embedded mode: start the in-process worker now, so sessions a restart
         # interrupted are picked up by the reconciler without waiting for a request.

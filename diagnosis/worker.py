@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import mcp.client.stdio  # noqa: F401  (the code tool's MCP client: imported at its first call)
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import openai
 from django.conf import settings
 from django.db import DatabaseError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -56,6 +55,9 @@ from scenarios_admin.definition import value_order
 from scenarios_admin.models import ProviderConfig, ProviderKind
 
 if TYPE_CHECKING:
+    # Imported where a call needs them: the SDKs cost a web process about a second of
+    # CPU at start, and the processes that call models import them in warm_up.
+    import openai
     from langchain_openai import ChatOpenAI
 
 logger = logging.getLogger("diagnosis.providers")
@@ -279,6 +281,8 @@ def async_client_of_its_own(chat: ChatOpenAI) -> openai.AsyncOpenAI:
     SDK's per request (connect, and read between two chunks), as before. Without
     aiohttp installed: LangChain's own httpx pool builder (TCP keepalive, or none when a
     proxy is set in the environment), only not shared."""
+    import openai
+
     try:
         return chat.root_async_client.copy(http_client=openai.DefaultAioHttpClient())
     except RuntimeError:
@@ -347,6 +351,8 @@ def classify(exc: Exception, secrets: Iterable[str] = ()) -> ProviderError:
     (`secrets`: the provider's key)."""
     if isinstance(exc, ProviderError):
         return exc
+    import openai
+
     secrets = list(secrets)
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code

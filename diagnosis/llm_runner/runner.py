@@ -17,9 +17,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
@@ -64,6 +63,9 @@ from diagnosis.llm_runner.records import (
 )
 from diagnosis.llm_runner.stream import stream_reply
 from scenarios_admin import breaker
+
+if TYPE_CHECKING:
+    import openai
 
 logger = logging.getLogger("diagnosis.llm_runner")
 
@@ -366,6 +368,8 @@ class Runner:
         options: dict[str, Any],
     ) -> tuple[AIMessage, Usage]:
         """One attempt, streamed: the text goes to the call's buffer as it arrives."""
+        import openai  # loaded by client_for's warm-up already; not at the web's start
+
         if call.attempts:
             async with call.lock:
                 call.buffer.clear()

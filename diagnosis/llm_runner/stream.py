@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import httpx2
-import openai
 from langchain_core.messages import AIMessage, InvalidToolCall, ToolCall
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import invalid_tool_call, tool_call
+
+if TYPE_CHECKING:
+    import openai
 
 
 async def drain_rest(response: Any) -> None:
@@ -29,12 +32,21 @@ async def drain_rest(response: Any) -> None:
         await response.aclose()
 
 
-try:
-    # The SDK's own drain (what its stream does at [DONE]); private, so an upgrade may
-    # move it: then our own, which does the same.
-    from openai._streaming_cleanup import drain_response_async
-except ImportError:  # pragma: no cover - depends on the installed SDK
-    drain_response_async = drain_rest
+# The SDK's own drain (what its stream does at [DONE]), looked up at the first call, not
+# at import (every web process imports this module at start; most never call a model).
+drain_response_async: Callable[[Any], Awaitable[None]] | None = None
+
+
+def _drain() -> Callable[[Any], Awaitable[None]]:
+    global drain_response_async
+    if drain_response_async is None:
+        try:
+            # Private, so an upgrade may move it: then our own, which does the same.
+            from openai._streaming_cleanup import drain_response_async as sdk_drain
+        except ImportError:  # pragma: no cover - depends on the installed SDK
+            sdk_drain = drain_rest
+        drain_response_async = sdk_drain
+    return drain_response_async
 
 
 async def stream_reply(
@@ -52,6 +64,8 @@ async def stream_reply(
     object, a LangChain chunk and a merged message per chunk, about half of the runner's
     CPU with 200 calls in flight. `sdk`: the client's SDK client with the caller's own
     connection pool (`Runner._sdk_client`); LangChain's by default."""
+    import openai
+
     payload = client._get_request_payload(
         messages, stream=True, stream_options={"include_usage": True}, **options
     )
@@ -80,7 +94,7 @@ async def stream_reply(
                     # connection for the next call. Closed unread, every call opened a
                     # TCP connection of its own (about a tenth of the runner's CPU).
                     if response.http_response.http_version == "HTTP/1.1":
-                        await drain_response_async(response.http_response)
+                        await _drain()(response.http_response)
                     break
                 chunk = json.loads(data)
                 if not isinstance(chunk, dict):

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
 
 HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
 
@@ -45,6 +43,11 @@ def call_tools(
 ) -> list[str]:
     """The calls, in order, in one server process of its own (started and stopped here);
     the text each answered. `timeout` bounds the whole exchange, start-up included."""
+
+    # The MCP client is imported here, not with the pack: it cost every web process
+    # about half a second of CPU at start; the workers import it in their warm-up.
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
 
     async def exchange() -> list[str]:
         params = StdioServerParameters(command=server.command, args=server.args, env=server.env)
