@@ -8,6 +8,7 @@ import http.client
 import os
 import socket
 import xmlrpc.client
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,14 +69,17 @@ def processes(path: str, timeout: float = 2.0) -> list[Process]:
     ]
 
 
-def down(found: list[Process]) -> list[str]:
+def down(found: list[Process], serving: Collection[int] = ()) -> list[str]:
     """The processes that do not run now, each with its state ("daphne: starting"). One
     killed a moment ago is still RUNNING to supervisord until it reaps it: its pid
-    says so first."""
+    says so first. A STARTING process whose pid is in `serving` (the web server
+    answering this very request) is up: supervisord only waits out its startsecs,
+    which stay long so that a server crashing while it loads the app still ends FATAL."""
     return [
         f"{p.name}: {p.state.lower()}" if p.state != "RUNNING" else f"{p.name}: gone (pid {p.pid})"
         for p in found
-        if p.state != "RUNNING" or process_gone(p.pid)
+        if not (p.state == "RUNNING" or (p.state == "STARTING" and p.pid in serving))
+        or process_gone(p.pid)
     ]
 
 

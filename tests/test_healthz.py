@@ -294,3 +294,28 @@ def test_every_supervised_process_is_present_or_named(
     response = Client().get("/healthz")
     assert response.status_code == 503
     assert response.json()["checks"]["processes"].startswith("failed: ")
+
+
+def test_the_server_answering_is_up_while_supervisord_still_counts_it_starting(
+    db: None, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """supervisord calls a web server RUNNING only after its startsecs (long, so that one
+    crashing while it loads the app ends FATAL): the server answering /healthz is up
+    already; any other process starting is named."""
+    settings.REDIS_URL = ""
+    settings.AERO_JOB_BACKEND = "embedded"
+    monkeypatch.setenv(supervision.SOCKET_ENV, "/nonexistent/supervisor.sock")
+    found = [supervision.Process("daphne", "daphne", "STARTING", os.getpid())]
+    monkeypatch.setattr(supervision, "processes", lambda path, timeout=2.0: found)
+    response = Client().get("/healthz")
+    assert response.status_code == 200, response.json()
+    assert response.json()["checks"]["processes"] == "1 running: daphne"
+
+    found.append(supervision.Process("gunicorn", "gunicorn", "STARTING", os.getpid() + 10**6))
+    response = Client().get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["processes"] == "failed: gunicorn: starting"
+
+    # Starting is not "in backoff": a server that keeps failing is named as before.
+    found[:] = [supervision.Process("daphne", "daphne", "BACKOFF", 0)]
+    assert Client().get("/healthz").json()["checks"]["processes"] == "failed: daphne: backoff"
