@@ -163,6 +163,11 @@ class DomainPack:
     # The pack's own /api/v1 operations: () -> a django-ninja Router, mounted at the
     # API's root once (the core's auth, problems and paging are the router's to import).
     api_router: Callable[[], Any] | None = None
+    # How the Django admin edits a scenario of this kind: "rows" (the draft's row editor,
+    # made for the apron's fields, rules and actions) or "yaml" (the whole definition as
+    # one YAML document, checked by `definition_model`): a definition with parts of its
+    # own, such as the diagnosis playbook, has no rows to be edited as.
+    admin_editor: str = "rows"
 
 
 _PACKS: dict[str, DomainPack] = {}
@@ -246,6 +251,13 @@ def pack_for(kind: str) -> DomainPack:
         return _PACKS[kind]
     except KeyError:
         raise UnknownDomain(f"no installed domain pack serves scenario kind {kind!r}") from None
+
+
+def edited_as_yaml(kind: str) -> bool:
+    """Whether the admin edits a scenario of `kind` as one YAML document (an unknown kind
+    keeps the row editor, as before packs could choose)."""
+    pack = _PACKS.get(kind)
+    return pack is not None and pack.admin_editor == "yaml"
 
 
 def installed_packs() -> list[DomainPack]:

@@ -8,9 +8,11 @@ this app, so this app registers itself there in DiagnosisConfig.ready)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aero.packs import UnknownDomain, pack_for
 from diagnosis.agent import policy
 from diagnosis.agent.providers import OfflineProvider
 from scenarios_admin.airport import AirportGraph, load_active_graph
@@ -88,6 +90,13 @@ def run_case(
     return result
 
 
+def _own_check(kind: Any) -> Callable[[dict[str, Any]], list[Any]] | None:
+    try:
+        return pack_for(str(kind)).check_examples
+    except UnknownDomain:
+        return None
+
+
 def _show(value: Any) -> str:
     if value is None:
         return NOT_KNOWN
@@ -107,6 +116,14 @@ def publish_check(sender: Any, definition: dict[str, Any], **kwargs: Any) -> lis
     ]
     if floors:
         return floors
+    own_check = _own_check(definition.get("kind"))
+    if own_check is not None:
+        # A pack with its own example cases (the diagnosis bundles) checks them itself.
+        return [
+            f"example {case.number} ({case.summary()}): {'; '.join(case.problems)}"
+            for case in own_check(definition)
+            if not case.passed
+        ]
     examples = definition.get("examples", [])
     if not examples:
         return ["no example cases: add at least one (publishing runs them as a self-check)"]

@@ -9,7 +9,8 @@ from django.db import transaction
 from django.utils.translation import gettext as _
 
 from aero.models import audit
-from scenarios_admin.draft import assemble, draft_from_definition, save_draft
+from aero.packs import edited_as_yaml
+from scenarios_admin.draft import assemble, draft_from_definition, save_draft, save_yaml_draft
 from scenarios_admin.models import Scenario, ScenarioVersion
 from scenarios_admin.schema import definition_issues
 from scenarios_admin.signals import publish_check
@@ -143,7 +144,10 @@ def do_import(
                 name_en=definition["name"]["en"],
                 kind=definition["kind"],
             )
-        save_draft(scenario, draft_from_definition(definition))
+        if edited_as_yaml(scenario.kind):
+            save_yaml_draft(scenario, definition)
+        else:
+            save_draft(scenario, draft_from_definition(definition))
         audit(
             "scenario.imported",
             obj=scenario,

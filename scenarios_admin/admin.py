@@ -9,10 +9,12 @@ from django.db.models import F, OuterRef, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from aero.models import audit
+from aero.packs import UnknownDomain, edited_as_yaml, pack_for
 
 # The topology and provider admins register themselves; the admin's autodiscovery imports
 # only this module.
@@ -29,6 +31,7 @@ from scenarios_admin.actions import (
 from scenarios_admin.admin_forms import (
     CheckedInlineFormSet,
     CrossCheck,
+    DefinitionYamlForm,
     FieldValueForm,
     RiskRuleForm,
     ScenarioActionForm,
@@ -45,7 +48,7 @@ from scenarios_admin.admin_versions import (
     side_label,
     yaml_response,
 )
-from scenarios_admin.draft import assemble, renumber
+from scenarios_admin.draft import assemble, renumber, yaml_draft
 from scenarios_admin.models import (
     FieldValue,
     RiskRule,
@@ -236,11 +239,48 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # The slug names the scenario in every published version and session.
+        if _as_yaml(obj):
+            return ["slug", "kind", "name_zh", "name_en"]
         return ["slug"] if obj is not None else []
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if not _as_yaml(obj):
+            return super().get_fieldsets(request, obj)
+        schema_url = reverse("admin:scenarios_admin_scenario_schema") + f"?kind={obj.kind}"
+        return [
+            (None, {"fields": ["slug", ("name_zh", "name_en"), "kind", "is_active"]}),
+            (
+                gettext_lazy("Definition"),
+                {
+                    "description": format_html(
+                        '{} <a href="{}" data-testid="definition-schema">{}</a>',
+                        _(
+                            "Its pack has no row editor: the definition is edited as YAML "
+                            "and checked on save. Every key, type and limit:"
+                        ),
+                        schema_url,
+                        _("the JSON Schema of this kind"),
+                    ),
+                    "fields": ["definition_yaml"],
+                },
+            ),
+        ]
+
+    @admin.display(description=gettext_lazy("Definition (YAML)"))
+    def definition_yaml(self, obj: Scenario) -> str:
+        # What a viewer (no change permission) reads in place of the editor.
+        draft = yaml_draft(obj)
+        return format_html("<pre>{}</pre>", dump_definition(draft) if draft else "")
+
+    def get_inlines(self, request: HttpRequest, obj: Any) -> list[Any]:
+        # The versions stay listed; the draft rows are the row editor's.
+        return [ScenarioVersionInline] if _as_yaml(obj) else list(self.inlines)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
     ) -> Any:
+        if _as_yaml(obj):
+            return super().get_form(request, obj, change, form=DefinitionYamlForm, **kwargs)
         form = super().get_form(request, obj, change, **kwargs)
         check = CrossCheck.of(request, validate_scenario)
         return type(form.__name__, (form,), {"cross_check": check})
@@ -281,6 +321,7 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
     ) -> HttpResponse:
         check: CrossCheck | None = getattr(request, "_aero_cross_check", None)
         context["draft_issues"] = check.summary if check is not None else []
+        context["as_yaml"] = _as_yaml(obj)
         if obj is not None:
             context["draft_status"] = draft_status_text(obj)
             context["can_publish"] = self._can_publish(request, obj)
@@ -463,7 +504,19 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         is typed (the import page says how to point one at it)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        return JsonResponse(definition_json_schema(), content_type="application/schema+json")
+        kind = request.GET.get("kind")
+        if kind:
+            # One kind's model alone (what the YAML editor of that kind links to).
+            try:
+                model = pack_for(kind).definition_model
+            except UnknownDomain:
+                model = None
+            if model is None:
+                raise Http404("No such kind.")
+            schema = model.model_json_schema()
+        else:
+            schema = definition_json_schema()
+        return JsonResponse(schema, content_type="application/schema+json")
 
     def import_view(self, request: HttpRequest) -> HttpResponse:
         if not (self.has_add_permission(request) and self.has_change_permission(request)):
@@ -523,6 +576,10 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
             refused=refused,
             schema_url=schema_url,
         )
+
+
+def _as_yaml(obj: Any) -> bool:
+    return isinstance(obj, Scenario) and edited_as_yaml(obj.kind)
 
 
 def draft_status_text(scenario: Scenario, *, short: bool = False) -> str:

@@ -16,9 +16,17 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from aero.packs import actions_of
 from scenarios_admin.definition import IMPACT_LISTS, NODE_KINDS, Issue
-from scenarios_admin.draft import ROWS, SCENARIO_COLUMNS, Draft, check_draft, split_list
+from scenarios_admin.draft import (
+    ROWS,
+    SCENARIO_COLUMNS,
+    Draft,
+    check_draft,
+    split_list,
+    yaml_draft,
+)
 from scenarios_admin.models import Scenario, ScenarioKind
-from scenarios_admin.schema import installed_kinds
+from scenarios_admin.schema import definition_issues, installed_kinds
+from scenarios_admin.yamlio import dump_definition, load_yaml, locate
 
 COMPLIANCE_LABELS = (
     gettext_lazy("1. start"),
@@ -460,3 +468,64 @@ def _place_issue(
                 return place_problem(row, column, message, "Spread radius")
         return place_problem(form, "radius_key", message, "Spread radius")
     return None
+
+
+# --- a scenario edited as one YAML document ----------------------------------------------
+
+
+class DefinitionYamlForm(forms.ModelForm[Any]):
+    """A scenario whose pack has no row editor (aero.packs edited_as_yaml): its whole
+    definition as YAML, checked by the pack's model. A problem is shown with its line and
+    path (`line 12: playbook.window_minutes: ...`), and nothing is saved until none is left."""
+
+    definition_yaml = forms.CharField(
+        label=gettext_lazy("Definition (YAML)"),
+        widget=forms.Textarea(attrs={"rows": 40, "cols": 100, "spellcheck": "false"}),
+        help_text=gettext_lazy(
+            "The whole definition, as exported. Saving keeps a draft; sessions run a "
+            "published version."
+        ),
+    )
+
+    class Meta:
+        model = Scenario
+        fields = ["is_active"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.is_bound:
+            draft = yaml_draft(self.instance)
+            self.initial["definition_yaml"] = dump_definition(draft) if draft else ""
+        self.definition: dict[str, Any] | None = None
+
+    def clean_definition_yaml(self) -> str:
+        text: str = self.cleaned_data["definition_yaml"].replace("\r\n", "\n")
+        data, unreadable = load_yaml(text)
+        if unreadable:
+            raise ValidationError([str(issue) for issue in unreadable])
+        if not isinstance(data, dict):
+            raise ValidationError(_("The definition must be a mapping (key: value lines)."))
+        scenario = self.instance
+        fixed = [
+            _("%(key)s: is %(given)s; this scenario's is %(own)s (it cannot change here)")
+            % {"key": key, "given": data.get(key), "own": getattr(scenario, key)}
+            for key in ("slug", "kind")
+            if data.get(key) != getattr(scenario, key)
+        ]
+        if fixed:
+            raise ValidationError(fixed)
+        issues = definition_issues(data)
+        if issues:
+            raise ValidationError([str(issue) for issue in locate(issues, text)])
+        self.definition = data
+        return text
+
+    def save(self, commit: bool = True) -> Scenario:
+        scenario: Scenario = super().save(commit=False)
+        if self.definition is not None:
+            scenario.definition_draft = self.definition
+            scenario.name_zh = self.definition["name"]["zh"]
+            scenario.name_en = self.definition["name"]["en"]
+        if commit:
+            scenario.save()
+        return scenario

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from aero.packs import action_args
+from aero.packs import action_args, edited_as_yaml
 from scenarios_admin.conditions import ConditionSyntaxError, condition_text, parse_condition
 from scenarios_admin.definition import LIST_SEPARATORS, Issue
 from scenarios_admin.models import (
@@ -150,7 +150,28 @@ def renumber(scenario: Scenario) -> None:
 
 def assemble(scenario: Scenario) -> tuple[dict[str, Any], list[Issue]]:
     """The scenario's draft as a definition, with every problem (assembly and schema)."""
+    if edited_as_yaml(scenario.kind):
+        definition = yaml_draft(scenario)
+        return definition, definition_issues(definition)
     return check_draft(draft_of(scenario))
+
+
+def yaml_draft(scenario: Scenario) -> dict[str, Any]:
+    """The draft of a scenario edited as one document: the saved one, else the newest
+    version's (a scenario its pack published has no saved draft until an admin saves)."""
+    if scenario.definition_draft is not None:
+        return dict(scenario.definition_draft)
+    latest = scenario.latest_version()
+    return dict(latest.definition) if latest is not None else {}
+
+
+def save_yaml_draft(scenario: Scenario, definition: dict[str, Any]) -> None:
+    """Replace the draft of a scenario edited as one document (the slug never changes;
+    the names follow the document's)."""
+    scenario.definition_draft = definition
+    scenario.name_zh = definition["name"]["zh"]
+    scenario.name_en = definition["name"]["en"]
+    scenario.save()
 
 
 def check_draft(draft: Draft) -> tuple[dict[str, Any], list[Issue]]:

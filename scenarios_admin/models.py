@@ -62,6 +62,9 @@ class Scenario(models.Model):
     budget_cost = models.DecimalField(
         "cost budget (¥)", max_digits=10, decimal_places=4, null=True, blank=True
     )
+    # The draft of a kind whose pack edits it as one YAML document (aero.packs
+    # edited_as_yaml), as the definition it describes; empty: the newest version's.
+    definition_draft = models.JSONField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

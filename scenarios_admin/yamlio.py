@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
+from pydantic import BaseModel
 
-from aero.packs import action_args
+from aero.packs import UnknownDomain, action_args, pack_for
 from scenarios_admin.definition import (
     ACTION_KEYS,
     EXAMPLE_KEYS,
@@ -121,7 +122,47 @@ def canonical(definition: dict[str, Any]) -> dict[str, Any]:
         elif key == "examples":
             value = [_example(example, order) for example in value]
         out[key] = value
+    # A pack's own parts (the diagnosis playbook) follow, each in its model's field order.
+    model = _definition_model(definition.get("kind"))
+    model_fields = getattr(model, "model_fields", {})
+    for key, value in definition.items():
+        if key not in out:
+            known = model_fields.get(key)
+            out[key] = _by_model(value, known.annotation) if known is not None else value
     return out
+
+
+def _definition_model(kind: Any) -> Any:
+    try:
+        return pack_for(str(kind)).definition_model
+    except UnknownDomain:
+        return None
+
+
+def _by_model(value: Any, annotation: Any) -> Any:
+    """`value` with the keys of every mapping a pydantic model reads in the model's field
+    order (keys it does not know after them), through lists, dicts and optionals: jsonb
+    keeps no order, so the model's is the one the file shows."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if not isinstance(value, dict):
+            return value
+        fields = annotation.model_fields
+        ordered = _ordered(value, tuple(fields))
+        return {
+            k: (_by_model(v, fields[k].annotation) if k in fields else v)
+            for k, v in ordered.items()
+        }
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    origin = get_origin(annotation)
+    if origin in (list, tuple) and isinstance(value, list) and args:
+        return [_by_model(item, args[0]) for item in value]
+    if origin is dict and isinstance(value, dict) and len(args) == 2:
+        # Keys from a Literal (texts by language) in the Literal's order.
+        keys = get_args(args[0]) if get_origin(args[0]) is Literal else ()
+        return {k: _by_model(v, args[1]) for k, v in _ordered(value, keys).items()}
+    if len(args) == 1:  # Optional[X] and Annotated-free unions of one model
+        return _by_model(value, args[0])
+    return value
 
 
 def _ordered(mapping: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:

@@ -67,5 +67,6 @@ class DiagnosisPackConfig(AppConfig):
                 check_examples=check_examples,
                 history_filters=web.HISTORY_FILTERS,
                 api_router=api_router,
+                admin_editor="yaml",
             )
         )

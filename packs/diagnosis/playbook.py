@@ -40,8 +40,8 @@ class _Data(BaseModel):
 
 
 class Threshold(_Data):
-    floor: float = 0.0
-    factor: float
+    floor: float = Field(default=0.0, ge=0)
+    factor: float = Field(gt=0)
 
 
 class AnomalyRules(_Data):
