@@ -130,6 +130,9 @@ def test_a_todo_whose_closure_is_already_in_force_leaves_the_open_list(
     assert f'id="todo-{todo.pk}"' not in page
     in_force = page[page.index('data-testid="todos-in-force"') :]
     assert todo.title in in_force and "Taxiway closed: A is in force" in in_force
+    # The session that closed it, not "this session" (the to-dos page is no session's).
+    item = in_force[: in_force.index("</li>")]
+    assert "the session that closed it" in item and "closed by this session" not in item
 
 
 def read_until(ws: ClientConnection, done: Callable[[str], bool]) -> str:

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import override_settings
 from django.urls import reverse
 
 from aero.models import AuditLog
+from aero.templatetags.aero_text import when
 from approvals.actions import do_decide
 from approvals.models import Approval
 from diagnosis.models import Event, Restriction, Session, ToolCall
@@ -266,8 +268,28 @@ def test_the_agent_does_not_propose_a_closure_another_session_already_put_in_for
     assert [(n.payload["tool_name"], n.payload["held_by"]) for n in notes] == [
         ("close_runway", str(holder.pk))
     ]
+    held = Restriction.objects.get(kind="runway", target="06/24", lifted_at__isnull=True)
+    assert notes[0].payload["held_title"] == holder.title
+    assert notes[0].payload["held_since"] == held.created_at.isoformat()
     html = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
     assert "did not propose “Close runway 06/24”: already in force" in html
+    # The page names the session that closed it (a link to it) and when, not this one.
+    line = html[html.index('data-testid="held-by"') :]
+    line = line[: line.index("</span>")]
+    holder_url = reverse("diagnosis:session-detail", args=[holder.pk])
+    assert f'closed by session <a href="{holder_url}">{holder.title}</a>' in line
+    assert when(held.created_at) in line
+    assert "closed by this session" not in line
+    with override_settings(LANGUAGE_CODE="zh-hans"):
+        chinese = (
+            login(alice)
+            .get(
+                reverse("diagnosis:session-detail", args=[session.pk]),
+                HTTP_ACCEPT_LANGUAGE="zh-hans",
+            )
+            .content.decode()
+        )
+    assert f'由会话<a href="{holder_url}">' in chinese and "由本会话关闭" not in chinese
     assert_projections_match(session)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
+from django.utils.dateparse import parse_datetime
 from django.utils.functional import Promise
 from django.utils.translation import get_language, pgettext, pgettext_lazy
 
@@ -152,6 +153,10 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
         "level": plain(RISK_LABELS, payload.get("level", "")),
         "because": because(definition, when, language),
         "risk_class": plain(RISK_CLASS_LABELS, payload.get("risk_level", "")),
+        # A closure already in force: since when (older notes do not say).
+        "held_since": parse_datetime(str(payload["held_since"]))
+        if payload.get("held_since")
+        else None,
     }
 
 

@@ -150,7 +150,8 @@ def done_with_args(session_id: Any, actions: list[ToolCall]) -> dict[str, dict[s
 
 def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Restriction]:
     """The closures in force that these proposals would put in force again (one query,
-    none when no proposal closes anything), the oldest holder of each."""
+    none when no proposal closes anything; one more for their holders' titles when some
+    are), the oldest holder of each."""
     effects = [restriction_of(c["tool"], c.get("args") or {}) for c in calls]
     wanted = {e for e in effects if e is not None}
     if not wanted:
@@ -158,6 +159,16 @@ def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Restriction]
     held: dict[tuple[str, str], Restriction] = {}
     for restriction in _in_force_on.rows(sorted({target for _, target in wanted})):
         held[(restriction.kind, restriction.target)] = restriction
+    if held:
+        # The holders' titles, for the page to name them: one query, only when a
+        # proposal meets a closure in force.
+        titles = dict(
+            Session.objects.filter(pk__in={r.session_id for r in held.values()}).values_list(
+                "pk", "title"
+            )
+        )
+        for restriction in held.values():
+            restriction.holder_title = titles.get(restriction.session_id, "")  # type: ignore[attr-defined]
     return held
 
 
@@ -197,6 +208,9 @@ def note_if_in_force(
             "args": call.get("args") or {},
             "restriction": {"kind": effect[0], "target": effect[1]},
             "held_by": str(held.session_id),
+            # Which session closed it and when: the page names and links it.
+            "held_title": getattr(held, "holder_title", ""),
+            "held_since": held.created_at.isoformat(),
             # The log stays language-neutral: pages word this note per viewer.
             "text": f"{call['tool']} not proposed: {effect[0]} {effect[1]} is already "
             f"closed by session {held.session_id}",
