@@ -13,11 +13,11 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from ninja import File, Form, Header, Status
+from ninja import File, Form, Status
 from ninja.files import UploadedFile
 
 from aero.packs import UnknownDomain, file_pack
-from api import schemas
+from api import idempotency, schemas
 from api.auth import RUN
 from api.errors import WRITE_ERRORS, ApiError
 from api.idempotency import REPLAYED, request_hash, run_once
@@ -54,13 +54,7 @@ def create_from_bundle(
         pattern=r"^(|react|plan_execute|hierarchical)$",
         description="react, plan_execute or hierarchical; empty: the default.",
     ),
-    idempotency_key: str | None = Header(
-        None,
-        alias="Idempotency-Key",
-        max_length=255,
-        pattern=r"^[\x21-\x7e]{1,255}$",
-        description="Retry safely: the same key and body return the first response (24 h).",
-    ),
+    idempotency_key: str | None = idempotency.key_header(),
 ) -> Any:
     """A bad bundle is a 422 naming its file, line and field; nothing is created."""
     if bundle.size is not None and bundle.size > settings.AERO_BUNDLE_MAX_UPLOAD:

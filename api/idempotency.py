@@ -23,6 +23,23 @@ REPLAYED = "Idempotent-Replayed"
 KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")  # visible ASCII, as in the IETF draft
 
 
+RETRY_SAFELY = "Retry safely: the same key and body return the first response (24 h)."
+
+
+def key_header(description: str = RETRY_SAFELY) -> Any:
+    """The optional `Idempotency-Key` header of an operation that creates or acts: printable
+    ASCII, at most 255 characters."""
+    from ninja import Header
+
+    return Header(
+        None,
+        alias="Idempotency-Key",
+        max_length=255,
+        pattern=r"^[\x21-\x7e]{1,255}$",
+        description=description,
+    )
+
+
 def request_hash(method: str, path: str, body: dict[str, Any]) -> str:
     canonical = json.dumps([method, path, body], sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -35,3 +35,11 @@ def decode(kind: str, cursor: str) -> dict[str, Any]:
 
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]*$"
 CURSOR_DOC = "`next_cursor` of the previous page (omit for the first page)."
+
+
+def cursor_query() -> Any:
+    """The `cursor` query parameter every list operation takes (a fresh one each: ninja
+    keeps the parameter's own object)."""
+    from ninja import Query
+
+    return Query("", max_length=MAX_CURSOR, pattern=CURSOR_PATTERN, description=CURSOR_DOC)

@@ -10,13 +10,13 @@ from uuid import UUID
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from ninja import Header, NinjaAPI, Query, Status
+from ninja import NinjaAPI, Query, Status
 from ninja.openapi.docs import Swagger
 from ninja.operation import Operation
 
 from aero.packs import installed_packs
 from aero.roles import DECIDE_APPROVALS, VIEW_SESSIONS
-from api import pagination, schemas
+from api import idempotency, pagination, schemas
 from api.auth import RUN, TokenAuth
 from api.bundles import router as bundle_router
 from api.errors import (
@@ -151,13 +151,7 @@ def create_session(
     request: HttpRequest,
     response: HttpResponse,
     payload: schemas.SessionIn,
-    idempotency_key: str | None = Header(
-        None,
-        alias="Idempotency-Key",
-        max_length=255,
-        pattern=r"^[\x21-\x7e]{1,255}$",
-        description="Retry safely: the same key and body return the first response (24 h).",
-    ),
+    idempotency_key: str | None = idempotency.key_header(),
 ) -> Any:
     sent = payload.model_dump()
 
@@ -193,12 +187,7 @@ def list_sessions(
     status: Literal["", *SessionStatus.values] = "",  # type: ignore[valid-type]
     problem_type: str = Query("", max_length=64, pattern=r"^[-a-zA-Z0-9_]*$"),
     limit: int = Query(50, ge=1, le=LIST_MAX),
-    cursor: str = Query(
-        "",
-        max_length=pagination.MAX_CURSOR,
-        pattern=pagination.CURSOR_PATTERN,
-        description=pagination.CURSOR_DOC,
-    ),
+    cursor: str = pagination.cursor_query(),
 ) -> Any:
     """Sessions newest first, as on the sessions page (deleted ones excluded)."""
     sessions = Session.objects.visible().select_related("scenario", "created_by")
@@ -277,13 +266,7 @@ def cancel_session(
     response: HttpResponse,
     session_id: UUID,
     payload: schemas.CancelIn,
-    idempotency_key: str | None = Header(
-        None,
-        alias="Idempotency-Key",
-        max_length=255,
-        pattern=r"^[\x21-\x7e]{1,255}$",
-        description=ACT_ONCE,
-    ),
+    idempotency_key: str | None = idempotency.key_header(ACT_ONCE),
 ) -> Any:
     """Cancel the session (its open approvals are closed undecided, with events). A
     session that is already canceled answers as it is, and nothing more is written; one
@@ -307,13 +290,7 @@ def resume_session(
     request: HttpRequest,
     response: HttpResponse,
     session_id: UUID,
-    idempotency_key: str | None = Header(
-        None,
-        alias="Idempotency-Key",
-        max_length=255,
-        pattern=r"^[\x21-\x7e]{1,255}$",
-        description=ACT_ONCE,
-    ),
+    idempotency_key: str | None = idempotency.key_header(ACT_ONCE),
 ) -> Any:
     """Re-queue a failed session: the agent resumes from its last checkpoint. With an
     Idempotency-Key a retry does not queue it again; without one, resuming a session
@@ -350,12 +327,7 @@ def timeline(
         None, ge=1, le=2**53, description="First seq to return (a cursor, when given, wins)."
     ),
     limit: int = Query(100, ge=1, le=TIMELINE_MAX),
-    cursor: str = Query(
-        "",
-        max_length=pagination.MAX_CURSOR,
-        pattern=pagination.CURSOR_PATTERN,
-        description=pagination.CURSOR_DOC,
-    ),
+    cursor: str = pagination.cursor_query(),
 ) -> Any:
     """Events in seq order from `from_seq` (or the cursor's position; the first event
     when neither is given), at most `limit` of them (keyset on seq)."""

@@ -13,11 +13,11 @@ from uuid import UUID
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from ninja import Field, Header, Path, Query, Schema, Status
+from ninja import Field, Path, Query, Schema, Status
 from pydantic import ConfigDict, StringConstraints, model_validator
 
 from aero.roles import VIEW_SESSIONS
-from api import pagination
+from api import idempotency, pagination
 from api.auth import RUN, TokenAuth
 from api.errors import READ_ERRORS, WRITE_ERRORS, ApiError
 from api.idempotency import REPLAYED, request_hash, run_once
@@ -152,13 +152,7 @@ def create_knowledge_item(
     request: HttpRequest,
     response: HttpResponse,
     payload: KnowledgeItemIn,
-    idempotency_key: str | None = Header(
-        None,
-        alias="Idempotency-Key",
-        max_length=255,
-        pattern=r"^[\x21-\x7e]{1,255}$",
-        description="Retry safely: the same key and body return the first response (24 h).",
-    ),
+    idempotency_key: str | None = idempotency.key_header(),
 ) -> Any:
     """A past incident written by a person (operators and admins), searched like every
     item when a diagnosis concludes. A key already taken is a 409 `key_taken`."""
@@ -203,12 +197,7 @@ def list_knowledge_items(
     problem_type: str = Query("", max_length=40, pattern=r"^[a-z0-9_]*$"),
     service: str = Query("", max_length=64, pattern=r"^[-a-zA-Z0-9_.]*$"),
     limit: int = Query(50, ge=1, le=LIST_MAX),
-    cursor: str = Query(
-        "",
-        max_length=pagination.MAX_CURSOR,
-        pattern=pagination.CURSOR_PATTERN,
-        description=pagination.CURSOR_DOC,
-    ),
+    cursor: str = pagination.cursor_query(),
 ) -> Any:
     """Knowledge items by id; with `q`, the best matches first (at most fifty, as the
     similar-case search scores its candidates)."""
