@@ -8,23 +8,11 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from aero.admin_base import ReadOnlyAdmin
 from aero.roles import DELETE_SESSIONS, has_role
 from diagnosis.actions import ActionError, do_delete_session
 from diagnosis.forms import DeleteSessionForm
 from diagnosis.models import AgentRun, Event, LLMCall, Report, Restriction, Session, ToolCall
-
-
-class ReadOnlyAdmin(admin.ModelAdmin[Any]):
-    """The agent and the event log write these; admins look, nobody edits history."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class DeletedFilter(admin.SimpleListFilter):

@@ -7,6 +7,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse
 
+from aero.admin_base import ReadOnlyAdmin
 from ingest.config import provider
 from ingest.models import GateRule, GateSettings, Observation
 
@@ -143,7 +144,7 @@ class GateSettingsAdmin(GateReloadStatus, admin.ModelAdmin[GateSettings]):
 
 
 @admin.register(Observation)
-class ObservationAdmin(admin.ModelAdmin[Observation]):
+class ObservationAdmin(ReadOnlyAdmin):
     list_display = [
         "received_at",
         "source",
@@ -158,12 +159,3 @@ class ObservationAdmin(admin.ModelAdmin[Observation]):
     list_filter = ["decision", "stage", "source", "status"]
     search_fields = ["name", "fingerprint", "group_key"]
     readonly_fields = [f.name for f in Observation._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy
 
+from aero.admin_base import ReadOnlyAdmin
 from scenarios_admin.models import Scenario, ScenarioVersion
 from scenarios_admin.yamlio import dump_definition
 
@@ -102,7 +103,7 @@ def yaml_response(files: dict[str, str]) -> HttpResponse:
 
 
 @admin.register(ScenarioVersion)
-class ScenarioVersionAdmin(admin.ModelAdmin[ScenarioVersion]):
+class ScenarioVersionAdmin(ReadOnlyAdmin):
     """Published versions are immutable: shown, never edited."""
 
     list_display = ["scenario", "number", "published_at", "published_by", "note"]
@@ -126,12 +127,3 @@ class ScenarioVersionAdmin(admin.ModelAdmin[ScenarioVersion]):
     @admin.display(description=gettext_lazy("Definition (YAML)"))
     def as_yaml(self, obj: ScenarioVersion) -> str:
         return format_html("<pre>{}</pre>", dump_definition(obj.definition))
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

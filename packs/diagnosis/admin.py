@@ -5,6 +5,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from aero.admin_base import ReadOnlyAdmin
 from aero.models import audit
 from packs.diagnosis.models import KnowledgeItem, SimilarCase
 
@@ -40,17 +41,8 @@ class KnowledgeItemAdmin(admin.ModelAdmin[KnowledgeItem]):
 
 
 @admin.register(SimilarCase)
-class SimilarCaseAdmin(admin.ModelAdmin[SimilarCase]):
+class SimilarCaseAdmin(ReadOnlyAdmin):
     """Read-only: the links are what a diagnosis found (its event records them)."""
 
     list_display = ["session", "item", "score", "strategy", "rank", "created_at"]
     list_filter = ["strategy"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
