@@ -111,3 +111,34 @@ def log_approval_required(
         producer=producer,
         run=run,
     )
+
+
+def record_call_finished(
+    tool_call: ToolCall,
+    *,
+    response: dict[str, Any],
+    error: str,
+    producer: str,
+    run: AgentRun | None = None,
+) -> None:
+    """The call's `tool.call_completed` (or `_failed`) event, from the row as just saved:
+    the agent's calls and the lifts an approver decided write the same payload."""
+    assert tool_call.completed_at is not None
+    append_event(
+        tool_call.session_id,
+        "tool.call_failed" if error else "tool.call_completed",
+        {
+            "tool_call": tool_call.pk,
+            "call_id": tool_call.call_id,
+            "tool_name": tool_call.tool_name,
+            "args": tool_call.request_payload,
+            "risk_level": tool_call.risk_class,
+            "duration_ms": tool_call.duration_ms,
+            "completed_at": tool_call.completed_at.isoformat(),
+            "response": response,
+            "error": error,
+            "agent_run_id": run.pk if run else None,
+        },
+        producer=producer,
+        run=run,
+    )

@@ -21,7 +21,12 @@ from diagnosis import external
 from diagnosis import outbox as outbox_module
 from diagnosis.decisions import ActionError, checked_text, record_decision
 from diagnosis.events import append_event, lock_session
-from diagnosis.execution import execution_problems, open_approval, refuse_execution
+from diagnosis.execution import (
+    execution_problems,
+    open_approval,
+    record_call_finished,
+    refuse_execution,
+)
 from diagnosis.jobs import drop_job, embedded_worker
 from diagnosis.models import (
     Outbox,
@@ -330,23 +335,7 @@ def _finish_lift_call(
     tool_call.save(
         update_fields=["status", "completed_at", "response_payload", "error", "duration_ms"]
     )
-    append_event(
-        tool_call.session_id,
-        "tool.call_failed" if error else "tool.call_completed",
-        {
-            "tool_call": tool_call.pk,
-            "call_id": tool_call.call_id,
-            "tool_name": tool_call.tool_name,
-            "args": tool_call.request_payload,
-            "risk_level": tool_call.risk_class,
-            "completed_at": at.isoformat(),
-            "duration_ms": tool_call.duration_ms,
-            "response": response,
-            "error": error,
-            "agent_run_id": None,
-        },
-        producer=producer,
-    )
+    record_call_finished(tool_call, response=response, error=error, producer=producer)
 
 
 def _complete_lift(tool_call: ToolCall, at: datetime, reference: str, producer: str) -> None:

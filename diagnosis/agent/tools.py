@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy
 from aero.compiled import AnyOf, Compiled, insert_rows
 from aero.packs import LookupTool, action_tool, argument_words
 from diagnosis.events import append_event, lock_session
-from diagnosis.execution import execution_problems, refuse_execution
+from diagnosis.execution import execution_problems, record_call_finished, refuse_execution
 from diagnosis.models import (
     AgentRun,
     Outbox,
@@ -527,22 +527,6 @@ def _finished(
 def _finished_event(
     ctx: ToolContext, tool_call: ToolCall, *, response: dict[str, Any], error: str
 ) -> None:
-    assert tool_call.completed_at is not None
-    append_event(
-        ctx.session_id,
-        "tool.call_failed" if error else "tool.call_completed",
-        {
-            "tool_call": tool_call.pk,
-            "call_id": tool_call.call_id,
-            "tool_name": tool_call.tool_name,
-            "args": tool_call.request_payload,
-            "risk_level": tool_call.risk_class,
-            "duration_ms": tool_call.duration_ms,
-            "completed_at": tool_call.completed_at.isoformat(),
-            "response": response or {},
-            "error": error,
-            "agent_run_id": ctx.run.pk if ctx.run else None,
-        },
-        producer=ctx.producer,
-        run=ctx.run,
+    record_call_finished(
+        tool_call, response=response or {}, error=error, producer=ctx.producer, run=ctx.run
     )
