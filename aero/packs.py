@@ -138,9 +138,10 @@ class DomainPack:
     export_template: str | None = None
     export_context: Callable[[Any, Any], dict[str, Any]] | None = None
     # The session page's panel of what the agent found (a template name), and what it
-    # adds to the page's context: (session) -> dict. None: the core's facts panel.
+    # adds to the page's context: (session, the viewer's mask or None) -> dict, masked as
+    # the page masks the snapshot. None: the core's facts panel.
     page_panel: str | None = None
-    page_context: Callable[[Any], dict[str, Any]] | None = None
+    page_context: Callable[[Any, Any], dict[str, Any]] | None = None
     # The same panel on a replay step, from the log folded to that step:
     # (session, folded state, mask or None) -> dict. None: replay shows the core's facts.
     replay_context: Callable[[Any, Any, Any], dict[str, Any]] | None = None

@@ -367,7 +367,7 @@ def session_context(
     # The session's pack may show what it found in its own panel.
     pack_panel: dict[str, Any] = {}
     if pack.page_panel is not None and pack.page_context is not None:
-        pack_panel = {"pack_panel": pack.page_panel, **pack.page_context(session)}
+        pack_panel = {"pack_panel": pack.page_panel, **pack.page_context(session, mask)}
     return {
         **pack_panel,
         "session": session,

@@ -145,3 +145,49 @@ def test_replay_shows_the_diagnosis_panel_as_it_stood_at_each_step(
     assert _figure(last, "metric-chart") and _figure(last, "service-graph")
     assert 'data-testid="similar-cases"' in last, "the similar cases once recorded"
     assert 'data-testid="save-knowledge"' not in last
+
+
+def _panel_of(page: str) -> str:
+    found = re.search(r'<section id="session-facts".*?</section>', page, re.S)
+    assert found, "the page has its facts panel"
+    return found.group(0)
+
+
+def _without_graph(panel: str) -> str:
+    return re.sub(r'<figure [^>]*data-testid="service-graph".*?</figure>', "", panel, flags=re.S)
+
+
+@pytest.mark.services
+def test_an_auditor_sees_the_panel_masked_as_replay_masks_it(
+    builtin: None, alice: User, carol: User
+) -> None:
+    """What the rule hides for an auditor (the arguments of the R2 fix waiting for its
+    approval: the service, the deploy) is hidden in the diagnosis panel too, on the
+    session page as on replay; an operator sees it."""
+    from diagnosis.eventlog.masking import mask_of
+
+    session = start_from_bundle(alice, EXAMPLES / "ex-deploy-payments.tar.gz", {"producer": "test"})
+    session = Session.objects.get(pk=session.pk)
+    hidden = {value for value in mask_of(session.pk).secrets if len(value) > 3}
+    assert hidden, "the fix is masked for auditors"
+    page = reverse("diagnosis:session-detail", args=[session.pk])
+    operators = _panel_of(login(alice).get(page).content.decode())
+    auditors = _panel_of(login(carol).get(page).content.decode())
+    # The service graph draws the whole system, each service by name; for the auditor it
+    # marks no node as the (masked) root cause.
+    assert 'data-role="root"' in operators and 'data-role="root"' not in auditors
+    operators, auditors = (_without_graph(panel) for panel in (operators, auditors))
+    replay = login(carol).get(
+        reverse("replay:replay-step", args=[session.pk]), {"seq": session.last_seq}
+    )
+    replayed = re.search(
+        r'<section class="card" id="replay-state">.*?</section>', replay.content.decode(), re.S
+    )
+    assert replayed is not None
+    for value in hidden:
+        # as a whole value, as the mask reads one ("payments/app/x.py" is a path)
+        whole = re.compile(rf"(?<![0-9A-Za-z_/-]){re.escape(value)}(?![0-9A-Za-z_/-])")
+        assert whole.search(operators), f"{value} is on the operator's panel"
+        assert not whole.search(auditors), f"{value} is masked on the auditor's panel"
+        assert not whole.search(_without_graph(replayed.group(0))), f"{value} is masked on replay"
+    assert 'data-testid="root-cause"' in auditors, "the auditor still sees a root cause"

@@ -183,18 +183,27 @@ def blamed_change(cause: dict[str, Any], results: dict[str, Any]) -> dict[str, A
     return None
 
 
-def page_context(session: Session) -> dict[str, Any]:
+def page_context(session: Session, mask: SessionMask | None) -> dict[str, Any]:
     """What the panel shows: the root cause (from the snapshot's finding) and each
-    evidence call with its result, in the order they ran."""
+    evidence call with its result, in the order they ran; for a viewer with a `mask`,
+    what a masked fix's arguments hide is masked here too, as replay masks it."""
     calls = [
         (c.call_id, c.tool_name, c.status, c.error, c.response_payload)
         for c in ToolCall.objects.filter(session=session, call_id__startswith="ev-").order_by(
             "position", "id"
         )
     ]
-    cause: dict[str, Any] = (session.snapshot or {}).get("root_cause") or {}
+    snapshot = session.snapshot or {}
+    if mask is not None:
+        calls = [
+            (i, tool, status, mask.text(error), mask.scrub(r))
+            for i, tool, status, error, r in calls
+        ]
+        snapshot = mask.snapshot(snapshot)
+    cause: dict[str, Any] = snapshot.get("root_cause") or {}
     saved = KnowledgeItem.objects.filter(session=session).values_list("key", flat=True).first()
-    panel = _panel(session, cause, calls, linked_cases(session))
+    similar = linked_cases(session)
+    panel = _panel(session, cause, calls, mask.scrub(similar) if mask is not None else similar)
     panel["saved_as"] = saved
     panel["can_save"] = session.status == SessionStatus.COMPLETED and bool(cause) and not saved
     return {"diagnosis": panel}
@@ -209,9 +218,11 @@ def replay_context(session: Session, state: FoldState, mask: SessionMask | None)
         for row in evidence_calls(state, mask)
         if str(row["call_id"]).startswith("ev-")
     ]
-    cause: dict[str, Any] = state.snapshot.get("root_cause") or {}
+    snapshot = mask.snapshot(state.snapshot) if mask is not None else state.snapshot
+    cause: dict[str, Any] = snapshot.get("root_cause") or {}
     found = Event.objects.filter(session=session, type=SIMILAR, seq__lte=state.seq).exists()
-    panel = _panel(session, cause, calls, linked_cases(session) if found else [])
+    similar = linked_cases(session) if found else []
+    panel = _panel(session, cause, calls, mask.scrub(similar) if mask is not None else similar)
     return {"diagnosis": {**panel, "saved_as": None, "can_save": False}}
 
 
