@@ -55,6 +55,7 @@ def tiny_runs(suffix: str, redis_url: str, server: str) -> dict[str, tuple[list[
         "history_search.py": (["--scale", "0.001", "--requests", "2"], "newest first"),
         "replay_step.py": (["--events", "200", "--requests", "2"], "step page, random step"),
         "timeline_render.py": (["--sessions", "1", "--events", "50"], "render 200 timeline"),
+        "restart.py": (["--restarts", "1"], "unchanged steps skipped"),
         "session_queries.py": (
             ["--db", f"aero_bench_sq{suffix}", "--database-url", server],
             "Django connection:",
