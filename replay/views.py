@@ -100,7 +100,8 @@ def replay_context(
         "definition": session.scenario_version.definition,
         "actions": presenters.action_rows(state, mask),
         "evidence": presenters.evidence_calls(state, mask),
-        "map": presenters.impact_map_at(presenters.airport_graph(), folded),
+        # The apron's map only where its facts panel shows (a pack panel replaces both).
+        "map": {} if pack_panel else presenters.impact_map_at(presenters.airport_graph(), folded),
         "impact": state.impact,
         "questions": presenters.question_rows(state),
         "report_html": markdown_to_html(presenters.report_markdown(state, mask))
