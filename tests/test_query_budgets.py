@@ -8,6 +8,7 @@ budget covers the whole way to the first wait, as do answering and deciding."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -26,6 +27,8 @@ from tests.web_helpers import (
 )
 
 pytestmark = pytest.mark.services
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
 
 # Statements (BEGIN and COMMIT counted) of each web request and the jobs it starts, with
 # cold caches: lower them as the work shrinks, never raise them without a written reason
@@ -148,3 +151,39 @@ def test_a_batch_of_pulls_reads_each_session_once_whatever_the_viewers(
     first = batch[0]
     assert first is not None and first.seq == sessions[0].last_seq and first.frames
     assert batch[2] is not None and batch[2].frames == ()  # nothing new for the third
+
+
+# The session page of a concluded IT diagnosis: the core's reads plus the pack's panel
+# (its evidence calls, its saved item, its similar cases: one query each; the mask for an
+# auditor), pinned on the deploy example; and its replay step (the fold's checkpoint or
+# the log, the similar-cases event; no apron map).
+DIAGNOSIS_PAGE = 13
+DIAGNOSIS_PAGE_MASKED = 14
+DIAGNOSIS_REPLAY_STEP = 18
+
+
+def test_a_diagnosis_page_and_its_replay_step_stay_within_budget(
+    builtin: None,
+    make_user: Callable[..., User],
+    django_assert_max_num_queries: DjangoAssertNumQueries,
+    tmp_path: Path,
+) -> None:
+    from django.test import override_settings
+
+    from packs.diagnosis.sessions import start_from_bundle
+
+    olga, carol = make_user("olga", "operator"), make_user("carol", "auditor")
+    with override_settings(AERO_BUNDLE_DIR=tmp_path / "stored"):
+        session = start_from_bundle(olga, EXAMPLES / "ex-deploy-payments.tar.gz", {})
+    as_olga, as_carol = signed_in(olga), signed_in(carol)
+    as_olga.get(f"/sessions/{session.pk}/")  # per-process caches (the definition) warm
+
+    with django_assert_max_num_queries(DIAGNOSIS_PAGE):
+        page = as_olga.get(f"/sessions/{session.pk}/")
+    assert page.status_code == 200 and 'data-testid="similar-cases"' in page.content.decode()
+    with django_assert_max_num_queries(DIAGNOSIS_PAGE_MASKED):
+        masked = as_carol.get(f"/sessions/{session.pk}/")
+    assert masked.status_code == 200 and 'data-testid="root-cause"' in masked.content.decode()
+    with django_assert_max_num_queries(DIAGNOSIS_REPLAY_STEP):
+        step = as_carol.get(f"/replay/{session.pk}/")
+    assert step.status_code == 200
