@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.urls import reverse_lazy
 from django.utils.translation import gettext_lazy as _
 
 from aero.packs import installed_packs
@@ -36,6 +37,14 @@ class NewSessionForm(forms.Form):
         widget=forms.Textarea(
             attrs={
                 "rows": 4,
+                # While the operator types, the select takes the scenario the message reads
+                # like (the operator's own choice is kept), so one press opens the session.
+                "hx-get": reverse_lazy("diagnosis:session-suggest"),
+                "hx-trigger": "input changed delay:300ms",
+                "hx-include": "#id_scenario, #id_suggested",
+                "hx-target": "#scenario-choice",
+                "hx-swap": "outerHTML",
+                "hx-sync": "this:replace",
                 "placeholder": _(
                     "Describe the incident in Chinese or English, "
                     "e.g. CA1234 在105机位燃油泄漏，发动机仍在运转"

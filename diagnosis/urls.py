@@ -9,6 +9,7 @@ app_name = "diagnosis"
 urlpatterns = [
     path("sessions/", views.session_list, name="session-list"),
     path("sessions/new/", views.session_create, name="session-create"),
+    path("sessions/new/suggest/", views.session_suggest, name="session-suggest"),
     path("sessions/<uuid:session_id>/", views.session_detail, name="session-detail"),
     path("sessions/<uuid:session_id>/answer/", views.session_answer, name="session-answer"),
     path("sessions/<uuid:session_id>/cancel/", views.session_cancel, name="session-cancel"),

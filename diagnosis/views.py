@@ -26,6 +26,7 @@ from aero.roles import (
     user_roles,
 )
 from aero.templatetags.aero_text import scenario_name
+from aero.text import MAX_MESSAGE
 from diagnosis import actions, lifts, presenters, suggest
 from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
 from diagnosis.models import Report, Restriction, Session, SessionStatus
@@ -72,12 +73,35 @@ def pack_forms() -> list[tuple[dict[str, str], str]]:
 
 
 def _new_session_form(request: HtmxHttpRequest) -> NewSessionForm:
-    """Empty, or what a signed-out operator posted, kept for them (aero.drafts)."""
+    """Empty, or what a signed-out operator posted, kept for them (aero.drafts); a kept
+    message without a scenario comes back with the one it reads like preselected."""
     draft = take_draft(request, reverse("diagnosis:session-create"))
     if draft is None:
         return NewSessionForm()
-    return NewSessionForm(
-        initial={"message": draft.get("message", ""), "scenario": draft.get("scenario") or None}
+    scenario: object = draft.get("scenario") or None
+    if scenario is None and (fit := suggest.suggestion(str(draft.get("message", "")))):
+        scenario = fit.scenario.pk
+    return NewSessionForm(initial={"message": draft.get("message", ""), "scenario": scenario})
+
+
+@require_GET
+@role_required(RUN_SESSIONS)
+def session_suggest(request: HtmxHttpRequest) -> HttpResponse:
+    """The new-incident form's scenario select, re-rendered as the operator types: the
+    scenario the message reads like is chosen before the first send (one press opens
+    the session). A scenario the operator chose stays chosen; one AERO chose earlier
+    (`suggested`) gives way to a better one or to none."""
+    text = request.GET.get("message", "")[:MAX_MESSAGE]
+    current = request.GET.get("scenario", "")
+    own_choice = current not in ("", request.GET.get("suggested", ""))
+    fit = None if own_choice or not text.strip() else suggest.suggestion(text)
+    form = NewSessionForm(
+        initial={"scenario": current if own_choice else (fit and fit.scenario.pk)}
+    )
+    return render(
+        request,
+        "diagnosis/_scenario_choice.html",
+        {"form": form, "live_fit": fit, "suggested": fit.scenario.pk if fit else ""},
     )
 
 

@@ -55,6 +55,8 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "audit-csv": ("GET", row(LOGIN, 403, 403, 200, 200)),
     "diagnosis:session-list": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-create": ("POST", row(LOGIN, 400, 403, 403, 400)),  # empty form: errors
+    # the new-incident form's scenario select, re-rendered as the operator types
+    "diagnosis:session-suggest": ("GET", row(LOGIN, 200, 403, 403, 200)),
     # the IT diagnosis form: an empty form (no bundle, no demo) is an error
     "diagnosis_pack:new": ("POST", row(LOGIN, 400, 403, 403, 400)),
     # saving a diagnosis as knowledge: the walked session is not completed, so refused

@@ -12,11 +12,14 @@ import re
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import Client
 from django.urls import reverse
+from playwright.sync_api import Browser, expect
 
 from diagnosis.actions import do_create_session
 from diagnosis.models import Event, Session
 from scenarios_admin.models import Scenario
+from tests.browser_helpers import sign_in
 from tests.log_helpers import assert_projections_match
 from tests.scenario_helpers import assess, extract
 from tests.web_helpers import STAND_FUEL_LEAK, login
@@ -43,6 +46,84 @@ def test_the_new_incident_form_preselects_no_scenario(builtin: None, alice: User
 
     assert selected_scenario(page) is None
     assert "let AERO suggest from the message" in page
+
+
+def suggest_select(user: User, **params: str) -> str:
+    response = login(user).get(reverse("diagnosis:session-suggest"), params)
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+@pytest.mark.services
+def test_typing_the_message_preselects_the_scenario_it_reads_like(
+    builtin: None, alice: User
+) -> None:
+    oil_spill = Scenario.objects.get(slug="oil_spill")
+    page = login(alice).get(reverse("diagnosis:session-list")).content.decode()
+    textarea = re.search(r"<textarea[^>]*>", page)
+    assert textarea is not None
+    # The message re-renders the select as it is typed (the field is sent with it).
+    assert f'hx-get="{reverse("diagnosis:session-suggest")}"' in textarea.group(0)
+    assert 'hx-target="#scenario-choice"' in textarea.group(0)
+
+    fragment = suggest_select(alice, message=STAND_FUEL_LEAK, scenario="", suggested="")
+
+    assert selected_scenario(fragment) == str(oil_spill.pk)
+    assert "Chosen from the message: Apron fluid spill (it mentions" in fragment
+    assert f'name="suggested" id="id_suggested" value="{oil_spill.pk}"' in fragment
+    assert not Session.objects.exists()
+
+
+@pytest.mark.services
+def test_the_operators_own_choice_is_never_replaced_while_typing(
+    builtin: None, alice: User
+) -> None:
+    bird = Scenario.objects.get(slug="bird_strike")
+
+    fragment = suggest_select(alice, message=STAND_FUEL_LEAK, scenario=str(bird.pk), suggested="")
+
+    assert selected_scenario(fragment) == str(bird.pk)
+    assert "Chosen from the message" not in fragment
+
+
+@pytest.mark.services
+def test_aeros_earlier_choice_gives_way_when_the_message_no_longer_fits(
+    builtin: None, alice: User
+) -> None:
+    oil_spill = Scenario.objects.get(slug="oil_spill")
+
+    fragment = suggest_select(
+        alice, message="CA1234 needs help", scenario=str(oil_spill.pk), suggested=str(oil_spill.pk)
+    )
+
+    assert selected_scenario(fragment) is None
+    assert "Chosen from the message" not in fragment
+
+
+@pytest.mark.services
+def test_a_kept_message_comes_back_with_its_scenario_preselected(
+    builtin: None, alice: User
+) -> None:
+    oil_spill = Scenario.objects.get(slug="oil_spill")
+    client = login(alice)
+    client.logout()
+    # Signed out, the post is kept for after the sign-in (aero.drafts), without a scenario.
+    client.post(reverse("diagnosis:session-create"), {"message": STAND_FUEL_LEAK})
+    client.force_login(alice)
+
+    page = client.get(reverse("diagnosis:session-list")).content.decode()
+
+    assert STAND_FUEL_LEAK in page
+    assert selected_scenario(page) == str(oil_spill.pk)
+
+
+@pytest.mark.services
+def test_only_an_operator_may_ask_for_the_suggestion(builtin: None, alice: User, bob: User) -> None:
+    url = reverse("diagnosis:session-suggest")
+
+    assert login(bob).get(url, {"message": STAND_FUEL_LEAK}).status_code == 403
+    anonymous = Client().get(url, {"message": STAND_FUEL_LEAK})
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith(reverse("login"))
 
 
 @pytest.mark.services
@@ -220,3 +301,26 @@ def test_a_switch_needs_a_known_scenario_and_an_operator(
     assert Session.objects.count() == 1
     bird_for_a_tire_burst.refresh_from_db()
     assert bird_for_a_tire_burst.status != "canceled"
+
+
+# --- in a browser: one press -------------------------------------------------------------
+
+
+@pytest.mark.services
+@pytest.mark.browser
+def test_in_a_browser_the_typed_message_chooses_the_scenario_and_one_press_opens(
+    builtin: None, asgi_server: str, browser: Browser, alice: User
+) -> None:
+    oil_spill = Scenario.objects.get(slug="oil_spill")
+    page = sign_in(browser, asgi_server, alice)
+    try:
+        page.fill("#id_message", STAND_FUEL_LEAK)
+        expect(page.locator("#id_scenario")).to_have_value(str(oil_spill.pk))
+        expect(page.get_by_test_id("scenario-suggested")).to_contain_text("Apron fluid spill")
+
+        page.click("text=Open session")
+
+        expect(page.get_by_test_id("session-status")).to_be_visible()
+        assert Session.objects.get().scenario == oil_spill
+    finally:
+        page.context.close()
