@@ -10,8 +10,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from aero.packs import UnknownDomain, pack_for
 from approvals.models import Approval, ApprovalStatus
+from diagnosis.agent_tree import RunNode
 from diagnosis.eventlog import masking
-from diagnosis.models import AgentRun, Event, Session
+from diagnosis.models import Event, Session
 
 
 def viewer_roles(viewer: Any) -> frozenset[str]:
@@ -90,26 +91,23 @@ def pack_report_fields(session: Session) -> dict[str, Any] | None:
     return pack.report_fields(session) if pack.report_fields else None
 
 
-def run_tree(runs: list[AgentRun]) -> list[dict[str, Any]]:
-    """Nest runs under their parents (runs come in start order; a run whose parent is
-    missing becomes a root rather than disappearing)."""
-    nodes: dict[int, dict[str, Any]] = {}
-    roots: list[dict[str, Any]] = []
-    for run in runs:
-        nodes[run.pk] = {
-            "id": run.pk,
-            "agent_name": run.agent_name,
-            "mode": run.mode,
-            "status": run.status,
-            "started_at": run.started_at,
-            "ended_at": run.ended_at,
-            "output_summary": run.output_summary,
-            "children": [],
-        }
-    for run in runs:
-        parent = nodes.get(run.parent_id) if run.parent_id else None
-        (parent["children"] if parent else roots).append(nodes[run.pk])
-    return roots
+def run_out(node: RunNode) -> dict[str, Any]:
+    """A run of the agent tree and the runs below it, as the API writes them."""
+    return {
+        "id": node.id,
+        "parent": node.parent,
+        "agent_name": node.agent_name,
+        "mode": node.mode,
+        "status": node.status,
+        "started_at": node.started_at,
+        "ended_at": node.ended_at,
+        "elapsed_seconds": node.elapsed_seconds,
+        "tokens_in": node.tokens_in,
+        "tokens_out": node.tokens_out,
+        "current_tool": node.current_tool,
+        "output_summary": node.output_summary,
+        "children": [run_out(child) for child in node.children],
+    }
 
 
 def approval_out(approval: Approval, roles: frozenset[str] | None = None) -> dict[str, Any]:

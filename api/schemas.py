@@ -124,18 +124,34 @@ class TimelineOut(Schema):
 
 class RunNode(Schema):
     id: int
+    parent: int | None = Field(..., description="The run this one runs under (none: a root).")
     agent_name: str
     mode: str
     status: str
     started_at: datetime
     ended_at: datetime | None
-    output_summary: dict[str, Any]
+    elapsed_seconds: float = Field(..., description="Until its end, or until now while running.")
+    tokens_in: int = Field(..., description="Its model calls' and those of every run below it.")
+    tokens_out: int = Field(..., description="As tokens_in.")
+    current_tool: str | None = Field(
+        ..., description="The tool it is running now (only while the run is running)."
+    )
+    output_summary: dict[str, Any] = Field(
+        ..., description="What the run reported when it ended (masked as the timeline is)."
+    )
     children: list[RunNode]
 
 
 class AgentTreeOut(Schema):
     session_id: UUID
-    runs: list[RunNode]
+    runs: list[RunNode] = Field(..., description="The root runs, each with its runs below it.")
+    total_runs: int
+    truncated: bool = Field(
+        ...,
+        description="The session has more runs than `limit`: the first `limit` by start time "
+        "are shown (one whose parent is cut becomes a root).",
+    )
+    limit: int
 
 
 class ApprovalEditOut(Schema):

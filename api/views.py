@@ -34,7 +34,7 @@ from api.idempotency import REPLAYED, request_hash, run_once
 from api.presenters import (
     approval_out,
     envelope,
-    run_tree,
+    run_out,
     session_out,
     viewer_mask,
     viewer_roles,
@@ -44,7 +44,8 @@ from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import OPEN_STATUSES, Approval
 from diagnosis import actions
 from diagnosis.actions import ActionError
-from diagnosis.models import AgentRun, Event, Session, SessionStatus
+from diagnosis.agent_tree import read_tree
+from diagnosis.models import Event, Session, SessionStatus
 from scenarios_admin.models import Scenario
 
 TIMELINE_MAX = 200
@@ -360,10 +361,17 @@ def timeline(
     "/{session_id}/agent-tree", auth=READ, response={200: schemas.AgentTreeOut, **READ_ERRORS}
 )
 def agent_tree(request: HttpRequest, session_id: UUID) -> Any:
-    """Every agent run of the session: a job's root run and the node runs under it."""
+    """Every agent run of the session as a tree (a job's root run and the runs under it),
+    at most agent_tree.MAX_RUNS of them: no cursor, a tree is not paged."""
     session = _session(session_id)
-    runs = list(AgentRun.objects.filter(session_id=session.pk).order_by("started_at", "id"))
-    return {"session_id": session.pk, "runs": run_tree(runs)}
+    tree = read_tree(session.pk, viewer_mask(session.pk, request))
+    return {
+        "session_id": session.pk,
+        "runs": [run_out(root) for root in tree.roots],
+        "total_runs": tree.total,
+        "truncated": tree.truncated,
+        "limit": tree.limit,
+    }
 
 
 @sessions.get(

@@ -1,0 +1,173 @@
+"""A session's agent tree: its AgentRun rows nested by parent, each with its elapsed
+time, the tokens of its model calls and of every run below it, and, while it runs, the
+tool it is running. Generic over session kinds: a job's root run with its node runs
+today, an orchestrator with its specialists (and theirs) when a pack runs them.
+
+Read in one query however many runs (tokens and the current tool are correlated
+subqueries on the runs' rows), bounded by MAX_RUNS; a second query counts the runs
+only when there are more than that."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import IntegerField, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from diagnosis.eventlog.masking import SessionMask
+from diagnosis.models import AgentRun, LLMCall, ToolCall, ToolCallStatus
+
+# Far more than a session makes (a job's run and its ~10 node runs per wait; four
+# specialists each with theirs), few enough that a page and a JSON answer stay small.
+MAX_RUNS = 500
+# A tool call in these states is running now, under its run.
+IN_PROGRESS = (ToolCallStatus.RUNNING, ToolCallStatus.EXECUTING)
+
+
+@dataclass
+class RunNode:
+    id: int
+    parent: int | None
+    agent_name: str
+    mode: str
+    status: str
+    started_at: datetime
+    ended_at: datetime | None
+    elapsed: timedelta
+    # This run's model calls and those of every run below it.
+    tokens_in: int
+    tokens_out: int
+    current_tool: str | None
+    output_summary: dict[str, Any]
+    children: list[RunNode] = field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return round(self.elapsed.total_seconds(), 3)
+
+
+@dataclass
+class AgentTree:
+    roots: list[RunNode]
+    total: int  # runs in the session
+    limit: int
+
+    @property
+    def shown(self) -> int:
+        return sum(1 for _ in self.walk())
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.limit
+
+    @property
+    def running(self) -> int:
+        return sum(1 for node, _ in self.walk() if node.running)
+
+    def walk(self) -> Iterator[tuple[RunNode, int]]:
+        """Every node depth first, in start order, with its depth (roots: 0)."""
+        stack = [(node, 0) for node in reversed(self.roots)]
+        while stack:
+            node, depth = stack.pop()
+            yield node, depth
+            stack.extend((child, depth + 1) for child in reversed(node.children))
+
+    def subtree(self, run_id: int) -> list[int]:
+        """The run and every run below it (empty when the tree does not hold it)."""
+        for node, _ in self.walk():
+            if node.id == run_id:
+                return [n.id for n, _ in AgentTree([node], 0, 0).walk()]
+        return []
+
+
+def _sum_of(column: str) -> Subquery:
+    calls = (
+        LLMCall.objects.filter(agent_run=OuterRef("pk"))
+        .order_by()
+        .values("agent_run")
+        .annotate(total=Sum(column))
+        .values("total")
+    )
+    return Subquery(calls, output_field=IntegerField())
+
+
+def read_tree(
+    session_id: Any,
+    mask: SessionMask | None = None,
+    *,
+    now: datetime | None = None,
+    limit: int = MAX_RUNS,
+) -> AgentTree:
+    """The session's runs as a tree, for a viewer with `mask` (None: sees everything).
+    A run whose parent is not among the runs read (cut by `limit`) becomes a root
+    rather than disappearing."""
+    now = now or timezone.now()
+    current = (
+        ToolCall.objects.filter(agent_run=OuterRef("pk"), status__in=IN_PROGRESS)
+        .order_by("-id")
+        .values("tool_name")[:1]
+    )
+    rows = list(
+        AgentRun.objects.filter(session_id=session_id)
+        .annotate(
+            used_in=Coalesce(_sum_of("tokens_in"), 0),
+            used_out=Coalesce(_sum_of("tokens_out"), 0),
+            tool=Subquery(current),
+        )
+        .order_by("started_at", "id")
+        .values(
+            "id",
+            "parent_id",
+            "agent_name",
+            "mode",
+            "status",
+            "started_at",
+            "ended_at",
+            "output_summary",
+            "used_in",
+            "used_out",
+            "tool",
+        )[: limit + 1]
+    )
+    total = len(rows)
+    if total > limit:
+        rows = rows[:limit]
+        total = AgentRun.objects.filter(session_id=session_id).count()
+    nodes: dict[int, RunNode] = {}
+    for row in rows:
+        summary = row["output_summary"] or {}
+        nodes[row["id"]] = RunNode(
+            id=row["id"],
+            parent=row["parent_id"],
+            agent_name=row["agent_name"],
+            mode=row["mode"],
+            status=row["status"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            # A clock a little behind the run's start (another host) is not negative time.
+            elapsed=max((row["ended_at"] or now) - row["started_at"], timedelta(0)),
+            tokens_in=row["used_in"],
+            tokens_out=row["used_out"],
+            current_tool=row["tool"] if row["status"] == "running" else None,
+            # A step's summary may quote what the viewer's mask hides.
+            output_summary=mask.scrub(summary) if mask is not None else summary,
+        )
+    roots: list[RunNode] = []
+    for node in nodes.values():
+        parent = nodes.get(node.parent) if node.parent is not None else None
+        (parent.children if parent is not None else roots).append(node)
+    tree = AgentTree(roots, total, limit)
+    # Depth first reversed, every run comes after the runs below it: add them up.
+    for node, _ in reversed(list(tree.walk())):
+        for child in node.children:
+            node.tokens_in += child.tokens_in
+            node.tokens_out += child.tokens_out
+    return tree

@@ -1,0 +1,204 @@
+"""The agent tree: GET /api/v1/diagnosis-sessions/{id}/agent-tree, the session page's
+live panel, replay's filter by subtree and the export's section. Generic over session
+kinds: an apron session's job runs and node runs here, with child runs added under a
+node run as a pack's specialists are (the tree does not know who made them)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from diagnosis.agent_tree import MAX_RUNS, read_tree
+from diagnosis.eventlog.masking import MASKED, mask_of
+from diagnosis.models import AgentRun, LLMCall, Session, ToolCall, ToolCallStatus
+from packs.diagnosis.sessions import start_from_bundle
+from tests.api_helpers import call, token_for
+from tests.web_helpers import waiting_session
+
+pytestmark = [pytest.mark.services]
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
+
+SESSIONS = "/api/v1/diagnosis-sessions"
+
+
+def tree_url(session: Session | uuid.UUID) -> str:
+    return f"{SESSIONS}/{getattr(session, 'pk', session)}/agent-tree"
+
+
+def add_specialists(session: Session, count: int = 2) -> dict[str, AgentRun]:
+    """An orchestrator under the session's first job run with `count` specialists, the
+    first running a tool now and each with a model call; as a pack's hierarchical mode
+    writes them (AgentRun rows with parents), not through it."""
+    root = AgentRun.objects.filter(session=session, parent__isnull=True).order_by("id").first()
+    assert root is not None
+    start = timezone.now() - timedelta(seconds=30)
+    orchestrator = AgentRun.objects.create(
+        session=session, parent=root, agent_name="orchestrator", mode="hierarchical"
+    )
+    AgentRun.objects.filter(pk=orchestrator.pk).update(started_at=start)
+    runs = {"root": root, "orchestrator": orchestrator}
+    for i in range(count):
+        specialist = AgentRun.objects.create(
+            session=session,
+            parent=orchestrator,
+            agent_name=f"specialist_{i}",
+            mode="react",
+            status="running" if i == 0 else "completed",
+            ended_at=None if i == 0 else start + timedelta(seconds=12),
+        )
+        AgentRun.objects.filter(pk=specialist.pk).update(started_at=start + timedelta(seconds=2))
+        LLMCall.objects.create(
+            session=session,
+            agent_run=specialist,
+            provider="sim",
+            model="m",
+            purpose="reason",
+            tokens_in=100 + i,
+            tokens_out=10 + i,
+            cost=Decimal(0),
+        )
+        runs[f"specialist_{i}"] = specialist
+    ToolCall.objects.create(
+        session=session,
+        agent_run=runs["specialist_0"],
+        call_id=f"tree-{uuid.uuid4().hex}",
+        tool_name="query_metrics",
+        idempotency_key=f"tree-{uuid.uuid4().hex}",
+        status=ToolCallStatus.RUNNING,
+    )
+    return runs
+
+
+def diagnosis_session(user: User) -> Session:
+    session = start_from_bundle(user, EXAMPLES / "ex-deploy-payments.tar.gz", {"producer": "test"})
+    return Session.objects.get(pk=session.pk)
+
+
+def find(nodes: list[dict[str, Any]], run_id: int) -> dict[str, Any] | None:
+    for node in nodes:
+        if node["id"] == run_id:
+            return node
+        found = find(node["children"], run_id)
+        if found is not None:
+            return found
+    return None
+
+
+# --- the API ---------------------------------------------------------------------------
+
+
+def test_the_api_serves_the_tree_nested_with_times_tokens_and_the_running_tool(
+    builtin: None, alice: User
+) -> None:
+    session = waiting_session(alice)
+    runs = add_specialists(session)
+    body = call("GET", tree_url(session), token_for(alice)).json()
+
+    assert body["session_id"] == str(session.pk)
+    assert body["total_runs"] == AgentRun.objects.filter(session=session).count()
+    assert body["truncated"] is False and body["limit"] == MAX_RUNS
+    [root] = [r for r in body["runs"] if r["id"] == runs["root"].pk]
+    assert root["parent"] is None and root["agent_name"] == "incident_agent"
+    # the job's node runs in the order they ran (the orchestrator started before them)
+    names = [child["agent_name"] for child in root["children"]]
+    assert names[0] == "orchestrator" and names.index("input_parser") < names.index("reasoning")
+    orchestrator = find(body["runs"], runs["orchestrator"].pk)
+    assert orchestrator is not None and orchestrator["parent"] == root["id"]
+    assert orchestrator["mode"] == "hierarchical"
+    running, done = orchestrator["children"]
+    assert running["agent_name"] == "specialist_0" and running["status"] == "running"
+    assert running["current_tool"] == "query_metrics" and running["ended_at"] is None
+    assert running["elapsed_seconds"] >= 28  # still counting
+    assert done["status"] == "completed" and done["current_tool"] is None
+    assert done["elapsed_seconds"] == pytest.approx(10, abs=0.01)
+    assert (running["tokens_in"], running["tokens_out"]) == (100, 10)
+    # a parent counts what every run below it used
+    assert (orchestrator["tokens_in"], orchestrator["tokens_out"]) == (201, 21)
+    assert root["tokens_in"] >= 201
+
+
+def test_auditors_see_the_tree_masked_like_the_timeline(
+    builtin: None, alice: User, carol: User
+) -> None:
+    # an IT diagnosis: its R2 fix waits for approval, its arguments hidden from auditors
+    session = diagnosis_session(alice)
+    hidden = sorted(v for v in mask_of(session.pk).secrets if len(v) > 3)
+    assert hidden, "the fix is masked for auditors"
+    step = AgentRun.objects.filter(session=session, parent__isnull=False).first()
+    assert step is not None
+    AgentRun.objects.filter(pk=step.pk).update(output_summary={"summary": f"chose {hidden[0]}"})
+
+    def summary_for(token: str) -> str:
+        node = find(call("GET", tree_url(session), token).json()["runs"], step.pk)
+        assert node is not None
+        return str(node["output_summary"]["summary"])
+
+    assert summary_for(token_for(alice)) == f"chose {hidden[0]}"
+    assert summary_for(token_for(carol)) == f"chose {MASKED}"
+
+
+def test_the_api_refuses_the_tree_without_access(
+    builtin: None, alice: User, make_user: Any
+) -> None:
+    session = waiting_session(alice)
+    for token in (None, "aero_not-a-token"):
+        response = call("GET", tree_url(session), token)
+        assert response.status_code == 401 and response.json()["code"] == "unauthenticated"
+    # a token whose user lost every role reads nothing
+    former = make_user("former", "auditor")
+    token = token_for(former)
+    former.groups.clear()
+    assert call("GET", tree_url(session), token).status_code == 403
+    # unknown and deleted sessions are not found
+    reader = token_for(alice)
+    assert call("GET", tree_url(uuid.uuid4()), reader).status_code == 404
+    Session.objects.filter(pk=session.pk).update(deleted_at=timezone.now())
+    assert call("GET", tree_url(session), reader).status_code == 404
+    assert call("GET", f"{SESSIONS}/not-a-uuid/agent-tree", reader).status_code == 422
+
+
+def test_the_api_reads_the_tree_in_constant_queries(builtin: None, alice: User) -> None:
+    session = waiting_session(alice)
+    token = token_for(alice)
+    call("GET", tree_url(session), token)  # warm the token and role caches
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert call("GET", tree_url(session), token).status_code == 200
+        return len(captured)
+
+    few = queries()
+    add_specialists(session, count=40)
+    assert AgentRun.objects.filter(session=session).count() > 50
+    assert queries() == few
+
+
+def test_a_huge_tree_is_cut_and_says_so(builtin: None, alice: User) -> None:
+    session = waiting_session(alice)
+    runs = AgentRun.objects.filter(session=session).count()
+    tree = read_tree(session.pk, limit=runs - 1)
+    assert tree.truncated and tree.total == runs and tree.shown == runs - 1
+    assert not read_tree(session.pk, limit=runs).truncated
+    body = call("GET", tree_url(session), token_for(alice)).json()
+    assert body["truncated"] is False
+
+
+def test_the_openapi_document_describes_the_tree(db: None) -> None:
+    schema = call("GET", "/api/v1/openapi.json").json()
+    operation = schema["paths"]["/api/v1/diagnosis-sessions/{session_id}/agent-tree"]["get"]
+    assert "200" in operation["responses"] and "404" in operation["responses"]
+    node = schema["components"]["schemas"]["RunNode"]["properties"]
+    assert {"parent", "elapsed_seconds", "tokens_in", "tokens_out", "current_tool"} <= set(node)
+    assert {"truncated", "total_runs"} <= set(
+        schema["components"]["schemas"]["AgentTreeOut"]["properties"]
+    )
