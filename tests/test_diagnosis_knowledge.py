@@ -15,14 +15,27 @@ import pytest
 import yaml
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client, override_settings
 from django.urls import reverse
 from django.utils import translation
+from pydantic import ValidationError
 
 from aero.models import AuditLog
-from diagnosis.models import Event, Session
-from packs.diagnosis.knowledge import embedded_scores, similar_cases, trigram_similarity, words
+from diagnosis.actions import do_retry
+from diagnosis.agent.nodes import waiting
+from diagnosis.models import Event, Session, ToolCall
+from packs.diagnosis import graph
+from packs.diagnosis.knowledge import (
+    SimilarCasesArgs,
+    embedded_scores,
+    similar_cases_tool,
+    trigram_similarity,
+    words,
+)
 from packs.diagnosis.models import KnowledgeItem, KnowledgeSource, SimilarCase
+from packs.diagnosis.names import SIMILAR
+from packs.diagnosis.sessions import start_from_bundle
 from packs.diagnosis.system import demo_shop
 from replay.export import render_export
 from tests.admin_helpers import admin_client, form_data, staff_with
@@ -70,6 +83,96 @@ def test_each_shipped_example_finds_its_own_past_case_first(
     ]
     event = Event.objects.get(session=session, type="diagnosis.similar_cases")
     assert [c["id"] for c in event.payload["cases"]] == [c["id"] for c in similar]
+
+
+def test_the_agent_searches_past_cases_as_an_evidence_call_logged_once(
+    builtin: None, alice: User, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """`similar_cases(text, services?)` is an R0 evidence call made with the evidence (the
+    incident's words, the suspects' new errors, the services in play, the suspect first),
+    before the conclusion, with its result summary. The steps run again (a crash after
+    they committed, before the checkpoint) leave one search call, one
+    `diagnosis.similar_cases` event and one set of links; the conclusion does not cite
+    the search."""
+    original = waiting.wait_for_user
+    crashes = {"left": settings.AERO_JOB_ATTEMPTS}
+
+    def crash_before_the_wait(*args: Any) -> Any:
+        # after the steps up to the fix's proposal committed, before the wait's checkpoint:
+        # each attempt and the retry start again from the beginning
+        if crashes["left"]:
+            crashes["left"] -= 1
+            raise RuntimeError("worker lost its database connection")
+        return original(*args)
+
+    monkeypatch.setattr(waiting, "wait_for_user", crash_before_the_wait)
+    gathered: list[str] = []
+    diagnose = graph.diagnose
+
+    def counted(*args: Any) -> Any:
+        gathered.append("ran")
+        return diagnose(*args)
+
+    monkeypatch.setattr(graph, "diagnose", counted)
+    session = start_from_bundle(alice, EXAMPLES / "ex-pool-inventory.tar.gz", {"producer": "t"})
+    session.refresh_from_db()
+    assert session.status == "failed"
+    # as if the process died before its checkpoint: the retry runs every step again
+    with connection.cursor() as cursor:
+        for table in ("checkpoint_writes", "checkpoint_blobs", "checkpoints"):
+            cursor.execute(f"DELETE FROM {table} WHERE thread_id = %s", [str(session.pk)])
+    do_retry(session.pk, alice)
+    assert len(gathered) == 2, "the evidence step ran again"
+
+    call = ToolCall.objects.get(session=session, tool_name="similar_cases")
+    assert (call.risk_class, call.is_action, call.status) == ("R0", False, "completed")
+    assert call.request_payload["services"][0] == "inventory"
+    assert "Stock checks time out" in call.request_payload["text"]
+    assert "connection from the pool" in call.request_payload["text"]
+    assert call.response_payload["summary"].startswith("5 similar past cases: KB-003 (")
+    events = Event.objects.filter(session=session)
+    assert events.filter(type="tool.call_started", payload__call_id=call.call_id).count() == 1
+    done = events.get(type="tool.call_completed", payload__call_id=call.call_id)
+    found = events.get(type=SIMILAR)
+    cause = events.get(type="finding.recorded", payload__kind="root_cause")
+    assert done.seq < found.seq < cause.seq, "searched with the evidence, before concluding"
+    assert [c["id"] for c in found.payload["cases"]] == [
+        link.item.key for link in SimilarCase.objects.filter(session=session).order_by("rank")
+    ]
+    assert found.payload["cases"][0]["id"] == "KB-003"
+    assert call.call_id not in cause.payload["evidence"]
+
+
+def test_a_bad_search_is_refused_by_the_tools_schema_and_stores_nothing(
+    builtin: None, alice: User
+) -> None:
+    session = start_from_bundle(alice, EXAMPLES / "ex-pool-inventory.tar.gz", {"producer": "t"})
+    kept = list(SimilarCase.objects.filter(session=session).values_list("item__key", "score"))
+    for args in ({"text": ""}, {"text": "pool", "services": [3]}, {"text": "x", "since": "1h"}):
+        with pytest.raises(ValidationError):
+            similar_cases_tool(session.pk, args)
+    after = list(SimilarCase.objects.filter(session=session).values_list("item__key", "score"))
+    assert after == kept and kept
+    schema = SimilarCasesArgs.model_json_schema()
+    assert schema["required"] == ["text"] and set(schema["properties"]) == {"text", "services"}
+
+
+def test_a_failed_search_fails_its_call_and_the_diagnosis_goes_on(
+    builtin: None, alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def down(session_id: Any, args: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(graph, "similar_cases_tool", down)
+    session = start_from_bundle(alice, EXAMPLES / "ex-pool-inventory.tar.gz", {"producer": "t"})
+
+    call = ToolCall.objects.get(session=session, tool_name="similar_cases")
+    assert call.status == "failed" and "statement timeout" in call.error
+    assert not Event.objects.filter(session=session, type=SIMILAR).exists()
+    session.refresh_from_db()
+    assert session.snapshot["root_cause"]["service"] == "inventory"
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk]))
+    assert 'data-testid="similar-failed"' in page.content.decode()
 
 
 def test_the_report_fields_in_the_json_and_the_api(
@@ -231,7 +334,8 @@ def test_an_operator_saves_a_completed_diagnosis_once(
     # and a session never finds itself
     again = run(capsys, "ex-pool-inventory")
     assert item.key in [c["id"] for c in again["similar_cases"]]
-    assert item.key not in [c.item.key for c in similar_cases(session)]
+    asked = ToolCall.objects.get(session=session, tool_name="similar_cases").request_payload
+    assert item.key not in [c["id"] for c in similar_cases_tool(session.pk, asked)["cases"]]
 
 
 def test_an_unfinished_diagnosis_is_not_saved(

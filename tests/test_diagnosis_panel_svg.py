@@ -121,8 +121,9 @@ def test_replay_shows_the_diagnosis_panel_as_it_stood_at_each_step(
     builtin: None, alice: User, carol: User
 ) -> None:
     """An auditor replaying a diagnosis sees its panel, not the apron's facts: before the
-    evidence, nothing found; at the end, the root cause, the chart and the similar cases;
-    the session's own save button never."""
+    evidence, nothing found; the similar cases from the step that searched them (with the
+    evidence, before the conclusion); at the end, the root cause, the chart and the
+    similar cases; the session's own save button never."""
     from diagnosis.models import Event
     from packs.diagnosis.names import SIMILAR
 
@@ -136,10 +137,14 @@ def test_replay_shows_the_diagnosis_panel_as_it_stood_at_each_step(
     assert 'data-testid="root-cause"' not in early and not _figure(early, "metric-chart")
     assert 'class="facts"' not in early, "the apron's facts table is not a diagnosis's"
 
+    assert "Similar past cases are searched with the evidence." in early
     similar = Event.objects.get(session=session, type=SIMILAR).seq
     before = client.get(url, {"seq": similar - 1}).content.decode()
-    assert 'data-testid="root-cause"' in before and _figure(before, "metric-chart")
+    assert _figure(before, "metric-chart"), "the anomalies were read before the search"
     assert 'data-testid="similar-cases"' not in before, "not searched yet at this step"
+    searched = client.get(url, {"seq": similar}).content.decode()
+    assert 'data-item="KB-011"' in searched, "the search's best case, at once"
+    assert 'data-testid="root-cause"' not in searched, "searched with the evidence, not after"
     last = client.get(url, {"seq": session.last_seq}).content.decode()
     assert 'data-testid="root-cause"' in last and session.snapshot["root_cause"]["service"] in last
     assert _figure(last, "metric-chart") and _figure(last, "service-graph")

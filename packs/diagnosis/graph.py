@@ -33,7 +33,8 @@ from packs.diagnosis.charts import downsample
 from packs.diagnosis.code import CodeToolError, code
 from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.fixes import fix_problems
-from packs.diagnosis.knowledge import linked_cases, record_similar_cases
+from packs.diagnosis.knowledge import linked_cases, similar_cases_tool
+from packs.diagnosis.names import SIMILAR
 from packs.diagnosis.playbook import Diagnosis, Playbook, diagnose, minutes_between
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System, demo_shop
@@ -239,6 +240,34 @@ def gather_evidence(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> 
                 {"service": service},
                 lambda service=service: _topology(system, service),
             )
+        # The past cases like this one, searched with the incident's words, what the new
+        # errors at or towards the suspects say, and the services in play (the suspects
+        # first); the links are stored and logged once (a re-run reuses them).
+        incident = bundle_read["incident"]
+        suspects = found.candidates
+        errors = dict.fromkeys(
+            s.template
+            for s in found.new_signatures
+            if s.service in suspects or s.upstream in suspects
+        )
+        asked = {
+            "text": "\n".join(
+                t for t in (incident["title"], incident["description"], *list(errors)[:3]) if t
+            ),
+            "services": list(
+                dict.fromkeys([*suspects, *incident["services"], *found.related_services])
+            ),
+        }
+        similar = call(
+            "ev-similar_cases",
+            "similar_cases",
+            asked,
+            lambda: similar_cases_tool(ctx.session_id, asked),
+        )
+        if "cases" in similar:
+            append_step_event(
+                ctx.session_id, SIMILAR, {"cases": similar["cases"]}, producer=ctx.producer, run=run
+            )
         for index, location in enumerate(found.code_locations, start=1):
             call(
                 f"ev-code-{index}",
@@ -393,7 +422,12 @@ def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[st
     """The playbook's findings and its conclusion as `finding.recorded` events, each
     citing the evidence calls it rests on."""
     found: dict[str, Any] = state["conclusion"]
-    cited = [e["id"] for e in state["evidence"]["calls"] if not e.get("error")]
+    # The past cases are shown beside the conclusion; the playbook does not read them.
+    cited = [
+        e["id"]
+        for e in state["evidence"]["calls"]
+        if not e.get("error") and e["tool"] != "similar_cases"
+    ]
     for candidate in found["candidates"]:
         append_step_event(
             ctx.session_id,
@@ -414,8 +448,6 @@ def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[st
         producer=ctx.producer,
         run=run,
     )
-    # The past cases like it, linked and recorded with the conclusion.
-    record_similar_cases(ctx.session_id, found, producer=ctx.producer, run=run)
     update: dict[str, Any] = {"_summary": f"root cause: {found['hypothesis']}"}
     if found["hypothesis"] == "unknown":
         lang = "zh" if state.get("language") == "zh" else "en"

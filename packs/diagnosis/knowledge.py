@@ -1,13 +1,13 @@
 """The knowledge base: seeded from the demo shop's knowledge items, searched for the past
-cases most like a concluded diagnosis, and grown by completed sessions saved into it.
+cases most like an incident (the `similar_cases` evidence tool, called while the evidence
+is gathered), and grown by completed sessions saved into it.
 
 The search (no vector database, seed 003's scheme A): full text and trigram similarity
 over each item's `search_text`, in PostgreSQL `to_tsvector('simple')` with
 `ts_rank_cd` and pg_trgm's `similarity`; in the embedded SQLite mode an FTS5 table
 (trigram tokenizer, bm25) and the same trigram similarity computed here. Without FTS5
 (an SQLite built without it) the words the two texts share stand in for the rank. The
-text score is then weighed with what the conclusion states outright: the same root
-cause kind and the same services."""
+text score is then weighed with the services the caller names."""
 
 from __future__ import annotations
 
@@ -16,26 +16,28 @@ import sqlite3
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils.translation import gettext as _
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from aero.models import audit
 from diagnosis.actions import ActionError
 from diagnosis.eventlog.write import lock_session
-from diagnosis.events import append_event, append_step_event
+from diagnosis.events import append_event
 from diagnosis.models import Session, SessionStatus
 from packs.diagnosis.models import KnowledgeItem, KnowledgeSource, SimilarCase
-from packs.diagnosis.names import SAVED, SIMILAR
+from packs.diagnosis.names import SAVED
 from packs.diagnosis.system import System
 
 SHOWN = 3  # the page, the report and the export show the best three
 KEPT = 5  # links stored per session
 CANDIDATES = 50
-# Weights of the score (0..1): the texts' full-text rank and trigram similarity, then the
-# conclusion's own root cause kind and services.
-W_FTS, W_TRGM, W_HYPOTHESIS, W_SERVICES = 0.35, 0.15, 0.3, 0.2
+MAX_TEXT = 4000  # characters of a similar_cases query
+# Weights of the score (at most 0.7): the texts' full-text rank and trigram similarity,
+# then the services in play.
+W_FTS, W_TRGM, W_SERVICES = 0.35, 0.15, 0.2
 MIN_SCORE = 0.05
 WORD = re.compile(r"[0-9a-z]+|[\u3400-\u9fff]+")
 CJK = re.compile(r"[\u3400-\u9fff]")
@@ -90,22 +92,6 @@ def seed_knowledge(system: System) -> list[str]:
 # --- search ----------------------------------------------------------------------------------
 
 
-def session_text(session: Session, cause: dict[str, Any]) -> str:
-    """The words a session's conclusion is searched by."""
-    summary = cause.get("summary") or {}
-    parts = [
-        session.title,
-        cause.get("hypothesis", ""),
-        cause.get("problem_type", ""),
-        cause.get("service", ""),
-        " ".join(cause.get("related_services", [])),
-        cause.get("config_key") or "",
-        summary.get("en", ""),
-        summary.get("zh", ""),
-    ]
-    return "\n".join(str(p) for p in parts if p)
-
-
 def words(text: str) -> list[str]:
     seen: dict[str, None] = {}
     for word in WORD.findall(text.lower()):
@@ -132,10 +118,10 @@ def trigram_similarity(a: str, b: str) -> float:
 
 
 def _pg_candidates(
-    text: str, exclude: Any, hypothesis: str | None, services: list[str]
+    text: str, exclude: Any, services: list[str]
 ) -> tuple[dict[int, tuple[float, float]], str]:
     """Items sharing a word (the GIN tsvector index), close by trigrams (pg_trgm's `%`,
-    the trigram index), or naming the conclusion's root-cause kind or a service."""
+    the trigram index), or naming one of the services."""
     query = " | ".join(f"'{w}'" for w in words(text)) or "''"  # words hold no quote
     with connection.cursor() as cursor:
         cursor.execute(
@@ -146,9 +132,9 @@ def _pg_candidates(
             " FROM diagnosis_pack_knowledgeitem k, to_tsquery('simple', %s) q"
             " WHERE k.session_id IS DISTINCT FROM %s AND ("
             "  to_tsvector('simple', k.search_text) @@ q OR k.search_text %% %s"
-            "  OR k.hypothesis = %s OR k.services ?| %s::text[])"
+            "  OR k.services ?| %s::text[])"
             ") found ORDER BY fts + trgm DESC, id LIMIT %s",
-            [text, query, exclude, text, hypothesis, services, CANDIDATES],
+            [text, query, exclude, text, services, CANDIDATES],
         )
         rows = cursor.fetchall()
     return {row[0]: (float(row[1]), float(row[2])) for row in rows}, "pg_fts+trgm"
@@ -201,36 +187,18 @@ def embedded_scores(
     }, strategy
 
 
-def similar_cases(
-    session: Session, cause: dict[str, Any] | None = None, limit: int = KEPT
-) -> list[Match]:
-    """The knowledge items most like the session's conclusion (`cause`: the root cause
-    finding, by default the snapshot's), best first, its own saved item left out."""
-    if cause is None:
-        cause = (session.snapshot or {}).get("root_cause") or {}
-    return search(
-        session_text(session, cause),
-        hypothesis=str(cause.get("hypothesis") or ""),
-        service=str(cause.get("service") or ""),
-        services={cause.get("service"), *cause.get("related_services", [])} - {None, ""},
-        exclude=session.pk,
-        limit=limit,
-    )
-
-
 def search(
     text: str,
     *,
-    hypothesis: str = "",
     service: str = "",
     services: set[str] | None = None,
     exclude: Any = None,
     limit: int = KEPT,
 ) -> list[Match]:
-    """The knowledge items most like `text`, best first: a conclusion's words with its
-    root-cause kind and services, or a person's free-text query (no kind, no services:
-    the text's rank and trigram similarity alone). `exclude`: a session whose saved item
-    is left out."""
+    """The knowledge items most like `text`, best first: an incident's words with the
+    services in play (`service` the most suspected), or a person's free-text query (no
+    services: the text's rank and trigram similarity alone). `exclude`: a session whose
+    saved item is left out."""
     if not text.strip():
         return []
     services = services or set()
@@ -238,8 +206,7 @@ def search(
     # leave out every item not saved from a session).
     exclude = uuid.UUID(int=0) if exclude is None else exclude
     if connection.vendor == "postgresql":
-        # no kind: None, so that items without one are not candidates for that alone
-        found, strategy = _pg_candidates(text, exclude, hypothesis or None, sorted(services))
+        found, strategy = _pg_candidates(text, exclude, sorted(services))
     else:
         found, strategy = _sqlite_candidates(text, exclude)
     # ts_rank_cd's normalization 32 is rank/(rank+1); a few shared words give ~0.1.
@@ -248,55 +215,67 @@ def search(
     matches = []
     for item_id, (fts, trgm) in found.items():
         item = items[item_id]
-        same_kind = bool(hypothesis) and item.hypothesis == hypothesis
         shared = services & set(item.services)
         overlap = len(shared) / len(services | set(item.services)) if shared else 0.0
         on_service = 1.0 if service and service in item.services else overlap
-        score = (
-            W_FTS * (fts / top_fts)
-            + W_TRGM * trgm
-            + W_HYPOTHESIS * same_kind
-            + W_SERVICES * on_service
-        )
+        score = W_FTS * (fts / top_fts) + W_TRGM * trgm + W_SERVICES * on_service
         if score >= MIN_SCORE:
             matches.append(Match(item, round(score, 3), strategy, round(fts, 4), round(trgm, 4)))
     matches.sort(key=lambda m: (-m.score, m.item.key))
     return matches[:limit]
 
 
-def record_similar_cases(
-    session_id: Any, cause: dict[str, Any], *, producer: str, run: Any = None
-) -> list[Match]:
-    """Search for the conclusion `cause`, store the links (replacing any a re-run of the
-    step wrote) and record them in a `diagnosis.similar_cases` event. Runs in the
-    caller's transaction (the step's, whose events are written when it commits)."""
-    session = Session.objects.get(pk=session_id)
-    matches = similar_cases(session, cause)
-    SimilarCase.objects.filter(session_id=session_id).delete()
+class SimilarCasesArgs(BaseModel):
+    """The `similar_cases(text, services?)` evidence tool's arguments (DIAGNOSIS.md §2)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str = Field(
+        min_length=1, max_length=MAX_TEXT, description="what is wrong, in the incident's words"
+    )
+    services: list[Annotated[str, StringConstraints(min_length=1, max_length=100)]] = Field(
+        default_factory=list,
+        max_length=50,
+        description="the services in play, the most suspected first",
+    )
+
+
+SIMILAR_CASES_DESCRIPTION = (
+    "Past incidents like this one: knowledge items and saved sessions, by full text and "
+    "trigram similarity, with the services in common."
+)
+
+
+def similar_cases_tool(session_id: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """The `similar_cases` evidence tool: the knowledge items most like `args` (its
+    schema: SimilarCasesArgs), the session's own saved item left out. Stores the links
+    (replacing any a re-run of the step wrote) in the caller's transaction, the step's;
+    the result lists them as the `diagnosis.similar_cases` event records them."""
+    asked = SimilarCasesArgs.model_validate(args)
+    session = Session.objects.only("pk", "language").get(pk=session_id)
+    suspect = asked.services[0] if asked.services else ""
+    matches = search(asked.text, service=suspect, services=set(asked.services), exclude=session.pk)
+    SimilarCase.objects.filter(session_id=session.pk).delete()
     SimilarCase.objects.bulk_create(
-        SimilarCase(session_id=session_id, item=m.item, score=m.score, strategy=m.strategy, rank=i)
+        SimilarCase(session_id=session.pk, item=m.item, score=m.score, strategy=m.strategy, rank=i)
         for i, m in enumerate(matches, 1)
     )
-    append_step_event(
-        session_id,
-        SIMILAR,
+    cases = [
         {
-            "cases": [
-                {
-                    "id": m.item.key,
-                    "title": m.item.text("title", session.language),
-                    "score": m.score,
-                    "strategy": m.strategy,
-                    "fts": m.fts,
-                    "trgm": m.trgm,
-                }
-                for m in matches
-            ]
-        },
-        producer=producer,
-        run=run,
-    )
-    return matches
+            "id": m.item.key,
+            "title": m.item.text("title", session.language),
+            "score": m.score,
+            "strategy": m.strategy,
+            "fts": m.fts,
+            "trgm": m.trgm,
+        }
+        for m in matches
+    ]
+    words = ", ".join(f"{c['id']} ({c['score']})" for c in cases[:SHOWN])
+    return {
+        "cases": cases,
+        "summary": f"{len(cases)} similar past cases" + (f": {words}" if words else ""),
+    }
 
 
 def linked_cases(session: Session, limit: int = SHOWN) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ EVIDENCE_LABELS: dict[str, Promise] = {
     "config_changes": gettext_lazy("Config changes"),
     "topology": gettext_lazy("Service topology"),
     "code": gettext_lazy("Read the code (MCP git)"),
+    "similar_cases": gettext_lazy("Similar past cases"),
 }
 # The one run mode the offline pipeline has: a plan of evidence calls, then one conclusion.
 MODE = "plan_execute"

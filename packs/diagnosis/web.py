@@ -204,6 +204,11 @@ def page_context(session: Session, mask: SessionMask | None) -> dict[str, Any]:
     saved = KnowledgeItem.objects.filter(session=session).values_list("key", flat=True).first()
     similar = linked_cases(session)
     panel = _panel(session, cause, calls, mask.scrub(similar) if mask is not None else similar)
+    # searched by the evidence tool, or (a session recorded before it was one) when it
+    # concluded
+    searches = [error for _, tool, _, error, _ in calls if tool == "similar_cases"]
+    panel["searched"] = any(not e for e in searches) or (bool(cause) and not searches)
+    panel["search_failed"] = bool(searches) and all(searches)
     panel["saved_as"] = saved
     panel["can_save"] = session.status == SessionStatus.COMPLETED and bool(cause) and not saved
     return {"diagnosis": panel}
@@ -223,7 +228,16 @@ def replay_context(session: Session, state: FoldState, mask: SessionMask | None)
     found = Event.objects.filter(session=session, type=SIMILAR, seq__lte=state.seq).exists()
     similar = linked_cases(session) if found else []
     panel = _panel(session, cause, calls, mask.scrub(similar) if mask is not None else similar)
-    return {"diagnosis": {**panel, "saved_as": None, "can_save": False}}
+    failed = any(tool == "similar_cases" and error for _, tool, _, error, _ in calls)
+    return {
+        "diagnosis": {
+            **panel,
+            "searched": found,
+            "search_failed": failed,
+            "saved_as": None,
+            "can_save": False,
+        }
+    }
 
 
 def _panel(
