@@ -60,6 +60,10 @@ class Command(BaseCommand):
         _require_migrated()
         # Jobs run here, in this process, through the same advance_session as workers.
         settings.AERO_JOB_BACKEND = "inline"
+        # And their model calls, inside the job (not as waits): with `make run` up on the
+        # same database its runner claimed the waits and the command ended "running",
+        # its decisions never made.
+        settings.AERO_LLM_WAITS = False
         if options["decide"] and not options["reason"].strip():
             # Rejections and R3 confirmations need a written reason; say where it came from.
             options["reason"] = {APPROVE: "approved", REJECT: "rejected"}[
