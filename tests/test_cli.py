@@ -342,6 +342,7 @@ def test_an_operator_who_does_not_know_is_told_why_it_is_needed(
     assert questions[1] == (
         "风险评估需要这一项：请向机组或现场人员确认后告诉我。可选：运转中 / 已关车。"
         + ask("engine_status", "zh")
+        + "也可以在得知后，在“已知信息”中点击该项的“更正”填写。"
     )
     assert questions[2] == ask("continuous", "zh")  # plainly: that answer was read
     assert result["risk"]["rule"] == "OS-03"
@@ -364,6 +365,8 @@ def test_an_english_operator_who_does_not_know(
     assert result["questions"][0] == ask("continuous", "en")
     assert result["questions"][1] == (
         "The risk cannot be assessed without this: please check with the crew or the staff "
-        "on site, then tell me. Options: Still leaking / Stopped. " + ask("continuous", "en")
+        "on site, then tell me. Options: Still leaking / Stopped. "
+        + ask("continuous", "en")
+        + " Or enter it with “Correct” under “What is known” when you know."
     )
     assert result["risk"]["rule"] == "OS-05"

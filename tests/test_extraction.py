@@ -214,6 +214,36 @@ def test_bare_yes_no_answers_the_asked_bool_field(answer: str, expected: bool) -
     assert extract(answer, asked="continuous") == {"continuous": expected}
 
 
+@pytest.mark.parametrize(
+    ("slug", "asked", "answer", "expected"),
+    [
+        ("bird_strike", "engine_ingestion", "是，左发吸入", {"engine_ingestion": True}),
+        ("bird_strike", "engine_ingestion", "对 左边那台", {"engine_ingestion": True}),
+        ("bird_strike", "engine_ingestion", "Yes, the left one", {"engine_ingestion": True}),
+        ("oil_spill", "continuous", "不是，已经止住了", {"continuous": False}),
+        ("oil_spill", "continuous", "no, it stopped", {"continuous": False}),
+        # The rest of the answer is read as any message: another field's words count.
+        (
+            "tire_burst",
+            "debris",
+            "是，跑道上有碎片，冒烟了",
+            {"debris": True, "fire_or_smoke": True},
+        ),
+        # A synonym's own phrase is no yes/no opening the answer: "no debris" states debris.
+        ("tire_burst", "fire_or_smoke", "no debris", {"debris": False}),
+        ("tire_burst", "fire_or_smoke", "有碎片", {"debris": True}),
+    ],
+)
+def test_a_yes_or_no_opening_a_longer_answer_answers_the_asked_field(
+    slug: str, asked: str, answer: str, expected: dict[str, Any]
+) -> None:
+    found = {
+        n: e.value
+        for n, e in extract_fields(builtin_definition(slug), answer, demo_graph(), asked).items()
+    }
+    assert {k: v for k, v in found.items() if k in expected or k == asked} == expected
+
+
 @pytest.mark.parametrize("answer", ["yes", "是"])
 def test_bare_yes_means_nothing_unless_a_bool_field_was_asked(answer: str) -> None:
     assert extract(answer) == {}

@@ -158,10 +158,42 @@ def test_a_span_that_evidences_one_field_does_not_evidence_another() -> None:
     assert found == {"engine_status": ("RUNNING", True), "continuous": (True, False)}
 
 
-def test_the_synonyms_contradicting_the_model_are_put_to_the_operator() -> None:
-    assert grounded("液压油泄漏", {"fluid_type": Claim("FUEL", "液压油泄漏")}) == {
-        "fluid_type": ("FUEL", False)
-    }
+def test_the_words_contradicting_the_model_win_and_the_models_value_is_noted() -> None:
+    found = ground(
+        oil_spill(), "液压油泄漏", demo_graph(), {"fluid_type": Claim("FUEL", "液压油泄漏")}
+    )
+    fluid = found["fluid_type"]
+    assert (fluid.value, fluid.confirmed, fluid.dropped) == ("HYDRAULIC", True, "FUEL")
+
+
+def test_the_reporters_words_win_over_every_wrong_model_value() -> None:
+    """Issue 32: "CA1234 105机位 燃油泄漏" read by a model as MU9999 / 106 / HYDRAULIC
+    (quoting its own words, or the text's): the text's own values, each model value noted."""
+    text = "CA1234 105机位 燃油泄漏"
+    for quotes in (("MU9999", "106机位", "液压油"), ("CA1234", "105机位", "燃油")):
+        claims = {
+            "flight_no": Claim("MU9999", quotes[0]),
+            "position": Claim("106", quotes[1]),
+            "fluid_type": Claim("HYDRAULIC", quotes[2]),
+        }
+        found = ground(oil_spill(), text, demo_graph(), claims)
+        assert {n: (e.value, e.confirmed, e.dropped) for n, e in found.items()} == {
+            "flight_no": ("CA1234", True, "MU9999"),
+            "position": ("105", True, "106"),
+            "fluid_type": ("FUEL", True, "HYDRAULIC"),
+        }
+
+
+def test_two_values_both_stated_are_put_to_the_operator() -> None:
+    # The text names two flights; the model picks the second, quoting it: the words state
+    # both, so the operator decides (no value is dropped).
+    found = ground(
+        oil_spill(),
+        "CA1234 和 MU5678 之间 105机位漏油",
+        demo_graph(),
+        {"flight_no": Claim("MU5678", "MU5678")},
+    )
+    assert (found["flight_no"].value, found["flight_no"].confirmed) == ("MU5678", False)
 
 
 def test_a_quote_of_a_denied_synonym_is_put_to_the_operator() -> None:
@@ -327,6 +359,49 @@ def test_the_worked_example_still_needs_no_question(
     assert session.snapshot["evidence"]["continuous"] == "持续"
     assert session.snapshot["risk"]["rule"] == "OS-01" and session.snapshot["risk"]["score"] == 95
     assert not Event.objects.filter(session=session, type="agent.question").exists()
+
+
+def test_an_answer_that_says_no_and_states_the_value_is_read_as_that_value() -> None:
+    pending = {"flight_no": {"value": "MU9999", "evidence": ""}}
+    declined: dict[str, list[Any]] = {}
+    text = "不是，航班号是CA1234"
+    found = ground(oil_spill(), text, demo_graph(), {"flight_no": Claim("MU9999", "")}, "flight_no")
+    settled = dict(settle(oil_spill(), found, pending, "flight_no", text, declined))
+    assert (settled["flight_no"].value, settled["flight_no"].confirmed) == ("CA1234", True)
+    assert declined == {"flight_no": ["MU9999"]}
+
+
+def test_a_declined_value_is_not_put_again_without_new_words() -> None:
+    pending = {"flight_no": {"value": "MU9999", "evidence": ""}}
+    declined: dict[str, list[Any]] = {}
+    found = ground(oil_spill(), "不是", demo_graph(), {"flight_no": Claim("MU9999", "")})
+    assert settle(oil_spill(), found, pending, "flight_no", "不是", declined) == []
+    assert pending == {} and declined == {"flight_no": ["MU9999"]}
+    # The model says it again about the next message: not put to the operator again.
+    again = ground(oil_spill(), "嗯", demo_graph(), {"flight_no": Claim("MU9999", "")})
+    assert settle(oil_spill(), again, pending, "flight_no", "嗯", declined) == []
+    # Another value it has not put yet is new: asked.
+    other = ground(oil_spill(), "嗯", demo_graph(), {"flight_no": Claim("MU5678", "")})
+    assert [n for n, _ in settle(oil_spill(), other, pending, None, "嗯", declined)] == [
+        "flight_no"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("answer", "value"),
+    [
+        ("是，左发吸入", True),
+        ("是的 左发", True),
+        ("对，吸入了", True),
+        ("yes, left engine", True),
+        ("不是，只打到机身", False),
+        ("no, the airframe", False),
+    ],
+)
+def test_a_yes_or_no_that_opens_a_longer_answer_is_read(answer: str, value: bool) -> None:
+    spec = oil_spill()["fields"]["continuous"]
+    found = confirmation_answer(spec, True, answer)
+    assert found is not None and found.value is value
 
 
 def test_a_denied_reading_of_an_enum_is_dropped_and_asked_plainly() -> None:

@@ -62,6 +62,18 @@ CEASED_WORDS = 3
 
 YES = ("是", "是的", "对", "有", "yes", "y", "true", "affirmative")
 NO = ("否", "不是", "没有", "无", "no", "n", "false", "negative")
+# A yes or a no that opens a longer answer ("是，左发吸入", "不是，航班号是CA1234", "yes, the
+# left engine"): the first word answers the question, the rest is read as any message.
+# Chinese words end at punctuation or a space, English ones at punctuation only: "no
+# debris" is a synonym's phrase, not "no" followed by a remark.
+_LEAD_END_ZH = r"(?=$|[\s，。,.!！;；:：、])"
+_LEAD_END_EN = r"(?=$|\s*[,.!;:])"
+YES_LEAD = re.compile(
+    rf"^(?:(?:是的|是|对的|对|没错){_LEAD_END_ZH}|(?:yes|yeah|yep|correct|affirmative){_LEAD_END_EN})"
+)
+NO_LEAD = re.compile(
+    rf"^(?:(?:不是|不对|否|没有){_LEAD_END_ZH}|(?:no|nope|negative|wrong){_LEAD_END_EN})"
+)
 # An answer that says the operator does not know: nothing is read from it, and the
 # question comes again saying why it is needed (nodes.reasoning).
 UNSURE = re.compile(
@@ -75,6 +87,21 @@ def is_unsure(text: str) -> bool:
     return UNSURE.search(text.lower()) is not None
 
 
+def yes_or_no(text: str) -> bool | None:
+    """The answer to a yes/no question: a bare yes or no, or one that opens a longer
+    answer; None when the text starts with neither."""
+    answer = text.lower().strip(" 。.!！,，")
+    if answer in YES:
+        return True
+    if answer in NO:
+        return False
+    if YES_LEAD.match(answer):
+        return True
+    if NO_LEAD.match(answer):
+        return False
+    return None
+
+
 @dataclass(frozen=True)
 class Extraction:
     value: Any
@@ -83,6 +110,9 @@ class Extraction:
     span: tuple[int, int] | None = None
     # False: a reading without evidence of its own, to be confirmed by the operator.
     confirmed: bool = True
+    # A model's value that these words contradict: dropped, and the log says so
+    # (grounding: the reporter's words win over a model's guess).
+    dropped: Any = None
 
 
 @dataclass(frozen=True)
@@ -181,11 +211,9 @@ def extract_fields(
             found[name] = Extraction(text.strip(), "answer")
 
     if asked and asked not in found and fields.get(asked, {}).get("type") == "bool":
-        answer = lowered.strip(" 。.!！,，")
-        if answer in YES:
-            found[asked] = Extraction(True, answer)
-        elif answer in NO:
-            found[asked] = Extraction(False, answer)
+        said = yes_or_no(text)
+        if said is not None:
+            found[asked] = Extraction(said, text.strip(" 。.!！,，"))
     return found
 
 

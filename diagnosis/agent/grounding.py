@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from diagnosis.agent.extraction import NO, YES, Extraction, extract_fields
+from diagnosis.agent.extraction import Extraction, extract_fields, yes_or_no
 from scenarios_admin.airport import AirportGraph
 
 # Field types whose value a quote can be checked to state: the value is in the words.
@@ -102,13 +102,17 @@ def ground(
         value = _valid(spec, claim.value, graph)
         if value is None:
             continue  # not a value of this scenario: nothing to confirm
-        known = synonyms.get(name)
-        if known is not None and known.confirmed and _same(spec["type"], known.value, value):
+        found = synonyms.get(name)
+        # What the words themselves state of this field (an unconfirmed reading is none).
+        known = found if found is not None and found.confirmed else None
+        words_state = known is not None
+        if known is not None and _same(spec["type"], known.value, value):
             result[name] = Extraction(value, known.evidence, span=known.span)
             continue
         span = find_quote(text, claim.quote)
         quoted = text[span[0] : span[1]] if span else ""
-        if span and spec["type"] in STATED_TYPES and not (known is not None and known.confirmed):
+        quote_states = False
+        if span and spec["type"] in STATED_TYPES:
             overlaps = [
                 other
                 for other, (start, end) in other_spans.items()
@@ -118,11 +122,18 @@ def ground(
                 str(claim.value).replace(" ", "").lower() in quoted.replace(" ", "").lower()
             )
             in_doubt = any(start < span[1] and span[0] < end for start, end in denied.get(name, []))
-            if not overlaps and states_value and not in_doubt:
-                result[name] = Extraction(value, quoted, span=span)
-                continue
-        # No synonym and no quote of its own ties the value to the text, or the synonyms
-        # read another value: the operator decides.
+            quote_states = not overlaps and states_value and not in_doubt
+        if known is not None and not quote_states:
+            # The words state another value and nothing in them states the model's: the
+            # reporter's words win over a model's guess ("CA1234 105机位 燃油泄漏" read as
+            # MU9999 / 106 / HYDRAULIC), and the dropped value is noted.
+            result[name] = Extraction(known.value, known.evidence, known.span, dropped=value)
+            continue
+        if quote_states and not words_state:
+            result[name] = Extraction(value, quoted, span=span)
+            continue
+        # No synonym and no quote of its own ties the value to the text, or the words
+        # state both values: the operator decides.
         result[name] = Extraction(value, quoted, span=span, confirmed=False)
     # What the synonyms read of a field the model said nothing about counts as it does
     # with the offline provider: a model that leaves out the flight the operator just
@@ -134,12 +145,13 @@ def ground(
 
 
 def confirmation_answer(spec: dict[str, Any], candidate: Any, text: str) -> Extraction | None:
-    """A bare yes/no to "please confirm <field> = <candidate>": yes takes the candidate; no
-    takes the other value of a bool field, and nothing for other fields (asked again)."""
-    answer = text.lower().strip(" 。.!！,，")
-    if answer in YES:
+    """A yes/no to "please confirm <field> = <candidate>", bare or opening a longer answer
+    ("是，左发吸入"): yes takes the candidate; no takes the other value of a bool field, and
+    nothing for other fields (the field is then asked plainly)."""
+    said = yes_or_no(text)
+    if said is True:
         return Extraction(candidate, f"confirmed: {text.strip()}")
-    if answer in NO and spec["type"] == "bool" and isinstance(candidate, bool):
+    if said is False and spec["type"] == "bool" and isinstance(candidate, bool):
         return Extraction(not candidate, f"denied: {text.strip()}")
     return None
 
@@ -150,21 +162,42 @@ def settle(
     pending: dict[str, dict[str, Any]],
     asked: str | None,
     text: str,
+    declined: dict[str, list[Any]] | None = None,
 ) -> list[tuple[str, Extraction]]:
     """What one message establishes, in order: the answer to a confirmation question
-    first (a bare yes/no about the pending value), then every reading; unconfirmed P2
-    readings are dropped (only P1 fields are worth a question). A pending reading the
-    operator denied is removed from `pending`: the field is then asked plainly."""
+    first (a yes/no about the pending value), then every reading; unconfirmed P2
+    readings are dropped (only P1 fields are worth a question).
+
+    Any answer to a confirmation question but a yes settles it: the pending value is
+    removed from `pending` and noted in `declined`, and a reading of that same value
+    with no evidence of its own is not put to the operator again (no question twice
+    without new information): the field is then asked plainly."""
     fields: dict[str, dict[str, Any]] = definition["fields"]
     found = dict(found)
+    declined = {} if declined is None else declined
     if asked and asked in pending:
         answer = confirmation_answer(fields[asked], pending[asked]["value"], text)
-        if answer is not None:
+        words = found.get(asked)
+        # A reading with a span is the words stating a value; a bare yes/no has none.
+        if words is not None and words.confirmed and words.span is not None:
+            # The answer states the value itself ("不是，航班号是CA1234"): taken as said.
+            if not _same(fields[asked]["type"], words.value, pending[asked]["value"]):
+                declined.setdefault(asked, []).append(pending[asked]["value"])
+        elif answer is not None:
             found[asked] = answer
-        elif text.lower().strip(" 。.!！,，") in NO:
-            del pending[asked]
+        else:
+            declined.setdefault(asked, []).append(pending.pop(asked)["value"])
     return [
         (name, extraction)
         for name, extraction in found.items()
-        if name in fields and (extraction.confirmed or fields[name].get("priority") == "P1")
+        if name in fields
+        and (extraction.confirmed or fields[name].get("priority") == "P1")
+        and not (
+            not extraction.confirmed
+            and _among(fields[name]["type"], extraction.value, declined.get(name, []))
+        )
     ]
+
+
+def _among(field_type: str, value: Any, values: list[Any]) -> bool:
+    return any(_same(field_type, value, other) for other in values)

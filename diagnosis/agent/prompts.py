@@ -64,6 +64,20 @@ UNANSWERED_POSTSCRIPT = {
     "如有回答，风险将重新评估。",
 }
 
+# After the explanation of why a required fact is needed: where else it can be given.
+CORRECTION_OFFER = {
+    "en": " Or enter it with “Correct” under “What is known” when you know.",
+    "zh": "也可以在得知后，在“已知信息”中点击该项的“更正”填写。",
+}
+
+# A required fact still unknown after its explanation: asked again briefly, not explained
+# twice.
+STILL_NEEDED = {
+    "en": "Still needed before the risk can be assessed: {label}. Answer here, or use "
+    "“Correct” under “What is known”, when you know.",
+    "zh": "评估风险仍需要：{label}。得知后请在此回答，或在“已知信息”中点击“更正”填写。",
+}
+
 ANSWERING = {
     "en": "The operator is answering the question about {field!r}.",
     "zh": "值班员正在回答关于 {field!r} 的问题。",

@@ -17,6 +17,8 @@ class AgentState(TypedDict, total=False):
     fields: dict[str, Any]
     evidence: dict[str, str]
     unconfirmed: dict[str, dict[str, Any]]  # field -> {value, evidence} awaiting confirmation
+    # field -> values put to the operator and not confirmed: not put again on no new words.
+    declined: dict[str, list[Any]]
     asked: list[str]  # fields asked about, in order (a field may repeat)
     question: dict[str, Any] | None
     # The last messages only corrected facts: the next question is no "not recognised".
@@ -24,6 +26,9 @@ class AgentState(TypedDict, total=False):
     # The last answer said the operator does not know (extraction.UNSURE): the question
     # comes again with why it matters, not as an answer not understood.
     unsure: bool
+    # Required fields the operator was told why they are needed (after "I don't know"):
+    # told once; asked again, the question is short and points at the correction form.
+    explained: list[str]
     enrichment: dict[str, Any] | None
     risk: dict[str, Any] | None
     impact: dict[str, Any] | None

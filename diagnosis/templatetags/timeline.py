@@ -148,6 +148,16 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
             {"code": name, "label": field_label(definition, name, language)}
             for name in payload.get("missing") or []
         ],
+        # A model's values the operator's words contradict (fields.extracted "dropped").
+        "dropped": [
+            {
+                "label": field_label(definition, name, language),
+                "model": field_display(definition, name, note.get("value"), language),
+                "kept": field_display(definition, name, note.get("kept"), language),
+            }
+            for name, note in as_dict(payload.get("dropped")).items()
+            if isinstance(note, dict)
+        ],
         "fsm_from": plain(FSM_LABELS, payload.get("from", "")),
         "fsm_to": plain(FSM_LABELS, payload.get("to", "")),
         "level": plain(RISK_LABELS, payload.get("level", "")),

@@ -218,12 +218,14 @@ def summarize(session: Session) -> dict[str, Any]:
             e.payload["text"]
             for e in Event.objects.filter(session=session, type="agent.question").order_by("seq")
         ],
-        # Optional questions closed unanswered when every action was decided.
+        # Optional questions closed without an answer (left open when every action was
+        # decided, or answered without a value); not a confirmation that was not given.
         "unanswered": [
             e.payload["field"]
             for e in Event.objects.filter(session=session, type="agent.question_closed").order_by(
                 "seq"
             )
+            if e.payload.get("optional", True)
         ],
         "risk": {"rule": risk["rule"], "level": risk["level"], "score": risk["score"]}
         if risk

@@ -7,6 +7,7 @@ from typing import Any
 from aero.compiled import Arg, Compiled
 from diagnosis.agent import grounding, policy, summaries, waits
 from diagnosis.agent.extraction import Extraction, is_unsure
+from diagnosis.agent.nodes.reasoning import close_question
 from diagnosis.agent.providers import Provider, Usage, call_with_fallback
 from diagnosis.agent.recording import call_recorder, fallback_recorder, recorded, skip_recorder
 from diagnosis.agent.state import AgentContext, AgentState
@@ -31,8 +32,10 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     evidence = dict(state.get("evidence") or {})
     consumed = state.get("consumed_seq", 0)
     asked = (state.get("question") or {}).get("field")
-    messages = _messages_after.rows(ctx.session_id, consumed)
+    messages = list(_messages_after.rows(ctx.session_id, consumed))
     pending = dict(state.get("unconfirmed") or {})
+    declined = {name: list(values) for name, values in (state.get("declined") or {}).items()}
+    dropped: dict[str, Any] = {}  # a model's values the operator's words contradict
     changed: dict[str, Any] = {}
     unconfirmed: dict[str, Any] = {}
     # The field whose pending value the operator is answering about: a yes settles it.
@@ -69,7 +72,9 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
                 fallback_recorder(ctx, run),
                 skip_recorder(ctx, run),
             )
-        for name, extraction in grounding.settle(definition, found, pending, asked, text):
+        for name, extraction in grounding.settle(definition, found, pending, asked, text, declined):
+            if extraction.dropped is not None:
+                dropped[name] = {"value": extraction.dropped, "kept": extraction.value}
             known = fields.get(name)
             if (
                 extraction.confirmed
@@ -97,6 +102,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
                 unconfirmed[name] = pending[name]
         consumed = message.seq
         unsure = bool(asked) and asked not in changed and is_unsure(text)
+    close_question_not_settled(state, ctx, run, messages, changed, pending, unsure)
     for name, spec in definition["fields"].items():
         if fields.get(name) is None and spec.get("default") is not None:
             fields[name] = spec["default"]
@@ -115,6 +121,12 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
             "missing": missing,
             "unconfirmed": unconfirmed,  # read in these messages, to be confirmed
             "pending": pending,  # every value awaiting the operator's confirmation
+            # A model's values the operator's words contradict: not taken (field -> the
+            # model's value and the one the words state).
+            **({"dropped": dropped} if dropped else {}),
+            # Values put to the operator and not confirmed: not put again unless the
+            # operator's own words state them.
+            **({"declined": declined} if declined != (state.get("declined") or {}) else {}),
             "through_seq": consumed,
         },
         producer=ctx.producer,
@@ -127,12 +139,51 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
         "consumed_seq": consumed,
         "question": None,
         "unconfirmed": pending,
+        "declined": declined,
         "only_corrections": only_corrections,
         "unsure": unsure,
         "new_input": False,
         **replan,
         "_summary": summary,
     }
+
+
+def close_question_not_settled(
+    state: AgentState,
+    ctx: AgentContext,
+    run: AgentRun,
+    messages: Any,
+    changed: dict[str, Any],
+    pending: dict[str, Any],
+    unsure: bool,
+) -> None:
+    """The messages answered the open question without settling its field: an optional
+    question is asked once and the response goes on without it; a confirmation of an
+    inferred value ("please confirm ... from ...") answered with anything but a yes drops
+    the value (asked plainly next, when it is required). Either way the question closes,
+    and the log says why: the operator does not know, sent a correction instead, said
+    no, or named no value."""
+    question = state.get("question") or {}
+    field = question.get("field")
+    answering = [m for m in messages if m.payload.get("answers") == question.get("key")]
+    if not field or not answering or field in changed:
+        return
+    optional = bool(question.get("optional"))
+    was_confirmation = field in (state.get("unconfirmed") or {}) and field not in pending
+    if not (optional or was_confirmation):
+        return
+    last = answering[-1].payload
+    if last.get("correction"):
+        reason = "correction"
+    elif unsure:
+        reason = "unsure"
+    elif was_confirmation:
+        reason = "declined"
+    else:
+        reason = "unrecognised"
+    close_question(
+        ctx, run, question, state.get("language", "en"), reason=reason, optional=optional
+    )
 
 
 def replan_after_answer(

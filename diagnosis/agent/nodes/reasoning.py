@@ -41,7 +41,7 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
     elif plan["step"] == "finish" and (open_question := state.get("question") or {}).get(
         "optional"
     ):
-        close_unanswered(ctx, run, open_question, state.get("language", "en"))
+        close_question(ctx, run, open_question, state.get("language", "en"))
         update["question"] = None
         update["_summary"] = "finish"
     elif plan["step"] == "call":
@@ -57,6 +57,8 @@ def _question(
     """Word the question about `field` and log it (once, by key). An optional one is asked
     alongside the approvals: the agent does not wait for its answer."""
     asked = list(state.get("asked") or [])
+    explained = list(state.get("explained") or [])
+    offer_correction = False
     spec = ctx.definition["fields"][field]
     lang = state.get("language", "en")
     text = spec["ask"][lang]
@@ -68,7 +70,14 @@ def _question(
     elif candidate is not None:
         text = prompts.confirmation(spec, candidate["value"], candidate["evidence"], lang)
     elif field in asked and state.get("unsure"):
-        text = _unsure_hint(spec, lang) + text
+        # Why it is needed is said once; asked again, the question is short. Both
+        # point at the correction form (the fact can be given there whenever known).
+        if field in explained:
+            text = prompts.STILL_NEEDED[lang].format(label=spec["label"][lang])
+        else:
+            text = _unsure_hint(spec, lang) + text + prompts.CORRECTION_OFFER[lang]
+            explained.append(field)
+        offer_correction = True
     elif field in asked and not state.get("only_corrections"):
         text = _retry_hint(spec, lang) + text
     asked.append(field)
@@ -76,6 +85,8 @@ def _question(
     payload = {"field": field, "label": spec["label"][lang], "text": text}
     if optional:
         question["optional"] = payload["optional"] = True
+    if offer_correction:
+        question["offer_correction"] = payload["offer_correction"] = True
     append_event_once(
         ctx.session_id,
         "agent.question",
@@ -84,12 +95,22 @@ def _question(
         producer=ctx.producer,
         run=run,
     )
-    return {"asked": asked, "question": question}
+    return {"asked": asked, "question": question, "explained": explained}
 
 
-def close_unanswered(ctx: AgentContext, run: AgentRun, question: dict[str, Any], lang: str) -> None:
-    """Every action is decided and the optional question is still open: the session
-    completes without it, and the log (so the page and the report) says it went unanswered."""
+def close_question(
+    ctx: AgentContext,
+    run: AgentRun,
+    question: dict[str, Any],
+    lang: str,
+    *,
+    reason: str = "unanswered",
+    optional: bool = True,
+) -> None:
+    """A question closes without its field settled, once (by key), with why: left open
+    when every action was decided ("unanswered": the session completes without it, and
+    the page and the report say so), or answered without a value (see
+    nodes.input.close_question_not_settled)."""
     append_event_once(
         ctx.session_id,
         "agent.question_closed",
@@ -99,6 +120,8 @@ def close_unanswered(ctx: AgentContext, run: AgentRun, question: dict[str, Any],
             "field": question["field"],
             "label": ctx.definition["fields"][question["field"]]["label"][lang],
             "answered": False,
+            "reason": reason,
+            "optional": optional,
         },
         producer=ctx.producer,
         run=run,

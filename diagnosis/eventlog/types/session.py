@@ -134,6 +134,8 @@ class AgentQuestion(Payload):
     label: str = ""
     # Asked alongside the approvals: the agent goes on without its answer.
     optional: bool = False
+    # The operator does not know a required fact: the page points at its correction form.
+    offer_correction: bool = False
 
 
 def _question(state: FoldState, event: EventLike) -> None:
@@ -153,8 +155,9 @@ def _question(state: FoldState, event: EventLike) -> None:
 
 def _question_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     question = {"field": p["field"], "text": p["text"], "key": p["key"]}
-    if p.get("optional"):
-        question["optional"] = True
+    for flag in ("optional", "offer_correction"):
+        if p.get(flag):
+            question[flag] = True
     return {**snapshot, "question": question}
 
 
@@ -163,6 +166,12 @@ class QuestionClosed(Payload):
     field: str
     label: str = ""
     answered: bool = False
+    # Why it closed without its field: "unanswered" (left open when every action was
+    # decided), "unsure", "correction", "declined" (a confirmation not given),
+    # "unrecognised" (an answer naming no value).
+    reason: str = "unanswered"
+    # False: a confirmation of an inferred value, not an optional question.
+    optional: bool = True
 
 
 def _question_closed(state: FoldState, event: EventLike) -> None:
@@ -329,7 +338,8 @@ TYPES = (
         reduce=_question_closed,
         snapshot=_question_closed_snapshot,
         summary=lambda p: (
-            _("optional question closed unanswered: %(field)s") % {"field": p.get("field", "")}
+            _("question closed without an answer (%(reason)s): %(field)s")
+            % {"field": p.get("field", ""), "reason": p.get("reason", "unanswered")}
         ),
         line=_line(names.AGENT_QUESTION_CLOSED),
         panels=FACTS,
