@@ -44,6 +44,8 @@ class RunNode:
     current_tool: str | None
     output_summary: dict[str, Any]
     children: list[RunNode] = field(default_factory=list)
+    # Shown unfolded: a run with a run below it still running, or the newest root.
+    unfolded: bool = False
 
     @property
     def running(self) -> bool:
@@ -170,4 +172,22 @@ def read_tree(
         for child in node.children:
             node.tokens_in += child.tokens_in
             node.tokens_out += child.tokens_out
+            node.unfolded = node.unfolded or child.running or child.unfolded
+    if roots:
+        roots[-1].unfolded = True
     return tree
+
+
+class TreeOnce:
+    """A session's tree read at its first use, then kept: the live page's context is
+    built once per session and batch, and a pushed update whose events touched no run
+    renders no tree (so reads none). Templates call it (a callable without arguments)."""
+
+    def __init__(self, session_id: Any) -> None:
+        self.session_id = session_id
+        self.tree: AgentTree | None = None
+
+    def __call__(self) -> AgentTree:
+        if self.tree is None:
+            self.tree = read_tree(self.session_id)
+        return self.tree

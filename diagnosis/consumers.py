@@ -409,7 +409,7 @@ def _render_updates(
     rows, sent = timeline_rows(shown, presenters.version_definition(session))
     panels: set[str] = set()
     for event in sent:
-        panels |= presenters.panels_of(event.type)
+        panels |= presenters.panels_of(event)
     new_key = presenters.composer_key(session)
     if new_key != pull.composer_key:
         panels.add("session-composer")

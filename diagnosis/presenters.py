@@ -12,6 +12,7 @@ from django.db.models import Q
 
 from aero.packs import pack_for
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
+from diagnosis.agent_tree import TreeOnce
 from diagnosis.consequences import Board, board_of
 from diagnosis.eventlog import registry
 from diagnosis.eventlog.masking import SessionMask, session_mask
@@ -37,11 +38,17 @@ TIMELINE_PAGE = 200  # rendering dominates the page's time, and grows with the r
 SESSION_PAGE = 100
 
 
-def panels_of(event_type: str) -> frozenset[str]:
+# The agent tree's panel: any event a run wrote changes it (its status, tool, time or
+# tokens), whatever its type; a status change starts or ends a job's run.
+AGENTS_PANEL = "session-agents"
+
+
+def panels_of(event: Event) -> frozenset[str]:
     """Which panels an event changes (the consumer re-renders only those), as its type
-    declares. The composer is not among them: the consumer re-sends it whenever its
-    composer_key changes."""
-    return registry.panels(event_type)
+    declares, and the agent tree when a run wrote it. The composer is not among them:
+    the consumer re-sends it whenever its composer_key changes."""
+    declared = registry.panels(event.type)
+    return declared | {AGENTS_PANEL} if event.run_id is not None else declared
 
 
 def composer_key(session: Session) -> str:
@@ -205,6 +212,8 @@ class SessionReads:
     report: Report | None
     calls: list[ToolCall]
     approvals: list[Any]
+    # Read when the agent tree panel renders (it shows no summary: nothing to mask).
+    agent_tree: TreeOnce
 
 
 def read_airport() -> tuple[AirportGraph, list[Restriction]]:
@@ -227,6 +236,7 @@ def read_session(
         report=Report.objects.filter(session=session).first(),
         calls=list(calls),
         approvals=_approvals_of(session),
+        agent_tree=TreeOnce(session.pk),
     )
 
 
@@ -391,6 +401,7 @@ def session_context(
         "composer_key": composer_key(session),
         # The model's text, streaming or final: the snapshot holds it, so no query.
         "thinking": snapshot.get("thinking"),
+        "agent_tree": reads.agent_tree,
         # The timeline beside the panels is masked by the same mask (views, consumer).
         "viewer_mask": mask,
         **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),

@@ -5,6 +5,7 @@ node run as a pack's specialists are (the tree does not know who made them)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import timedelta
 from decimal import Decimal
@@ -12,17 +13,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
 from diagnosis.agent_tree import MAX_RUNS, read_tree
 from diagnosis.eventlog.masking import MASKED, mask_of
+from diagnosis.events import append_event
 from diagnosis.models import AgentRun, LLMCall, Session, ToolCall, ToolCallStatus
 from packs.diagnosis.sessions import start_from_bundle
 from tests.api_helpers import call, token_for
-from tests.web_helpers import waiting_session
+from tests.test_live_timeline import open_socket, receive_until
+from tests.web_helpers import login, waiting_session
 
 pytestmark = [pytest.mark.services]
 
@@ -202,3 +207,104 @@ def test_the_openapi_document_describes_the_tree(db: None) -> None:
     assert {"truncated", "total_runs"} <= set(
         schema["components"]["schemas"]["AgentTreeOut"]["properties"]
     )
+
+
+# --- the session page ------------------------------------------------------------------
+
+
+def page_of(user: User | None, session: Session, language: str = "en") -> Any:
+    client = login(user)
+    client.cookies[settings.LANGUAGE_COOKIE_NAME] = language
+    return client.get(reverse("diagnosis:session-detail", args=[session.pk]))
+
+
+def panel_of(html: str) -> str:
+    found = re.search(r'<section id="session-agents".*?</section>', html, re.S)
+    assert found, "the page has the agent tree panel"
+    return found.group()
+
+
+def test_the_session_page_shows_the_tree_collapsible_with_status_tool_time_and_tokens(
+    builtin: None, alice: User, carol: User
+) -> None:
+    session = waiting_session(alice)
+    runs = add_specialists(session)
+    panel = panel_of(page_of(alice, session).content.decode())
+    # details/summary: opens and closes without script
+    assert '<details id="agent-tree" data-keep-state open>' in panel
+    assert f'<details id="run-{runs["orchestrator"].pk}"' in panel
+    total = AgentRun.objects.filter(session=session).count()
+    assert f"{total} runs · 2 running" in panel  # the orchestrator and its specialist
+    running = re.search(rf'<li [^>]*data-run="{runs["specialist_0"].pk}".*?</li>', panel, re.S)
+    assert running is not None
+    line = running.group()
+    assert 'data-status="running"' in line and "now: query_metrics" in line
+    assert "100/10 tokens" in line and "ReAct" in line
+    done = re.search(rf'<li [^>]*data-run="{runs["specialist_1"].pk}".*?</li>', panel, re.S)
+    assert done is not None and "10.0 s" in done.group() and "now:" not in done.group()
+    assert "reading the message" in panel  # a step of the agent's graph, in words
+    assert "Hierarchical" in panel and "201/21 tokens" in panel  # the orchestrator's sum
+    # auditors see the same tree (it shows no step's summary, nothing to mask)
+    assert "now: query_metrics" in panel_of(page_of(carol, session).content.decode())
+
+
+def test_the_tree_in_chinese(builtin: None, alice: User) -> None:
+    session = waiting_session(alice)
+    add_specialists(session)
+    panel = panel_of(page_of(alice, session, "zh-hans").content.decode())
+    assert "智能体" in panel and "运行中" in panel and "分层" in panel
+    assert "10.0 秒" in panel and "201/21 个 token" in panel
+
+
+def test_the_page_refuses_whoever_may_not_view_sessions(
+    builtin: None, alice: User, dave: User
+) -> None:
+    session = waiting_session(alice)
+    assert page_of(dave, session).status_code == 403
+    anonymous = page_of(None, session)
+    assert anonymous.status_code == 302 and "login" in anonymous["Location"]
+
+
+def test_the_page_reads_the_tree_in_constant_queries(builtin: None, alice: User) -> None:
+    session = waiting_session(alice)
+    page_of(alice, session)  # per-process caches (the definition) warm
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert page_of(alice, session).status_code == 200
+        return len(captured)
+
+    few = queries()
+    add_specialists(session, count=40)
+    assert queries() == few
+
+
+def test_the_tree_is_pushed_over_the_websocket_when_a_run_writes(
+    builtin: None, asgi_server: str, alice: User
+) -> None:
+    session = waiting_session(alice)
+    runs = add_specialists(session)
+    specialist = runs["specialist_0"]
+    seen = session.last_seq
+    with open_socket(asgi_server, session, alice, last_seq=seen) as ws:
+        # a notice and a pull: the event the specialist wrote, then its tree as the rows say
+        append_event(session.pk, "agent.note", {"text": "looking"}, producer="test", run=specialist)
+        _, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= seen + 1)
+        panel = panel_of(html)
+        assert 'hx-swap-oob="true"' in panel and "now: query_metrics" in panel
+
+        ToolCall.objects.filter(agent_run=specialist).update(status=ToolCallStatus.COMPLETED)
+        AgentRun.objects.filter(pk__in=[specialist.pk, runs["orchestrator"].pk]).update(
+            status="completed", ended_at=timezone.now()
+        )
+        append_event(session.pk, "agent.note", {"text": "done"}, producer="test", run=specialist)
+        _, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= seen + 2)
+        panel = panel_of(html)
+        assert "now:" not in panel and " running" not in panel
+        line = re.search(rf'<li [^>]*data-run="{specialist.pk}".*?</li>', panel, re.S)
+        assert line is not None and 'data-status="completed"' in line.group()
+
+        # an event no run wrote (a person's) leaves the tree alone
+        append_event(session.pk, "agent.note", {"text": "by hand"}, producer="test")
+        _, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= seen + 3)
+        assert 'id="session-agents"' not in html

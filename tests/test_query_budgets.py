@@ -41,16 +41,18 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "dat
 CREATE_TO_FIRST_WAIT = 72
 ANSWER = 40
 DECIDE = 73
-SESSION_PAGE = 10
+# The session page and a flush read the agent tree panel's runs: one query however many
+# (diagnosis/agent_tree.py), hence one more than before it showed.
+SESSION_PAGE = 11
 QUEUE_PAGE = 9
-CONSUMER_FLUSH = 9
+CONSUMER_FLUSH = 10
 # One batch of pulls (all the viewers that notices woke while the previous batch
 # rendered): one query for the sessions, one for the events, the scenario definition
 # (once per process), the airport (topology stamp, restrictions in force) whatever the
-# number of pulls; then report, actions and approvals once per session whose panels
-# changed, whatever its viewers' roles and languages.
+# number of pulls; then report, actions, approvals and the agent tree once per session
+# whose panels changed, whatever its viewers' roles and languages.
 CONSUMER_BATCH_BASE = 5
-PANELS_PER_SESSION = 3
+PANELS_PER_SESSION = 4
 
 
 def signed_in(user: User) -> Client:
@@ -157,8 +159,8 @@ def test_a_batch_of_pulls_reads_each_session_once_whatever_the_viewers(
 # (its evidence calls, its saved item, its similar cases: one query each; the mask for an
 # auditor), pinned on the deploy example; and its replay step (the fold's checkpoint or
 # the log, the similar-cases event; no apron map).
-DIAGNOSIS_PAGE = 13
-DIAGNOSIS_PAGE_MASKED = 14
+DIAGNOSIS_PAGE = 14  # with the agent tree's one query
+DIAGNOSIS_PAGE_MASKED = 15
 DIAGNOSIS_REPLAY_STEP = 18
 
 

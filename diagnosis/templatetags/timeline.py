@@ -8,12 +8,19 @@ field's code name shows. No queries: the definition is already in the context.""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django import template
 from django.utils.dateparse import parse_datetime
 from django.utils.functional import Promise
-from django.utils.translation import get_language, pgettext, pgettext_lazy
+from django.utils.translation import (
+    get_language,
+    gettext,
+    gettext_lazy,
+    pgettext,
+    pgettext_lazy,
+)
 
 from aero.packs import argument_words, target_args
 from diagnosis.consequences import plain_words
@@ -228,6 +235,42 @@ RUN_STATUS_LABELS: dict[str, Promise] = {
 def run_status_label(code: str) -> str:
     """An agent run's status in words (replay's run tree)."""
     return plain(RUN_STATUS_LABELS, code)
+
+
+# How an agent run works (AgentRun.mode); a pack's own mode shows by its code.
+MODE_LABELS: dict[str, Promise] = {
+    "react": gettext_lazy("ReAct"),
+    "plan_execute": gettext_lazy("Plan and execute"),
+    "hierarchical": gettext_lazy("Hierarchical"),
+}
+
+
+@register.filter
+def mode_label(code: str) -> str:
+    return plain(MODE_LABELS, code)
+
+
+@register.filter
+def agent_label(name: str) -> str:
+    """An agent run's name in words: a step of the agent's graph by what it does, any
+    other agent (a job's run, a specialist) by its own name."""
+    return plain(NODE_LABELS, name)
+
+
+@register.filter
+def duration(value: timedelta | None) -> str:
+    """How long something took, as people read it: "850 ms", "12.3 s", "3 min 04 s"."""
+    if value is None:
+        return ""
+    seconds = value.total_seconds()
+    if seconds < 1:
+        return gettext("%(ms)d ms") % {"ms": round(seconds * 1000)}
+    if seconds < 60:
+        return gettext("%(s).1f s") % {"s": seconds}
+    whole = int(seconds)
+    if whole < 3600:
+        return gettext("%(m)d min %(s)02d s") % {"m": whole // 60, "s": whole % 60}
+    return gettext("%(h)d h %(m)02d min") % {"h": whole // 3600, "m": whole % 3600 // 60}
 
 
 @register.filter

@@ -85,7 +85,7 @@
     // A pushed fragment may replace a form someone is working in (a reason for a
     // decision, an argument edit): keep what was typed, which editor was open and where
     // the caret was across the swap, so a live update never costs an approver their work.
-    var kept = {}, opened = [], focused = null;
+    var kept = {}, opened = [], states = {}, focused = null;
     document.body.addEventListener("htmx:wsBeforeMessage", function () {
       kept = {};
       document.querySelectorAll("input[data-keep], textarea[data-keep]").forEach(function (el) {
@@ -95,6 +95,11 @@
       document.querySelectorAll("details[data-keep-open][open]").forEach(function (el) {
         if (el.id) { opened.push(el.id); }
       });
+      // Collapsible panels (the agent tree) stay as the viewer left them, open or closed.
+      states = {};
+      document.querySelectorAll("details[data-keep-state]").forEach(function (el) {
+        if (el.id) { states[el.id] = el.open; }
+      });
       var active = document.activeElement;
       focused = active && active.id && active.hasAttribute("data-keep")
         ? {id: active.id, start: active.selectionStart, end: active.selectionEnd} : null;
@@ -103,6 +108,10 @@
       opened.forEach(function (id) {
         var el = document.getElementById(id);
         if (el) { el.open = true; }
+      });
+      Object.keys(states).forEach(function (id) {
+        var el = document.getElementById(id);
+        if (el && el.hasAttribute("data-keep-state")) { el.open = states[id]; }
       });
       Object.keys(kept).forEach(function (id) {
         var el = document.getElementById(id);

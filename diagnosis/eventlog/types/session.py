@@ -295,7 +295,7 @@ TYPES = (
         summary=_status_words,
         line=_line(names.SESSION_STATUS_CHANGED),
         internal=True,
-        panels=frozenset({"session-status", "session-actions"}),
+        panels=frozenset({"session-status", "session-actions", "session-agents"}),
     ),
     EventType(
         names.SESSION_COMPLETED,
