@@ -39,6 +39,7 @@ ADMIN_ACTIONS = {
         "provider.changed",
         "provider.deleted",
     ),
+    "tools.mcpserver": ("mcp_server.created", "mcp_server.changed", "mcp_server.deleted"),
     "auth.user": ("user.created", "user.changed", "user.deleted"),
     "auth.group": ("role.created", "role.changed", "role.deleted"),
 }
@@ -123,6 +124,45 @@ def provider_after(sender: Any, instance: Any, created: bool, **kwargs: Any) -> 
         # Never the key, nor its ciphertext: only that it changed.
         action = "provider.key_set" if instance.api_key_encrypted else "provider.key_cleared"
         audit(action, obj=instance, actor=actor, detail=detail)
+
+
+# --- MCP servers: switched on or off, secret environment set or removed ------------------
+
+
+def connect_secrets(model: type[Any]) -> None:
+    """Audit the switch and the secret environment of `model`'s tool servers."""
+    pre_save.connect(server_before, sender=model, dispatch_uid="aero.audit.mcp0")
+    post_save.connect(server_after, sender=model, dispatch_uid="aero.audit.mcp1")
+
+
+def server_before(sender: Any, instance: Any, **kwargs: Any) -> None:
+    previous = sender.objects.filter(pk=instance.pk).first() if instance.pk else None
+    instance._aero_before = (
+        (previous.enabled, previous.secret_env_encrypted) if previous is not None else (False, {})
+    )
+
+
+def server_after(sender: Any, instance: Any, created: bool, **kwargs: Any) -> None:
+    was_enabled, old_secrets = getattr(instance, "_aero_before", (False, {}))
+    actor = current_actor()
+    detail: dict[str, Any] = {"name": instance.name, "command": instance.command}
+    if instance.enabled != was_enabled and (instance.enabled or not created):
+        action = "mcp_server.enabled" if instance.enabled else "mcp_server.disabled"
+        audit(action, obj=instance, actor=actor, detail=detail)
+    new_secrets = instance.secret_env_encrypted
+    if new_secrets != old_secrets:
+        # The names whose value changed, never a value nor its ciphertext.
+        changed = sorted(
+            name
+            for name in set(old_secrets) | set(new_secrets)
+            if old_secrets.get(name) != new_secrets.get(name)
+        )
+        audit(
+            "mcp_server.secrets_changed",
+            obj=instance,
+            actor=actor,
+            detail={**detail, "names": changed, "now": sorted(new_secrets)},
+        )
 
 
 # --- users: roles and privileges --------------------------------------------------------

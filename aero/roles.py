@@ -34,6 +34,8 @@ DECIDE_APPROVALS = (ADMIN, APPROVER)
 MANAGE_AIRPORT = (ADMIN, OPERATOR)
 READ_AUDIT_LOG = (ADMIN, AUDITOR)
 DELETE_SESSIONS = (ADMIN,)
+# Tool servers and model providers run commands and hold credentials: admins only.
+MANAGE_TOOLS = (ADMIN,)
 # Approvers see the to-dos their timed-out approvals became; operators and admins
 # resolve them (RUN_SESSIONS).
 VIEW_TODOS = (ADMIN, OPERATOR, APPROVER)

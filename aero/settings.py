@@ -124,6 +124,7 @@ INSTALLED_APPS = [
     "approvals",
     "replay",
     "ingest",
+    "tools",
     "api",
 ]
 

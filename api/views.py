@@ -40,6 +40,7 @@ from api.presenters import (
     viewer_roles,
 )
 from api.strict import StrictRouter
+from api.tools import router as tools_router
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import OPEN_STATUSES, Approval
 from diagnosis import actions
@@ -449,6 +450,7 @@ api.add_router("", early_history_router)
 api.add_router("/diagnosis-sessions", sessions)
 api.add_router("/approvals", approvals)
 api.add_router("", history_router)
+api.add_router("", tools_router)
 for pack in installed_packs():
     if pack.api_router is not None:
         api.add_router("", pack.api_router())

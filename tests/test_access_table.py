@@ -29,6 +29,7 @@ from diagnosis.models import Report, Restriction, ToolCall
 from ingest.models import GateSettings
 from scenarios_admin.models import ProviderConfig
 from tests.web_helpers import approval_for, waiting_session
+from tools.models import McpServer
 
 pytestmark = pytest.mark.services
 
@@ -211,6 +212,11 @@ TOKEN_URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "api:list_knowledge_items": ("GET", row(401, 200, 200, 200, 200)),
     "api:create_knowledge_item": ("POST", row(401, 422, 403, 403, 422)),
     "api:get_knowledge_item": ("GET", row(401, 200, 200, 200, 200)),  # a shipped item
+    # MCP servers and model providers: admins only (an empty test body names neither a
+    # server nor a definition: 422)
+    "api:list_mcp_servers": ("GET", row(401, 403, 403, 403, 200)),
+    "api:test_mcp_server": ("POST", row(401, 403, 403, 403, 422)),
+    "api:list_llm_models": ("GET", row(401, 403, 403, 403, 200)),
     "ingest:alertmanager": ("POST", row(401, 422, 403, 403, 422)),
     "ingest:alerts": ("POST", row(401, 422, 403, 403, 422)),
     "metrics": ("GET", row(200, 200, 200, 200, 200)),  # the test client is on loopback
@@ -308,6 +314,7 @@ def world(builtin: None, make_user: Callable[..., User]) -> dict[str, Any]:
     )
     # every admin model has an object for its change pages (provider, report)
     ProviderConfig.objects.create(name="local", kind="offline")
+    McpServer.objects.create(name="time", command="{python}", args=["-m", "mcp_server_time"])
     Report.objects.create(session=session, language="en", markdown="# Report")
     return {
         "people": people,

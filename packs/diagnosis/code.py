@@ -1,90 +1,61 @@
-"""Code evidence through the reference MCP git server (`mcp-server-git`).
+"""Code evidence through an MCP git server: the one configured as data (the `McpServer`
+named "git", its `{repo}` argument filled with the bundle's `repo/`), else the reference
+`mcp-server-git` as built in.
 
-The server runs as its own process over stdio with the bundle's `repo/` as its only
-repository; AERO is a client through the `mcp` SDK. A server that crashes, hangs or
-answers an error fails that call with `CodeToolError` (the caller records it and retries
-per policy), and its process is gone when the call returns.
+Each exchange starts the server as its own process under its limits (tools.client); AERO
+is a client through the `mcp` SDK. A server that is missing, crashes, hangs, breaks its
+schema or answers an error fails that call with `CodeToolError` (the caller records it
+and retries per policy), and its process is gone when the call returns.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import sys
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
+from django.conf import settings
+
+from tools.client import PYTHON, McpError, ServerSpec
+from tools.client import call_tools as mcp_call_tools
+from tools.models import McpServer
 
 HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@")
+SERVER_NAME = "git"
 
 
 class CodeToolError(RuntimeError):
     """The code tool failed: the server crashed, hung, refused or answered an error."""
 
 
-@dataclass(frozen=True)
-class McpServer:
-    """How to start one MCP server (admins configure these as data later)."""
-
-    command: str
-    args: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-
-
-def git_server(repo: Path) -> McpServer:
-    return McpServer(sys.executable, ["-m", "mcp_server_git", "--repository", str(repo)])
+def git_server(repo: Path) -> ServerSpec:
+    """The built-in definition, used when no enabled server named "git" is configured."""
+    return ServerSpec(
+        SERVER_NAME,
+        PYTHON,
+        ["-m", "mcp_server_git", "--repository", str(repo)],
+        timeout=settings.AERO_CODE_TOOL_TIMEOUT,
+    )
 
 
-def call_tools(
-    server: McpServer, calls: list[tuple[str, dict[str, Any]]], *, timeout: float
-) -> list[str]:
-    """The calls, in order, in one server process of its own (started and stopped here);
-    the text each answered. `timeout` bounds the whole exchange, start-up included."""
-
-    # The MCP client is imported here, not with the pack: it cost every web process
-    # about half a second of CPU at start; the workers import it in their warm-up.
-    from mcp import ClientSession, StdioServerParameters
-    from mcp.client.stdio import stdio_client
-
-    async def exchange() -> list[str]:
-        params = StdioServerParameters(command=server.command, args=server.args, env=server.env)
-        texts = []
-        with Path(os.devnull).open("w") as errlog, anyio.fail_after(timeout):
-            async with (
-                stdio_client(params, errlog=errlog) as (read, write),
-                ClientSession(read, write) as session,
-            ):
-                await session.initialize()
-                for tool, arguments in calls:
-                    result = await session.call_tool(tool, arguments)
-                    text = "\n".join(getattr(part, "text", "") for part in result.content)
-                    if result.is_error:
-                        raise CodeToolError(f"{tool}: {text.strip()[:300] or 'an error'}")
-                    texts.append(text)
-        return texts
-
-    def run() -> list[str]:
-        try:
-            return anyio.run(exchange)
-        except CodeToolError:
-            raise
-        except TimeoutError:
-            raise CodeToolError(f"no answer within {timeout:g} s") from None
-        except Exception as exc:  # a crashed server surfaces as many kinds of error
-            raise CodeToolError(f"the server failed ({_first_cause(exc)})") from None
-
-    # A fresh thread: the caller may already run an event loop (an ASGI or test thread).
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(run).result()
+def code_server(repo: Path) -> ServerSpec:
+    """The configured git server for `repo` ({repo} filled), or the built-in one."""
+    row = McpServer.objects.filter(name=SERVER_NAME, enabled=True).first()
+    if row is None:
+        return git_server(repo)
+    try:
+        return row.spec().with_values({"repo": str(repo)})
+    except ValueError as exc:  # a secret the configured keys cannot decrypt
+        raise CodeToolError(f"the {SERVER_NAME} server's secrets: {exc}") from None
 
 
-def _first_cause(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"[:200]
+def call_tools(server: ServerSpec, calls: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The calls in one server process of its own; the text each answered."""
+    try:
+        return mcp_call_tools(server, calls)
+    except McpError as exc:
+        raise CodeToolError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -103,11 +74,10 @@ def code(
     path: str,
     line: int | None = None,
     context: int = 4,
-    timeout: float = 30.0,
-    server: McpServer | None = None,
+    server: ServerSpec | None = None,
 ) -> CodeLookup:
     """A commit's diff hunk for `path:line` and the lines around it, read through MCP."""
-    server = server or git_server(repo)
+    server = server or code_server(repo)
     base = {"repo_path": str(repo)}
     diff, text = call_tools(
         server,
@@ -115,7 +85,6 @@ def code(
             ("git_show", {**base, "revision": commit}),
             ("git_show", {**base, "revision": f"{commit}:{path}"}),
         ],
-        timeout=timeout,
     )
     lines = text.splitlines()
     if line is None:

@@ -373,7 +373,6 @@ def _code(bundle: Bundle, location: Any) -> dict[str, Any]:
         commit=location.commit,
         path=location.path,
         line=location.line,
-        timeout=settings.AERO_CODE_TOOL_TIMEOUT,
     )
     return {
         "commit": looked.commit,
