@@ -15,7 +15,16 @@ from django.utils import timezone, translation
 from aero.i18n import interface_language
 from aero.text import MAX_EVENT_BYTES, cut_generated, neutralise_bidi
 from diagnosis.events import append_step_event
-from diagnosis.models import AgentRun, Report, Session, ToolCall
+from diagnosis.models import (
+    WITHDRAWN_ASKED_AGAIN,
+    WITHDRAWN_NOT_CALLED_FOR,
+    WITHDRAWN_NOT_CALLED_FOR_ANSWER,
+    WITHDRAWN_SUPERSEDED,
+    AgentRun,
+    Report,
+    Session,
+    ToolCall,
+)
 from diagnosis.wording import done_words, failure_words
 
 # The longest report kept whole: even at 6 bytes a character (a JSON-escaped control
@@ -43,6 +52,15 @@ DECISIONS = {
 }
 
 
+# A withdrawn call's reason (stored in English, models.WITHDRAWN_*) in a Chinese report.
+WITHDRAWN_ZH = {
+    WITHDRAWN_ASKED_AGAIN: "按先前事实提出；已按更正后的事实重新申请",
+    WITHDRAWN_NOT_CALLED_FOR: "更正后的事实不再需要，已撤回",
+    WITHDRAWN_SUPERSEDED: "回答后风险重新评估，已被取代并按新的事实重新申请",
+    WITHDRAWN_NOT_CALLED_FOR_ANSWER: "回答后风险重新评估，不再需要，已撤回",
+}
+
+
 def action_rows(session_id: Any, language: str) -> list[dict[str, Any]]:
     rows = []
     for call in (
@@ -55,7 +73,10 @@ def action_rows(session_id: Any, language: str) -> list[dict[str, Any]]:
         if call.decided_by:
             text += f" — {call.decided_by.get_username()}"
         if call.decision_reason:
-            text += f": {call.decision_reason}"
+            reason = call.decision_reason
+            if language == "zh":
+                reason = WITHDRAWN_ZH.get(reason, reason)
+            text += f": {reason}"
         rows.append(
             {
                 "tool": call.tool_name,

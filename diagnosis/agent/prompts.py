@@ -78,6 +78,31 @@ STILL_NEEDED = {
     "zh": "评估风险仍需要：{label}。得知后请在此回答，或在“已知信息”中点击“更正”填写。",
 }
 
+# The report's section when facts changed after the risk was assessed (a correction, or an
+# optional question's answer): each re-assessment, what was withdrawn, what stays history.
+CORRECTIONS_POSTSCRIPT = {
+    "en": {
+        "title": "## Facts changed after the risk was assessed\n",
+        "corrected": "- Corrected ({what}): re-assessed from {before} to {after}; the actions "
+        "were proposed again for the corrected facts.",
+        "answered": "- Answered ({what}): re-assessed from {before} to {after}; the actions "
+        "were proposed again for the new facts.",
+        "withdrawn": "- Withdrawn before a decision, the new facts no longer call for them: "
+        "{calls}.",
+        "kept": "- Approved under the earlier facts and kept as history (the new facts no "
+        "longer call for them): {calls}.",
+    },
+    "zh": {
+        "title": "## 风险评估后变更的事实\n",
+        "corrected": "- 更正（{what}）：风险由 {before} 重新评估为 {after}；"
+        "处置措施已按更正后的事实重新提出。",
+        "answered": "- 回答（{what}）：风险由 {before} 重新评估为 {after}；"
+        "处置措施已按新的事实重新提出。",
+        "withdrawn": "- 决定前已撤回（新的事实不再需要）：{calls}。",
+        "kept": "- 按先前事实已批准，保留为历史记录（新的事实不再需要）：{calls}。",
+    },
+}
+
 ANSWERING = {
     "en": "The operator is answering the question about {field!r}.",
     "zh": "值班员正在回答关于 {field!r} 的问题。",

@@ -238,16 +238,23 @@ def replan_after_answer(
 def replan_after_correction(
     state: AgentState, definition: dict[str, Any], changed: dict[str, Any], evidence: dict[str, str]
 ) -> dict[str, Any]:
-    """A fact corrected after the risk was assessed: the risk, the impact and
-    the proposals no longer stand. They are cleared so the planner runs the rules again
-    (and the lookups, when the flight or the position changed); the proposals made next
-    are revision n, and what was open before is withdrawn then (tool_executor)."""
+    """A fact corrected after the risk was assessed (with the correction form, or a typed
+    change the operator confirmed): the risk, the impact and the proposals no longer
+    stand. They are cleared so the planner runs the rules again (and the lookups, when
+    the flight or the position changed); the proposals made next are revision n, and
+    what was open before is withdrawn then (tool_executor)."""
     risk = state.get("risk")
+    before = state.get("fields") or {}
+    # Through the correction form, or typed: a required fact known before that the
+    # operator then confirmed changing ("是" to "you now said B3, but it was B2").
     corrected = {
         name: value
         for name, value in changed.items()
-        if evidence.get(name, "").startswith("corrected by")
-        and (state.get("fields") or {}).get(name) != value
+        if before.get(name) != value
+        and (
+            evidence.get(name, "").startswith("corrected by")
+            or (before.get(name) is not None and definition["fields"][name]["priority"] == "P1")
+        )
     }
     if not risk or not corrected:
         return {}
