@@ -25,6 +25,7 @@ from tests.browser_helpers import ARTIFACTS, sign_in
 from tests.hostile import INERT
 from tests.test_views_airport import approve_lift
 from tests.web_helpers import NO_POSITION, approve_everything, make_session, waiting_session
+from tools.models import McpServer, McpTool
 
 pytestmark = [pytest.mark.services, pytest.mark.browser]
 
@@ -94,11 +95,23 @@ def hostile_data(olga: User, abel: User) -> dict[str, Any]:
     ProviderConfig.objects.create(
         name=INERT["event"][:80], kind="offline", model=INERT["script"], enabled=False
     )
+    # An MCP server and a tool it listed, with texts a server could send (its change page
+    # shows the tool's description and schemas).
+    server = McpServer.objects.create(
+        name="hostile", command="{python}", description=INERT["script"], args=[INERT["event"]]
+    )
+    McpTool.objects.create(
+        server=server,
+        name=INERT["event"],
+        description=INERT["script"],
+        input_schema={"description": INERT["script"] + INERT["event"]},
+        discovered_at=timezone.now(),
+    )
     return {"waiting": waiting, "asking": asking, "done": done}
 
 
 # The add pages with forms of our own (the others are Django's stock forms).
-ADD_PAGES = (Scenario, Topology, ProviderConfig, Flight, User)
+ADD_PAGES = (Scenario, Topology, ProviderConfig, Flight, User, McpServer)
 
 
 def admin_pages(user: User) -> list[str]:

@@ -25,6 +25,7 @@ from packs.diagnosis.fixes import fix_problems
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import demo_shop
 from tests.bundles import ONSET, START, BundleWriter
+from tools.models import McpServer
 
 SPEC = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
 EXPECTED = yaml.safe_load((SPEC / "expected.yaml").read_text("utf-8"))
@@ -252,3 +253,22 @@ def test_a_failing_code_server_fails_its_call_not_the_session(
         session_id=result["session"], type="finding.recorded", payload__kind="root_cause"
     )
     assert code.call_id not in finding.payload["evidence"]
+
+
+def test_the_configured_code_server_crashing_fails_its_call_with_its_reason(
+    builtin: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The git server as data, no monkeypatch: the code tool starts the configured one
+    (here a server that exits at once), the call is recorded failed saying how it ended,
+    and the diagnosis concludes without it."""
+    server = tmp_path / "server.py"
+    shutil.copy(Path(__file__).resolve().with_name("fake_mcp_server.py"), server)
+    McpServer.objects.update_or_create(
+        name="git", defaults={"command": "{python}", "args": [str(server), "crash", "{repo}"]}
+    )
+    with override_settings(AERO_TOOL_RETRIES=0):
+        result = run_bundle(capsys, SPEC / "ex-deploy-payments.tar.gz", "--decide", "approve")
+    code = ToolCall.objects.get(session_id=result["session"], tool_name="code")
+    assert code.status == "failed"
+    assert "the server failed before it answered (the server exited with code 3" in code.error
+    assert result["status"] == "completed" and result["root_cause"]["deploy"] == "D-5716"
