@@ -26,13 +26,13 @@ from api.strict import StrictRouter
 from scenarios_admin.models import ProviderConfig
 from tools.client import ServerSpec
 from tools.models import ENV_NAME, McpServer, McpTool
-from tools.probe import ProbeResult, probe_server, probe_spec
+from tools.probe import PROBE_TIMEOUT_MAX, ProbeResult, probe_server, probe_spec
 
 ADMIN = TokenAuth(MANAGE_TOOLS, "manage tool servers and model providers")
 router = StrictRouter(tags=["tools"])
 LIST_MAX = 100
 # A test answers within the request: a proposed server gets at most this long.
-TEST_TIMEOUT_MAX = 60.0
+TEST_TIMEOUT_MAX = PROBE_TIMEOUT_MAX
 
 Arg = Annotated[str, StringConstraints(max_length=1000, pattern=NO_NUL)]
 Value = Annotated[str, StringConstraints(max_length=4000, pattern=NO_NUL)]

@@ -20,6 +20,7 @@ from aero.models import AuditLog
 from scenarios_admin.models import ProviderConfig
 from tests.admin_helpers import admin_client, form_data, staff_with
 from tests.api_helpers import call, token_for
+from tools import probe
 from tools.models import McpServer, McpTool
 
 pytestmark = pytest.mark.services
@@ -158,6 +159,20 @@ def test_a_failing_server_is_answered_plainly_and_keeps_its_last_tools(
         .values_list("detail__outcome", flat=True)
     )
     assert outcomes == ["started", "not_found", "crashed", "lying"]
+
+
+def test_a_test_waits_at_most_a_minute_whatever_the_servers_timeout(
+    root: User, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test answers within the admin's request: a server's calls may take ten minutes,
+    its start and listing in a test at most PROBE_TIMEOUT_MAX (shortened here)."""
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT_MAX", 2.0)
+    copy = tmp_path / "fake.py"
+    shutil.copy(FAKE, copy)
+    server = McpServer.objects.create(
+        name="slow", command="{python}", args=[str(copy), "hang"], call_timeout_seconds=600
+    )
+    assert press_test(admin_client(root), server) == ["slow: timed out: no answer within 2 s"]
 
 
 def test_only_admins_who_may_change_servers_test_them(

@@ -4,7 +4,7 @@ definition (the API's) is tested the same way and nothing is kept."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import transaction
@@ -15,6 +15,9 @@ from tools.client import McpError, ServerSpec, ToolInfo, discover
 from tools.models import McpServer, McpTool
 
 NAMES_SHOWN = 8
+# A test answers within a request (the admin's page, the API's call): a server gets at
+# most this long to start and list its tools, whatever its calls' timeout.
+PROBE_TIMEOUT_MAX = 60.0
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class ProbeResult:
 
 
 def probe_spec(spec: ServerSpec) -> ProbeResult:
+    if spec.timeout > PROBE_TIMEOUT_MAX:
+        spec = replace(spec, timeout=PROBE_TIMEOUT_MAX)
     try:
         tools = discover(spec)
     except McpError as exc:
