@@ -82,6 +82,16 @@ class AgentTree:
             yield node, depth
             stack.extend((child, depth + 1) for child in reversed(node.children))
 
+    def path(self, run_id: int) -> list[int]:
+        """The runs from a root down to `run_id` (empty when the tree does not hold it)."""
+        trail: list[int] = []
+        for node, depth in self.walk():
+            del trail[depth:]
+            trail.append(node.id)
+            if node.id == run_id:
+                return trail
+        return []
+
     def subtree(self, run_id: int) -> list[int]:
         """The run and every run below it (empty when the tree does not hold it)."""
         for node, _ in self.walk():

@@ -12,8 +12,9 @@ from typing import Any
 
 from django.core.cache import caches
 from django.db import connection
-from django.db.models import Count, Max, Min, Q, QuerySet
+from django.db.models import Max, Min, Q, QuerySet
 
+from diagnosis.agent_tree import AgentTree
 from diagnosis.eventlog import masking, names
 from diagnosis.eventlog.masking import SessionMask
 from diagnosis.fold import ApprovalState, FoldState, ToolCallState, fold_events
@@ -34,7 +35,6 @@ CHECKPOINT_EVERY = 100
 CHECKPOINT_TTL = 7 * 24 * 3600
 LIST_BEFORE = 10  # events listed before the current step (rendering dominates a step)
 LIST_AFTER = 20  # ... and from it on
-RUN_TREE_ROOTS = 100
 _CHECKPOINT_VERSION = 2  # bump when FoldState changes shape
 
 
@@ -50,8 +50,11 @@ class Filters:
         return bool(self.groups or self.run_ids is not None or self.since or self.until)
 
 
-def run_subtree(session: Session, run_id: int) -> list[int]:
-    """The run and every run below it, one query per tree level."""
+def run_subtree(tree: AgentTree, session: Session, run_id: int) -> list[int]:
+    """The run and every run below it: from the tree in hand, or (a tree cut at its
+    limit may lack some of them) one query per level of the runs."""
+    if not tree.truncated:
+        return tree.subtree(run_id)
     ids = list(AgentRun.objects.filter(session=session, pk=run_id).values_list("pk", flat=True))
     level = ids
     while level:
@@ -62,31 +65,6 @@ def run_subtree(session: Session, run_id: int) -> list[int]:
         )
         ids.extend(level)
     return ids
-
-
-def run_tree(session: Session, selected: int | None) -> list[dict[str, Any]]:
-    """The job runs of the session (roots) with their node runs; children are listed for
-    the selected root only, so a session of thousands of runs stays one short page."""
-    roots = list(
-        AgentRun.objects.filter(session=session, parent__isnull=True)
-        .annotate(child_count=Count("children"))
-        .order_by("started_at", "id")[:RUN_TREE_ROOTS]
-    )
-    selected_root = None
-    if selected is not None:
-        chain = AgentRun.objects.filter(session=session, pk=selected).values_list(
-            "parent_id", flat=True
-        )
-        parent = next(iter(chain), None)
-        selected_root = parent or selected
-    children: list[AgentRun] = []
-    if selected_root is not None:
-        children = list(
-            AgentRun.objects.filter(parent_id=selected_root).order_by("started_at", "id")
-        )
-    return [
-        {"run": root, "children": children if root.pk == selected_root else []} for root in roots
-    ]
 
 
 def filtered(session: Session, filters: Filters) -> QuerySet[Event]:

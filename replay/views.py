@@ -13,6 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 from aero.http import HtmxHttpRequest
 from aero.packs import pack_for
 from aero.roles import ADMIN, VIEW_SESSIONS, has_role, role_required, user_roles
+from diagnosis.agent_tree import AgentTree, read_tree
 from diagnosis.chain import verify_chain
 from diagnosis.eventlog.masking import masks_roles, session_mask
 from diagnosis.models import Event, Session
@@ -30,11 +31,13 @@ def get_replay_session(session_id: UUID) -> Session:
     )
 
 
-def _filters(session: Session, data: dict[str, Any]) -> presenters.Filters:
+def _filters(session: Session, data: dict[str, Any], tree: AgentTree) -> presenters.Filters:
     run = data.get("run")
     return presenters.Filters(
         groups=list(data.get("groups") or []),
-        run_ids=presenters.run_subtree(session, run) if run else None,
+        # Events carry the run that wrote them (Event.run): the chosen run's and its
+        # descendants'. A person's events and a job's status changes belong to no run.
+        run_ids=presenters.run_subtree(tree, session, run) if run else None,
         since=data.get("since"),
         until=data.get("until"),
     )
@@ -54,7 +57,8 @@ def _filter_query(data: dict[str, Any], **extra: Any) -> str:
 def replay_context(
     request: HtmxHttpRequest, session: Session, data: dict[str, Any]
 ) -> dict[str, Any]:
-    filters = _filters(session, data)
+    tree = read_tree(session.pk)
+    filters = _filters(session, data, tree)
     seq = data.get("seq")
     if data.get("at"):
         seq = presenters.seq_at_time(session, filters, data["at"])
@@ -120,8 +124,11 @@ def replay_context(
         # meta refresh counts whole seconds
         "refresh_seconds": max(1, round(1 / float(speed))) if speed else 0,
         "speeds": ["0.5", "1", "2", "4", "8"],
-        "runs": presenters.run_tree(session, data.get("run")),
+        "tree": tree,
         "selected_run": data.get("run"),
+        # A run's ancestors unfold, so the chosen run shows.
+        "unfolded_runs": tree.path(data["run"]) if data.get("run") else [],
+        "tree_query": _filter_query({**data, "run": None}),
         "groups": EVENT_GROUPS,
         "selected_groups": data.get("groups") or [],
         "filters_active": filters.active,

@@ -308,3 +308,67 @@ def test_the_tree_is_pushed_over_the_websocket_when_a_run_writes(
         append_event(session.pk, "agent.note", {"text": "by hand"}, producer="test")
         _, html = receive_until(ws, lambda s, _: bool(s) and s[-1] >= seen + 3)
         assert 'id="session-agents"' not in html
+
+
+# --- replay: the timeline of one run and the runs below it ----------------------------
+
+
+def test_replay_filters_the_timeline_by_a_runs_subtree(
+    builtin: None, alice: User, carol: User
+) -> None:
+    session = waiting_session(alice)
+    runs = add_specialists(session)
+    for name in ("orchestrator", "specialist_0", "specialist_1"):
+        append_event(
+            session.pk, "agent.note", {"text": f"by {name}"}, producer="test", run=runs[name]
+        )
+    session.refresh_from_db()
+    step = reverse("replay:replay-step", args=[session.pk])
+    client = login(carol)
+
+    page = client.get(step, {"seq": session.last_seq, "run": runs["orchestrator"].pk})
+    assert page.status_code == 200
+    shown = {e.seq: e for e in page.context["events"]}
+    subtree = {runs[n].pk for n in ("orchestrator", "specialist_0", "specialist_1")}
+    assert shown and {e.run_id for e in shown.values()} == subtree
+    assert {e.payload["text"] for e in shown.values()} == {
+        "by orchestrator",
+        "by specialist_0",
+        "by specialist_1",
+    }
+    html = page.content.decode()
+    # every run is a link that filters to it; the chosen run's ancestors are unfolded
+    tree = re.search(r'<ul class="plain run-tree".*?</ul>\s*(?=<p|<h2)', html, re.S)
+    assert tree is not None
+    for run in AgentRun.objects.filter(session=session):
+        assert f"run={run.pk}" in tree.group()
+    assert f'run={runs["orchestrator"].pk}" aria-current="true"' in tree.group()
+    root = runs["root"].pk
+    assert re.search(rf'<li data-run="{root}"><details open>', tree.group())
+
+    # one specialist: its events only, the orchestrator's and the job's steps left out
+    page = client.get(step, {"seq": session.last_seq, "run": runs["specialist_1"].pk})
+    assert [e.payload.get("text") for e in page.context["events"]] == ["by specialist_1"]
+    # the job's run: its node runs' events and the specialists' below it
+    page = client.get(step, {"seq": session.last_seq, "run": root})
+    types = {e.type for e in page.context["events"]}
+    assert "agent.node_started" in types or "agent.node_completed" in types
+    assert all(e.run_id is not None for e in page.context["events"])
+    # a run of another session filters everything out, it never shows that session's
+    other = waiting_session(alice)
+    foreign = AgentRun.objects.filter(session=other).first()
+    assert foreign is not None
+    page = client.get(step, {"seq": session.last_seq, "run": foreign.pk})
+    assert page.status_code == 200 and page.context["events"] == []
+
+
+def test_replay_refuses_whoever_may_not_view_sessions(
+    builtin: None, alice: User, dave: User
+) -> None:
+    session = waiting_session(alice)
+    step = reverse("replay:replay-step", args=[session.pk])
+    run = AgentRun.objects.filter(session=session).first()
+    assert run is not None
+    assert login(dave).get(step, {"run": run.pk}).status_code == 403
+    assert login(None).get(step, {"run": run.pk}).status_code == 302
+    assert login(alice).get(step, {"run": "x"}).status_code == 400

@@ -28,6 +28,7 @@ from aero.models import AuditLog
 from aero.roles import ensure_role_groups
 from approvals.actions import do_decide
 from diagnosis.actions import do_delete_session
+from diagnosis.agent_tree import read_tree
 from diagnosis.chain import verify_chain
 from diagnosis.events import append_event
 from diagnosis.models import AgentRun, Event, Report, Session
@@ -277,7 +278,7 @@ def test_the_time_range_filter_selects_steps(finished: Session, carol: User) -> 
 def test_the_run_subtree_filter(finished: Session, carol: User) -> None:
     root = AgentRun.objects.filter(session=finished, parent__isnull=True).order_by("pk").first()
     assert root is not None
-    subtree = set(presenters.run_subtree(finished, root.pk))
+    subtree = set(presenters.run_subtree(read_tree(finished.pk), finished, root.pk))
     assert len(subtree) > 1  # the job's run and its node runs
     response = step(login(carol), finished, run=root.pk, seq=1)
     events = response.context["events"]
