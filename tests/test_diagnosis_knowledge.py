@@ -25,7 +25,7 @@ from aero.models import AuditLog
 from diagnosis.actions import do_retry
 from diagnosis.agent.nodes import waiting
 from diagnosis.models import Event, Session, ToolCall
-from packs.diagnosis import graph
+from packs.diagnosis import investigation
 from packs.diagnosis.knowledge import (
     SimilarCasesArgs,
     embedded_scores,
@@ -107,13 +107,14 @@ def test_the_agent_searches_past_cases_as_an_evidence_call_logged_once(
 
     monkeypatch.setattr(waiting, "wait_for_user", crash_before_the_wait)
     gathered: list[str] = []
-    diagnose = graph.diagnose
+    run_call = investigation.Investigation.run
 
-    def counted(*args: Any) -> Any:
-        gathered.append("ran")
-        return diagnose(*args)
+    def counted(self: Any, tctx: Any, call: dict[str, Any]) -> Any:
+        if call["tool"] == "similar_cases":
+            gathered.append("ran")
+        return run_call(self, tctx, call)
 
-    monkeypatch.setattr(graph, "diagnose", counted)
+    monkeypatch.setattr(investigation.Investigation, "run", counted)
     session = start_from_bundle(alice, EXAMPLES / "ex-pool-inventory.tar.gz", {"producer": "t"})
     session.refresh_from_db()
     assert session.status == "failed"
@@ -163,7 +164,7 @@ def test_a_failed_search_fails_its_call_and_the_diagnosis_goes_on(
     def down(session_id: Any, args: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError("canceling statement due to statement timeout")
 
-    monkeypatch.setattr(graph, "similar_cases_tool", down)
+    monkeypatch.setattr(investigation, "similar_cases_tool", down)
     session = start_from_bundle(alice, EXAMPLES / "ex-pool-inventory.tar.gz", {"producer": "t"})
 
     call = ToolCall.objects.get(session=session, tool_name="similar_cases")

@@ -19,7 +19,7 @@ from django.test import override_settings
 from approvals.models import Approval
 from diagnosis.execution import execution_problems
 from diagnosis.models import Event, ExternalEffect, Outbox, Session, ToolCall
-from packs.diagnosis import graph
+from packs.diagnosis import investigation
 from packs.diagnosis.code import CodeToolError
 from packs.diagnosis.fixes import fix_problems
 from packs.diagnosis.storage import bundle_dir
@@ -46,13 +46,20 @@ def run_bundle(capsys: pytest.CaptureFixture[str], bundle: Path, *options: str) 
     return result
 
 
+@pytest.mark.parametrize("mode", ["react", "plan_execute", "hierarchical"])
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_shipped_examples_conclude_as_expected_through_the_command(
-    builtin: None, capsys: pytest.CaptureFixture[str], name: str
+    builtin: None, capsys: pytest.CaptureFixture[str], name: str, mode: str
 ) -> None:
+    """In each run mode (DIAGNOSIS.md §4): every mode concludes alike."""
     expected = EXPECTED[name]
-    result = run_bundle(capsys, SPEC / f"{name}.tar.gz", "--decide", "approve")
+    result = run_bundle(capsys, SPEC / f"{name}.tar.gz", "--mode", mode, "--decide", "approve")
 
+    assert (result["mode"], result["mode_source"], result["mode_switched_to"]) == (
+        mode,
+        "preferred",
+        "",
+    )
     assert result["kind"] == "diagnosis"
     assert result["status"] == "completed"
     cause = result["root_cause"]
@@ -82,6 +89,7 @@ def test_the_shipped_examples_conclude_as_expected_through_the_command(
     ).get()
     assert set(finding.payload["evidence"]) <= {e["id"] for e in result["evidence"]}
     assert finding.payload["evidence"]
+    assert [c["id"] for c in result["similar_cases"]][:1] == expected["similar"]
 
 
 def test_a_bad_deploy_reads_the_code_through_mcp_and_reports_it(
@@ -238,7 +246,7 @@ def test_a_failing_code_server_fails_its_call_not_the_session(
         attempts.append(kwargs["path"])
         raise CodeToolError("the MCP server exited before it answered")
 
-    monkeypatch.setattr(graph, "code", crashed)
+    monkeypatch.setattr(investigation, "code", crashed)
     with override_settings(AERO_TOOL_RETRIES=2, AERO_TOOL_BACKOFF=0):
         result = run_bundle(capsys, SPEC / "ex-deploy-payments.tar.gz", "--decide", "approve")
 

@@ -214,6 +214,7 @@ def _advance_locked(
             root = AgentRun.objects.create(
                 session=session,
                 agent_name=ROOT_AGENT,
+                mode=(session.snapshot or {}).get("run_mode", {}).get("mode") or "react",
                 input_snapshot={"status": session.status, **root_snapshot(token)},
             )
             world, providers = world_of(definition["kind"]), configured_providers()

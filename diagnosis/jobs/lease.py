@@ -149,7 +149,11 @@ def _lease_and_root_sql(connection: Any) -> tuple[str, list[Any]]:
     return (
         f"WITH leased AS ({sql} RETURNING {columns}),"
         f" root AS (INSERT INTO {quote(run.db_table)} ({inserted})"
-        f"  SELECT leased.{quote('id')}, %s, %s, %s, %s,"
+        # A session whose run mode was chosen (a pack's `run_mode` in its snapshot)
+        # runs each job's root run in it.
+        f"  SELECT leased.{quote('id')}, %s,"
+        f"   coalesce(leased.{column(Session._meta, 'snapshot')} #>> '{{run_mode,mode}}', %s),"
+        f"   %s, %s,"
         f"   jsonb_build_object('status', leased.{status}) || %s::jsonb, %s::jsonb"
         f"  FROM leased WHERE leased.{status} NOT IN ({ended}) RETURNING {quote('id')})"
         f" SELECT leased.*, (SELECT {quote('id')} FROM root) AS root_id,"

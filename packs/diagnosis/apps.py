@@ -26,7 +26,7 @@ class DiagnosisPackConfig(AppConfig):
         from diagnosis.eventlog.registry import register as register_events
         from diagnosis.eventlog.registry import register_finding
         from diagnosis.wording import register_tool_labels
-        from packs.diagnosis import fixes, graph, sessions, web
+        from packs.diagnosis import fixes, graph, modes, sessions, web
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
         from packs.diagnosis.report import export_context, report_fields
@@ -37,7 +37,7 @@ class DiagnosisPackConfig(AppConfig):
 
         external.register_system(fixes.SHOP_OPS, fixes.SHOP_OPS_PREFIX)
         register_finding(*KINDS)
-        register_events(*sessions.EVENT_TYPES)
+        register_events(*sessions.EVENT_TYPES, *modes.EVENT_TYPES)
         register_tool_labels({**fixes.LABELS, **sessions.EVIDENCE_LABELS})
         register(
             DomainPack(

@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -110,6 +110,9 @@ class Bundle:
     has_repo: bool
     log_lines: int = 0
     metric_rows: int = 0
+    # Sources the agent did not read (a failed or skipped evidence call): the playbook
+    # reads the bundle as if they were absent (see `read_only`).
+    unread: frozenset[str] = frozenset()
     _scratch: Path | None = field(default=None, repr=False)
 
     @property
@@ -123,13 +126,29 @@ class Bundle:
     @property
     def sources(self) -> dict[str, bool]:
         """Which evidence the bundle carries (a missing source lowers confidence)."""
-        return {
+        held = {
             "logs": self.has_logs,
             "metrics": self.has_metrics,
             "deploys": (self.root / DEPLOYS).is_file(),
             "config_changes": (self.root / CONFIG_CHANGES).is_file(),
             "repo": self.has_repo,
         }
+        return {name: present and name not in self.unread for name, present in held.items()}
+
+    def read_only(self, sources: set[str]) -> Bundle:
+        """The bundle as far as the agent read it: only `sources` (names of `sources`)
+        present. A view: it shares the folder and never removes it."""
+        unread = frozenset(name for name in self.sources if name not in sources) | self.unread
+        return replace(
+            self,
+            has_logs=self.has_logs and "logs" not in unread,
+            has_metrics=self.has_metrics and "metrics" not in unread,
+            has_repo=self.has_repo and "repo" not in unread,
+            deploys=[] if "deploys" in unread else self.deploys,
+            config_changes=[] if "config_changes" in unread else self.config_changes,
+            unread=unread,
+            _scratch=None,
+        )
 
     def close(self) -> None:
         if self._scratch is not None:

@@ -1,6 +1,14 @@
-"""A diagnosis session's graph: intake -> evidence -> conclusion -> fix proposed ->
-approval -> fix executed -> report, with an ask-the-reporter wait when the evidence names
-no root cause.
+"""A diagnosis session's graph: intake (and the run mode) -> evidence, gathered the way
+the session's mode gathers it -> conclusion -> fix proposed -> approval -> fix executed
+-> report, with an ask-the-reporter wait when the evidence names no root cause.
+
+The run modes (DIAGNOSIS.md §4, docs/diagnosis-pack.md): ReAct, one evidence call a
+step chosen from what is known, moving to plan-execute after the pack's number of steps
+in a row that added nothing; plan-execute, a plan of calls shown before it runs; and
+hierarchical, an orchestrator whose four specialists run in parallel as child runs,
+degrading to the minimal path when too many fail. Every mode makes the same calls
+(packs.diagnosis.investigation) and concludes with the playbook's reading of what they
+read, so all three conclude alike from the same bundle.
 
 Every step is recorded by the core (diagnosis.agent.recording): each evidence tool is an
 R0 ToolCall with its start and result events, the conclusion is `finding.recorded`
@@ -11,39 +19,47 @@ version; a model may word it later, never change it.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
-from typing import Any, Literal, TypedDict
+from dataclasses import replace
+from typing import Annotated, Any, Literal, TypedDict
 
-from django.conf import settings
+from django.utils.translation import gettext as _
 from langgraph.graph import END, START, StateGraph
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
+from langgraph.runtime import Runtime
 
 from diagnosis.agent.nodes.proposals import propose_action
 from diagnosis.agent.nodes.waiting import ask_user, await_approval
-from diagnosis.agent.recording import recorded
+from diagnosis.agent.recording import child_run, recorded, task_key
 from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import ToolContext, run_action, run_recorded
 from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun, Event, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import write_report
 from packs.diagnosis.bundle import Bundle, open_bundle
-from packs.diagnosis.charts import downsample
-from packs.diagnosis.code import CodeToolError, code
-from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.fixes import fix_problems
-from packs.diagnosis.knowledge import linked_cases, similar_cases_tool
+from packs.diagnosis.investigation import FOLLOW_UPS, Investigation
+from packs.diagnosis.knowledge import linked_cases
+from packs.diagnosis.modes import (
+    AGGREGATED,
+    MODE_CHOSEN,
+    MODE_SWITCHED,
+    PLAN,
+    SPECIALIST_REPORTED,
+    SPECIALISTS,
+    choose_mode,
+)
 from packs.diagnosis.names import SIMILAR
-from packs.diagnosis.playbook import Diagnosis, Playbook, diagnose, minutes_between
+from packs.diagnosis.playbook import Playbook
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System, demo_shop
 from scenarios_admin.definition import effective_risk_class
 
-# How many error signatures and anomalies a tool result keeps (the rest are counted).
-MAX_LISTED = 20
 FIX_CALL = "fix-1"
 QUESTION_KEY = "q-evidence"
+# A degraded hierarchical run's evidence: the metrics and the changes.
+MINIMAL_PATH = ("anomalies", "deploys", "config_changes")
 ASK = {
     "zh": "证据不足以确定根因（缺少：{missing}）。"
     "请补充您知道的情况：哪个服务、什么时候开始、最近有哪些变更？",
@@ -62,6 +78,11 @@ class DiagnosisState(TypedDict, total=False):
     bundle: dict[str, Any]  # the read_bundle call's result
     evidence: dict[str, Any]  # {"calls": [{id, tool, summary, error}]}
     conclusion: dict[str, Any]  # the playbook's, as the findings record it
+    mode: str  # the run mode running now (react | plan_execute | hierarchical)
+    idle: int  # ReAct: steps in a row that added no evidence
+    plan: list[dict[str, Any]]  # plan-execute: the calls planned
+    orchestrator: int  # hierarchical: the orchestrator's run
+    specialists: Annotated[list[dict[str, Any]], operator.add]  # their reports
     answers: list[str]
     new_input: bool  # the core's approval wait sets it
     reported: bool
@@ -71,9 +92,14 @@ def build_graph() -> StateGraph[DiagnosisState, AgentContext, DiagnosisState, Di
     builder = StateGraph(DiagnosisState, context_schema=AgentContext)
     # The core's recorded nodes are annotated with the airport's state: each node reads
     # this graph's state instead.
-    nodes = (
+    nodes: list[tuple[str, Any]] = [
         ("intake", intake),
-        ("gather_evidence", gather_evidence),
+        ("react_step", react_step),
+        ("plan", plan),
+        ("execute", execute),
+        ("orchestrate", orchestrate),
+        *((f"specialist_{name}", specialist_node(name)) for name in SPECIALISTS),
+        ("aggregate", aggregate),
         ("conclude", conclude),
         ("ask_user", ask_user),
         ("read_answer", read_answer),
@@ -81,12 +107,18 @@ def build_graph() -> StateGraph[DiagnosisState, AgentContext, DiagnosisState, Di
         ("await_approval", await_approval),
         ("execute_fix", execute_fix),
         ("report", report),
-    )
+    ]
     for name, node in nodes:
-        builder.add_node(name, node, input_schema=DiagnosisState)  # type: ignore[misc]
+        builder.add_node(name, node, input_schema=DiagnosisState)
     builder.add_edge(START, "intake")
-    builder.add_edge("intake", "gather_evidence")
-    builder.add_edge("gather_evidence", "conclude")
+    builder.add_conditional_edges("intake", route_by_mode)
+    builder.add_conditional_edges("react_step", route_after_react)
+    builder.add_edge("plan", "execute")
+    builder.add_edge("execute", "conclude")
+    for name in SPECIALISTS:
+        builder.add_edge("orchestrate", f"specialist_{name}")
+    builder.add_edge([f"specialist_{name}" for name in SPECIALISTS], "aggregate")
+    builder.add_edge("aggregate", "conclude")
     builder.add_conditional_edges("conclude", route_after_conclusion)
     builder.add_edge("ask_user", "read_answer")
     builder.add_edge("read_answer", "report")
@@ -169,7 +201,36 @@ def intake(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str,
         .first()
     ) or {}
     result = {**result, "problem_type": requested.get("problem_type", "")}
-    return {"bundle": result, "consumed_seq": opening or 0, "_summary": result["summary"]}
+    # The run mode: the reporter's preferred one (the request's, else the bundle's), else
+    # the routing matrix's for the stated problem type, else the pack's default.
+    stated = result["problem_type"] or result["incident"]["problem_type"] or ""
+    preferred = requested.get("preferred_mode", "")
+    mode, source = choose_mode(
+        preferred, result["incident"]["preferred_mode"], stated, _playbook(ctx).modes
+    )
+    append_step_event(
+        ctx.session_id,
+        MODE_CHOSEN,
+        {
+            "mode": mode,
+            "source": source,
+            "problem_type": stated,
+            "preferred": preferred or result["incident"]["preferred_mode"],
+        },
+        producer=ctx.producer,
+        run=run,
+    )
+    _set_mode(ctx.root_run, mode)
+    evidence = [
+        {"id": "ev-bundle", "tool": "read_bundle", "summary": result["summary"], "error": ""}
+    ]
+    return {
+        "bundle": result,
+        "consumed_seq": opening or 0,
+        "mode": mode,
+        "evidence": {"calls": evidence},
+        "_summary": result["summary"],
+    }
 
 
 def _sources_words(sources: dict[str, bool], log_lines: int, metric_rows: int) -> str:
@@ -179,237 +240,391 @@ def _sources_words(sources: dict[str, bool], log_lines: int, metric_rows: int) -
     return words + (f"; lacking: {', '.join(lacking)}" if lacking else "")
 
 
-# --- evidence ------------------------------------------------------------------------------
+# --- the run modes ---------------------------------------------------------------------------
+# Every mode makes the same calls (packs.diagnosis.investigation) and hands the same
+# conclusion to `conclude`: ReAct one call a step, chosen from what is known; plan-execute
+# a plan shown before it runs; hierarchical four specialists in parallel, each a child
+# run of the orchestrator with its own steps.
 
 
-@recorded("gather_evidence")
-def gather_evidence(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
-    """The evidence tools, each an R0 call with its result summary, then the playbook's
-    reading of them (computed here from the same bundle, kept for the next step)."""
-    tctx = _tctx(ctx, run)
-    system = _system(ctx)
-    playbook = _playbook(ctx)
-    bundle_read = state["bundle"]
-    evidence: list[dict[str, Any]] = [
-        {"id": "ev-bundle", "tool": "read_bundle", "summary": bundle_read["summary"], "error": ""}
-    ]
+def _investigation(ctx: AgentContext, state: DiagnosisState) -> Investigation:
+    return Investigation(
+        ctx.session_id, _system(ctx), _playbook(ctx), state["bundle"].get("problem_type") or ""
+    )
 
-    def call(call_id: str, tool: str, args: dict[str, Any], compute: Any) -> dict[str, Any]:
-        response, error = run_recorded(
-            tctx,
-            {"call_id": call_id, "tool": tool, "args": args, "position": len(evidence) + 1},
-            compute,
+
+def _gather(
+    inv: Investigation, ctx: AgentContext, run: AgentRun, call: dict[str, Any]
+) -> dict[str, Any]:
+    """One evidence call, recorded under `run`; the past cases it found are also one
+    `diagnosis.similar_cases` event, written with it (keyed by the step: once)."""
+    item, response = inv.run(_tctx(ctx, run), call)
+    if call["tool"] == "similar_cases" and "cases" in response:
+        append_step_event(
+            ctx.session_id,
+            SIMILAR,
+            {"cases": response["cases"]},
+            producer=ctx.producer,
+            run=run,
         )
-        summary = response.get("summary", "") if not error else f"failed: {error}"
-        evidence.append({"id": call_id, "tool": tool, "summary": summary, "error": error})
-        return response
+    return item
 
-    with session_bundle(ctx.session_id) as bundle:
-        chosen = state["bundle"].get("problem_type") or ""
-        if chosen in playbook.problem_types:  # the reporter's choice on the form
-            bundle.incident = bundle.incident.model_copy(update={"problem_type": chosen})
-        found = diagnose(bundle, system, playbook)
-        since, until = found.window
-        window = {"since": since.isoformat(), "until": until.isoformat()}
-        source = Evidence(bundle)
-        try:
-            if bundle.has_logs:
-                call(
-                    "ev-log_signatures",
-                    "log_signatures",
-                    window,
-                    lambda: _signatures(source, found),
+
+def _set_mode(run: AgentRun, mode: str) -> None:
+    """A run's mode: a node run not yet written takes it with its insert."""
+    run.mode = mode
+    AgentRun.objects.filter(pk=run.pk).update(mode=mode)
+
+
+def route_by_mode(state: DiagnosisState) -> Literal["react_step", "plan", "orchestrate"]:
+    mode = state.get("mode") or "react"
+    return (
+        "plan"
+        if mode == "plan_execute"
+        else "orchestrate"
+        if mode == "hierarchical"
+        else ("react_step")
+    )
+
+
+def _next_call(inv: Investigation, evidence: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """ReAct's choice: the next source the bundle holds that is not read yet; then what
+    the reading of the sources read so far leads to (a candidate's topology, the code the
+    blamed deploy changed); None when nothing is left to read."""
+    made = {e["id"] for e in evidence}
+    for call in inv.base_calls():
+        if call["call_id"] not in made:
+            return call
+    for call in inv.follow_ups(inv.reading(evidence)):
+        if call["call_id"] not in made:
+            return call
+    return None
+
+
+@recorded("react_step")
+def react_step(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """Reason (choose the next call from what is known) -> act (call it) -> observe (did
+    it add evidence?) -> decide (go on, conclude, or switch to plan-execute after the
+    pack's number of steps in a row that added nothing)."""
+    inv = _investigation(ctx, state)
+    evidence = list(state["evidence"]["calls"])
+    call = _next_call(inv, evidence)
+    update: dict[str, Any] = {}
+    words = ""
+    if call is not None:
+        item = _gather(inv, ctx, run, call)
+        evidence.append(item)
+        idle = 0 if item["new"] else state.get("idle", 0) + 1
+        update["idle"] = idle
+        words = f"{item['tool']}: " + (
+            _("new evidence") if item["new"] else _("nothing new (%(n)s in a row)") % {"n": idle}
+        )
+        if _next_call(inv, evidence) is not None:
+            limit = _playbook(ctx).modes.react_idle_steps
+            if idle >= limit:
+                idle_calls = [e["id"] for e in evidence[-limit:]]
+                append_step_event(
+                    ctx.session_id,
+                    MODE_SWITCHED,
+                    {
+                        "from": "react",
+                        "to": "plan_execute",
+                        "reason": "no_new_evidence",
+                        "steps": idle,
+                        "calls": idle_calls,
+                    },
+                    producer=ctx.producer,
+                    run=run,
                 )
-            if bundle.has_metrics:
-                call("ev-anomalies", "anomalies", window, lambda: _anomalies(source, found))
-            if bundle.deploys:
-                call("ev-deploys", "deploys", window, lambda: _changes(bundle.deploys, "deploys"))
-            if bundle.config_changes:
-                call(
-                    "ev-config_changes",
-                    "config_changes",
-                    window,
-                    lambda: _changes(bundle.config_changes, "config changes"),
-                )
-        finally:
-            source.close()
-        for service in found.candidates:
-            call(
-                f"ev-topology-{service}",
-                "topology",
-                {"service": service},
-                lambda service=service: _topology(system, service),
-            )
-        # The past cases like this one, searched with the incident's words, what the new
-        # errors at or towards the suspects say, and the services in play (the suspects
-        # first); the links are stored and logged once (a re-run reuses them).
-        incident = bundle_read["incident"]
-        suspects = found.candidates
-        errors = dict.fromkeys(
-            s.template
-            for s in found.new_signatures
-            if s.service in suspects or s.upstream in suspects
-        )
-        asked = {
-            "text": "\n".join(
-                t for t in (incident["title"], incident["description"], *list(errors)[:3]) if t
-            ),
-            "services": list(
-                dict.fromkeys([*suspects, *incident["services"], *found.related_services])
-            ),
-        }
-        similar = call(
-            "ev-similar_cases",
-            "similar_cases",
-            asked,
-            lambda: similar_cases_tool(ctx.session_id, asked),
-        )
-        if "cases" in similar:
-            append_step_event(
-                ctx.session_id, SIMILAR, {"cases": similar["cases"]}, producer=ctx.producer, run=run
-            )
-        for index, location in enumerate(found.code_locations, start=1):
-            call(
-                f"ev-code-{index}",
-                "code",
-                {"commit": location.commit, "path": location.path, "line": location.line},
-                lambda location=location: _code(bundle, location),
-            )
+                update["mode"] = "plan_execute"
+            return {**update, "evidence": {"calls": evidence}, "_summary": words}
+    # Nothing left to read: the reading of what was read is the conclusion.
+    return {
+        **update,
+        "evidence": {"calls": evidence},
+        "conclusion": inv.conclusion(evidence),
+        "_summary": (words + "; " if words else "") + _("enough evidence: conclude"),
+    }
+
+
+def route_after_react(state: DiagnosisState) -> Literal["react_step", "plan", "conclude"]:
+    if state.get("conclusion"):
+        return "conclude"
+    return "plan" if state.get("mode") == "plan_execute" else "react_step"
+
+
+@recorded("plan")
+def plan(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """Plan-execute's plan, shown before it runs (its group commits with it): the reads
+    not made yet, with their arguments, then what their reading leads to. After a switch
+    from ReAct, the calls left."""
+    inv = _investigation(ctx, state)
+    evidence = list(state["evidence"]["calls"])
+    made = {e["id"] for e in evidence}
+    calls = [c for c in inv.base_calls() if c["call_id"] not in made]
+    then: list[str] = list(FOLLOW_UPS)
+    if not calls:  # every source read (a switch from ReAct): what they led to
+        calls = [c for c in inv.follow_ups(inv.reading(evidence)) if c["call_id"] not in made]
+        then = []
+    if run.mode != "plan_execute":
+        _set_mode(run, "plan_execute")
+    append_step_event(
+        ctx.session_id,
+        PLAN,
+        {
+            "mode": "plan_execute",
+            "calls": [{"id": c["call_id"], "tool": c["tool"], "args": c["args"]} for c in calls],
+            "then": then,
+        },
+        producer=ctx.producer,
+        run=run,
+    )
+    return {
+        "plan": calls,
+        "_commit": True,
+        "_summary": _("%(n)s calls planned") % {"n": len(calls)},
+    }
+
+
+@recorded("execute")
+def execute(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """The plan's calls in order, then what their reading leads to, then one conclusion."""
+    _set_mode(run, "plan_execute")
+    inv = _investigation(ctx, state)
+    evidence = list(state["evidence"]["calls"])
+    for call in state.get("plan") or []:
+        evidence.append(_gather(inv, ctx, run, call))
+    made = {e["id"] for e in evidence}
+    for call in inv.follow_ups(inv.reading(evidence)):
+        if call["call_id"] not in made:
+            evidence.append(_gather(inv, ctx, run, call))
     return {
         "evidence": {"calls": evidence},
-        "conclusion": _conclusion(found, system),
-        "_summary": f"{len(evidence)} evidence calls",
+        "conclusion": inv.conclusion(evidence),
+        "_summary": _("%(n)s evidence calls") % {"n": len(evidence)},
     }
 
 
-def _signatures(source: Evidence, found: Diagnosis) -> dict[str, Any]:
-    since, until = found.window
-    every = source.log_signatures(since=since, until=until)
-    new = {(s.service, s.template) for s in found.new_signatures}
-    listed = [{**s.as_dict(), "new": (s.service, s.template) in new} for s in every[:MAX_LISTED]]
-    newest = found.new_signatures[:3]
-    words = "; ".join(f"{s.service} x{s.count} {s.sample[:80]}" for s in newest)
-    return {
-        "signatures": listed,
-        "total": len(every),
-        "new": len(new),
-        "summary": f"{len(every)} error signatures, {len(new)} new"
-        + (f": {words}" if words else ""),
-    }
+# --- hierarchical: an orchestrator and its specialists ----------------------------------------
 
 
-def _anomalies(source: Evidence, found: Diagnosis) -> dict[str, Any]:
-    """Each anomaly with its series over the window (downsampled), for the page's chart:
-    the picture comes from the log, as the rest of the evidence does."""
-    since, until = found.window
-    listed = found.anomalies[:MAX_LISTED]
-    metrics = sorted({a.metric for a in listed if a.metric != "log_errors_per_minute"})
-    samples = source.series(metrics, since=since, until=until) if metrics else {}
-    quiet = sorted({a.service for a in listed if a.metric == "log_errors_per_minute"})
-    per_minute = source.errors_per_minute(quiet, since, until)
-    minutes = minutes_between(since, until)
-    rows: list[dict[str, Any]] = []
-    for a in found.anomalies:
-        row: dict[str, Any] = {
-            "service": a.service,
-            "metric": a.metric,
-            "onset": a.onset.isoformat(),
-            "baseline": a.baseline,
-            "peak": a.peak,
-        }
-        if len(rows) < MAX_LISTED:
-            if a.metric == "log_errors_per_minute":
-                counts = per_minute.get(a.service, {})
-                series = [(m, float(counts.get(m, 0))) for m in minutes]
-            else:
-                series = samples.get((a.service, a.metric), [])
-            row["series"] = downsample(series)
-        rows.append(row)
-    words = "; ".join(f"{a['service']} {a['metric']} from {a['onset']}" for a in rows[:3])
-    return {
-        "anomalies": rows[:MAX_LISTED],
-        "t0": found.t0.isoformat(),
-        "summary": f"{len(rows)} metric anomalies" + (f": {words}" if words else ""),
-    }
+def specialist_calls(inv: Investigation, name: str) -> tuple[list[dict[str, Any]], str]:
+    """A specialist's calls, and why it cannot work ("" when it can): logs and metrics
+    read their source; changes and code read the changes, then the code each frame of the
+    blamed deploy's new errors points at; knowledge looks up each candidate's place in the
+    service graph and the past cases like this one. A specialist chooses its follow-ups
+    from the playbook's reading of the bundle (its own look at the case); the orchestrator
+    concludes from what was read."""
+    base = {c["tool"]: c for c in inv.base_calls()}
+    sources = inv.bundle.sources
+    if name == "logs":
+        return [base[t] for t in ("log_signatures",) if t in base], (
+            "" if sources["logs"] else _("the bundle has no logs.jsonl")
+        )
+    if name == "metrics":
+        return [base[t] for t in ("anomalies",) if t in base], (
+            "" if sources["metrics"] else _("the bundle has no metrics.csv")
+        )
+    follow = inv.follow_ups(inv.whole)
+    if name == "changes_code":
+        calls = [base[t] for t in ("deploys", "config_changes") if t in base]
+        calls += [c for c in follow if c["tool"] == "code"]
+        held = sources["deploys"] or sources["config_changes"]
+        return calls, "" if held else _("the bundle has no deploys.yaml or config_changes.yaml")
+    return [c for c in follow if c["tool"] in ("topology", "similar_cases")], ""
 
 
-def _changes(changes: list[Any], what: str) -> dict[str, Any]:
-    rows = [c.model_dump(mode="json") for c in changes]
-    words = "; ".join(
-        f"{c['id']} {c['service']} {c.get('version') or c.get('key') or ''} at {c['at']}"
-        for c in rows[:3]
-    )
-    return {"changes": rows[:MAX_LISTED], "summary": f"{len(rows)} {what}: {words}"}
-
-
-def _topology(system: System, service: str) -> dict[str, Any]:
-    found = system.topology(service)
-    return {
-        **found,
-        "kind": system.kind(service),
-        "summary": f"{service} ({system.kind(service)}): called by "
-        f"{', '.join(found['callers']) or 'none'}; depends on "
-        f"{', '.join(found['depends_on']) or 'none'}",
-    }
-
-
-def _code(bundle: Bundle, location: Any) -> dict[str, Any]:
-    """The code tool through MCP, retried per the tools' policy (AERO_TOOL_RETRIES, linear
-    AERO_TOOL_BACKOFF) when its server crashed, hung or refused; after the last attempt
-    the call fails (recorded) and the diagnosis goes on without it."""
-    if not bundle.has_repo:
-        raise CodeToolError("the bundle has no repo/")
-    retrying = Retrying(
-        retry=retry_if_exception_type(CodeToolError),
-        stop=stop_after_attempt(settings.AERO_TOOL_RETRIES + 1),
-        wait=wait_incrementing(
-            start=settings.AERO_TOOL_BACKOFF, increment=settings.AERO_TOOL_BACKOFF
-        ),
-        reraise=True,
-    )
-    looked = retrying(
-        code,
-        bundle.root / "repo",
-        commit=location.commit,
-        path=location.path,
-        line=location.line,
+@recorded("orchestrate", fans_out=True)
+def orchestrate(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """The orchestrator splits the work: its plan names the specialists and their tools;
+    the group commits so the specialists, on threads of their own, find it."""
+    _set_mode(run, "hierarchical")
+    inv = _investigation(ctx, state)
+    specialists = [
+        {"name": name, "tools": [c["tool"] for c in specialist_calls(inv, name)[0]]}
+        for name in SPECIALISTS
+    ]
+    append_step_event(
+        ctx.session_id,
+        PLAN,
+        {"mode": "hierarchical", "specialists": specialists},
+        producer=ctx.producer,
+        run=run,
     )
     return {
-        "commit": looked.commit,
-        "path": looked.path,
-        "line": looked.line,
-        "hunk": looked.hunk,
-        "excerpt": [[n, text] for n, text in looked.excerpt],
-        "summary": f"{looked.path}:{looked.line} changed by {looked.commit[:10]}",
+        "orchestrator": run.pk,
+        "_summary": _("%(n)s specialists in parallel") % {"n": len(specialists)},
     }
 
 
-def _conclusion(found: Diagnosis, system: System) -> dict[str, Any]:
-    action = found.action
+class SpecialistState(TypedDict, total=False):
+    session_id: str
+    specialist: str
+    problem_type: str
+    calls: list[dict[str, Any]]  # the evidence items so far
+    failed: str  # why it could not work
+    done: bool
+
+
+class _SpecialistFailed(Exception):
+    """Ends a failed specialist's block: its run is marked failed (recording.child_run)."""
+
+
+@recorded("look")
+def specialist_look(state: SpecialistState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """A specialist's ReAct step: its next call not made yet, made; done when none is left."""
+    inv = Investigation(
+        ctx.session_id, _system(ctx), _playbook(ctx), state.get("problem_type") or ""
+    )
+    calls, cannot = specialist_calls(inv, state["specialist"])
+    if cannot:
+        return {"failed": cannot, "done": True, "_summary": cannot}
+    made = {e["id"] for e in state.get("calls") or []}
+    left = [c for c in calls if c["call_id"] not in made]
+    if not left:
+        return {"done": True, "_summary": _("nothing left to read")}
+    item = _gather(inv, ctx, run, left[0])
     return {
-        "hypothesis": found.hypothesis,
-        "service": found.service,
-        "service_kind": system.kind(found.service) if found.service else "",
-        "deploy": found.deploy,
-        "config_key": found.config_key,
-        "summary": found.summary,
-        "confidence": found.confidence,
-        "problem_type": found.problem_type,
-        "related_services": found.related_services,
-        "code_locations": [asdict(c) for c in found.code_locations],
-        "candidates": [
+        "calls": [*(state.get("calls") or []), item],
+        "done": len(left) == 1,
+        "_summary": item["summary"][:200],
+    }
+
+
+@recorded("hand_back")
+def specialist_report(state: SpecialistState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """What the specialist hands back, as an event: its evidence, and failed with the
+    reason when it could not work or a call of its failed."""
+    calls = state.get("calls") or []
+    reason = state.get("failed") or "; ".join(
+        f"{e['id']}: {e['error']}" for e in calls if e.get("error")
+    )
+    owner = ctx.parent_run or run
+    append_step_event(
+        ctx.session_id,
+        SPECIALIST_REPORTED,
+        {
+            "specialist": state["specialist"],
+            "status": "failed" if reason else "completed",
+            "run": owner.pk,
+            "evidence": [e["id"] for e in calls],
+            "reason": reason,
+        },
+        producer=ctx.producer,
+        run=run,
+    )
+    return {"failed": reason, "_summary": reason or _("reported")}
+
+
+def _specialist_graph() -> Any:
+    builder = StateGraph(SpecialistState, context_schema=AgentContext)
+    builder.add_node("look", specialist_look, input_schema=SpecialistState)  # type: ignore[misc]
+    builder.add_node("report", specialist_report, input_schema=SpecialistState)  # type: ignore[misc]
+    builder.add_edge(START, "look")
+    builder.add_conditional_edges(
+        "look", lambda s: "report" if s.get("done") else "look", ["look", "report"]
+    )
+    builder.add_edge("report", END)
+    return builder.compile()
+
+
+SPECIALIST_GRAPH = _specialist_graph()
+
+
+def specialist_node(name: str) -> Any:
+    """A parallel branch: the specialist `name` as a child run of the orchestrator (its
+    own mode, status, times, tokens), its steps recorded under it (its own graph)."""
+
+    def branch(state: DiagnosisState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+        ctx = runtime.context
+        orchestrator = AgentRun(pk=state["orchestrator"], session_id=ctx.session_id)
+        orchestrator._state.adding = False
+        under = replace(ctx, parent_run=orchestrator)
+        agent = f"specialist_{name}"
+        report: dict[str, Any] = {"name": name, "status": "completed", "reason": ""}
+        try:
+            with child_run(under, agent, task_key(ctx, agent)) as child:
+                assert child.parent_run is not None
+                report["run"] = child.parent_run.pk
+                result = SPECIALIST_GRAPH.invoke(
+                    {
+                        "session_id": state["session_id"],
+                        "specialist": name,
+                        "problem_type": state["bundle"].get("problem_type") or "",
+                        "calls": [],
+                    },
+                    context=child,
+                )
+                report["evidence"] = result.get("calls") or []
+                if result.get("failed"):
+                    report.update(status="failed", reason=result["failed"])
+                    raise _SpecialistFailed(result["failed"])
+        except _SpecialistFailed:
+            pass  # its run is marked failed; the orchestrator counts it
+        return {"specialists": [report]}
+
+    branch.__name__ = f"specialist_{name}"
+    return branch
+
+
+@recorded("aggregate")
+def aggregate(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """The orchestrator aggregates its specialists' evidence, in their fixed order, and
+    concludes. When more than the pack's share of them failed, it degrades to the minimal
+    path: the metrics and the changes only (a failed read made again once), and says so."""
+    _set_mode(run, "hierarchical")
+    inv = _investigation(ctx, state)
+    reports = {r["name"]: r for r in state.get("specialists") or []}
+    ordered = [reports[name] for name in SPECIALISTS if name in reports]
+    failed = [r["name"] for r in ordered if r["status"] == "failed"]
+    append_step_event(
+        ctx.session_id,
+        AGGREGATED,
+        {
+            "specialists": [
+                {k: r.get(k) for k in ("name", "status", "run", "reason")} for r in ordered
+            ],
+            "failed": len(failed),
+            "of": len(ordered),
+        },
+        producer=ctx.producer,
+        run=run,
+    )
+    evidence = list(state["evidence"]["calls"])
+    gathered = [item for r in ordered for item in r.get("evidence") or []]
+    threshold = _playbook(ctx).modes.specialist_failure_threshold
+    words = _("%(ok)s of %(of)s specialists reported") % {
+        "ok": len(ordered) - len(failed),
+        "of": len(ordered),
+    }
+    if ordered and len(failed) / len(ordered) > threshold:
+        append_step_event(
+            ctx.session_id,
+            MODE_SWITCHED,
             {
-                "hypothesis": f.hypothesis,
-                "service": f.service,
-                "rank": f.rank,
-                "conditions": list(f.conditions),
-            }
-            for f in found.findings
-        ],
-        "missing": found.missing,
-        "t0": found.t0.isoformat(),
-        "window": [found.window[0].isoformat(), found.window[1].isoformat()],
-        "action": action,
+                "from": "hierarchical",
+                "to": "minimal",
+                "reason": "specialists_failed",
+                "failed": failed,
+                "of": len(ordered),
+                "threshold": threshold,
+            },
+            producer=ctx.producer,
+            run=run,
+        )
+        for tool in MINIMAL_PATH:
+            done = [e for e in gathered if e["tool"] == tool and not e["error"]]
+            if done:
+                evidence += done
+            elif any(c["tool"] == tool for c in inv.base_calls()):
+                evidence.append(_gather(inv, ctx, run, inv.retry_call(tool)))
+        words += "; " + _("degraded to the minimal path")
+    else:
+        evidence += gathered
+    return {
+        "evidence": {"calls": evidence},
+        "conclusion": inv.conclusion(evidence),
+        "_summary": words,
     }
 
 

@@ -15,7 +15,7 @@ from statistics import median
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from packs.diagnosis.bundle import Bundle, ConfigChange, Deploy
 from packs.diagnosis.evidence import Evidence, Signature
@@ -80,6 +80,24 @@ class Confidence(_Data):
     max: float = Field(gt=0, le=1)
 
 
+RunMode = Literal["react", "plan_execute", "hierarchical"]
+RUN_MODES: tuple[RunMode, ...] = ("react", "plan_execute", "hierarchical")
+
+
+class RunModes(_Data):
+    """How a session runs (DIAGNOSIS.md §4): the mode without a preference or a route,
+    the routing matrix (problem type -> mode) and the two switches' thresholds. Absent
+    from a definition (a version pinned before run modes): these defaults."""
+
+    default: RunMode = "react"
+    routing: dict[str, RunMode] = Field(default_factory=dict)
+    # ReAct moves to plan-execute after this many steps in a row that add no evidence.
+    react_idle_steps: int = Field(default=3, ge=1)
+    # Hierarchical degrades to the minimal path when more than this share of its
+    # specialists fail.
+    specialist_failure_threshold: float = Field(default=0.4, ge=0, lt=1)
+
+
 class Playbook(_Data):
     window_minutes: int = Field(gt=0)
     anomaly: AnomalyRules
@@ -90,6 +108,17 @@ class Playbook(_Data):
     external_actions: list[str]
     confidence: Confidence
     problem_types: dict[str, dict[Literal["zh", "en"], str]]
+    modes: RunModes = Field(default_factory=RunModes)
+
+    @model_validator(mode="after")
+    def routes_known_problem_types(self) -> Playbook:
+        unknown = sorted(set(self.modes.routing) - set(self.problem_types))
+        if unknown:
+            raise ValueError(
+                f"modes.routing names problem types that are not declared: {', '.join(unknown)}"
+                f" (declared: {', '.join(sorted(self.problem_types))})"
+            )
+        return self
 
 
 @cache

@@ -34,8 +34,9 @@ EVIDENCE_LABELS: dict[str, Promise] = {
     "code": gettext_lazy("Read the code (MCP git)"),
     "similar_cases": gettext_lazy("Similar past cases"),
 }
-# The one run mode the offline pipeline has: a plan of evidence calls, then one conclusion.
-MODE = "plan_execute"
+# The agents of a session's tree in the command's JSON: each job's root run, a
+# hierarchical run's orchestrator and its specialists (not every step's run).
+AGENT_RUNS = ("orchestrate",)
 
 
 def diagnosis_scenario() -> Scenario:
@@ -112,6 +113,7 @@ def summarize(session: Session) -> dict[str, Any]:
     """DIAGNOSIS.md §6: one JSON object for `incident run --bundle --json`."""
     snapshot = session.snapshot or {}
     cause = snapshot.get("root_cause") or {}
+    run_mode: dict[str, Any] = snapshot.get("run_mode") or {}
     lang = "zh" if session.language == "zh" else "en"
     calls = list(ToolCall.objects.filter(session=session).order_by("id"))
     evidence = [
@@ -132,9 +134,10 @@ def summarize(session: Session) -> dict[str, Any]:
         "status": session.status,
         "kind": KIND,
         "problem_type": cause.get("problem_type", ""),
-        # One offline plan runs whatever was preferred (run modes are not built yet).
-        "mode": MODE,
-        "mode_source": "default",
+        # The mode chosen (diagnosis.mode_chosen) and, after a switch, the one it ran in.
+        "mode": run_mode.get("mode", ""),
+        "mode_source": run_mode.get("source", ""),
+        "mode_switched_to": run_mode.get("now", ""),
         "preferred_mode": requested.get("preferred_mode", ""),
         "root_cause": {
             "hypothesis": cause.get("hypothesis"),
@@ -170,11 +173,13 @@ def summarize(session: Session) -> dict[str, Any]:
                 "run": run.pk,
                 "parent": run.parent_id,
                 "agent": run.agent_name,
-                "mode": MODE,
+                "mode": run.mode,
                 "status": run.status,
             }
             for run in AgentRun.objects.filter(session=session).order_by("id")
             if run.parent_id is None
+            or run.agent_name in AGENT_RUNS
+            or run.agent_name.startswith("specialist_")
         ],
         "evidence": evidence,
         "question": (snapshot.get("question") or {}).get("text"),

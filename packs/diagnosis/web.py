@@ -32,6 +32,7 @@ from packs.diagnosis.bundle import MODES
 from packs.diagnosis.charts import metric_chart, service_graph
 from packs.diagnosis.knowledge import do_save_as_knowledge, linked_cases
 from packs.diagnosis.models import KnowledgeItem
+from packs.diagnosis.modes import MODE_LABELS
 from packs.diagnosis.names import SIMILAR
 from packs.diagnosis.playbook import default_playbook
 from packs.diagnosis.sessions import start_from_bundle
@@ -43,11 +44,6 @@ DEMO_TITLES = {
     "ex-deploy-payments": _("Payments fail after a deploy"),
     "ex-pool-inventory": _("Inventory runs out of database connections"),
     "ex-upstream-cache": _("The cache slows everything down"),
-}
-MODE_LABELS = {
-    "react": _("ReAct"),
-    "plan_execute": _("Plan and execute"),
-    "hierarchical": _("Hierarchical"),
 }
 
 
@@ -209,6 +205,7 @@ def page_context(session: Session, mask: SessionMask | None) -> dict[str, Any]:
     searches = [error for _, tool, _, error, _ in calls if tool == "similar_cases"]
     panel["searched"] = any(not e for e in searches) or (bool(cause) and not searches)
     panel["search_failed"] = bool(searches) and all(searches)
+    panel["run_mode"] = snapshot.get("run_mode") or {}
     panel["saved_as"] = saved
     panel["can_save"] = session.status == SessionStatus.COMPLETED and bool(cause) and not saved
     return {"diagnosis": panel}
@@ -232,6 +229,7 @@ def replay_context(session: Session, state: FoldState, mask: SessionMask | None)
     return {
         "diagnosis": {
             **panel,
+            "run_mode": snapshot.get("run_mode") or {},
             "searched": found,
             "search_failed": failed,
             "saved_as": None,

@@ -1,0 +1,377 @@
+"""The evidence a diagnosis reads, as calls every run mode makes the same way
+(DIAGNOSIS.md §2, §4): which calls the bundle warrants, each call's result, whether it
+added evidence, and the playbook's reading of what the calls read.
+
+The calls' results are the tools' answers over the session's bundle (the playbook's
+window and T0 mark what is new in them). The conclusion is the playbook's reading of the
+sources whose calls succeeded: a source the agent did not read (its call failed, or a
+degraded run left it out) counts as missing, as in a bundle without it. So every mode
+that reads the same sources concludes the same, whatever order it read them in."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
+
+from diagnosis.agent.tools import ToolContext, run_recorded
+from packs.diagnosis.bundle import Bundle, open_bundle
+from packs.diagnosis.charts import downsample
+from packs.diagnosis.code import CodeToolError, code
+from packs.diagnosis.evidence import Evidence
+from packs.diagnosis.knowledge import similar_cases_tool
+from packs.diagnosis.playbook import Diagnosis, Playbook, diagnose, minutes_between
+from packs.diagnosis.storage import bundle_dir
+from packs.diagnosis.system import System
+
+# How many error signatures and anomalies a tool result keeps (the rest are counted).
+MAX_LISTED = 20
+# The source each reading tool reads (the playbook's sources).
+SOURCE_OF = {
+    "log_signatures": "logs",
+    "anomalies": "metrics",
+    "deploys": "deploys",
+    "config_changes": "config_changes",
+}
+# Where a call stands in the evidence list, whichever mode made it (the page and the
+# report list calls by position): the reads first, then what they led to.
+ORDER = {"read_bundle": 1, "log_signatures": 2, "anomalies": 3, "deploys": 4, "config_changes": 5}
+FOLLOW_UPS = ("topology", "similar_cases", "code")
+
+
+@dataclass(frozen=True)
+class _Opened:
+    bundle: Bundle
+    whole: Diagnosis
+
+
+# A job's steps read the same stored bundle again and again (a ReAct step per call, a
+# specialist per branch): it is checked and read once per process and problem type.
+# The stored copy never changes (packs.diagnosis.storage).
+_OPENED: OrderedDict[tuple[str, str, str], _Opened] = OrderedDict()
+_OPENED_LOCK = threading.Lock()
+_KEPT = 8
+
+
+class Investigation:
+    """One session's bundle as the evidence calls see it, with the playbook's reading."""
+
+    def __init__(self, session_id: Any, system: System, playbook: Playbook, problem_type: str):
+        self.session_id, self.system, self.playbook = session_id, system, playbook
+        key = (str(session_id), problem_type, playbook.model_dump_json())
+        with _OPENED_LOCK:
+            opened = _OPENED.get(key)
+            if opened is not None:
+                _OPENED.move_to_end(key)
+        if opened is None:
+            bundle = open_bundle(bundle_dir(session_id))
+            if problem_type in playbook.problem_types:  # the reporter's choice on the form
+                bundle.incident = bundle.incident.model_copy(update={"problem_type": problem_type})
+            opened = _Opened(bundle, diagnose(bundle, system, playbook))
+            with _OPENED_LOCK:
+                _OPENED[key] = opened
+                while len(_OPENED) > _KEPT:
+                    _OPENED.popitem(last=False)
+        self.bundle, self.whole = opened.bundle, opened.whole
+        since, until = self.whole.window
+        self.window = {"since": since.isoformat(), "until": until.isoformat()}
+        self._readings: dict[frozenset[str], Diagnosis] = {}
+
+    # The calls ---------------------------------------------------------------------
+    def base_calls(self) -> list[dict[str, Any]]:
+        """The reads the bundle warrants, each of a source it holds."""
+        calls = []
+        if self.bundle.has_logs:
+            calls.append(self._call("log_signatures", dict(self.window)))
+        if self.bundle.has_metrics:
+            calls.append(self._call("anomalies", dict(self.window)))
+        if self.bundle.deploys:
+            calls.append(self._call("deploys", dict(self.window)))
+        if self.bundle.config_changes:
+            calls.append(self._call("config_changes", dict(self.window)))
+        return calls
+
+    def follow_ups(self, found: Diagnosis) -> list[dict[str, Any]]:
+        """What a reading leads to: each candidate's topology, the past cases like it,
+        the code at each frame the blamed deploy changed."""
+        calls = [
+            {
+                "call_id": f"ev-topology-{service}",
+                "tool": "topology",
+                "args": {"service": service},
+                "position": 10 + index,
+            }
+            for index, service in enumerate(found.candidates)
+        ]
+        calls.append(
+            {
+                "call_id": "ev-similar_cases",
+                "tool": "similar_cases",
+                "args": self.similar_args(found),
+                "position": 25,
+            }
+        )
+        calls += [
+            {
+                "call_id": f"ev-code-{index}",
+                "tool": "code",
+                "args": {"commit": loc.commit, "path": loc.path, "line": loc.line},
+                "position": 30 + index,
+            }
+            for index, loc in enumerate(found.code_locations, start=1)
+        ]
+        return calls
+
+    def similar_args(self, found: Diagnosis) -> dict[str, Any]:
+        """The past cases are searched with the incident's words, what the new errors at
+        or towards the suspects say, and the services in play (the suspects first)."""
+        incident = self.bundle.incident
+        suspects = found.candidates
+        errors = dict.fromkeys(
+            s.template
+            for s in found.new_signatures
+            if s.service in suspects or s.upstream in suspects
+        )
+        return {
+            "text": "\n".join(
+                t for t in (incident.title, incident.description, *list(errors)[:3]) if t
+            ),
+            "services": list(
+                dict.fromkeys([*suspects, *incident.services, *found.related_services])
+            ),
+        }
+
+    def _call(self, tool: str, args: dict[str, Any], prefix: str = "ev") -> dict[str, Any]:
+        return {
+            "call_id": f"{prefix}-{tool}",
+            "tool": tool,
+            "args": args,
+            "position": ORDER[tool] + (40 if prefix != "ev" else 0),
+        }
+
+    def retry_call(self, tool: str) -> dict[str, Any]:
+        """A read made again by the orchestrator on a degraded run's minimal path."""
+        return self._call(tool, dict(self.window), prefix="ev-min")
+
+    # The reading --------------------------------------------------------------------
+    def unread(self, evidence: list[dict[str, Any]]) -> frozenset[str]:
+        """The sources the bundle holds whose read did not succeed in `evidence`."""
+        succeeded = {e["tool"] for e in evidence if not e.get("error")}
+        return frozenset(
+            SOURCE_OF[c["tool"]] for c in self.base_calls() if c["tool"] not in succeeded
+        )
+
+    def reading(self, evidence: list[dict[str, Any]]) -> Diagnosis:
+        """The playbook's reading of the sources `evidence` read."""
+        unread = self.unread(evidence)
+        if not unread:
+            return self.whole
+        if unread not in self._readings:
+            read = {name for name in self.bundle.sources if name not in unread}
+            self._readings[unread] = diagnose(
+                self.bundle.read_only(read), self.system, self.playbook
+            )
+        return self._readings[unread]
+
+    def conclusion(self, evidence: list[dict[str, Any]]) -> dict[str, Any]:
+        return _conclusion(self.reading(evidence), self.system)
+
+    # Running a call -----------------------------------------------------------------
+    def run(self, tctx: ToolContext, call: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The call, recorded (a re-run reuses its record): the evidence item it adds, and
+        the tool's answer."""
+        response, error = run_recorded(tctx, call, lambda: self._compute(call))
+        tool = call["tool"]
+        item = {
+            "id": call["call_id"],
+            "tool": tool,
+            "summary": response.get("summary", "") if not error else f"failed: {error}",
+            "error": error,
+            "new": adds_evidence(tool, response, error),
+        }
+        return item, response
+
+    def _compute(self, call: dict[str, Any]) -> dict[str, Any]:
+        tool, args = call["tool"], call["args"]
+        if tool in ("log_signatures", "anomalies"):
+            source = Evidence(self.bundle)
+            try:
+                if tool == "log_signatures":
+                    return _signatures(source, self.whole)
+                return _anomalies(source, self.whole)
+            finally:
+                source.close()
+        if tool == "deploys":
+            return _changes(self.bundle.deploys, "deploys", self.whole.window)
+        if tool == "config_changes":
+            return _changes(self.bundle.config_changes, "config changes", self.whole.window)
+        if tool == "topology":
+            return _topology(self.system, args["service"])
+        if tool == "similar_cases":
+            return similar_cases_tool(self.session_id, args)
+        if tool == "code":
+            return _code(self.bundle, _Location(args["commit"], args["path"], args["line"]))
+        raise ValueError(f"not an evidence tool: {tool}")
+
+
+@dataclass(frozen=True)
+class _Location:
+    commit: str
+    path: str
+    line: int
+
+
+def adds_evidence(tool: str, response: dict[str, Any], error: str) -> bool:
+    """Whether a call's answer added evidence: a failure or an empty answer did not."""
+    if error:
+        return False
+    if tool == "log_signatures":
+        return bool(response.get("new"))
+    if tool == "anomalies":
+        return bool(response.get("anomalies"))
+    if tool in ("deploys", "config_changes"):  # a change before the window explains nothing
+        return bool(response.get("in_window"))
+    if tool == "similar_cases":
+        return bool(response.get("cases"))
+    return True
+
+
+def _signatures(source: Evidence, found: Diagnosis) -> dict[str, Any]:
+    since, until = found.window
+    every = source.log_signatures(since=since, until=until)
+    new = {(s.service, s.template) for s in found.new_signatures}
+    listed = [{**s.as_dict(), "new": (s.service, s.template) in new} for s in every[:MAX_LISTED]]
+    newest = found.new_signatures[:3]
+    words = "; ".join(f"{s.service} x{s.count} {s.sample[:80]}" for s in newest)
+    return {
+        "signatures": listed,
+        "total": len(every),
+        "new": len(new),
+        "summary": f"{len(every)} error signatures, {len(new)} new"
+        + (f": {words}" if words else ""),
+    }
+
+
+def _anomalies(source: Evidence, found: Diagnosis) -> dict[str, Any]:
+    """Each anomaly with its series over the window (downsampled), for the page's chart:
+    the picture comes from the log, as the rest of the evidence does."""
+    since, until = found.window
+    listed = found.anomalies[:MAX_LISTED]
+    metrics = sorted({a.metric for a in listed if a.metric != "log_errors_per_minute"})
+    samples = source.series(metrics, since=since, until=until) if metrics else {}
+    quiet = sorted({a.service for a in listed if a.metric == "log_errors_per_minute"})
+    per_minute = source.errors_per_minute(quiet, since, until)
+    minutes = minutes_between(since, until)
+    rows: list[dict[str, Any]] = []
+    for a in found.anomalies:
+        row: dict[str, Any] = {
+            "service": a.service,
+            "metric": a.metric,
+            "onset": a.onset.isoformat(),
+            "baseline": a.baseline,
+            "peak": a.peak,
+        }
+        if len(rows) < MAX_LISTED:
+            if a.metric == "log_errors_per_minute":
+                counts = per_minute.get(a.service, {})
+                series = [(m, float(counts.get(m, 0))) for m in minutes]
+            else:
+                series = samples.get((a.service, a.metric), [])
+            row["series"] = downsample(series)
+        rows.append(row)
+    words = "; ".join(f"{a['service']} {a['metric']} from {a['onset']}" for a in rows[:3])
+    return {
+        "anomalies": rows[:MAX_LISTED],
+        "t0": found.t0.isoformat(),
+        "summary": f"{len(rows)} metric anomalies" + (f": {words}" if words else ""),
+    }
+
+
+def _changes(changes: list[Any], what: str, window: tuple[datetime, datetime]) -> dict[str, Any]:
+    rows = [c.model_dump(mode="json") for c in changes]
+    words = "; ".join(
+        f"{c['id']} {c['service']} {c.get('version') or c.get('key') or ''} at {c['at']}"
+        for c in rows[:3]
+    )
+    since, until = window
+    return {
+        "changes": rows[:MAX_LISTED],
+        "in_window": sum(1 for c in changes if since <= c.at <= until),
+        "summary": f"{len(rows)} {what}: {words}",
+    }
+
+
+def _topology(system: System, service: str) -> dict[str, Any]:
+    found = system.topology(service)
+    return {
+        **found,
+        "kind": system.kind(service),
+        "summary": f"{service} ({system.kind(service)}): called by "
+        f"{', '.join(found['callers']) or 'none'}; depends on "
+        f"{', '.join(found['depends_on']) or 'none'}",
+    }
+
+
+def _code(bundle: Bundle, location: Any) -> dict[str, Any]:
+    """The code tool through MCP, retried per the tools' policy (AERO_TOOL_RETRIES, linear
+    AERO_TOOL_BACKOFF) when its server crashed, hung or refused; after the last attempt
+    the call fails (recorded) and the diagnosis goes on without it."""
+    if not bundle.has_repo:
+        raise CodeToolError("the bundle has no repo/")
+    retrying = Retrying(
+        retry=retry_if_exception_type(CodeToolError),
+        stop=stop_after_attempt(settings.AERO_TOOL_RETRIES + 1),
+        wait=wait_incrementing(
+            start=settings.AERO_TOOL_BACKOFF, increment=settings.AERO_TOOL_BACKOFF
+        ),
+        reraise=True,
+    )
+    looked = retrying(
+        code,
+        bundle.root / "repo",
+        commit=location.commit,
+        path=location.path,
+        line=location.line,
+    )
+    return {
+        "commit": looked.commit,
+        "path": looked.path,
+        "line": looked.line,
+        "hunk": looked.hunk,
+        "excerpt": [[n, text] for n, text in looked.excerpt],
+        "summary": f"{looked.path}:{looked.line} changed by {looked.commit[:10]}",
+    }
+
+
+def _conclusion(found: Diagnosis, system: System) -> dict[str, Any]:
+    action = found.action
+    return {
+        "hypothesis": found.hypothesis,
+        "service": found.service,
+        "service_kind": system.kind(found.service) if found.service else "",
+        "deploy": found.deploy,
+        "config_key": found.config_key,
+        "summary": found.summary,
+        "confidence": found.confidence,
+        "problem_type": found.problem_type,
+        "related_services": found.related_services,
+        "code_locations": [asdict(c) for c in found.code_locations],
+        "candidates": [
+            {
+                "hypothesis": f.hypothesis,
+                "service": f.service,
+                "rank": f.rank,
+                "conditions": list(f.conditions),
+            }
+            for f in found.findings
+        ],
+        "missing": found.missing,
+        "t0": found.t0.isoformat(),
+        "window": [found.window[0].isoformat(), found.window[1].isoformat()],
+        "action": action,
+    }
