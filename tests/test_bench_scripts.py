@@ -51,7 +51,14 @@ def tiny_runs(suffix: str, redis_url: str, server: str) -> dict[str, tuple[list[
     tiny_perf = ["--base", "HEAD", "--what", "session", "--samples", "1"]
     port = str(18600 + int(redis_db) * 10)  # one per worker: two run at once
     return {
-        "diagnosis.py": (["--lines", "2000", "--samples", "200"], '"cpu_s"'),
+        "diagnosis.py": (
+            [
+                *("--lines", "2000", "--samples", "200"),
+                *("--modes", "--runs", "1", "--db", f"aero_bench_dm{suffix}"),
+                *("--database-url", server),
+            ],
+            "hierarchical / react: statements",
+        ),
         "history_search.py": (["--scale", "0.001", "--requests", "2"], "newest first"),
         "replay_step.py": (["--events", "200", "--requests", "2"], "step page, random step"),
         "timeline_render.py": (["--sessions", "1", "--events", "50"], "render 200 timeline"),
@@ -82,7 +89,7 @@ def scratch() -> Iterator[tuple[str, str, str]]:
     history = f"aero_bench_hs{suffix}"
     subprocess.run(["psql", server, "-qc", f"CREATE DATABASE {history}"], check=True)
     yield suffix, server, history
-    names = [history, f"aero_bench_sq{suffix}", f"aero_bench_llm{suffix}"]
+    names = [history, f"aero_bench_sq{suffix}", f"aero_bench_llm{suffix}", f"aero_bench_dm{suffix}"]
     names += [f"aero_bench_{tree}{suffix}" for tree in ("base", "head")]
     for name in names:
         subprocess.run(["psql", server, "-qc", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"])
