@@ -6,6 +6,7 @@ language. The suite's other tests read English (tests/settings.py); these switch
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -23,8 +24,8 @@ from aero.i18n import SESSION_KEY
 from aero.models import UserPreference
 from aero.roles import user_roles
 from diagnosis.consumers import render_updates
-from diagnosis.models import Session
-from tests.web_helpers import approval_for, login, waiting_session
+from diagnosis.models import Event, Session
+from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, waiting_session
 
 ROOT = Path(settings.BASE_DIR)
 TEMPLATES = sorted((ROOT / "templates").rglob("*.html"))
@@ -341,3 +342,197 @@ def test_admin_help_texts_and_approval_states_speak_chinese() -> None:
     with translation.override("zh-hans"):
         assert ApprovalStatus.CANCELED.label == "未经决定即关闭"
         assert ApprovalStatus.PENDING.label == "待审批"
+
+
+# --- every word in the reader's language (issue 34) ----------------------------------
+
+# Latin words a Chinese page may show: names and codes every reader uses as they are.
+LATIN_ALLOWED = {
+    "AERO",
+    "ATC",
+    "FOD",
+    "CST",
+    "API",
+    "YAML",
+    "JSON",
+    "CSV",
+    "HTTP",
+    "HTTPS",
+    "URL",
+    "LLM",
+    "ReAct",
+    "MCP",
+    "git",
+    "token",
+    "tokens",
+    "JavaScript",
+    "Markdown",
+    "HMAC",
+    "SHA",
+    "sha256",
+    "admin",
+    "Django",
+    "UTC",
+    "PostgreSQL",
+    "Redis",
+    "OpenAI",
+    "IT",
+    "English",  # the language switch names each language in itself
+}
+CJK_ALLOWED = {"简体中文"}
+TEXT = re.compile(r">([^<]+)<")
+# A word or a code (notify_atc): letters and underscores, 3 or more; not part of a flight
+# number, an id, a path or an address (CA1234, OS-01, /admin/).
+LATIN_WORD = re.compile(r"(?<![\w./:@-])[A-Za-z][A-Za-z_]{2,}(?![\w./:@-])")
+CJK = re.compile(r"[\u3400-\u9fff]+")
+
+
+def visible_text(html: str) -> str:
+    """The text a reader sees: no scripts, styles, code samples or tag attributes (codes
+    live in tooltips)."""
+    html = re.sub(r"<(script|style|code|pre|textarea|select)\b.*?</\1>", " ", html, flags=re.S)
+    return " ".join(m.group(1) for m in TEXT.finditer(html))
+
+
+def foreign_words(html: str, language: str, quoted: tuple[str, ...]) -> list[str]:
+    """Words of the other language outside what users wrote (`quoted`)."""
+    text = visible_text(html)
+    for quote in sorted(quoted, key=len, reverse=True):
+        text = text.replace(quote, " ")
+    # What the page quotes (the words a fact was read from: “105机位”) is the user's.
+    text = re.sub(r"“[^”]*”|「[^」]*」", " ", text)
+    if language == "en":
+        return sorted(set(CJK.findall(text)) - CJK_ALLOWED)
+    return sorted({w for w in LATIN_WORD.findall(text) if w not in LATIN_ALLOWED})
+
+
+def test_the_word_check_finds_the_other_language() -> None:
+    zh_page = '<p title="completed">已完成</p><td>notify_atc</td><td>Waiting for people</td>'
+    en_page = "<p>Completed</p><p>“还在持续漏”</p><p>已驳回</p>"
+
+    assert foreign_words(zh_page, "zh-hans", ()) == ["Waiting", "for", "notify_atc", "people"]
+    assert foreign_words(en_page, "en", ("还在持续漏",)) == ["已驳回"]
+
+
+@pytest.fixture
+def every_kind_of_session(builtin: None, alice: User, bob: User) -> dict[str, Session]:
+    """A session waiting for approvals, one concluded through the CLI (its report
+    written), and a concluded IT diagnosis."""
+    from django.core.management import call_command
+
+    running = waiting_session(alice)
+    call_command(
+        "incident",
+        "run",
+        "--scenario",
+        "oil_spill",
+        "--message",
+        STAND_FUEL_LEAK,
+        "--decide",
+        "approve",
+        "--json",
+        stdout=io.StringIO(),
+    )
+    concluded = Session.objects.get(status="completed", scenario__slug="oil_spill")
+    login(alice).post(reverse("diagnosis_pack:new"), {"demo": "ex-pool-inventory"})
+    diagnosis = Session.objects.get(scenario__kind="diagnosis")
+    return {"running": running, "concluded": concluded, "diagnosis": diagnosis}
+
+
+def every_page(sessions: dict[str, Session]) -> list[tuple[str, str, str]]:
+    """(what, persona, path): every page, live fragment, report and export."""
+    paths = [
+        ("sessions", "alice", reverse("diagnosis:session-list")),
+        ("to-dos", "alice", reverse("approvals:todo-list")),
+        ("airport", "alice", reverse("diagnosis:airport-board")),
+        ("approvals", "bob", reverse("approvals:queue")),
+        ("audit", "carol", reverse("audit")),
+        ("history", "carol", reverse("replay:history")),
+    ]
+    for kind, session in sessions.items():
+        pk = session.pk
+        paths += [
+            (f"session {kind}", "alice", reverse("diagnosis:session-detail", args=[pk])),
+            (f"timeline {kind}", "alice", reverse("diagnosis:session-events", args=[pk])),
+            (f"replay {kind}", "carol", reverse("replay:replay-step", args=[pk])),
+            (f"chain {kind}", "carol", reverse("replay:replay-chain", args=[pk])),
+        ]
+        if session.status == "completed":  # its report, as the page links it
+            report = reverse("diagnosis:session-report", args=[pk])
+            paths.append((f"report {kind}", "alice", report))
+    return paths
+
+
+# What still shows words of the other language (issue 34, item 3, not finished): each must
+# still do so (a fix takes its row out), every other page must stay clean.
+KNOWN_GAPS = {
+    "zh-hans": {
+        # codes on the page: tool and agent names, the provider, enum values (FUEL, HIGH),
+        # the airport's English data (ZBAA, Air China), raw audit details
+        "approvals": "the diagnosis fix's action code and argument name",
+        "audit": "each entry's details as logged (codes, English keys)",
+        "history": "a diagnosis's service name",
+        "session running": "timeline tool names, provider, aircraft data, enum values",
+        "timeline running": "timeline tool names and the provider",
+        "replay running": "the agent's run name and the scenario slug",
+        "session concluded": "timeline codes and the report's action table",
+        "timeline concluded": "timeline codes",
+        "replay concluded": "the agent's run name and the scenario slug",
+        "report concluded": "the report's action table: tool codes and states",
+        "session diagnosis": "the bundle's evidence (English logs) and the playbook's codes",
+        "timeline diagnosis": "the playbook's rule codes",
+        "replay diagnosis": "similar cases and service names",
+        "live running": "as its session page",
+        "live concluded": "as its session page",
+        "live diagnosis": "as its session page",
+    },
+    "en": {
+        # the report is written once, in the scenario's language (zh), not at read time
+        "session concluded": "the report, written in Chinese",
+        "report concluded": "the report, written in Chinese",
+        "live concluded": "the report, written in Chinese",
+        "session diagnosis": "the similar case's fix, shown in Chinese",
+        "live diagnosis": "the similar case's fix, shown in Chinese",
+    },
+}
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("language", ["zh-hans", "en"])
+def test_every_page_is_in_the_readers_language(
+    every_kind_of_session: dict[str, Session],
+    language: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    for persona in ("alice", "bob", "carol"):
+        request.getfixturevalue(persona)
+    quoted = tuple(
+        str(text)
+        for text in Event.objects.filter(type="user.message").values_list(
+            "payload__text", flat=True
+        )
+    ) + tuple(s.title for s in every_kind_of_session.values())
+    # Who did what is shown by username: names, not words.
+    names = set(User.objects.values_list("username", flat=True))
+    found: dict[str, list[str]] = {}
+    for what, persona, path in every_page(every_kind_of_session):
+        client = login(request.getfixturevalue(persona))
+        client.post(reverse("set-language"), {"language": language, "next": "/"})
+        response = client.get(path)
+        assert response.status_code == 200, path
+        body = response.content.decode()
+        if not response["Content-Type"].startswith("text/html"):
+            body = ">" + body.replace("<", " ") + "<"  # a download: all of it is text
+        words = [w for w in foreign_words(body, language, quoted) if w not in names]
+        if words:
+            found[what] = words
+    for kind, session in every_kind_of_session.items():
+        alice = request.getfixturevalue("alice")
+        update = render_updates(user_roles(alice), session.pk, 0, None, language)
+        assert update is not None
+        words = [w for w in foreign_words(update.html, language, quoted) if w not in names]
+        if words:
+            found[f"live {kind}"] = words
+
+    report = "\n".join(f"{what}: {' '.join(words[:30])}" for what, words in found.items())
+    assert set(found) == set(KNOWN_GAPS[language]), report
