@@ -14,15 +14,20 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client, override_settings
 from django.urls import reverse
 from pydantic import ValidationError
 
+from diagnosis.actions import do_retry
+from diagnosis.agent.nodes import waiting
+from diagnosis.chain import verify_chain
 from diagnosis.models import AgentRun, Event, Session, ToolCall
 from packs.diagnosis import investigation
 from packs.diagnosis.code import CodeToolError
 from packs.diagnosis.modes import choose_mode
 from packs.diagnosis.playbook import Playbook, RunModes, default_playbook
+from packs.diagnosis.sessions import start_from_bundle
 from replay.export import render_export
 from tests.api_helpers import token_for
 from tests.bundles import START, BundleWriter, config_change, deploy
@@ -334,3 +339,57 @@ def test_two_failed_specialists_of_four_degrade_to_the_minimal_path(
     owner = Session.objects.get(pk=session).created_by
     page = login(owner).get(reverse("diagnosis:session-detail", args=[session])).content.decode()
     assert "2 of 4 specialists failed (Metrics, Changes and code), over the 40% limit" in page
+
+
+# --- re-run after a crash ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["react", "plan_execute", "hierarchical"])
+def test_every_step_run_again_after_a_crash_writes_nothing_twice(
+    builtin: None, alice: User, monkeypatch: pytest.MonkeyPatch, settings: Any, mode: str
+) -> None:
+    """The worker dies after the evidence steps committed and before their checkpoint (at
+    the approval wait, every attempt); the retry runs every step again from the start,
+    the specialists' branches too. Each event is written once, each call and each
+    specialist's run exists once, and the chain verifies."""
+    original = waiting.wait_for_user
+    crashes = {"left": settings.AERO_JOB_ATTEMPTS}
+
+    def crash_before_the_wait(*args: Any) -> Any:
+        if crashes["left"]:
+            crashes["left"] -= 1
+            raise RuntimeError("worker lost its database connection")
+        return original(*args)
+
+    monkeypatch.setattr(waiting, "wait_for_user", crash_before_the_wait)
+    session = start_from_bundle(
+        alice, SPEC / "ex-deploy-payments.tar.gz", {"producer": "t", "preferred_mode": mode}
+    )
+    session.refresh_from_db()
+    assert session.status == "failed"
+    before = {
+        kind: Event.objects.filter(session=session, type=kind).count()
+        for kind in ("diagnosis.mode_chosen", "diagnosis.plan", "tool.call_completed")
+    }
+    with connection.cursor() as cursor:  # as if the process died before its checkpoint
+        for table in ("checkpoint_writes", "checkpoint_blobs", "checkpoints"):
+            cursor.execute(f"DELETE FROM {table} WHERE thread_id = %s", [str(session.pk)])
+    do_retry(session.pk, alice)
+    session.refresh_from_db()
+    assert session.status == "waiting_user"
+
+    logged = list(Event.objects.filter(session=session).order_by("seq"))
+    keys = [e.key for e in logged if e.key]
+    assert len(keys) == len(set(keys))
+    for kind, count in before.items():
+        assert sum(e.type == kind for e in logged) == count, kind
+    calls = list(ToolCall.objects.filter(session=session).values_list("call_id", flat=True))
+    assert len(calls) == len(set(calls)) and "ev-code-1" in calls
+    assert sum(e.type == "diagnosis.similar_cases" for e in logged) == 1
+    specialists = AgentRun.objects.filter(session=session, agent_name__startswith="specialist_")
+    assert specialists.count() == (4 if mode == "hierarchical" else 0)
+    assert sum(e.type == "diagnosis.specialist_reported" for e in logged) == specialists.count()
+    assert (
+        sum(e.type == "finding.recorded" and e.payload["kind"] == "root_cause" for e in logged) == 1
+    )
+    assert verify_chain(session.pk).ok
