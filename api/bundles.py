@@ -1,6 +1,8 @@
-"""`POST /api/v1/diagnosis-sessions/bundle`: a session opened from an evidence file (an
-IT diagnosis's incident bundle), by the installed pack that reads them (aero.packs);
-multipart, with Idempotency-Key like every create."""
+"""The multipart half of `POST /api/v1/diagnosis-sessions`: a session opened from an
+evidence file (an IT diagnosis's incident bundle) by the installed pack that reads them
+(aero.packs). The form's fields are checked by a pydantic model as strictly as the JSON
+body (an unknown or repeated field is refused), the file is streamed to a scratch folder
+and hashed for the Idempotency-Key's fingerprint; a bad bundle creates nothing."""
 
 from __future__ import annotations
 
@@ -8,55 +10,101 @@ import hashlib
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pydantic
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
-from ninja import File, Form, Status
-from ninja.files import UploadedFile
+from django.http import HttpRequest
+from django.http.multipartparser import MultiPartParserError
+from ninja.errors import ValidationError
+from pydantic import Field
 
 from aero.packs import UnknownDomain, file_pack
-from api import idempotency, schemas
-from api.auth import RUN
-from api.errors import WRITE_ERRORS, ApiError
-from api.idempotency import REPLAYED, request_hash, run_once
-from api.strict import StrictRouter
+from api.errors import ApiError
+from api.idempotency import request_hash, run_once
+from api.schemas import NO_NUL, StrictIn
 from diagnosis.actions import ActionError
 
-router = StrictRouter(tags=["sessions"])
+FILE = "bundle"
 
 
-@router.post(
-    "",
-    auth=RUN,
-    response={201: schemas.SessionCreated, **WRITE_ERRORS},
-    summary="Open an IT diagnosis session from an incident bundle",
-)
-def create_from_bundle(
-    request: HttpRequest,
-    response: HttpResponse,
-    bundle: UploadedFile = File(  # noqa: B008 - ninja's parameter declaration
-        ..., description="The incident bundle: a .zip or .tar.gz of a bundle folder."
-    ),
-    description: str = Form(
-        "", max_length=4000, description="What the reporter sees (empty: the bundle's own)."
-    ),
-    title: str = Form("", max_length=200),
-    problem_type: str = Form(
+class BundleSessionIn(StrictIn):
+    """The form's fields beside the `bundle` file."""
+
+    title: str = Field("", max_length=200, pattern=NO_NUL)
+    description: str = Field(
+        "",
+        max_length=4000,
+        pattern=NO_NUL,
+        description="What the reporter sees (empty: the bundle's own).",
+    )
+    problem_type: str = Field(
         "",
         max_length=64,
         pattern=r"^[a-z0-9_]*$",
         description="One of the scenario's problem types; empty: classified from the evidence.",
-    ),
-    preferred_mode: str = Form(
-        "",
-        pattern=r"^(|react|plan_execute|hierarchical)$",
-        description="react, plan_execute or hierarchical; empty: the default.",
-    ),
-    idempotency_key: str | None = idempotency.key_header(),
-) -> Any:
-    """A bad bundle is a 422 naming its file, line and field; nothing is created."""
+    )
+    preferred_mode: Literal["", "react", "plan_execute", "hierarchical"] = Field(
+        "", description="react, plan_execute or hierarchical; empty: the default."
+    )
+
+
+def form_schema() -> dict[str, Any]:
+    """The multipart body in the OpenAPI document: the file and the fields' own schema."""
+    schema = BundleSessionIn.model_json_schema()
+    bundle = {
+        "type": "string",
+        "format": "binary",
+        "description": "The incident bundle: a .zip or .tar.gz of a bundle folder, at most "
+        f"{settings.AERO_BUNDLE_MAX_UPLOAD} bytes.",
+    }
+    return {
+        "title": "BundleSessionIn",
+        "type": "object",
+        "properties": {FILE: bundle, **schema["properties"]},
+        "required": [FILE],
+        "additionalProperties": False,
+    }
+
+
+def _invalid(where: str, name: str, msg: str) -> ValidationError:
+    # ninja's own shape (its handler words the problem): form fields under "form", the
+    # file under "file", as its Form and File parameters report them
+    return ValidationError([{"loc": (where, name), "msg": msg}])
+
+
+def read_form(request: HttpRequest) -> tuple[BundleSessionIn, Any]:
+    """The checked fields and the uploaded file, or a 400/422 problem."""
+    try:
+        fields, files = request.POST, request.FILES
+    except MultiPartParserError as exc:
+        raise ApiError(400, "bad_request", f"The multipart body cannot be read: {exc}") from exc
+    for name in sorted(files):
+        if name != FILE:
+            raise _invalid("file", name, "Extra inputs are not permitted")
+        if len(files.getlist(name)) > 1:
+            raise _invalid("file", name, "Send one bundle")
+    for name in sorted(fields):
+        if len(fields.getlist(name)) > 1:
+            raise _invalid("form", name, "Sent more than once")
+    try:
+        checked = BundleSessionIn.model_validate(fields.dict())
+    except pydantic.ValidationError as exc:
+        raise ValidationError(
+            [{"loc": ("form", *e["loc"]), "msg": e["msg"]} for e in exc.errors()]
+        ) from exc
+    bundle = files.get(FILE)
+    if bundle is None:
+        raise _invalid("file", FILE, "Field required")
+    return checked, bundle
+
+
+def create_from_bundle(
+    request: HttpRequest, idempotency_key: str | None
+) -> tuple[int, dict[str, Any], bool]:
+    """(status, body, replayed) of a multipart create. A bad bundle is a 422 naming its
+    file, line and field; nothing is created."""
+    form, bundle = read_form(request)
     if bundle.size is not None and bundle.size > settings.AERO_BUNDLE_MAX_UPLOAD:
         raise ApiError(
             422, "bundle_too_large", f"The bundle is over {settings.AERO_BUNDLE_MAX_UPLOAD} bytes."
@@ -65,7 +113,8 @@ def create_from_bundle(
         pack = file_pack()
     except UnknownDomain as exc:
         raise ApiError(404, "not_found", str(exc)) from exc
-    assert pack.start_from_file is not None
+    start = pack.start_from_file
+    assert start is not None
     scratch = Path(tempfile.mkdtemp(prefix="aero-api-bundle-"))
     try:
         source = scratch / "bundle"
@@ -74,40 +123,17 @@ def create_from_bundle(
             for chunk in bundle.chunks():
                 digest.update(chunk)
                 out.write(chunk)
-        sent = {
-            "bundle_sha256": digest.hexdigest(),
-            "description": description,
-            "title": title,
-            "problem_type": problem_type,
-            "preferred_mode": preferred_mode,
-        }
+        sent = {"bundle_sha256": digest.hexdigest(), **form.model_dump()}
 
         def create() -> tuple[int, dict[str, Any]]:
-            assert pack.start_from_file is not None
             try:
-                session = pack.start_from_file(
-                    request.user,
-                    source,
-                    {
-                        "producer": "api",
-                        "description": description,
-                        "title": title,
-                        "problem_type": problem_type,
-                        "preferred_mode": preferred_mode,
-                    },
-                )
+                session = start(request.user, source, {"producer": "api", **form.model_dump()})
             except ActionError as exc:
                 raise ApiError(422, "invalid_bundle", str(exc)) from exc
             return 201, {"session_id": str(session.pk), "status": session.status}
 
-        status, body, replayed = run_once(
+        return run_once(
             request.user, idempotency_key, request_hash("POST", request.path, sent), create
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if replayed:
-        request.idempotent_replay = True  # type: ignore[attr-defined]
-        response[REPLAYED] = "true"
-    if status == 201:
-        response["Location"] = reverse("api:get_session", kwargs={"session_id": body["session_id"]})
-    return Status(status, body)

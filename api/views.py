@@ -3,22 +3,24 @@ actions as the pages: the API adds authentication, JSON and idempotency, never p
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+import pydantic
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import NinjaAPI, Query, Status
+from ninja.errors import ValidationError
 from ninja.openapi.docs import Swagger
 from ninja.operation import Operation
 
 from aero.packs import installed_packs
 from aero.roles import DECIDE_APPROVALS, VIEW_SESSIONS
-from api import idempotency, pagination, schemas
+from api import bundles, idempotency, pagination, schemas
 from api.auth import RUN, TokenAuth
-from api.bundles import router as bundle_router
 from api.errors import (
     PROBLEM,
     READ_ERRORS,
@@ -53,7 +55,7 @@ TIMELINE_MAX = 200
 LIST_MAX = 100  # rendering is not involved, but one page stays one small query
 
 # The operations that create something: a 201 says where it is.
-CREATES = ("createSession", "createFromBundle", "createKnowledgeItem")
+CREATES = ("createSession", "createKnowledgeItem")
 HEADERS = {
     "X-Request-ID": "This request's id: in every problem body and the server's log lines.",
 }
@@ -143,18 +145,80 @@ def _snapshot(session_id: UUID, request: HttpRequest) -> dict[str, Any]:
 # --- sessions -------------------------------------------------------------------------
 
 
+# The JSON body and the multipart bundle form, both on the one create operation: ninja
+# documents one body type per operation, so both are declared here and read by the view.
+JSON_TYPES = ("application/json", "")  # "": today's clients that send no Content-Type
+CREATE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": schemas.SessionIn.model_json_schema()},
+            "multipart/form-data": {"schema": bundles.form_schema()},
+        },
+    }
+}
+
+
 @sessions.post(
     "",
     auth=RUN,
-    response={201: schemas.SessionCreated, **WRITE_ERRORS},
-    summary="Open an incident session",
+    response={201: schemas.SessionCreated, 415: ErrorOut, **WRITE_ERRORS},
+    summary="Open an incident session (JSON), or an IT diagnosis from a bundle (multipart)",
+    openapi_extra=CREATE_BODY,
 )
 def create_session(
     request: HttpRequest,
     response: HttpResponse,
-    payload: schemas.SessionIn,
     idempotency_key: str | None = idempotency.key_header(),
 ) -> Any:
+    """`application/json`: a scenario's slug and the incident's words. `multipart/form-data`:
+    an incident bundle (`bundle`, a .zip or .tar.gz) with `title`, `description`,
+    `problem_type` and `preferred_mode`; a bad bundle is a 422 naming its file, line and
+    field, and nothing is created. Either with Idempotency-Key: the same key with another
+    body is refused."""
+    media = request.content_type or ""
+    if media == "multipart/form-data":
+        status, body, replayed = bundles.create_from_bundle(request, idempotency_key)
+    elif media in JSON_TYPES or media.endswith("+json"):
+        status, body, replayed = _create_from_json(request, idempotency_key)
+    else:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Content-Type {media} is not accepted here: send application/json "
+            "(problem_type, description) or multipart/form-data (an incident bundle).",
+        )
+    if replayed:
+        request.idempotent_replay = True  # type: ignore[attr-defined]
+        response[REPLAYED] = "true"
+    if status == 201:
+        response["Location"] = reverse("api:get_session", kwargs={"session_id": body["session_id"]})
+    return Status(status, body)
+
+
+def _json_body(request: HttpRequest) -> schemas.SessionIn:
+    """The JSON body, refused as ninja refuses a body it reads itself: 400 if it is not
+    JSON, 422 naming `body.payload.<field>` if it is not a SessionIn."""
+    data: Any = None
+    if request.body:
+        try:
+            data = json.loads(request.body)
+        except ValueError as exc:
+            raise ApiError(400, "bad_request", "Cannot parse request body") from exc
+    if data is None:
+        raise ValidationError([{"loc": ("body", "payload"), "msg": "Field required"}])
+    try:
+        return schemas.SessionIn.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise ValidationError(
+            [{"loc": ("body", "payload", *e["loc"]), "msg": e["msg"]} for e in exc.errors()]
+        ) from exc
+
+
+def _create_from_json(
+    request: HttpRequest, idempotency_key: str | None
+) -> tuple[int, dict[str, Any], bool]:
+    payload = _json_body(request)
     sent = payload.model_dump()
 
     def create() -> tuple[int, dict[str, Any]]:
@@ -172,15 +236,7 @@ def create_session(
             raise _refused(exc) from exc
         return 201, {"session_id": str(session.pk), "status": session.status}
 
-    status, body, replayed = run_once(
-        request.user, idempotency_key, request_hash("POST", request.path, sent), create
-    )
-    if replayed:
-        request.idempotent_replay = True  # type: ignore[attr-defined]
-        response[REPLAYED] = "true"
-    if status == 201:
-        response["Location"] = reverse("api:get_session", kwargs={"session_id": body["session_id"]})
-    return Status(status, body)
+    return run_once(request.user, idempotency_key, request_hash("POST", request.path, sent), create)
 
 
 @sessions.get("", auth=READ, response={200: schemas.SessionPage, **READ_ERRORS})
@@ -444,8 +500,6 @@ def reject(request: HttpRequest, approval_id: int, payload: schemas.RejectIn) ->
     return _decide(request, approval_id, REJECT, payload.digest, payload.reason)
 
 
-# Before the sessions' router: its path would otherwise read "bundle" as a session id.
-api.add_router("/diagnosis-sessions/bundle", bundle_router)
 api.add_router("", early_history_router)
 api.add_router("/diagnosis-sessions", sessions)
 api.add_router("/approvals", approvals)

@@ -190,7 +190,6 @@ TOKEN_URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "api:api-root": ("GET", row(404, 404, 404, 404, 404)),  # nothing at the root
     "api:list_sessions": ("GET", row(401, 200, 200, 200, 200)),
     "api:create_session": ("POST", row(401, 422, 403, 403, 422)),
-    "api:create_from_bundle": ("POST", row(401, 422, 403, 403, 422)),  # no bundle sent
     "api:get_session": ("GET", row(401, 200, 200, 200, 200)),
     "api:cancel_session": ("POST", row(401, 200, 403, 403, 200)),  # admin: canceled already
     "api:resume_session": ("POST", row(401, 409, 403, 403, 409)),  # nothing to resume

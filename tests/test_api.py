@@ -85,7 +85,7 @@ def test_every_endpoint_refuses_a_missing_bad_revoked_or_expired_token(
         admin, "expired", expires_at=timezone.now() - timedelta(minutes=1)
     )
     operations = _operations()
-    assert len(operations) == 22
+    assert len(operations) == 24
     for method, path in operations:
         for token in (None, "aero_not-a-token", revoked_raw, expired_raw):
             response = call(method, _concrete(path), token)
@@ -120,19 +120,19 @@ READS = {
 }
 RUNS = {
     "createSession",
-    "createFromBundle",
     "cancelSession",
     "resumeSession",
     "answerSession",
     "createKnowledgeItem",
 }
 DECIDES = {"approve", "confirm", "reject"}
+ADMINS = {"listMcpServers", "testMcpServer", "listLlmModels"}  # tool servers and providers
 # Which operations each role may reach (anything else is a 403).
 ALLOWED = {
     "operator": READS | RUNS,
     "approver": READS | DECIDES,
     "auditor": READS,
-    "admin": READS | RUNS | DECIDES,
+    "admin": READS | RUNS | DECIDES | ADMINS,
     None: set(),
 }
 

@@ -39,7 +39,7 @@ def opened_on_the_web(user: User, name: str) -> str:
 def opened_through_the_api(token: str, name: str) -> str:
     with (EXAMPLES / f"{name}.tar.gz").open("rb") as bundle:
         response = Client().post(
-            "/api/v1/diagnosis-sessions/bundle",
+            "/api/v1/diagnosis-sessions",  # the create operation's multipart body
             {"bundle": bundle},
             headers={"Authorization": f"Bearer {token}", "Idempotency-Key": f"ex-{name}"},
         )

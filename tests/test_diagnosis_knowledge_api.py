@@ -179,6 +179,9 @@ def test_q_searches_as_similar_cases_are_best_first(shelf: None, alice: User) ->
     narrowed = call("GET", f"{ITEMS}?q=payments&problem_type=error_spike", token).json()["items"]
     assert {i["id"] for i in narrowed} == {"KB-101", "KB-103"}
     assert call("GET", f"{ITEMS}?q=payments&service=inventory", token).json()["items"] == []
+    # a query without a word (punctuation only) finds nothing, and says so
+    nothing = call("GET", f"{ITEMS}?q=%2F%3F%C2%91%3D", token)
+    assert nothing.status_code == 200 and nothing.json()["items"] == []
 
 
 def test_a_search_pages_in_its_own_order(shelf: None, alice: User) -> None:

@@ -122,7 +122,9 @@ def _pg_candidates(
 ) -> tuple[dict[int, tuple[float, float]], str]:
     """Items sharing a word (the GIN tsvector index), close by trigrams (pg_trgm's `%`,
     the trigram index), or naming one of the services."""
-    query = " | ".join(f"'{w}'" for w in words(text)) or "''"  # words hold no quote
+    # words hold no quote; no word at all (punctuation only): the empty query, which
+    # matches nothing (`''` is a syntax error to to_tsquery)
+    query = " | ".join(f"'{w}'" for w in words(text))
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT id, fts, trgm FROM ("
