@@ -405,6 +405,10 @@ AERO_ANCHOR_EVERY = env_int("AERO_ANCHOR_EVERY", 100, minimum=0)
 
 # --- approvals ------------------------------------------------------------------------
 # Deadlines per risk class; an expired approval becomes a manual to-do, never approved.
+# Timeouts handled per sweeper pass (a worker's every AERO_RECONCILE_SECONDS, a web
+# process's every AERO_WEB_TICK_SECONDS): a burst of expiries becomes a few passes of
+# at most this many timeouts (and session jobs), not one burst (docs/operations.md).
+AERO_TIMEOUT_BATCH = env_int("AERO_TIMEOUT_BATCH", 50, minimum=1)
 AERO_APPROVAL_TIMEOUT_MINUTES = {
     "R1": env_int("AERO_TIMEOUT_R1_MINUTES", 15, minimum=1),
     "R2": env_int("AERO_TIMEOUT_R2_MINUTES", 10, minimum=1),

@@ -17,17 +17,22 @@ from diagnosis.consumers import PageNoticeConsumer
 
 
 def render_queue(
-    roles: frozenset[str], risk: str, scenario: str, cursor: str = "", language: str | None = None
+    roles: frozenset[str],
+    risk: str,
+    scenario: str,
+    cursor: str = "",
+    language: str | None = None,
+    incident: str = "",
 ) -> str:
     # In the page's language: the fragment replaces part of that page.
     with translation.override(language or settings.LANGUAGE_CODE):
-        context = queue_context(None, risk, scenario, cursor, roles=roles)
+        context = queue_context(None, risk, scenario, cursor, incident=incident, roles=roles)
         return render_to_string("approvals/queue.html#approval-queue", {**context, "oob": True})
 
 
 class ApprovalQueueConsumer(PageNoticeConsumer):
-    """The queue page with its filters and keyset cursor; a notice means "the queue
-    changed" (approvals.push)."""
+    """The queue page with its filters, keyset cursor and incident (?incident=); a
+    notice means "the queue changed" (approvals.push)."""
 
     group = QUEUE_GROUP
     may_view = DECIDE_APPROVALS
@@ -35,18 +40,22 @@ class ApprovalQueueConsumer(PageNoticeConsumer):
     risk: str = ""
     scenario: str = ""
     cursor: str = ""
+    incident: str = ""
 
     def read_query(self, query: dict[str, list[str]]) -> None:
         super().read_query(query)
         self.risk = query.get("risk", [""])[0]
         self.scenario = query.get("scenario", [""])[0]
         self.cursor = query.get("after", [""])[0]
+        self.incident = query.get("incident", [""])[0]
 
     def page_key(self) -> tuple[Any, ...]:
-        return (*super().page_key(), self.risk, self.scenario, self.cursor)
+        return (*super().page_key(), self.risk, self.scenario, self.cursor, self.incident)
 
     def render(self, roles: frozenset[str]) -> str:
-        return render_queue(roles, self.risk, self.scenario, self.cursor, self.language)
+        return render_queue(
+            roles, self.risk, self.scenario, self.cursor, self.language, self.incident
+        )
 
     async def queue_notice(self, message: dict[str, Any]) -> None:
         # Every viewer woken by the same notice shares one render per page and role set.

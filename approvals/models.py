@@ -133,13 +133,12 @@ class Approval(models.Model):
             models.Index(
                 fields=["session", "status", "-created_at"], name="approval_session_status_idx"
             ),
-            # the queue page: open approvals in page order (keyset pagination)
+            # the queue page: open approvals grouped by incident, its nearest deadline
+            # (and the risk filter) read from the index alone (approvals.presenters)
             models.Index(
-                models.F("risk_class").desc(),
-                models.F("created_at").desc(),
-                models.F("id").desc(),
+                fields=["session", "deadline", "risk_class"],
                 condition=Q(status__in=["pending", "confirming"]),
-                name="approval_open_queue_idx",
+                name="approval_open_incident_idx",
             ),
             # the timeout sweeper: open approvals by deadline
             models.Index(

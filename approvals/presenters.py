@@ -1,11 +1,12 @@
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Count, Min
+from django.db.models import Count, F, Min, Q, QuerySet, Window
+from django.db.models.functions import RowNumber
 
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals.models import RISK_ORDER, Approval, ManualTodo
@@ -17,27 +18,36 @@ from scenarios_admin.definition import restriction_of
 from scenarios_admin.models import Scenario
 
 RISK_CLASSES = ("R1", "R2", "R3")
-# Incidents a page, each with all its open approvals: a page of every open approval
-# can be megabytes during a big event; an incident proposes a handful.
-QUEUE_PAGE = 20
+# Incidents a page, and a page of each incident's open approvals: the page's size is
+# bounded whatever the number of approvals (an incident may propose dozens during a big
+# event); the rest of an incident's are on its own page (?incident=).
+QUEUE_PAGE = 10
+INCIDENT_ITEMS = 5
+# An incident's own page: its open approvals, this many at most (an incident proposes a
+# handful; a runaway one still never renders thousands of cards).
+INCIDENT_PAGE = 100
 
 
 def clean_filters(risk: str, scenario: str) -> tuple[str, str]:
     """Unknown filter values are ignored (shown as "all"), never an error page."""
     risk = risk if risk in RISK_CLASSES else ""
-    scenario = scenario if Scenario.objects.filter(slug=scenario).exists() else ""
+    scenario = scenario if scenario and Scenario.objects.filter(slug=scenario).exists() else ""
     return risk, scenario
 
 
+def clean_incident(incident: str) -> UUID | None:
+    """The ?incident= value (a session id), or None (all incidents) for anything else."""
+    try:
+        return UUID(incident) if incident else None
+    except ValueError:
+        return None
+
+
 # An incident's place in the queue: nearest deadline first; incidents with no deadline
-# at all (only lift requests, which never time out) after every timed one, as PostgreSQL
-# sorts NULLs last. Sorted in Python: SQLite (the embedded default) sorts NULLs first.
-IncidentKey = tuple[bool, datetime, UUID]
+# at all (only lift requests, which never time out) after every timed one (NULLS LAST,
+# which SQLite and PostgreSQL both honour when asked).
+IncidentKey = tuple[datetime | None, UUID]
 NO_DEADLINE = "none"
-
-
-def incident_key(nearest: datetime | None, session_id: UUID) -> IncidentKey:
-    return (nearest is None, nearest or datetime.min.replace(tzinfo=UTC), session_id)
 
 
 def incident_cursor(nearest: datetime | None, session_id: UUID) -> str:
@@ -51,11 +61,42 @@ def parse_incident_cursor(after: str) -> IncidentKey | None:
     moment, _, session = after.partition("~")
     try:
         if moment == NO_DEADLINE:
-            return incident_key(None, UUID(session))
+            return (None, UUID(session))
         parsed = datetime.fromisoformat(moment)
-        return incident_key(parsed, UUID(session)) if parsed.tzinfo else None
+        return (parsed, UUID(session)) if parsed.tzinfo else None
     except ValueError:
         return None
+
+
+def _after(cursor: IncidentKey) -> Q:
+    """The incidents after `cursor` in queue order, on the grouped rows (a HAVING)."""
+    nearest, session_id = cursor
+    if nearest is None:
+        return Q(nearest__isnull=True, session_id__gt=session_id)
+    return (
+        Q(nearest__gt=nearest)
+        | Q(nearest=nearest, session_id__gt=session_id)
+        | Q(nearest__isnull=True)
+    )
+
+
+def open_incidents(approvals: QuerySet[Approval], cursor: IncidentKey | None) -> QuerySet[Any]:
+    """One row per incident of `approvals` (session_id, nearest deadline, open count) in
+    queue order, after `cursor`: grouped, sorted and cut in SQL."""
+    incidents = (
+        approvals.order_by()
+        .values("session_id")
+        .annotate(nearest=Min("deadline"), open=Count("id"))
+        .order_by(F("nearest").asc(nulls_last=True), "session_id")
+    )
+    return incidents.filter(_after(cursor)) if cursor is not None else incidents
+
+
+def open_approvals() -> QuerySet[Approval]:
+    """The queue's rows: open approvals of sessions not deleted."""
+    # A deleted session's approvals were closed when it was deleted; the filter keeps the
+    # queue clean even for rows written before that rule.
+    return Approval.objects.open().filter(session__deleted_at__isnull=True)
 
 
 def queue_context(
@@ -64,44 +105,52 @@ def queue_context(
     scenario: str = "",
     after: str = "",
     *,
+    incident: str = "",
     roles: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """One page of open approvals across sessions, paged by incident: the
-    incidents whose nearest deadline comes first, QUEUE_PAGE incidents a page, each with
-    all its open approvals (that match the filters), so an incident is never split over
-    two pages. Keyset on (nearest deadline, session id): `after` names the last incident
-    of the previous page. One grouped query lists the open incidents (it also gives the
-    open count), one reads the page's approvals.
+    """One page of open approvals across sessions, paged by incident: the QUEUE_PAGE
+    incidents whose nearest deadline comes first, each with its first INCIDENT_ITEMS
+    open approvals (that match the filters) and how many more it has. Keyset on
+    (nearest deadline, session id), in SQL: `after` names the last incident of the
+    previous page. `incident` (a session id): that incident alone, INCIDENT_PAGE of its
+    approvals. Three queries whatever the number of open approvals: the page's
+    incidents (grouped, sorted and cut by PostgreSQL on approval_open_incident_idx),
+    the open count, the page's approvals (a window keeps each incident's first ones).
     `roles` instead of `user`: the live consumer renders for a role set."""
     risk, scenario = clean_filters(risk, scenario)
-    # A deleted session's approvals were closed when it was deleted; the filter keeps the
-    # queue clean even for rows written before that rule.
-    approvals = Approval.objects.open().filter(session__deleted_at__isnull=True)
+    only = clean_incident(incident)
+    approvals = open_approvals()
     if risk:
         approvals = approvals.filter(risk_class=risk)
     if scenario:
         approvals = approvals.filter(session__scenario__slug=scenario)
-    cursor = parse_incident_cursor(after)
-    # One row per open incident (a few dozen, however many actions they propose): the
-    # open count is their sum, and the page the next QUEUE_PAGE after the cursor.
-    incidents = sorted(
-        approvals.order_by()
-        .values("session_id")
-        .annotate(nearest=Min("deadline"), open=Count("id")),
-        key=lambda row: incident_key(row["nearest"], row["session_id"]),
-    )
-    open_count = sum(row["open"] for row in incidents)
-    if cursor is not None:
-        incidents = [
-            row for row in incidents if incident_key(row["nearest"], row["session_id"]) > cursor
-        ]
-    incident_page = incidents[: QUEUE_PAGE + 1]
+    if only is not None:
+        approvals = approvals.filter(session_id=only)
+    cursor = parse_incident_cursor(after) if only is None else None
+    incident_page = list(open_incidents(approvals, cursor)[: QUEUE_PAGE + 1])
     more = len(incident_page) > QUEUE_PAGE
     incident_page = incident_page[:QUEUE_PAGE]
+    open_count = approvals.count()
+    per_incident = INCIDENT_PAGE if only is not None else INCIDENT_ITEMS
     order = {row["session_id"]: n for n, row in enumerate(incident_page)}
+    waiting = {row["session_id"]: row["open"] for row in incident_page}
     page = (
         list(
-            approvals.filter(session_id__in=list(order)).select_related(
+            approvals.filter(session_id__in=list(order))
+            # Each incident's riskiest first, then the nearest deadline: the ones shown.
+            .annotate(
+                place=Window(
+                    RowNumber(),
+                    partition_by=[F("session_id")],
+                    order_by=[
+                        F("risk_class").desc(),
+                        F("deadline").asc(nulls_last=True),
+                        F("id").asc(),
+                    ],
+                )
+            )
+            .filter(place__lte=per_incident)
+            .select_related(
                 "session__scenario",
                 "session__created_by",
                 "tool_call",
@@ -137,6 +186,8 @@ def queue_context(
     groups = sorted(incident_groups(items), key=lambda g: order[g["session"].pk])
     for group in groups:
         group["map"] = impact_map(graph, group["impact"], restrictions) if graph else None
+        group["open"] = waiting[group["session"].pk]
+        group["more"] = group["open"] - len(group["items"])
     last = incident_page[-1] if incident_page else None
     return {
         "items": [item for group in groups for item in group["items"]],
@@ -144,6 +195,7 @@ def queue_context(
         "open_count": open_count,
         "after": after if cursor is not None else "",
         "next_after": incident_cursor(last["nearest"], last["session_id"]) if more and last else "",
+        "incident": str(only) if only is not None else "",
         "risk": risk,
         "scenario": scenario,
         "risk_classes": RISK_CLASSES,

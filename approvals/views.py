@@ -32,8 +32,9 @@ def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
         request.GET.get("risk", ""),
         request.GET.get("scenario", ""),
         request.GET.get("after", ""),
+        incident=request.GET.get("incident", ""),
     )
-    if not context["risk"] and not context["scenario"]:
+    if not context["risk"] and not context["scenario"] and not context["incident"]:
         # The nav's open count is this page's own: no second count query.
         context["pending_count"] = context["open_count"]
     context["notify_on"] = bool(request.session.get(NOTIFY_SESSION_KEY))
@@ -175,7 +176,10 @@ def _queue_after_decision(
     """The queue list with the viewer's filters (sent with the form), the error on the
     card it is about when that card is still listed, else above the list."""
     context = presenters.queue_context(
-        request.user, request.POST.get("risk", ""), request.POST.get("scenario", "")
+        request.user,
+        request.POST.get("risk", ""),
+        request.POST.get("scenario", ""),
+        incident=request.POST.get("incident", ""),
     )
     context["queue_error"] = error
     context["error_for"] = approval_id
@@ -189,7 +193,14 @@ def _queue_url(request: HtmxHttpRequest) -> str:
     risk, scenario = presenters.clean_filters(
         request.POST.get("risk", ""), request.POST.get("scenario", "")
     )
-    query = urlencode({k: v for k, v in (("risk", risk), ("scenario", scenario)) if v})
+    incident = presenters.clean_incident(request.POST.get("incident", ""))
+    query = urlencode(
+        {
+            k: v
+            for k, v in (("risk", risk), ("scenario", scenario), ("incident", str(incident or "")))
+            if v
+        }
+    )
     return reverse("approvals:queue") + (f"?{query}" if query else "")
 
 

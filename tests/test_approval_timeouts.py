@@ -250,3 +250,28 @@ def test_one_approval_that_cannot_time_out_does_not_hold_up_the_others(
     assert sweep_expired_approvals() == 1  # the next pass
     closure.refresh_from_db()
     assert closure.status == "timeout"
+
+
+def test_a_burst_of_expiries_is_timed_out_in_bounded_batches_longest_expired_first(
+    builtin: None, make_user: Callable[..., User], settings: Any
+) -> None:
+    """Approvals created together expire together: each pass times out at most
+    AERO_TIMEOUT_BATCH of them (each timeout queues its session's job), the longest
+    expired first, and the next passes the rest; nothing is timed out twice."""
+    session = waiting_session(make_user("olga", "operator"))
+    items = list(Approval.objects.filter(session=session).order_by("pk"))
+    assert len(items) == 5
+    now = timezone.now()
+    for n, item in enumerate(items):
+        Approval.objects.filter(pk=item.pk).update(deadline=now - timedelta(seconds=10 - n))
+    settings.AERO_TIMEOUT_BATCH = 2
+
+    assert sweep_expired_approvals() == 2
+    timed_out = set(Approval.objects.filter(status="timeout").values_list("pk", flat=True))
+    assert timed_out == {items[0].pk, items[1].pk}
+    assert Event.objects.filter(session=session, type="approval.timeout").count() == 2
+    assert sweep_expired_approvals() == 2
+    assert sweep_expired_approvals() == 1
+    assert sweep_expired_approvals() == 0
+    assert Event.objects.filter(session=session, type="approval.timeout").count() == 5
+    assert ManualTodo.objects.filter(session=session).count() == 5

@@ -61,7 +61,8 @@ def test_a_filter_change_reconnects_the_live_socket_with_that_filter(
     # The swapped block carries the socket: its pushes re-render with risk=R2, not the
     # filter the page was first opened with.
     assert html.lstrip().startswith('<div id="approval-live"')
-    assert 'ws-connect="/ws/approvals/?risk=R2&amp;scenario=&amp;after=&amp;lang=en"' in html
+    socket = "/ws/approvals/?risk=R2&amp;scenario=&amp;after=&amp;incident=&amp;lang=en"
+    assert f'ws-connect="{socket}"' in html
     assert set(re.findall(r'data-risk="(R\d)"', html)) == {"R2"}
 
 

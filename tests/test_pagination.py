@@ -7,8 +7,10 @@ import re
 from collections.abc import Callable
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from approvals import presenters as queue_presenters
 from approvals.models import Approval
@@ -138,3 +140,81 @@ def test_the_session_page_links_to_the_events_before_its_newest_200(
     assert [int(s) for s in re.findall(r'data-seq="(\d+)"', earlier)] == list(
         range(seqs[0] - 10, seqs[0])
     )
+
+
+def test_an_incident_shows_a_page_of_its_approvals_and_links_to_the_rest(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page's size is bounded whatever an incident proposes: the first approvals of
+    each incident (riskiest first), "n more" with a link to that incident's own page,
+    which lists them all and keeps the incident through a decision."""
+    olga, abel = make_user("olga", "operator"), make_user("abel", "approver")
+    busy = make_session(olga, TAXIWAY_FUEL_LEAK)
+    other = make_session(olga, STAND_FUEL_LEAK)
+    monkeypatch.setattr(queue_presenters, "INCIDENT_ITEMS", 2)
+    mine = list(Approval.objects.open().filter(session=busy))
+    now = timezone.now()
+    assert len(mine) > 3
+    client = signed_in(abel)
+    card = re.compile(r'id="approval-(\d+)"')
+
+    html = client.get("/approvals/").content.decode()
+    block = html[html.index(f'id="incident-{busy.pk}"') :]
+    block = block[: block.index("</p>", block.index('data-testid="incident-more"'))]
+    shown = [int(pk) for pk in card.findall(block)]
+    assert len(shown) == 2
+    riskiest = sorted(
+        mine, key=lambda a: (a.risk_class, -(a.deadline or now).timestamp()), reverse=True
+    )
+    assert shown == [a.pk for a in riskiest[:2]]
+    assert f"{len(mine)} actions wait" in block
+    link = f"/approvals/?risk=&amp;scenario=&amp;incident={busy.pk}"
+    assert f'href="{link}" data-testid="incident-more">{len(mine) - 2} more actions wait' in block
+    in_chinese = signed_in(abel)
+    in_chinese.cookies[settings.LANGUAGE_COOKIE_NAME] = "zh-hans"
+    zh = in_chinese.get("/approvals/").content.decode()
+    assert f"还有 {len(mine) - 2} 项措施待审批：查看该事件的全部措施" in zh
+    # The open count is every open approval, not the ones shown.
+    assert f'data-open="{Approval.objects.open().count()}"' in html
+
+    own = client.get(link.replace("&amp;", "&")).content.decode()
+    assert re.findall(r'id="incident-([0-9a-f-]+)"', own) == [str(busy.pk)]
+    assert sorted(int(pk) for pk in card.findall(own)) == sorted(a.pk for a in mine)
+    assert 'data-testid="incident-more"' not in own
+    assert f'data-open="{len(mine)}"' in own and 'data-testid="all-incidents"' in own
+    assert (
+        f'ws-connect="/ws/approvals/?risk=&amp;scenario=&amp;after=&amp;incident={busy.pk}' in own
+    )
+    # A decision on that page answers with that page (the form carries the incident).
+    first = riskiest[0]
+    assert f'name="incident" value="{busy.pk}"' in own
+    after = client.post(
+        f"/approvals/{first.pk}/decide/?next=queue",
+        {
+            "decision": "reject",
+            "reason": "not now",
+            "digest": first.digest,
+            "next": "queue",
+            "incident": str(busy.pk),
+        },
+        headers={"HX-Request": "true"},
+    ).content.decode()
+    assert sorted(int(pk) for pk in card.findall(after)) == sorted(
+        a.pk for a in mine if a.pk != first.pk
+    )
+    assert str(other.pk) not in after
+    # Not an incident id: every incident, never an error page.
+    bogus = client.get("/approvals/?incident=nope")
+    assert bogus.status_code == 200
+    assert str(other.pk) in bogus.content.decode()
+
+
+def test_an_incident_page_is_for_approvers_only(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    olga = make_user("olga", "operator")
+    busy = make_session(olga, TAXIWAY_FUEL_LEAK)
+    for roles in (("operator",), ("auditor",), ()):
+        client = signed_in(make_user(f"eve{len(roles)}{''.join(roles)}", *roles))
+        assert client.get(f"/approvals/?incident={busy.pk}").status_code == 403
+    assert Client().get(f"/approvals/?incident={busy.pk}").status_code == 302
