@@ -1,6 +1,7 @@
 """Database calls from async code (the consumers, the sockets' sign-in lookup): on a
-bounded pool of threads, each call on a connection closed after it under daphne
-(CONN_MAX_AGE 0 there, aero/settings.py). Channels' default runs every such call on one
+bounded pool of threads, each call's connection given back after it (to the process's
+connection pool, or closed with the pool off: CONN_MAX_AGE 0 under daphne,
+aero/settings.py). Channels' default runs every such call on one
 thread (thread-sensitive), so one slow render delayed every other viewer's pull and
 sign-in behind it; here AERO_ASGI_DB_THREADS run at once, and that number bounds the
 process's connections."""

@@ -212,6 +212,18 @@ ASGI_PROCESS = os.environ.get("AERO_ASGI_PROCESS") == "1"
 # once, each call on a connection opened for it and closed after it: at most this many
 # connections while sockets are busy, none while they idle.
 AERO_ASGI_DB_THREADS = env_int("AERO_ASGI_DB_THREADS", 8, minimum=1)
+# PostgreSQL only: the pool (below) and its sizes, per process. daphne's default is its
+# database threads plus the web ticker's; gunicorn gets its threads plus one from
+# `make run` (scripts/run.sh); workers and the LLM runner 8 (a job, its heartbeat, the
+# reconciler and a step's parallel branches each hold one while they run).
+AERO_DB_POOL = env_bool("AERO_DB_POOL", True)
+AERO_DB_POOL_SIZE = env_int(
+    "AERO_DB_POOL_SIZE", AERO_ASGI_DB_THREADS + 1 if ASGI_PROCESS else 8, minimum=1
+)
+AERO_DB_POOL_TIMEOUT = env_float("AERO_DB_POOL_TIMEOUT", 10.0)
+# daphne's sockets mostly idle: its unused connections go within seconds (one closed
+# per AERO_DB_POOL_MAX_IDLE, psycopg's shrink step).
+AERO_DB_POOL_MAX_IDLE = env_float("AERO_DB_POOL_MAX_IDLE", 2.0 if ASGI_PROCESS else 60.0)
 if DATABASE_URL:
     # Persistent connections, checked before reuse: opening a PostgreSQL connection per
     # request or consumer pull is a large share of the ASGI process's CPU.
@@ -228,6 +240,20 @@ if DATABASE_URL:
     DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = env_str(
         "AERO_DB_APPLICATION_NAME", "aero-daphne" if ASGI_PROCESS else "aero"
     )
+    # Connections through psycopg's pool (docs/operations.md): a process holds at most
+    # AERO_DB_POOL_SIZE, whatever the number of clients (daphne serving 50 HTTP clients
+    # had held 50-57 backends, one per request thread); a request finding them all busy
+    # waits AERO_DB_POOL_TIMEOUT s, then answers 503. Django's pool wants CONN_MAX_AGE 0:
+    # a connection goes back to the pool when the request (or db_call) ends, and one
+    # unused for AERO_DB_POOL_MAX_IDLE s is closed.
+    if AERO_DB_POOL:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": 0,
+            "max_size": AERO_DB_POOL_SIZE,
+            "timeout": AERO_DB_POOL_TIMEOUT,
+            "max_idle": AERO_DB_POOL_MAX_IDLE,
+        }
     # Parameters bound by the server, not pasted into the SQL text: the same statement
     # text is then prepared once per connection (psycopg prepares a statement run more
     # than 5 times), so PostgreSQL parses and plans the hot statements once, and psycopg

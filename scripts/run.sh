@@ -145,6 +145,8 @@ CONF
   # A web server gets 3 tries to stay up 10 s (gunicorn itself retries its bind for 5 s,
   # as a killed predecessor's children may hold the port a moment): then FATAL.
   if [ -n "${REDIS_URL:-}" ]; then
+    # Each process's database pool (aero/settings.py): a gunicorn process its threads
+    # plus the web ticker's, daphne its database threads plus one, workers 8.
     program worker "$PY manage.py aero_worker" "${AERO_WORKERS:-1}"
     # The model calls sessions wait for: one runner per host, supervised like a
     # worker. AERO_LLM_WAITS=0 makes the calls inside the jobs instead (no runner).
@@ -153,7 +155,7 @@ CONF
       *) program llmrunner "$PY manage.py aero_llm_runner" ;;
     esac
     program daphne ".venv/bin/daphne -e tcp:port=$WS_PORT:interface=$HOST:backlog=$BACKLOG aero.asgi:application" 1 10 3
-    program gunicorn ".venv/bin/gunicorn aero.wsgi:application --bind $HOST:$PORT --backlog $BACKLOG --worker-class gthread --workers ${AERO_WEB_WORKERS:-3} --threads ${AERO_WEB_THREADS:-4} --access-logfile -" 1 10 3
+    program gunicorn ".venv/bin/gunicorn aero.wsgi:application --bind $HOST:$PORT --backlog $BACKLOG --worker-class gthread --workers ${AERO_WEB_WORKERS:-3} --threads ${AERO_WEB_THREADS:-4} --env AERO_DB_POOL_SIZE=${AERO_WEB_DB_POOL_SIZE:-$((${AERO_WEB_THREADS:-4} + 1))} --access-logfile -" 1 10 3
   else
     program daphne ".venv/bin/daphne -e tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG aero.asgi:application" 1 10 3
   fi

@@ -64,6 +64,12 @@ else:
     os.environ.pop("DATABASE_URL", None)
 os.environ["REDIS_URL"] = TEST_REDIS_URL
 os.environ["AERO_JOB_BACKEND"] = "inline"
+# The suite's own process keeps one plain connection per thread: pytest-django holds a
+# test's connection for the whole test (its transaction), and a thread a test starts and
+# never closes would keep a pooled connection out of the pool for good. The servers and
+# workers the suite starts run through the pool as production does (tests/servers.py
+# drops AERO_ settings; tests/test_db_pool.py).
+os.environ["AERO_DB_POOL"] = "0"
 # Parallel runs (CI and a developer, several checkouts) share Redis databases: each run
 # gets its own queue and channel prefix, named after its test database.
 TEST_DB_NAME = os.environ.get("AERO_TEST_DB", "test_aero")

@@ -50,6 +50,16 @@ def tiny_runs(suffix: str, redis_url: str, server: str) -> dict[str, tuple[list[
     # The base tree is this commit: any checkout has it; the point is that the script runs.
     tiny_perf = ["--base", "HEAD", "--what", "session", "--samples", "1"]
     port = str(18600 + int(redis_db) * 10)  # one per worker: two run at once
+    queue_db = [
+        "--database-url",
+        server,
+        "--redis-url",
+        redis_url,
+        "--db",
+        f"aero_bench_aq{suffix}",
+    ]
+    tiny_queue = ["--approvals", "60", "--incidents", "6", "--clients", "3", "--seconds", "1"]
+    tiny_queue += ["--servers", "gunicorn"]
     return {
         "diagnosis.py": (
             [
@@ -75,6 +85,10 @@ def tiny_runs(suffix: str, redis_url: str, server: str) -> dict[str, tuple[list[
             [*services, *tiny_perf, "--db-suffix", suffix, "--port", port],
             "| ",
         ),
+        "approval_queue.py": (
+            [*queue_db, *tiny_queue, "--port", str(18650 + int(redis_db) * 10)],
+            "| gunicorn | 3 |",
+        ),
     }
 
 
@@ -90,6 +104,7 @@ def scratch() -> Iterator[tuple[str, str, str]]:
     subprocess.run(["psql", server, "-qc", f"CREATE DATABASE {history}"], check=True)
     yield suffix, server, history
     names = [history, f"aero_bench_sq{suffix}", f"aero_bench_llm{suffix}", f"aero_bench_dm{suffix}"]
+    names.append(f"aero_bench_aq{suffix}")
     names += [f"aero_bench_{tree}{suffix}" for tree in ("base", "head")]
     for name in names:
         subprocess.run(["psql", server, "-qc", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"])
