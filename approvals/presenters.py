@@ -86,7 +86,7 @@ def open_incidents(approvals: QuerySet[Approval], cursor: IncidentKey | None) ->
     incidents = (
         approvals.order_by()
         .values("session_id")
-        .annotate(nearest=Min("deadline"), open=Count("id"))
+        .annotate(nearest=Min("deadline"), open=Count("*"))
         .order_by(F("nearest").asc(nulls_last=True), "session_id")
     )
     return incidents.filter(_after(cursor)) if cursor is not None else incidents

@@ -59,7 +59,7 @@ def drop(server_url: str, name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def fill(approvals: int, incidents: int, rng: random.Random) -> None:
+def fill(approvals: int, incidents: int, decided: int, rng: random.Random) -> None:
     """`incidents` waiting sessions copied from one real session (its snapshot: risk,
     impact), and `approvals` open approvals spread over them, deadlines as the agent sets
     them (per risk class) from creation times over the last few minutes."""
@@ -95,31 +95,71 @@ def fill(approvals: int, incidents: int, rng: random.Random) -> None:
     )
     now = timezone.now()
     calls = ToolCall.objects.bulk_create(
-        ToolCall(
-            session=sessions[n % incidents],
-            call_id=f"bench-{n}",
-            tool_name=ACTIONS[n % len(ACTIONS)],
-            risk_class=("R1", "R2", "R3")[rng.randrange(3)],
-            is_action=True,
-            idempotency_key=f"bench-{n}",
-            request_payload={"taxiway": "B"},
-            status="awaiting_approval",
-        )
-        for n in range(approvals)
+        [
+            ToolCall(
+                session=sessions[n % incidents],
+                call_id=f"bench-{n}",
+                tool_name=ACTIONS[n % len(ACTIONS)],
+                risk_class=("R1", "R2", "R3")[rng.randrange(3)],
+                is_action=True,
+                idempotency_key=f"bench-{n}",
+                request_payload={"taxiway": "B"},
+                status="awaiting_approval",
+            )
+            for n in range(approvals)
+        ],
+        batch_size=2000,
+    )
+    # The history: approvals decided long ago, which the queue must not pay for (the
+    # partial index holds the open ones only).
+    past = ToolCall.objects.bulk_create(
+        [
+            ToolCall(
+                session=sessions[n % incidents],
+                call_id=f"bench-past-{n}",
+                tool_name=ACTIONS[n % len(ACTIONS)],
+                risk_class=("R1", "R2", "R3")[n % 3],
+                is_action=True,
+                idempotency_key=f"bench-past-{n}",
+                request_payload={"taxiway": "B"},
+                status="rejected",
+            )
+            for n in range(decided)
+        ],
+        batch_size=2000,
     )
     Approval.objects.bulk_create(
-        Approval(
-            tool_call=call,
-            session_id=call.session_id,
-            risk_class=call.risk_class,
-            action_name=call.tool_name,
-            digest="0" * 64,
-            deadline=now
-            + timedelta(
-                minutes=_minutes(call.risk_class), seconds=-rng.randrange(300)
-            ),  # created over the last five minutes
-        )
-        for call in calls
+        (
+            Approval(
+                tool_call=call,
+                session_id=call.session_id,
+                risk_class=call.risk_class,
+                action_name=call.tool_name,
+                digest="0" * 64,
+                status="rejected",
+                reason="bench history",
+                deadline=now - timedelta(hours=1),
+            )
+            for call in past
+        ),
+        batch_size=2000,
+    )
+    Approval.objects.bulk_create(
+        [
+            Approval(
+                tool_call=call,
+                session_id=call.session_id,
+                risk_class=call.risk_class,
+                action_name=call.tool_name,
+                digest="0" * 64,
+                deadline=now
+                + timedelta(
+                    minutes=_minutes(call.risk_class), seconds=-rng.randrange(300)
+                ),  # created over the last five minutes
+            )
+            for call in calls
+        ],
+        batch_size=2000,
     )
 
 
@@ -267,6 +307,7 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     parser.add_argument("--approvals", type=int, default=10_000)
     parser.add_argument("--incidents", type=int, default=500)
+    parser.add_argument("--decided", type=int, default=40_000, help="closed approvals (history)")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--servers", default="gunicorn,daphne")
@@ -298,9 +339,10 @@ def main() -> None:
     servers: list[subprocess.Popen[bytes]] = []
     try:
         started = time.perf_counter()
-        fill(args.approvals, args.incidents, random.Random(37))
+        fill(args.approvals, args.incidents, args.decided, random.Random(37))
         print(
             f"filled {args.approvals} open approvals over {args.incidents} incidents "
+            f"({args.decided} decided) "
             f"in {time.perf_counter() - started:.1f} s; load {os.getloadavg()[0]:.1f}"
         )
         print("plan of the queue's incident page:")

@@ -58,7 +58,8 @@ def tiny_runs(suffix: str, redis_url: str, server: str) -> dict[str, tuple[list[
         "--db",
         f"aero_bench_aq{suffix}",
     ]
-    tiny_queue = ["--approvals", "60", "--incidents", "6", "--clients", "3", "--seconds", "1"]
+    tiny_queue = ["--approvals", "60", "--incidents", "6", "--decided", "30", "--clients", "3"]
+    tiny_queue += ["--seconds", "1"]
     tiny_queue += ["--servers", "gunicorn"]
     return {
         "diagnosis.py": (
