@@ -313,9 +313,14 @@ def main() -> None:
     parser.add_argument("--servers", default="gunicorn,daphne")
     parser.add_argument("--port", type=int, default=18700)
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    parser.add_argument("--reuse", action="store_true", help="measure a database --keep kept")
     args = parser.parse_args()
 
-    db_url = recreate(args.database_url, args.db)
+    db_url = (
+        urlsplit(args.database_url)._replace(path=f"/{args.db}").geturl()
+        if args.reuse
+        else recreate(args.database_url, args.db)
+    )
     name = f"aero-bench-queue-{uuid.uuid4().hex[:8]}"
     data_dir = tempfile.mkdtemp(prefix="aero-bench-")
     env = {
@@ -339,9 +344,11 @@ def main() -> None:
     servers: list[subprocess.Popen[bytes]] = []
     try:
         started = time.perf_counter()
-        fill(args.approvals, args.incidents, args.decided, random.Random(37))
+        if not args.reuse:
+            fill(args.approvals, args.incidents, args.decided, random.Random(37))
         print(
-            f"filled {args.approvals} open approvals over {args.incidents} incidents "
+            f"{'reused' if args.reuse else 'filled'} {args.approvals} open approvals over "
+            f"{args.incidents} incidents "
             f"({args.decided} decided) "
             f"in {time.perf_counter() - started:.1f} s; load {os.getloadavg()[0]:.1f}"
         )
