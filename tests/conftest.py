@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The run's Redis keys go at its end (tests/redis_cleanup.py): queues, jobs, workers,
+    """The run's Redis keys and bundle copies go at its end (tests/redis_cleanup.py): queues, jobs, workers,
     rate counters and replay cache entries would otherwise stay, some without expiry.
     Each xdist worker removes its own; Redis down (the SQLite fallback) leaves nothing."""
     import redis
@@ -40,6 +40,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from tests.redis_cleanup import remove_run_keys
     from tests.settings import TEST_DB_NAME
 
+    # Sessions' bundle copies too: left in var/test they were a second copy of the
+    # examples' Python files, and `mypy .` stopped on the duplicate module names.
+    shutil.rmtree(settings.AERO_BUNDLE_DIR, ignore_errors=True)
     if not settings.REDIS_URL:
         return
     client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
