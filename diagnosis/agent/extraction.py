@@ -21,6 +21,15 @@ Likewise a synonym whose own clause says right after it that it has ended ("发�
 已经停了", "运转停止了", "smoke has stopped") is no evidence of its value: read as the
 value, the engine "has stopped running" was read as running. The field stays unread and
 the agent asks.
+
+Each synonym's value is decided by its own statement: a denial, a doubt or an end word
+governs only the synonym of the statement it is in. A statement ends at punctuation, a
+conjunction (然后, and), and where another field's synonym begins: in "有煤油泄漏 已关车
+已止住" (typed on a phone, spaces for commas) the leak's "已止住" is not the engine's end,
+nor in "已关车已止住". A space alone ends nothing: "发动机运转 已经停了" has no synonym after
+the space, so its end word is the engine's (no reading; the agent asks). An aspect word
+and the synonym it modifies ("仍在运转") are one statement: what governs either governs
+both.
 """
 
 from __future__ import annotations
@@ -48,8 +57,8 @@ DENIAL_EN = re.compile(
     r"|[a-z]+n(?:'|\u2019)t)(?![a-z])"
 )
 CLAUSE_BREAK = re.compile(
-    r"[，。；：！？、,.;:!?\n()（）]|但|而|并且"
-    r"|(?<![a-z])(?:but|and|while|though|although|however|yet)(?![a-z])"
+    r"[，。；：！？、,.;:!?\n()（）]|但|而|并且|然后|随后|接着"
+    r"|(?<![a-z])(?:but|and|then|while|though|although|however|yet)(?![a-z])"
 )
 DENIAL_WINDOW = 4
 # A state said to have ended, right after its synonym in the same clause: within
@@ -145,14 +154,9 @@ def extract_fields(
     found: dict[str, Extraction] = {}
     lowered = text.lower()
     claimed = _claimed(fields, text, lowered)
-    denied = _denied(lowered, claimed)
-    claimed = [m for m in claimed if m not in denied]
-    if denied_spans is not None:
-        for reading in denied:
-            denied_spans.setdefault(reading.field, []).append((reading.start, reading.end))
-
     by_start = {m.start: m for m in claimed}
-    aspects: dict[int, _Match] = {}  # id(aspect word) -> the match it modifies
+    # An aspect word and the synonym it modifies: one statement (module docstring).
+    pairs: list[tuple[_Match, _Match]] = []
     for word in claimed:
         head = by_start.get(word.end)
         if (
@@ -161,7 +165,21 @@ def extract_fields(
             and fields[word.field]["type"] == "bool"
             and CJK.search(word.synonym)
         ):
-            aspects[id(word)] = head
+            pairs.append((word, head))
+    governed = {id(m) for m in _denied(lowered, claimed)}
+    spread = True
+    while spread:  # through chains ("仍在持续运转"): each pair once more until none spreads
+        spread = False
+        for word, head in pairs:
+            if (id(word) in governed) != (id(head) in governed):
+                governed |= {id(word), id(head)}
+                spread = True
+    if denied_spans is not None:
+        for reading in claimed:
+            if id(reading) in governed:
+                denied_spans.setdefault(reading.field, []).append((reading.start, reading.end))
+    claimed = [m for m in claimed if id(m) not in governed]
+    aspects = {id(word): head for word, head in pairs if id(word) not in governed}
     # A negating aspect word ("不再运转") says the other field's value no longer holds.
     negated = {id(aspects[id(w)]) for w in claimed if id(w) in aspects and w.value is False}
 
@@ -246,29 +264,33 @@ def _claimed(fields: dict[str, dict[str, Any]], text: str, lowered: str) -> list
 
 
 def _denied(lowered: str, claimed: list[_Match]) -> list[_Match]:
-    """The readings a denial or a doubt governs, or that their clause says have ended
-    (see the module's docstring)."""
-    # Each reading's own words are its own: blanked, they deny nothing ("不断", "未关车").
-    masked = list(lowered)
-    for match in claimed:
-        masked[match.start : match.end] = " " * (match.end - match.start)
-    blanked = "".join(masked)
+    """The readings a denial or a doubt governs, or that their statement says have ended
+    (see the module's docstring). A reading's statement runs from the last break or the
+    end of another field's synonym before it to the next break or the start of another
+    field's synonym after it: a later word of the same field is still about it ("the
+    engine running has stopped")."""
+    breaks = [m.span() for m in CLAUSE_BREAK.finditer(lowered)]
     denied = []
     for match in claimed:
-        before = blanked[: match.start]
-        breaks = list(CLAUSE_BREAK.finditer(before))
-        clause = before[breaks[-1].end() :] if breaks else before
-        words = " ".join(clause.split()[-DENIAL_WINDOW:])
-        if DENIAL_ZH.search(clause[-DENIAL_WINDOW:]) or DENIAL_EN.search(words):
+        start = max(
+            [end for _, end in breaks if end <= match.start]
+            + [m.end for m in claimed if m.end <= match.start and m.field != match.field]
+            + [0]
+        )
+        end = min(
+            [begin for begin, _ in breaks if begin >= match.end]
+            + [m.start for m in claimed if m.start >= match.end and m.field != match.field]
+            + [len(lowered)]
+        )
+        before = lowered[start : match.start]
+        words = " ".join(before.split()[-DENIAL_WINDOW:])
+        if DENIAL_ZH.search(before[-DENIAL_WINDOW:]) or DENIAL_EN.search(words):
             denied.append(match)
             continue
-        # What follows is read as written: "running, stopped" has its own break, and in
-        # "running stopped" the later synonym is what says the first has ended.
-        after = lowered[match.end :]
-        end = CLAUSE_BREAK.search(after)
-        after = after[: end.start()] if end else after
+        after = lowered[match.end : end]
         following = " ".join(after.split()[:CEASED_WORDS])
-        if CEASED_ZH.search(after[:DENIAL_WINDOW]) or CEASED_EN.search(following):
+        # A space typed before the end word is no part of the window ("运转 已经停了").
+        if CEASED_ZH.search(after.lstrip()[:DENIAL_WINDOW]) or CEASED_EN.search(following):
             denied.append(match)
     return denied
 
