@@ -188,6 +188,21 @@ def read_tree(
     return tree
 
 
+def machine_rows(tree: AgentTree) -> list[dict[str, Any]]:
+    """The tree as the machine contract's `agent_tree` (a CLI's JSON): every run depth
+    first in start order, its parent by id."""
+    return [
+        {
+            "run": node.id,
+            "parent": node.parent,
+            "agent": node.agent_name,
+            "mode": node.mode,
+            "status": node.status,
+        }
+        for node, _ in tree.walk()
+    ]
+
+
 class TreeOnce:
     """A session's tree read at its first use, then kept: the live page's context is
     built once per session and batch, and a pushed update whose events touched no run

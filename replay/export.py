@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from aero.packs import DomainPack, UnknownDomain, pack_for
+from diagnosis.agent_tree import read_tree
 from diagnosis.chain import check_events
 from diagnosis.eventlog import masking, registry
 from diagnosis.fold import FoldState, fold_events
@@ -134,7 +135,11 @@ def render_export(
     # The chain is checked over the very rows exported: the head printed is theirs.
     chain = check_events(session.pk, events, session.last_seq, session.chain_head)
     items = follow_ups(state)
+    # The agent tree as its rows stand (runs are not in the fold): an indented list.
+    tree = read_tree(session.pk, mask)
     context = {
+        "agent_tree": tree,
+        "agent_rows": [{"node": node, "indent": "  " * depth} for node, depth in tree.walk()],
         "chain": chain,
         "session": session,
         "state": state,

@@ -5,6 +5,7 @@ node run as a pack's specialists are (the tree does not know who made them)."""
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from datetime import timedelta
@@ -15,7 +16,9 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.db import connection
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -84,8 +87,11 @@ def add_specialists(session: Session, count: int = 2) -> dict[str, AgentRun]:
     return runs
 
 
-def diagnosis_session(user: User) -> Session:
-    session = start_from_bundle(user, EXAMPLES / "ex-deploy-payments.tar.gz", {"producer": "test"})
+def diagnosis_session(user: User, stored: Path) -> Session:
+    with override_settings(AERO_BUNDLE_DIR=stored):
+        session = start_from_bundle(
+            user, EXAMPLES / "ex-deploy-payments.tar.gz", {"producer": "test"}
+        )
     return Session.objects.get(pk=session.pk)
 
 
@@ -133,10 +139,10 @@ def test_the_api_serves_the_tree_nested_with_times_tokens_and_the_running_tool(
 
 
 def test_auditors_see_the_tree_masked_like_the_timeline(
-    builtin: None, alice: User, carol: User
+    builtin: None, alice: User, carol: User, tmp_path: Path
 ) -> None:
     # an IT diagnosis: its R2 fix waits for approval, its arguments hidden from auditors
-    session = diagnosis_session(alice)
+    session = diagnosis_session(alice, tmp_path / "stored")
     hidden = sorted(v for v in mask_of(session.pk).secrets if len(v) > 3)
     assert hidden, "the fix is masked for auditors"
     step = AgentRun.objects.filter(session=session, parent__isnull=False).first()
@@ -372,3 +378,83 @@ def test_replay_refuses_whoever_may_not_view_sessions(
     assert login(dave).get(step, {"run": run.pk}).status_code == 403
     assert login(None).get(step, {"run": run.pk}).status_code == 302
     assert login(alice).get(step, {"run": "x"}).status_code == 400
+
+
+# --- the export and the command's JSON --------------------------------------------------
+
+
+def test_the_export_has_the_agent_tree_as_an_indented_list(
+    builtin: None, alice: User, carol: User
+) -> None:
+    session = waiting_session(alice)
+    runs = add_specialists(session)
+    export = reverse("replay:replay-export", args=[session.pk])
+    text = login(alice).post(export).content.decode()
+    section = text.split("## 6. Agent tree\n")[1].split("\n## 7. ")[0]
+    lines = [line for line in section.splitlines() if line.strip()]
+    assert len(lines) == AgentRun.objects.filter(session=session).count()
+    root, orchestrator = runs["root"], runs["orchestrator"]
+    assert lines[0].startswith(f"- incident_agent #{root.pk}: ReAct, completed, ")
+    # each run one level under its parent, two spaces a level
+    assert (
+        f"  - orchestrator #{orchestrator.pk}: Hierarchical, running, " in section
+        and ", 201/21 tokens" in section
+    )
+    specialist = runs["specialist_0"].pk
+    assert f"    - specialist_0 #{specialist}: ReAct, running, " in section
+    assert "100/10 tokens, now: query_metrics" in section
+    assert f"    - specialist_1 #{runs['specialist_1'].pk}: ReAct, completed, 10.0 s," in section
+
+    client = login(carol)  # an auditor's export is in Chinese here, with the same tree
+    client.cookies[settings.LANGUAGE_COOKIE_NAME] = "zh-hans"
+    chinese = client.post(export).content.decode()
+    section = chinese.split("## 6. 智能体树\n")[1].split("\n## 7. ")[0]
+    assert f"  - orchestrator #{orchestrator.pk}: 分层, 运行中, " in section
+    assert "10.0 秒" in section and "正在执行：query_metrics" in section
+
+
+def test_the_export_refuses_whoever_may_not_view_sessions(
+    builtin: None, alice: User, dave: User
+) -> None:
+    session = waiting_session(alice)
+    export = reverse("replay:replay-export", args=[session.pk])
+    assert login(dave).post(export).status_code == 403
+    assert login(None).post(export).status_code == 302
+
+
+def test_the_commands_json_lists_the_agents_with_their_parents(
+    builtin: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    capsys.readouterr()
+    with override_settings(AERO_BUNDLE_DIR=tmp_path / "stored"):
+        call_command(
+            "incident",
+            "run",
+            "--bundle",
+            str(EXAMPLES / "ex-deploy-payments.tar.gz"),
+            "--mode",
+            "hierarchical",
+            "--json",
+        )
+    result = json.loads(capsys.readouterr().out)
+    tree = result["agent_tree"]
+    assert all(set(node) == {"run", "parent", "agent", "mode", "status"} for node in tree)
+    rows = {
+        run.pk: (run.parent_id, run.agent_name, run.mode, run.status)
+        for run in AgentRun.objects.filter(session_id=result["session"])
+    }
+    assert all(rows[n["run"]] == (n["parent"], n["agent"], n["mode"], n["status"]) for n in tree)
+    # the agents, not the steps of their graphs: every job's run, the orchestrator, its
+    # four specialists each under it
+    roots = [run for run, row in rows.items() if row[0] is None]
+    assert [n["run"] for n in tree if n["parent"] is None] == sorted(roots)
+    [orchestrator] = [n for n in tree if n["agent"] == "orchestrate"]
+    specialists = [n for n in tree if n["agent"].startswith("specialist_")]
+    assert len(specialists) == 4
+    assert all(n["parent"] == orchestrator["run"] for n in specialists)
+    # depth first: an agent comes after its parent
+    seen: set[int] = set()
+    for node in tree:
+        assert node["parent"] is None or node["parent"] in seen
+        seen.add(node["run"])
+    assert tree.index(orchestrator) < min(tree.index(n) for n in specialists)

@@ -260,17 +260,18 @@ def test_the_markdown_export_has_seed_003s_sections_in_both_languages(
         "## 3. Evidence chain",
         "## 4. Approval record",
         "## 5. Tokens and cost",
-        "## 6. Fix suggestions",
-        "## 7. Similar cases",
-        "## 8. Recommended follow-ups",
-        "## 9. Chronology",
-        "## 10. Hash chain",
+        "## 6. Agent tree",
+        "## 7. Fix suggestions",
+        "## 8. Similar cases",
+        "## 9. Recommended follow-ups",
+        "## 10. Chronology",
+        "## 11. Hash chain",
     ]
     assert english.startswith("# IT diagnosis export")
     assert f"| Problem type | {result['problem_type']} |" in english
     assert "database connection pool of inventory is exhausted" in english
-    assert "| KB-003 |" in english.split("## 7. Similar cases")[1]
-    fixes = english.split("## 6. Fix suggestions")[1].split("## 7.")[0]
+    assert "| KB-003 |" in english.split("## 8. Similar cases")[1]
+    fixes = english.split("## 7. Fix suggestions")[1].split("## 8.")[0]
     assert "**restart_service** (service=inventory), R2: approved" in fixes
     # what fixed the past case of the same kind, not those of other kinds
     assert "As in KB-003:" in fixes and "KB-009" not in fixes
@@ -283,11 +284,12 @@ def test_the_markdown_export_has_seed_003s_sections_in_both_languages(
         "## 3. 证据链",
         "## 4. 审批记录",
         "## 5. 令牌与费用",
-        "## 6. 修复建议",
-        "## 7. 相似案例",
-        "## 8. 建议的后续工作",
-        "## 9. 时间线",
-        "## 10. 哈希链",
+        "## 6. 智能体树",
+        "## 7. 修复建议",
+        "## 8. 相似案例",
+        "## 9. 建议的后续工作",
+        "## 10. 时间线",
+        "## 11. 哈希链",
     ]
     assert "| KB-003 |" in chinese
 

@@ -559,8 +559,9 @@ def test_a_small_export_downloads_at_once_and_is_audited(finished: Session, root
         "## 3. Evidence chain",
         "## 4. Approval record",
         "## 5. Tokens and cost",
-        "## 6. Recommended follow-ups",
-        "## 7. Chronology",
+        "## 6. Agent tree",
+        "## 7. Recommended follow-ups",
+        "## 8. Chronology",
     ):
         assert heading in text
     page = markdown.markdown(text, extensions=["tables"])
@@ -569,7 +570,7 @@ def test_a_small_export_downloads_at_once_and_is_audited(finished: Session, root
     assert "request_fire_standby was rejected" in page  # a follow-up
     assert f"| {finished.last_seq} |" in text  # the chronology reaches the last event
     head = verify_chain(finished.pk).head
-    assert f"Chain head: `{head}`" in text and "## 8. Hash chain" in text
+    assert f"Chain head: `{head}`" in text and "## 9. Hash chain" in text
     entry = AuditLog.objects.get(action="session.exported", session_id=finished.pk)
     assert entry.actor == root
     assert entry.detail["sha256"] == hashlib.sha256(response.content).hexdigest()
@@ -638,7 +639,7 @@ def test_a_large_export_runs_in_the_background_with_progress(
     assert 'data-testid="download"' in done
     assert not AuditLog.objects.filter(action="session.exported").exists()  # not yet out
     download = client.get(status_url + "download/")
-    assert download.status_code == 200 and b"## 7. Chronology" in download.content
+    assert download.status_code == 200 and b"## 8. Chronology" in download.content
     entry = AuditLog.objects.get(action="session.exported", actor=carol)
     assert entry.detail["mode"] == "background"
     # Someone else's export is not there for them.

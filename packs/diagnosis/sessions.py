@@ -11,9 +11,10 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from diagnosis.actions import ActionError, do_create_session
+from diagnosis.agent_tree import machine_rows, read_tree
 from diagnosis.eventlog.registry import EventType, Payload
 from diagnosis.events import append_event
-from diagnosis.models import AgentRun, Event, Session, ToolCall
+from diagnosis.models import Event, Session, ToolCall
 from diagnosis.reporting import decision_of
 from packs.diagnosis.bundle import BundleError, open_bundle
 from packs.diagnosis.knowledge import KEPT, linked_cases
@@ -168,18 +169,14 @@ def summarize(session: Session) -> dict[str, Any]:
             for c in calls
             if c.is_action
         ],
+        # The agents (a job's run, the orchestrator, its specialists), not the steps of
+        # the graph, depth first as the tree reads them.
         "agent_tree": [
-            {
-                "run": run.pk,
-                "parent": run.parent_id,
-                "agent": run.agent_name,
-                "mode": run.mode,
-                "status": run.status,
-            }
-            for run in AgentRun.objects.filter(session=session).order_by("id")
-            if run.parent_id is None
-            or run.agent_name in AGENT_RUNS
-            or run.agent_name.startswith("specialist_")
+            row
+            for row in machine_rows(read_tree(session.pk))
+            if row["parent"] is None
+            or row["agent"] in AGENT_RUNS
+            or str(row["agent"]).startswith("specialist_")
         ],
         "evidence": evidence,
         "question": (snapshot.get("question") or {}).get("text"),
