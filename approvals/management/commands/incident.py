@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +21,10 @@ from diagnosis.jobs import advance_session
 from diagnosis.models import Event, Session, SessionStatus, ToolCall
 from diagnosis.reporting import decision_of
 from scenarios_admin.models import Scenario
+
+# How long the command waits for another process (a worker of `make run`) that holds
+# the session before it prints what it has.
+HELD_ELSEWHERE_SECONDS = 120
 
 CLI_USER = "cli"
 
@@ -129,8 +134,7 @@ class Command(BaseCommand):
         self, session: Session, user: Any, answers: list[str], decide: str | None, reason: str
     ) -> None:
         while True:
-            advance_session(str(session.pk))  # a no-op if the on-commit job already ran
-            session.refresh_from_db()
+            self._advance(session)
             if session.status != SessionStatus.WAITING_USER:
                 return
             question = session.snapshot.get("question") or {}
@@ -152,6 +156,23 @@ class Command(BaseCommand):
                     approval = do_decide(
                         approval.pk, user, step, reason, digest=approval.digest, producer="cli"
                     )
+
+    def _advance(self, session: Session) -> None:
+        """Advance the session here, or wait for the process that holds it: beside
+        `make run` on the same database its worker's reconciler can take the session
+        first, and the command printed "running" with its decisions never made."""
+        deadline = time.monotonic() + HELD_ELSEWHERE_SECONDS
+        while True:
+            outcome = advance_session(str(session.pk))  # a no-op if the job already ran
+            session.refresh_from_db()
+            held = outcome == "busy" or session.status in (
+                SessionStatus.QUEUED,
+                SessionStatus.RUNNING,
+                SessionStatus.RETRYING,
+            )
+            if not held or time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
 
     def _print(self, result: dict[str, Any]) -> None:
         self.stdout.write(f"session {result['session']}: {result['status']}")
