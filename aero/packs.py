@@ -169,6 +169,10 @@ class DomainPack:
     # one YAML document, checked by `definition_model`): a definition with parts of its
     # own, such as the diagnosis playbook, has no rows to be edited as.
     admin_editor: str = "rows"
+    # With admin_editor "yaml": () -> the definition a new scenario of this kind starts
+    # from on the admin's add page (the shipped one; the page gives it a free slug and a
+    # new name). None: the kind cannot be added there (import a file instead).
+    starting_definition: Callable[[], dict[str, Any]] | None = None
 
 
 _PACKS: dict[str, DomainPack] = {}
@@ -259,6 +263,11 @@ def edited_as_yaml(kind: str) -> bool:
     keeps the row editor, as before packs could choose)."""
     pack = _PACKS.get(kind)
     return pack is not None and pack.admin_editor == "yaml"
+
+
+def added_as_yaml() -> list[DomainPack]:
+    """The packs whose scenarios the admin's add page writes as one YAML document."""
+    return [p for p in _PACKS.values() if edited_as_yaml(p.kind) and p.starting_definition]
 
 
 def installed_packs() -> list[DomainPack]:

@@ -10,11 +10,11 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
 
 from aero.models import audit
-from aero.packs import UnknownDomain, edited_as_yaml, pack_for
+from aero.packs import UnknownDomain, added_as_yaml, edited_as_yaml, pack_for
 
 # The topology and provider admins register themselves; the admin's autodiscovery imports
 # only this module.
@@ -31,6 +31,7 @@ from scenarios_admin.actions import (
 from scenarios_admin.admin_forms import (
     CheckedInlineFormSet,
     CrossCheck,
+    DefinitionYamlAddForm,
     DefinitionYamlForm,
     FieldValueForm,
     RiskRuleForm,
@@ -244,11 +245,18 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
         return ["slug"] if obj is not None else []
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        if not _as_yaml(obj):
+        adding = _adding_kind(request, obj)
+        if not (_as_yaml(obj) or adding):
             return super().get_fieldsets(request, obj)
-        schema_url = reverse("admin:scenarios_admin_scenario_schema") + f"?kind={obj.kind}"
+        kind = obj.kind if obj is not None else adding
+        schema_url = reverse("admin:scenarios_admin_scenario_schema") + f"?kind={kind}"
+        identity = (
+            ["slug", ("name_zh", "name_en"), "kind", "is_active"]
+            if obj is not None
+            else ["is_active"]  # the new scenario's slug, kind and name are in its YAML
+        )
         return [
-            (None, {"fields": ["slug", ("name_zh", "name_en"), "kind", "is_active"]}),
+            (None, {"fields": identity}),
             (
                 gettext_lazy("Definition"),
                 {
@@ -274,11 +282,17 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
 
     def get_inlines(self, request: HttpRequest, obj: Any) -> list[Any]:
         # The versions stay listed; the draft rows are the row editor's.
+        if _adding_kind(request, obj):
+            return []
         return [ScenarioVersionInline] if _as_yaml(obj) else list(self.inlines)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
     ) -> Any:
+        adding = _adding_kind(request, obj)
+        if adding:
+            form = type("DefinitionYamlAddForm", (DefinitionYamlAddForm,), {"kind": adding})
+            return super().get_form(request, obj, change, form=form, **kwargs)
         if _as_yaml(obj):
             return super().get_form(request, obj, change, form=DefinitionYamlForm, **kwargs)
         form = super().get_form(request, obj, change, **kwargs)
@@ -295,6 +309,17 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         super().save_related(request, form, formsets, change)
+        if isinstance(form, DefinitionYamlAddForm):
+            # Checked by the form (its model and its example cases): version 1 at once,
+            # in the page's transaction, with its scenario.published audit entry.
+            version = do_publish(form.instance, user=request.user, note="added in the admin")
+            self.message_user(
+                request,
+                _("Added %(slug)s and published it as version %(n)s.")
+                % {"slug": form.instance.slug, "n": version.number},
+                messages.SUCCESS,
+            )
+            return
         renumber(form.instance)
         latest, changed = draft_status(form.instance)
         if changed:
@@ -321,7 +346,13 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
     ) -> HttpResponse:
         check: CrossCheck | None = getattr(request, "_aero_cross_check", None)
         context["draft_issues"] = check.summary if check is not None else []
-        context["as_yaml"] = _as_yaml(obj)
+        context["as_yaml"] = _as_yaml(obj) or bool(_adding_kind(request, obj))
+        if add and not context["as_yaml"]:
+            # The kinds written as YAML are added from their own page.
+            language = "zh" if (get_language() or "").startswith("zh") else "en"
+            context["yaml_kinds"] = [
+                (pack.label.get(language, pack.label["en"]), pack.kind) for pack in added_as_yaml()
+            ]
         if obj is not None:
             context["draft_status"] = draft_status_text(obj)
             context["can_publish"] = self._can_publish(request, obj)
@@ -580,6 +611,14 @@ class ScenarioAdmin(admin.ModelAdmin[Scenario]):
 
 def _as_yaml(obj: Any) -> bool:
     return isinstance(obj, Scenario) and edited_as_yaml(obj.kind)
+
+
+def _adding_kind(request: HttpRequest, obj: Any) -> str:
+    """The kind the add page writes as YAML (`?kind=`), else "" (the row editor)."""
+    if obj is not None:
+        return ""
+    kind = request.GET.get("kind", "")
+    return kind if kind in {pack.kind for pack in added_as_yaml()} else ""
 
 
 def draft_status_text(scenario: Scenario, *, short: bool = False) -> str:

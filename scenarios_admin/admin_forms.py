@@ -3,6 +3,7 @@ form with all its inline rows as one document before anything is saved."""
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable
 from typing import Any
@@ -14,7 +15,8 @@ from django.http import HttpRequest, QueryDict
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from aero.packs import actions_of
+from aero.packs import actions_of, edited_as_yaml, pack_for
+from scenarios_admin.actions import run_publish_checks
 from scenarios_admin.definition import IMPACT_LISTS, NODE_KINDS, Issue
 from scenarios_admin.draft import (
     ROWS,
@@ -153,7 +155,7 @@ class DraftForm(forms.ModelForm[Any]):
                     data.setlist(key, [_lf(v) for v in values])
             self.data = data
 
-    def clean(self) -> dict[str, Any]:
+    def clean(self) -> dict[str, Any] | None:
         cleaned = super().clean() or {}
         for name, value in list(cleaned.items()):
             if isinstance(value, str):
@@ -304,6 +306,9 @@ class ScenarioForm(DraftForm):
             # A kind no installed domain pack serves is not offered, and refused if
             # posted, unless the scenario already is one (shown as it is).
             served = installed_kinds()
+            if self.instance._state.adding:
+                # a kind written as YAML is added from its own page (the admin links it)
+                served = [k for k in served if not edited_as_yaml(k)]
             kind.choices = [
                 (value, label)
                 for value, label in [("", "---------"), *ScenarioKind.choices]
@@ -316,7 +321,7 @@ class ScenarioForm(DraftForm):
         if self.cross_check is not None:
             self.cross_check.form = self
 
-    def clean(self) -> dict[str, Any]:
+    def clean(self) -> dict[str, Any] | None:
         cleaned = super().clean() or {}
         self.instance.compliance_states = [
             str(cleaned.get(f"state_{i + 1}", "")).strip() for i in range(len(COMPLIANCE_LABELS))
@@ -494,9 +499,12 @@ class DefinitionYamlForm(forms.ModelForm[Any]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not self.is_bound:
-            draft = yaml_draft(self.instance)
-            self.initial["definition_yaml"] = dump_definition(draft) if draft else ""
+            self.initial["definition_yaml"] = self.starting_text()
         self.definition: dict[str, Any] | None = None
+
+    def starting_text(self) -> str:
+        draft = yaml_draft(self.instance)
+        return dump_definition(draft) if draft else ""
 
     def clean_definition_yaml(self) -> str:
         text: str = self.cleaned_data["definition_yaml"].replace("\r\n", "\n")
@@ -505,13 +513,7 @@ class DefinitionYamlForm(forms.ModelForm[Any]):
             raise ValidationError([str(issue) for issue in unreadable])
         if not isinstance(data, dict):
             raise ValidationError(_("The definition must be a mapping (key: value lines)."))
-        scenario = self.instance
-        fixed = [
-            _("%(key)s: is %(given)s; this scenario's is %(own)s (it cannot change here)")
-            % {"key": key, "given": data.get(key), "own": getattr(scenario, key)}
-            for key in ("slug", "kind")
-            if data.get(key) != getattr(scenario, key)
-        ]
+        fixed = self.identity_problems(data)
         if fixed:
             raise ValidationError(fixed)
         issues = definition_issues(data)
@@ -519,6 +521,16 @@ class DefinitionYamlForm(forms.ModelForm[Any]):
             raise ValidationError([str(issue) for issue in locate(issues, text)])
         self.definition = data
         return text
+
+    def identity_problems(self, data: dict[str, Any]) -> list[str]:
+        """The slug and kind name this scenario in every version and session: they stay."""
+        scenario = self.instance
+        return [
+            _("%(key)s: is %(given)s; this scenario's is %(own)s (it cannot change here)")
+            % {"key": key, "given": data.get(key), "own": getattr(scenario, key)}
+            for key in ("slug", "kind")
+            if data.get(key) != getattr(scenario, key)
+        ]
 
     def save(self, commit: bool = True) -> Scenario:
         scenario: Scenario = super().save(commit=False)
@@ -529,3 +541,72 @@ class DefinitionYamlForm(forms.ModelForm[Any]):
         if commit:
             scenario.save()
         return scenario
+
+
+class DefinitionYamlAddForm(DefinitionYamlForm):
+    """A new scenario of a kind written as YAML (the admin's add page, `?kind=`): the
+    editor starts from the kind's shipped definition (aero.packs starting_definition)
+    under a free slug and a new name. Saved only once the pack's model and its example
+    cases pass; the admin then publishes it as version 1."""
+
+    kind = ""  # set by the admin for the kind chosen
+
+    def starting_text(self) -> str:
+        return dump_definition(starting_definition(self.kind))
+
+    def identity_problems(self, data: dict[str, Any]) -> list[str]:
+        problems = []
+        if data.get("kind") != self.kind:
+            problems.append(
+                _("kind: is %(given)s; this page adds a scenario of kind %(kind)s")
+                % {"given": data.get("kind"), "kind": self.kind}
+            )
+        slug = data.get("slug")
+        if isinstance(slug, str) and Scenario.objects.filter(slug=slug).exists():
+            problems.append(
+                _("slug: %(slug)s is taken by another scenario; choose another") % {"slug": slug}
+            )
+        return problems
+
+    def clean(self) -> dict[str, Any] | None:
+        cleaned = super().clean()
+        if self.definition is not None:
+            # Version 1 is published with the page's save: its self-check runs first, so
+            # a definition whose example cases fail saves nothing.
+            failures = run_publish_checks(self.definition)
+            if failures:
+                self.add_error(
+                    "definition_yaml",
+                    [_("The example cases fail, so nothing was saved:"), *failures],
+                )
+                self.definition = None
+        return cleaned
+
+    def save(self, commit: bool = True) -> Scenario:
+        scenario = super().save(commit=False)
+        if self.definition is not None:
+            scenario.slug = self.definition["slug"]
+            scenario.kind = self.kind
+        if commit:
+            scenario.save()
+        return scenario
+
+
+def starting_definition(kind: str) -> dict[str, Any]:
+    """The kind's shipped definition under the first free slug (`<slug>_2`, ...) and a
+    name that says it is new."""
+    pack = pack_for(kind)
+    assert pack.starting_definition is not None
+    definition = copy.deepcopy(pack.starting_definition())
+    base = str(definition["slug"])
+    taken = set(Scenario.objects.filter(slug__startswith=base).values_list("slug", flat=True))
+    number = 2
+    while f"{base}_{number}" in taken:
+        number += 1
+    definition["slug"] = f"{base}_{number}"
+    names = definition.get("name") or {}
+    definition["name"] = {
+        "zh": f"{names.get('zh', base)}（新 {number}）",
+        "en": f"{names.get('en', base)} (new {number})",
+    }
+    return definition

@@ -101,9 +101,12 @@ def test_the_kind_list_offers_only_kinds_that_work(
     from aero import packs
 
     offered = root.get("/admin/scenarios_admin/scenario/add/").content.decode()
-    # The kind's option, not the pack's admin section (its app has the same name).
+    # The kind's option, not the pack's admin section (its app has the same name); a kind
+    # written as YAML is offered as its own add page, not as an option of the row editor.
     option = '<option value="diagnosis">IT problem diagnosis</option>'
-    assert option in offered  # installed: offered
+    link = 'href="?kind=diagnosis" data-kind="diagnosis"'
+    assert link in offered and option not in offered  # installed: offered
+    assert option in root.get(change_url(Scenario.objects.get(slug="oil_spill"))).content.decode()
     monkeypatch.setattr(
         packs, "_PACKS", {k: v for k, v in packs._PACKS.items() if k != "diagnosis"}
     )
@@ -111,7 +114,12 @@ def test_the_kind_list_offers_only_kinds_that_work(
     html = root.get(change_url(scenario)).content.decode()
     assert 'value="diagnosis"' not in html
     assert '<option value="apron" selected>Apron emergency</option>' in html
-    assert option not in root.get("/admin/scenarios_admin/scenario/add/").content.decode()
+    added = root.get("/admin/scenarios_admin/scenario/add/").content.decode()
+    assert option not in added and link not in added
+    assert (
+        'name="definition_yaml"'
+        not in root.get("/admin/scenarios_admin/scenario/add/?kind=diagnosis").content.decode()
+    )
     # Posted anyway (an old form, a crafted request): refused on the field.
     data = form_data(html, "scenario_form")
     response = root.post(change_url(scenario), {**data, "_save": "Save", "kind": "diagnosis"})

@@ -30,7 +30,7 @@ class DiagnosisPackConfig(AppConfig):
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
         from packs.diagnosis.report import export_context, report_fields
-        from packs.diagnosis.seed import seed
+        from packs.diagnosis.seed import builtin_definition, seed
         from packs.diagnosis.selfcheck import check_examples
         from packs.diagnosis.storage import delete_bundle
         from packs.diagnosis.system import demo_shop
@@ -68,5 +68,6 @@ class DiagnosisPackConfig(AppConfig):
                 history_filters=web.HISTORY_FILTERS,
                 api_router=api_router,
                 admin_editor="yaml",
+                starting_definition=builtin_definition,
             )
         )
