@@ -32,8 +32,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The run's Redis keys and bundle copies go at its end (tests/redis_cleanup.py): queues, jobs, workers,
-    rate counters and replay cache entries would otherwise stay, some without expiry.
+    """The run's Redis keys and bundle copies go at its end (tests/redis_cleanup.py):
+    queues, jobs, workers, rate counters and replay cache entries would otherwise stay,
+    some without expiry.
     Each xdist worker removes its own; Redis down (the SQLite fallback) leaves nothing."""
     import redis
 
