@@ -113,6 +113,9 @@ class Bundle:
     # Sources the agent did not read (a failed or skipped evidence call): the playbook
     # reads the bundle as if they were absent (see `read_only`).
     unread: frozenset[str] = frozenset()
+    # Metrics read from a configured source (packs.diagnosis.prometheus) instead of
+    # metrics.csv: its rows, (ts, service, metric, value). None: the file, if any.
+    metric_samples: list[tuple[datetime, str, str, float]] | None = None
     _scratch: Path | None = field(default=None, repr=False)
 
     @property

@@ -89,7 +89,19 @@ class Evidence:
             # The playbook reads ERROR records many times: parse them out of the file once
             # (DuckDB's memory, columnar; a million-line file has a few thousand).
             self.con.execute("CREATE TABLE errors AS SELECT * FROM logs WHERE level = 'ERROR'")
-        if self.bundle.has_metrics:
+        samples = self.bundle.metric_samples
+        if self.bundle.has_metrics and samples is not None:
+            # A configured source's samples: one statement, columns as lists.
+            self.con.execute(
+                "CREATE TABLE metrics (ts TIMESTAMPTZ, service VARCHAR, metric VARCHAR, "
+                "value DOUBLE)"
+            )
+            if samples:
+                self.con.execute(
+                    "INSERT INTO metrics SELECT unnest(?), unnest(?), unnest(?), unnest(?)",
+                    [list(column) for column in zip(*samples, strict=True)],
+                )
+        elif self.bundle.has_metrics:
             columns = "{'ts': 'TIMESTAMPTZ', 'service': 'VARCHAR', 'metric': 'VARCHAR', "
             columns += "'value': 'DOUBLE'}"
             self.con.execute(

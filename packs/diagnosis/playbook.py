@@ -17,8 +17,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from packs.diagnosis import prometheus
 from packs.diagnosis.bundle import Bundle, ConfigChange, Deploy
 from packs.diagnosis.evidence import Evidence, Signature
+from packs.diagnosis.prometheus import PrometheusSource, Sample
 from packs.diagnosis.system import System
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -32,6 +34,9 @@ STATE_METRICS = (
     "memory_limit_mb",
     "restarts_total",
 )
+ANOMALY_METRICS = ("http_error_ratio", "latency_p99_ms", "up")
+# Every metric the playbook reads: what a configured metrics source is asked for.
+READ_METRICS = tuple(dict.fromkeys((*ANOMALY_METRICS, *STATE_METRICS)))
 RANKS = {"state": 0, "change_named": 1, "change_by_time": 2, "upstream": 3}
 
 
@@ -175,6 +180,19 @@ class Diagnosis:
     missing: list[str]
 
 
+def read_metrics(
+    source: PrometheusSource, bundle: Bundle, playbook: Playbook | None = None
+) -> list[Sample]:
+    """The samples the playbook reads for `bundle`'s incident from a metrics source: its
+    metrics over the window, widened by the state window on both sides (a state is read
+    around T0). MetricsSourceError when the source fails."""
+    rules = playbook or default_playbook()
+    start, end = bundle.incident.window_bounds(rules.window_minutes)
+    since = start - timedelta(minutes=rules.state_window.before_minutes)
+    until = end + timedelta(minutes=rules.state_window.after_minutes)
+    return prometheus.samples(source, list(READ_METRICS), since, until)
+
+
 def diagnose(bundle: Bundle, system: System, playbook: Playbook | None = None) -> Diagnosis:
     evidence = Evidence(bundle)
     try:
@@ -219,9 +237,7 @@ class _Diagnoser:
         mid = self.start + (self.end - self.start) / 2
         rules = self.rules.anomaly
         out: list[Anomaly] = []
-        series = self.evidence.series(
-            ["http_error_ratio", "latency_p99_ms", "up"], since=self.start, until=self.end
-        )
+        series = self.evidence.series(list(ANOMALY_METRICS), since=self.start, until=self.end)
         for (service, metric), samples in series.items():
             baseline = _median([v for ts, v in samples if ts < mid])
             if metric == "http_error_ratio":
