@@ -220,7 +220,10 @@ def replay_session(
     request: HttpRequest,
     session_id: UUID,
     seq: int | None = Query(
-        None, ge=0, le=2**53, description="The step to show (default: the last)."
+        None,
+        ge=0,
+        le=2**53,
+        description="The step to show (default: the last); past the log's end: 404 no_such_step.",
     ),
     at: datetime | None = Query(  # noqa: B008 - ninja's parameter declaration
         None, description="Or a moment: the last step at or before it (wins over seq)."
@@ -237,7 +240,10 @@ def replay_session(
     if session is None:
         raise ApiError(404, "not_found", f"No session {session_id}.")
     if seq is not None and seq > session.last_seq:
-        raise ApiError(422, "invalid_input", f"seq: this session has {session.last_seq} events.")
+        # a well-formed step that does not exist (yet): not found, as the schema allows
+        raise ApiError(
+            404, "no_such_step", f"seq {seq}: this session has {session.last_seq} events."
+        )
     if at is not None:
         seq = presenters.seq_at_time(session, NO_FILTERS, at)
     shown_seq = session.last_seq if seq is None else seq

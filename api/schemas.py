@@ -20,9 +20,16 @@ class StrictIn(Schema):
 
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL cannot store U+0000 in text
 SLUG = r"^[-a-zA-Z0-9_]+$"
+# What the strip below removes (pydantic-core trims Unicode White_Space), spelled out: the
+# schema's `\S` would differ between ECMA, Python and Rust regexes (U+001C, U+0085, U+FEFF).
+SPACE = r"\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# No NUL, and a character that is not a space: "   " is refused, and the schema says so.
+HAS_TEXT = rf"^[^\x00]*[^\x00{SPACE}][^\x00]*$"
 Text = Annotated[
     str,
-    StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_MESSAGE, pattern=NO_NUL),
+    StringConstraints(
+        strip_whitespace=True, min_length=1, max_length=MAX_MESSAGE, pattern=HAS_TEXT
+    ),
 ]
 Reason = Annotated[
     str, StringConstraints(strip_whitespace=True, max_length=MAX_REASON, pattern=NO_NUL)

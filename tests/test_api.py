@@ -3,6 +3,7 @@ agent tree, and approvals decided through the same policy as the pages."""
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Callable
@@ -437,6 +438,17 @@ def test_answer_cancel_and_resume_go_through_the_actions(builtin: None, alice: U
     assert Event.objects.filter(session_id=sid, type="user.message", producer="api").exists()
 
     waiting = waiting_session(alice)  # waits for approvers, asks nothing
+    # spaces alone are no answer: the schema says so (a pattern) and the view agrees
+    pattern = call("GET", "/api/v1/openapi.json").json()["components"]["schemas"]["AnswerIn"][
+        "properties"
+    ]["message"]["pattern"]
+    before = Event.objects.filter(session_id=sid).count()
+    for blank in ("   ", "\u3000\n\t", "\xa0\u2003"):
+        assert re.search(pattern, blank) is None
+        spaces = call("POST", f"{SESSIONS}/{sid}/answer", token, {"message": blank})
+        assert spaces.status_code == 422 and "message" in str(spaces.json()["errors"])
+    assert re.search(pattern, " 105 ") and re.search(pattern, "\ufeff")
+    assert Event.objects.filter(session_id=sid).count() == before  # nothing written
     nothing_asked = call("POST", f"{SESSIONS}/{waiting.pk}/answer", token, {"message": "hi"})
     assert nothing_asked.status_code == 409
     assert nothing_asked.json()["code"] == "action_refused"

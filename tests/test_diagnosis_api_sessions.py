@@ -121,8 +121,8 @@ def test_timeline_and_replay_refuse_bad_input_and_those_who_may_not(
     )
     beyond = problem(
         call("GET", f"{SESSIONS}/{session.pk}/replay?seq={session.last_seq + 1}", token),
-        422,
-        "invalid_input",
+        404,
+        "no_such_step",
     )
     assert f"has {session.last_seq} events" in beyond["detail"]
     problem(call("GET", f"{SESSIONS}/{session.pk}/replay?seq=-1", token), 422, "invalid_input")
