@@ -10,7 +10,7 @@ from typing import Any
 
 from django.utils import translation
 from django.utils.functional import Promise
-from django.utils.translation import gettext, ngettext, pgettext_lazy
+from django.utils.translation import gettext, ngettext, pgettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
 from aero.packs import action_tool, installed_packs
@@ -109,6 +109,23 @@ NODE_KIND_LABELS: dict[str, Promise] = {
 }
 
 
+# The model providers AERO ships (a configured provider shows by the name its admin gave
+# it: data), why a call was made (llm.call "purpose") and how it ended.
+PROVIDER_LABELS: dict[str, Promise] = {
+    "offline": _("offline model"),
+}
+
+PURPOSE_LABELS: dict[str, Promise] = {
+    "extract": _("reading the facts"),
+    "reason": _("choosing the next step"),
+}
+
+CALL_OUTCOME_LABELS: dict[str, Promise] = {
+    "ok": pgettext_lazy("model call", "answered"),
+    "error": pgettext_lazy("model call", "failed"),
+}
+
+
 def plain(table: dict[str, Promise], code: object) -> str:
     """The words for `code`, or the code itself when it has none (a new tool or state
     then still shows, in its own name)."""
@@ -186,7 +203,10 @@ def step_summary_words(summary: Any) -> str:
         if kind == "ask":
             return gettext("asks for %(field)s") % {"field": found["field"]}
         if kind == "call":
-            return gettext("calls %(tools)s") % {"tools": found["tools"]}
+            tools = [plain(TOOL_LABELS, t.strip()) for t in found["tools"].split(",")]
+            return gettext("calls %(tools)s") % {
+                "tools": pgettext("list separator", ", ").join(tools)
+            }
         if kind == "state":
             return gettext("compliance state: %(state)s") % {
                 "state": plain(FSM_LABELS, found["state"])

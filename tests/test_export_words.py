@@ -167,7 +167,12 @@ def test_an_unknown_flight_reads_in_the_operators_language(
             "已处理 2 个调用；1 个被拒绝",
         ),
         ("ask for engine_status", "asks for engine_status", "询问 engine_status"),
-        ("call assess_risk", "calls assess_risk", "调用 assess_risk"),
+        # the tools by their words (the codes stay in the logged summary, the tooltip)
+        (
+            "call assess_risk, analyze_impact",
+            "calls Assess the risk, Analyse the impact",
+            "调用 评估风险、分析影响范围",
+        ),
         ("state RISK_ASSESSED", "compliance state: Risk assessed", "合规状态：风险已评估"),
         ("await", "waits for decisions", "等待决定"),
         ("report written", "report written", "报告已生成"),

@@ -27,10 +27,13 @@ from diagnosis.consequences import plain_words
 from diagnosis.eventlog import registry
 from diagnosis.reporting import display_value
 from diagnosis.wording import (
+    CALL_OUTCOME_LABELS,
     FSM_LABELS,
     NODE_KIND_LABELS,
     NODE_LABELS,
     PRIORITY_LABELS,
+    PROVIDER_LABELS,
+    PURPOSE_LABELS,
     RISK_CLASS_LABELS,
     RISK_LABELS,
     TOOL_LABELS,
@@ -60,6 +63,15 @@ def is_internal(event_type: str, payload: dict[str, Any]) -> bool:
     """An agent internal (how the agent worked, not what happened): kept in the log and
     replay, folded on the session page. The event type declares it."""
     return registry.is_internal(event_type, payload)
+
+
+def scenario_name(definition: dict[str, Any] | None, slug: Any, language: str) -> str:
+    """A scenario's name in `language` from the session's definition (no query); its slug
+    when the definition is not at hand or names another scenario."""
+    names = (definition or {}).get("name")
+    if not isinstance(names, dict) or (definition or {}).get("slug", slug) != slug:
+        return str(slug or "")
+    return str(names.get(language) or slug or "")
 
 
 def field_label(definition: dict[str, Any] | None, name: str, language: str) -> str:
@@ -170,6 +182,12 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
         "level": plain(RISK_LABELS, payload.get("level", "")),
         "because": because(definition, when, language),
         "risk_class": plain(RISK_CLASS_LABELS, payload.get("risk_level", "")),
+        # session.created names the scenario by its slug: its name in the reader's language
+        "scenario": scenario_name(definition, payload.get("scenario"), language),
+        # llm.call: which provider, why and how it ended, in words (codes in tooltips)
+        "provider": plain(PROVIDER_LABELS, payload.get("provider", "")),
+        "purpose": plain(PURPOSE_LABELS, payload.get("purpose", "")),
+        "outcome": plain(CALL_OUTCOME_LABELS, payload.get("status", "")),
         # A closure already in force: since when (older notes do not say).
         "held_since": parse_datetime(str(payload["held_since"]))
         if payload.get("held_since")
