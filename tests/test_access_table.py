@@ -63,6 +63,9 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     # saving a diagnosis as knowledge: the walked session is not completed, so refused
     # with a message back on its page
     "diagnosis_pack:save-knowledge": ("POST", row(LOGIN, 302, 403, 403, 302)),
+    # the walked session (an apron one) stored no bundle; auditors read masked, and the
+    # bundle is raw
+    "diagnosis_pack:bundle": ("GET", row(LOGIN, 404, 404, 403, 404)),
     "diagnosis:session-detail": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-answer": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "diagnosis:session-cancel": ("POST", row(LOGIN, 302, 403, 403, 302)),
@@ -204,6 +207,7 @@ TOKEN_URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "api:search": ("GET", row(401, 200, 200, 200, 200)),
     "api:diagnosis_history": ("GET", row(401, 200, 200, 200, 200)),
     "api:replay_session": ("GET", row(401, 200, 200, 200, 200)),
+    "api:get_session_bundle": ("GET", row(401, 404, 404, 403, 404)),  # as diagnosis_pack:bundle
     "api:export_markdown": ("POST", row(401, 200, 200, 200, 200)),
     "api:export_job": ("GET", row(401, 404, 404, 404, 404)),  # no such job
     # the diagnosis pack's knowledge base: read by every role, written by operators and

@@ -1,4 +1,5 @@
-"""`/api/v1/knowledge-items`: the knowledge base for machines (seed 003). Read by every
+"""`/api/v1/knowledge-items`: the knowledge base for machines (seed 003), and
+`/api/v1/diagnosis-sessions/{id}/bundle`, the stored incident bundle as a zip. Read by every
 role that may view sessions; written by operators and admins, as the session page's
 "save to the knowledge base" is, with the audit entry the admin's add writes. The core's
 API mounts this router (DomainPack.api_router) and lends it its tokens, problems,
@@ -21,11 +22,14 @@ from api import idempotency, pagination
 from api.auth import RUN, TokenAuth
 from api.errors import READ_ERRORS, WRITE_ERRORS, ApiError
 from api.idempotency import REPLAYED, request_hash, run_once
+from api.presenters import viewer_roles
 from api.schemas import NO_NUL, StrictIn
 from api.strict import StrictRouter
 from diagnosis.actions import ActionError
+from diagnosis.models import Session
 from packs.diagnosis.knowledge import CANDIDATES, do_create_knowledge, search
 from packs.diagnosis.models import KnowledgeItem
+from packs.diagnosis.storage import bundle_response, may_download_bundle
 
 READ = TokenAuth(VIEW_SESSIONS, "view sessions")
 router = StrictRouter(tags=["knowledge"])
@@ -263,6 +267,37 @@ def get_knowledge_item(
     if item is None:
         raise ApiError(404, "not_found", f"No knowledge item {item_id}.")
     return item_out(item)
+
+
+ZIP = {"application/zip": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@router.get(
+    "/diagnosis-sessions/{session_id}/bundle",
+    auth=READ,
+    response=READ_ERRORS,
+    tags=["sessions"],
+    openapi_extra={
+        "responses": {"200": {"description": "The stored bundle as a zip", "content": ZIP}}
+    },
+)
+def get_session_bundle(request: HttpRequest, session_id: UUID) -> Any:
+    """The incident bundle the session was started from, as a zip streamed as it is read
+    (files under `bundle-{id}/`), audited as `session.bundle_downloaded`. It is raw
+    (unmasked): viewers who read sessions masked (auditors) get 403. A deleted session's
+    bundle is gone with it (404), as is any session not started from a bundle."""
+    # the role first, as every operation checks it: a refused viewer learns nothing more
+    if not may_download_bundle(viewer_roles(request)):
+        raise ApiError(
+            403, "forbidden", "The bundle is raw data (unmasked): this token reads it masked."
+        )
+    session = Session.objects.visible().filter(pk=session_id).first()
+    if session is None:
+        raise ApiError(404, "not_found", f"No session {session_id}.")
+    response = bundle_response(session, request.user, via="api")
+    if response is None:
+        raise ApiError(404, "no_bundle", f"Session {session_id} has no stored bundle.")
+    return response
 
 
 __all__ = ["router"]

@@ -8,6 +8,7 @@ app_name = "diagnosis_pack"
 
 urlpatterns = [
     path("diagnosis/new/", web.new_diagnosis, name="new"),
+    path("diagnosis/<uuid:session_id>/bundle.zip", web.download_bundle, name="bundle"),
     path(
         "diagnosis/<uuid:session_id>/save-knowledge/",
         web.save_knowledge,

@@ -14,14 +14,16 @@ from uuid import UUID
 from django import forms
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils import translation
 from django.utils.translation import gettext_lazy as _
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from aero.http import HtmxHttpRequest
 from aero.packs import HistoryFilter
-from aero.roles import RUN_SESSIONS, role_required
+from aero.roles import RUN_SESSIONS, VIEW_SESSIONS, role_required, user_roles
 from aero.text import MAX_MESSAGE, LimitedTextField
 from diagnosis.actions import ActionError
 from diagnosis.eventlog.masking import SessionMask
@@ -36,6 +38,7 @@ from packs.diagnosis.modes import MODE_LABELS
 from packs.diagnosis.names import SIMILAR
 from packs.diagnosis.playbook import default_playbook
 from packs.diagnosis.sessions import start_from_bundle
+from packs.diagnosis.storage import bundle_response, may_download_bundle
 from packs.diagnosis.system import demo_shop
 from replay.presenters import evidence_calls
 
@@ -208,6 +211,8 @@ def page_context(session: Session, mask: SessionMask | None) -> dict[str, Any]:
     panel["run_mode"] = snapshot.get("run_mode") or {}
     panel["saved_as"] = saved
     panel["can_save"] = session.status == SessionStatus.COMPLETED and bool(cause) and not saved
+    # the raw bundle is unmasked: offered to those who see the session unmasked
+    panel["can_download"] = mask is None
     return {"diagnosis": panel}
 
 
@@ -290,3 +295,19 @@ def save_knowledge(request: HtmxHttpRequest, session_id: UUID) -> Any:
     else:
         messages.success(request, _("Saved to the knowledge base as %(id)s.") % {"id": item.key})
     return redirect("diagnosis:session-detail", session_id=session.pk)
+
+
+@require_GET
+@role_required(VIEW_SESSIONS)
+def download_bundle(request: HtmxHttpRequest, session_id: UUID) -> Any:
+    """The incident bundle the session was started from, as a zip (not for auditors: it
+    is raw, and they read sessions masked)."""
+    if not may_download_bundle(user_roles(request.user)):
+        raise PermissionDenied(
+            _("The bundle is raw data (unmasked): your role reads this session masked.")
+        )
+    session = get_session_for_user(request, session_id)
+    response = bundle_response(session, request.user, via="web")
+    if response is None:
+        raise Http404(_("This session has no stored bundle."))
+    return response
