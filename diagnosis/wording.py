@@ -101,6 +101,28 @@ NODE_LABELS: dict[str, Promise] = {
 }
 
 
+# Agent runs by name (AgentRun.agent_name): the job's root run and, beyond the graph's own
+# steps (NODE_LABELS), what a pack registers for its steps (register_agent_labels).
+AGENT_LABELS: dict[str, Promise] = {
+    "incident_agent": _("incident agent"),
+}
+
+
+def register_agent_labels(labels: dict[str, Promise]) -> None:
+    """A domain pack's agents' and steps' words; a name already worded keeps its words."""
+    for name, label in labels.items():
+        AGENT_LABELS.setdefault(name, label)
+
+
+def agent_words(name: object) -> str:
+    """An agent run's name in words: a step of the core's graph, the root run or a pack's
+    registered step; any other by its own name."""
+    code = str(name)
+    if code in NODE_LABELS:
+        return str(NODE_LABELS[code])
+    return plain(AGENT_LABELS, code)
+
+
 # Kinds of airport graph nodes (scenarios_admin.definition.NODE_KINDS)
 NODE_KIND_LABELS: dict[str, Promise] = {
     "stand": pgettext_lazy("airport node kind", "stand"),

@@ -284,8 +284,9 @@ def test_the_run_subtree_filter(finished: Session, carol: User) -> None:
     events = response.context["events"]
     assert events and all(e.run_id in subtree for e in events)
     page = response.content.decode()
-    assert f"incident_agent #{root.pk}" in page  # the run tree is shown
-    assert "input_parser" in page  # with the selected root's node runs
+    # the run tree is shown, each run by its words (its name in the tooltip)
+    assert f'title="incident_agent #{root.pk}">incident agent #{root.pk}<' in page
+    assert ">reading the message #" in page  # with the selected root's node runs
 
 
 def test_bad_input_is_a_clear_error(finished: Session, carol: User) -> None:

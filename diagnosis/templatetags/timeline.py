@@ -37,6 +37,7 @@ from diagnosis.wording import (
     RISK_CLASS_LABELS,
     RISK_LABELS,
     TOOL_LABELS,
+    agent_words,
     evidence_words,
     plain,
     status_words,
@@ -270,9 +271,9 @@ def mode_label(code: str) -> str:
 
 @register.filter
 def agent_label(name: str) -> str:
-    """An agent run's name in words: a step of the agent's graph by what it does, any
-    other agent (a job's run, a specialist) by its own name."""
-    return plain(NODE_LABELS, name)
+    """An agent run's name in words: a step of the agent's graph by what it does, the
+    job's run and a pack's steps by their registered words, any other by its own name."""
+    return agent_words(name)
 
 
 @register.filter

@@ -25,7 +25,7 @@ class DiagnosisPackConfig(AppConfig):
         from diagnosis import external
         from diagnosis.eventlog.registry import register as register_events
         from diagnosis.eventlog.registry import register_finding
-        from diagnosis.wording import register_tool_labels
+        from diagnosis.wording import register_agent_labels, register_tool_labels
         from packs.diagnosis import fixes, graph, modes, sessions, web
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
@@ -39,6 +39,7 @@ class DiagnosisPackConfig(AppConfig):
         register_finding(*KINDS)
         register_events(*sessions.EVENT_TYPES, *modes.EVENT_TYPES)
         register_tool_labels({**fixes.LABELS, **sessions.EVIDENCE_LABELS})
+        register_agent_labels(modes.STEP_LABELS)
         register(
             DomainPack(
                 kind="diagnosis",

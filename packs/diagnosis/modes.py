@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from pydantic import Field
@@ -39,6 +40,28 @@ SPECIALIST_LABELS = {
     "metrics": gettext_lazy("Metrics"),
     "changes_code": gettext_lazy("Changes and code"),
     "knowledge": gettext_lazy("Knowledge"),
+}
+
+# The graph's steps as agent runs (AgentRun.agent_name) in words: replay's run tree and the
+# session page's agent tree show these, the name in a tooltip (registered in apps.py).
+STEP_LABELS: dict[str, Promise] = {
+    "intake": gettext_lazy("reading the report"),
+    "react_step": gettext_lazy("investigating"),
+    "plan": gettext_lazy("planning"),
+    "execute": gettext_lazy("carrying out the plan"),
+    "orchestrate": gettext_lazy("orchestrating the specialists"),
+    "specialist_logs": gettext_lazy("logs specialist"),
+    "specialist_metrics": gettext_lazy("metrics specialist"),
+    "specialist_changes_code": gettext_lazy("changes and code specialist"),
+    "specialist_knowledge": gettext_lazy("knowledge specialist"),
+    "look": gettext_lazy("looking at the evidence"),
+    "hand_back": gettext_lazy("handing back"),
+    "aggregate": gettext_lazy("combining the findings"),
+    "conclude": gettext_lazy("concluding"),
+    "read_answer": gettext_lazy("reading the answer"),
+    "propose_fix": gettext_lazy("proposing a fix"),
+    "execute_fix": gettext_lazy("applying the fix"),
+    "report": gettext_lazy("writing the report"),
 }
 
 
