@@ -13,6 +13,7 @@ from django.utils.translation import gettext
 
 from aero.packs import action_tool, installed_packs
 from diagnosis.models import Restriction
+from diagnosis.wording import TOOL_LABELS, plain
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,15 @@ def _translated(tool: str) -> str:
     declared = action_tool(tool)
     if declared is not None and declared.plain is not None:
         return str(declared.plain)
-    return {
+    core = {
         "lift_restriction": gettext("Lift the closure of %(kind)s %(target)s"),
         "continue_budget": gettext("Let the agent ask the model again"),
-    }.get(tool, tool)
+    }
+    if tool in core:
+        return core[tool]
+    # An action without plain words of its own (the IT pack's fixes): its tool's words,
+    # not its code; the card beside it lists the arguments.
+    return plain(TOOL_LABELS, tool)
 
 
 def plain_words(tool: str, args: dict[str, Any]) -> str:

@@ -49,6 +49,7 @@ class DiagnosisPackConfig(AppConfig):
                 tools=ToolRegistry(
                     actions=fixes.action_tools(),
                     evidence=tuple(sessions.EVIDENCE_LABELS),
+                    argument_words=fixes.ARGUMENT_WORDS,
                 ),
                 graph=graph.build_graph,
                 initial_state=graph.initial_state,

@@ -9,6 +9,7 @@ from typing import Any
 from django.utils import translation
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from aero.packs import ActionTool
 from diagnosis.agent.tools import ToolContext, ToolFailure
@@ -93,6 +94,12 @@ def _problems(tool_call: ToolCall) -> list[str]:
     return fix_problems(
         call.tool_name, call.request_payload, call.risk_class, root_cause, demo_shop()
     )
+
+
+# The fixes' argument names in words (approval cards and forms label arguments with them).
+ARGUMENT_WORDS: dict[str, Promise] = {
+    "service": pgettext_lazy("action argument", "service"),
+}
 
 
 def action_tools() -> dict[str, ActionTool]:
