@@ -40,6 +40,11 @@ ADMIN_ACTIONS = {
         "provider.deleted",
     ),
     "tools.mcpserver": ("mcp_server.created", "mcp_server.changed", "mcp_server.deleted"),
+    "diagnosis_pack.metricssource": (
+        "metrics_source.created",
+        "metrics_source.changed",
+        "metrics_source.deleted",
+    ),
     "auth.user": ("user.created", "user.changed", "user.deleted"),
     "auth.group": ("role.created", "role.changed", "role.deleted"),
 }

@@ -100,11 +100,16 @@ def prometheus_with(metrics_csv: Path, workdir: Path) -> Iterator[str]:
 
 
 @contextmanager
-def fake_server(status: int, body: bytes, delay: float = 0.0) -> Iterator[str]:
-    """An HTTP server answering every GET with `status` and `body` after `delay` s."""
+def fake_server(
+    status: int, body: bytes, delay: float = 0.0, seen: list[dict[str, str]] | None = None
+) -> Iterator[str]:
+    """An HTTP server answering every GET with `status` and `body` after `delay` s; each
+    request's path and headers go into `seen`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if seen is not None:
+                seen.append({"path": self.path, **dict(self.headers.items())})
             time.sleep(delay)
             try:
                 self.send_response(status)

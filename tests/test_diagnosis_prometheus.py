@@ -5,14 +5,25 @@ error fails the read with the reason."""
 
 from __future__ import annotations
 
+import json
+import tarfile
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client, override_settings
+from django.urls import reverse
 
+from diagnosis.models import Event, Session, ToolCall
 from packs.diagnosis.bundle import Bundle, open_bundle
 from packs.diagnosis.evidence import Evidence
+from packs.diagnosis.models import MetricsSource
 from packs.diagnosis.playbook import Diagnosis, diagnose, read_metrics
 from packs.diagnosis.prometheus import (
     MetricsSourceError,
@@ -123,3 +134,121 @@ def test_an_error_answer_fails_with_prometheus_words() -> None:
         pytest.raises(MetricsSourceError, match="HTTP 502 with no Prometheus JSON"),
     ):
         check(PrometheusSource(url))
+
+
+# --- a session reading a configured Prometheus ------------------------------------------
+
+
+@pytest.fixture
+def _bundles_in_tmp(tmp_path: Path) -> Iterator[None]:
+    with override_settings(AERO_BUNDLE_DIR=tmp_path / "stored"):
+        yield
+
+
+def without_metrics_file(name: str, where: Path) -> Path:
+    """The example's folder without its metrics.csv: what a session then knows of
+    metrics comes from the configured source only."""
+    with tarfile.open(EXAMPLES / f"{name}.tar.gz") as archive:
+        archive.extractall(where, filter="data")
+    (folder,) = [p for p in where.iterdir() if p.is_dir()]
+    (folder / "metrics.csv").unlink()
+    return folder
+
+
+def run(capsys: pytest.CaptureFixture[str], bundle: Path, *options: str) -> dict[str, Any]:
+    capsys.readouterr()
+    call_command("incident", "run", "--bundle", str(bundle), *options, "--json")
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+def test_a_session_reads_its_metrics_from_the_configured_prometheus(
+    builtin: None,
+    _bundles_in_tmp: None,
+    capsys: pytest.CaptureFixture[str],
+    loaded: dict[str, tuple[Bundle, str]],
+    tmp_path: Path,
+) -> None:
+    _, url = loaded["ex-deploy-payments"]
+    MetricsSource.objects.create(name="shop-prom", base_url=url, timeout_seconds=10)
+    from_file = run(capsys, EXAMPLES / "ex-deploy-payments.tar.gz", "--decide", "approve")
+    folder = without_metrics_file("ex-deploy-payments", tmp_path / "x")
+    live = run(capsys, folder, "--metrics-source", "shop-prom", "--decide", "approve")
+
+    assert live["metrics"] == {"source": "prometheus", "name": "shop-prom", "base_url": url}
+    assert from_file["metrics"]["source"] == "bundle"
+    assert live["status"] == from_file["status"] == "completed"
+    assert live["root_cause"] == from_file["root_cause"]
+    assert live["confidence"] == from_file["confidence"]
+    assert live["missing_sources"] == from_file["missing_sources"]
+    calls = {c.tool_name: c for c in ToolCall.objects.filter(session_id=live["session"])}
+    assert calls["anomalies"].status == "completed"
+    first = ToolCall.objects.get(session_id=from_file["session"], tool_name="anomalies")
+    assert calls["anomalies"].response_payload == first.response_payload
+    assert "metrics from Prometheus shop-prom" in calls["read_bundle"].response_payload["summary"]
+    # the session page says where its metrics came from
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw-for-tests"))
+    page = client.get(reverse("diagnosis:session-detail", args=[live["session"]])).content
+    assert f"Metrics: <strong>Prometheus shop-prom ({url})</strong>" in page.decode()
+    page = client.get(reverse("diagnosis:session-detail", args=[from_file["session"]])).content
+    assert "Metrics: <strong>the bundle's metrics.csv</strong>" in page.decode()
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("down", "cannot be reached"),
+        ("slow", "did not answer within 0.5 s"),
+        ("error", "answered HTTP 503: query timed out in expression evaluation"),
+    ],
+)
+def test_a_failing_prometheus_fails_the_metrics_call_and_the_session_says_so(
+    builtin: None,
+    _bundles_in_tmp: None,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    case: str,
+    reason: str,
+) -> None:
+    body = b'{"status":"error","errorType":"timeout",'
+    body += b'"error":"query timed out in expression evaluation"}'
+    server = (
+        nullcontext(f"http://127.0.0.1:{free_port()}")
+        if case == "down"
+        else fake_server(200, b"{}", delay=3)
+        if case == "slow"
+        else fake_server(503, body)
+    )
+    folder = without_metrics_file("ex-deploy-payments", tmp_path / "x")
+    with server as url:
+        MetricsSource.objects.create(name="shop-prom", base_url=url, timeout_seconds=0.5)
+        result = run(capsys, folder, "--metrics-source", "shop-prom", "--decide", "approve")
+
+    call = ToolCall.objects.get(session_id=result["session"], tool_name="anomalies")
+    assert call.status == "failed"
+    assert f"Prometheus at {url} {reason}" in call.error
+    assert Event.objects.filter(
+        session_id=result["session"], type="tool.call_failed", payload__call_id=call.call_id
+    ).exists()
+    # the session goes on with the logs, deploys and code, and says what it lacked
+    assert result["status"] in ("completed", "waiting")
+    assert "metrics" in result["missing_sources"]
+    other = {c.tool_name: c.status for c in ToolCall.objects.filter(session_id=result["session"])}
+    assert other["log_signatures"] == other["deploys"] == "completed"
+
+
+def test_an_unknown_metrics_source_is_refused_and_creates_nothing(
+    builtin: None, _bundles_in_tmp: None
+) -> None:
+    MetricsSource.objects.create(name="off", base_url="http://127.0.0.1:1", enabled=False)
+    with pytest.raises(CommandError, match=r"Unknown metrics source off \(enabled: -\)"):
+        call_command(
+            "incident",
+            "run",
+            "--bundle",
+            str(EXAMPLES / "ex-deploy-payments.tar.gz"),
+            "--metrics-source",
+            "off",
+        )
+    assert not Session.objects.exists()

@@ -2,12 +2,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from aero.admin_base import ReadOnlyAdmin
 from aero.models import audit
-from packs.diagnosis.models import KnowledgeItem, SimilarCase
+from packs.diagnosis.models import KnowledgeItem, MetricsAuth, MetricsSource, SimilarCase
+from packs.diagnosis.sources import probe_source
 
 
 @admin.register(KnowledgeItem)
@@ -46,3 +51,79 @@ class SimilarCaseAdmin(ReadOnlyAdmin):
 
     list_display = ["session", "item", "score", "strategy", "rank", "created_at"]
     list_filter = ["strategy"]
+
+
+class MetricsSourceForm(forms.ModelForm[MetricsSource]):
+    # Write-only: the stored secret is never rendered back; leave empty to keep it.
+    secret = forms.CharField(
+        label=gettext_lazy("Password or token"),
+        required=False,
+        widget=forms.PasswordInput(attrs={"autocomplete": "off"}, render_value=False),
+        help_text=gettext_lazy(
+            "Write only: the basic auth password or the bearer token, stored encrypted and "
+            "never shown again. Leave empty to keep the stored one."
+        ),
+    )
+    clear_secret = forms.BooleanField(
+        label=gettext_lazy("Remove the stored password or token"), required=False
+    )
+
+    class Meta:
+        model = MetricsSource
+        fields = [
+            "name",
+            "base_url",
+            "auth",
+            "username",
+            "timeout_seconds",
+            "step_seconds",
+            "enabled",
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        auth = data.get("auth")
+        stored = bool(self.instance.secret_encrypted) and not data.get("clear_secret")
+        if auth == MetricsAuth.BEARER and not (data.get("secret") or stored):
+            self.add_error("secret", gettext_lazy("A bearer token is needed."))
+        return data
+
+    def save(self, commit: bool = True) -> MetricsSource:
+        row = super().save(commit=False)
+        if self.cleaned_data.get("clear_secret"):
+            row.set_secret("")
+        if self.cleaned_data.get("secret"):
+            row.set_secret(self.cleaned_data["secret"])
+        if commit:
+            row.save()
+        return row
+
+
+@admin.register(MetricsSource)
+class MetricsSourceAdmin(admin.ModelAdmin[MetricsSource]):
+    form = MetricsSourceForm
+    list_display = ["name", "base_url", "auth", "timeout_seconds", "enabled", "last_test"]
+    list_filter = ["enabled", "auth"]
+    readonly_fields = ["secret_stored", "last_test"]
+    actions = ["test_sources"]
+
+    @admin.display(boolean=True, description=gettext_lazy("Password or token stored"))
+    def secret_stored(self, obj: MetricsSource) -> bool:
+        return bool(obj.secret_encrypted)
+
+    @admin.display(description=gettext_lazy("Last test"))
+    def last_test(self, obj: MetricsSource) -> str:
+        if obj.last_tested_at is None:
+            return _("never tested")
+        word = _("answers") if obj.last_test_ok else _("failed")
+        return f"{word}: {obj.last_test_message}"
+
+    @admin.action(description=gettext_lazy("Test connection"), permissions=["change"])
+    def test_sources(self, request: HttpRequest, queryset: QuerySet[MetricsSource]) -> None:
+        for row in queryset.order_by("name"):
+            result = probe_source(row, request.user)
+            self.message_user(
+                request,
+                _("%(name)s: %(answer)s") % {"name": row.name, "answer": result.message},
+                messages.SUCCESS if result.ok else messages.ERROR,
+            )

@@ -26,7 +26,7 @@ class DiagnosisPackConfig(AppConfig):
         from diagnosis.eventlog.registry import register as register_events
         from diagnosis.eventlog.registry import register_finding
         from diagnosis.wording import register_agent_labels, register_tool_labels
-        from packs.diagnosis import fixes, graph, modes, sessions, web
+        from packs.diagnosis import fixes, graph, modes, sessions, sources, web
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
         from packs.diagnosis.report import export_context, report_fields
@@ -36,6 +36,7 @@ class DiagnosisPackConfig(AppConfig):
         from packs.diagnosis.system import demo_shop
 
         external.register_system(fixes.SHOP_OPS, fixes.SHOP_OPS_PREFIX)
+        sources.connect_audit()
         register_finding(*KINDS)
         register_events(*sessions.EVENT_TYPES, *modes.EVENT_TYPES)
         register_tool_labels({**fixes.LABELS, **sessions.EVIDENCE_LABELS})

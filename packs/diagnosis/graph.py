@@ -160,10 +160,21 @@ def _playbook(ctx: AgentContext) -> Playbook:
 
 @recorded("intake")
 def intake(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    requested = (
+        Event.objects.filter(session_id=ctx.session_id, type="diagnosis.requested")
+        .values_list("payload", flat=True)
+        .first()
+    ) or {}
+    # Where the metrics come from: the bundle's file or a configured Prometheus.
+    metrics = requested.get("metrics") or {}
+
     def read() -> dict[str, Any]:
         with session_bundle(ctx.session_id) as bundle:
             incident = bundle.incident
             sources = bundle.sources
+            live = metrics.get("source") == "prometheus"
+            if live:
+                sources = {**sources, "metrics": True}
             return {
                 "incident": {
                     "id": incident.id,
@@ -179,7 +190,13 @@ def intake(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str,
                 "metric_rows": bundle.metric_rows,
                 "deploys": len(bundle.deploys),
                 "config_changes": len(bundle.config_changes),
-                "summary": _sources_words(sources, bundle.log_lines, bundle.metric_rows),
+                "metrics_from": metrics,
+                "summary": _sources_words(sources, bundle.log_lines, bundle.metric_rows)
+                + (
+                    f"; metrics from Prometheus {metrics.get('name')} ({metrics.get('base_url')})"
+                    if live
+                    else ""
+                ),
             }
 
     result, error = run_recorded(
@@ -195,11 +212,6 @@ def intake(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str,
         .values_list("seq", flat=True)
         .first()
     )
-    requested = (
-        Event.objects.filter(session_id=ctx.session_id, type="diagnosis.requested")
-        .values_list("payload", flat=True)
-        .first()
-    ) or {}
     result = {**result, "problem_type": requested.get("problem_type", "")}
     # The run mode: the reporter's preferred one (the request's, else the bundle's), else
     # the routing matrix's for the stated problem type, else the pack's default.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -25,7 +25,15 @@ from packs.diagnosis.charts import downsample
 from packs.diagnosis.code import CodeToolError, code
 from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.knowledge import similar_cases_tool
-from packs.diagnosis.playbook import Diagnosis, Playbook, diagnose, minutes_between
+from packs.diagnosis.playbook import (
+    Diagnosis,
+    Playbook,
+    diagnose,
+    minutes_between,
+    read_metrics,
+)
+from packs.diagnosis.prometheus import MetricsSourceError
+from packs.diagnosis.sources import session_metrics
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System
 
@@ -48,6 +56,8 @@ FOLLOW_UPS = ("topology", "similar_cases", "code")
 class _Opened:
     bundle: Bundle
     whole: Diagnosis
+    # Why the configured metrics source could not be read ("" when it was, or none is).
+    metrics_error: str = ""
 
 
 # A job's steps read the same stored bundle again and again (a ReAct step per call, a
@@ -72,12 +82,13 @@ class Investigation:
             bundle = open_bundle(bundle_dir(session_id))
             if problem_type in playbook.problem_types:  # the reporter's choice on the form
                 bundle.incident = bundle.incident.model_copy(update={"problem_type": problem_type})
-            opened = _Opened(bundle, diagnose(bundle, system, playbook))
+            opened = _open_metrics(session_id, bundle, system, playbook)
             with _OPENED_LOCK:
                 _OPENED[key] = opened
                 while len(_OPENED) > _KEPT:
                     _OPENED.popitem(last=False)
         self.bundle, self.whole = opened.bundle, opened.whole
+        self.metrics_error = opened.metrics_error
         since, until = self.whole.window
         self.window = {"since": since.isoformat(), "until": until.isoformat()}
         self._readings: dict[frozenset[str], Diagnosis] = {}
@@ -198,6 +209,8 @@ class Investigation:
 
     def _compute(self, call: dict[str, Any]) -> dict[str, Any]:
         tool, args = call["tool"], call["args"]
+        if tool == "anomalies" and self.metrics_error:
+            raise MetricsSourceError(self.metrics_error)
         if tool in ("log_signatures", "anomalies"):
             source = Evidence(self.bundle)
             try:
@@ -217,6 +230,29 @@ class Investigation:
         if tool == "code":
             return _code(self.bundle, _Location(args["commit"], args["path"], args["line"]))
         raise ValueError(f"not an evidence tool: {tool}")
+
+
+def _open_metrics(session_id: Any, bundle: Bundle, system: System, playbook: Playbook) -> _Opened:
+    """The bundle with the session's metrics: its file, or the samples of the configured
+    Prometheus it was started with, read once for the whole window. A source that fails
+    leaves the metrics unread: the `anomalies` call fails with the reason (recorded) and
+    the reading goes on without metrics, listing them as missing."""
+    try:
+        _, source = session_metrics(session_id)
+        if source is None:
+            return _Opened(bundle, diagnose(bundle, system, playbook))
+        fetched = read_metrics(source, bundle, playbook)
+    except MetricsSourceError as exc:
+        error = str(exc)
+    else:
+        with_samples = replace(bundle, has_metrics=True, metric_samples=fetched)
+        with_samples.metric_rows = len(fetched)
+        return _Opened(with_samples, diagnose(with_samples, system, playbook))
+    # The base calls still read metrics (the session was started with a source), so the
+    # failed read is a call; what is concluded is read as if there were none.
+    configured = replace(bundle, has_metrics=True, metric_samples=[])
+    read = {n for n in configured.sources if n != "metrics"}
+    return _Opened(configured, diagnose(configured.read_only(read), system, playbook), error)
 
 
 @dataclass(frozen=True)

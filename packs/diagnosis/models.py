@@ -8,10 +8,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from aero import crypto
 from diagnosis.models import Session
+from packs.diagnosis.prometheus import PrometheusSource
 
 
 class KnowledgeSource(models.TextChoices):
@@ -127,3 +130,73 @@ class SimilarCase(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} ~ {self.item_id} ({self.score:.2f})"
+
+
+class MetricsAuth(models.TextChoices):
+    NONE = "none", _("None")
+    BASIC = "basic", _("Basic auth (user name and password)")
+    BEARER = "bearer", _("Bearer token")
+
+
+class MetricsSource(models.Model):
+    """A system's live metrics (issue 36 item 1): a Prometheus base URL, its credentials
+    (encrypted, write-only: aero/crypto.py), a timeout per request and the query step.
+    A diagnosis session reads its metrics from one of these or from its bundle."""
+
+    name = models.SlugField(_("name"), max_length=60, unique=True)
+    base_url = models.URLField(
+        _("Prometheus base URL"),
+        max_length=300,
+        help_text=_("Without /api/v1, e.g. http://prometheus:9090"),
+    )
+    auth = models.CharField(
+        _("authentication"), max_length=10, choices=MetricsAuth.choices, default=MetricsAuth.NONE
+    )
+    username = models.CharField(_("user name"), max_length=120, blank=True)
+    # The password (basic) or token (bearer), Fernet ciphertext; never rendered back.
+    secret_encrypted = models.TextField(blank=True, default="", editable=False)
+    timeout_seconds = models.FloatField(
+        _("timeout (seconds)"),
+        default=5.0,
+        validators=[MinValueValidator(0.1), MaxValueValidator(60.0)],
+        help_text=_("How long each request may take before the read fails."),
+    )
+    step_seconds = models.FloatField(
+        _("query step (seconds)"),
+        default=15.0,
+        validators=[MinValueValidator(1.0), MaxValueValidator(3600.0)],
+        help_text=_("Not longer than the scrape interval, or samples are missed."),
+    )
+    enabled = models.BooleanField(_("enabled"), default=True)
+    last_tested_at = models.DateTimeField(_("last tested"), null=True, blank=True, editable=False)
+    last_test_ok = models.BooleanField(null=True, editable=False)
+    last_test_message = models.CharField(max_length=500, blank=True, default="", editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = _("metrics source")
+        verbose_name_plural = _("metrics sources")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.base_url})"
+
+    def clean(self) -> None:
+        if self.auth == MetricsAuth.BASIC and not self.username:
+            raise ValidationError({"username": _("Basic auth needs a user name.")})
+
+    def set_secret(self, value: str) -> None:
+        self.secret_encrypted = crypto.encrypt(value) if value else ""
+
+    def source(self) -> PrometheusSource:
+        """What the adapter reads with; ValueError if the secret cannot be decrypted."""
+        secret = crypto.decrypt(self.secret_encrypted) if self.secret_encrypted else ""
+        return PrometheusSource(
+            base_url=self.base_url,
+            timeout=self.timeout_seconds,
+            step=self.step_seconds,
+            username=self.username if self.auth == MetricsAuth.BASIC else "",
+            password=secret if self.auth == MetricsAuth.BASIC else "",
+            bearer_token=secret if self.auth == MetricsAuth.BEARER else "",
+        )

@@ -18,6 +18,7 @@ from diagnosis.models import Event, Session, ToolCall
 from diagnosis.reporting import decision_of
 from packs.diagnosis.bundle import BundleError, open_bundle
 from packs.diagnosis.knowledge import KEPT, linked_cases
+from packs.diagnosis.models import MetricsSource
 from packs.diagnosis.names import REQUESTED, SAVED, SIMILAR
 from packs.diagnosis.report import report_fields
 from packs.diagnosis.storage import delete_bundle, store_bundle
@@ -71,6 +72,7 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
                 _("Unknown problem type %(type)s (known: %(known)s).")
                 % {"type": chosen, "known": ", ".join(sorted(known))}
             )
+        metrics = _metrics_choice(options.get("metrics_source") or "", bundle.has_metrics)
         incident = bundle.incident
         text = (options.get("description") or "").strip() or incident.description
         title = (options.get("title") or "").strip() or incident.title
@@ -86,7 +88,10 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
                     "source": Path(source).name,
                     "problem_type": options.get("problem_type") or "",
                     "preferred_mode": options.get("preferred_mode") or "",
-                    "sources": bundle.sources,
+                    "sources": {**bundle.sources, "metrics": metrics["source"] != "none"},
+                    # Where the metrics are read from (the bundle's file or a configured
+                    # Prometheus): the page and the investigation read it here.
+                    "metrics": metrics,
                     "log_lines": bundle.log_lines,
                     "metric_rows": bundle.metric_rows,
                 },
@@ -108,6 +113,21 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
             raise
     finally:
         bundle.close()
+
+
+def _metrics_choice(name: str, in_bundle: bool) -> dict[str, str]:
+    """The metrics source a new session reads: an enabled configured one by name, else
+    the bundle's metrics.csv (or none). An unknown name is refused before anything."""
+    if not name:
+        return {"source": "bundle" if in_bundle else "none", "name": "", "base_url": ""}
+    row = MetricsSource.objects.filter(name=name, enabled=True).first()
+    if row is None:
+        known = MetricsSource.objects.filter(enabled=True).values_list("name", flat=True)
+        raise ActionError(
+            _("Unknown metrics source %(name)s (enabled: %(known)s).")
+            % {"name": name, "known": ", ".join(known) or "-"}
+        )
+    return {"source": "prometheus", "name": row.name, "base_url": row.base_url}
 
 
 def summarize(session: Session) -> dict[str, Any]:
@@ -140,6 +160,9 @@ def summarize(session: Session) -> dict[str, Any]:
         "mode_source": run_mode.get("source", ""),
         "mode_switched_to": run_mode.get("now", ""),
         "preferred_mode": requested.get("preferred_mode", ""),
+        # Where the metrics were read from, and the sources the conclusion lacked.
+        "metrics": requested.get("metrics") or {},
+        "missing_sources": cause.get("missing", []),
         "root_cause": {
             "hypothesis": cause.get("hypothesis"),
             "service": cause.get("service"),
@@ -191,6 +214,8 @@ class DiagnosisRequested(Payload):
     problem_type: str = ""
     preferred_mode: str = ""
     sources: dict[str, bool] = {}
+    # {"source": "bundle" | "prometheus" | "none", "name": ..., "base_url": ...}
+    metrics: dict[str, str] = {}
     log_lines: int = 0
     metric_rows: int = 0
 

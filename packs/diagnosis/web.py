@@ -280,6 +280,9 @@ def _panel(
         "summary": (cause.get("summary") or {}).get(lang, ""),
         "evidence": evidence,
         "similar": similar,
+        # Where the metrics were read from (the read_bundle call says): the file or a
+        # configured Prometheus.
+        "metrics_from": (results.get("read_bundle") or {}).get("metrics_from") or {},
     }
 
 

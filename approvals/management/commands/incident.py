@@ -48,6 +48,12 @@ class Command(BaseCommand):
             help="Preferred run mode of a --bundle session.",
         )
         run.add_argument(
+            "--metrics-source",
+            default="",
+            help="Read a --bundle session's metrics from this configured metrics source "
+            "(a Prometheus, admin: metrics sources) instead of the bundle's metrics.csv.",
+        )
+        run.add_argument(
             "--answer",
             action="append",
             default=[],
@@ -115,6 +121,7 @@ class Command(BaseCommand):
                     "producer": "cli",
                     "description": options["message"] or "",
                     "preferred_mode": options["mode"] or "",
+                    "metrics_source": options["metrics_source"],
                 },
             )
             self._drive(
