@@ -242,6 +242,27 @@ def test_the_page_shows_the_three_best_past_cases(builtin: None, alice: User) ->
     assert "相似的历史案例" in chinese and "得分 0." in chinese
 
 
+def test_a_past_case_written_in_both_languages_shows_in_the_readers(
+    builtin: None, alice: User
+) -> None:
+    """The page picks an item's texts by its reader's language, not the session's; an
+    item written in one language only (the shipped ones) shows in that one."""
+    client = login(alice)
+    opened = client.post(reverse("diagnosis_pack:new"), {"demo": "ex-pool-inventory"})
+    KnowledgeItem.objects.filter(key="KB-003").update(
+        title_en="Inventory connection pool exhausted", fix_en="Give the job its own pool."
+    )
+    english = client.get(opened["Location"]).content.decode()
+    listed = english.split('data-testid="similar-cases"')[1].split("</ol>")[0]
+    assert "Inventory connection pool exhausted" in listed and "库存服务连接池耗尽" not in listed
+    assert "Give the job its own pool." in listed
+
+    client.post(reverse("set-language"), {"language": "zh-hans", "next": "/"})
+    chinese = client.get(opened["Location"]).content.decode()
+    listed = chinese.split('data-testid="similar-cases"')[1].split("</ol>")[0]
+    assert "库存服务连接池耗尽" in listed and "Inventory connection pool exhausted" not in listed
+
+
 def _sections(markdown: str) -> list[str]:
     return [line for line in markdown.splitlines() if line.startswith("## ")]
 

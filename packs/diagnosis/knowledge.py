@@ -280,10 +280,13 @@ def similar_cases_tool(session_id: Any, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def linked_cases(session: Session, limit: int = SHOWN) -> list[dict[str, Any]]:
+def linked_cases(
+    session: Session, limit: int = SHOWN, language: str | None = None
+) -> list[dict[str, Any]]:
     """The session's stored similar cases, best first, as the page, the report, the
-    export and the JSON show them."""
-    lang = "zh" if session.language == "zh" else "en"
+    export and the JSON show them: in `language` ("zh"/"en", a page passes its reader's),
+    else in the session's; an item written in one language only shows in that one."""
+    lang = language or ("zh" if session.language == "zh" else "en")
     return [
         {
             "id": link.item.key,

@@ -29,6 +29,7 @@ from diagnosis.actions import ActionError
 from diagnosis.eventlog.masking import SessionMask
 from diagnosis.eventlog.state import FoldState
 from diagnosis.models import Event, Session, SessionStatus, ToolCall
+from diagnosis.templatetags.timeline import scenario_language
 from diagnosis.views import get_session_for_user
 from packs.diagnosis.bundle import MODES
 from packs.diagnosis.charts import metric_chart, service_graph
@@ -201,7 +202,7 @@ def page_context(session: Session, mask: SessionMask | None) -> dict[str, Any]:
         snapshot = mask.snapshot(snapshot)
     cause: dict[str, Any] = snapshot.get("root_cause") or {}
     saved = KnowledgeItem.objects.filter(session=session).values_list("key", flat=True).first()
-    similar = linked_cases(session)
+    similar = linked_cases(session, language=scenario_language())
     panel = _panel(session, cause, calls, mask.scrub(similar) if mask is not None else similar)
     # searched by the evidence tool, or (a session recorded before it was one) when it
     # concluded
@@ -228,7 +229,7 @@ def replay_context(session: Session, state: FoldState, mask: SessionMask | None)
     snapshot = mask.snapshot(state.snapshot) if mask is not None else state.snapshot
     cause: dict[str, Any] = snapshot.get("root_cause") or {}
     found = Event.objects.filter(session=session, type=SIMILAR, seq__lte=state.seq).exists()
-    similar = linked_cases(session) if found else []
+    similar = linked_cases(session, language=scenario_language()) if found else []
     panel = _panel(session, cause, calls, mask.scrub(similar) if mask is not None else similar)
     failed = any(tool == "similar_cases" and error for _, tool, _, error, _ in calls)
     return {
