@@ -471,8 +471,8 @@ def every_page(sessions: dict[str, Session]) -> list[tuple[str, str, str]]:
 # still do so (a fix takes its row out), every other page must stay clean.
 KNOWN_GAPS = {
     "zh-hans": {
-        # codes on the page: tool and agent names, the provider, enum values (FUEL, HIGH),
-        # the airport's English data (ZBAA, Air China), raw audit details
+        # the tower message (composed in English: FUEL, HIGH), the report's action table
+        # in codes, raw audit details, the IT pack's English evidence and rule codes
         "audit": "each entry's details as logged (codes, English keys)",
         "session running": "timeline tool names, provider, aircraft data, enum values",
         "session concluded": "timeline codes and the report's action table",
