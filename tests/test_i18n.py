@@ -474,12 +474,12 @@ KNOWN_GAPS = {
         # the tower message (composed in English: FUEL, HIGH), the report's action table
         # in codes, raw audit details, the IT pack's English evidence and rule codes
         "audit": "each entry's details as logged (codes, English keys)",
-        "session running": "timeline tool names, provider, aircraft data, enum values",
-        "session concluded": "timeline codes and the report's action table",
-        "report concluded": "the report's action table: tool codes and states",
+        "session running": "the tower message (English, FUEL, HIGH) in the action cards",
+        "session concluded": "the tower message and the report's action table",
+        "report concluded": "the report's action table: tools, arguments, states",
         "session diagnosis": "the bundle's evidence (English logs) and the playbook's codes",
         "timeline diagnosis": "the playbook's rule codes",
-        "replay diagnosis": "similar cases and service names",
+        "replay diagnosis": "the evidence's English text and the playbook's codes",
         "live running": "as its session page",
         "live concluded": "as its session page",
         "live diagnosis": "as its session page",
