@@ -35,6 +35,7 @@ from packs.diagnosis.prometheus import (
 from packs.diagnosis.system import demo_shop
 from tests.prometheus_helpers import fake_server, prometheus_with
 from tests.servers import free_port
+from tests.web_helpers import login
 
 pytestmark = pytest.mark.services
 EXAMPLES = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
@@ -252,3 +253,33 @@ def test_an_unknown_metrics_source_is_refused_and_creates_nothing(
             "off",
         )
     assert not Session.objects.exists()
+
+
+def test_the_web_form_starts_a_session_on_a_configured_prometheus(
+    builtin: None,
+    _bundles_in_tmp: None,
+    loaded: dict[str, tuple[Bundle, str]],
+    make_user: Any,
+) -> None:
+    _, url = loaded["ex-deploy-payments"]
+    client = login(make_user("alice", "operator"))
+    form = client.get(reverse("diagnosis_pack:new")).content.decode()
+    assert "Metrics from" not in form  # nothing configured: the bundle's file, no choice
+    MetricsSource.objects.create(name="shop-prom", base_url=url, timeout_seconds=10)
+    MetricsSource.objects.create(name="old", base_url=url, enabled=False)
+    form = client.get(reverse("diagnosis_pack:new")).content.decode()
+    assert f"Prometheus shop-prom ({url})" in form and "Prometheus old" not in form
+
+    chosen = {"demo": "ex-deploy-payments", "metrics_source": "old"}
+    refused = client.post(reverse("diagnosis_pack:new"), chosen)
+    assert refused.status_code == 400 and "Select a valid choice" in refused.content.decode()
+    assert not Session.objects.exists()
+
+    chosen["metrics_source"] = "shop-prom"
+    response = client.post(reverse("diagnosis_pack:new"), chosen)
+    assert response.status_code == 302
+    page = client.get(response["Location"]).content.decode()
+    assert f"Metrics: <strong>Prometheus shop-prom ({url})</strong>" in page
+    session = Session.objects.get()
+    requested = Event.objects.get(session=session, type="diagnosis.requested").payload
+    assert requested["metrics"] == {"source": "prometheus", "name": "shop-prom", "base_url": url}

@@ -34,7 +34,7 @@ from diagnosis.views import get_session_for_user
 from packs.diagnosis.bundle import MODES
 from packs.diagnosis.charts import metric_chart, service_graph
 from packs.diagnosis.knowledge import do_save_as_knowledge, linked_cases
-from packs.diagnosis.models import KnowledgeItem
+from packs.diagnosis.models import KnowledgeItem, MetricsSource
 from packs.diagnosis.modes import MODE_LABELS
 from packs.diagnosis.names import SIMILAR
 from packs.diagnosis.playbook import default_playbook
@@ -100,6 +100,8 @@ class NewDiagnosisForm(forms.Form):
     )
     demo = forms.ChoiceField(label=_("or a demo incident"), required=False)
     preferred_mode = forms.ChoiceField(label=_("Preferred mode"), required=False)
+    # The bundle's metrics.csv, or a metrics source an admin configured (Prometheus).
+    metrics_source = forms.ChoiceField(label=_("Metrics from"), required=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -111,6 +113,13 @@ class NewDiagnosisForm(forms.Form):
         self.fields["preferred_mode"].choices = [  # type: ignore[attr-defined]
             ("", _("Default")),
             *((mode, MODE_LABELS[mode]) for mode in MODES),
+        ]
+        self.fields["metrics_source"].choices = [  # type: ignore[attr-defined]
+            ("", _("the bundle's metrics.csv")),
+            *(
+                (row.name, f"Prometheus {row.name} ({row.base_url})")
+                for row in MetricsSource.objects.filter(enabled=True).order_by("name")
+            ),
         ]
 
     def clean(self) -> dict[str, Any]:
@@ -153,6 +162,7 @@ def new_diagnosis(request: HtmxHttpRequest) -> Any:
                     "description": data["description"],
                     "problem_type": data["problem_type"],
                     "preferred_mode": data["preferred_mode"],
+                    "metrics_source": data["metrics_source"],
                 },
             )
         except ActionError as exc:
