@@ -76,6 +76,8 @@ class ToolRegistry:
 
     actions: Mapping[str, ActionTool] = field(default_factory=dict)
     evidence: tuple[str, ...] = ()  # the names of its evidence tools (R0)
+    # Each evidence tool's arguments (a pydantic model, validated when a call runs).
+    evidence_args: Mapping[str, Any] = field(default_factory=dict)
     lookups: Mapping[str, LookupTool] = field(default_factory=dict)
     # Why a lookup failed, by code (lazy texts with %(...)s): logged in English, read back
     # and worded per reader.

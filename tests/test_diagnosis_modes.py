@@ -124,7 +124,7 @@ def test_the_mode_chosen_in_an_api_upload_runs(builtin: None, alice: User) -> No
     token = token_for(alice, "operator")
     with (SPEC / "ex-upstream-cache.tar.gz").open("rb") as bundle:
         response = Client().post(
-            "/api/v1/diagnosis-sessions/bundle",
+            "/api/v1/diagnosis-sessions",
             {"bundle": bundle, "preferred_mode": "hierarchical"},
             headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "mode-1"},
         )
@@ -134,7 +134,7 @@ def test_the_mode_chosen_in_an_api_upload_runs(builtin: None, alice: User) -> No
     assert AgentRun.objects.filter(session_id=session_id, agent_name="orchestrate").exists()
     with (SPEC / "ex-upstream-cache.tar.gz").open("rb") as bundle:
         refused = Client().post(
-            "/api/v1/diagnosis-sessions/bundle",
+            "/api/v1/diagnosis-sessions",
             {"bundle": bundle, "preferred_mode": "swarm"},
             headers={"Authorization": f"Bearer {token}", "Idempotency-Key": "mode-2"},
         )

@@ -34,6 +34,7 @@ class DiagnosisPackConfig(AppConfig):
         from packs.diagnosis.selfcheck import check_examples
         from packs.diagnosis.storage import delete_bundle
         from packs.diagnosis.system import demo_shop
+        from packs.diagnosis.tool_args import EVIDENCE_ARGS
 
         external.register_system(fixes.SHOP_OPS, fixes.SHOP_OPS_PREFIX)
         sources.connect_audit()
@@ -51,6 +52,7 @@ class DiagnosisPackConfig(AppConfig):
                     actions=fixes.action_tools(),
                     evidence=tuple(sessions.EVIDENCE_LABELS),
                     argument_words=fixes.ARGUMENT_WORDS,
+                    evidence_args=EVIDENCE_ARGS,
                 ),
                 graph=graph.build_graph,
                 initial_state=graph.initial_state,

@@ -36,6 +36,7 @@ from packs.diagnosis.prometheus import MetricsSourceError
 from packs.diagnosis.sources import session_metrics
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System
+from packs.diagnosis.tool_args import LogSearchArgs, MetricQueryArgs, checked
 
 # How many error signatures and anomalies a tool result keeps (the rest are counted).
 MAX_LISTED = 20
@@ -208,15 +209,20 @@ class Investigation:
         return item, response
 
     def _compute(self, call: dict[str, Any]) -> dict[str, Any]:
-        tool, args = call["tool"], call["args"]
+        # a bad argument fails this call (recorded with the message), never the step
+        tool, args = call["tool"], checked(call["tool"], call["args"])
         if tool == "anomalies" and self.metrics_error:
             raise MetricsSourceError(self.metrics_error)
-        if tool in ("log_signatures", "anomalies"):
+        if tool in ("log_signatures", "anomalies", "log_search", "metric_query"):
             source = Evidence(self.bundle)
             try:
                 if tool == "log_signatures":
                     return _signatures(source, self.whole)
-                return _anomalies(source, self.whole)
+                if tool == "anomalies":
+                    return _anomalies(source, self.whole)
+                if tool == "log_search":
+                    return _log_search(source, args)
+                return _metric_query(source, args)
             finally:
                 source.close()
         if tool == "deploys":
@@ -224,11 +230,11 @@ class Investigation:
         if tool == "config_changes":
             return _changes(self.bundle.config_changes, "config changes", self.whole.window)
         if tool == "topology":
-            return _topology(self.system, args["service"])
+            return _topology(self.system, args.service)
         if tool == "similar_cases":
-            return similar_cases_tool(self.session_id, args)
+            return similar_cases_tool(self.session_id, args.model_dump())
         if tool == "code":
-            return _code(self.bundle, _Location(args["commit"], args["path"], args["line"]))
+            return _code(self.bundle, _Location(args.commit, args.path, args.line))
         raise ValueError(f"not an evidence tool: {tool}")
 
 
@@ -325,6 +331,44 @@ def _anomalies(source: Evidence, found: Diagnosis) -> dict[str, Any]:
         "anomalies": rows[:MAX_LISTED],
         "t0": found.t0.isoformat(),
         "summary": f"{len(rows)} metric anomalies" + (f": {words}" if words else ""),
+    }
+
+
+def _log_search(source: Evidence, args: LogSearchArgs) -> dict[str, Any]:
+    """Log lines as asked (oldest first), e.g. the sample lines of a new signature."""
+    lines = source.log_search(
+        service=args.service,
+        level=args.level,
+        contains=args.contains,
+        since=args.since,
+        until=args.until,
+        limit=args.limit,
+    )
+    rows = [{**line, "ts": str(line["ts"])} for line in lines]
+    where = " ".join(
+        f"{name}={value}"
+        for name, value in (("service", args.service), ("level", args.level))
+        if value
+    )
+    return {
+        "lines": rows,
+        "summary": f"{len(rows)} log lines"
+        + (f" ({where})" if where else "")
+        + (f": {rows[0]['msg'][:80]}" if rows else ""),
+    }
+
+
+def _metric_query(source: Evidence, args: MetricQueryArgs) -> dict[str, Any]:
+    """One metric's samples in time order (downsampled as the charts draw them)."""
+    samples = source.metric_query(args.service, args.metric, since=args.since, until=args.until)
+    values = [v for _, v in samples]
+    return {
+        "service": args.service,
+        "metric": args.metric,
+        "series": downsample(samples),
+        "samples": len(samples),
+        "summary": f"{args.service} {args.metric}: {len(samples)} samples"
+        + (f", {min(values)} to {max(values)}" if values else ""),
     }
 
 

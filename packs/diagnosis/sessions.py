@@ -35,6 +35,8 @@ EVIDENCE_LABELS: dict[str, Promise] = {
     "topology": gettext_lazy("Service topology"),
     "code": gettext_lazy("Read the code (MCP git)"),
     "similar_cases": gettext_lazy("Similar past cases"),
+    "log_search": gettext_lazy("Log lines"),
+    "metric_query": gettext_lazy("Metric series"),
 }
 # The agents of a session's tree in the command's JSON: each job's root run, a
 # hierarchical run's orchestrator and its specialists (not every step's run).
