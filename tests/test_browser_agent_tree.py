@@ -46,7 +46,8 @@ def test_the_agent_tree_folds_and_follows_a_run_live(
     expect(running).to_be_hidden()
     AgentRun.objects.filter(pk=specialist.pk).update(agent_name="specialist_logs")
     append_event(session.pk, "agent.note", {"text": "on it"}, producer="test", run=specialist)
-    expect(running).to_contain_text("specialist_logs")  # the push arrived
+    # the push arrived: the run is named in words now (its code in the tooltip)
+    expect(running).to_contain_text("logs specialist")
     expect(running).to_be_hidden()
 
     ToolCall.objects.filter(agent_run=specialist).update(status=ToolCallStatus.COMPLETED)
