@@ -341,7 +341,7 @@ def test_detail_shows_facts_risk_impact_actions_and_timeline(alice: User, waitin
     assert 'data-tool="dispatch_cleanup_crew"' in page
     assert 'data-tool="suspend_stand_operations"' in page
     assert "Proposed:" in page
-    assert "Session opened by alice (oil_spill v1)" in page
+    assert "Session opened by alice (Apron fluid spill v1)" in page  # the slug in a tooltip
     assert "Waiting for approvals." in page
     assert "Cancel session" in page
     # alice operates: she sees the actions but may not decide them
