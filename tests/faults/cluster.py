@@ -304,7 +304,7 @@ class Cluster:
         result = subprocess.run(
             [PYTHON, "-m", "tests.faults.driver", *args],
             cwd=ROOT,
-            env=self.env(**(env or {})),
+            env=self.env(**{"AERO_DB_POOL": "0", **(env or {})}),
             capture_output=True,
             text=True,
             timeout=300,
@@ -318,7 +318,9 @@ class Cluster:
                 self.driver_process = subprocess.Popen(
                     [PYTHON, "-m", "tests.faults.driver", "serve"],
                     cwd=ROOT,
-                    env=self.env(),
+                    # The driver plays many clients at once (50 approvers racing, each on
+                    # its own connection), not one server process: no shared pool.
+                    env=self.env(AERO_DB_POOL="0"),
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=(self.logs / "driver.log").open("ab"),
