@@ -56,6 +56,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_definitions_of_other_tests() -> None:
+    """Scenario versions are immutable, so processes cache their definitions by primary
+    key; a test database's rows are not, and an id can come back with another
+    definition after a flush."""
+    from diagnosis import presenters
+    from diagnosis.jobs import world
+
+    world._definitions.clear()
+    presenters._definitions.clear()
+
+
+@pytest.fixture(autouse=True)
 def _language_of_the_settings() -> Iterator[None]:
     """Each test starts in the settings' language. A request switches the thread's
     language (LocaleMiddleware) and nothing switched it back: after a test that asked for
