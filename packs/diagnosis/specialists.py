@@ -1,0 +1,256 @@
+"""The hierarchical run mode: an orchestrator whose four specialists run in parallel as
+child runs of it, each with its own steps, their evidence aggregated in a fixed order;
+degrading to the minimal path when more than the pack's share of them failed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, TypedDict
+
+from django.utils.translation import gettext as _
+from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
+
+from diagnosis.agent.recording import child_run, recorded, task_key
+from diagnosis.agent.state import AgentContext
+from diagnosis.events import append_step_event
+from diagnosis.models import AgentRun
+from packs.diagnosis.investigation import Investigation
+from packs.diagnosis.modes import (
+    AGGREGATED,
+    MODE_SWITCHED,
+    PLAN,
+    SPECIALIST_REPORTED,
+    SPECIALISTS,
+)
+from packs.diagnosis.steps import (
+    DiagnosisState,
+    gather,
+    investigation_of,
+    playbook_of,
+    set_mode,
+    system_of,
+)
+
+# A degraded hierarchical run's evidence: the metrics and the changes.
+MINIMAL_PATH = ("anomalies", "deploys", "config_changes")
+
+
+def specialist_calls(inv: Investigation, name: str) -> tuple[list[dict[str, Any]], str]:
+    """A specialist's calls, and why it cannot work ("" when it can): logs and metrics
+    read their source; changes and code read the changes, then the code each frame of the
+    blamed deploy's new errors points at; knowledge looks up each candidate's place in the
+    service graph and the past cases like this one. A specialist chooses its follow-ups
+    from the playbook's reading of the bundle (its own look at the case); the orchestrator
+    concludes from what was read."""
+    base = {c["tool"]: c for c in inv.base_calls()}
+    sources = inv.bundle.sources
+    if name == "logs":
+        return [base[t] for t in ("log_signatures",) if t in base], (
+            "" if sources["logs"] else _("the bundle has no logs.jsonl")
+        )
+    if name == "metrics":
+        return [base[t] for t in ("anomalies",) if t in base], (
+            "" if sources["metrics"] else _("the bundle has no metrics.csv")
+        )
+    follow = inv.follow_ups(inv.whole)
+    if name == "changes_code":
+        calls = [base[t] for t in ("deploys", "config_changes") if t in base]
+        calls += [c for c in follow if c["tool"] == "code"]
+        held = sources["deploys"] or sources["config_changes"]
+        return calls, "" if held else _("the bundle has no deploys.yaml or config_changes.yaml")
+    return [c for c in follow if c["tool"] in ("topology", "similar_cases")], ""
+
+
+@recorded("orchestrate", fans_out=True)
+def orchestrate(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """The orchestrator splits the work: its plan names the specialists and their tools;
+    the group commits so the specialists, on threads of their own, find it."""
+    set_mode(run, "hierarchical")
+    inv = investigation_of(ctx, state)
+    specialists = [
+        {"name": name, "tools": [c["tool"] for c in specialist_calls(inv, name)[0]]}
+        for name in SPECIALISTS
+    ]
+    append_step_event(
+        ctx.session_id,
+        PLAN,
+        {"mode": "hierarchical", "specialists": specialists},
+        producer=ctx.producer,
+        run=run,
+    )
+    return {
+        "orchestrator": run.pk,
+        "_summary": _("%(n)s specialists in parallel") % {"n": len(specialists)},
+    }
+
+
+class SpecialistState(TypedDict, total=False):
+    session_id: str
+    specialist: str
+    problem_type: str
+    calls: list[dict[str, Any]]  # the evidence items so far
+    failed: str  # why it could not work
+    done: bool
+
+
+class _SpecialistFailed(Exception):
+    """Ends a failed specialist's block: its run is marked failed (recording.child_run)."""
+
+
+@recorded("look")
+def specialist_look(state: SpecialistState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """A specialist's ReAct step: its next call not made yet, made; done when none is left."""
+    inv = Investigation(
+        ctx.session_id, system_of(ctx), playbook_of(ctx), state.get("problem_type") or ""
+    )
+    calls, cannot = specialist_calls(inv, state["specialist"])
+    if cannot:
+        return {"failed": cannot, "done": True, "_summary": cannot}
+    made = {e["id"] for e in state.get("calls") or []}
+    left = [c for c in calls if c["call_id"] not in made]
+    if not left:
+        return {"done": True, "_summary": _("nothing left to read")}
+    item = gather(inv, ctx, run, left[0])
+    return {
+        "calls": [*(state.get("calls") or []), item],
+        "done": len(left) == 1,
+        "_summary": item["summary"][:200],
+    }
+
+
+@recorded("hand_back")
+def specialist_report(state: SpecialistState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """What the specialist hands back, as an event: its evidence, and failed with the
+    reason when it could not work or a call of its failed."""
+    calls = state.get("calls") or []
+    reason = state.get("failed") or "; ".join(
+        f"{e['id']}: {e['error']}" for e in calls if e.get("error")
+    )
+    owner = ctx.parent_run or run
+    append_step_event(
+        ctx.session_id,
+        SPECIALIST_REPORTED,
+        {
+            "specialist": state["specialist"],
+            "status": "failed" if reason else "completed",
+            "run": owner.pk,
+            "evidence": [e["id"] for e in calls],
+            "reason": reason,
+        },
+        producer=ctx.producer,
+        run=run,
+    )
+    return {"failed": reason, "_summary": reason or _("reported")}
+
+
+def _specialist_graph() -> Any:
+    builder = StateGraph(SpecialistState, context_schema=AgentContext)
+    builder.add_node("look", specialist_look, input_schema=SpecialistState)  # type: ignore[misc]
+    builder.add_node("report", specialist_report, input_schema=SpecialistState)  # type: ignore[misc]
+    builder.add_edge(START, "look")
+    builder.add_conditional_edges(
+        "look", lambda s: "report" if s.get("done") else "look", ["look", "report"]
+    )
+    builder.add_edge("report", END)
+    return builder.compile()
+
+
+SPECIALIST_GRAPH = _specialist_graph()
+
+
+def specialist_node(name: str) -> Any:
+    """A parallel branch: the specialist `name` as a child run of the orchestrator (its
+    own mode, status, times, tokens), its steps recorded under it (its own graph)."""
+
+    def branch(state: DiagnosisState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+        ctx = runtime.context
+        orchestrator = AgentRun(pk=state["orchestrator"], session_id=ctx.session_id)
+        orchestrator._state.adding = False
+        under = replace(ctx, parent_run=orchestrator)
+        agent = f"specialist_{name}"
+        report: dict[str, Any] = {"name": name, "status": "completed", "reason": ""}
+        try:
+            with child_run(under, agent, task_key(ctx, agent)) as child:
+                assert child.parent_run is not None
+                report["run"] = child.parent_run.pk
+                result = SPECIALIST_GRAPH.invoke(
+                    {
+                        "session_id": state["session_id"],
+                        "specialist": name,
+                        "problem_type": state["bundle"].get("problem_type") or "",
+                        "calls": [],
+                    },
+                    context=child,
+                )
+                report["evidence"] = result.get("calls") or []
+                if result.get("failed"):
+                    report.update(status="failed", reason=result["failed"])
+                    raise _SpecialistFailed(result["failed"])
+        except _SpecialistFailed:
+            pass  # its run is marked failed; the orchestrator counts it
+        return {"specialists": [report]}
+
+    branch.__name__ = f"specialist_{name}"
+    return branch
+
+
+@recorded("aggregate")
+def aggregate(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """The orchestrator aggregates its specialists' evidence, in their fixed order, and
+    concludes. When more than the pack's share of them failed, it degrades to the minimal
+    path: the metrics and the changes only (a failed read made again once), and says so."""
+    set_mode(run, "hierarchical")
+    inv = investigation_of(ctx, state)
+    reports = {r["name"]: r for r in state.get("specialists") or []}
+    ordered = [reports[name] for name in SPECIALISTS if name in reports]
+    failed = [r["name"] for r in ordered if r["status"] == "failed"]
+    append_step_event(
+        ctx.session_id,
+        AGGREGATED,
+        {
+            "specialists": [
+                {k: r.get(k) for k in ("name", "status", "run", "reason")} for r in ordered
+            ],
+            "failed": len(failed),
+            "of": len(ordered),
+        },
+        producer=ctx.producer,
+        run=run,
+    )
+    evidence = list(state["evidence"]["calls"])
+    gathered = [item for r in ordered for item in r.get("evidence") or []]
+    threshold = playbook_of(ctx).modes.specialist_failure_threshold
+    words = _("%(ok)s of %(of)s specialists reported") % {
+        "ok": len(ordered) - len(failed),
+        "of": len(ordered),
+    }
+    if ordered and len(failed) / len(ordered) > threshold:
+        append_step_event(
+            ctx.session_id,
+            MODE_SWITCHED,
+            {
+                "from": "hierarchical",
+                "to": "minimal",
+                "reason": "specialists_failed",
+                "failed": failed,
+                "of": len(ordered),
+                "threshold": threshold,
+            },
+            producer=ctx.producer,
+            run=run,
+        )
+        for tool in MINIMAL_PATH:
+            done = [e for e in gathered if e["tool"] == tool and not e["error"]]
+            if done:
+                evidence += done
+            elif any(c["tool"] == tool for c in inv.base_calls()):
+                evidence.append(gather(inv, ctx, run, inv.retry_call(tool)))
+        words += "; " + _("degraded to the minimal path")
+    else:
+        evidence += gathered
+    return {
+        "evidence": {"calls": evidence},
+        "conclusion": inv.conclusion(evidence),
+        "_summary": words,
+    }
