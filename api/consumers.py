@@ -27,8 +27,9 @@ from aero.db_async import db_call
 from aero.roles import VIEW_SESSIONS
 from api.auth import token_from_raw
 from api.presenters import envelope, viewer_mask
-from diagnosis.consumers import CHECK_ROUNDS, hub
 from diagnosis.eventlog.masking import SessionMask
+from diagnosis.live_access import CHECK_ROUNDS
+from diagnosis.live_hub import hub
 from diagnosis.models import Event, Session
 from diagnosis.push import register_server_loop, session_group
 

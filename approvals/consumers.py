@@ -1,6 +1,6 @@
 """The live approval queue: a notice means "the queue changed". Each pull re-checks the
 viewer's roles; the page (filters, keyset cursor) is rendered once per role set and
-notice for all the viewers showing it (see diagnosis.consumers.Hub)."""
+notice for all the viewers showing it (see diagnosis.live_hub.Hub)."""
 
 from __future__ import annotations
 

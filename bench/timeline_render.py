@@ -34,7 +34,11 @@ def main() -> None:
 
     from aero.roles import user_roles
     from diagnosis.actions import do_create_session
-    from diagnosis.consumers import render_updates
+
+    try:
+        from diagnosis.live_render import render_updates
+    except ImportError:  # an older tree: rendering lived in the consumers' module
+        from diagnosis.consumers import render_updates  # type: ignore[no-redef]
     from diagnosis.events import append_event
     from diagnosis.models import Event
     from scenarios_admin.builtin import load_builtin_data

@@ -19,7 +19,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from aero.text import MAX_EVENT_BYTES, MAX_MODEL_TEXT, EventTooLarge
 from api import consumers as api_consumers
-from diagnosis import consumers
+from diagnosis import live_render
 from diagnosis.actions import do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.events import append_event, event_batch
@@ -171,7 +171,7 @@ def test_catch_up_over_many_large_events_arrives_whole_in_messages_daphne_accept
             seqs += [int(s) for s in SEQ.findall(message)]
             html += message
     assert seqs == list(range(1, last + 1))  # every event once, in order
-    assert max(sizes) <= consumers.FRAME_BYTES < 1024 * 1024
+    assert max(sizes) <= live_render.FRAME_BYTES < 1024 * 1024
     assert len(sizes) > 5  # 4.8 MB of rows could not have come in one message
     assert html.count("&lt;" * 60_000) == 20  # each wide note whole
     # The one row no message can hold points to where it can be read.

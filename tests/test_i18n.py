@@ -23,7 +23,7 @@ import aero.settings as product_settings
 from aero.i18n import SESSION_KEY
 from aero.models import UserPreference
 from aero.roles import user_roles
-from diagnosis.consumers import render_updates
+from diagnosis.live_render import render_updates
 from diagnosis.models import Event, Session
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, waiting_session
 

@@ -19,15 +19,10 @@ from websockets.sync.client import ClientConnection, connect
 
 from aero.roles import user_roles
 from approvals.push import QUEUE_GROUP
-from diagnosis import consumers
-from diagnosis.consumers import (
-    CLOSE_FORBIDDEN,
-    CLOSE_GONE,
-    CLOSE_SIGNED_OUT,
-    Hub,
-    current_roles,
-)
+from diagnosis import live_access, live_render
 from diagnosis.events import append_event
+from diagnosis.live_access import CLOSE_FORBIDDEN, CLOSE_GONE, CLOSE_SIGNED_OUT, current_roles
+from diagnosis.live_hub import Hub
 from diagnosis.models import Session
 from diagnosis.push import group_send
 from tests.test_live_timeline import (
@@ -223,13 +218,13 @@ def test_viewers_with_the_same_roles_share_one_render_and_roles_never_mix(
     approver = make_user("abel", "approver")
     session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
     renders: list[frozenset[str]] = []
-    real = consumers.render_batch
+    real = live_render.render_batch
 
-    def counted(pulls: list[consumers.Pull]) -> Any:
+    def counted(pulls: list[live_render.Pull]) -> Any:
         renders.extend(pull.roles for pull in pulls)
         return real(pulls)
 
-    monkeypatch.setattr(consumers, "render_batch", counted)
+    monkeypatch.setattr(live_render, "render_batch", counted)
     sid = str(session.pk)
     keys = {user.pk: sign_in_key(user) for user in (approver, operator)}
 
@@ -275,11 +270,11 @@ def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
 
     operator = make_user("olga", "operator")
     session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
-    pulls: list[consumers.Pull] = []
+    pulls: list[live_render.Pull] = []
     role_reads: list[list[Any]] = []
-    real_batch, real_roles = consumers.render_batch, consumers.current_roles
+    real_batch, real_roles = live_render.render_batch, live_access.current_roles
 
-    def counted_batch(batch: list[consumers.Pull]) -> Any:
+    def counted_batch(batch: list[live_render.Pull]) -> Any:
         pulls.extend(batch)
         return real_batch(batch)
 
@@ -287,8 +282,8 @@ def test_a_notice_costs_a_viewer_one_role_check_and_one_render(
         role_reads.append(list(user_ids))
         return real_roles(user_ids)
 
-    monkeypatch.setattr(consumers, "render_batch", counted_batch)
-    monkeypatch.setattr(consumers, "current_roles", counted_roles)
+    monkeypatch.setattr(live_render, "render_batch", counted_batch)
+    monkeypatch.setattr(live_access, "current_roles", counted_roles)
     hops: list[str] = []
     real_close = channels.consumer.aclose_old_connections
 
@@ -337,9 +332,9 @@ def test_what_a_fan_out_read_is_not_sent_when_access_went_away_meanwhile(
     operator = make_user("olga", "operator")
     auditor = make_user("aude", "auditor")
     session = new_session(operator, "105机位燃油泄漏")
-    real = consumers.render_batch
+    real = live_render.render_batch
 
-    def read_then_change(pulls: list[consumers.Pull]) -> Any:
+    def read_then_change(pulls: list[live_render.Pull]) -> Any:
         updates = real(pulls)
         if change == "role removed":
             auditor.groups.clear()
@@ -347,11 +342,11 @@ def test_what_a_fan_out_read_is_not_sent_when_access_went_away_meanwhile(
             User.objects.filter(pk=auditor.pk).update(is_active=False)
         return updates
 
-    monkeypatch.setattr(consumers, "render_batch", read_then_change)
-    ask = consumers.Ask(
+    monkeypatch.setattr(live_render, "render_batch", read_then_change)
+    ask = live_access.Ask(
         auditor.pk, str(session.pk), 0, None, "en", frozenset({"auditor"}), sign_in_key(auditor)
     )
-    assert consumers.check_and_render([ask]) == [(None, None)]
+    assert live_access.check_and_render([ask]) == [(None, None)]
 
 
 def test_a_viewer_whose_roles_changed_during_the_read_gets_a_render_under_the_new_ones(
@@ -363,24 +358,24 @@ def test_a_viewer_whose_roles_changed_during_the_read_gets_a_render_under_the_ne
     operator = make_user("olga", "operator")
     promoted = make_user("pia", "auditor")
     session = new_session(operator, "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏")
-    real = consumers.render_batch
+    real = live_render.render_batch
     renders: list[frozenset[str]] = []
 
-    def read_then_promote(pulls: list[consumers.Pull]) -> Any:
+    def read_then_promote(pulls: list[live_render.Pull]) -> Any:
         renders.extend(pull.roles for pull in pulls)
         updates = real(pulls)
         if len(renders) == 2:  # the first read, for both viewers' role sets
             promoted.groups.set([Group.objects.get(name="approver")])
         return updates
 
-    monkeypatch.setattr(consumers, "render_batch", read_then_promote)
+    monkeypatch.setattr(live_render, "render_batch", read_then_promote)
     sid = str(session.pk)
     promoted_key, operator_key = sign_in_key(promoted), sign_in_key(operator)
     asks = [
-        consumers.Ask(promoted.pk, sid, 0, None, "en", frozenset({"auditor"}), promoted_key),
-        consumers.Ask(operator.pk, sid, 0, None, "en", frozenset({"operator"}), operator_key),
+        live_access.Ask(promoted.pk, sid, 0, None, "en", frozenset({"auditor"}), promoted_key),
+        live_access.Ask(operator.pk, sid, 0, None, "en", frozenset({"operator"}), operator_key),
     ]
-    (roles, update), (kept_roles, kept) = consumers.check_and_render(asks)
+    (roles, update), (kept_roles, kept) = live_access.check_and_render(asks)
     assert roles == frozenset({"approver"}) and update is not None
     assert 'name="decision"' in update.html  # rendered for an approver
     assert kept_roles == frozenset({"operator"}) and kept is not None
@@ -401,14 +396,14 @@ def test_what_a_viewers_own_pull_read_is_not_sent_when_its_role_went_away_meanwh
     operator = make_user("olga", "operator")
     auditor = make_user("aude", "auditor")
     session = new_session(operator, "105机位燃油泄漏")
-    real = consumers.render_batch
+    real = live_render.render_batch
 
-    def read_then_remove(pulls: list[consumers.Pull]) -> Any:
+    def read_then_remove(pulls: list[live_render.Pull]) -> Any:
         updates = real(pulls)
         auditor.groups.clear()
         return updates
 
-    monkeypatch.setattr(consumers, "render_batch", read_then_remove)
+    monkeypatch.setattr(live_render, "render_batch", read_then_remove)
     headers = [
         (b"origin", b"http://testserver"),
         (b"host", b"testserver"),

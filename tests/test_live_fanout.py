@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.db import connections
 
 from aero.asgi import page_websocket
-from diagnosis import consumers
+from diagnosis import consumers, live_access, live_hub, live_render
 from diagnosis.events import append_event
 from diagnosis.models import Session
 from tests.test_live_access import run_in_fresh_loop
@@ -31,13 +31,13 @@ class Counts:
     """What the process did for the notices under test."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.pulls: list[consumers.Pull] = []
+        self.pulls: list[live_render.Pull] = []
         self.role_reads = 0
         self.notices = 0
-        real_batch, real_roles = consumers.render_batch, consumers.current_roles
-        real_notice = consumers.Hub.notice
+        real_batch, real_roles = live_render.render_batch, live_access.current_roles
+        real_notice = live_hub.Hub.notice
 
-        def counted_batch(batch: list[consumers.Pull]) -> Any:
+        def counted_batch(batch: list[live_render.Pull]) -> Any:
             self.pulls.extend(batch)
             return real_batch(batch)
 
@@ -45,13 +45,13 @@ class Counts:
             self.role_reads += 1
             return real_roles(user_ids)
 
-        def counted_notice(hub: consumers.Hub, session_id: str, seq: int) -> None:
+        def counted_notice(hub: live_hub.Hub, session_id: str, seq: int) -> None:
             self.notices += 1
             real_notice(hub, session_id, seq)
 
-        monkeypatch.setattr(consumers, "render_batch", counted_batch)
-        monkeypatch.setattr(consumers, "current_roles", counted_roles)
-        monkeypatch.setattr(consumers.Hub, "notice", counted_notice)
+        monkeypatch.setattr(live_render, "render_batch", counted_batch)
+        monkeypatch.setattr(live_access, "current_roles", counted_roles)
+        monkeypatch.setattr(live_hub.Hub, "notice", counted_notice)
 
     def now(self) -> tuple[int, int, int]:
         return len(self.pulls), self.role_reads, self.notices
@@ -137,10 +137,10 @@ def test_viewers_that_go_away_mid_fan_out_do_not_stop_the_others(
     gone_user, broken_user = users[1], users[3]
     session = new_session(users[0], WITH_APPROVAL)
     cookies = cookies_for(users)
-    real_batch, real_send = consumers.render_batch, consumers.SessionConsumer.send
+    real_batch, real_send = live_render.render_batch, consumers.SessionConsumer.send
     during_render: list[Callable[[], None]] = []
 
-    def render_then(batch: list[consumers.Pull]) -> Any:
+    def render_then(batch: list[live_render.Pull]) -> Any:
         while during_render:
             during_render.pop()()  # in the sync thread: the event loop is free meanwhile
         return real_batch(batch)
@@ -150,7 +150,7 @@ def test_viewers_that_go_away_mid_fan_out_do_not_stop_the_others(
             raise ConnectionResetError("the socket broke")
         await real_send(consumer, *args, **kw)
 
-    monkeypatch.setattr(consumers, "render_batch", render_then)
+    monkeypatch.setattr(live_render, "render_batch", render_then)
     monkeypatch.setattr(consumers.SessionConsumer, "send", send_or_break)
 
     async def watch() -> tuple[list[list[int]], list[int], bool]:

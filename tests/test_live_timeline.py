@@ -17,8 +17,8 @@ from websockets.sync.client import ClientConnection, connect
 from aero.roles import user_roles
 from diagnosis import presenters
 from diagnosis.actions import do_answer, do_correct_fact, do_create_session
-from diagnosis.consumers import render_updates
 from diagnosis.events import append_event
+from diagnosis.live_render import render_updates
 from diagnosis.models import Session
 from scenarios_admin.models import Scenario
 

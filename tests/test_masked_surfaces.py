@@ -23,9 +23,9 @@ from django.utils import timezone
 from aero.models import audit
 from api.consumers import Viewer, events_after
 from approvals.models import Approval
-from diagnosis.consumers import render_updates
 from diagnosis.eventlog import names
 from diagnosis.events import append_event
+from diagnosis.live_render import render_updates
 from diagnosis.models import Report, Session, ToolCall
 from tests.api_helpers import call, token_for
 from tests.web_helpers import login, waiting_session

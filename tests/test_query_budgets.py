@@ -17,7 +17,8 @@ from pytest_django import DjangoAssertNumQueries
 
 from aero.roles import user_roles
 from diagnosis.actions import do_delete_session
-from diagnosis.consumers import Pull, current_roles, render_batch, render_updates
+from diagnosis.live_access import current_roles
+from diagnosis.live_render import Pull, render_batch, render_updates
 from tests.web_helpers import (
     NO_POSITION,
     STAND_FUEL_LEAK,

@@ -17,7 +17,7 @@ from django.utils import timezone
 from aero.text import BIDI_CONTROLS
 from approvals.actions import sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
-from diagnosis.consumers import render_updates
+from diagnosis.live_render import render_updates
 from diagnosis.models import Event, Report, Restriction, Session
 from diagnosis.reporting import markdown_to_html, md_cell, md_escape, sanitize_html
 from scenarios_admin.models import Scenario

@@ -1,0 +1,271 @@
+"""Rendering a live pull: the HTML fragments (hx-swap-oob) a session page needs for the
+events after the seq it shows, and the panels they change, as WebSocket messages of at
+most FRAME_BYTES each.
+
+What a fragment shows depends on the session, the seq range, the viewer's roles (the
+forms they get, what is masked), the page's answer box and language, never on who the
+viewer is: a `Pull` names exactly that, so one render serves every viewer asking the same
+pull (the hub in diagnosis.live_hub shares it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import translation
+from django.utils.html import format_html
+from django.utils.translation import gettext
+
+from aero.templatetags.aero_text import when
+from diagnosis import presenters
+from diagnosis.eventlog.masking import SessionMask, mask_of, masks_roles
+from diagnosis.models import Event, Session
+
+BATCH = presenters.TIMELINE_PAGE
+# Largest WebSocket message the consumers send: half of daphne's 1 MB limit (over it,
+# daphne closes the socket with 1011), leaving room for any framing overhead.
+FRAME_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True)
+class Update:
+    """A rendered pull: the WebSocket messages to send (none when nothing is new), the
+    last seq they hold, the composer key the page shows after them, and the session's
+    last_seq when rendered."""
+
+    frames: tuple[str, ...]
+    seq: int
+    composer_key: str | None
+    as_of: int
+
+    @property
+    def html(self) -> str:
+        return "".join(self.frames)
+
+
+def size_of(html: str) -> int:
+    """Bytes on the wire: a text message is sent as UTF-8."""
+    return len(html.encode())
+
+
+def too_large_row(event: Event) -> str:
+    """What stands in the timeline for an event whose row would not fit in one message:
+    where to read it, over HTTP, where no frame limit applies."""
+    url = reverse("diagnosis:session-events", args=[event.session_id])
+    return format_html(
+        '<div hx-swap-oob="beforeend:#timeline-list"><li id="event-{seq}" data-seq="{seq}" '
+        'class="ev too-large"><time datetime="{ts}">{time}</time> '
+        '<span class="warn">{warning}</span> <a href="{url}?after={before}#event-{seq}">{link}</a>'
+        "</li></div>",
+        seq=event.seq,
+        ts=event.ts.isoformat(),
+        time=when(event.ts),
+        warning=gettext("This entry (%(type)s) is too large to show live:") % {"type": event.type},
+        link=gettext("open it in the full timeline"),
+        url=url,
+        before=event.seq - 1,
+    )
+
+
+def too_large_panel(panel: str, session_id: Any) -> str:
+    """What replaces a panel that would not fit in one message: a pointer to the page."""
+    return format_html(
+        '<section id="{panel}" class="card" hx-swap-oob="true"><p class="warn">{warning} '
+        '<a href="{url}">{link}</a>.</p></section>',
+        panel=panel,
+        warning=gettext("This part changed and is too large to update live:"),
+        link=gettext("reload the page"),
+        url=reverse("diagnosis:session-detail", args=[session_id]),
+    )
+
+
+def timeline_rows(events: list[Event], definition: Any) -> tuple[str, list[Event]]:
+    """The events' timeline rows, as few messages' worth as fit: all of them in one
+    render when they fit in a frame (the usual case, one template call), else one by
+    one, up to the first that would overflow the frame; and the events they hold. Always
+    at least one: an event
+    whose row alone is too large is replaced by a pointer (too_large_row)."""
+    html = render_to_string(
+        "diagnosis/_timeline_append.html", {"events": events, "definition": definition}
+    )
+    if size_of(html) <= FRAME_BYTES:
+        return html, events
+    rows: list[str] = []
+    used = 0
+    for event in events:
+        row: str = render_to_string(
+            "diagnosis/_timeline_append.html", {"events": [event], "definition": definition}
+        )
+        if size_of(row) > FRAME_BYTES:
+            row = too_large_row(event)
+        if rows and used + size_of(row) > FRAME_BYTES:
+            break
+        rows.append(row)
+        used += size_of(row)
+    return "".join(rows), events[: len(rows)]
+
+
+def pack(parts: list[str]) -> tuple[str, ...]:
+    """Consecutive parts joined into messages of at most FRAME_BYTES each."""
+    frames: list[str] = []
+    current: list[str] = []
+    used = 0
+    for part in parts:
+        size = size_of(part)
+        if current and used + size > FRAME_BYTES:
+            frames.append("".join(current))
+            current, used = [], 0
+        current.append(part)
+        used += size
+    if current:
+        frames.append("".join(current))
+    return tuple(frames)
+
+
+@dataclass(frozen=True)
+class Pull:
+    """One render a viewer asks for: the events of `session_id` after `after`, for
+    viewers holding `roles`, whose page shows `composer_key`, in `language`."""
+
+    roles: frozenset[str]
+    session_id: str
+    after: int
+    composer_key: str | None = None
+    language: str | None = None
+
+
+def render_updates(
+    roles: frozenset[str],
+    session_id: Any,
+    after: int,
+    composer_key: str | None = None,
+    language: str | None = None,
+) -> Update | None:
+    """In `language` (the page's, see SessionConsumer.connect); the default otherwise."""
+    return render_batch([Pull(roles, str(session_id), after, composer_key, language)])[0]
+
+
+def render_batch(pulls: list[Pull]) -> list[Update | None]:
+    """The updates for `pulls`, in order, with one query for their sessions and one for
+    their events whatever their number (notices that arrive while a batch renders wait
+    for the next one, so a burst over many sessions costs a few round trips, not two
+    per session). The panels' rows are read once per session (PanelContexts); each pull
+    renders in its page's language."""
+    ids = {pull.session_id for pull in pulls}
+    sessions = {
+        str(session.pk): session
+        for session in Session.objects.visible()
+        .select_related("scenario", "scenario_version", "created_by")
+        .defer("scenario_version__definition")  # parsed once per process (presenters)
+        .filter(pk__in=ids)
+    }
+    # Seqs are gap-free, so (after, after + BATCH] holds at most one batch: every pull's
+    # range goes into the one query, bounded by its session's last_seq as read above.
+    ranges: dict[tuple[str, int], int] = {}
+    for pull in pulls:
+        session = sessions.get(pull.session_id)
+        if session is not None and session.last_seq > pull.after:
+            ranges[(pull.session_id, pull.after)] = min(session.last_seq, pull.after + BATCH)
+    found: dict[str, list[Event]] = {}
+    if ranges:
+        wanted = Q()
+        for (session_id, after), upto in ranges.items():
+            wanted |= Q(session_id=session_id, seq__gt=after, seq__lte=upto)
+        for event in Event.objects.filter(wanted).order_by("session_id", "seq"):
+            found.setdefault(str(event.session_id), []).append(event)
+    contexts = PanelContexts()
+    updates: list[Update | None] = []
+    for pull in pulls:
+        session = sessions.get(pull.session_id)
+        if session is None:
+            updates.append(None)
+            continue
+        upto = ranges.get((pull.session_id, pull.after), pull.after)
+        events = [e for e in found.get(pull.session_id, []) if pull.after < e.seq <= upto]
+        if not events and upto > pull.after:
+            # Not reached while seqs stay gap-free; if one were missing, read by count.
+            events = list(
+                Event.objects.filter(
+                    session_id=pull.session_id, seq__gt=pull.after, seq__lte=session.last_seq
+                ).order_by("seq")[:BATCH]
+            )
+        with translation.override(pull.language or settings.LANGUAGE_CODE):
+            updates.append(_render_updates(pull, session, events, contexts))
+    return updates
+
+
+class PanelContexts:
+    """The panels' context for the pulls of one batch: the airport read once, each
+    session's rows read once, worded once per language (labels and consequences are
+    worded when the context is built); only the role flags differ per pull."""
+
+    def __init__(self) -> None:
+        # The world the panels word things with (presenters.read_airport), read once.
+        self.world: tuple[Any, Any] | None = None
+        self.reads: dict[str, presenters.SessionReads] = {}
+        # Worded per language and per masking (a read-only viewer's panels hide values).
+        self.worded: dict[tuple[str, str | None, bool], dict[str, Any]] = {}
+        self.masks: dict[str, SessionMask] = {}
+
+    def mask(self, pull: Pull, session: Session) -> SessionMask | None:
+        """The masking for the pull's viewers (None: they see everything), its hidden
+        values read once per session."""
+        if not masks_roles(pull.roles):
+            return None
+        if pull.session_id not in self.masks:
+            self.masks[pull.session_id] = mask_of(session.pk)
+        return self.masks[pull.session_id]
+
+    def context(self, pull: Pull, session: Session) -> dict[str, Any]:
+        key = (pull.session_id, pull.language, masks_roles(pull.roles))
+        worded = self.worded.get(key)
+        if worded is None:
+            reads = self.reads.get(pull.session_id)
+            if reads is None:
+                self.world = self.world or presenters.read_airport()
+                reads = self.reads[pull.session_id] = presenters.read_session(session, self.world)
+            worded = self.worded[key] = presenters.session_context(
+                session, None, roles=pull.roles, reads=reads, mask=self.mask(pull, session)
+            )
+        return {**worded, **presenters.flags_for_roles(pull.roles)}
+
+
+def _render_updates(
+    pull: Pull, session: Session, events: list[Event], contexts: PanelContexts
+) -> Update:
+    """HTML with hx-swap-oob fragments for `events` (at most one batch, the events after
+    `pull.after` up to the session's last_seq as read with `session`) and the panels they
+    change, for viewers holding `pull.roles`, as WebSocket messages of at most
+    FRAME_BYTES each. `contexts` holds the panels' context, shared by the pulls of one
+    batch.
+
+    Only events up to the session row's last_seq are sent: panels and timeline then
+    describe the same moment, even while a job keeps appending.
+    The composer (the answer box) is sent exactly when its key changes, whatever the
+    events were: replacing it on every status event would wipe what the operator is
+    typing, and tying it to event types missed a question committed between two reads.
+
+    A batch is bounded by count (BATCH) and by bytes: the rows that fit in one frame;
+    the rest follow in the next pull. Daphne closes the socket with 1011 on a message
+    over 1 MB, which broke every catch-up of a session holding a large event."""
+    if not events:
+        return Update((), pull.after, pull.composer_key, session.last_seq)
+    mask = contexts.mask(pull, session)
+    shown = mask.events(events) if mask is not None else events
+    rows, sent = timeline_rows(shown, presenters.version_definition(session))
+    panels: set[str] = set()
+    for event in sent:
+        panels |= presenters.panels_of(event)
+    new_key = presenters.composer_key(session)
+    if new_key != pull.composer_key:
+        panels.add("session-composer")
+    context = contexts.context(pull, session) if panels else {}
+    parts = [rows]
+    for panel in sorted(panels):
+        html = render_to_string(f"diagnosis/session_detail.html#{panel}", {**context, "oob": True})
+        parts.append(html if size_of(html) <= FRAME_BYTES else too_large_panel(panel, session.pk))
+    return Update(pack(parts), sent[-1].seq, new_key, session.last_seq)
