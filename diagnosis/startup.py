@@ -17,7 +17,7 @@ def warm_up_imports() -> None:
     request through LangChain's OpenAI client, and a graph node's first run imports the
     ReAct step; each import takes about a second."""
     from diagnosis.agent import react  # noqa: F401
-    from diagnosis.agent.providers import warm_up_imports as client_imports
+    from diagnosis.agent.clients import warm_up_imports as client_imports
 
     client_imports()
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from diagnosis import jobs, llm_runner
 from diagnosis.actions import do_cancel, do_close, do_create_session
-from diagnosis.agent import grounding, providers
+from diagnosis.agent import clients, grounding
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.jobs import enqueue as job_enqueue
 from diagnosis.llm_runner import runner as runner_module
@@ -114,7 +114,7 @@ def test_the_runner_waits_the_providers_whole_timeout(
     settings.AERO_LEASE_SECONDS = 4  # a job's own call would be cut at 3 s
     fake_llm.set_script({"rules": [{**ANSWER, "latency": 3.5}]})
     config = fake_provider(fake_llm, retries=1, timeout_seconds=8)
-    assert providers.call_timeout(config) == 3.0
+    assert clients.call_timeout(config) == 3.0
     session = start(make_user)
 
     assert in_thread(lambda: llm_runner.Runner(enqueue=None).process_pending_now()) == 1

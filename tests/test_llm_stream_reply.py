@@ -15,9 +15,9 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 
 from diagnosis.agent import waits
+from diagnosis.agent.clients import classify, client_for
 from diagnosis.agent.fake_llm import FakeLLMServer
-from diagnosis.agent.providers import classify, client_for
-from diagnosis.agent.react import tool_schemas
+from diagnosis.agent.react_tools import tool_schemas
 from diagnosis.llm_runner import Runner
 from diagnosis.llm_runner.stream import stream_reply
 from tests.builtin_data import oil_spill
@@ -153,7 +153,7 @@ def test_without_langchains_private_pool_builder_the_runner_still_gets_a_pool_of
     LangChain's shared one), and its calls still go out."""
     import sys
 
-    from diagnosis.agent.providers import async_client_of_its_own
+    from diagnosis.agent.clients import async_client_of_its_own
 
     monkeypatch.setattr(openai, "DefaultAioHttpClient", _NoAiohttp)
     monkeypatch.setitem(sys.modules, "langchain_openai.chat_models._client_utils", None)
@@ -241,7 +241,7 @@ def test_the_runners_pool_is_the_sdks_aiohttp_transport_and_httpx2_without_it(
     way."""
     from openai._vendor.httpx_aiohttp import AiohttpTransport
 
-    from diagnosis.agent.providers import async_client_of_its_own
+    from diagnosis.agent.clients import async_client_of_its_own
 
     fake_llm.set_script({"rules": [REPLIES["text only"]]})
     client = client_for(fake_provider(fake_llm))
@@ -271,7 +271,7 @@ def test_the_runners_aiohttp_pool_goes_through_the_environments_proxy(
     LangChain's httpx2 pool did."""
     from openai._vendor.httpx_aiohttp import AiohttpTransport
 
-    from diagnosis.agent.providers import async_client_of_its_own
+    from diagnosis.agent.clients import async_client_of_its_own
 
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     sdk = async_client_of_its_own(client_for(fake_provider(fake_llm)))

@@ -17,7 +17,8 @@ from approvals.actions import checked_args
 from approvals.models import Approval
 from diagnosis import external
 from diagnosis.agent import tools
-from diagnosis.agent.react import _validate, tool_args
+from diagnosis.agent.react import _validate
+from diagnosis.agent.react_tools import tool_args
 from diagnosis.consequences import plain_words
 from diagnosis.decisions import ActionError
 from diagnosis.eventlog import registry

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from aero.models import AuditLog
 from diagnosis.actions import do_create_session
-from diagnosis.agent import providers
+from diagnosis.agent import fallback, providers
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.llm_runner import runner as runner_module
 from diagnosis.models import Event, LLMCall, Session
@@ -56,7 +56,7 @@ def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         asked.append(seconds)
 
     monkeypatch.setattr(runner_module, "backoff_sleep", record)
-    monkeypatch.setattr(providers, "backoff_sleep", asked.append)
+    monkeypatch.setattr(fallback, "backoff_sleep", asked.append)
     return asked
 
 
@@ -212,7 +212,7 @@ def test_error_classes(
     def call(p: providers.Provider) -> tuple[Any, providers.Usage]:
         return p.extract(oil_spill(), "CA1234 在105机位燃油泄漏", demo_graph(), None)
 
-    providers.call_with_fallback(
+    fallback.call_with_fallback(
         [providers.OpenAICompatibleProvider(config), providers.OfflineProvider()],
         "extract",
         call,

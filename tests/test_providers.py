@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from diagnosis.actions import do_answer, do_create_session
-from diagnosis.agent import providers
+from diagnosis.agent import clients, fallback, providers, structured
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.models import Event, LLMCall, Session
 from scenarios_admin.models import ProviderConfig, Scenario
@@ -52,7 +52,7 @@ def extraction_only(settings: Any) -> None:
 def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The backoff waits the chain asked for, without sleeping."""
     asked: list[float] = []
-    monkeypatch.setattr(providers, "backoff_sleep", asked.append)
+    monkeypatch.setattr(fallback, "backoff_sleep", asked.append)
     return asked
 
 
@@ -231,7 +231,7 @@ def test_which_http_errors_are_retried(
     def call(p: providers.Provider) -> tuple[Any, providers.Usage]:
         return p.extract(oil_spill(), EXAMPLE_ONE, demo_graph(), None)
 
-    found = providers.call_with_fallback(
+    found = fallback.call_with_fallback(
         [provider, providers.OfflineProvider()],
         "extract",
         call,
@@ -264,7 +264,7 @@ def test_no_wait_runs_past_the_chain_budget(
     def call(p: providers.Provider) -> tuple[Any, providers.Usage]:
         return p.extract(oil_spill(), EXAMPLE_ONE, demo_graph(), None)
 
-    providers.call_with_fallback(
+    fallback.call_with_fallback(
         [providers.OpenAICompatibleProvider(config), providers.OfflineProvider()],
         "extract",
         call,
@@ -368,7 +368,7 @@ def test_a_hang_is_cut_by_a_timeout_below_the_lease(
     settings.AERO_LEASE_SECONDS = 4  # a 30 s provider timeout is clamped to 3 s
     fake_llm.set_script({"rules": [{"fault": "hang"}]})
     config = fake_provider(fake_llm, retries=1, timeout_seconds=30)
-    assert providers.call_timeout(config) == 3.0
+    assert clients.call_timeout(config) == 3.0
     session = start(make_user, EXAMPLE_ONE)
 
     failed = LLMCall.objects.get(session=session, provider="fake")
@@ -381,11 +381,11 @@ def test_one_client_per_provider_config_until_it_changes(
     builtin: None, fake_llm: FakeLLMServer
 ) -> None:
     config = fake_provider(fake_llm)
-    first = providers.client_for(config)
-    assert providers.client_for(ProviderConfig.objects.get(pk=config.pk)) is first
+    first = clients.client_for(config)
+    assert clients.client_for(ProviderConfig.objects.get(pk=config.pk)) is first
     config.model = "fake-2"
     config.save()
-    second = providers.client_for(config)
+    second = clients.client_for(config)
     assert second is not first
     assert second.model_name == "fake-2"
 
@@ -427,18 +427,18 @@ def test_the_reply_schema_follows_an_edited_scenario() -> None:
     # Built once per process and scenario fields: an edit is a new schema, and
     # what one caller does to its copy never reaches the next call.
     definition = copy.deepcopy(oil_spill())  # the shipped one is shared: never edited
-    before = providers.response_schema(providers.extraction_model(definition))
+    before = structured.response_schema(structured.extraction_model(definition))
     before["schema"]["title"] = "changed by a caller"
-    again = providers.response_schema(providers.extraction_model(oil_spill()))
+    again = structured.response_schema(structured.extraction_model(oil_spill()))
     assert again["schema"]["title"] != "changed by a caller"
     definition["fields"]["fluid_type"]["values"]["DEICING"] = {
         "label": {"zh": "除冰液", "en": "De-icing fluid"},
         "synonyms": ["除冰液"],
     }
-    edited = providers.response_schema(providers.extraction_model(definition))
+    edited = structured.response_schema(structured.extraction_model(definition))
     assert "DEICING" in json.dumps(edited) and "DEICING" not in json.dumps(again)
-    model = providers.extraction_model(definition)
-    claims, dropped = providers.parse_reply(
+    model = structured.extraction_model(definition)
+    claims, dropped = structured.parse_reply(
         model, json.dumps({"fluid_type": {"value": "DEICING", "quote": "除冰液"}})
     )
     assert claims["fluid_type"].value == "DEICING" and dropped == []

@@ -19,7 +19,7 @@ from django.urls import reverse
 
 from diagnosis.actions import do_correct_fact, do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
-from diagnosis.agent.react import tool_schemas
+from diagnosis.agent.react_tools import tool_schemas
 from diagnosis.models import Event, LLMCall, Restriction, Session, ToolCall
 from scenarios_admin.models import ProviderConfig, Scenario
 from tests.builtin_data import oil_spill

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 
 from diagnosis import jobs
-from diagnosis.agent import providers
+from diagnosis.agent import clients as agent_clients
 from diagnosis.jobs import checkpoints
 from diagnosis.jobs import job as the_job
 from diagnosis.llm_runner import runner as llm_runner
@@ -45,7 +45,7 @@ def provider(name: str, *, enabled: bool = True) -> ProviderConfig:
 
 @pytest.fixture(autouse=True)
 def no_clients() -> None:
-    providers._clients.clear()
+    agent_clients._clients.clear()
 
 
 def test_warm_up_builds_each_enabled_providers_client_the_first_call_then_uses(
@@ -54,11 +54,11 @@ def test_warm_up_builds_each_enabled_providers_client_the_first_call_then_uses(
     enabled = provider("primary")
     provider("retired", enabled=False)
 
-    clients = providers.warm_up()
+    clients = agent_clients.warm_up()
 
     assert len(clients) == 1
     # The first call finds the client built: nothing is built on its path.
-    assert providers.client_for(enabled) is clients[0]
+    assert agent_clients.client_for(enabled) is clients[0]
 
 
 def test_warm_up_without_a_readable_database_builds_nothing_and_says_so(
@@ -71,8 +71,8 @@ def test_warm_up_without_a_readable_database_builds_nothing_and_says_so(
     def unreadable() -> list[ProviderConfig]:
         raise DatabaseError('relation "scenarios_admin_providerconfig" does not exist')
 
-    monkeypatch.setattr(providers._enabled, "rows", unreadable)
-    assert providers.warm_up() == []
+    monkeypatch.setattr(agent_clients.enabled_configs, "rows", unreadable)
+    assert agent_clients.warm_up() == []
     assert "warm-up: the provider configs could not be read" in caplog.text
 
 
@@ -85,7 +85,7 @@ def test_a_worker_has_its_model_client_before_its_first_beat(
     start = WorkerHeartbeat.start
 
     def first_beat(self: WorkerHeartbeat) -> None:
-        at_first_beat.append(list(providers._clients.values()))
+        at_first_beat.append(list(agent_clients._clients.values()))
         start(self)
 
     monkeypatch.setattr(WorkerHeartbeat, "start", first_beat)
@@ -93,7 +93,7 @@ def test_a_worker_has_its_model_client_before_its_first_beat(
     AeroWorker([queue], connection=queue.connection).work(burst=True)
 
     assert len(at_first_beat) == 1 and len(at_first_beat[0]) == 1
-    assert providers.client_for(config) is at_first_beat[0][0]
+    assert agent_clients.client_for(config) is at_first_beat[0][0]
 
 
 @pytest.mark.services
@@ -149,7 +149,7 @@ def test_the_runner_has_its_clients_and_pool_before_its_first_beat(
     beat = llm_runner.beat
 
     def first_beat(name: str, started_at: Any) -> None:
-        at_first_beat.append((list(providers._clients.values()), len(runner.sdk_clients)))
+        at_first_beat.append((list(agent_clients._clients.values()), len(runner.sdk_clients)))
         beat(name, started_at)
         stop.set()
 
@@ -168,7 +168,7 @@ def test_the_runner_has_its_clients_and_pool_before_its_first_beat(
 
     assert at_first_beat, "the runner never beat"
     clients, pools = at_first_beat[0]
-    assert len(clients) == 1 and providers.client_for(config, under_lease=False) is clients[0]
+    assert len(clients) == 1 and agent_clients.client_for(config, under_lease=False) is clients[0]
     assert pools == 1  # its own connection pool, for this loop, built already
 
 

@@ -2,7 +2,7 @@
 
 Inside a graph node (`recorded` opens a `WaitScope` when AERO_LLM_WAITS is on) a call to
 a real provider does not go out. The chat model's `_generate` (every path to the model
-goes through `providers.client_for`, whose client is a `WaitingChatOpenAI`) looks the
+goes through `clients.client_for`, whose client is a `WaitingChatOpenAI`) looks the
 call up by its key, `<task>:m<n>` (the node's LangGraph task id, the same for a re-run
 of the step, and the call's place in the node):
 

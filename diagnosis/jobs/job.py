@@ -22,10 +22,8 @@ from aero import metrics
 from aero.packs import installed_packs
 from diagnosis import shutdown
 from diagnosis.agent import waits
-from diagnosis.agent.providers import (
-    configured_providers,
-    warm_up,
-)
+from diagnosis.agent.clients import warm_up
+from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.recording import SessionCanceled, step_group
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import (

@@ -12,12 +12,8 @@ from django.db import transaction
 from aero.compiled import Arg, Compiled, cached_sql, insert_values
 from aero.packs import pack_for
 from diagnosis.agent import waits
-from diagnosis.agent.providers import (
-    OfflineProvider,
-    Provider,
-    call_with_fallback,
-    configured_providers,
-)
+from diagnosis.agent.fallback import call_with_fallback
+from diagnosis.agent.providers import OfflineProvider, Provider, configured_providers
 from diagnosis.events import (
     LeaseLost,
     check_fence,

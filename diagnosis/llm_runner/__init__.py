@@ -8,7 +8,7 @@ A graph node that needs the model records a keyed `LLMRequest` and its job ends
   runner takes the request over; every write of a call checks the claim (a runner that
   lost it writes nothing more);
 - makes many calls at once on one event loop, with one client per provider config
-  (`providers.client_for`; its SDK client with a connection pool of the runner's own,
+  (`clients.client_for`; its SDK client with a connection pool of the runner's own,
   kept between calls), the chain's rules kept: tenacity
   retries (3 attempts, 1/2/4 s x AERO_LLM_BACKOFF + jitter, or Retry-After), no retry on
   a final 4xx, the next provider, the offline provider last (the node's own: it needs no

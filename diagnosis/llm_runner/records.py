@@ -18,12 +18,9 @@ from langchain_core.messages import AIMessage, message_to_dict
 from aero import metrics
 from aero.compiled import Arg, CompiledUpdate
 from aero.text import MAX_MODEL_TEXT, cut_generated
-from diagnosis.agent.providers import (
-    OpenAICompatibleProvider,
-    ProviderError,
-    Usage,
-    skipped_payload,
-)
+from diagnosis.agent.fallback import skipped_payload
+from diagnosis.agent.providers import OpenAICompatibleProvider
+from diagnosis.agent.usage import ProviderError, Usage
 from diagnosis.events import append_projected, new_event, usage_fields
 from diagnosis.llm_runner.claims import Claimed, ClaimLost, locked_claim
 from diagnosis.models import (

@@ -27,18 +27,10 @@ from tenacity import AsyncRetrying, retry_if_exception
 
 from aero import metrics
 from diagnosis.agent import waits
-from diagnosis.agent.providers import (
-    OpenAICompatibleProvider,
-    ProviderError,
-    Usage,
-    async_client_of_its_own,
-    backoff_wait,
-    chain_stop,
-    classify,
-    client_for,
-    skipped_text,
-    warm_up,
-)
+from diagnosis.agent.clients import async_client_of_its_own, classify, client_for, warm_up
+from diagnosis.agent.fallback import backoff_wait, chain_stop, skipped_text
+from diagnosis.agent.providers import OpenAICompatibleProvider
+from diagnosis.agent.usage import ProviderError, Usage
 from diagnosis.llm_runner.claims import (
     BEAT_PREFIX,
     Claimed,
