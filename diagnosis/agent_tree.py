@@ -26,6 +26,8 @@ from diagnosis.models import AgentRun, LLMCall, ToolCall, ToolCallStatus
 MAX_RUNS = 500
 # A tool call in these states is running now, under its run.
 IN_PROGRESS = (ToolCallStatus.RUNNING, ToolCallStatus.EXECUTING)
+# The session statuses a job may be running in: in any other, no run of it is running.
+JOB_RUNS = frozenset({"queued", "running", "retrying"})
 
 
 @dataclass
@@ -147,6 +149,7 @@ def read_tree(
             "used_in",
             "used_out",
             "tool",
+            "session__status",
         )[: limit + 1]
     )
     total = len(rows)
@@ -183,9 +186,26 @@ def read_tree(
             node.tokens_in += child.tokens_in
             node.tokens_out += child.tokens_out
             node.unfolded = node.unfolded or child.running or child.unfolded
+    if rows and rows[0]["session__status"] not in JOB_RUNS:
+        for root in roots:
+            _end_stale_root(root, rows[0]["session__status"])
     if roots:
         roots[-1].unfolded = True
     return tree
+
+
+def _end_stale_root(root: RunNode, session_status: str) -> None:
+    """A job's run still marked running while no job runs the session: the job has ended
+    (its run's end is written with the lease's release, just after the session's move,
+    which is what the page is pushed). Shown as the job leaves it, ended when its last
+    step did."""
+    if root.parent is not None or not root.running:
+        return
+    root.status = "failed" if session_status == "failed" else "completed"
+    ends = [child.ended_at for child in root.children if child.ended_at is not None]
+    root.ended_at = max(ends, default=root.started_at)
+    root.elapsed = max(root.ended_at - root.started_at, timedelta(0))
+    root.current_tool = None
 
 
 def machine_rows(tree: AgentTree) -> list[dict[str, Any]]:

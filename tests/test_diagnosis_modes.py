@@ -389,6 +389,9 @@ def test_every_step_run_again_after_a_crash_writes_nothing_twice(
     specialists = AgentRun.objects.filter(session=session, agent_name__startswith="specialist_")
     assert specialists.count() == (4 if mode == "hierarchical" else 0)
     assert sum(e.type == "diagnosis.specialist_reported" for e in logged) == specialists.count()
+    # each specialist's start and end are one event each, however often its branch ran
+    assert sum(e.type == "agent.run_started" for e in logged) == specialists.count()
+    assert sum(e.type == "agent.run_ended" for e in logged) == specialists.count()
     assert (
         sum(e.type == "finding.recorded" and e.payload["kind"] == "root_cause" for e in logged) == 1
     )

@@ -23,6 +23,7 @@ from diagnosis import shutdown
 from diagnosis.agent import waits
 from diagnosis.agent.providers import Attempt, OpenAICompatibleProvider
 from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.eventlog import names
 from diagnosis.events import (
     EventBatch,
     LeaseLost,
@@ -375,24 +376,38 @@ def child_run(ctx: AgentContext, name: str, key: str) -> Iterator[AgentContext]:
 
 
 def _open_child_run(ctx: AgentContext, name: str, key: str) -> AgentContext:
-    run = AgentRun.objects.filter(
-        session_id=ctx.session_id, agent_name=name, input_snapshot__key=key
-    ).first()
-    if run is None:
-        run = AgentRun.objects.create(
-            session_id=ctx.session_id,
-            parent=ctx.parent_run or ctx.root_run,
-            agent_name=name,
-            input_snapshot={"key": key},
+    """The child's row and its `agent.run_started` event, in one transaction; keyed by
+    the block's key, so a re-run finds both and writes neither again."""
+    with transaction.atomic():
+        run = AgentRun.objects.filter(
+            session_id=ctx.session_id, agent_name=name, input_snapshot__key=key
+        ).first()
+        if run is None:
+            run = AgentRun.objects.create(
+                session_id=ctx.session_id,
+                parent=ctx.parent_run or ctx.root_run,
+                agent_name=name,
+                input_snapshot={"key": key},
+            )
+        elif run.status != "running":
+            AgentRun.objects.filter(pk=run.pk).update(status="running", ended_at=None)
+        append_keyed(
+            ctx.session_id,
+            names.AGENT_RUN_STARTED,
+            f"{key}:run_started",
+            {"run": run.pk, "agent": name, "parent": run.parent_id, "mode": run.mode},
+            producer=ctx.producer,
+            run=run,
         )
-    elif run.status != "running":
-        AgentRun.objects.filter(pk=run.pk).update(status="running", ended_at=None)
     # One group for the child's steps and the parent's on the job's thread.
     step_group(ctx)
     return replace(ctx, parent_run=run, origin=key, actions=None)
 
 
 def _end_child_run(child: AgentContext, status: str) -> None:
+    """The child's end on its row and as `agent.run_ended` (status, times, what its
+    steps' model calls cost), in one transaction; a re-run of the block ending the same
+    way writes the event once."""
     run = child.parent_run
     assert run is not None
     used = LLMCall.objects.filter(Q(agent_run=run) | Q(agent_run__parent=run)).aggregate(
@@ -400,11 +415,31 @@ def _end_child_run(child: AgentContext, status: str) -> None:
         tokens_out=Sum("tokens_out", default=0),
         cost=Sum("cost", default=Decimal(0)),
     )
-    AgentRun.objects.filter(pk=run.pk).update(
-        status=status,
-        ended_at=timezone.now(),
-        output_summary={**used, "cost": str(used["cost"])},
-    )
+    ended_at = timezone.now()
+    with transaction.atomic():
+        AgentRun.objects.filter(pk=run.pk).update(
+            status=status,
+            ended_at=ended_at,
+            output_summary={**used, "cost": str(used["cost"])},
+        )
+        started_at, name = AgentRun.objects.values_list("started_at", "agent_name").get(pk=run.pk)
+        append_keyed(
+            child.session_id,
+            names.AGENT_RUN_ENDED,
+            f"{child.origin}:run_ended:{status}",
+            {
+                "run": run.pk,
+                "agent": name,
+                "status": status,
+                "started_at": started_at.isoformat(),
+                "ended_at": ended_at.isoformat(),
+                "tokens_in": used["tokens_in"],
+                "tokens_out": used["tokens_out"],
+                "cost": str(used["cost"]),
+            },
+            producer=child.producer,
+            run=run,
+        )
 
 
 def call_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]:

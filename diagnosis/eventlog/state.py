@@ -135,6 +135,21 @@ class RestrictionState:
 
 
 @dataclass
+class RunState:
+    """A child agent run as its `agent.run_started` / `agent.run_ended` events tell it."""
+
+    run: int
+    agent: str
+    parent: int | None = None
+    mode: str = ""
+    status: str = "running"
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+
+@dataclass
 class FoldState:
     seq: int = 0
     ts: datetime | None = None
@@ -170,6 +185,8 @@ class FoldState:
     deleted_reason: str = ""
     closed_by: str = ""  # closed by the operator with a summary (session.completed)
     closed_summary: str = ""
+    # Child agent runs (specialists) by run id, as their start and end events tell them.
+    agent_runs: dict[int, RunState] = field(default_factory=dict)
 
     # Convenience views for templates.
     @property

@@ -189,11 +189,21 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
         "provider": plain(PROVIDER_LABELS, payload.get("provider", "")),
         "purpose": plain(PURPOSE_LABELS, payload.get("purpose", "")),
         "outcome": plain(CALL_OUTCOME_LABELS, payload.get("status", "")),
+        # agent.run_started / agent.run_ended: the child run by its words, how long it ran
+        "agent": agent_words(payload["agent"]) if payload.get("agent") else "",
+        "run_status": plain(RUN_STATUS_LABELS, payload.get("status", "")),
+        "run_elapsed": _run_elapsed(payload),
         # A closure already in force: since when (older notes do not say).
         "held_since": parse_datetime(str(payload["held_since"]))
         if payload.get("held_since")
         else None,
     }
+
+
+def _run_elapsed(payload: dict[str, Any]) -> timedelta | None:
+    started = parse_datetime(str(payload.get("started_at") or ""))
+    ended = parse_datetime(str(payload.get("ended_at") or ""))
+    return max(ended - started, timedelta(0)) if started and ended else None
 
 
 @register.filter

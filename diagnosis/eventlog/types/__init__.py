@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from diagnosis.eventlog import registry
-from diagnosis.eventlog.types import actions, agent, findings, session
+from diagnosis.eventlog.types import actions, agent, findings, runs, session
 
 
 def declare() -> None:
-    registry.register(*session.TYPES, *agent.TYPES, *actions.TYPES, *findings.TYPES)
+    registry.register(*session.TYPES, *agent.TYPES, *runs.TYPES, *actions.TYPES, *findings.TYPES)
     registry.register_finding(*findings.KINDS)
