@@ -23,17 +23,17 @@ from django.db.models.signals import m2m_changed, post_save, pre_save
 from django.http import HttpRequest, HttpResponse
 
 from aero.models import audit
+from aero.packs import admin_actions
 
 # Holds the request, not request.user: the user is a lazy object, and asgiref inspects
 # every context variable when it crosses into a thread (isinstance), which would load
 # the user from the database inside the event loop and fail the request under daphne.
 _actor: contextvars.ContextVar[Any] = contextvars.ContextVar("aero_actor", default=None)
 
-# Admin changes, named for auditors by model (the rest: admin.<app.model>.<verb>).
+# Admin changes, named for auditors by model (a pack names its own models' changes:
+# DomainPack.admin_actions; the rest: admin.<app.model>.<verb>).
 ADMIN_ACTIONS = {
     "scenarios_admin.scenario": ("scenario.created", "scenario.draft_saved", "scenario.deleted"),
-    "scenarios_admin.topology": ("topology.created", "topology.changed", "topology.deleted"),
-    "scenarios_admin.flight": ("flight.created", "flight.changed", "flight.deleted"),
     "scenarios_admin.providerconfig": (
         "provider.created",
         "provider.changed",
@@ -91,7 +91,7 @@ def admin_logged(sender: Any, instance: LogEntry, created: bool, **kwargs: Any) 
     content_type = instance.content_type
     model = f"{content_type.app_label}.{content_type.model}" if content_type else "unknown"
     verb = _VERBS.get(instance.action_flag, 1)
-    names = ADMIN_ACTIONS.get(model)
+    names = ADMIN_ACTIONS.get(model) or admin_actions().get(model)
     action = names[verb] if names else f"admin.{model}.{('added', 'changed', 'deleted')[verb]}"
     audit(
         action,

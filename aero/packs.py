@@ -120,6 +120,16 @@ class DomainPack:
     initial_state: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None
     # The world the agent acts on (AgentContext.graph), from the stamp the lease read.
     world: Callable[[Any], Any] | None = None
+    # The model whose one active row (is_active) stamps the world: a job's lease reads its
+    # (id, updated_at), so the job builds the world again only when it changed. None: a
+    # world that never changes.
+    world_stamp: Any = None
+    # Loads the world's built-in data (load_builtin), before any scenario is published:
+    # publishing runs a scenario's example cases against it. Returns what it did.
+    seed_world: Callable[[], list[str]] | None = None
+    # What the admin's changes to the world's models are audited as: model label
+    # ("app.model") -> (created, changed, deleted) actions.
+    admin_actions: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
     # Whether a session of this kind starts from the reporter's message alone (the
     # message form, the CLI's --message, a model extracting the opening message).
     opens_from_message: bool = True
@@ -253,6 +263,12 @@ def default_kind() -> str:
     return next(iter(_PACKS))
 
 
+def stamped_pack() -> DomainPack | None:
+    """The installed pack whose world is read from the database under a stamp (the first
+    in INSTALLED_APPS order), or None."""
+    return next((p for p in _PACKS.values() if p.world_stamp is not None), None)
+
+
 def pack_for(kind: str) -> DomainPack:
     try:
         return _PACKS[kind]
@@ -274,6 +290,11 @@ def added_as_yaml() -> list[DomainPack]:
 
 def installed_packs() -> list[DomainPack]:
     return list(_PACKS.values())
+
+
+def admin_actions() -> dict[str, tuple[str, str, str]]:
+    """Every installed pack's audited admin actions by model label."""
+    return {label: names for p in _PACKS.values() for label, names in p.admin_actions.items()}
 
 
 def history_filters() -> dict[str, HistoryFilter]:

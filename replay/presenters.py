@@ -5,7 +5,6 @@ player visits, never what the fold sees)."""
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -23,8 +22,7 @@ from diagnosis.presenters import impact_map
 from diagnosis.reporting import display_value
 from diagnosis.templatetags.timeline import scenario_language
 from replay.forms import EVENT_GROUPS
-from scenarios_admin.airport import AirportGraph, load_active_graph, load_graph
-from scenarios_admin.models import Topology
+from scenarios_admin.airport import AirportGraph, load_active_graph
 
 # A step folds at most this many events after a cached state. A fold state is a few KB
 # (a 50,000-event session: 500 checkpoints, ~2-10 KB each); loading 1,000 events per step
@@ -351,24 +349,10 @@ def report_markdown(state: FoldState, mask: SessionMask | None) -> str:
     return mask.text(state.report.markdown) if mask is not None else state.report.markdown
 
 
-_graphs: dict[tuple[int, Any], tuple[float, AirportGraph]] = {}
-GRAPH_MAX_AGE = 60.0
-
-
 def airport_graph() -> AirportGraph:
-    """The active airport graph, kept per process while its topology row is unchanged (and
-    at most a minute): a replay step costs one query for it instead of five."""
-    topology = Topology.objects.filter(is_active=True).only("pk", "updated_at").first()
-    if topology is None:
-        return load_active_graph()
-    key = (topology.pk, topology.updated_at)
-    cached = _graphs.get(key)
-    if cached is not None and time.monotonic() - cached[0] < GRAPH_MAX_AGE:
-        return cached[1]
-    graph = load_graph(topology)
-    _graphs.clear()
-    _graphs[key] = (time.monotonic(), graph)
-    return graph
+    """The active graph, kept per process by its pack while its stamp is unchanged: a
+    replay step costs one query for it."""
+    return load_active_graph()
 
 
 def impact_map_at(graph: AirportGraph, state: FoldState) -> dict[str, Any]:

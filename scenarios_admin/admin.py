@@ -16,9 +16,8 @@ from django.utils.translation import gettext as _
 from aero.models import audit
 from aero.packs import UnknownDomain, added_as_yaml, edited_as_yaml, pack_for
 
-# The topology and provider admins register themselves; the admin's autodiscovery imports
-# only this module.
-from scenarios_admin import admin_providers, admin_topology  # noqa: F401
+# The provider admin registers itself; the admin's autodiscovery imports only this module.
+from scenarios_admin import admin_providers  # noqa: F401
 from scenarios_admin.actions import (
     NothingToPublish,
     ScenarioError,

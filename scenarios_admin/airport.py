@@ -1,18 +1,15 @@
-"""The airport graph as plain data, and the deterministic BFS impact analysis."""
+"""The airport graph as plain data, and the deterministic BFS impact analysis. The
+models it is read from are the airport pack's (packs/airport/world.py builds it); the
+apron agent code still in the core reads this value."""
 
 from __future__ import annotations
 
 import re
-import threading
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from django.db.models.signals import post_delete, post_save
-from django.utils import timezone
-
-from scenarios_admin.models import Flight, NodeKind, Runway, Topology, TopologyEdge, TopologyNode
+from aero.packs import stamped_pack
 
 RUNWAY_DESIGNATOR = re.compile(r"^\d{2}[LCR]?/\d{2}[LCR]?$")
 
@@ -27,7 +24,7 @@ class Node:
 
     @property
     def taxiway(self) -> str:
-        return self.node_id.rstrip("0123456789") if self.kind == NodeKind.TAXIWAY else ""
+        return self.node_id.rstrip("0123456789") if self.kind == "taxiway" else ""
 
 
 @dataclass(frozen=True)
@@ -87,13 +84,13 @@ class AirportGraph:
     def impact(self, start: str, radius: int) -> dict[str, object]:
         isolated = self.bfs(start, radius)
         nodes = [self.nodes[n] for n in isolated]
-        stands = sorted((n.node_id for n in nodes if n.kind == NodeKind.STAND), key=_natural_key)
+        stands = sorted((n.node_id for n in nodes if n.kind == "stand"), key=_natural_key)
         return {
             "start": start,
             "radius": radius,
             "isolated_nodes": sorted(isolated, key=_natural_key),
-            "taxiways": sorted({n.taxiway for n in nodes if n.kind == NodeKind.TAXIWAY}),
-            "runways": sorted({n.runway for n in nodes if n.kind == NodeKind.RUNWAY}),
+            "taxiways": sorted({n.taxiway for n in nodes if n.kind == "taxiway"}),
+            "runways": sorted({n.runway for n in nodes if n.kind == "runway"}),
             "stands": stands,
             "flights": self.flights_at(stands),
         }
@@ -112,78 +109,11 @@ def natural_sorted(values: list[str]) -> list[str]:
     return sorted(values, key=_natural_key)
 
 
-# The active graph, built once per process and rebuilt when its stamp changes. The stamp
-# (active topology id, its updated_at) costs one indexed query; every save or delete of a
-# node, edge, runway or flight touches its topology's updated_at (signals below), so an
-# edit in any process (admin in the web process) reaches the consumers and workers.
-_graph_cache: dict[str, tuple[tuple[int, datetime], AirportGraph]] = {}
-_graph_lock = threading.Lock()
-
-
 def load_active_graph(stamp: tuple[Any, Any] | None = None) -> AirportGraph:
-    """The active topology's graph, built once per process and stamp. `stamp`: the
-    active topology's (pk, updated_at) as the caller read it (a job reads it with its
-    lease); read here otherwise."""
-    if stamp is None:
-        stamp = Topology.objects.filter(is_active=True).values_list("pk", "updated_at").first()
-    if stamp is None:
-        raise LookupError("no active airport topology: load the built-in data or activate one")
-    cached = _graph_cache.get("active")
-    if cached is not None and cached[0] == stamp:
-        return cached[1]
-    with _graph_lock:
-        graph = load_graph(Topology.objects.get(pk=stamp[0]))
-        _graph_cache["active"] = (stamp, graph)
+    """The active graph of the pack whose world is stamped (aero.packs.stamped_pack),
+    built once per process and stamp by that pack; `stamp` as a job's lease read it."""
+    pack = stamped_pack()
+    if pack is None or pack.world is None:
+        raise LookupError("no installed domain pack keeps a world to act on")
+    graph: AirportGraph = pack.world(stamp)
     return graph
-
-
-def forget_cached_graph() -> None:
-    _graph_cache.clear()
-
-
-def touch_topology(topology_id: Any) -> None:
-    """Mark the topology changed: every process rebuilds its cached graph on next use."""
-    forget_cached_graph()
-    Topology.objects.filter(pk=topology_id).update(updated_at=timezone.now())
-
-
-def _topology_part_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
-    if kwargs.get("raw"):
-        return  # fixture loading: the topology row arrives with its own stamp
-    touch_topology(instance.topology_id)
-
-
-def _topology_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
-    forget_cached_graph()
-
-
-for _model in (TopologyNode, TopologyEdge, Runway, Flight):
-    post_save.connect(_topology_part_changed, sender=_model, dispatch_uid=f"graph-{_model}")
-    post_delete.connect(_topology_part_changed, sender=_model, dispatch_uid=f"graph-d-{_model}")
-post_save.connect(_topology_changed, sender=Topology, dispatch_uid="graph-topology")
-post_delete.connect(_topology_changed, sender=Topology, dispatch_uid="graph-d-topology")
-
-
-def load_graph(topology: Topology) -> AirportGraph:
-    nodes = {n.node_id: Node(n.node_id, n.kind, n.runway, n.x, n.y) for n in topology.nodes.all()}
-    adjacency: dict[str, set[str]] = {node_id: set() for node_id in nodes}
-    edges: list[tuple[str, str]] = []
-    for source, target in topology.edges.values_list("source__node_id", "target__node_id"):
-        adjacency[source].add(target)
-        adjacency[target].add(source)
-        edges.append((source, target))
-    runways = dict(topology.runways.values_list("designator", "reference_node__node_id"))
-    flights = {
-        f.flight_no: FlightInfo(
-            flight_no=f.flight_no,
-            airline=f.airline,
-            aircraft=f.aircraft,
-            registration=f.registration,
-            stand=f.stand.node_id if f.stand else "",
-            std=f.std.strftime("%H:%M"),
-            destination=f.destination,
-            pax=f.pax,
-        )
-        for f in Flight.objects.filter(topology=topology).select_related("stand")
-    }
-    return AirportGraph(topology.icao, topology.name, nodes, adjacency, edges, runways, flights)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from packs.airport.seed import AIRPORT_FILE
 from scenarios_admin.airport import AirportGraph, FlightInfo, Node
 from scenarios_admin.builtin import DATA_DIR, read_yaml
 
@@ -36,8 +37,8 @@ BUILTIN_SLUGS = tuple(sorted(p.stem for p in (DATA_DIR / "scenarios").glob("*.ya
 
 @cache
 def demo_graph() -> AirportGraph:
-    """The demo airport as the product seeds it (scenarios_admin/data/airport.yaml)."""
-    data = read_yaml(DATA_DIR / "airport.yaml")
+    """The demo airport as the product seeds it (packs/airport/data/airport.yaml)."""
+    data = read_yaml(AIRPORT_FILE)
     nodes = {
         str(n["id"]): Node(
             str(n["id"]), n["kind"], str(n.get("runway", "")), n.get("x", 0), n.get("y", 0)

@@ -232,7 +232,7 @@ def _copy_out() -> list[tuple[str, bytes]]:
 def _copy_in(rows: list[tuple[str, bytes]]) -> None:
     from django.db import transaction
 
-    from scenarios_admin.airport import forget_cached_graph
+    from packs.airport.world import forget_cached_graph
 
     with transaction.atomic():
         with connection.cursor() as cursor:

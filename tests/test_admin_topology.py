@@ -12,17 +12,18 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from packs.airport.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
+from packs.airport.seed import AIRPORT_FILE
+from packs.airport.topology import data_from_yaml, topology_issues
 from scenarios_admin.airport import load_active_graph
-from scenarios_admin.builtin import DATA_DIR, read_yaml
-from scenarios_admin.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
-from scenarios_admin.topology import data_from_yaml, topology_issues
+from scenarios_admin.builtin import read_yaml
 from tests.admin_helpers import add_row, admin_client, form_data, row_prefix, staff_with
 
 # --- the validator on plain data ---------------------------------------------------------
 
 
 def airport() -> dict[str, Any]:
-    return copy.deepcopy(read_yaml(DATA_DIR / "airport.yaml"))
+    return copy.deepcopy(read_yaml(AIRPORT_FILE))
 
 
 def issues(data: dict[str, Any]) -> list[str]:
@@ -76,7 +77,7 @@ def root(builtin: None) -> Client:
 
 
 def url() -> str:
-    return f"/admin/scenarios_admin/topology/{Topology.objects.get().pk}/change/"
+    return f"/admin/airport/topology/{Topology.objects.get().pk}/change/"
 
 
 def page_data(client: Client) -> dict[str, Any]:
@@ -260,7 +261,7 @@ def test_runway_reference_and_flight_stand_are_checked(root: Client) -> None:
 @pytest.mark.services
 def test_only_one_topology_is_active(root: Client) -> None:
     response = root.post(
-        "/admin/scenarios_admin/topology/add/",
+        "/admin/airport/topology/add/",
         {
             "icao": "ZZBB",
             "name": "Second",

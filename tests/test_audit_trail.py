@@ -18,7 +18,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from aero.models import AuditLog, audit
-from scenarios_admin.models import ProviderConfig, Scenario, Topology
+from packs.airport.models import Topology
+from scenarios_admin.models import ProviderConfig, Scenario
 from tests.admin_helpers import admin_client, form_data
 from tests.web_helpers import approve_everything, login, make_session
 
@@ -97,7 +98,7 @@ def test_a_scenario_draft_save_names_who_saved_it(builtin: None, root: User) -> 
 def test_a_topology_edit_is_audited(builtin: None, root: User) -> None:
     topology = Topology.objects.get()
     client = admin_client(root)
-    url = f"/admin/scenarios_admin/topology/{topology.pk}/change/"
+    url = f"/admin/airport/topology/{topology.pk}/change/"
     data = admin_form(client, url, "topology_form")
     data["name"] = "Demo airport (renamed)"
 

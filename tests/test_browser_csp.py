@@ -20,7 +20,8 @@ from approvals.actions import do_decide, sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
 from diagnosis.lifts import do_request_lift
 from diagnosis.models import Restriction, Session
-from scenarios_admin.models import Flight, ProviderConfig, Scenario, Topology
+from packs.airport.models import Flight, Topology
+from scenarios_admin.models import ProviderConfig, Scenario
 from tests.browser_helpers import ARTIFACTS, sign_in
 from tests.hostile import INERT
 from tests.test_views_airport import approve_lift

@@ -503,7 +503,7 @@ def data_names() -> set[str]:
 
     from packs.diagnosis.system import demo_shop
 
-    airport = yaml.safe_load((ROOT / "scenarios_admin" / "data" / "airport.yaml").read_text())
+    airport = yaml.safe_load((ROOT / "packs" / "airport" / "data" / "airport.yaml").read_text())
     nouns = [f[key] for f in airport["flights"] for key in ("airline", "destination")]
     nouns += list(demo_shop().services)
     return {word for noun in nouns for word in LATIN_WORD.findall(str(noun))}

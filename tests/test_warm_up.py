@@ -23,8 +23,7 @@ from diagnosis.jobs import checkpoints
 from diagnosis.jobs import job as the_job
 from diagnosis.llm_runner import runner as llm_runner
 from diagnosis.worker import AeroWorker, WorkerHeartbeat
-from scenarios_admin import airport
-from scenarios_admin.airport import forget_cached_graph
+from packs.airport import world as airport_world
 from scenarios_admin.models import ProviderConfig
 from tests.servers import ROOT
 
@@ -103,12 +102,14 @@ def test_a_worker_has_its_agent_graph_and_airport_before_its_first_beat(
     """The first job after a start found neither, and paid ~0.4 s for them with
     every new session queued behind it."""
     jobs.close_agent_runtime()
-    forget_cached_graph()
+    airport_world.forget_cached_graph()
     at_first_beat: list[tuple[bool, bool]] = []
     start = WorkerHeartbeat.start
 
     def first_beat(self: WorkerHeartbeat) -> None:
-        at_first_beat.append((checkpoints._runtime is not None, "active" in airport._graph_cache))
+        at_first_beat.append(
+            (checkpoints._runtime is not None, "active" in airport_world._graph_cache)
+        )
         start(self)
 
     monkeypatch.setattr(WorkerHeartbeat, "start", first_beat)

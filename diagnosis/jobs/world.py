@@ -1,16 +1,16 @@
 """What a job loads to start besides the session: its scenario's definition, the world
 the agent acts on and the graph's first input, each from the pack of the definition's
-kind (aero.packs). The lease statement reads the airport world's stamp with the lease
-(`world_stamp_sql`), so a job builds that world again only when it changed."""
+kind (aero.packs). The lease statement reads the stamped world's stamp with the lease
+(`world_stamp_sql`, from the pack's `world_stamp` model), so a job builds that world
+again only when it changed."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from aero.packs import pack_for
+from aero.packs import pack_for, stamped_pack
 from diagnosis.models import Session
-from scenarios_admin.airport import load_active_graph
-from scenarios_admin.models import ScenarioVersion, Topology
+from scenarios_admin.models import ScenarioVersion
 
 # The world a job's agent acts on (AgentContext.graph).
 World = Any
@@ -32,12 +32,6 @@ def definition_of(session: Session) -> dict[str, Any]:
     return found
 
 
-def load_world(stamp: WorldStamp = None) -> World:
-    """The active airport world, built once per process and stamp; `stamp` as the lease
-    read it (read here when None). The airport pack's world."""
-    return load_active_graph(stamp)
-
-
 def world_of(kind: str, stamp: WorldStamp = None) -> World:
     """The world of the pack serving `kind` (None when the pack acts on none)."""
     loader = pack_for(kind).world
@@ -54,16 +48,20 @@ def initial_state(session: Session, definition: dict[str, Any]) -> dict[str, Any
 
 def world_stamp_sql(connection: Any) -> tuple[str, str]:
     """The lease statement's part that reads the active world's stamp: a LEFT JOIN to add
-    after its other sources, and the columns it selects (`world_stamp` reads them back)."""
+    after its other sources, and the columns it selects (`world_stamp` reads them back).
+    Without a stamped world installed, two NULL columns and no join."""
+    pack = stamped_pack()
+    if pack is None:
+        return "", "NULL AS world_id, NULL AS world_updated_at"
     quote = connection.ops.quote_name
-    topology = Topology._meta
-    updated_at = quote(str(topology.get_field("updated_at").column))
-    is_active = quote(str(topology.get_field("is_active").column))
+    meta = pack.world_stamp._meta
+    updated_at = quote(str(meta.get_field("updated_at").column))
+    is_active = quote(str(meta.get_field("is_active").column))
     join = (
-        f" LEFT JOIN (SELECT {quote('id')}, {updated_at} FROM {quote(topology.db_table)}"
+        f" LEFT JOIN (SELECT {quote('id')}, {updated_at} FROM {quote(meta.db_table)}"
         f" WHERE {is_active} ORDER BY 1 LIMIT 1) stamp ON TRUE"
     )
-    columns = f"stamp.{quote('id')} AS topology_id, stamp.{updated_at} AS topology_updated_at"
+    columns = f"stamp.{quote('id')} AS world_id, stamp.{updated_at} AS world_updated_at"
     return join, columns
 
 
@@ -73,5 +71,5 @@ WORLD_STAMP_COLUMNS = 2
 
 def world_stamp(columns: tuple[Any, ...]) -> WorldStamp:
     """The stamp from the columns world_stamp_sql selected."""
-    topology_id, updated_at = columns
-    return (topology_id, updated_at) if topology_id is not None else None
+    world_id, updated_at = columns
+    return (world_id, updated_at) if world_id is not None else None

@@ -19,7 +19,8 @@ from diagnosis.decisions import ActionError, checked_text
 from diagnosis.models import Restriction, ToolCall
 from diagnosis.push import notify_board
 from packs.airport.arguments import SCHEMAS
-from scenarios_admin.airport import AirportGraph, load_active_graph
+from packs.airport.world import load_active_graph
+from scenarios_admin.airport import AirportGraph
 
 # The external systems the actions reach (diagnosis.external), with their reference prefixes.
 AIRPORT_OPS = "airport_ops"

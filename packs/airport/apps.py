@@ -4,6 +4,12 @@ from typing import Any
 
 from django.apps import AppConfig
 
+# The admin's changes to the world, named for auditors (aero.audit_trail).
+ADMIN_ACTIONS = {
+    "airport.topology": ("topology.created", "topology.changed", "topology.deleted"),
+    "airport.flight": ("flight.created", "flight.changed", "flight.deleted"),
+}
+
 
 class AirportPackConfig(AppConfig):
     """The airport apron emergency domain (scenario kind "apron")."""
@@ -17,16 +23,19 @@ class AirportPackConfig(AppConfig):
         from diagnosis import external
         from diagnosis.agent.graph import build_graph
         from diagnosis.agent.tools import register_lookups
-        from diagnosis.jobs.world import load_world
         from diagnosis.wording import register_tool_labels
         from packs.airport import actions, lookups
         from packs.airport.board import Board
         from packs.airport.definition import ApronDefinition
+        from packs.airport.models import Topology
+        from packs.airport.seed import seed_world
+        from packs.airport.world import connect_signals, load_active_graph
 
         for system, prefix in actions.SYSTEMS.items():
             external.register_system(system, prefix)
         register_tool_labels(actions.LABELS)
         register_lookups(lookups.LOOKUPS, lookups.FAILURES)
+        connect_signals()
         register(
             DomainPack(
                 kind="apron",
@@ -42,7 +51,17 @@ class AirportPackConfig(AppConfig):
                 ),
                 graph=build_graph,
                 initial_state=initial_state,
-                world=load_world,
+                world=load_active_graph,
+                world_stamp=Topology,
+                seed_world=seed_world,
+                admin_actions={
+                    "airport.topology": (
+                        "topology.created",
+                        "topology.changed",
+                        "topology.deleted",
+                    ),
+                    "airport.flight": ("flight.created", "flight.changed", "flight.deleted"),
+                },
                 enrichment_warning=lookups.stand_mismatch_text,
                 board=Board,
             )

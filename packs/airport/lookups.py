@@ -14,7 +14,8 @@ from django.utils.translation import gettext, gettext_lazy
 from aero.packs import LookupTool
 from diagnosis.agent.tools import ToolFailure, lookup_world
 from packs.airport.arguments import SCHEMAS
-from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
+from packs.airport.world import load_active_graph
+from scenarios_admin.airport import AirportGraph, natural_sorted
 
 # Why a lookup failed, as the log keeps it (English); pages word it per reader.
 FAILURES: dict[str, Promise] = {

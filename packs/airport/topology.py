@@ -7,9 +7,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from packs.airport.models import Topology
 from scenarios_admin.airport import RUNWAY_DESIGNATOR, natural_sorted
 from scenarios_admin.definition import NODE_KINDS, Issue
-from scenarios_admin.models import Topology
 
 
 @dataclass

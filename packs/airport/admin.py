@@ -14,9 +14,9 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from packs.airport.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
+from packs.airport.topology import TopologyData, data_of, topology_issues, topology_map
 from scenarios_admin.admin_forms import CheckedInlineFormSet, CrossCheck, place_problem
-from scenarios_admin.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
-from scenarios_admin.topology import data_of, topology_issues, topology_map
 
 # --- forms ----------------------------------------------------------------------------------
 
@@ -35,8 +35,6 @@ class NodeRefForm(forms.ModelForm[Any]):
                 self.initial[name] = node.node_id
 
     def save(self, commit: bool = True) -> Any:
-        from scenarios_admin.models import TopologyNode
-
         for name, fk in self.node_refs.items():
             node_id = self.cleaned_data.get(name) or ""
             node = (
@@ -89,8 +87,6 @@ class TopologyForm(forms.ModelForm[Any]):
             self.cross_check.form = self
 
     def clean_is_active(self) -> bool:
-        from scenarios_admin.models import Topology
-
         active = bool(self.cleaned_data.get("is_active"))
         other = Topology.objects.filter(is_active=True).exclude(pk=self.instance.pk).first()
         if active and other is not None:
@@ -106,8 +102,6 @@ class TopologyForm(forms.ModelForm[Any]):
 
 def validate_topology(check: CrossCheck) -> list[str]:
     """The graph the page describes (nodes, edges, runways, flights) checked as a whole."""
-    from scenarios_admin.models import Flight, Runway, TopologyEdge, TopologyNode
-    from scenarios_admin.topology import TopologyData, topology_issues
 
     def rows(model: type[Any]) -> list[forms.ModelForm[Any]]:
         formset = check.formset(model)
