@@ -40,6 +40,7 @@ ADMIN_ACTIONS = {
         "provider.deleted",
     ),
     "tools.mcpserver": ("mcp_server.created", "mcp_server.changed", "mcp_server.deleted"),
+    "tools.skill": ("skill.created", "skill.changed", "skill.deleted"),
     "diagnosis_pack.metricssource": (
         "metrics_source.created",
         "metrics_source.changed",

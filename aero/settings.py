@@ -389,6 +389,10 @@ AERO_ENRICHMENT_TIMEOUT = env_float("AERO_ENRICHMENT_TIMEOUT", 2.0)
 # attempt, linear backoff (attempt x seconds: 1 s then 2 s), tech plan §5.4.
 AERO_TOOL_RETRIES = env_int("AERO_TOOL_RETRIES", 2, minimum=0)
 AERO_TOOL_BACKOFF = env_float("AERO_TOOL_BACKOFF", 1.0)
+# How uploaded skills are isolated (tools.sandbox): auto tries bwrap, then unshare.
+AERO_SKILL_SANDBOX = env_str("AERO_SKILL_SANDBOX", "auto")
+if AERO_SKILL_SANDBOX not in ("auto", "bwrap", "unshare"):
+    raise ImproperlyConfigured("AERO_SKILL_SANDBOX is auto, bwrap or unshare")
 AERO_LLM_RETRIES = env_int("AERO_LLM_RETRIES", 3, minimum=1)
 AERO_LLM_BACKOFF = env_float("AERO_LLM_BACKOFF", 1.0)
 # A provider's circuit breaker (scenarios_admin.breaker): this many failed attempts in a

@@ -41,6 +41,7 @@ from api.presenters import (
     viewer_mask,
     viewer_roles,
 )
+from api.skills import router as skills_router
 from api.strict import StrictRouter
 from api.tools import router as tools_router
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
@@ -505,6 +506,7 @@ api.add_router("/diagnosis-sessions", sessions)
 api.add_router("/approvals", approvals)
 api.add_router("", history_router)
 api.add_router("", tools_router)
+api.add_router("", skills_router)
 for pack in installed_packs():
     if pack.api_router is not None:
         api.add_router("", pack.api_router())

@@ -29,7 +29,7 @@ from diagnosis.models import Report, Restriction, ToolCall
 from ingest.models import GateSettings
 from scenarios_admin.models import ProviderConfig
 from tests.web_helpers import approval_for, waiting_session
-from tools.models import McpServer
+from tools.models import McpServer, Skill
 
 pytestmark = pytest.mark.services
 
@@ -220,6 +220,10 @@ TOKEN_URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "api:list_mcp_servers": ("GET", row(401, 403, 403, 403, 200)),
     "api:test_mcp_server": ("POST", row(401, 403, 403, 403, 422)),
     "api:list_llm_models": ("GET", row(401, 403, 403, 403, 200)),
+    # skills: admins only (an upload without its zip: 422)
+    "api:upload_skill": ("POST", row(401, 403, 403, 403, 422)),
+    "api:list_skills": ("GET", row(401, 403, 403, 403, 200)),
+    "api:list_skill_versions": ("GET", row(401, 403, 403, 403, 200)),
     "ingest:alertmanager": ("POST", row(401, 422, 403, 403, 422)),
     "ingest:alerts": ("POST", row(401, 422, 403, 403, 422)),
     "metrics": ("GET", row(200, 200, 200, 200, 200)),  # the test client is on loopback
@@ -318,6 +322,7 @@ def world(builtin: None, make_user: Callable[..., User]) -> dict[str, Any]:
     # every admin model has an object for its change pages (provider, report)
     ProviderConfig.objects.create(name="local", kind="offline")
     McpServer.objects.create(name="time", command="{python}", args=["-m", "mcp_server_time"])
+    skill = Skill.objects.create(name="count-errors")
     Report.objects.create(session=session, language="en", markdown="# Report")
     return {
         "people": people,
@@ -330,6 +335,7 @@ def world(builtin: None, make_user: Callable[..., User]) -> dict[str, Any]:
             "job_id": "no-such-job",
             "token_id": ApiToken.issue(people[OP], "table", ["operator"])[0].pk,
             "approval_id_api": crew.pk,
+            "skill_id": skill.pk,
         },
         "session": session,
     }
@@ -489,6 +495,7 @@ def test_the_token_routes(world: dict[str, Any]) -> None:
         "approval_id": world["kwargs"]["approval_id"],
         "job_id": "no-such-job",
         "item_id": "KB-001",
+        "skill_id": world["kwargs"]["skill_id"],
     }
     failures = []
     for route, name, pattern in all_patterns():

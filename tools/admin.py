@@ -11,15 +11,19 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from tools.models import ENV_NAME, McpServer, McpTool
+from tools.models import ENV_NAME, McpServer, McpTool, Skill, SkillVersion
 from tools.probe import probe_server
+from tools.skills import MAX_ZIP_BYTES, SkillRejected, activate_version, save_upload
 
 OUTCOMES = {
     "started": gettext_lazy("started"),
@@ -171,3 +175,123 @@ class McpServerAdmin(admin.ModelAdmin[McpServer]):
                 f"{server.name}: {label}: {result.message}",
                 messages.SUCCESS if result.ok else messages.ERROR,
             )
+
+
+# --- skills -------------------------------------------------------------------------------
+
+
+class SkillUploadForm(forms.Form):
+    file = forms.FileField(
+        label=gettext_lazy("Skill zip"),
+        help_text=gettext_lazy(
+            "A zip with skill.yaml at its top (name, version, description, arguments and "
+            "result as JSON Schemas, entry, risk, applies_to) and the files it names."
+        ),
+    )
+    activate = forms.BooleanField(
+        required=False,
+        label=gettext_lazy("Make it the active version"),
+        help_text=gettext_lazy("A skill's first version is always active."),
+    )
+
+
+class SkillVersionInline(admin.TabularInline[SkillVersion, Skill]):
+    model = SkillVersion
+    extra = 0
+    can_delete = False
+    fields = ("version", "risk_class", "entry", "applies_to", "files_listed", "uploaded")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description=gettext_lazy("Files"))
+    def files_listed(self, obj: SkillVersion) -> str:
+        return ", ".join(f.path for f in obj.files.all())
+
+    @admin.display(description=gettext_lazy("Uploaded"))
+    def uploaded(self, obj: SkillVersion) -> str:
+        who = obj.uploaded_by.get_username() if obj.uploaded_by else "—"
+        return f"{obj.uploaded_at:%Y-%m-%d %H:%M} {who} sha256 {obj.sha256[:12]}"
+
+
+class SkillForm(forms.ModelForm[Skill]):
+    class Meta:
+        model = Skill
+        fields = ["active_version"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # only this skill's own versions may become its active one
+        field = self.fields["active_version"]
+        field.queryset = SkillVersion.objects.filter(skill=self.instance)  # type: ignore[attr-defined]
+
+
+@admin.register(Skill)
+class SkillAdmin(admin.ModelAdmin[Skill]):
+    """Skills: added by uploading a zip (the add page is the upload form), their versions
+    listed, the active one chosen. Uploads and activations are audited (skill.uploaded,
+    skill.activated), other edits through the admin's log."""
+
+    form = SkillForm
+    list_display = ["name", "risk_class", "active_version", "version_count", "updated_at"]
+    readonly_fields = ["name", "description", "risk_class"]
+    fields = ["name", "description", "risk_class", "active_version"]
+    inlines = [SkillVersionInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Skill]:
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("active_version")
+            .annotate(kept=Count("versions"))
+        )
+
+    @admin.display(description=gettext_lazy("Versions"))
+    def version_count(self, obj: Skill) -> int:
+        return int(getattr(obj, "kept", 0))
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = SkillUploadForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data["file"].read(MAX_ZIP_BYTES + 1)
+            try:
+                version = save_upload(data, request.user, activate=form.cleaned_data["activate"])
+            except SkillRejected as exc:
+                form.add_error("file", f"{exc.message} ({exc.code}). " + _("Nothing was kept."))
+            else:
+                self.message_user(
+                    request,
+                    _("Uploaded %(name)s version %(version)s.")
+                    % {"name": version.skill.name, "version": version.version},
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(
+                    reverse("admin:tools_skill_change", args=[version.skill_id])
+                )
+        return TemplateResponse(
+            request,
+            "admin/tools/skill/upload.html",
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.opts,
+                "form": form,
+                "title": _("Upload a skill"),
+            },
+        )
+
+    def save_model(self, request: HttpRequest, obj: Skill, form: Any, change: bool) -> None:
+        chosen = form.cleaned_data.get("active_version")
+        if chosen is not None:
+            with transaction.atomic():
+                activate_version(chosen, request.user)  # audited as skill.activated
+            obj.refresh_from_db()
+        else:
+            super().save_model(request, obj, form, change)

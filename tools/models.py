@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -141,3 +142,96 @@ class McpTool(models.Model):
     @property
     def allowed(self) -> bool:
         return not self.server.allowed_tools or self.name in self.server.allowed_tools
+
+
+RISK_CLASSES = ("R0", "R1", "R2", "R3")
+
+
+class Skill(models.Model):
+    """An uploaded skill: a script run as an evidence tool in a sandbox (tools.sandbox).
+    Its versions are kept; the active one is what runs. The risk class is the active
+    version's manifest's, never below R0."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.CharField(max_length=500, blank=True)
+    risk_class = models.CharField(
+        max_length=2, default="R0", choices=[(r, r) for r in RISK_CLASSES], editable=False
+    )
+    active_version = models.ForeignKey(
+        "SkillVersion",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text=_("The version that runs; none: the skill is not offered."),
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = _("skill")
+        verbose_name_plural = _("skills")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SkillVersion(models.Model):
+    """One uploaded zip of a skill, checked (tools.skills) and immutable."""
+
+    skill = models.ForeignKey(Skill, on_delete=models.CASCADE, related_name="versions")
+    version = models.CharField(max_length=64)
+    description = models.CharField(max_length=500, blank=True)
+    manifest = models.JSONField(default=dict)
+    arguments_schema = models.JSONField(default=dict)
+    result_schema = models.JSONField(default=dict)
+    entry = models.CharField(max_length=255)
+    risk_class = models.CharField(max_length=2, default="R0")
+    # The problem types it applies to (empty: none is chosen for it automatically).
+    applies_to = models.JSONField(default=list, blank=True)
+    sha256 = models.CharField(max_length=64, help_text=_("Of the uploaded zip."))
+    size = models.PositiveIntegerField(default=0)
+    uploaded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    uploaded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["skill", "-uploaded_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["skill", "version"], name="skill_version_unique")
+        ]
+        verbose_name = _("skill version")
+        verbose_name_plural = _("skill versions")
+
+    def __str__(self) -> str:
+        return f"{self.skill.name} {self.version}"
+
+    @property
+    def tool_name(self) -> str:
+        return f"skill:{self.skill.name}"
+
+
+class SkillFile(models.Model):
+    """A file of a skill version, its bytes kept in the database (a skill is small:
+    tools.skills.LIMITS) so every worker reads the same."""
+
+    version = models.ForeignKey(SkillVersion, on_delete=models.CASCADE, related_name="files")
+    path = models.CharField(max_length=255)
+    size = models.PositiveIntegerField()
+    sha256 = models.CharField(max_length=64)
+    content = models.BinaryField()
+
+    class Meta:
+        ordering = ["version", "path"]
+        constraints = [
+            models.UniqueConstraint(fields=["version", "path"], name="skill_file_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.path

@@ -33,6 +33,7 @@ from packs.diagnosis.playbook import (
     read_metrics,
 )
 from packs.diagnosis.prometheus import MetricsSourceError
+from packs.diagnosis.skill_calls import is_skill, run_skill_call, skill_calls
 from packs.diagnosis.sources import session_metrics
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System
@@ -137,7 +138,7 @@ class Investigation:
             }
             for index, loc in enumerate(found.code_locations, start=1)
         ]
-        return calls
+        return calls + skill_calls(found, self.window)
 
     def similar_args(self, found: Diagnosis) -> dict[str, Any]:
         """The past cases are searched with the incident's words, what the new errors at
@@ -209,6 +210,8 @@ class Investigation:
         return item, response
 
     def _compute(self, call: dict[str, Any]) -> dict[str, Any]:
+        if is_skill(call["tool"]):  # its arguments are checked against its manifest's schema
+            return run_skill_call(self.session_id, call)
         # a bad argument fails this call (recorded with the message), never the step
         tool, args = call["tool"], checked(call["tool"], call["args"])
         if tool == "anomalies" and self.metrics_error:

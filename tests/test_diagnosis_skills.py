@@ -1,0 +1,128 @@
+"""Uploaded skills in an IT diagnosis: an active R0 skill that applies to the incident's
+problem type is called like every evidence tool (tool.call_started and completed, its
+arguments from the incident checked against its manifest), and its finding shows on the
+session page, in the export's evidence chain and in replay. A skill that misbehaves
+fails its call with the reason and the diagnosis concludes as without it; a skill of
+another problem type, or of risk R1, is not called."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import override_settings
+from django.urls import reverse
+
+from diagnosis.models import Event, Session, ToolCall
+from packs.diagnosis.sessions import start_from_bundle
+from packs.diagnosis.skill_calls import skill_calls
+from tests.skill_helpers import COUNT_ERRORS, skill_zip
+from tests.web_helpers import login
+from tools.skills import save_upload
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
+TOOL = "skill:count-errors"
+FAST = {"timeout_seconds": 30, "cpu_seconds": 1, "memory_mb": 128}
+
+pytestmark = pytest.mark.services
+
+
+@pytest.fixture(autouse=True)
+def _bundles_in_tmp(tmp_path: Path) -> Any:
+    with override_settings(AERO_BUNDLE_DIR=tmp_path / "stored"):
+        yield
+
+
+@pytest.fixture
+def root(db: None) -> User:
+    return User.objects.create_superuser("root", password="pw-for-tests")
+
+
+def diagnose(alice: User, example: str, mode: str = "") -> Session:
+    options = {"preferred_mode": mode} if mode else {}
+    session = start_from_bundle(alice, EXAMPLES / f"{example}.tar.gz", options)
+    session.refresh_from_db()
+    assert session.status == "waiting_user"
+    return session
+
+
+def cause_of(session: Session) -> dict[str, Any]:
+    found = Event.objects.get(session=session, type="finding.recorded", payload__kind="root_cause")
+    return dict(found.payload)
+
+
+def test_an_active_skill_is_an_evidence_call_shown_exported_and_replayed(
+    builtin: None, alice: User, root: User
+) -> None:
+    save_upload(skill_zip(COUNT_ERRORS, applies_to=["error_spike"], limits=FAST), root)
+    save_upload(
+        skill_zip("raise SystemExit(1)", name="other-type", applies_to=["service_down"]), root
+    )
+    save_upload(skill_zip(COUNT_ERRORS, name="risky", applies_to=["error_spike"], risk="R1"), root)
+    session = diagnose(alice, "ex-deploy-payments")
+
+    call = ToolCall.objects.get(session=session, tool_name=TOOL)
+    assert call.status == "completed" and call.risk_class == "R0"
+    assert call.request_payload == {
+        "problem_type": "error_spike",
+        "services": call.request_payload["services"],
+    }
+    lines = call.response_payload["result"]["lines"]
+    assert lines > 0
+    summary = f"count-errors 1.0: {lines} ERROR lines (error_spike)"
+    assert call.response_payload["summary"] == summary
+    types = list(
+        Event.objects.filter(session=session, payload__tool_name=TOOL)
+        .order_by("seq")
+        .values_list("type", flat=True)
+    )
+    assert types == ["tool.call_started", "tool.call_completed"]
+    assert not ToolCall.objects.filter(
+        session=session, tool_name__in=["skill:other-type", "skill:risky"]
+    ).exists()
+    assert cause_of(session)["hypothesis"] == "bad_deploy"  # the reading is the playbook's
+
+    client = login(alice)
+    page = client.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+    assert f'data-tool="{TOOL}"' in page and summary in page
+    markdown = client.post(reverse("replay:replay-export", args=[session.pk])).content.decode()
+    assert f"| {TOOL} | R0 |" in markdown and f"{lines} ERROR lines" in markdown
+    done = Event.objects.get(session=session, type="tool.call_completed", payload__tool_name=TOOL)
+    replay = client.get(reverse("replay:replay-step", args=[session.pk]), {"seq": done.seq})
+    assert summary in replay.content.decode()
+
+
+def test_a_misbehaving_skill_fails_its_call_and_the_diagnosis_goes_on(
+    builtin: None, alice: User, root: User
+) -> None:
+    looping = skill_zip("while True:\n    pass\n", applies_to=["slow_response"], limits=FAST)
+    save_upload(looping, root)
+    session = diagnose(alice, "ex-pool-inventory", mode="hierarchical")
+
+    failed = Event.objects.get(session=session, type="tool.call_failed", payload__tool_name=TOOL)
+    assert failed.payload["error"] == "skill count-errors: stopped at its CPU limit (1 s)"
+    assert cause_of(session)["hypothesis"] == "db_pool_exhausted"
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk]))
+    assert "Failed: skill count-errors: stopped at its CPU limit (1 s)" in page.content.decode()
+
+
+def test_offering_the_skills_costs_one_query_whatever_their_number(
+    root: User, django_assert_num_queries: Any
+) -> None:
+    for name in ("a-skill", "b-skill", "c-skill"):
+        save_upload(skill_zip(COUNT_ERRORS, name=name, applies_to=["error_spike"]), root)
+    found = SimpleNamespace(
+        problem_type="error_spike", candidates=["payments"], related_services=[], service=None
+    )
+    window = {"since": "2026-01-01T00:00:00", "until": "2026-01-01T01:00:00"}
+    with django_assert_num_queries(1):
+        calls = skill_calls(found, window)  # type: ignore[arg-type]
+    assert [(c["call_id"], c["tool"]) for c in calls] == [
+        ("ev-skill-a-skill", "skill:a-skill"),
+        ("ev-skill-b-skill", "skill:b-skill"),
+        ("ev-skill-c-skill", "skill:c-skill"),
+    ]
+    assert calls[0]["args"] == {"problem_type": "error_spike", "services": ["payments"]}
