@@ -23,6 +23,7 @@ from packs.diagnosis.modes import (
     SPECIALIST_REPORTED,
     SPECIALISTS,
 )
+from packs.diagnosis.skill_calls import is_skill
 from packs.diagnosis.steps import (
     DiagnosisState,
     gather,
@@ -59,7 +60,9 @@ def specialist_calls(inv: Investigation, name: str) -> tuple[list[dict[str, Any]
         calls += [c for c in follow if c["tool"] == "code"]
         held = sources["deploys"] or sources["config_changes"]
         return calls, "" if held else _("the bundle has no deploys.yaml or config_changes.yaml")
-    return [c for c in follow if c["tool"] in ("topology", "similar_cases")], ""
+    return [
+        c for c in follow if c["tool"] in ("topology", "similar_cases") or is_skill(c["tool"])
+    ], ""
 
 
 @recorded("orchestrate", fans_out=True)
