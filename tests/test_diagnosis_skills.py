@@ -13,9 +13,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import override_settings
 from django.urls import reverse
 
+from diagnosis.actions import do_retry
+from diagnosis.agent.nodes import waiting
 from diagnosis.models import Event, Session, ToolCall
 from packs.diagnosis.sessions import start_from_bundle
 from packs.diagnosis.skill_calls import skill_calls
@@ -126,3 +129,37 @@ def test_offering_the_skills_costs_one_query_whatever_their_number(
         ("ev-skill-c-skill", "skill:c-skill"),
     ]
     assert calls[0]["args"] == {"problem_type": "error_spike", "services": ["payments"]}
+
+
+def test_a_step_run_again_after_a_crash_does_not_run_the_skill_twice(
+    builtin: None, alice: User, root: User, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """The worker dies after the evidence steps committed and before their checkpoint;
+    the retry runs the steps again: the skill's call is reused (one row, one started and
+    one completed event), never run again."""
+    save_upload(skill_zip(COUNT_ERRORS, applies_to=["error_spike"], limits=FAST), root)
+    original = waiting.wait_for_user
+    crashes = {"left": settings.AERO_JOB_ATTEMPTS}
+
+    def crash_before_the_wait(*args: Any) -> Any:
+        if crashes["left"]:
+            crashes["left"] -= 1
+            raise RuntimeError("worker lost its database connection")
+        return original(*args)
+
+    monkeypatch.setattr(waiting, "wait_for_user", crash_before_the_wait)
+    session = start_from_bundle(alice, EXAMPLES / "ex-deploy-payments.tar.gz", {})
+    session.refresh_from_db()
+    assert session.status == "failed"
+    with connection.cursor() as cursor:  # as if the process died before its checkpoint
+        for table in ("checkpoint_writes", "checkpoint_blobs", "checkpoints"):
+            cursor.execute(f"DELETE FROM {table} WHERE thread_id = %s", [str(session.pk)])
+    do_retry(session.pk, alice)
+    session.refresh_from_db()
+    assert session.status == "waiting_user"
+    assert ToolCall.objects.filter(session=session, tool_name=TOOL).count() == 1
+    logged = Event.objects.filter(session=session, payload__tool_name=TOOL)
+    assert sorted(logged.values_list("type", flat=True)) == [
+        "tool.call_completed",
+        "tool.call_started",
+    ]
