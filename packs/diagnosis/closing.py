@@ -13,6 +13,7 @@ from diagnosis.agent.tools import run_action
 from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun, Event, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import write_report
+from packs.diagnosis import citations
 from packs.diagnosis.fixes import fix_problems
 from packs.diagnosis.knowledge import linked_cases
 from packs.diagnosis.steps import DiagnosisState, playbook_of, system_of, tool_context
@@ -32,13 +33,19 @@ ASK = {
 def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     """The playbook's findings and its conclusion as `finding.recorded` events, each
     citing the evidence calls it rests on."""
-    found: dict[str, Any] = state["conclusion"]
     # The past cases are shown beside the conclusion; the playbook does not read them.
     cited = [
         e["id"]
         for e in state["evidence"]["calls"]
         if not e.get("error") and e["tool"] != "similar_cases"
     ]
+    found, cited, violations = citations.checked(
+        state["conclusion"], cited, citations.session_results(ctx.session_id), playbook_of(ctx)
+    )
+    for violation in violations:
+        append_step_event(
+            ctx.session_id, "fsm.violation", violation, producer=ctx.producer, run=run
+        )
     for candidate in found["candidates"]:
         append_step_event(
             ctx.session_id,
@@ -60,6 +67,8 @@ def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[st
         run=run,
     )
     update: dict[str, Any] = {"_summary": f"root cause: {found['hypothesis']}"}
+    if violations:
+        update["conclusion"] = found  # corrected: the rest of the graph reads this one
     if found["hypothesis"] == "unknown":
         lang = "zh" if state.get("language") == "zh" else "en"
         text = ASK[lang].format(missing=", ".join(found["missing"]) or "-")

@@ -297,7 +297,19 @@ TYPES = (
         internal=True,
         panels=frozenset({"session-facts"}),
     ),
-    EventType(names.FSM_VIOLATION, reduce=_violation, line=_line(names.FSM_VIOLATION)),
+    EventType(
+        names.FSM_VIOLATION,
+        reduce=_violation,
+        # A conclusion's citations checked against the session's tool results (a pack's).
+        line=ByKey(
+            "kind",
+            {
+                "foreign_evidence": "fsm-violation-foreign-evidence",
+                "uncited_conclusion": "fsm-violation-uncited-conclusion",
+            },
+            default=_line(names.FSM_VIOLATION),
+        ),
+    ),
     EventType(
         names.BUDGET_EXHAUSTED, snapshot=_budget("paused"), line=_line(names.BUDGET_EXHAUSTED)
     ),
