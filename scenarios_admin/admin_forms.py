@@ -1,22 +1,18 @@
-"""Forms of the scenario admin, and the cross-check that validates a change
-form with all its inline rows as one document before anything is saved."""
+"""The scenario row editor's forms (the draft's rows and the scenario form), and the
+draft's cross-check: the rows the page describes, checked as one definition."""
 
 from __future__ import annotations
 
-import copy
 import re
-from collections.abc import Callable
 from typing import Any
 
 from django import forms
-from django.core.exceptions import ValidationError
-from django.forms.models import BaseInlineFormSet
-from django.http import HttpRequest, QueryDict
+from django.http import QueryDict
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy, ngettext
+from django.utils.translation import gettext_lazy
 
-from aero.packs import actions_of, edited_as_yaml, pack_for
-from scenarios_admin.actions import run_publish_checks
+from aero.packs import actions_of, edited_as_yaml
+from scenarios_admin.admin_check import CrossCheck, place_problem
 from scenarios_admin.definition import IMPACT_LISTS, NODE_KINDS, Issue
 from scenarios_admin.draft import (
     ROWS,
@@ -24,11 +20,9 @@ from scenarios_admin.draft import (
     Draft,
     check_draft,
     split_list,
-    yaml_draft,
 )
 from scenarios_admin.models import Scenario, ScenarioKind
-from scenarios_admin.schema import definition_issues, installed_kinds
-from scenarios_admin.yamlio import dump_definition, load_yaml, locate
+from scenarios_admin.schema import installed_kinds
 
 COMPLIANCE_LABELS = (
     gettext_lazy("1. start"),
@@ -38,92 +32,6 @@ COMPLIANCE_LABELS = (
     gettext_lazy("5. actions decided"),
     gettext_lazy("6. reported"),
 )
-
-
-# --- the cross-check ----------------------------------------------------------------------
-
-
-class CrossCheck:
-    """Validates a change form and its inline formsets together, once each has validated
-    its own rows. The admin passes one CrossCheck per request to the form and to every
-    checked formset; the first formset to clean runs it (Django validates the form, then
-    the formsets in order, then saves only if all are valid). Errors land on the rows and
-    columns they concern, and a summary is kept for the top of the page."""
-
-    def __init__(self, validate: Callable[[CrossCheck], list[str]]) -> None:
-        self.validate = validate
-        self.form: forms.ModelForm[Any] | None = None
-        self.formsets: list[CheckedInlineFormSet] = []
-        self.summary: list[str] = []
-        self._state = "new"
-
-    @classmethod
-    def of(cls, request: HttpRequest, validate: Callable[[CrossCheck], list[str]]) -> CrossCheck:
-        check: CrossCheck | None = getattr(request, "_aero_cross_check", None)
-        if check is None:
-            check = cls(validate)
-            request._aero_cross_check = check  # type: ignore[attr-defined]
-        return check
-
-    def formset(self, model: type[Any]) -> CheckedInlineFormSet | None:
-        return next((fs for fs in self.formsets if fs.model is model), None)
-
-    def run(self) -> None:
-        if self._state != "new":
-            return
-        self._state = "running"
-        try:
-            # Row-level errors first: the document is only checked when every row is valid.
-            rows_valid = all([fs.is_valid() for fs in self.formsets])
-            if self.form is None or not self.form.is_valid() or not rows_valid:
-                return
-            self.summary = self.validate(self)
-        finally:
-            self._state = "done"
-        if self.summary:
-            raise ValidationError(
-                ngettext(
-                    "Nothing was saved: %(n)d problem, listed at the top of the page and "
-                    "marked on its row.",
-                    "Nothing was saved: %(n)d problems, listed at the top of the page and "
-                    "marked on their rows.",
-                    len(self.summary),
-                )
-                % {"n": len(self.summary)}
-            )
-
-
-class CheckedInlineFormSet(BaseInlineFormSet):
-    def __init__(self, *args: Any, cross_check: CrossCheck | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.cross_check = cross_check
-        if cross_check is not None:
-            cross_check.formsets.append(self)
-
-    def clean(self) -> None:
-        super().clean()
-        if self.cross_check is not None:
-            self.cross_check.run()
-
-    def live_forms(self) -> list[forms.ModelForm[Any]]:
-        """The rows the save would keep, in their display order (position, then as listed)."""
-        live = [
-            form
-            for form in self.forms
-            if not (self.can_delete and form.cleaned_data.get("DELETE", False))
-            and (form.instance.pk is not None or form.has_changed())
-        ]
-        if "position" in self.form.base_fields:
-            indexed = list(enumerate(live))
-            indexed.sort(
-                key=lambda pair: (
-                    pair[1].cleaned_data.get("position") is None,
-                    pair[1].cleaned_data.get("position") or 0,
-                    pair[0],
-                )
-            )
-            live = [form for _, form in indexed]
-        return live
 
 
 # --- scenario draft -----------------------------------------------------------------------
@@ -383,17 +291,6 @@ def _column(rest: str, columns: dict[str, str]) -> str | None:
     return None
 
 
-def place_problem(
-    form: forms.BaseForm, column: str | None, message: str, label: str, verbose: str = ""
-) -> str:
-    if column is not None and column in form.fields:
-        form.add_error(column, message)
-        verbose = verbose or str(form.fields[column].label or column)
-        return f"{label}, {verbose.lower()}: {message}"
-    form.add_error(None, message)
-    return f"{label}: {message}"
-
-
 def validate_scenario(check: CrossCheck) -> list[str]:
     """The draft the page describes, checked as a whole (scenarios_admin.draft.check_draft)."""
     form = check.form
@@ -473,140 +370,3 @@ def _place_issue(
                 return place_problem(row, column, message, "Spread radius")
         return place_problem(form, "radius_key", message, "Spread radius")
     return None
-
-
-# --- a scenario edited as one YAML document ----------------------------------------------
-
-
-class DefinitionYamlForm(forms.ModelForm[Any]):
-    """A scenario whose pack has no row editor (aero.packs edited_as_yaml): its whole
-    definition as YAML, checked by the pack's model. A problem is shown with its line and
-    path (`line 12: playbook.window_minutes: ...`), and nothing is saved until none is left."""
-
-    definition_yaml = forms.CharField(
-        label=gettext_lazy("Definition (YAML)"),
-        widget=forms.Textarea(attrs={"rows": 40, "cols": 100, "spellcheck": "false"}),
-        help_text=gettext_lazy(
-            "The whole definition, as exported. Saving keeps a draft; sessions run a "
-            "published version."
-        ),
-    )
-
-    class Meta:
-        model = Scenario
-        fields = ["is_active"]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if not self.is_bound:
-            self.initial["definition_yaml"] = self.starting_text()
-        self.definition: dict[str, Any] | None = None
-
-    def starting_text(self) -> str:
-        draft = yaml_draft(self.instance)
-        return dump_definition(draft) if draft else ""
-
-    def clean_definition_yaml(self) -> str:
-        text: str = self.cleaned_data["definition_yaml"].replace("\r\n", "\n")
-        data, unreadable = load_yaml(text)
-        if unreadable:
-            raise ValidationError([str(issue) for issue in unreadable])
-        if not isinstance(data, dict):
-            raise ValidationError(_("The definition must be a mapping (key: value lines)."))
-        fixed = self.identity_problems(data)
-        if fixed:
-            raise ValidationError(fixed)
-        issues = definition_issues(data)
-        if issues:
-            raise ValidationError([str(issue) for issue in locate(issues, text)])
-        self.definition = data
-        return text
-
-    def identity_problems(self, data: dict[str, Any]) -> list[str]:
-        """The slug and kind name this scenario in every version and session: they stay."""
-        scenario = self.instance
-        return [
-            _("%(key)s: is %(given)s; this scenario's is %(own)s (it cannot change here)")
-            % {"key": key, "given": data.get(key), "own": getattr(scenario, key)}
-            for key in ("slug", "kind")
-            if data.get(key) != getattr(scenario, key)
-        ]
-
-    def save(self, commit: bool = True) -> Scenario:
-        scenario: Scenario = super().save(commit=False)
-        if self.definition is not None:
-            scenario.definition_draft = self.definition
-            scenario.name_zh = self.definition["name"]["zh"]
-            scenario.name_en = self.definition["name"]["en"]
-        if commit:
-            scenario.save()
-        return scenario
-
-
-class DefinitionYamlAddForm(DefinitionYamlForm):
-    """A new scenario of a kind written as YAML (the admin's add page, `?kind=`): the
-    editor starts from the kind's shipped definition (aero.packs starting_definition)
-    under a free slug and a new name. Saved only once the pack's model and its example
-    cases pass; the admin then publishes it as version 1."""
-
-    kind = ""  # set by the admin for the kind chosen
-
-    def starting_text(self) -> str:
-        return dump_definition(starting_definition(self.kind))
-
-    def identity_problems(self, data: dict[str, Any]) -> list[str]:
-        problems = []
-        if data.get("kind") != self.kind:
-            problems.append(
-                _("kind: is %(given)s; this page adds a scenario of kind %(kind)s")
-                % {"given": data.get("kind"), "kind": self.kind}
-            )
-        slug = data.get("slug")
-        if isinstance(slug, str) and Scenario.objects.filter(slug=slug).exists():
-            problems.append(
-                _("slug: %(slug)s is taken by another scenario; choose another") % {"slug": slug}
-            )
-        return problems
-
-    def clean(self) -> dict[str, Any] | None:
-        cleaned = super().clean()
-        if self.definition is not None:
-            # Version 1 is published with the page's save: its self-check runs first, so
-            # a definition whose example cases fail saves nothing.
-            failures = run_publish_checks(self.definition)
-            if failures:
-                self.add_error(
-                    "definition_yaml",
-                    [_("The example cases fail, so nothing was saved:"), *failures],
-                )
-                self.definition = None
-        return cleaned
-
-    def save(self, commit: bool = True) -> Scenario:
-        scenario = super().save(commit=False)
-        if self.definition is not None:
-            scenario.slug = self.definition["slug"]
-            scenario.kind = self.kind
-        if commit:
-            scenario.save()
-        return scenario
-
-
-def starting_definition(kind: str) -> dict[str, Any]:
-    """The kind's shipped definition under the first free slug (`<slug>_2`, ...) and a
-    name that says it is new."""
-    pack = pack_for(kind)
-    assert pack.starting_definition is not None
-    definition = copy.deepcopy(pack.starting_definition())
-    base = str(definition["slug"])
-    taken = set(Scenario.objects.filter(slug__startswith=base).values_list("slug", flat=True))
-    number = 2
-    while f"{base}_{number}" in taken:
-        number += 1
-    definition["slug"] = f"{base}_{number}"
-    names = definition.get("name") or {}
-    definition["name"] = {
-        "zh": f"{names.get('zh', base)}（新 {number}）",
-        "en": f"{names.get('en', base)} (new {number})",
-    }
-    return definition

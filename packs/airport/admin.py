@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy
 
 from packs.airport.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
 from packs.airport.topology import TopologyData, data_of, topology_issues, topology_map
-from scenarios_admin.admin_forms import CheckedInlineFormSet, CrossCheck, place_problem
+from scenarios_admin.admin_check import CheckedInlineFormSet, CrossCheck, place_problem
 
 # --- forms ----------------------------------------------------------------------------------
 
