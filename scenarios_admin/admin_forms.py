@@ -13,7 +13,7 @@ from django.utils.translation import gettext_lazy
 
 from aero.packs import actions_of, edited_as_yaml
 from scenarios_admin.admin_check import CrossCheck, place_problem
-from scenarios_admin.definition import IMPACT_LISTS, NODE_KINDS, Issue
+from scenarios_admin.definition import Issue
 from scenarios_admin.draft import (
     ROWS,
     SCENARIO_COLUMNS,
@@ -22,7 +22,7 @@ from scenarios_admin.draft import (
     split_list,
 )
 from scenarios_admin.models import Scenario, ScenarioKind
-from scenarios_admin.schema import installed_kinds
+from scenarios_admin.schema import field_type_labels, installed_kinds, row_words
 
 COMPLIANCE_LABELS = (
     gettext_lazy("1. start"),
@@ -78,6 +78,14 @@ class DraftForm(forms.ModelForm[Any]):
         return cleaned
 
 
+def _node_kinds() -> list[tuple[str, str]]:
+    return [(k, k) for k in row_words("node_kinds")]
+
+
+def _field_types() -> list[tuple[str, str]]:
+    return [("", "---------"), *field_type_labels().items()]
+
+
 class KindsField(forms.MultipleChoiceField):
     """Node kinds as checkboxes, stored as "stand, taxiway"."""
 
@@ -86,7 +94,7 @@ class KindsField(forms.MultipleChoiceField):
     def __init__(self, **kwargs: Any) -> None:
         kwargs.pop("max_length", None)
         kwargs.pop("empty_value", None)
-        super().__init__(choices=[(k, k) for k in NODE_KINDS], required=False, **kwargs)
+        super().__init__(choices=_node_kinds, required=False, **kwargs)
 
     def prepare_value(self, value: Any) -> Any:
         return split_list(value) if isinstance(value, str) else value
@@ -100,6 +108,7 @@ class KindsField(forms.MultipleChoiceField):
 
 
 class ScenarioFieldForm(DraftForm):
+    type = forms.ChoiceField(choices=_field_types)
     kinds = KindsField(
         help_text=gettext_lazy("Position fields: node kinds accepted (none ticked: all).")
     )
@@ -132,13 +141,15 @@ def _action_choices() -> list[tuple[str, str]]:
     return [("", "---------"), *[(t, t) for t in sorted(actions_of(ScenarioKind.APRON))]]
 
 
+def _for_each_choices() -> list[tuple[str, Any]]:
+    lists = row_words("impact_lists")
+    return [("", gettext_lazy("(once)")), *[(f"impact.{n}", f"each of impact.{n}") for n in lists]]
+
+
 class ScenarioActionForm(DraftForm):
     tool = forms.ChoiceField(choices=_action_choices)
     for_each = forms.ChoiceField(
-        choices=[
-            ("", gettext_lazy("(once)")),
-            *[(f"impact.{n}", f"each of impact.{n}") for n in IMPACT_LISTS],
-        ],
+        choices=_for_each_choices,
         required=False,
         help_text=gettext_lazy("One action per item of an impact list ({item} in the arguments)."),
     )

@@ -4,7 +4,7 @@ Conditions never use eval. A `when` mapping holds when every entry holds:
   field: value            equality (enum/bool/text)
   field: [v1, v2]         membership
   field: {not: v | [..]}  known and not equal / not in
-  <field>.kind: stand     kind of the airport node a position field resolves to
+  <field>.kind: k         kind of the world's node a field resolves to (its pack's kinds)
   level: HIGH | [..]      the assessed risk level
   impact.<list>: non_empty | empty
   any: [{...}, {...}]     at least one nested mapping holds
@@ -20,13 +20,10 @@ from typing import Any
 
 from aero.packs import action_tool
 
-FIELD_TYPES = ("flight_no", "position", "enum", "bool", "text", "number")
 PRIORITIES = ("P1", "P2")
 LEVELS = ("HIGH", "MEDIUM", "LOW")
 RISK_CLASSES = ("R0", "R1", "R2", "R3")
-IMPACT_LISTS = ("isolated_nodes", "taxiways", "runways", "stands", "flights")
 LANGUAGES = ("zh", "en")
-NODE_KINDS = ("stand", "taxiway", "runway")
 
 
 def restriction_of(tool: str, args: dict[str, Any]) -> tuple[str, str] | None:
@@ -157,9 +154,6 @@ RULE_KEYS = ("id", "when", "level", "score")
 IMPACT_KEYS = ("start", "radius_key", "radius", "default_radius")
 ACTION_KEYS = ("tool", "risk_class", "for_each", "when", "args")
 EXAMPLE_KEYS = ("text", "fields", "rule", "level", "actions")
-# The compliance state machine has six positional states (diagnosis.agent.fsm): collecting,
-# all P1 fields known, risk assessed, impact analysed, actions decided, reported.
-COMPLIANCE_STEPS = 6
 # Names the condition language and the action placeholders use for other things.
 RESERVED_FIELD_NAMES = ("level", "impact", "any", "item", "risk", "fields")
 # Lists an admin types into one box are split on these (see scenarios_admin.draft).

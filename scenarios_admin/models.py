@@ -81,15 +81,6 @@ class Scenario(models.Model):
         return self.draft_fields.exists()
 
 
-class FieldType(models.TextChoices):
-    FLIGHT_NO = "flight_no", "flight number"
-    POSITION = "position", "position (airport node)"
-    ENUM = "enum", "one of listed values"
-    BOOL = "bool", "yes / no"
-    TEXT = "text", "free text"
-    NUMBER = "number", "number"
-
-
 class Priority(models.TextChoices):
     P1 = "P1", "P1 (required before risk assessment)"
     P2 = "P2", "P2 (optional)"
@@ -126,7 +117,9 @@ class ScenarioField(DraftRow):
     name = models.CharField(max_length=64, help_text=_("e.g. fluid_type (lower case, _)."))
     label_zh = models.CharField("label (zh)", max_length=120)
     label_en = models.CharField("label (en)", max_length=120)
-    type = models.CharField(max_length=16, choices=FieldType.choices)
+    # One of the installed packs' field types (scenarios_admin.schema.field_type_labels):
+    # the row editor offers them, the definition's model checks them.
+    type = models.CharField(max_length=16)
     priority = models.CharField(max_length=2, choices=Priority.choices)
     ask_zh = models.TextField("ask prompt (zh)", blank=True)
     ask_en = models.TextField("ask prompt (en)", blank=True)

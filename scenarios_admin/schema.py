@@ -9,6 +9,7 @@ become the problems users read is scenarios_admin.validation.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from typing import Annotated, Any, ClassVar, Union
 
@@ -96,11 +97,20 @@ class Measure(Part):
             problems.add(("units",), "name at least one unit")
 
 
+# The field types every kind understands, with the row editor's labels.
+CORE_FIELD_TYPES = {
+    "enum": "one of listed values",
+    "bool": "yes / no",
+    "text": "free text",
+    "number": "number",
+}
+
+
 class FieldSpec(Part):
     """A fact the agent collects from the reporter. A pack adds its own field types (and
     keys) by subclassing; these four every kind understands."""
 
-    field_types: ClassVar[tuple[str, ...]] = ("enum", "bool", "text", "number")
+    field_types: ClassVar[tuple[str, ...]] = tuple(CORE_FIELD_TYPES)
 
     label: Texts
     type: str
@@ -261,6 +271,13 @@ class DefinitionBase[SpecT: FieldSpec](Part):
     own field spec, `kind: Literal["<its kind>"]` and its own parts."""
 
     missing_first: ClassVar[bool] = True
+    # The row editor's words for the kind (a kind edited as rows declares them): its own
+    # field types with their labels (besides FieldSpec's), the lists its impact analysis
+    # gives (an action's `for_each`, a condition's `impact.<list>`), and the kinds of node
+    # of its world a field may resolve to.
+    own_field_types: ClassVar[Mapping[str, str]] = {}
+    impact_lists: ClassVar[tuple[str, ...]] = ()
+    node_kinds: ClassVar[tuple[str, ...]] = ()
 
     slug: Annotated[str, BeforeValidator(_slug)]
     name: Texts
@@ -279,6 +296,30 @@ class DefinitionBase[SpecT: FieldSpec](Part):
 
 
 # --- the union of the installed kinds ------------------------------------------------------
+
+
+def row_words(name: str) -> tuple[str, ...]:
+    """The installed packs' words under `name` (impact_lists, node_kinds, own_field_types:
+    a ClassVar of their definition models), each once, in pack order: the row editor's
+    choices and the canonical YAML's order."""
+    return tuple(
+        dict.fromkeys(
+            word
+            for pack in installed_packs()
+            if pack.definition_model is not None
+            for word in getattr(pack.definition_model, name)
+        )
+    )
+
+
+def field_type_labels() -> dict[str, str]:
+    """Every field type a row may have, with its label: the packs' own, then the core's."""
+    labels: dict[str, str] = {}
+    for pack in installed_packs():
+        if pack.definition_model is not None:
+            for name, label in pack.definition_model.own_field_types.items():
+                labels.setdefault(name, label)
+    return {**labels, **CORE_FIELD_TYPES}
 
 
 def installed_kinds() -> list[str]:

@@ -21,7 +21,6 @@ from scenarios_admin.definition import (
     ACTION_KEYS,
     EXAMPLE_KEYS,
     IMPACT_KEYS,
-    IMPACT_LISTS,
     LANGUAGES,
     LEVELS,
     RULE_KEYS,
@@ -30,6 +29,7 @@ from scenarios_admin.definition import (
     Issue,
     value_order,
 )
+from scenarios_admin.schema import row_words
 
 FIELD_KEY_ORDER = ("label", "type", "kinds", "priority", "ask", "default", "values", "measure")
 BAND_KEY_ORDER = ("above", "at_least", "value")
@@ -199,7 +199,8 @@ def _when(when: dict[str, Any], order: list[str]) -> dict[str, Any]:
         if key == "level":
             return (1, 0, key)
         if name == "impact":
-            position = IMPACT_LISTS.index(attribute) if attribute in IMPACT_LISTS else 99
+            lists = row_words("impact_lists")
+            position = lists.index(attribute) if attribute in lists else 99
             return (2, position, key)
         if key == "any":
             return (4, 0, key)

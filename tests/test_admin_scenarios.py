@@ -636,3 +636,28 @@ def test_a_new_scenario_is_created_and_published_without_code(root: Client) -> N
         "default_radius": 1,
     }
     assert new.versions.get().published_by is not None
+
+
+def test_the_row_editor_offers_the_airport_packs_field_types_and_impact_lists(
+    root: Client,
+) -> None:
+    """The row editor's field types, node kinds and `for_each` lists are the installed
+    packs' (the apron's from packs/airport), not the core's: without them an admin could
+    not add a flight or position field, nor one action per closed runway."""
+    page = root.get("/admin/scenarios_admin/scenario/add/").content.decode()
+    assert '<option value="flight_no">flight number</option>' in page
+    assert '<option value="position">position (airport node)</option>' in page
+    assert '<option value="impact.runways">each of impact.runways</option>' in page
+    assert 'value="taxiway"' in page  # the node kinds' checkboxes
+
+
+def test_a_field_type_no_pack_declares_is_refused(root: Client) -> None:
+    page = root.get(change_url())
+    data = form_data(page.content.decode(), "scenario_form")
+    position = row_prefix(data, "draft_fields", "name", "position")
+    data[f"{position}-type"] = "gate"
+    response = root.post(change_url(), data)
+    assert response.status_code == 200
+    assert "Select a valid choice. gate is not one of the available choices." in (
+        response.content.decode()
+    )

@@ -12,16 +12,7 @@ from pydantic import BeforeValidator, ValidationInfo
 
 from packs.airport.actions import ACTION_ARGS
 from scenarios_admin.conditions import value_is_representable
-from scenarios_admin.definition import (
-    COMPLIANCE_STEPS,
-    FIELD_TYPES,
-    IMPACT_LISTS,
-    LEVELS,
-    NODE_KINDS,
-    RISK_CLASSES,
-    below_floor,
-    floor_message,
-)
+from scenarios_admin.definition import LEVELS, RISK_CLASSES, below_floor, floor_message
 from scenarios_admin.schema import DefinitionBase, FieldSpec
 from scenarios_admin.validation import (
     OneOf,
@@ -38,6 +29,17 @@ from scenarios_admin.validation import (
     spec_of,
     values_of,
 )
+
+# The apron's own field types (besides enum, bool, text and number), with the row
+# editor's labels: a flight number, and a position resolved to a node of the graph.
+OWN_FIELD_TYPES = {"flight_no": "flight number", "position": "position (airport node)"}
+FIELD_TYPES = (*OWN_FIELD_TYPES, *FieldSpec.field_types)
+# What the impact analysis lists (the BFS over the airport graph, scenarios_admin.airport).
+IMPACT_LISTS = ("isolated_nodes", "taxiways", "runways", "stands", "flights")
+NODE_KINDS = ("stand", "taxiway", "runway")
+# The compliance state machine has six positional states (diagnosis.agent.fsm): collecting,
+# all P1 fields known, risk assessed, impact analysed, actions decided, reported.
+COMPLIANCE_STEPS = 6
 
 _PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*(?:\.[a-z0-9_]+)*)\}")
 _LEVEL = OneOf(LEVELS, f"{{value}} is not one of {', '.join(LEVELS)}")
@@ -475,6 +477,9 @@ class ApronDefinition(DefinitionBase[ApronFieldSpec]):
     """A scenario of kind apron (the airport pack)."""
 
     kind: Literal["apron"]
+    own_field_types = OWN_FIELD_TYPES
+    impact_lists = IMPACT_LISTS
+    node_kinds = NODE_KINDS
     risk_rules: Annotated[
         list[RiskRule], also(_rules), shape(list, "must be a non-empty list", non_empty=True)
     ]

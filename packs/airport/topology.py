@@ -7,9 +7,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from packs.airport.definition import NODE_KINDS
 from packs.airport.models import Topology
 from scenarios_admin.airport import RUNWAY_DESIGNATOR, natural_sorted
-from scenarios_admin.definition import NODE_KINDS, Issue
+from scenarios_admin.definition import Issue
 
 
 @dataclass
@@ -21,7 +22,7 @@ class TopologyData:
 
 
 def data_from_yaml(data: dict[str, Any]) -> TopologyData:
-    """The built-in airport file's shape (scenarios_admin/data/airport.yaml)."""
+    """The built-in airport file's shape (packs/airport/data/airport.yaml)."""
     return TopologyData(
         nodes=[
             {"node_id": str(n.get("id", "")), "kind": n.get("kind"), "runway": n.get("runway", "")}

@@ -8,7 +8,7 @@ from scenarios_admin.builtin import BuiltinDataError, load_builtin_data
 
 
 class Command(BaseCommand):
-    help = "Load the built-in airport and scenarios (idempotent)."
+    help = "Load the built-in data: each pack's world and the scenarios (idempotent)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
