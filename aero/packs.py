@@ -70,6 +70,23 @@ class LookupTool:
 
 
 @dataclass(frozen=True)
+class Reading:
+    """How a pack's agent reads the reporter's words, called by the core's providers:
+    `offline(definition, text, world, asked)` -> {field: Extraction} from the scenario's
+    synonyms alone (the offline provider); `ground(definition, text, world, claims,
+    asked)` -> a model's claims, each kept only as far as the words bear it out."""
+
+    offline: Callable[[dict[str, Any], str, Any, str | None], dict[str, Any]]
+    ground: Callable[[dict[str, Any], str, Any, Any, str | None], dict[str, Any]]
+    # What the extraction call tells the model, per language ("zh", "en").
+    instructions: Mapping[str, str] = field(default_factory=dict)
+    # An operator's typed correction of a field of one of the pack's own types
+    # (spec, raw, world) -> the value as stored; raises the core's ActionError with why
+    # the field cannot take it. The core reads enum, bool, number and text itself.
+    corrected: Callable[[dict[str, Any], str, Any], Any] | None = None
+
+
+@dataclass(frozen=True)
 class ToolRegistry:
     """A pack's tools, by name. Lookups and analyses are run by the pack's own graph
     nodes through the core's recorded calls; actions are dispatched by the core."""
@@ -79,6 +96,8 @@ class ToolRegistry:
     # Each evidence tool's arguments (a pydantic model, validated when a call runs).
     evidence_args: Mapping[str, Any] = field(default_factory=dict)
     lookups: Mapping[str, LookupTool] = field(default_factory=dict)
+    # The agent's own analyses a model may call: name -> (argument model, description).
+    analyses: Mapping[str, tuple[Any, str]] = field(default_factory=dict)
     # Why a lookup failed, by code (lazy texts with %(...)s): logged in English, read back
     # and worded per reader.
     failures: Mapping[str, Any] = field(default_factory=dict)
@@ -130,6 +149,11 @@ class DomainPack:
     # What the admin's changes to the world's models are audited as: model label
     # ("app.model") -> (created, changed, deleted) actions.
     admin_actions: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
+    # How its agent reads the reporter's words (the providers' extraction); None: it
+    # reads none.
+    reading: Reading | None = None
+    # What a ReAct step tells the model to do with the tools, per language.
+    react_prompt: Mapping[str, str] = field(default_factory=dict)
     # Whether a session of this kind starts from the reporter's message alone (the
     # message form, the CLI's --message, a model extracting the opening message).
     opens_from_message: bool = True
@@ -171,6 +195,10 @@ class DomainPack:
     # check`): each has number, passed, problems and summary(). A pack with its own has
     # no row-edited draft: its published versions are what is checked.
     check_examples: Callable[[dict[str, Any]], list[Any]] | None = None
+    # The example cases of a row-edited definition (a draft or a version) run through the
+    # pack's agent without a model (publish's self-check, `scenario check`): each has
+    # number, text, passed, problems and summary(); LookupError when its world is missing.
+    check_draft: Callable[[dict[str, Any]], list[Any]] | None = None
     # What history filters this pack's sessions by, besides the core's own filters.
     history_filters: tuple[HistoryFilter, ...] = ()
     # The pack's own /api/v1 operations: () -> a django-ninja Router, mounted at the

@@ -14,13 +14,14 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from aero.models import audit
-from aero.packs import pack_for
+from aero.packs import Reading, pack_for
 from aero.text import MAX_MESSAGE, MAX_REASON
 from diagnosis import suggest
-from diagnosis.agent.extraction import FLIGHT_NO, detect_language
+from diagnosis.agent.reading import detect_language
 from diagnosis.decisions import ActionError, checked_text, record_decision
 from diagnosis.events import append_event, event_batch, lock_session, set_status
 from diagnosis.jobs import enqueue_advance, request_opening_extraction
+from diagnosis.jobs.world import world_of
 from diagnosis.lifts import apply_lift_decision
 from diagnosis.models import (
     Event,
@@ -32,7 +33,6 @@ from diagnosis.models import (
 from diagnosis.outbox import enqueue_effect
 from diagnosis.reporting import display_value, md_cell, write_report
 from diagnosis.signals import session_closing
-from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
 from scenarios_admin.models import Scenario
 
@@ -269,9 +269,9 @@ def do_add_update(session_id: Any, user: Any, text: str, *, producer: str = "web
         )
 
 
-def corrected_value(spec: dict[str, Any], raw: str, graph: Any) -> Any:
+def corrected_value(spec: dict[str, Any], raw: str, reading: Reading | None, world: Any) -> Any:
     """The operator's corrected value in the form the agent stores; ActionError when the
-    field cannot take it."""
+    field cannot take it. A type of the pack's own is read by the pack (`reading`)."""
     raw = raw.strip()
     kind = spec["type"]
     if not raw:
@@ -284,20 +284,13 @@ def corrected_value(spec: dict[str, Any], raw: str, graph: Any) -> Any:
         if raw not in ("true", "false"):
             raise ActionError("Choose yes or no.")
         return raw == "true"
-    if kind == "position":
-        node = graph.resolve(raw)
-        if node is None:
-            raise ActionError(f"{raw} is not a stand, taxiway node or runway of {graph.icao}.")
-        return raw.upper() if node.kind != "stand" else node.node_id
-    if kind == "flight_no":
-        if not FLIGHT_NO.fullmatch(raw.upper()):
-            raise ActionError(f"{raw} is not a flight number (for example CA1234).")
-        return raw.upper()
     if kind == "number":
         try:
             return float(raw)
         except ValueError:
             raise ActionError(f"{raw} is not a number.") from None
+    if kind != "text" and reading is not None and reading.corrected is not None:
+        return reading.corrected(spec, raw, world)
     return raw[:MAX_MESSAGE]
 
 
@@ -324,7 +317,8 @@ def do_correct_fact(
         spec = definition["fields"].get(field)
         if spec is None:
             raise ActionError(f"This scenario has no field {field}.")
-        value = corrected_value(spec, raw, load_active_graph())
+        pack = pack_for(definition["kind"])
+        value = corrected_value(spec, raw, pack.reading, world_of(definition["kind"]))
         label = spec["label"].get(session.language, field)
         shown = display_value(spec, value, session.language)
         append_event(

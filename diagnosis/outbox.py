@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -33,9 +33,14 @@ from diagnosis import external
 from diagnosis.events import append_event, event_batch, lock_session
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import AgentRun, Outbox, OutboxStatus, ToolCall, ToolCallStatus
-
-if TYPE_CHECKING:
-    from diagnosis.agent.tools import ToolContext
+from diagnosis.toolcalls import (
+    ToolContext,
+    ToolFailure,
+    call_finished,
+    call_started,
+    request_of,
+    result_of,
+)
 
 logger = logging.getLogger("diagnosis.outbox")
 
@@ -100,7 +105,6 @@ def prepare(
     decision; `checked`: the caller just did), the request built, the attempt
     logged. None when the call ended here (refused, or a request no system could
     accept)."""
-    from diagnosis.agent.tools import ToolFailure, _started, request_of
 
     problems = [] if checked else execution_problems(tool_call)
     if problems:
@@ -112,7 +116,7 @@ def prepare(
     except ToolFailure as exc:  # no retry can make this request acceptable
         _record_failure(ctx, outbox, tool_call, time.monotonic(), str(exc))
         return None
-    _started(ctx, tool_call)
+    call_started(ctx, tool_call)
     return Effect(
         outbox.pk,
         tool_call.pk,
@@ -133,7 +137,6 @@ def execute(ctx: ToolContext, effect: Effect) -> str:
     """Send a prepared request, retrying transient failures with the same key, and
     record the result once; returns the row's final status. Never raises for a failed
     effect: the failure is recorded."""
-    from diagnosis.agent.tools import _started
 
     retries = settings.AERO_TOOL_RETRIES
     attempt = 1
@@ -162,7 +165,7 @@ def execute(ctx: ToolContext, effect: Effect) -> str:
                 outbox, tool_call = _lock(effect.session_id, effect.outbox_id)
                 if outbox.status != OutboxStatus.PENDING:
                     return outbox.status
-                _started(ctx, tool_call)
+                call_started(ctx, tool_call)
             continue
         metrics.outbox_attempt("ok")
         return record_success(ctx, effect, remote, started)
@@ -184,7 +187,6 @@ _tool_call = Compiled(ToolCall, lambda: ToolCall.objects.filter(pk=Arg(0)))
 def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], started: float) -> str:
     """The external system accepted the request: the call completes, with its event and
     the rows it puts in force, in one transaction; once."""
-    from diagnosis.agent.tools import ToolFailure, _finished, result_of
 
     # The session row first (docs/lock-order.md): the job and the decisions take it
     # before a call's row too. Then claimed by a conditional UPDATE (its row lock lasts
@@ -208,7 +210,7 @@ def record_success(ctx: ToolContext, effect: Effect, remote: dict[str, Any], sta
             response = result_of(ctx, tool_call, remote)
         except ToolFailure as exc:
             return _record_failure(ctx, outbox, tool_call, started, str(exc))
-        _finished(ctx, tool_call, started, response=response, at=at)
+        call_finished(ctx, tool_call, started, response=response, at=at)
     return OutboxStatus.DONE
 
 
@@ -264,9 +266,8 @@ def _record_failure(
     ctx: ToolContext, outbox: Outbox, tool_call: ToolCall, started: float, error: str
 ) -> str:
     """The call ends failed (its event says why); the caller holds the row locks."""
-    from diagnosis.agent.tools import _finished
 
-    _finished(ctx, tool_call, started, error=error)
+    call_finished(ctx, tool_call, started, error=error)
     _close(outbox, OutboxStatus.FAILED, tool_call)
     logger.error("%s (%s) failed: %s", tool_call.tool_name, outbox.idempotency_key, error)
     return outbox.status

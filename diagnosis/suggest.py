@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import OuterRef, Subquery
 
 from aero.packs import installed_packs
-from diagnosis.agent.extraction import _occurrences
+from diagnosis.agent.reading import occurrences
 from scenarios_admin.models import Scenario, ScenarioVersion
 
 NAME_WEIGHT = 3
@@ -33,7 +33,7 @@ def fit_of(definition: dict[str, Any], names: tuple[str, ...], text: str) -> tup
     score = 0
     words: list[str] = []
     for name in names:
-        if name and _occurrences(lowered, name.lower()):
+        if name and occurrences(lowered, name.lower()):
             score += NAME_WEIGHT
             words.append(name)
             break
@@ -47,7 +47,7 @@ def fit_of(definition: dict[str, Any], names: tuple[str, ...], text: str) -> tup
             reverse=True,
         )
         for synonym in synonyms:
-            if _occurrences(lowered, synonym.lower()):
+            if occurrences(lowered, synonym.lower()):
                 score += 1
                 words.append(synonym)
                 break

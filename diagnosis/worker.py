@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import langgraph.graph  # noqa: F401  (import langgraph once, at start)
 import mcp.client.stdio  # noqa: F401  (the code tool's MCP client: imported at its first call)
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
@@ -42,7 +43,6 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.worker import SimpleWorker
 
-import diagnosis.agent.graph  # noqa: F401  (import langgraph once, at start)
 from aero.compiled import Arg, CompiledUpdate
 from diagnosis import shutdown
 from diagnosis.conn_health import check_django_connections

@@ -139,7 +139,7 @@ def context(session: Session) -> AgentContext:
     """A job's context: its root run, on this thread."""
     root = AgentRun.objects.create(session=session, agent_name="root")
     definition = session.scenario_version.definition
-    return AgentContext(session.pk, definition, None, [], root, "test")  # type: ignore[arg-type]
+    return AgentContext(session.pk, definition, None, [], root, "test")
 
 
 def run(graph: Any, session: Session, value: Any, ctx: AgentContext | None = None) -> Any:

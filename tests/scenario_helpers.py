@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from diagnosis.agent import policy
-from diagnosis.agent.extraction import extract_fields
 from diagnosis.models import Restriction
+from packs.airport.agent import policy
+from packs.airport.agent.extraction import extract_fields
 from tests.builtin_data import builtin_definition, demo_graph
 
 

@@ -18,8 +18,7 @@ from pytest_django.fixtures import Settings
 
 from approvals.actions import do_decide
 from approvals.models import Approval
-from diagnosis.agent import planning, tools
-from diagnosis.agent.nodes import reasoning
+from diagnosis.agent import tools
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.jobs import advance_session
 from diagnosis.models import (
@@ -31,6 +30,8 @@ from diagnosis.models import (
     ToolCall,
     ToolCallStatus,
 )
+from packs.airport.agent import planning
+from packs.airport.agent.nodes import reasoning
 from scenarios_admin.airport import load_active_graph
 
 EXAMPLE_ONE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"

@@ -181,7 +181,7 @@ def test_a_chat_message_never_counts_as_approval(people: dict[str, User]) -> Non
 def test_an_approved_action_runs_once_even_if_the_job_is_retried(
     people: dict[str, User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from diagnosis.agent.nodes import execution
+    from packs.airport.agent.nodes import execution
 
     session = waiting_session(people["olga"])
     original = execution.run_action

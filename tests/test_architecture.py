@@ -19,10 +19,6 @@ DIRECTION = ("replay", "approvals", "diagnosis", "scenarios_admin", "tools", "ae
 
 Graph = dict[str, set[str]]
 
-# A cycle that work under way removes (the tools move into their registry): allowed as
-# exactly these modules, no more.
-BEING_REMOVED = {frozenset({"diagnosis.agent.tools", "diagnosis.outbox"})}
-
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
     """Every module of the project's packages (top-level directories with an __init__),
@@ -149,8 +145,7 @@ def test_no_import_cycle_between_modules() -> None:
     # The scan sees the imports inside functions, so the test can fail.
     assert "diagnosis.agent.state" in graph["diagnosis.agent.recording"]
     assert "diagnosis.models" in graph["diagnosis.agent.waits"]  # inside a function
-    found = [path for path in cycles(graph) if frozenset(path) not in BEING_REMOVED]
-    assert [" -> ".join(path) for path in found] == []
+    assert [" -> ".join(path) for path in cycles(graph)] == []
 
 
 def test_the_kernel_imports_no_app() -> None:

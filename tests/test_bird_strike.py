@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from diagnosis.selfcheck import check_examples
+from packs.airport.agent.selfcheck import check_examples
 from tests.builtin_data import builtin_definition, demo_graph
 from tests.scenario_helpers import (
     action_table,
@@ -158,7 +158,7 @@ def test_no_closure_below_high_without_remains(fields: dict[str, Any]) -> None:
 
 
 def test_atc_is_told_the_flight_phase_runway_and_rule() -> None:
-    from diagnosis.agent import policy
+    from packs.airport.agent import policy
 
     definition, graph = builtin_definition(SLUG), demo_graph()
     fields = {"flight_no": "CA1234", "engine_ingestion": True, "phase": "CLIMB", "runway": "06/24"}

@@ -247,7 +247,7 @@ def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_not
     the middle of a group: the steps before it (the lookups, the risk) stay committed,
     the failed step leaves no row and no event but its failure, and the job's retry
     carries on to the wait with every fact logged once, seqs gap-free, chain intact."""
-    import diagnosis.agent.policy as policy_module
+    import packs.airport.agent.policy as policy_module
     from diagnosis.models import AgentRun, ToolCall
     from tests.log_helpers import assert_projections_match
 
@@ -303,7 +303,7 @@ def test_a_step_without_a_savepoint_that_fails_leaves_its_run_marked_failed(
     group without a savepoint. The second validation fails once, mid-group:
     its events are dropped, its run row (kept with the group) is the failed run, and
     the retry carries on with nothing logged twice."""
-    import diagnosis.agent.fsm as fsm_module
+    import packs.airport.agent.fsm as fsm_module
     from diagnosis.models import AgentRun
     from tests.log_helpers import assert_projections_match
 
@@ -345,8 +345,8 @@ def test_a_step_without_a_savepoint_may_not_write_a_row(
     it joins a group) is refused loudly. That spoils the group's transaction: the steps
     before it are lost with it, so their checkpoint is refused too (StepsLost) and the
     retry runs them again from the start; nothing is missing, nothing is doubled."""
-    from diagnosis.agent.nodes import reasoning
     from diagnosis.models import Restriction, ToolCall
+    from packs.airport.agent.nodes import reasoning
     from tests.log_helpers import assert_projections_match
 
     settings.AERO_JOB_ATTEMPTS = 2

@@ -188,8 +188,8 @@ def test_fallback_retry_and_rerun_never_duplicate_events_or_tokens(
     """The input parser crashes after its (paid) model call, every attempt of the first
     job: the session fails. A retry re-runs the same step: the model call, the fallback
     and the node's events are logged once and the tokens counted once."""
-    import diagnosis.agent.policy as policy_module
     import diagnosis.jobs.job as jobs_module
+    import packs.airport.agent.policy as policy_module
 
     monkeypatch.setattr(
         jobs_module, "configured_providers", lambda stamp=None: [Flaky(), Metered()]

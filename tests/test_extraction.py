@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from diagnosis.agent.extraction import CJK, detect_language, extract_fields
+from diagnosis.agent.reading import CJK, detect_language
+from packs.airport.agent.extraction import extract_fields
 from tests.builtin_data import builtin_definition, demo_graph, oil_spill
 
 

@@ -12,10 +12,11 @@ import pytest
 from django.contrib.auth.models import User
 
 from diagnosis.actions import do_answer, do_create_session
-from diagnosis.agent.extraction import extract_fields
 from diagnosis.agent.fake_llm import FakeLLMServer
-from diagnosis.agent.grounding import Claim, confirmation_answer, find_quote, ground, settle
+from diagnosis.agent.reading import Claim
 from diagnosis.models import Event, LLMCall, Session
+from packs.airport.agent.extraction import extract_fields
+from packs.airport.agent.grounding import confirmation_answer, find_quote, ground, settle
 from scenarios_admin.builtin import DATA_DIR, read_yaml
 from scenarios_admin.models import Scenario
 from tests.builtin_data import demo_graph, oil_spill

@@ -17,12 +17,12 @@ from langgraph.checkpoint.base import empty_checkpoint
 
 from diagnosis import jobs
 from diagnosis.actions import do_create_session
-from diagnosis.agent.nodes import reasoning
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import LeaseLost, fenced
 from diagnosis.jobs import lease, model_requests
 from diagnosis.jobs.job import _config
 from diagnosis.models import AgentRun, Event, LLMCall, LLMRequest, Session, ToolCall
+from packs.airport.agent.nodes import reasoning
 from scenarios_admin.models import Scenario
 
 pytestmark = pytest.mark.services

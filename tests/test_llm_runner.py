@@ -22,12 +22,13 @@ from django.utils import timezone
 
 from diagnosis import jobs, llm_runner
 from diagnosis.actions import do_cancel, do_close, do_create_session
-from diagnosis.agent import clients, grounding
+from diagnosis.agent import clients
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.jobs import enqueue as job_enqueue
 from diagnosis.llm_runner import runner as runner_module
 from diagnosis.maintenance import run_periodic_tasks
 from diagnosis.models import Event, LLMCall, LLMRequest, Session, SessionStatus
+from packs.airport.agent import grounding
 from scenarios_admin import breaker
 from scenarios_admin.models import ProviderConfig, Scenario
 from tests.llm_helpers import fake_llm, fake_provider

@@ -17,10 +17,10 @@ from aero.models import AuditLog
 from approvals.actions import APPROVE, CONFIRM, do_decide
 from approvals.models import Approval
 from diagnosis.actions import ActionError
-from diagnosis.agent import policy
 from diagnosis.agent.tools import ToolContext, run_action
 from diagnosis.models import Event, Restriction, Session, ToolCall
 from diagnosis.selfcheck import publish_check
+from packs.airport.agent import policy
 from scenarios_admin.actions import ScenarioError, do_publish
 from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import Issue

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from diagnosis.agent.extraction import CJK, extract_fields
+from packs.airport.agent.extraction import CJK, extract_fields
 from scenarios_admin.builtin import DATA_DIR, read_yaml
 from tests.builtin_data import demo_graph
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from diagnosis.agent import policy
+from packs.airport.agent import policy
 from tests.builtin_data import demo_graph, oil_spill
 
 # The table of SCENARIOS.md, row by row: the minimal facts of each rule.

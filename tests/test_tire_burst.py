@@ -11,7 +11,7 @@ import pytest
 
 from approvals.models import Approval
 from diagnosis.models import Event, Session
-from diagnosis.selfcheck import check_examples
+from packs.airport.agent.selfcheck import check_examples
 from tests.builtin_data import builtin_definition, demo_graph
 from tests.scenario_helpers import (
     action_table,

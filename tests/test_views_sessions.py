@@ -20,9 +20,9 @@ from pytest_django import Settings
 from aero.models import AuditLog
 from aero.roles import ADMIN
 from approvals.models import Approval
-from diagnosis.agent import policy
 from diagnosis.events import set_status
 from diagnosis.models import Event, Report, Session, SessionStatus
+from packs.airport.agent import policy
 from scenarios_admin.models import Scenario
 from tests.browser_helpers import sign_in
 from tests.web_helpers import (

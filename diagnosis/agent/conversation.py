@@ -49,7 +49,10 @@ def conversation(state: AgentState, ctx: AgentContext) -> list[BaseMessage]:
         SystemMessage(
             "\n".join(
                 p
-                for p in (ctx.definition.get("system_prompt", "").strip(), prompts.REACT[lang])
+                for p in (
+                    ctx.definition.get("system_prompt", "").strip(),
+                    prompts.react_instructions(ctx.definition, lang),
+                )
                 if p
             )
         ),

@@ -270,7 +270,7 @@ def _reply(server: FakeLLMServer, rule: Rule, body: dict[str, Any]) -> dict[str,
     elif rule.fault == "malformed_tool_args":
         tool_calls = tool_calls or [_tool_call("assess_risk", "")]
         for call in tool_calls:
-            call["function"]["arguments"] = '{"flight_no": "CA12'
+            call["function"]["arguments"] = '{"value": "unterminated'
     elif rule.fault == "unknown_tool":
         tool_calls = [_tool_call("launch_fireworks", "{}")]
     message: dict[str, Any] = {"role": "assistant", "content": content}

@@ -16,8 +16,7 @@ from pydantic import BaseModel
 
 from diagnosis.agent import prompts, waits
 from diagnosis.agent.clients import classify, client_for, enabled_configs
-from diagnosis.agent.extraction import Extraction, detect_language, extract_fields
-from diagnosis.agent.grounding import Claim, ground
+from diagnosis.agent.reading import Claim, Extraction, detect_language, reading_of
 from diagnosis.agent.structured import extraction_model, parse_reply, response_schema
 from diagnosis.agent.usage import (
     ProviderError,
@@ -26,7 +25,6 @@ from diagnosis.agent.usage import (
     estimate_request,
     reported,
 )
-from scenarios_admin.airport import AirportGraph
 from scenarios_admin.models import ProviderConfig, ProviderKind
 
 logger = logging.getLogger("diagnosis.providers")
@@ -54,21 +52,21 @@ class Provider(Protocol):
     retries: int
 
     def extract(
-        self, definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None
+        self, definition: dict[str, Any], text: str, world: Any, asked: str | None
     ) -> tuple[dict[str, Extraction], Usage]: ...
 
 
 class OfflineProvider:
-    """Deterministic and network-free: extraction with the scenario's synonyms."""
+    """Deterministic and network-free: the pack's reading with the scenario's synonyms."""
 
     name = "offline"
     model = "aero-offline-1"
     retries = 1
 
     def extract(
-        self, definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None
+        self, definition: dict[str, Any], text: str, world: Any, asked: str | None
     ) -> tuple[dict[str, Extraction], Usage]:
-        return extract_fields(definition, text, graph, asked), Usage()
+        return reading_of(definition).offline(definition, text, world, asked), Usage()
 
 
 class OpenAICompatibleProvider:
@@ -131,13 +129,13 @@ class OpenAICompatibleProvider:
         return claims, dropped, usage
 
     def extract(
-        self, definition: dict[str, Any], text: str, graph: AirportGraph, asked: str | None
+        self, definition: dict[str, Any], text: str, world: Any, asked: str | None
     ) -> tuple[dict[str, Extraction], Usage]:
         system = prompts.extraction_system(definition, detect_language(text), asked)
         claims, dropped, usage = self.structured(system, text, extraction_model(definition))
         if dropped:
             logger.info("provider %s: values outside the schema dropped: %s", self.name, dropped)
-        return ground(definition, text, graph, claims, asked), usage
+        return reading_of(definition).ground(definition, text, world, claims, asked), usage
 
 
 # The enabled configs as last read, under the stamp of every config row read with a job's

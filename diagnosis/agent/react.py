@@ -30,11 +30,11 @@ from pydantic import ValidationError
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis.agent import budget, waits
+from diagnosis.agent.choice import Choice, Decide
 from diagnosis.agent.clients import classify, client_for
 from diagnosis.agent.conversation import conversation
 from diagnosis.agent.fallback import call_with_fallback
 from diagnosis.agent.providers import OfflineProvider, OpenAICompatibleProvider, Provider
-from diagnosis.agent.react_policy import Choice, decide
 from diagnosis.agent.react_tools import tool_args, tool_schemas
 from diagnosis.agent.recording import call_recorder, fallback_recorder, skip_recorder
 from diagnosis.agent.state import AgentContext, AgentState
@@ -106,6 +106,7 @@ def choose(
     state: AgentState,
     ctx: AgentContext,
     reference: dict[str, Any],
+    decide: Decide,
 ) -> tuple[Choice, Usage]:
     """One model step, with one repair turn for invalid arguments, checked by the policy."""
     messages: list[BaseMessage] | None = None
@@ -199,6 +200,7 @@ def react_plan(
     state: AgentState,
     ctx: AgentContext,
     reference_plan: Callable[[AgentState, AgentContext], dict[str, Any]],
+    decide: Decide,
 ) -> dict[str, Any]:
     """The next step, chosen by the model and checked by the policy (see the module doc)."""
     reference = reference_plan(state, ctx)
@@ -223,7 +225,7 @@ def react_plan(
             raise ProviderError(
                 f"{provider.name} cannot reason", retryable=False, error_class="other"
             )
-        return choose(provider, state, ctx, reference)
+        return choose(provider, state, ctx, reference, decide)
 
     run = ctx.root_run
     choice = call_with_fallback(

@@ -1,4 +1,4 @@
-"""The tools the model may pick in a ReAct step: the packs' lookups, the agent's own
+"""The tools the model may pick in a ReAct step: the packs' lookups, their agents' own
 analyses and the packs' actions, each with the OpenAI schema of its pydantic argument
 model (generated once per process)."""
 
@@ -9,24 +9,9 @@ import json
 from typing import Any
 
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from aero.packs import action_tool, installed_packs
-
-
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NoArgs(_Args):
-    """The deterministic tools read the session's fields; the model passes nothing."""
-
-
-# The agent's own analyses; the lookups and actions are the packs' (aero.packs).
-ANALYSES: dict[str, tuple[type[BaseModel], str]] = {
-    "assess_risk": (NoArgs, "Risk level by the scenario's rule table (deterministic)."),
-    "analyze_impact": (NoArgs, "Impact zone by breadth-first search on the airport graph."),
-}
 
 
 def tool_args() -> dict[str, tuple[type[BaseModel], str]]:
@@ -39,7 +24,8 @@ def tool_args() -> dict[str, tuple[type[BaseModel], str]]:
         for name, lookup in pack.tools.lookups.items()
         if lookup.schema is not None
     }
-    found.update(ANALYSES)
+    for pack in packs:
+        found.update(pack.tools.analyses)
     for pack in packs:
         for name, action in pack.tools.actions.items():
             if action.schema is not None:

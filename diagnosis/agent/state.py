@@ -7,7 +7,6 @@ from typing import Any, TypedDict
 from diagnosis.agent.providers import Provider
 from diagnosis.events import StepGroup
 from diagnosis.models import AgentRun, ToolCall
-from scenarios_admin.airport import AirportGraph
 
 
 class AgentState(TypedDict, total=False):
@@ -50,7 +49,7 @@ class AgentState(TypedDict, total=False):
 class AgentContext:
     session_id: Any
     definition: dict[str, Any]
-    graph: AirportGraph
+    graph: Any  # the world the pack's agent acts on (DomainPack.world)
     providers: list[Provider]
     root_run: AgentRun
     producer: str

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from diagnosis.agent.grounding import Claim
+from diagnosis.agent.reading import Claim
 from diagnosis.agent.usage import ProviderError
 from scenarios_admin.definition import value_order
 

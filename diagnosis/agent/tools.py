@@ -8,65 +8,36 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
-from django.utils import timezone, translation
-from django.utils.functional import Promise
-from django.utils.translation import gettext_lazy
+from django.utils import timezone
 
 from aero.compiled import AnyOf, Compiled, insert_rows
 from aero.packs import LookupTool, action_tool, argument_words
-from diagnosis.events import append_event, lock_session
-from diagnosis.execution import execution_problems, record_call_finished, refuse_execution
+from diagnosis.events import lock_session
+from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import (
-    AgentRun,
     Outbox,
     OutboxStatus,
     Restriction,
-    Session,
     ToolCall,
     ToolCallStatus,
 )
 from diagnosis.outbox import enqueue_effect, execute_after_commit, prepare
-from scenarios_admin.airport import AirportGraph
-
-
-@dataclass
-class ToolContext:
-    session_id: Any
-    graph: AirportGraph
-    run: AgentRun | None
-    producer: str
-    session: Session | None = None  # read once per step where needed (logged_session)
-    definition: dict[str, Any] = field(default_factory=dict)  # the scenario's
-
-
-class ToolFailure(Exception):
-    pass
-
-
-# Why a lookup failed, as the log says it (in English, language-neutral) and pages word
-# it per reader (diagnosis.wording.failure_words reads the logged text back). The packs
-# add their lookups' own (register_lookups).
-FAILURES: dict[str, Promise] = {
-    "timed_out": gettext_lazy("timed out after %(seconds)s s"),
-}
-
-
-def failure(code: str, **params: Any) -> str:
-    """The failure `code` as the log keeps it: in English."""
-    with translation.override("en"):
-        return str(FAILURES[code]) % params
-
-
-def idempotency_key(session_id: Any, call_id: str) -> str:
-    return f"{session_id}:{call_id}"
+from diagnosis.toolcalls import (
+    FAILURES,
+    ToolContext,
+    ToolFailure,
+    call_finished,
+    call_started,
+    failure,
+    finished_event,
+    idempotency_key,
+)
 
 
 def get_or_create_call(
@@ -215,15 +186,15 @@ def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, 
             elif tool_call.status == ToolCallStatus.FAILED:
                 results["degraded"].append({"source": call["tool"], "error": tool_call.error})
             else:
-                _started(ctx, tool_call, saved=created)
+                call_started(ctx, tool_call, saved=created)
                 pending.append((call, tool_call))
     if done:
         rows = insert_rows(ToolCall, [row for _, row in done])
         # Logged as two writes would log them: every start, then every outcome.
         for row in rows:
-            _started(ctx, row, saved=True)
+            call_started(ctx, row, saved=True)
         for row in rows:
-            _finished_event(ctx, row, response=row.response_payload, error=row.error)
+            finished_event(ctx, row, response=row.response_payload, error=row.error)
     for call, tool_call in pending:
         source = ENRICHMENT_SOURCES[call["tool"]]
         if source not in IN_PROCESS_SOURCES:
@@ -235,10 +206,10 @@ def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, 
             response = source(call["args"])
         except Exception as exc:  # a broken source degrades, it never blocks the agent
             error = str(exc) or type(exc).__name__
-            _finished(ctx, tool_call, started, error=error)
+            call_finished(ctx, tool_call, started, error=error)
             results["degraded"].append({"source": call["tool"], "error": error})
         else:
-            _finished(ctx, tool_call, started, response=response)
+            call_finished(ctx, tool_call, started, response=response)
             results[ENRICHMENT_KEYS[call["tool"]]] = response
     if not remote:
         return results
@@ -255,14 +226,14 @@ def _run_enrichment(ctx: ToolContext, calls: list[dict[str, Any]]) -> dict[str, 
             response = future.result(timeout=remaining)
         except FutureTimeout:
             error = failure("timed_out", seconds=f"{timeout:g}")
-            _finished(ctx, tool_call, started, error=error)
+            call_finished(ctx, tool_call, started, error=error)
             results["degraded"].append({"source": call["tool"], "error": error})
         except Exception as exc:  # a broken source degrades, it never blocks the agent
             error = str(exc) or type(exc).__name__
-            _finished(ctx, tool_call, started, error=error)
+            call_finished(ctx, tool_call, started, error=error)
             results["degraded"].append({"source": call["tool"], "error": error})
         else:
-            _finished(ctx, tool_call, started, response=response)
+            call_finished(ctx, tool_call, started, response=response)
             results[ENRICHMENT_KEYS[call["tool"]]] = response
     # Never wait for a slow source: its thread finishes on its own.
     pool.shutdown(wait=False, cancel_futures=True)
@@ -292,14 +263,14 @@ def run_deterministic(
         raise ToolFailure(f"{call['tool']} failed: {failure}") from failure
     if tool_call.status == ToolCallStatus.COMPLETED:
         return tool_call.response_payload
-    _started(ctx, tool_call)  # left running by an older release's crashed step
+    call_started(ctx, tool_call)  # left running by an older release's crashed step
     started = time.monotonic()
     try:
         response = compute()
     except Exception as exc:
-        _finished(ctx, tool_call, started, error=str(exc))
+        call_finished(ctx, tool_call, started, error=str(exc))
         raise ToolFailure(f"{call['tool']} failed: {exc}") from exc
-    _finished(ctx, tool_call, started, response=response)
+    call_finished(ctx, tool_call, started, response=response)
     return response
 
 
@@ -322,7 +293,7 @@ def run_recorded(
     if earlier is None:
         _record_done(ctx, call, started, response=response, error=error)
     else:  # left running by a crashed step: finish its row
-        _finished(ctx, earlier, started, response=response, error=error)
+        call_finished(ctx, earlier, started, response=response, error=error)
     return response, error
 
 
@@ -345,23 +316,6 @@ def dispatch_summary(name: str, args: dict[str, Any]) -> str:
 def restriction_summary(kind: str, target: Any) -> str:
     """A restriction put in force, in the active language: "Taxiway closed: A"."""
     return f"{Restriction.Kind(kind).label}: {target}"
-
-
-def request_of(ctx: ToolContext, tool_call: ToolCall) -> tuple[str, str, dict[str, Any]]:
-    """(system, operation, body) of an action call, from the pack that declares the
-    action (aero.packs): the core sends it through the outbox whatever its domain."""
-    declared = action_tool(tool_call.tool_name)
-    if declared is None:
-        raise ToolFailure(f"unknown action tool {tool_call.tool_name}")
-    return declared.request(ctx, tool_call)
-
-
-def result_of(ctx: ToolContext, tool_call: ToolCall, remote: dict[str, Any]) -> dict[str, Any]:
-    """The action call's response from its system's answer, by its pack."""
-    declared = action_tool(tool_call.tool_name)
-    if declared is None:
-        raise ToolFailure(f"unknown action tool {tool_call.tool_name}")
-    return declared.result(ctx, tool_call, remote)
 
 
 UNFINISHED = (
@@ -414,32 +368,6 @@ def run_action(ctx: ToolContext, tool_call_id: int) -> ToolCall:
 # --- recording ------------------------------------------------------------------------
 
 
-def _started(ctx: ToolContext, tool_call: ToolCall, *, saved: bool = False) -> None:
-    """`saved`: the row was just inserted as running, its first attempt counted."""
-    if not saved:
-        tool_call.attempts += 1
-        tool_call.status = ToolCallStatus.RUNNING
-        tool_call.agent_run = ctx.run
-        tool_call.save(update_fields=["attempts", "status", "agent_run"])
-    append_event(
-        ctx.session_id,
-        "tool.call_started",
-        {
-            "tool_call": tool_call.pk,
-            "call_id": tool_call.call_id,
-            "tool_name": tool_call.tool_name,
-            "args": tool_call.request_payload,
-            "risk_level": tool_call.risk_class,
-            "is_action": tool_call.is_action,
-            "position": tool_call.position,
-            "attempt": tool_call.attempts,
-            "agent_run_id": ctx.run.pk if ctx.run else None,
-        },
-        producer=ctx.producer,
-        run=ctx.run,
-    )
-
-
 def _record_done(
     ctx: ToolContext,
     call: dict[str, Any],
@@ -459,8 +387,8 @@ def _record_done(
             return None
     else:
         tool_call.save(force_insert=True)
-    _started(ctx, tool_call, saved=True)
-    _finished_event(ctx, tool_call, response=tool_call.response_payload, error=error)
+    call_started(ctx, tool_call, saved=True)
+    finished_event(ctx, tool_call, response=tool_call.response_payload, error=error)
     return tool_call
 
 
@@ -502,31 +430,3 @@ def _done_row(
     row.duration_ms = int((time.monotonic() - started) * 1000)
     row.completed_at = timezone.now()
     return row
-
-
-def _finished(
-    ctx: ToolContext,
-    tool_call: ToolCall,
-    started: float,
-    *,
-    response: dict[str, Any] | None = None,
-    error: str = "",
-    at: datetime | None = None,
-) -> None:
-    tool_call.duration_ms = int((time.monotonic() - started) * 1000)
-    tool_call.completed_at = at or timezone.now()
-    tool_call.status = ToolCallStatus.FAILED if error else ToolCallStatus.COMPLETED
-    tool_call.response_payload = response or {}
-    tool_call.error = error
-    tool_call.save(
-        update_fields=["duration_ms", "completed_at", "status", "response_payload", "error"]
-    )
-    _finished_event(ctx, tool_call, response=response or {}, error=error)
-
-
-def _finished_event(
-    ctx: ToolContext, tool_call: ToolCall, *, response: dict[str, Any], error: str
-) -> None:
-    record_call_finished(
-        tool_call, response=response or {}, error=error, producer=ctx.producer, run=ctx.run
-    )

@@ -81,7 +81,7 @@ def warm_up_worker() -> None:
                 agent_graph(pack.kind)
                 world_of(pack.kind)
     except Exception:  # psycopg's own errors too (the checkpointer's connection)
-        logger.warning("warm-up: the agent or airport graph is not ready yet", exc_info=True)
+        logger.warning("warm-up: the agent or its world is not ready yet", exc_info=True)
 
 
 @metrics.timed_job

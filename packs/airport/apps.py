@@ -21,14 +21,19 @@ class AirportPackConfig(AppConfig):
     def ready(self) -> None:
         from aero.packs import DomainPack, ToolRegistry, register
         from diagnosis import external
-        from diagnosis.agent.graph import build_graph
         from diagnosis.agent.tools import register_lookups
         from diagnosis.wording import register_tool_labels
         from packs.airport import actions, lookups
+        from packs.airport.agent.graph import build_graph
+        from packs.airport.agent.prompts import REACT
+        from packs.airport.agent.reading import READING
+        from packs.airport.agent.selfcheck import check_draft
+        from packs.airport.arguments import ANALYSES
         from packs.airport.board import Board
         from packs.airport.definition import ApronDefinition
         from packs.airport.models import Topology
         from packs.airport.seed import seed_world
+        from packs.airport.summary import summarize
         from packs.airport.world import connect_signals, load_active_graph
 
         for system, prefix in actions.SYSTEMS.items():
@@ -45,6 +50,7 @@ class AirportPackConfig(AppConfig):
                 tools=ToolRegistry(
                     actions=actions.action_tools(),
                     lookups=lookups.LOOKUPS,
+                    analyses=ANALYSES,
                     failures=lookups.FAILURES,
                     argument_words=actions.ARGUMENT_WORDS,
                     target_args=actions.TARGET_ARGS,
@@ -62,8 +68,12 @@ class AirportPackConfig(AppConfig):
                     ),
                     "airport.flight": ("flight.created", "flight.changed", "flight.deleted"),
                 },
+                reading=READING,
+                react_prompt=REACT,
+                check_draft=check_draft,
                 enrichment_warning=lookups.stand_mismatch_text,
                 board=Board,
+                summarize=summarize,
             )
         )
 

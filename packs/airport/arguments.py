@@ -55,3 +55,14 @@ SCHEMAS: dict[str, tuple[type[BaseModel], str]] = {
     "fod_sweep": (PositionArgs, "Sweep foreign object debris (R1)."),
     "tow_aircraft": (TowArgs, "Tow an aircraft away (R1)."),
 }
+
+
+class NoArgs(_Args):
+    """The deterministic tools read the session's fields; the model passes nothing."""
+
+
+# The apron agent's own analyses (ToolRegistry.analyses).
+ANALYSES: dict[str, tuple[type[BaseModel], str]] = {
+    "assess_risk": (NoArgs, "Risk level by the scenario's rule table (deterministic)."),
+    "analyze_impact": (NoArgs, "Impact zone by breadth-first search on the airport graph."),
+}

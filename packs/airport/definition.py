@@ -413,7 +413,7 @@ def _states(value: Any) -> Any:
 
 class Compliance(Part):
     """The names of the compliance state machine's six positional states
-    (diagnosis.agent.fsm)."""
+    (packs.airport.agent.fsm)."""
 
     states: Annotated[list[str], BeforeValidator(_states)]
 

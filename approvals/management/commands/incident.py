@@ -12,14 +12,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
-from aero.packs import UnknownDomain, file_pack
+from aero.packs import UnknownDomain, file_pack, pack_for
 from aero.roles import APPROVER, OPERATOR, ensure_role_groups
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import OPEN_STATUSES, Approval, ApprovalStatus
 from diagnosis.actions import ActionError, do_answer, do_create_session
 from diagnosis.jobs import advance_session
-from diagnosis.models import Event, Session, SessionStatus, ToolCall
-from diagnosis.reporting import decision_of
+from diagnosis.models import Event, Session, SessionStatus
 from scenarios_admin.models import Scenario
 
 # How long the command waits for another process (a worker of `make run`) that holds
@@ -98,7 +97,8 @@ class Command(BaseCommand):
         except ActionError as exc:
             raise CommandError(str(exc)) from exc
         session.refresh_from_db()
-        result = summarize(session)
+        summarize = pack_for(scenario.kind).summarize
+        result = summarize(session) if summarize is not None else _summary(session)
         if options["json"]:
             self.stdout.write(json.dumps(result, ensure_ascii=False, sort_keys=True))
         else:
@@ -227,55 +227,10 @@ def _cli_user() -> Any:
     return user
 
 
-def summarize(session: Session) -> dict[str, Any]:
-    snapshot = session.snapshot
-    fields = snapshot.get("fields", {})
-    impact = snapshot.get("impact") or {}
-    risk = snapshot.get("risk")
-    report = getattr(session, "report", None)
+def _summary(session: Session) -> dict[str, Any]:
+    """A session of a pack that says nothing of its own: where it stands."""
     return {
         "session": str(session.pk),
         "status": session.status,
-        # In the scenario's field order (jsonb keeps its own key order).
-        "fields": {
-            name: fields[name]
-            for name in session.scenario_version.definition["field_order"]
-            if name in fields
-        },
-        "questions": [
-            e.payload["text"]
-            for e in Event.objects.filter(session=session, type="agent.question").order_by("seq")
-        ],
-        # Optional questions closed without an answer (left open when every action was
-        # decided, or answered without a value); not a confirmation that was not given.
-        "unanswered": [
-            e.payload["field"]
-            for e in Event.objects.filter(session=session, type="agent.question_closed").order_by(
-                "seq"
-            )
-            if e.payload.get("optional", True)
-        ],
-        "risk": {"rule": risk["rule"], "level": risk["level"], "score": risk["score"]}
-        if risk
-        else None,
-        "impact": {
-            key: impact[key]
-            for key in ("radius", "isolated_nodes", "taxiways", "runways", "stands", "flights")
-        }
-        if impact
-        else None,
-        "actions": [
-            {
-                "tool": c.tool_name,
-                "args": c.request_payload,
-                "risk_class": c.risk_class,
-                "decision": decision_of(c),
-                "status": c.status,
-            }
-            for c in ToolCall.objects.filter(session=session, is_action=True).order_by(
-                "position", "id"
-            )
-        ],
-        "report_markdown": report.markdown if report else "",
         "events": Event.objects.filter(session=session).count(),
     }

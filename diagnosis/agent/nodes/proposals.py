@@ -4,13 +4,13 @@ is already in force."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from aero.compiled import AnyOf, Arg, Compiled, insert_rows
-from diagnosis.agent import fsm
 from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import ToolContext, get_or_create_call, new_call, run_action
 from diagnosis.events import append_event_once, as_logged, lock_session
@@ -253,7 +253,7 @@ def propose_action(tctx: ToolContext, call: dict[str, Any], *, fresh: bool = Fal
 def open_proposals(
     tctx: ToolContext,
     calls: list[dict[str, Any]],
-    facts: fsm.Facts,
+    refused: Callable[[str], str | None],
     made: set[str],
     board: dict[tuple[str, str], Restriction],
 ) -> dict[str, tuple[ToolCall, dict[str, Any]]]:
@@ -267,9 +267,7 @@ def open_proposals(
     new = [
         c
         for c in calls
-        if c["call_id"] not in made
-        and not fsm.check_step(tctx.definition, facts, c["tool"])
-        and _held(c, board) is None
+        if c["call_id"] not in made and not refused(c["tool"]) and _held(c, board) is None
     ]
     if not new:
         return {}

@@ -12,9 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from aero.packs import pack_for
-from diagnosis.selfcheck import check_examples
 from scenarios_admin.actions import ScenarioError, do_import, export_text
-from scenarios_admin.airport import load_active_graph
 from scenarios_admin.draft import assemble
 from scenarios_admin.models import Scenario
 
@@ -78,7 +76,10 @@ class Command(BaseCommand):
             if chosen is None:
                 raise CommandError(f"{slug} has no version {version}")
             definition, title = chosen.definition, f"{slug} v{version}"
-        self._report(title, check_examples(definition, load_active_graph()))
+        check_draft = pack_for(scenario.kind).check_draft
+        if check_draft is None:
+            raise CommandError(f"{slug}: its pack runs no example cases")
+        self._report(title, check_draft(definition))
 
     def _report(self, title: str, cases: list[Any]) -> None:
         if not cases:

@@ -38,9 +38,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from diagnosis.agent.reading import CJK, Extraction, occurrences
 from scenarios_admin.airport import RUNWAY_DESIGNATOR, AirportGraph
 
-CJK = re.compile(r"[\u3400-\u9fff]")
 # Airline code (2 chars, at least one letter) + 1-4 digits: CA1234, 3U8888, 9C8521.
 FLIGHT_NO = re.compile(
     r"(?<![A-Za-z0-9])((?:[A-Za-z][A-Za-z0-9]|[0-9][A-Za-z])[0-9]{1,4})(?![0-9A-Za-z])"
@@ -112,19 +112,6 @@ def yes_or_no(text: str) -> bool | None:
 
 
 @dataclass(frozen=True)
-class Extraction:
-    value: Any
-    evidence: str
-    # Where the evidence is in the text (None for answers, defaults, confirmations).
-    span: tuple[int, int] | None = None
-    # False: a reading without evidence of its own, to be confirmed by the operator.
-    confirmed: bool = True
-    # A model's value that these words contradict: dropped, and the log says so
-    # (grounding: the reporter's words win over a model's guess).
-    dropped: Any = None
-
-
-@dataclass(frozen=True)
 class _Match:
     start: int
     end: int
@@ -132,10 +119,6 @@ class _Match:
     value: Any
     synonym: str
     weak: bool
-
-
-def detect_language(text: str) -> str:
-    return "zh" if CJK.search(text) else "en"
 
 
 def extract_fields(
@@ -248,7 +231,7 @@ def _claimed(fields: dict[str, dict[str, Any]], text: str, lowered: str) -> list
                 (True, value_spec.get("fallback", [])),
             ):
                 for synonym in synonyms:
-                    for start in _occurrences(lowered, str(synonym).lower()):
+                    for start in occurrences(lowered, str(synonym).lower()):
                         end = start + len(synonym)
                         candidates.append(_Match(start, end, name, value, text[start:end], weak))
     # Longest synonym first; on equal length the later mention wins (corrections). Weak
@@ -299,16 +282,6 @@ def _coerce(field_type: str, raw: str) -> Any:
     if field_type == "bool":
         return str(raw).lower() == "true"
     return raw
-
-
-def _occurrences(haystack: str, needle: str) -> list[int]:
-    if not needle:
-        return []
-    if CJK.search(needle):
-        pattern = re.escape(needle)
-    else:
-        pattern = r"(?<![a-z0-9])" + re.escape(needle) + r"(?![a-z0-9])"
-    return [m.start() for m in re.finditer(pattern, haystack)]
 
 
 def _measure_pattern(measure: dict[str, Any]) -> str:

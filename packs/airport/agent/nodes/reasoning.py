@@ -7,12 +7,13 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from diagnosis.agent import prompts, summaries
-from diagnosis.agent.planning import action_calls_of, offline_plan
 from diagnosis.agent.react import react_plan
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.events import append_event_once
 from diagnosis.models import AgentRun, ToolCallStatus
+from packs.airport.agent.planning import action_calls_of, offline_plan
+from packs.airport.agent.react_policy import decide
 from scenarios_admin.definition import value_order
 
 
@@ -20,7 +21,7 @@ def default_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     """With a real provider the model picks the calls (diagnosis.agent.react), checked by
     the policy; the step that runs is always the policy's (safety-critical sequencing is
     policy, not model output). Offline: the deterministic planner alone."""
-    return react_plan(state, ctx, offline_plan)
+    return react_plan(state, ctx, offline_plan, decide)
 
 
 # Tests replace this to script an agent that misbehaves.

@@ -19,22 +19,14 @@ Either way an invented fact never reaches the risk rules.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
-from diagnosis.agent.extraction import Extraction, extract_fields, yes_or_no
+from diagnosis.agent.reading import Claim, Extraction
+from packs.airport.agent.extraction import extract_fields, yes_or_no
 from scenarios_admin.airport import AirportGraph
 
 # Field types whose value a quote can be checked to state: the value is in the words.
 STATED_TYPES = frozenset({"flight_no", "position", "number", "text"})
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What a model says about one field: the value and the words it says state it."""
-
-    value: Any
-    quote: str
 
 
 def find_quote(text: str, quote: str) -> tuple[int, int] | None:

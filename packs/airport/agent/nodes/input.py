@@ -5,16 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from aero.compiled import Arg, Compiled
-from diagnosis.agent import grounding, policy, summaries, waits
-from diagnosis.agent.extraction import Extraction, is_unsure
+from diagnosis.agent import summaries, waits
 from diagnosis.agent.fallback import call_with_fallback
-from diagnosis.agent.nodes.reasoning import close_question
 from diagnosis.agent.providers import Provider
+from diagnosis.agent.reading import Extraction
 from diagnosis.agent.recording import call_recorder, fallback_recorder, recorded, skip_recorder
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.agent.usage import Usage
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Event
+from packs.airport.agent import grounding, policy
+from packs.airport.agent.extraction import is_unsure
+from packs.airport.agent.nodes.reasoning import close_question
 
 # The operator's messages after the last one read: compiled once per connection.
 _messages_after = Compiled(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnosis.agent import fsm, policy, summaries
+from diagnosis.agent import summaries
 from diagnosis.agent.nodes.proposals import (
     board_for,
     note_if_in_force,
@@ -13,7 +13,6 @@ from diagnosis.agent.nodes.proposals import (
     proposed,
     revise_proposals,
 )
-from diagnosis.agent.planning import action_calls_of, facts_of
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.agent.tools import (
@@ -25,6 +24,8 @@ from diagnosis.agent.tools import (
 )
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, ToolCall
+from packs.airport.agent import fsm, policy
+from packs.airport.agent.planning import action_calls_of, facts_of
 
 
 @recorded("tool_executor")
@@ -75,7 +76,9 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         update["replanning"] = None
     made = {a.call_id for a in actions}
     board = board_for([c for c in calls if c.get("mode") == "propose"])
-    opened = open_proposals(tctx, calls, facts, made, board)
+    opened = open_proposals(
+        tctx, calls, lambda tool: fsm.check_step(definition, facts, tool), made, board
+    )
     for call in calls:
         tool = call["tool"]
         if tool in ENRICHMENT_SOURCES:

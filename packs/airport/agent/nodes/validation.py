@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from diagnosis.agent import budget, fsm, summaries
-from diagnosis.agent.planning import facts_of
+from diagnosis.agent import budget, summaries
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun
+from packs.airport.agent import fsm
+from packs.airport.agent.planning import facts_of
 
 
 @recorded("compliance_validator", rows=False)

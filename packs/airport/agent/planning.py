@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from aero.compiled import Arg, Compiled
-from diagnosis.agent import fsm, policy
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.models import ToolCall, ToolCallStatus
+from packs.airport.agent import fsm, policy
 
 UNFINISHED_EXECUTION = (ToolCallStatus.APPROVED, ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING)
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from langgraph.graph import END, START, StateGraph
 
-from diagnosis.agent.nodes.execution import tool_executor
-from diagnosis.agent.nodes.input import input_parser
-from diagnosis.agent.nodes.output import output_generator
-from diagnosis.agent.nodes.reasoning import reasoning, route_after_reasoning
-from diagnosis.agent.nodes.validation import compliance_validator, route_after_validation
 from diagnosis.agent.nodes.waiting import ask_user, await_approval, route_after_wait
 from diagnosis.agent.state import AgentContext, AgentState
+from packs.airport.agent.nodes.execution import tool_executor
+from packs.airport.agent.nodes.input import input_parser
+from packs.airport.agent.nodes.output import output_generator
+from packs.airport.agent.nodes.reasoning import reasoning, route_after_reasoning
+from packs.airport.agent.nodes.validation import compliance_validator, route_after_validation
 
 
 def build_graph() -> StateGraph[AgentState, AgentContext, AgentState, AgentState]:

@@ -1,35 +1,18 @@
-"""The policy's check of the model's calls in a ReAct step: what runs, what is refused,
-what is corrected (see diagnosis.agent.react)."""
+"""The apron policy's check of the model's calls in a ReAct step: what runs, what is
+refused, what is corrected (the core's loop, diagnosis.agent.react, calls it)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from aero.compiled import Arg, Compiled
-from diagnosis.agent import fsm, policy
-from diagnosis.agent.planning import enrichment_calls, facts_of, revision_suffix
+from diagnosis.agent.choice import Choice
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.agent.tools import ENRICHMENT_SOURCES
 from diagnosis.models import ToolCall
-
-
-@dataclass
-class Choice:
-    """What the model asked for in one step and what the policy made of it: the plan that
-    runs, each of the model's calls with the call it became or why it was refused, and
-    every correction (an `fsm.violation` event each)."""
-
-    plan: dict[str, Any]
-    text: str = ""
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    corrections: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def picked(self) -> list[str]:
-        return [str(c.get("name")) for c in self.calls if not c.get("refused")]
-
+from packs.airport.agent import fsm, policy
+from packs.airport.agent.planning import enrichment_calls, facts_of, revision_suffix
 
 # The packs' lookups (registered when the apps are ready: read when first compiled).
 _lookups_made = Compiled(

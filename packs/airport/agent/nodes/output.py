@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagnosis.agent import budget, fsm, policy, prompts, summaries
+from diagnosis.agent import budget, prompts, summaries
 from diagnosis.agent.nodes.proposals import DONE_OR_UNDER_WAY, base_call_id
-from diagnosis.agent.planning import action_calls_of, facts_of
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.events import append_step_event
@@ -17,6 +16,8 @@ from diagnosis.models import (
     Event,
 )
 from diagnosis.reporting import display_value, md_cell, write_report
+from packs.airport.agent import fsm, policy
+from packs.airport.agent.planning import action_calls_of, facts_of
 
 
 @recorded("output_generator", last=True)
