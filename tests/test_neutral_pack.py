@@ -22,6 +22,7 @@ from diagnosis.agent.react_tools import tool_args
 from diagnosis.consequences import plain_words
 from diagnosis.decisions import ActionError
 from diagnosis.eventlog import registry
+from diagnosis.selfcheck import publish_check
 from diagnosis.templatetags.timeline import argument_label
 from diagnosis.wording import done_words, enrichment_warning, failure_words
 from scenarios_admin.definition import (
@@ -131,6 +132,17 @@ def test_the_lookup_is_an_enrichment_source_and_the_finding_a_kind(
     kind = registry.finding_kind("host_note")
     assert kind is neutral_pack.FINDING
     assert kind.summary is not None and kind.summary({"text": "h1 slow"}) == "note: h1 slow"
+
+
+def test_a_scenario_whose_pack_runs_no_example_cases_is_not_published(
+    neutral: packs.DomainPack,
+) -> None:
+    """Publishing fails closed: a pack that runs no example cases gets no scenario
+    published as if its cases had passed."""
+    definition = {"kind": neutral_pack.KIND, "actions": [], "examples": [{"text": "h1 slow"}]}
+    assert publish_check(None, definition) == [
+        "the example cases cannot run: no installed pack checks kind 'neutral'"
+    ]
 
 
 def test_nothing_is_left_installed_after_a_test() -> None:

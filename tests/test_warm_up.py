@@ -136,7 +136,7 @@ def test_a_worker_starts_when_its_agent_graph_cannot_be_built_yet(
 
     monkeypatch.setattr(the_job, "agent_graph", unbuildable)
     jobs.warm_up_worker()
-    assert "warm-up: the agent or airport graph is not ready yet" in caplog.text
+    assert "warm-up: the agent or its world is not ready yet" in caplog.text
 
 
 @pytest.mark.services
