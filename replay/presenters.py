@@ -349,7 +349,7 @@ def report_markdown(state: FoldState, mask: SessionMask | None) -> str:
     return mask.text(state.report.markdown) if mask is not None else state.report.markdown
 
 
-def airport_graph() -> AirportGraph:
+def world_graph() -> AirportGraph:
     """The active graph, kept per process by its pack while its stamp is unchanged: a
     replay step costs one query for it."""
     return load_active_graph()
