@@ -18,7 +18,7 @@ from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import OPEN_STATUSES, Approval, ApprovalStatus
 from diagnosis.actions import ActionError, do_answer, do_create_session
 from diagnosis.jobs import advance_session
-from diagnosis.models import Event, Session, SessionStatus
+from diagnosis.models import Session, SessionStatus
 from scenarios_admin.models import Scenario
 
 # How long the command waits for another process (a worker of `make run`) that holds
@@ -88,6 +88,12 @@ class Command(BaseCommand):
         if scenario is None:
             known = ", ".join(Scenario.objects.values_list("slug", flat=True)) or "none loaded"
             raise CommandError(f"unknown scenario {options['scenario']!r} (known: {known})")
+        try:
+            summarize = pack_for(scenario.kind).summarize
+        except UnknownDomain as exc:
+            raise CommandError(str(exc)) from exc
+        if summarize is None:
+            raise CommandError(f"{scenario.slug}: its pack prints no session summary")
         user = _cli_user()
         try:
             session = do_create_session(user, scenario, options["message"], producer="cli")
@@ -97,8 +103,7 @@ class Command(BaseCommand):
         except ActionError as exc:
             raise CommandError(str(exc)) from exc
         session.refresh_from_db()
-        summarize = pack_for(scenario.kind).summarize
-        result = summarize(session) if summarize is not None else _summary(session)
+        result = summarize(session)
         if options["json"]:
             self.stdout.write(json.dumps(result, ensure_ascii=False, sort_keys=True))
         else:
@@ -225,12 +230,3 @@ def _cli_user() -> Any:
 
     user.groups.add(*Group.objects.filter(name__in=[OPERATOR, APPROVER]))
     return user
-
-
-def _summary(session: Session) -> dict[str, Any]:
-    """A session of a pack that says nothing of its own: where it stands."""
-    return {
-        "session": str(session.pk),
-        "status": session.status,
-        "events": Event.objects.filter(session=session).count(),
-    }
