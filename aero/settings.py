@@ -372,6 +372,22 @@ CACHES = {
             "OPTIONS": {"MAX_ENTRIES": 5000},
         }
     ),
+    # The approval queue's incident cards, rendered once per change for every process
+    # (approvals/cards.py); keys name their content, so none is ever stale.
+    "queue_cards": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": AERO_CHANNEL_PREFIX,
+        }
+        if REDIS_URL
+        else {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": "queue_cards",
+            # A page of 10 cards per filter and language: a few hundred cover the queue.
+            "OPTIONS": {"MAX_ENTRIES": 2000},
+        }
+    ),
 }
 # Which payload fields read-only viewers see masked (diagnosis/eventlog/masking.py): JSON
 # list of rules.

@@ -5,17 +5,17 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Count, F, Min, Q, QuerySet, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Count, F, Func, IntegerField, Min, Q, QuerySet
 
 from aero.roles import DECIDE_APPROVALS, user_roles
-from approvals.models import RISK_ORDER, Approval, ManualTodo
+from approvals import cards
+from approvals.models import Approval, ManualTodo
 from diagnosis.consequences import board_of
 from diagnosis.models import Restriction
 from diagnosis.presenters import impact_map
 from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import restriction_of
-from scenarios_admin.models import Scenario
+from scenarios_admin.models import Scenario, Topology
 
 RISK_CLASSES = ("R1", "R2", "R3")
 # Incidents a page, and a page of each incident's open approvals: the page's size is
@@ -80,15 +80,35 @@ def _after(cursor: IncidentKey) -> Q:
     )
 
 
-def open_incidents(approvals: QuerySet[Approval], cursor: IncidentKey | None) -> QuerySet[Any]:
+class _OpenTotal(Func):
+    """The open approvals of every incident the grouped query keeps, before its LIMIT:
+    the page's count comes with its incidents (one scan of the index, not two)."""
+
+    template = "SUM(COUNT(*)) OVER ()"
+    window_compatible = True
+    contains_over_clause = True
+
+    def __init__(self) -> None:
+        super().__init__(output_field=IntegerField())
+
+    def get_group_by_cols(self) -> list[Any]:
+        return []
+
+
+def open_incidents(
+    approvals: QuerySet[Approval], cursor: IncidentKey | None, *, total: bool = False
+) -> QuerySet[Any]:
     """One row per incident of `approvals` (session_id, nearest deadline, open count) in
-    queue order, after `cursor`: grouped, sorted and cut in SQL."""
+    queue order, after `cursor`: grouped, sorted and cut in SQL. `total`: each row also
+    carries the open count of all the incidents kept (the first page's count)."""
     incidents = (
         approvals.order_by()
         .values("session_id")
         .annotate(nearest=Min("deadline"), open=Count("*"))
         .order_by(F("nearest").asc(nulls_last=True), "session_id")
     )
+    if total:
+        incidents = incidents.annotate(total=_OpenTotal())
     return incidents.filter(_after(cursor)) if cursor is not None else incidents
 
 
@@ -107,16 +127,23 @@ def queue_context(
     *,
     incident: str = "",
     roles: frozenset[str] | None = None,
+    csrf_token: str = "",
+    error: str = "",
+    error_for: int | None = None,
 ) -> dict[str, Any]:
     """One page of open approvals across sessions, paged by incident: the QUEUE_PAGE
     incidents whose nearest deadline comes first, each with its first INCIDENT_ITEMS
     open approvals (that match the filters) and how many more it has. Keyset on
     (nearest deadline, session id), in SQL: `after` names the last incident of the
     previous page. `incident` (a session id): that incident alone, INCIDENT_PAGE of its
-    approvals. Three queries whatever the number of open approvals: the page's
-    incidents (grouped, sorted and cut by PostgreSQL on approval_open_incident_idx),
-    the open count, the page's approvals (a window keeps each incident's first ones).
-    `roles` instead of `user`: the live consumer renders for a role set."""
+    approvals. Whatever the number of open approvals: the page's incidents with the
+    open count (grouped, sorted and cut by PostgreSQL on approval_open_incident_idx),
+    the page's approvals (a window keeps each incident's first ones), their sessions,
+    the board's stamp; each incident's card comes rendered from the shared cache when
+    nothing it shows changed (approvals.cards). `roles` instead of `user`: the live
+    consumer renders for a role set. `csrf_token`: the viewer's, for the cards' forms.
+    `error` on the card of approval `error_for` (that card is rendered for this
+    request alone)."""
     risk, scenario = clean_filters(risk, scenario)
     only = clean_incident(incident)
     approvals = open_approvals()
@@ -127,105 +154,131 @@ def queue_context(
     if only is not None:
         approvals = approvals.filter(session_id=only)
     cursor = parse_incident_cursor(after) if only is None else None
-    incident_page = list(open_incidents(approvals, cursor)[: QUEUE_PAGE + 1])
+    incident_page = list(open_incidents(approvals, cursor, total=cursor is None)[: QUEUE_PAGE + 1])
     more = len(incident_page) > QUEUE_PAGE
     incident_page = incident_page[:QUEUE_PAGE]
-    open_count = approvals.count()
-    per_incident = INCIDENT_PAGE if only is not None else INCIDENT_ITEMS
-    order = {row["session_id"]: n for n, row in enumerate(incident_page)}
-    waiting = {row["session_id"]: row["open"] for row in incident_page}
-    page = (
-        list(
-            approvals.filter(session_id__in=list(order))
-            # Each incident's riskiest first, then the nearest deadline: the ones shown.
-            .annotate(
-                place=Window(
-                    RowNumber(),
-                    partition_by=[F("session_id")],
-                    order_by=[
-                        F("risk_class").desc(),
-                        F("deadline").asc(nulls_last=True),
-                        F("id").asc(),
-                    ],
-                )
-            )
-            .filter(place__lte=per_incident)
-            .select_related(
-                "session__scenario",
-                "session__created_by",
-                "tool_call",
-                "first_approved_by",
-                "edited_by",
-            )
-        )
-        if order
-        else []
-    )
-    graph = load_active_graph() if page else None
-    restrictions = list(Restriction.objects.filter(lifted_at__isnull=True)) if page else []
-    board = board_of(graph, restrictions) if graph else None
-    items = []
-    for approval in page:
-        snapshot = approval.session.snapshot
-        call = approval.tool_call
-        items.append(
-            {
-                "a": approval,
-                "session": approval.session,
-                "risk": snapshot.get("risk"),
-                "impact": snapshot.get("impact"),
-                "seconds_left": approval.seconds_left(),
-                "consequence": board.consequence(
-                    call.tool_name, call.request_payload, approval.session_id
-                )
-                if board
-                else None,
-            }
-        )
+    if cursor is None:
+        open_count = int(incident_page[0]["total"]) if incident_page else 0
+    else:
+        open_count = approvals.count()
     viewer_roles = roles if roles is not None else user_roles(user)
-    groups = sorted(incident_groups(items), key=lambda g: order[g["session"].pk])
-    for group in groups:
-        group["map"] = impact_map(graph, group["impact"], restrictions) if graph else None
-        group["open"] = waiting[group["session"].pk]
-        group["more"] = group["open"] - len(group["items"])
+    context: dict[str, Any] = {
+        "risk": risk,
+        "scenario": scenario,
+        "incident": str(only) if only is not None else "",
+        "can_decide": bool(viewer_roles & set(DECIDE_APPROVALS)),
+        "two_person_rule": settings.AERO_TWO_PERSON_RULE,
+        "queue_error": error,
+        "error_for": error_for,
+    }
+    per_incident = INCIDENT_PAGE if only is not None else INCIDENT_ITEMS
+    groups = _cards(incident_page, per_incident, context, csrf_token) if incident_page else []
     last = incident_page[-1] if incident_page else None
     return {
-        "items": [item for group in groups for item in group["items"]],
+        **context,
         "groups": groups,
+        "shown": [pk for group in groups for pk in group["shown"]],
         "open_count": open_count,
         "after": after if cursor is not None else "",
         "next_after": incident_cursor(last["nearest"], last["session_id"]) if more and last else "",
-        "incident": str(only) if only is not None else "",
-        "risk": risk,
-        "scenario": scenario,
         "risk_classes": RISK_CLASSES,
         "scenarios": Scenario.objects.filter(is_active=True),
-        "can_decide": bool(viewer_roles & set(DECIDE_APPROVALS)),
-        "two_person_rule": settings.AERO_TWO_PERSON_RULE,
     }
 
 
-def incident_groups(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The page's approvals grouped by incident (session): the session, risk and impact
-    shown once per incident, not once per action. Incidents whose nearest
-    deadline comes first lead, then the highest risk class; within an incident the
-    same order. The page is a keyset page of incidents (queue_context)."""
-    groups: dict[Any, dict[str, Any]] = {}
-    for item in items:
-        group = groups.setdefault(
-            item["session"].pk,
-            {
-                "session": item["session"],
-                "risk": item["risk"],
-                "impact": item["impact"],
-                "items": [],
-            },
+def _cards(
+    incident_page: list[dict[str, Any]],
+    per_incident: int,
+    context: dict[str, Any],
+    csrf_token: str,
+) -> list[dict[str, Any]]:
+    """The page's incidents in queue order, each with its card (group["html"]) as this
+    request shows it and the approvals it lists (group["shown"]). A card comes from the
+    shared cache when nothing it shows changed; else it is rendered and kept. Its actions
+    are the incident's first `per_incident` open ones, riskiest first, then the nearest
+    deadline (the order of the window that keeps them, in SQL)."""
+    ids = [row["session_id"] for row in incident_page]
+    # The incidents come from open_approvals(): sessions not deleted, of the scenario
+    # filtered; only the risk filter applies again.
+    rows: dict[Any, list[tuple[Any, ...]]] = {pk: [] for pk in ids}
+    for row in cards.page_rows(ids, per_incident, context["risk"]):
+        rows[row[cards.SESSION_AT]].append(row)
+    topology = Topology.objects.filter(is_active=True).values_list("pk", "updated_at").first()
+    restrictions = list(Restriction.objects.filter(lifted_at__isnull=True))
+    shared = cards.shared_facts(
+        risk=context["risk"],
+        scenario=context["scenario"],
+        incident=context["incident"],
+        can_decide=context["can_decide"],
+        board=cards.board_stamp(topology, restrictions),
+    )
+    groups = [
+        {
+            "session_id": row["session_id"],
+            "open": row["open"],
+            "shown": [approval[0] for approval in rows[row["session_id"]]],
+            "key": cards.card_key(row["open"], rows[row["session_id"]], shared),
+        }
+        for row in incident_page
+        # Decided since the incidents were read: nothing of it to show.
+        if rows[row["session_id"]]
+    ]
+    found = cards.cached_cards(group["key"] for group in groups)
+    error_for = context["error_for"] if context["queue_error"] else None
+    fresh: dict[str, str] = {}
+    missing = []
+    for group in groups:
+        # The card showing an error is this request's alone: rendered, never kept.
+        with_error = error_for is not None and error_for in group["shown"]
+        card = None if with_error else found.get(group["key"])
+        if card is None:
+            missing.append(group)
+            group["keep"] = not with_error
+        else:
+            group["card"] = card
+    if missing:
+        _render(missing, per_incident, context, topology, restrictions, shared)
+        fresh = {g["key"]: g["card"] for g in missing if g["keep"]}
+        cards.keep_cards(fresh)
+    for group in groups:
+        group["html"] = cards.finish(group["card"], csrf_token)
+    return groups
+
+
+def _render(
+    groups: list[dict[str, Any]],
+    per_incident: int,
+    context: dict[str, Any],
+    topology: tuple[Any, Any] | None,
+    restrictions: list[Restriction],
+    shared: tuple[Any, ...],
+) -> None:
+    """Render the cards of `groups` from their rows read whole (group["card"]), keyed by
+    what they were rendered from (group["key"]): a change since the key was read makes
+    a newer card, never a staler one."""
+    ids = [g["session_id"] for g in groups]
+    items: dict[Any, list[dict[str, Any]]] = {pk: [] for pk in ids}
+    for approval in cards.page_approvals(ids, per_incident, context["risk"]):
+        items[approval.session_id].append({"a": approval, "session": approval.session})
+    graph = load_active_graph(topology) if topology is not None else None
+    board = board_of(graph, restrictions) if graph is not None else None
+    for group in groups:
+        found = items[group["session_id"]]
+        if not found:
+            # Decided since its facts were read: the card says nothing waits, not kept.
+            group.update(card="", keep=False, shown=[])
+            continue
+        session = found[0]["session"]
+        for item in found:
+            item["a"].session = item["session"] = session
+        group.update(
+            session=session,
+            risk=session.snapshot.get("risk"),
+            impact=session.snapshot.get("impact"),
+            items=found,
+            shown=[item["a"].pk for item in found],
         )
-        group["items"].append(item)
-    for group in groups.values():
-        # Within an incident the riskiest action leads; its nearest deadline leads the
-        # incident among the others.
-        group["items"].sort(key=lambda i: (-RISK_ORDER.get(i["a"].risk_class, 0), _urgency(i)))
+        group["more"] = group["open"] - len(group["items"])
         group["r1_open"] = [
             i["a"]
             for i in group["items"]
@@ -233,16 +286,18 @@ def incident_groups(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # money and lifts are decided one by one
             and not (i["a"].is_lift or i["a"].is_budget)
         ]
-    return sorted(groups.values(), key=lambda g: min(_urgency(i) for i in g["items"]))
-
-
-def _urgency(item: dict[str, Any]) -> tuple[float, int, int]:
-    left = item["seconds_left"]
-    return (
-        float("inf") if left is None else left,
-        -RISK_ORDER.get(item["a"].risk_class, 0),
-        item["a"].pk,
-    )
+        group["map"] = impact_map(graph, group["impact"], restrictions) if graph else None
+        for item in group["items"]:
+            call = item["a"].tool_call
+            item["consequence"] = (
+                board.consequence(call.tool_name, call.request_payload, session.pk)
+                if board
+                else None
+            )
+        group["key"] = cards.card_key(
+            group["open"], [cards.facts_of(item["a"]) for item in found], shared
+        )
+        group["card"] = cards.render_card(group, context)
 
 
 TODO_PAGE = 100

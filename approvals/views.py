@@ -5,6 +5,7 @@ from uuid import UUID
 
 from django.contrib import messages
 from django.http import HttpResponse
+from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext, ngettext
@@ -33,6 +34,7 @@ def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
         request.GET.get("scenario", ""),
         request.GET.get("after", ""),
         incident=request.GET.get("incident", ""),
+        csrf_token=get_token(request),
     )
     if not context["risk"] and not context["scenario"] and not context["incident"]:
         # The nav's open count is this page's own: no second count query.
@@ -180,10 +182,11 @@ def _queue_after_decision(
         request.POST.get("risk", ""),
         request.POST.get("scenario", ""),
         incident=request.POST.get("incident", ""),
+        csrf_token=get_token(request),
+        error=error,
+        error_for=approval_id,
     )
-    context["queue_error"] = error
-    context["error_for"] = approval_id
-    context["error_shown_on_card"] = any(i["a"].pk == approval_id for i in context["items"])
+    context["error_shown_on_card"] = approval_id in context["shown"]
     return render(
         request, "approvals/queue.html#approval-queue", context, status=400 if error else 200
     )
