@@ -178,6 +178,9 @@ def explain() -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE approvals_approval")
         cursor.execute("VACUUM ANALYZE diagnosis_session")
+        # The page joins the approvals' calls: without their statistics (autovacuum has
+        # not run on a table filled a moment ago) PostgreSQL scans all 50,000.
+        cursor.execute("VACUUM ANALYZE diagnosis_toolcall")
         sql, params = open_incidents(open_approvals(), None)[
             : QUEUE_PAGE + 1
         ].query.sql_with_params()
