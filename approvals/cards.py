@@ -70,7 +70,7 @@ def release() -> str:
 def board_stamp(
     topology: tuple[Any, Any] | None, restrictions: list[Restriction]
 ) -> tuple[Any, ...]:
-    """What the cards read of the board: the active topology's stamp and every
+    """What the cards read of the board: the active world's stamp and every
     restriction in force (consequences and maps follow them)."""
     return (
         topology,

@@ -7,6 +7,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import Count, F, Func, IntegerField, Min, Q, QuerySet
 
+from aero.packs import stamped_pack
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals import cards
 from approvals.models import Approval, ManualTodo
@@ -15,7 +16,7 @@ from diagnosis.models import Restriction
 from diagnosis.presenters import impact_map
 from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import restriction_of
-from scenarios_admin.models import Scenario, Topology
+from scenarios_admin.models import Scenario
 
 RISK_CLASSES = ("R1", "R2", "R3")
 # Incidents a page, and a page of each incident's open approvals: the page's size is
@@ -203,7 +204,7 @@ def _cards(
     rows: dict[Any, list[tuple[Any, ...]]] = {pk: [] for pk in ids}
     for row in cards.page_rows(ids, per_incident, context["risk"]):
         rows[row[cards.SESSION_AT]].append(row)
-    topology = Topology.objects.filter(is_active=True).values_list("pk", "updated_at").first()
+    topology = _world_stamp()
     restrictions = list(Restriction.objects.filter(lifted_at__isnull=True))
     shared = cards.shared_facts(
         risk=context["risk"],
@@ -243,6 +244,16 @@ def _cards(
     for group in groups:
         group["html"] = cards.finish(group["card"], csrf_token)
     return groups
+
+
+def _world_stamp() -> tuple[Any, Any] | None:
+    """The stamp of the world the cards' maps and consequences are drawn on (the active
+    row of its pack's model), or None without one."""
+    pack = stamped_pack()
+    if pack is None or pack.world_stamp is None:
+        return None
+    stamp = pack.world_stamp.objects.filter(is_active=True).values_list("pk", "updated_at").first()
+    return tuple(stamp) if stamp is not None else None
 
 
 def _render(
