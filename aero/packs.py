@@ -51,6 +51,9 @@ class ActionTool:
     # agent lets a model pick calls declares them (the tool list and the call's check).
     schema: Any = None
     description: str = ""
+    # An argument's value in the reader's words: (argument name, value, the session's
+    # scenario definition or None) -> text. None: values show as written (names, data).
+    value_words: Callable[[str, Any, Any], str] | None = None
 
 
 @dataclass(frozen=True)

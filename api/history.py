@@ -271,7 +271,7 @@ def replay_session(
             "ts": state.ts,
             "snapshot": state.snapshot,
             "tool_calls": calls,
-            "report_markdown": presenters.report_markdown(state, mask),
+            "report_markdown": presenters.report_markdown(state, mask, session),
             "tokens_in": state.tokens_in,
             "tokens_out": state.tokens_out,
             "cost": str(state.cost),

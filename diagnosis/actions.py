@@ -31,7 +31,7 @@ from diagnosis.models import (
     ToolCallStatus,
 )
 from diagnosis.outbox import enqueue_effect
-from diagnosis.reporting import display_value, md_cell, write_report
+from diagnosis.reporting import display_value, write_report
 from diagnosis.signals import session_closing
 from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
 from scenarios_admin.models import Scenario
@@ -148,13 +148,6 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
         enqueue_advance(session.pk)
 
 
-CANCELED_PREFACE = {
-    "en": "> **Canceled** by {by} before the response was complete: {reason}. Actions "
-    "still awaiting a decision were closed undecided and were not executed.",
-    "zh": "> **会话已取消**（{by}），处置未完成：{reason}。尚待审批的处置措施已关闭，未执行。",
-}
-
-
 def do_cancel(session_id: Any, user: Any, reason: str = "", *, producer: str = "web") -> None:
     """Cancel a session: its status, its open approvals (closed with events, out of the
     queue, never swept into to-dos) and a report of what was done, in one transaction.
@@ -172,14 +165,12 @@ def do_cancel(session_id: Any, user: Any, reason: str = "", *, producer: str = "
         set_status(session.pk, SessionStatus.CANCELED, producer=producer, reason=why, by=by)
         closed = closed_by_receivers(session, user, why)
         session.refresh_from_db(fields=["snapshot"])
-        definition = session.scenario_version.definition
-        preface = CANCELED_PREFACE.get(session.language, CANCELED_PREFACE["en"])
         write_report(
             session.pk,
-            definition,
+            session.scenario_version.definition,
             session.snapshot,
             producer=producer,
-            preface=preface.format(by=md_cell(user.get_username()), reason=md_cell(why)),
+            notes=[{"kind": "canceled", "by": by, "reason": reason}],
         )
         audit(
             "session.canceled",
@@ -188,19 +179,6 @@ def do_cancel(session_id: Any, user: Any, reason: str = "", *, producer: str = "
             session_id=session.pk,
             detail={"reason": reason, "approvals_closed": closed},
         )
-
-
-# The operator's summary is the report's conclusion: its last section.
-CLOSED_CONCLUSION = {
-    "en": "## Conclusion\n\n{summary}\n\n(closed by {by})",
-    "zh": "## 结论\n\n{summary}\n\n（由{by}结束会话）",
-}
-
-CLOSED_PREFACE = {
-    "en": "> **Closed** by {by} with this summary: {summary}. Actions still awaiting a "
-    "decision were closed undecided and were not executed.",
-    "zh": "> **会话已由{by}结束**，总结：{summary}。尚待审批的处置措施已关闭，未执行。",
-}
 
 
 def do_close(session_id: Any, user: Any, summary: str) -> None:
@@ -232,15 +210,13 @@ def do_close(session_id: Any, user: Any, summary: str) -> None:
         )
         closed = closed_by_receivers(session, user, summary)
         session.refresh_from_db(fields=["snapshot"])
-        preface = CLOSED_PREFACE.get(session.language, CLOSED_PREFACE["en"])
-        conclusion = CLOSED_CONCLUSION.get(session.language, CLOSED_CONCLUSION["en"])
+        # The operator's summary heads the report and is its conclusion (its last section).
         write_report(
             session.pk,
             session.scenario_version.definition,
             session.snapshot,
             producer="web",
-            preface=preface.format(by=md_cell(by), summary=md_cell(summary)),
-            postscript=conclusion.format(by=md_cell(by), summary=md_cell(summary)),
+            notes=[{"kind": "closed", "by": by, "summary": summary}],
         )
         audit(
             "session.closed",

@@ -19,6 +19,13 @@ class DiagnosisConfig(AppConfig):
         from diagnosis.eventlog.masking import audit_mask_for
 
         register_detail_mask(audit_mask_for)
+        # An audited decision's tool and arguments in the reader's words.
+        from aero.audit_words import register_value_words
+        from diagnosis.wording import audit_args_words, audit_tool_words
+
+        register_value_words("tool", audit_tool_words)
+        for key in ("args", "before", "after"):
+            register_value_words(key, audit_args_words)
         from diagnosis.jobs import (
             close_orphaned_runs,
             delete_ended_checkpoints,

@@ -16,19 +16,19 @@ from diagnosis.agent_tree import TreeOnce
 from diagnosis.consequences import Board, board_of
 from diagnosis.eventlog import registry
 from diagnosis.eventlog.masking import SessionMask, session_mask
+from diagnosis.eventlog.names import REPORT_READY
 from diagnosis.models import (
     WITHDRAWN_ASKED_AGAIN,
     WITHDRAWN_NOT_CALLED_FOR,
     WITHDRAWN_NOT_CALLED_FOR_ANSWER,
     WITHDRAWN_SUPERSEDED,
     Event,
-    Report,
     Restriction,
     Session,
     ToolCall,
     ToolCallStatus,
 )
-from diagnosis.reporting import decision_of, display_value, markdown_to_html
+from diagnosis.reporting import decision_of, display_value, markdown_to_html, report_text
 from diagnosis.templatetags.timeline import scenario_language
 from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
 from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
@@ -209,7 +209,8 @@ class SessionReads:
 
     graph: AirportGraph
     restrictions: list[Restriction]
-    report: Report | None
+    # The last `report.ready` payload (its text as written and its facts), or None.
+    report: dict[str, Any] | None
     calls: list[ToolCall]
     approvals: list[Any]
     # Read when the agent tree panel renders (it shows no summary: nothing to mask).
@@ -233,7 +234,10 @@ def read_session(
     return SessionReads(
         graph=graph,
         restrictions=restrictions,
-        report=Report.objects.filter(session=session).first(),
+        report=Event.objects.filter(session=session, type=REPORT_READY)
+        .order_by("-seq")
+        .values_list("payload", flat=True)
+        .first(),
         calls=list(calls),
         approvals=_approvals_of(session),
         agent_tree=TreeOnce(session.pk),
@@ -369,7 +373,19 @@ def session_context(
     # What the analyses found, as this viewer may see it (the map's nodes are the
     # airport's own, read from the snapshot as it is).
     snapshot = mask.snapshot(session.snapshot) if mask is not None else session.snapshot
-    report_markdown = report.markdown if report else ""
+    # Worded in the viewer's language from the logged facts (the text as written for a
+    # report logged before reports kept them).
+    report_markdown = (
+        report_text(
+            session,
+            str(report.get("markdown") or ""),
+            report.get("facts"),
+            definition=version_definition(session),
+            calls=reads.calls,
+        )
+        if report
+        else ""
+    )
     if mask is not None:
         report_markdown = mask.text(report_markdown)
     definition = version_definition(session)

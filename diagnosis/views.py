@@ -27,7 +27,7 @@ from aero.roles import (
 )
 from aero.templatetags.aero_text import scenario_name
 from aero.text import MAX_MESSAGE
-from diagnosis import actions, lifts, presenters, suggest
+from diagnosis import actions, lifts, presenters, reporting, suggest
 from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
 from diagnosis.models import Report, Restriction, Session, SessionStatus
 from scenarios_admin.models import Scenario
@@ -381,7 +381,10 @@ def session_events(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
 def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     session = get_session_for_user(request, session_id)
     report = Report.objects.filter(session=session).first()
-    if report is None:
+    # In the reader's language, or the one asked for (?lang=zh|en), worded from the facts.
+    asked = request.GET.get("lang", "")
+    markdown = reporting.session_report(session, asked if asked in ("zh", "en") else None)
+    if report is None or markdown is None:
         # Not "nothing at this address": the session is there, its report comes later.
         context = {
             "reason": _("The report is written once every action has been decided."),
@@ -393,10 +396,10 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
         obj=report,
         actor=request.user,
         session_id=session.pk,
-        detail={"format": "markdown", "characters": len(report.markdown)},
+        detail={"format": "markdown", "characters": len(markdown)},
     )
     mask = presenters.viewer_mask(session, request.user)
-    markdown = mask.text(report.markdown) if mask is not None else report.markdown
+    markdown = mask.text(markdown) if mask is not None else markdown
     response = HttpResponse(markdown, content_type="text/markdown; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="aero-report-{session.pk}.md"'
     return response

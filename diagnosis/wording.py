@@ -13,10 +13,17 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext, ngettext, pgettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
-from aero.packs import action_tool, installed_packs
+from aero.packs import action_tool, argument_words, installed_packs
 from diagnosis.agent import summaries
 from diagnosis.agent.tools import FAILURES, dispatch_summary, restriction_summary
-from diagnosis.models import Restriction, SessionStatus
+from diagnosis.models import (
+    WITHDRAWN_ASKED_AGAIN,
+    WITHDRAWN_NOT_CALLED_FOR,
+    WITHDRAWN_NOT_CALLED_FOR_ANSWER,
+    WITHDRAWN_SUPERSEDED,
+    Restriction,
+    SessionStatus,
+)
 
 TOOL_LABELS: dict[str, Promise] = {
     # the core's own actions (a pack's are registered by the pack: register_tool_labels)
@@ -164,12 +171,25 @@ def enrichment_warning(enrichment: Any) -> str:
     return ""
 
 
+# A pack's words for what its own tools found (an evidence call's result), by tool:
+# (tool, the call's response) -> words in the active language.
+RESULT_WORDS: dict[str, Any] = {}
+
+
+def register_result_words(tools: Any, words: Any) -> None:
+    """A domain pack's wording of its tools' results (from its AppConfig.ready())."""
+    for tool in tools:
+        RESULT_WORDS.setdefault(str(tool), words)
+
+
 def done_words(tool: str, args: Any, response: Any) -> str:
     """An executed action's result in the reader's language ("滑行道已关闭：A"): the log
     keeps it in English. The logged summary when the result is not one AERO words (a
     lift, an older row); "" when there is none."""
     if not isinstance(response, dict) or not response.get("summary"):
         return ""
+    if tool in RESULT_WORDS:
+        return str(RESULT_WORDS[tool](tool, response)) or str(response["summary"])
     restriction = response.get("restriction")
     if isinstance(restriction, dict) and restriction.get("kind") in Restriction.Kind.values:
         return restriction_summary(str(restriction["kind"]), restriction.get("target", ""))
@@ -243,3 +263,73 @@ def step_summary_words(summary: Any) -> str:
 def status_words(code: Any) -> str:
     """A session status in the reader's words (the code when it is none of SessionStatus)."""
     return str(SessionStatus(code).label) if code in SessionStatus.values else str(code or "")
+
+
+def argument_value_words(tool: str, name: str, value: Any, definition: Any = None) -> str:
+    """An action argument's value in the reader's words when its pack words it (the
+    tower message, composed from its facts); otherwise as written (a stand, a flight)."""
+    declared = action_tool(tool)
+    if declared is not None and declared.value_words is not None:
+        return declared.value_words(name, value, definition)
+    return str(value)
+
+
+def args_words(tool: str, args: Any, definition: Any = None) -> list[dict[str, str]]:
+    """An action's arguments as a reader reads them: each name and value in words, the
+    code and the value as logged kept for a tooltip."""
+    if not isinstance(args, dict):
+        return []
+    words = argument_words()
+    return [
+        {
+            "code": f"{name}={value}",
+            "label": plain(words, name),
+            "value": argument_value_words(tool, name, value, definition),
+        }
+        for name, value in args.items()
+    ]
+
+
+def args_text(tool: str, args: Any, definition: Any = None) -> str:
+    """args_words on one line ("位置=105；消息=…")."""
+    return pgettext("argument separator", "; ").join(
+        f"{a['label']}={a['value']}" for a in args_words(tool, args, definition)
+    )
+
+
+# Reasons AERO itself logs with a decision (in English, language-neutral): a withdrawn
+# call's, the command line's default. Any other reason is a person's words.
+REASON_WORDS: dict[str, Promise] = {
+    WITHDRAWN_ASKED_AGAIN: _(
+        "requested under the earlier facts; asked again for the corrected ones"
+    ),
+    WITHDRAWN_NOT_CALLED_FOR: _("no longer called for by the corrected facts"),
+    WITHDRAWN_SUPERSEDED: _(
+        "superseded: an answer re-assessed the risk; asked again for the new facts"
+    ),
+    WITHDRAWN_NOT_CALLED_FOR_ANSWER: _("no longer called for after an answer re-assessed the risk"),
+    "approved from the command line": _("approved from the command line"),
+    "rejected from the command line": _("rejected from the command line"),
+}
+
+
+def reason_words(reason: Any) -> str:
+    """A decision's reason: AERO's own in the reader's words, a person's quoted as
+    written."""
+    text = str(reason or "")
+    if text in REASON_WORDS:
+        return str(REASON_WORDS[text])
+    return f"“{text}”" if text else ""
+
+
+def audit_tool_words(value: Any, detail: dict[str, Any]) -> str | None:
+    """An audited decision's tool in words (aero.audit_words); None when it has none."""
+    label = TOOL_LABELS.get(str(value))
+    return str(label) if label is not None else None
+
+
+def audit_args_words(value: Any, detail: dict[str, Any]) -> str | None:
+    """An audited decision's arguments in words, with its tool's words for them."""
+    if not isinstance(value, dict):
+        return None
+    return args_text(str(detail.get("tool", "")), value) or "—"

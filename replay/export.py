@@ -149,7 +149,7 @@ def render_export(
         "questions": presenters.question_rows(state),
         "usage": usage_rows(events),
         "follow_ups": [mask.text(item) for item in items] if mask else items,
-        "report_markdown": presenters.report_markdown(state, mask),
+        "report_markdown": presenters.report_markdown(state, mask, session),
         "closed_summary": mask.text(state.closed_summary) if mask else state.closed_summary,
         "chronology": chronology,
         "masked": masked,

@@ -19,7 +19,7 @@ from diagnosis.eventlog.masking import SessionMask
 from diagnosis.fold import ApprovalState, FoldState, ToolCallState, fold_events
 from diagnosis.models import AgentRun, Event, Restriction, Session
 from diagnosis.presenters import impact_map
-from diagnosis.reporting import display_value
+from diagnosis.reporting import display_value, report_text
 from diagnosis.templatetags.timeline import scenario_language
 from replay.forms import EVENT_GROUPS
 from scenarios_admin.airport import AirportGraph, load_active_graph
@@ -342,11 +342,14 @@ def shown_payload(event: Event, mask: SessionMask | None) -> tuple[dict[str, Any
     return mask.shown(event.type, event.payload)
 
 
-def report_markdown(state: FoldState, mask: SessionMask | None) -> str:
-    """The report as the fold holds it, its hidden values masked for a masked viewer."""
+def report_markdown(state: FoldState, mask: SessionMask | None, session: Session) -> str:
+    """The report as the fold holds it, in the reader's language (worded from its facts;
+    as written when it was logged without them), its hidden values masked for a masked
+    viewer."""
     if state.report is None:
         return ""
-    return mask.text(state.report.markdown) if mask is not None else state.report.markdown
+    text = report_text(session, state.report.markdown, state.report.facts)
+    return mask.text(text) if mask is not None else text
 
 
 def world_graph() -> AirportGraph:

@@ -108,7 +108,7 @@ def replay_context(
         "map": {} if pack_panel else presenters.impact_map_at(presenters.world_graph(), folded),
         "impact": state.impact,
         "questions": presenters.question_rows(state),
-        "report_html": markdown_to_html(presenters.report_markdown(state, mask))
+        "report_html": markdown_to_html(presenters.report_markdown(state, mask, session))
         if state.report
         else "",
         "nav": nav,

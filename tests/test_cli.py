@@ -163,7 +163,7 @@ def test_rejected_actions_close_nothing_and_the_report_is_still_written(
     assert not Restriction.objects.exists()
     report = result["report_markdown"]
     assert "OS-01" in report
-    assert "已拒绝" in report
+    assert "已驳回" in report  # the word the pages use for a rejection
     assert "crew already on site" in report
     assert set(Approval.objects.values_list("status", flat=True)) == {ApprovalStatus.REJECTED}
 

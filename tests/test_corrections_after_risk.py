@@ -14,6 +14,7 @@ from approvals.actions import do_decide
 from approvals.models import Approval
 from diagnosis.actions import do_answer, do_correct_fact, do_create_session
 from diagnosis.models import Event, Session
+from diagnosis.reporting import session_report
 from scenarios_admin.models import Scenario
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, approve_everything, make_session
 
@@ -52,18 +53,23 @@ def test_the_report_tells_what_was_withdrawn_and_what_stays_history(
     assert withdrawn == {("suspend_stand_operations", "105"), ("close_taxiway", "B")}
     report = session.report.markdown
     section = report[report.index("## 风险评估后变更的事实") :]
-    assert "- 更正（泄漏液体 → 滑油）：风险由 HIGH (OS-01) 重新评估为 MEDIUM (OS-09)" in section
     assert (
-        "- 决定前已撤回（新的事实不再需要）：suspend_stand_operations (stand=105)、"
-        "close_taxiway (taxiway=B)。" in section
+        "- 更正（泄漏液体 → 滑油）：风险由 高（规则 OS-01） 重新评估为 中（规则 OS-09）" in section
     )
     assert (
-        "- 按先前事实已批准，保留为历史记录（新的事实不再需要）："
-        "request_fire_standby (position=105)。" in section
+        "- 决定前已撤回（新的事实不再需要）：暂停机位作业 (机位=105)、关闭滑行道 (滑行道=B)。"
+        in section
+    )
+    assert (
+        "- 按先前事实已批准，保留为历史记录（新的事实不再需要）：消防待命 (位置=105)。" in section
     )
     # The action table words each withdrawal in the report's language.
     assert "未决关闭: 更正后的事实不再需要，已撤回" in report
     assert "no longer called for" not in report
+    # Read in English, the same facts in English words (worded at read time).
+    english = session_report(session, "en") or ""
+    assert "- Corrected (Fluid type → Engine oil): re-assessed from High (rule OS-01)" in english
+    assert "更正" not in english
 
 
 def test_an_english_report_tells_the_same(builtin: None, alice: User, bob: User) -> None:
@@ -74,10 +80,14 @@ def test_an_english_report_tells_the_same(builtin: None, alice: User, bob: User)
     report = session.report.markdown
     assert "## Facts changed after the risk was assessed" in report
     assert (
-        "- Corrected (Fluid type → Engine oil): re-assessed from HIGH (OS-01) to MEDIUM" in report
+        "- Corrected (Fluid type → Engine oil): re-assessed from High (rule OS-01) to Medium"
+        in report
     )
     assert "Withdrawn before a decision, the new facts no longer call for them: " in report
-    assert "kept as history (the new facts no longer call for them): request_fire_standby" in report
+    assert (
+        "kept as history (the new facts no longer call for them): Put the fire brigade on standby"
+        in report
+    )
 
 
 def test_no_correction_no_section(builtin: None, alice: User, bob: User) -> None:

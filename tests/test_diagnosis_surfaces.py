@@ -47,7 +47,7 @@ def test_replay_and_export(diagnosed: Session, alice: User, carol: User) -> None
     replay = client.get(reverse("replay:replay-step", args=[diagnosed.pk]), {"seq": found.seq})
     assert replay.status_code == 200
     page = replay.content.decode()
-    assert 'data-testid="root-cause-line">bad_deploy<' in page
+    assert 'data-testid="root-cause-line" title="bad_deploy">a bad deploy<' in page
     # an operator's export (an auditor's masks the fix's arguments wherever they appear)
     export = login(alice).post(reverse("replay:replay-export", args=[diagnosed.pk]))
     assert export.status_code == 200, export.content.decode()[:500]
@@ -61,7 +61,7 @@ def test_timeline_page(diagnosed: Session, alice: User) -> None:
     page = login(alice).get(reverse("diagnosis:session-events", args=[diagnosed.pk]))
     assert page.status_code == 200
     text = page.content.decode()
-    assert 'data-testid="root-cause-line">bad_deploy<' in text
+    assert 'data-testid="root-cause-line" title="bad_deploy">a bad deploy<' in text
     assert "Diagnosis requested from" in text
 
 

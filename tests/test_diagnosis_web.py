@@ -46,7 +46,8 @@ def test_a_demo_incident_opens_a_session_whose_page_shows_cause_evidence_and_fix
 
     page = open_page(client, client.post(reverse(NEW), {"demo": "ex-pool-inventory"}))
 
-    assert 'data-field="hypothesis">db_pool_exhausted<' in page
+    hypothesis = 'title="db_pool_exhausted">database connection pool exhausted<'
+    assert f'data-field="hypothesis" {hypothesis}' in page
     assert 'data-field="service">inventory<' in page
     assert "database connection pool of inventory is exhausted" in page
     # each evidence call with what it found, the ones the conclusion rests on marked

@@ -275,13 +275,15 @@ def test_hostile_decision_reasons_render_inert_on_the_page_and_in_the_report(
     report_html = markdown_to_html(report.markdown)
     assert hostile.inert_problems(report_html) == []
     assert "<a" not in report_html and "<h1>" not in report_html.split("</h1>", 1)[1]
-    rows = [r for r in report_html.split("<tr>") if "close_stand" in r or "dispatch" in r]
+    # The action rows (named by their words now): those with a risk class needing approval.
+    rows = [r for r in report_html.split("<tr>") if "<td" in r and ("R1" in r or "R2" in r)]
     assert rows and all(r.count("<td") == 5 for r in rows)  # tool, args, class, decision, status
     in_report = [v for k, v in hostile.INERT.items() if k != "rtl"]
     assert_all_shown(report_html, in_report, where="report")
     assert hostile.shown("invoice[U+202E]gnp.exe", report_html)  # visible, not reordering
-    # The exported Markdown: the same text, escaped so no viewer makes a link of it.
-    export = client.get(f"/sessions/{session.pk}/report.md").content.decode()
+    # The exported Markdown: the same text, escaped so no viewer makes a link of it (in
+    # the session's language when asked for it: as logged).
+    export = client.get(f"/sessions/{session.pk}/report.md?lang=zh").content.decode()
     assert export == report.markdown
     assert re.search(r"(?<!\\)\]\(", export) is None  # every "](" is escaped: no link
     assert "\\[click me\\](javascript:" in export

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django import template
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
 from django.utils.translation import pgettext
+
+from aero.audit_words import action_words, actor_words, detail_rows
 
 register = template.Library()
 
@@ -49,3 +52,21 @@ def scenario_name(scenario: object) -> str:
     zh = (get_language() or "").startswith("zh")
     name_zh, name_en = getattr(scenario, "name_zh", ""), getattr(scenario, "name_en", "")
     return str((name_zh if zh else name_en) or name_en or name_zh)
+
+
+@register.filter
+def audit_action(code: str) -> str:
+    """An audit entry's action in words (its code in the tooltip)."""
+    return action_words(str(code))
+
+
+@register.filter
+def audit_actor(label: str) -> str:
+    """Who made an audit entry: a username, or the system's part in words."""
+    return actor_words(str(label))
+
+
+@register.filter
+def audit_detail(detail: Any) -> list[dict[str, Any]]:
+    """An audit entry's details, each name and value in words where AERO words them."""
+    return detail_rows(detail)

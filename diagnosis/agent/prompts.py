@@ -19,22 +19,6 @@ FIELDS = {"en": "Fields:", "zh": "字段："}
 
 KNOWN_FIELDS = {"en": "Known fields:", "zh": "已知字段："}
 
-# Under the report's title when the model budget ran out and continuing was refused.
-BUDGET_STOPPED_PREFACE = {
-    "en": "> **Stopped** when the model budget ran out: {by} did not approve continuing "
-    "({reason}). This report records what was done up to then.",
-    "zh": "> **已停止**：模型预算用尽，{by} 未批准继续（{reason}）。"
-    "本报告记录截至此时已完成的工作。",
-}
-
-# The report's last lines when an optional question went unanswered: every action was
-# decided without it (P2 never holds the response up).
-UNANSWERED_POSTSCRIPT = {
-    "en": "> **Optional question not answered:** {labels}. Every action was decided "
-    "without it; an answer would have re-assessed the risk.",
-    "zh": "> **可选问题未获回答：**{labels}。所有处置措施均在没有该信息的情况下决定；"
-    "如有回答，风险将重新评估。",
-}
 
 # After the explanation of why a required fact is needed: where else it can be given.
 CORRECTION_OFFER = {
@@ -50,30 +34,6 @@ STILL_NEEDED = {
     "zh": "评估风险仍需要：{label}。得知后请在此回答，或在“已知信息”中点击“更正”填写。",
 }
 
-# The report's section when facts changed after the risk was assessed (a correction, or an
-# optional question's answer): each re-assessment, what was withdrawn, what stays history.
-CORRECTIONS_POSTSCRIPT = {
-    "en": {
-        "title": "## Facts changed after the risk was assessed\n",
-        "corrected": "- Corrected ({what}): re-assessed from {before} to {after}; the actions "
-        "were proposed again for the corrected facts.",
-        "answered": "- Answered ({what}): re-assessed from {before} to {after}; the actions "
-        "were proposed again for the new facts.",
-        "withdrawn": "- Withdrawn before a decision, the new facts no longer call for them: "
-        "{calls}.",
-        "kept": "- Approved under the earlier facts and kept as history (the new facts no "
-        "longer call for them): {calls}.",
-    },
-    "zh": {
-        "title": "## 风险评估后变更的事实\n",
-        "corrected": "- 更正（{what}）：风险由 {before} 重新评估为 {after}；"
-        "处置措施已按更正后的事实重新提出。",
-        "answered": "- 回答（{what}）：风险由 {before} 重新评估为 {after}；"
-        "处置措施已按新的事实重新提出。",
-        "withdrawn": "- 决定前已撤回（新的事实不再需要）：{calls}。",
-        "kept": "- 按先前事实已批准，保留为历史记录（新的事实不再需要）：{calls}。",
-    },
-}
 
 ANSWERING = {
     "en": "The operator is answering the question about {field!r}.",

@@ -99,6 +99,9 @@ class ReportState:
     markdown: str
     sha256: str
     language: str
+    # What the report is worded from in each reader's language (None: logged before
+    # reports kept their facts; the text reads as written).
+    facts: dict[str, Any] | None = None
 
 
 @dataclass

@@ -30,7 +30,6 @@ from diagnosis.wording import (
     CALL_OUTCOME_LABELS,
     FSM_LABELS,
     NODE_KIND_LABELS,
-    NODE_LABELS,
     PRIORITY_LABELS,
     PROVIDER_LABELS,
     PURPOSE_LABELS,
@@ -38,6 +37,8 @@ from diagnosis.wording import (
     RISK_LABELS,
     TOOL_LABELS,
     agent_words,
+    args_words,
+    argument_value_words,
     evidence_words,
     plain,
     status_words,
@@ -153,9 +154,9 @@ def event_view(context: template.Context, event: Any) -> dict[str, Any]:
         # With what the action acts on (taxiway A, stand 105): two decisions on the same
         # tool are told apart by it (not by the long free text some actions carry).
         "tool_which": f"{label} ({which})" if which else label,
-        "args": ", ".join(str(v) for v in args.values()),
+        "args": ", ".join(argument_value_words(tool, k, v, definition) for k, v in args.items()),
         "plain": plain_words(tool, args) if shown_as_decision(tool) else "",
-        "node": plain(NODE_LABELS, payload.get("node", "")),
+        "node": agent_words(payload.get("node", "")) if payload.get("node") else "",
         "changes": [
             {
                 "code": f"{name}={value}",
@@ -312,6 +313,14 @@ def argument_label(name: str) -> str:
     """An action argument's name in words ("位置" for position); the name itself when it
     has none."""
     return plain(argument_words(), name)
+
+
+@register.simple_tag(takes_context=True)
+def worded_args(context: template.Context, tool: str, args: Any) -> list[dict[str, str]]:
+    """An action's arguments in words (`{% worded_args tool args as words %}`): each
+    label and value as a reader reads them, the code for a tooltip. The tower message
+    is composed from its facts with the session's definition in the context."""
+    return args_words(tool, args, context.get("definition"))
 
 
 @register.filter

@@ -19,6 +19,7 @@ from diagnosis.decisions import ActionError, checked_text
 from diagnosis.models import Restriction, ToolCall
 from diagnosis.push import notify_board
 from packs.airport.arguments import SCHEMAS
+from packs.airport.tower import value_words
 from packs.airport.world import load_active_graph
 from scenarios_admin.airport import AirportGraph
 
@@ -211,6 +212,7 @@ def action_tools() -> dict[str, ActionTool]:
             done=DISPATCHES.get(name),
             schema=SCHEMAS[name][0],
             description=SCHEMAS[name][1],
+            value_words=value_words,
         )
         for name, (args, floor, system) in ACTIONS.items()
     }

@@ -25,8 +25,12 @@ class DiagnosisPackConfig(AppConfig):
         from diagnosis import external
         from diagnosis.eventlog.registry import register as register_events
         from diagnosis.eventlog.registry import register_finding
-        from diagnosis.wording import register_agent_labels, register_tool_labels
-        from packs.diagnosis import fixes, graph, modes, sessions, sources, web
+        from diagnosis.wording import (
+            register_agent_labels,
+            register_result_words,
+            register_tool_labels,
+        )
+        from packs.diagnosis import fixes, graph, modes, sessions, sources, web, words
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
         from packs.diagnosis.report import export_context, report_fields
@@ -41,6 +45,8 @@ class DiagnosisPackConfig(AppConfig):
         register_finding(*KINDS)
         register_events(*sessions.EVENT_TYPES, *modes.EVENT_TYPES)
         register_tool_labels({**fixes.LABELS, **sessions.EVIDENCE_LABELS})
+        # What an evidence call found, worded per reader from its result (timeline, replay).
+        register_result_words(sessions.EVIDENCE_LABELS, words.evidence_summary)
         register_agent_labels(modes.STEP_LABELS)
         register(
             DomainPack(

@@ -171,7 +171,6 @@ def execute_fix(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict
 @recorded("report", last=True)
 def report(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     found: dict[str, Any] = state["conclusion"]
-    lang = "zh" if state.get("language") == "zh" else "en"
     playbook = playbook_of(ctx)
     incident = state["bundle"]["incident"]
     labels: dict[str, str] = {
@@ -181,8 +180,11 @@ def report(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str,
         "incident": {**incident, "title": incident.get("title") or incident["description"][:80]},
         "diagnosis": {
             **found,
-            "summary": found["summary"].get(lang, ""),
-            "problem_type_label": labels.get(lang, found["problem_type"]),
+            # {"zh", "en"} pairs: the report is worded in each reader's language
+            "summary": found["summary"],
+            "problem_type_label": {
+                language: labels.get(language, found["problem_type"]) for language in ("zh", "en")
+            },
         },
         "evidence": state["evidence"]["calls"],
         "answers": state.get("answers", []),

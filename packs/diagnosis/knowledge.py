@@ -298,6 +298,10 @@ def linked_cases(
             "hypothesis": link.item.hypothesis,
             "score": link.score,
             "strategy": link.strategy,
+            # An item written in the other language only: pages mark it (<q lang>) as
+            # quoted, as written.
+            "written_in": link.item.written_in(lang),
+            "foreign": link.item.written_in(lang) != lang,
         }
         for link in SimilarCase.objects.filter(session=session)
         .select_related("item")

@@ -91,6 +91,11 @@ class KnowledgeItem(models.Model):
         first, second = ("zh", "en") if language == "zh" else ("en", "zh")
         return str(getattr(self, f"{name}_{first}") or getattr(self, f"{name}_{second}"))
 
+    def written_in(self, language: str) -> str:
+        """The language `text` shows the item in for a `language` reader ("zh"/"en")."""
+        other = "en" if language == "zh" else "zh"
+        return language if getattr(self, f"title_{language}") else other
+
     def searchable(self) -> str:
         parts: list[Any] = [
             self.key,

@@ -260,7 +260,7 @@ def _panel(
     calls: list[tuple[str, str, str, str, Any]],
     similar: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    lang = "zh" if session.language == "zh" else "en"
+    lang = scenario_language()  # the reader's: the conclusion carries both
     evidence = [
         {
             "id": call_id,

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, pgettext_lazy
 
 from diagnosis.eventlog import names
 from diagnosis.eventlog.registry import ByKey, EventType, Payload
@@ -174,6 +174,21 @@ class QuestionClosed(Payload):
     optional: bool = True
 
 
+# Why a question closed without an answer (QuestionClosed.reason), in words.
+CLOSED_REASONS: dict[str, Any] = {
+    "unanswered": pgettext_lazy("question closed", "not answered"),
+    "unsure": pgettext_lazy("question closed", "not known yet"),
+    "correction": pgettext_lazy("question closed", "a correction came instead"),
+    "declined": pgettext_lazy("question closed", "not confirmed"),
+    "unrecognised": pgettext_lazy("question closed", "the answer named no value"),
+}
+
+
+def _closed_reason(code: Any) -> str:
+    words = CLOSED_REASONS.get(str(code))
+    return str(words) if words is not None else str(code)
+
+
 def _question_closed(state: FoldState, event: EventLike) -> None:
     for question in state.questions:
         if question.key == event.payload["question"] and question.answered_seq is None:
@@ -267,13 +282,19 @@ class ReportReady(Payload):
     markdown: str | None = None
     sha256: str = ""
     language: str = ""
+    facts: dict[str, Any] | None = None
 
 
 def _report(state: FoldState, event: EventLike) -> None:
     p = event.payload
     if "markdown" in p:
+        facts = p.get("facts")
         state.report = ReportState(
-            event.seq, p["markdown"], p.get("sha256", ""), p.get("language", "")
+            event.seq,
+            p["markdown"],
+            p.get("sha256", ""),
+            p.get("language", ""),
+            facts if isinstance(facts, dict) else None,
         )
 
 
@@ -339,7 +360,10 @@ TYPES = (
         snapshot=_question_closed_snapshot,
         summary=lambda p: (
             _("question closed without an answer (%(reason)s): %(field)s")
-            % {"field": p.get("field", ""), "reason": p.get("reason", "unanswered")}
+            % {
+                "field": p.get("field", ""),
+                "reason": _closed_reason(p.get("reason", "unanswered")),
+            }
         ),
         line=_line(names.AGENT_QUESTION_CLOSED),
         panels=FACTS,
