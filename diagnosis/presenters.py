@@ -207,7 +207,7 @@ class SessionReads:
     role sets. The airport (graph, restrictions in force) is the same for every session
     and may be passed in, read once for many."""
 
-    graph: AirportGraph
+    graph: AirportGraph | None
     restrictions: list[Restriction]
     # The last `report.ready` payload (its text as written and its facts), or None.
     report: dict[str, Any] | None
@@ -217,12 +217,18 @@ class SessionReads:
     agent_tree: TreeOnce
 
 
-def read_airport() -> tuple[AirportGraph, list[Restriction]]:
-    return load_active_graph(), list(Restriction.objects.filter(lifted_at__isnull=True))
+def read_airport() -> tuple[AirportGraph | None, list[Restriction]]:
+    """The world the panels word things with; None where no world is installed (a
+    deployment that only diagnoses IT problems): its sessions' pages name no place."""
+    in_force = list(Restriction.objects.filter(lifted_at__isnull=True))
+    try:
+        return load_active_graph(), in_force
+    except LookupError:
+        return None, in_force
 
 
 def read_session(
-    session: Session, airport: tuple[AirportGraph, list[Restriction]] | None = None
+    session: Session, airport: tuple[AirportGraph | None, list[Restriction]] | None = None
 ) -> SessionReads:
     graph, restrictions = airport or read_airport()
     calls = (
@@ -405,7 +411,11 @@ def session_context(
         "impact": snapshot.get("impact"),
         "enrichment": snapshot.get("enrichment"),
         "fsm": snapshot.get("fsm", "INIT"),
-        "map": impact_map(graph, session.snapshot.get("impact"), restrictions),
+        "map": (
+            impact_map(graph, session.snapshot.get("impact"), restrictions)
+            if graph is not None
+            else None
+        ),
         "actions": action_rows(session, board_of(graph, restrictions), reads, mask),
         "report": report,
         "report_html": markdown_to_html(report_markdown) if report else "",

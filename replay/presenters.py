@@ -352,13 +352,18 @@ def report_markdown(state: FoldState, mask: SessionMask | None, session: Session
     return mask.text(text) if mask is not None else text
 
 
-def world_graph() -> AirportGraph:
+def world_graph() -> AirportGraph | None:
     """The active graph, kept per process by its pack while its stamp is unchanged: a
-    replay step costs one query for it."""
-    return load_active_graph()
+    replay step costs one query for it. None where no world is installed."""
+    try:
+        return load_active_graph()
+    except LookupError:
+        return None
 
 
-def impact_map_at(graph: AirportGraph, state: FoldState) -> dict[str, Any]:
+def impact_map_at(graph: AirportGraph | None, state: FoldState) -> dict[str, Any]:
     """The map as it stood at the step: the session's impact and its own closures. (The
     airport graph is today's: topology edits are not in the session's log.)"""
+    if graph is None:
+        return {}
     return impact_map(graph, state.impact, closures(state))
