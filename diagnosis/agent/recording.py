@@ -32,6 +32,8 @@ from diagnosis.events import (
     append_event,
     append_keyed,
     append_step_event,
+    current_batch,
+    event_batch,
     step_scope,
 )
 from diagnosis.models import AgentRun, LLMCall
@@ -376,12 +378,14 @@ def child_run(ctx: AgentContext, name: str, key: str) -> Iterator[AgentContext]:
 
 
 def _open_child_run(ctx: AgentContext, name: str, key: str) -> AgentContext:
-    """The child's row and its `agent.run_started` event, in one transaction; keyed by
-    the block's key, so a re-run finds both and writes neither again."""
-    with transaction.atomic():
+    """The child's row and its `agent.run_started` event, in one transaction (the event
+    batched: one lock, one insert); keyed by the block's key, so a re-run finds both and
+    writes neither again. A row made now has no event yet: nothing to look up."""
+    with transaction.atomic(), _batched(ctx.session_id):
         run = AgentRun.objects.filter(
             session_id=ctx.session_id, agent_name=name, input_snapshot__key=key
         ).first()
+        made = run is None
         if run is None:
             run = AgentRun.objects.create(
                 session_id=ctx.session_id,
@@ -391,23 +395,41 @@ def _open_child_run(ctx: AgentContext, name: str, key: str) -> AgentContext:
             )
         elif run.status != "running":
             AgentRun.objects.filter(pk=run.pk).update(status="running", ended_at=None)
-        append_keyed(
-            ctx.session_id,
-            names.AGENT_RUN_STARTED,
-            f"{key}:run_started",
-            {"run": run.pk, "agent": name, "parent": run.parent_id, "mode": run.mode},
-            producer=ctx.producer,
-            run=run,
-        )
+        started = {"run": run.pk, "agent": name, "parent": run.parent_id, "mode": run.mode}
+        event_key = f"{key}/run_started"
+        if made:
+            append_event(
+                ctx.session_id,
+                names.AGENT_RUN_STARTED,
+                started,
+                producer=ctx.producer,
+                run=run,
+                key=event_key,
+            )
+        else:
+            append_keyed(
+                ctx.session_id,
+                names.AGENT_RUN_STARTED,
+                event_key,
+                started,
+                producer=ctx.producer,
+                run=run,
+            )
     # One group for the child's steps and the parent's on the job's thread.
     step_group(ctx)
     return replace(ctx, parent_run=run, origin=key, actions=None)
 
 
+def _batched(session_id: Any) -> Any:
+    """A batch for the child's event, unless one queues the session's events already (a
+    branch run inline on the job's thread, inside its group): there it keeps its place."""
+    return nullcontext() if current_batch(session_id) is not None else event_batch(session_id)
+
+
 def _end_child_run(child: AgentContext, status: str) -> None:
     """The child's end on its row and as `agent.run_ended` (status, times, what its
-    steps' model calls cost), in one transaction; a re-run of the block ending the same
-    way writes the event once."""
+    steps' model calls cost), in one transaction (the event batched); a re-run of the
+    block ending the same way writes the event once."""
     run = child.parent_run
     assert run is not None
     used = LLMCall.objects.filter(Q(agent_run=run) | Q(agent_run__parent=run)).aggregate(
@@ -416,22 +438,22 @@ def _end_child_run(child: AgentContext, status: str) -> None:
         cost=Sum("cost", default=Decimal(0)),
     )
     ended_at = timezone.now()
-    with transaction.atomic():
+    with transaction.atomic(), _batched(child.session_id):
         AgentRun.objects.filter(pk=run.pk).update(
             status=status,
             ended_at=ended_at,
             output_summary={**used, "cost": str(used["cost"])},
         )
-        started_at, name = AgentRun.objects.values_list("started_at", "agent_name").get(pk=run.pk)
         append_keyed(
             child.session_id,
             names.AGENT_RUN_ENDED,
-            f"{child.origin}:run_ended:{status}",
+            f"{child.origin}/run_ended/{status}",
             {
                 "run": run.pk,
-                "agent": name,
+                "agent": run.agent_name,
                 "status": status,
-                "started_at": started_at.isoformat(),
+                # the row as the block found or made it: not read again
+                "started_at": run.started_at.isoformat(),
                 "ended_at": ended_at.isoformat(),
                 "tokens_in": used["tokens_in"],
                 "tokens_out": used["tokens_out"],
