@@ -221,6 +221,16 @@ def failure_words(error: Any) -> str:
     return text
 
 
+# A pack's wording of its own steps' summaries: (logged text) -> words, or None when the
+# text is none of its own (registered from its AppConfig.ready()).
+SUMMARY_WORDS: list[Any] = []
+
+
+def register_summary_words(words: Any) -> None:
+    if words not in SUMMARY_WORDS:
+        SUMMARY_WORDS.append(words)
+
+
 def step_summary_words(summary: Any) -> str:
     """An agent step's logged summary (diagnosis.agent.summaries: "3 call(s) handled",
     "state RISK_ASSESSED") in the reader's language; any other text as logged. The tool
@@ -257,6 +267,9 @@ def step_summary_words(summary: Any) -> str:
             plan = {"await": gettext("waits for decisions"), "finish": gettext("finishes")}
             return plan[found["step"]]
         return gettext("report written")
+    for pack_words in SUMMARY_WORDS:
+        if (found_words := pack_words(text)) is not None:
+            return str(found_words)
     return text
 
 

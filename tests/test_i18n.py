@@ -473,20 +473,6 @@ def every_page(sessions: dict[str, Session]) -> list[tuple[str, str, str]]:
     return paths
 
 
-# What still shows words of the other language (issue 34, item 3, not finished): each must
-# still do so (a fix takes its row out), every other page must stay clean.
-KNOWN_GAPS = {
-    "zh-hans": {
-        # the IT pack's English evidence summaries and playbook codes
-        "session diagnosis": "the bundle's evidence (English logs) and the playbook's codes",
-        "timeline diagnosis": "the playbook's rule codes",
-        "replay diagnosis": "the evidence's English text and the playbook's codes",
-        "live diagnosis": "as its session page",
-    },
-    "en": {},
-}
-
-
 def data_names() -> set[str]:
     """Proper nouns that are data, shown as they are in every language (docs/i18n.md): the
     airlines and the destination airports' codes of the airport's flights, and the IT
@@ -546,4 +532,4 @@ def test_every_page_is_in_the_readers_language(
             found[f"live {kind}"] = words
 
     report = "\n".join(f"{what}: {' '.join(words[:30])}" for what, words in found.items())
-    assert set(found) == set(KNOWN_GAPS[language]), report
+    assert found == {}, report

@@ -28,6 +28,7 @@ class DiagnosisPackConfig(AppConfig):
         from diagnosis.wording import (
             register_agent_labels,
             register_result_words,
+            register_summary_words,
             register_tool_labels,
         )
         from packs.diagnosis import fixes, graph, modes, sessions, sources, web, words
@@ -47,6 +48,7 @@ class DiagnosisPackConfig(AppConfig):
         register_tool_labels({**fixes.LABELS, **sessions.EVIDENCE_LABELS})
         # What an evidence call found, worded per reader from its result (timeline, replay).
         register_result_words(sessions.EVIDENCE_LABELS, words.evidence_summary)
+        register_summary_words(words.step_summary)
         register_agent_labels(modes.STEP_LABELS)
         register(
             DomainPack(

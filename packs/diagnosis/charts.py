@@ -12,6 +12,7 @@ from typing import Any
 from django.utils.translation import gettext as _
 
 from packs.diagnosis.system import System
+from packs.diagnosis.words import METRIC_LABELS, label
 
 # The chart's viewBox: 400 wide, so it is drawn 1:1 on a 400 px phone.
 WIDTH, HEIGHT = 400, 120
@@ -105,7 +106,7 @@ def metric_chart(
     onset = marker(onset_at, _("onset"))
     blamed = marker(change_at, change["label"]) if change else None
     words = {
-        "metric": anomaly["metric"],
+        "metric": label(METRIC_LABELS, anomaly["metric"]),
         "service": anomaly["service"],
         "baseline": _number(float(anomaly.get("baseline") or 0)),
         "peak": _number(float(anomaly.get("peak") or 0)),

@@ -6,12 +6,14 @@ playbook's own new hypothesis) shows as it is named."""
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 from django.utils.functional import Promise
 from django.utils.translation import get_language, gettext, pgettext, pgettext_lazy
 from django.utils.translation import gettext_lazy as _
 
+from diagnosis.wording import TOOL_LABELS, plain
 from packs.diagnosis.playbook import default_playbook
 
 HYPOTHESIS_LABELS: dict[str, Promise] = {
@@ -39,6 +41,9 @@ SOURCE_LABELS: dict[str, Promise] = {
     "logs": pgettext_lazy("evidence source", "logs"),
     "metrics": pgettext_lazy("evidence source", "metrics"),
     "changes": pgettext_lazy("evidence source", "changes"),
+    "deploys": pgettext_lazy("evidence source", "deploys"),
+    "config_changes": pgettext_lazy("evidence source", "config changes"),
+    "repo": pgettext_lazy("evidence source", "code repository"),
 }
 
 STRATEGY_LABELS: dict[str, Promise] = {
@@ -53,9 +58,26 @@ def label(table: dict[str, Promise], code: object) -> str:
     return str(found) if found is not None else str(code)
 
 
+# The system's metrics by name (a name not listed shows as it is).
+METRIC_LABELS: dict[str, Promise] = {
+    "http_error_ratio": _("error ratio of requests"),
+    "latency_p99_ms": _("p99 latency (ms)"),
+    "log_errors_per_minute": _("logged errors a minute"),
+    "db_connections_in_use": _("database connections in use"),
+    "db_connections_max": _("database connections allowed"),
+    "disk_used_ratio": _("share of the disk used"),
+    "memory_rss_mb": _("memory in use (MB)"),
+    "memory_limit_mb": _("memory limit (MB)"),
+    "restarts": _("restarts"),
+    "up": _("up"),
+    "tls_cert_days_left": _("days left on the certificate"),
+}
+
 KIND_LABELS: dict[str, Promise] = {
-    "internal": pgettext_lazy("service kind", "ours"),
-    "external": pgettext_lazy("service kind", "a third party's"),
+    "service": pgettext_lazy("service kind", "a service"),
+    "database": pgettext_lazy("service kind", "a database"),
+    "cache": pgettext_lazy("service kind", "a cache"),
+    "external": pgettext_lazy("service kind", "a third party's service"),
 }
 
 
@@ -108,7 +130,7 @@ def evidence_summary(tool: str, result: Any) -> str:
         return text + (gettext(", on %(services)s") % {"services": _services(rows)} if rows else "")
     if tool == "topology":
         none = pgettext("nobody", "none")
-        return gettext("%(kind)s service; called by %(callers)s; depends on %(deps)s") % {
+        return gettext("%(kind)s; called by %(callers)s; depends on %(deps)s") % {
             "kind": label(KIND_LABELS, result.get("kind", "")),
             "callers": sep.join(result.get("callers") or []) or none,
             "deps": sep.join(result.get("depends_on") or []) or none,
@@ -136,3 +158,55 @@ def problem_type_label(code: str) -> str:
     """A problem type by the playbook's own zh/en label; the code when it has none."""
     lang = "zh" if (get_language() or "").startswith("zh") else "en"
     return _problem_types().get(code, {}).get(lang) or code
+
+
+# The pack's steps' logged summaries (English, in the log) read back and worded.
+_STEP_SUMMARIES = (
+    (re.compile(r"^root cause: (?P<h>\w+)$"), "cause"),
+    (re.compile(r"^proposed (?P<tool>\w+) \((?P<risk>R\d)\)$"), "proposed"),
+    (re.compile(r"^(?P<n>\d+) fixes sent$"), "sent"),
+    (re.compile(r"^(?P<n>\d+) specialists in parallel$"), "parallel"),
+    (re.compile(r"^(?P<n>\d+) of (?P<of>\d+) specialists reported$"), "reported"),
+    (re.compile(r"^(?P<n>\d+) calls planned$"), "planned"),
+    (re.compile(r"^(?P<n>\d+) evidence calls$"), "calls"),
+    (re.compile(r"^reported$"), "reported_one"),
+    # An evidence call's summary repeated by the step that made it: the call's own line
+    # says what it found, in words.
+    (
+        re.compile(
+            r"^(\d+ (log lines|error signatures|metric anomalies|similar past cases|"
+            r"config changes|deploys|changes)\b|\S+ \(\w+\): called by |\S+:\d+ changed by )"
+        ),
+        "evidence",
+    ),
+)
+
+
+def step_summary(text: str) -> str | None:
+    """One of the pack's steps' summaries in the reader's words; None for any other."""
+    for pattern, kind in _STEP_SUMMARIES:
+        found = pattern.match(text)
+        if found is None:
+            continue
+        values = found.groupdict()
+        if kind == "cause":
+            return gettext("root cause: %(h)s") % {"h": label(HYPOTHESIS_LABELS, values["h"])}
+        if kind == "proposed":
+            return gettext("proposed %(tool)s (%(risk)s)") % {
+                "tool": plain(TOOL_LABELS, values["tool"]),
+                "risk": values["risk"],
+            }
+        if kind == "sent":
+            return gettext("%(n)s fixes sent") % values
+        if kind == "parallel":
+            return gettext("%(n)s specialists in parallel") % values
+        if kind == "reported":
+            return gettext("%(n)s of %(of)s specialists reported") % values
+        if kind == "planned":
+            return gettext("%(n)s calls planned") % values
+        if kind == "calls":
+            return gettext("%(n)s evidence calls") % values
+        if kind == "reported_one":
+            return pgettext("specialist", "reported")
+        return gettext("evidence read (its call above says what it found)")
+    return None

@@ -83,3 +83,13 @@ def step_labels(codes: Any) -> str:
     return pgettext("list separator", ", ").join(
         plain(TOOL_LABELS, c) if str(c) in TOOL_LABELS else agent_words(c) for c in codes or []
     )
+
+
+@register.filter
+def metric_label(code: str) -> str:
+    return words.label(words.METRIC_LABELS, code)
+
+
+@register.filter
+def service_kind_label(code: str) -> str:
+    return words.label(words.KIND_LABELS, code)
