@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import translation
 
-from aero.audit_words import detail_rows
+from aero.audit_words import action_words, actor_words, detail_rows
 from diagnosis.eventlog import registry
 from diagnosis.models import Event, Session
 from diagnosis.reporting import session_report
@@ -118,3 +118,13 @@ def test_a_closed_questions_reason_is_worded_in_the_log_summary() -> None:
         text = registry.summary("agent.question_closed", payload)
 
     assert "尚不知道" in text and "unsure" not in text
+
+
+def test_an_audit_entrys_action_and_the_systems_part_are_worded() -> None:
+    # The page's language check skips dotted codes (approval.approved): this one does not.
+    with translation.override("zh-hans"):
+        assert action_words("approval.approved") == "已批准"
+        assert action_words("session.closed") == "会话已结束"
+        assert actor_words("system") == "系统"
+        assert actor_words("alice") == "alice"  # a username is a name, shown as it is
+        assert action_words("brand.new_action") == "brand.new_action"  # no words: its code
