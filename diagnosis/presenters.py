@@ -35,6 +35,9 @@ from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
 from scenarios_admin.models import ScenarioVersion
 
 TIMELINE_PAGE = 200  # rendering dominates the page's time, and grows with the rows
+# The session page shows the newest rows only, whatever the log's length: its rows cost
+# most of its render; older ones load a page at a time ("Earlier events").
+SESSION_PAGE_EVENTS = 50
 SESSION_PAGE = 100
 
 

@@ -167,7 +167,7 @@ def session_detail(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     session = get_session_for_user(request, session_id)
     context = presenters.session_context(session, request.user)
     mask = context["viewer_mask"]
-    events = presenters.latest_events(session)
+    events = presenters.latest_events(session, presenters.SESSION_PAGE_EVENTS)
     context["events"] = mask.events(events) if mask is not None else events
     # What was not sent (a lapsed sign-in, a refused update) comes back to check and send.
     answer = take_draft(request, reverse("diagnosis:session-answer", args=[session.pk]))
@@ -343,7 +343,8 @@ def _back(
 def session_events(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     """The whole timeline, 200 events a page (keyset by seq): readable without JS.
     `after=N` pages forward from seq N; `before=N` shows the 200 events before seq N (the
-    session page's "earlier events" link)."""
+    session page's "earlier events" link: with htmx, only those rows, put at the top of
+    the page's timeline, and the link moved to the page before them)."""
     session = get_session_for_user(request, session_id)
     try:
         after = max(0, int(request.GET.get("after", "0")))
@@ -360,7 +361,9 @@ def session_events(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     if mask is not None:
         events = mask.events(events)
     template = "diagnosis/session_events.html"
-    if request.htmx:
+    if request.htmx and request.htmx.target == "timeline-list" and before is not None:
+        template += "#timeline-older"
+    elif request.htmx:
         template += "#timeline-events"
     return render(
         request,

@@ -23,6 +23,7 @@ import aero.settings as product_settings
 from aero.i18n import SESSION_KEY
 from aero.models import UserPreference
 from aero.roles import user_roles
+from diagnosis import presenters
 from diagnosis.live_render import render_updates
 from diagnosis.models import Event, Session
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, waiting_session
@@ -220,8 +221,10 @@ def zh(alice: User) -> Client:
 
 @pytest.mark.services
 def test_session_page_in_chinese_with_plain_words_and_dates_with_zone(
-    builtin: None, alice: User, zh: Client
+    builtin: None, alice: User, zh: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The whole timeline on the page: its first line is read below.
+    monkeypatch.setattr(presenters, "SESSION_PAGE_EVENTS", presenters.TIMELINE_PAGE)
     session = waiting_session(alice)
     page = zh.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
     assert '<html lang="zh-Hans">' in page

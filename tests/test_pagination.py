@@ -124,22 +124,45 @@ def test_the_session_list_pages_newest_first(
     assert filtered.status_code == 200
 
 
-def test_the_session_page_links_to_the_events_before_its_newest_200(
+def test_the_session_page_shows_its_newest_events_and_pages_back_to_the_first(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The page holds the newest SESSION_PAGE_EVENTS rows; "Earlier events" is a link to
+    the paged timeline (no JS) and, through htmx, the rows before the oldest shown for the
+    top of the list with the link moved before them: following it back reaches seq 1,
+    every event once."""
     olga = make_user("olga", "operator")
     session = make_session(olga, STAND_FUEL_LEAK)
-    monkeypatch.setattr(presenters, "TIMELINE_PAGE", 10)
+    monkeypatch.setattr(presenters, "SESSION_PAGE_EVENTS", 4)
+    monkeypatch.setattr(presenters, "TIMELINE_PAGE", 5)
+    assert session.last_seq > 10
     client = signed_in(olga)
     page = client.get(f"/sessions/{session.pk}/").content.decode()
     seqs = [int(s) for s in re.findall(r'data-seq="(\d+)"', page)]
-    assert seqs == list(range(session.last_seq - 9, session.last_seq + 1))
+    assert seqs == list(range(session.last_seq - 3, session.last_seq + 1))
     link = f"/sessions/{session.pk}/events/?before={seqs[0]}"
-    assert link in page
+    assert f'href="{link}"' in page and f'hx-get="{link}"' in page
+
+    # Without JS: the link opens the paged timeline, the TIMELINE_PAGE events before it.
     earlier = client.get(link).content.decode()
     assert [int(s) for s in re.findall(r'data-seq="(\d+)"', earlier)] == list(
-        range(seqs[0] - 10, seqs[0])
+        range(seqs[0] - 5, seqs[0])
     )
+
+    # With htmx: rows only, then the link to the page before them (out of band).
+    shown = list(seqs)
+    while True:
+        rows = client.get(link, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="timeline-list")
+        html = rows.content.decode()
+        assert "<html" not in html and 'id="timeline-earlier" hx-swap-oob="true"' in html
+        older = [int(s) for s in re.findall(r'data-seq="(\d+)"', html)]
+        assert older and older[-1] == shown[0] - 1
+        shown = older + shown
+        found = re.search(r'hx-get="([^"]+)"', html)
+        if found is None:
+            break
+        link = found.group(1).replace("&amp;", "&")
+    assert shown == list(range(1, session.last_seq + 1))
 
 
 def test_an_incident_shows_a_page_of_its_approvals_and_links_to_the_rest(

@@ -7,16 +7,20 @@ budget covers the whole way to the first wait, as do answering and deciding."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.test import Client
 from pytest_django import DjangoAssertNumQueries
 
 from aero.roles import user_roles
+from diagnosis import presenters
 from diagnosis.actions import do_delete_session
+from diagnosis.events import append_event
 from diagnosis.live_access import current_roles
 from diagnosis.live_render import Pull, render_batch, render_updates
 from tests.web_helpers import (
@@ -190,3 +194,28 @@ def test_a_diagnosis_page_and_its_replay_step_stay_within_budget(
     with django_assert_max_num_queries(DIAGNOSIS_REPLAY_STEP):
         step = as_carol.get(f"/replay/{session.pk}/")
     assert step.status_code == 200
+
+
+def test_the_session_page_with_2000_events_reads_and_renders_what_it_did_with_a_few(
+    builtin: None,
+    make_user: Callable[..., User],
+    django_assert_max_num_queries: DjangoAssertNumQueries,
+) -> None:
+    """A long log costs the page no query and no row more: it shows the newest
+    SESSION_PAGE_EVENTS rows (older ones a link away), within the same query budget."""
+    olga = make_user("olga", "operator")
+    session = make_session(olga, STAND_FUEL_LEAK)
+    with transaction.atomic():
+        for n in range(2000 - session.last_seq):
+            append_event(session.pk, "agent.note", {"text": f"note {n}"}, producer="test")
+    session.refresh_from_db()
+    assert session.last_seq == 2000
+    as_olga = signed_in(olga)
+    as_olga.get(f"/sessions/{session.pk}/")  # per-process caches (the definition) warm
+
+    with django_assert_max_num_queries(SESSION_PAGE):
+        page = as_olga.get(f"/sessions/{session.pk}/")
+    html = page.content.decode()
+    seqs = [int(seq) for seq in re.findall(r'data-seq="(\d+)"', html)]
+    assert seqs == list(range(2001 - presenters.SESSION_PAGE_EVENTS, 2001))
+    assert f'href="/sessions/{session.pk}/events/?before={seqs[0]}"' in html

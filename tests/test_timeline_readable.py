@@ -10,10 +10,13 @@ import re
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.urls import reverse
 from playwright.sync_api import Browser, expect
 
 from approvals.actions import do_decide
+from diagnosis import presenters
+from diagnosis.events import append_event
 from diagnosis.models import Event, Session
 from tests.browser_helpers import sign_in
 from tests.web_helpers import approval_for, login, waiting_session
@@ -26,6 +29,17 @@ ENTRY = re.compile(r'<li id="event-(\d+)" data-seq="\d+" data-type="([^"]+)" cla
 def entries(page: str) -> dict[int, tuple[str, set[str]]]:
     """seq -> (event type, classes) of every timeline entry on the page."""
     return {int(seq): (kind, set(cls.split())) for seq, kind, cls in ENTRY.findall(page)}
+
+
+# What the test server's page shows (the fixture below patches this process only).
+SERVED_PAGE_EVENTS = presenters.SESSION_PAGE_EVENTS
+
+
+@pytest.fixture(autouse=True)
+def whole_timeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests read every entry of a session on its page: all on one page (the page
+    otherwise shows the newest SESSION_PAGE_EVENTS, older ones a click away)."""
+    monkeypatch.setattr(presenters, "SESSION_PAGE_EVENTS", presenters.TIMELINE_PAGE)
 
 
 def detail_page(user: User, session: Session) -> str:
@@ -233,3 +247,35 @@ def test_an_event_is_shown_by_the_first_line_that_matches_it(
     from diagnosis.templatetags.timeline import EVENT_LINES_TEMPLATE, event_line
 
     assert event_line(kind, payload) == f"{EVENT_LINES_TEMPLATE}#{line}"
+
+
+@pytest.mark.browser
+def test_earlier_events_load_above_the_oldest_shown_until_the_first(
+    builtin: None, alice: User, browser: Browser, asgi_server: str
+) -> None:
+    """In the browser: the page opens on the newest SESSION_PAGE_EVENTS rows; each click
+    on "Earlier events" puts the page before them at the top of the list (no reload),
+    until seq 1 is shown and the link is gone; the live socket still appends below."""
+    session = waiting_session(alice)
+    with transaction.atomic():
+        for n in range(300 - session.last_seq):
+            append_event(session.pk, "agent.note", {"text": f"note {n}"}, producer="test")
+    page = sign_in(browser, asgi_server, alice)
+    page.goto(f"{asgi_server}{reverse('diagnosis:session-detail', args=[session.pk])}")
+    rows = page.locator("#timeline-list > li[data-seq]")
+    expect(rows).to_have_count(SERVED_PAGE_EVENTS)
+    expect(rows.first).to_have_attribute("data-seq", str(301 - SERVED_PAGE_EVENTS))
+    earlier = page.locator("#timeline-earlier a")
+    earlier.click()
+    expect(rows).to_have_count(SERVED_PAGE_EVENTS + presenters.TIMELINE_PAGE)
+    expect(rows.first).to_have_attribute(
+        "data-seq", str(301 - SERVED_PAGE_EVENTS - presenters.TIMELINE_PAGE)
+    )
+    earlier.click()
+    expect(rows).to_have_count(300)
+    expect(rows.first).to_have_attribute("data-seq", "1")
+    expect(earlier).to_have_count(0)
+    seqs = rows.evaluate_all("rows => rows.map(row => Number(row.dataset.seq))")
+    assert seqs == list(range(1, 301))
+    append_event(session.pk, "agent.note", {"text": "after the pages"}, producer="test")
+    expect(rows.last).to_have_attribute("data-seq", "301", timeout=15_000)
