@@ -52,6 +52,12 @@ COMMIT_TO_SEND = Histogram(
     ["stream"],
     buckets=LATENCY_BUCKETS,
 )
+LIVE_RENDERS = Counter(
+    "aero_live_renders",
+    "Live session fragments: rendered in this process, or fetched as another process "
+    "rendered them (source=shared).",
+    ["source"],
+)
 JOB_DURATION = Histogram(
     "aero_job_duration_seconds",
     "Duration of one job advancing a session, by the status it left the session in.",
@@ -103,6 +109,13 @@ def events_sent(stream: str, count: int, live_since: list[datetime] | None = Non
             COMMIT_TO_SEND.labels(stream).observe(max(0.0, (now - ts).total_seconds()))
 
     _safe(record)
+
+
+def live_renders(rendered: int, shared: int) -> None:
+    if rendered:
+        _safe(lambda: LIVE_RENDERS.labels("rendered").inc(rendered))
+    if shared:
+        _safe(lambda: LIVE_RENDERS.labels("shared").inc(shared))
 
 
 def enqueue_failed() -> None:

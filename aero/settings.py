@@ -325,6 +325,9 @@ if AERO_WS_URL:
 # per web process for every watched session), so an event whose notice was lost (Redis
 # down, a full channel) still reaches an idle page within this bound; 0: off.
 AERO_LIVE_RESYNC_SECONDS = env_float("AERO_LIVE_RESYNC_SECONDS", 5.0)
+# How long a web process waits for a live fragment another process is rendering before it
+# renders its own (diagnosis/live_shared.py).
+AERO_LIVE_SHARE_WAIT_SECONDS = env_float("AERO_LIVE_SHARE_WAIT_SECONDS", 0.25)
 
 _RQ_URL = REDIS_URL or "redis://127.0.0.1:6379/0"
 if "socket_connect_timeout" not in _RQ_URL:

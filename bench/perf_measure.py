@@ -229,27 +229,43 @@ def open_approvals(count: int) -> None:
     )
 
 
-def page_times(url: str, who: str, repeat: int) -> list[float]:
+def page_times(url: str, who: str, repeat: int, cpu: list[float] | None = None) -> list[float]:
+    """Wall-clock ms of each request; with `cpu`, this process's CPU ms of each too (the
+    view and template work, which a loaded machine does not inflate as it does the wall
+    clock; the database server's own time is left out)."""
     from django.test import Client
 
     client = Client()
     client.force_login(user(who))
     times = []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         response = client.get(url)
         times.append((time.perf_counter() - started) * 1000)
+        if cpu is not None:
+            cpu.append((time.process_time() - started_cpu) * 1000)
         assert response.status_code == 200, response.status_code
     return times
 
 
 def pages(events: int, approvals: int, repeat: int) -> dict[str, Any]:
     session = big_session(events)
-    session_ms = page_times(f"/sessions/{session.pk}/", "operator", repeat)
+    session_cpu: list[float] = []
+    session_ms = page_times(f"/sessions/{session.pk}/", "operator", repeat, session_cpu)
+    # Ten times the events: the page must not grow with the log (older events paged).
+    longer = big_session(events * 10)
+    longer_cpu: list[float] = []
+    longer_ms = page_times(f"/sessions/{longer.pk}/", "operator", repeat, longer_cpu)
     open_approvals(approvals)
     # The unpaginated queue renders every open approval: measure it fewer times.
     queue_ms = page_times("/approvals/", "approver", max(1, repeat // 5))
-    return {"session_page_p50_ms": pct(session_ms, 0.5), "queue_page_p50_ms": pct(queue_ms, 0.5)}
+    return {
+        "session_page_p50_ms": pct(session_ms, 0.5),
+        "session_page_cpu_p50_ms": pct(session_cpu, 0.5),
+        "session_page_long_p50_ms": pct(longer_ms, 0.5),
+        "session_page_long_cpu_p50_ms": pct(longer_cpu, 0.5),
+        "queue_page_p50_ms": pct(queue_ms, 0.5),
+    }
 
 
 # --- services: rq worker, daphne, gunicorn -------------------------------------------
@@ -473,25 +489,30 @@ asyncio.run(main())
 """
 
 
-def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -> dict[str, Any]:
-    """`viewers` sockets spread over `sessions` sessions; `events` rounds of one event per
-    session; commit -> message latency for every (viewer, event)."""
+def live_push(
+    viewers: int, sessions: int, events: int, port: int, logs: Path, processes: int = 1
+) -> dict[str, Any]:
+    """`viewers` sockets spread over `sessions` sessions and over `processes` daphne
+    processes (ports port, port + 1 ...: the viewers spread over them as the kernel
+    spreads them over the processes sharing one socket under `make run`); `events` rounds
+    of one event per session; commit -> message latency for every (viewer, event)."""
     from urllib.parse import quote
 
     from diagnosis.events import append_event
     from diagnosis.presenters import composer_key
 
-    server = daphne(port, logs)
+    servers = [daphne(port + n, logs) for n in range(processes)]
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_up(base)
+        for n in range(processes):
+            wait_up(f"http://127.0.0.1:{port + n}")
         targets = [new_session_no_job() for _ in range(sessions)]
         # The URL the session page opens: with the answer box it shows and its language.
         # Without `composer` the first push re-sent every viewer the answer box, with its
         # panel's reads (~18 ms a session), which the page never asks for.
         config = {
             "urls": [
-                f"ws://127.0.0.1:{port}/ws/sessions/{targets[n % sessions].pk}/"
+                f"ws://127.0.0.1:{port + n % processes}/ws/sessions/{targets[n % sessions].pk}/"
                 f"?last_seq={targets[n % sessions].last_seq}"
                 f"&composer={quote(composer_key(targets[n % sessions]))}&lang=en"
                 for n in range(viewers)
@@ -522,7 +543,7 @@ def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -
         )
         reader.start()
         committed: dict[tuple[str, int], float] = {}
-        cpu_before = process_cpu_ms(server.pid)
+        cpu_before = sum(process_cpu_ms(server.pid) for server in servers)
         for round_ in range(events):
             for session in targets:
                 # From before the append (its commit and notice inside): an upper bound.
@@ -536,22 +557,23 @@ def live_push(viewers: int, sessions: int, events: int, port: int, logs: Path) -
             if sum(1 for s, q, _ in list(received) if (s, q) in committed) >= expected:
                 break
             time.sleep(0.1)
-        server_cpu_ms = process_cpu_ms(server.pid) - cpu_before
+        server_cpu_ms = sum(process_cpu_ms(server.pid) for server in servers) - cpu_before
         client.stdin.close()
         client.wait(timeout=30)
         reader.join(timeout=10)
     finally:
-        stop([server])
+        stop(servers)
     latencies = [(at - committed[(s, q)]) * 1000 for s, q, at in received if (s, q) in committed]
     return {
         "push_viewers": viewers,
         "push_sessions": sessions,
+        "push_processes": processes,
         "push_p50_ms": pct(latencies, 0.5),
         "push_p99_ms": pct(latencies, 0.99),
         "push_received": len(latencies),
         "push_expected": viewers * events,
         "push_failed_handshakes": failed_handshakes,
-        # The server's CPU per event delivered to all its viewers: unlike the latencies,
+        # The servers' CPU per event delivered to all its viewers: unlike the latencies,
         # it hardly depends on what else the machine runs.
         "push_cpu_ms_per_event": server_cpu_ms / max(1, events * sessions),
     }
@@ -651,6 +673,8 @@ def main() -> None:
     parser.add_argument("--diagnoses", type=int, default=100)
     parser.add_argument("--viewers", type=int, default=100)
     parser.add_argument("--push-sessions", type=int, default=1)
+    parser.add_argument("--viewers-per-session", type=int, default=1)
+    parser.add_argument("--ws-processes", type=int, default=1, help="daphne processes")
     parser.add_argument("--events", type=int, default=5)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=5)
@@ -679,9 +703,11 @@ def main() -> None:
         if args.head:  # the base has no diagnosis pack
             out.update(diagnoses_at_once(args.diagnoses, args.at_once_timeout, logs))
     if args.mode == "services" and "push" in what:
-        out.update(live_push(args.viewers, 1, args.events, args.port, logs))
+        processes = args.ws_processes
+        out.update(live_push(args.viewers, 1, args.events, args.port, logs, processes))
         if args.push_sessions > 1:
-            many = live_push(args.push_sessions, args.push_sessions, args.events, args.port, logs)
+            watching = args.push_sessions * args.viewers_per_session
+            many = live_push(watching, args.push_sessions, args.events, args.port, logs, processes)
             out.update({f"many_{k}": v for k, v in many.items()})
     if args.mode == "services" and "pages" in what:
         out.update(concurrent_pages(args.clients, args.seconds, args.port + 10, logs, args.head))

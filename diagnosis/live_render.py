@@ -20,8 +20,9 @@ from django.utils import translation
 from django.utils.html import format_html
 from django.utils.translation import gettext
 
+from aero import metrics
 from aero.templatetags.aero_text import when
-from diagnosis import presenters
+from diagnosis import live_shared, presenters
 from diagnosis.eventlog.masking import SessionMask, mask_of, masks_roles
 from diagnosis.models import Event, Session
 
@@ -45,6 +46,15 @@ class Update:
     @property
     def html(self) -> str:
         return "".join(self.frames)
+
+    def dump(self) -> dict[str, Any]:
+        """As stored for the other processes (live_shared)."""
+        return {"frames": list(self.frames), "seq": self.seq, "composer_key": self.composer_key,
+                "as_of": self.as_of}  # fmt: skip
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> Update:
+        return cls(tuple(data["frames"]), data["seq"], data["composer_key"], data["as_of"])
 
 
 def size_of(html: str) -> int:
@@ -163,12 +173,27 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
         .defer("scenario_version__definition")  # parsed once per process (presenters)
         .filter(pk__in=ids)
     }
+    # What another process rendered already for the same pull and last_seq is fetched,
+    # not rendered again (live_shared); the events are read for the rest only.
+    keys = {
+        pull: live_shared.key_of(
+            pull.session_id,
+            pull.after,
+            sessions[pull.session_id].last_seq,
+            pull.roles,
+            pull.composer_key,
+            pull.language,
+        )
+        for pull in pulls
+        if pull.session_id in sessions and sessions[pull.session_id].last_seq > pull.after
+    }
+    shared = live_shared.take(list(dict.fromkeys(keys.values())))
     # Seqs are gap-free, so (after, after + BATCH] holds at most one batch: every pull's
     # range goes into the one query, bounded by its session's last_seq as read above.
     ranges: dict[tuple[str, int], int] = {}
     for pull in pulls:
         session = sessions.get(pull.session_id)
-        if session is not None and session.last_seq > pull.after:
+        if session is not None and session.last_seq > pull.after and keys[pull] not in shared:
             ranges[(pull.session_id, pull.after)] = min(session.last_seq, pull.after + BATCH)
     found: dict[str, list[Event]] = {}
     if ranges:
@@ -179,10 +204,15 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
             found.setdefault(str(event.session_id), []).append(event)
     contexts = PanelContexts()
     updates: list[Update | None] = []
+    rendered: dict[str, dict[str, Any]] = {}
     for pull in pulls:
         session = sessions.get(pull.session_id)
         if session is None:
             updates.append(None)
+            continue
+        key = keys.get(pull)
+        if key is not None and key in shared:
+            updates.append(Update.load(shared[key]))
             continue
         upto = ranges.get((pull.session_id, pull.after), pull.after)
         events = [e for e in found.get(pull.session_id, []) if pull.after < e.seq <= upto]
@@ -194,7 +224,12 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
                 ).order_by("seq")[:BATCH]
             )
         with translation.override(pull.language or settings.LANGUAGE_CODE):
-            updates.append(_render_updates(pull, session, events, contexts))
+            update = _render_updates(pull, session, events, contexts)
+        updates.append(update)
+        if key is not None:
+            rendered[key] = update.dump()
+    live_shared.put(rendered)
+    metrics.live_renders(len(rendered), len(shared))
     return updates
 
 

@@ -154,7 +154,12 @@ CONF
       0 | false | no | off) ;;
       *) program llmrunner "$PY manage.py aero_llm_runner" ;;
     esac
-    program daphne ".venv/bin/daphne -e tcp:port=$WS_PORT:interface=$HOST:backlog=$BACKLOG aero.asgi:application" 1 10 3
+    # AERO_WS_PROCESSES daphne processes (2) share one listening socket that supervisord
+    # opens (an fcgi-program hands it to each as fd 0): the kernel spreads the browsers'
+    # sockets over them, and a live fragment rendered by one is fetched by the others
+    # from Redis (diagnosis/live_shared.py), so the push scales past one process's CPU.
+    program daphne ".venv/bin/daphne --fd 0 aero.asgi:application" "${AERO_WS_PROCESSES:-2}" 10 3 |
+      sed "s|^\[program:daphne\]|[fcgi-program:daphne]\nsocket=tcp://$HOST:$WS_PORT\nsocket_backlog=$BACKLOG|"
     program gunicorn ".venv/bin/gunicorn aero.wsgi:application --bind $HOST:$PORT --backlog $BACKLOG --worker-class gthread --workers ${AERO_WEB_WORKERS:-3} --threads ${AERO_WEB_THREADS:-4} --env AERO_DB_POOL_SIZE=${AERO_WEB_DB_POOL_SIZE:-$((${AERO_WEB_THREADS:-4} + 1))} --access-logfile -" 1 10 3
   else
     program daphne ".venv/bin/daphne -e tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG aero.asgi:application" 1 10 3

@@ -23,7 +23,8 @@ def main() -> None:
         if headers["eventname"] == "PROCESS_STATE_FATAL":
             fields, _ = childutils.eventdata(payload + "\n")
             name = fields.get("processname", "")
-            if name in web:
+            # By program: several daphne processes are daphne-1, daphne-2 ...
+            if fields.get("groupname", name) in web:
                 marker.write_text(name)
                 print(f"{name} could not start: stopping AERO", file=sys.stderr, flush=True)
                 childutils.getRPCInterface(os.environ).supervisor.shutdown()

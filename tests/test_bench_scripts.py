@@ -48,7 +48,10 @@ def tiny_runs(suffix: str, redis_url: str, server: str) -> dict[str, tuple[list[
     services = ["--database-url", server, "--redis-url", redis_url, "--redis-db", redis_db]
     tiny_llm = ["--sessions", "2", "--latency", "0.1", "--only", "waits"]
     # The base tree is this commit: any checkout has it; the point is that the script runs.
-    tiny_perf = ["--base", "HEAD", "--what", "session", "--samples", "1"]
+    tiny_perf = ["--base", "HEAD", "--what", "session,push", "--samples", "1"]
+    # The push at a tiny size: 4 viewers of one session over this checkout's 2 daphne
+    # processes (the many-sessions run needs --push-sessions above 1).
+    tiny_perf += ["--viewers", "4", "--push-sessions", "1", "--events", "1"]
     port = str(18600 + int(redis_db) * 10)  # one per worker: two run at once
     queue_db = [
         "--database-url",

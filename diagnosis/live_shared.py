@@ -1,0 +1,111 @@
+"""Renders shared by every web process (production: several daphne processes, one Redis).
+
+A live fragment is a function of the pull (session, seq it follows, roles, answer box,
+language) and of the session's last_seq when rendered, never of the viewer: the first
+process to need one renders it and stores it here under that key for SHARE_SECONDS; the
+others fetch it. A process that finds another one rendering the same key (its claim
+taken) waits up to AERO_LIVE_SHARE_WAIT_SECONDS for the result, then renders it itself:
+sharing saves work, it never holds a viewer back for long. Redis unreachable: every process renders
+its own, as before. Embedded mode (no REDIS_URL) has one process: nothing to share.
+
+Only what would be rendered anyway is stored: the key holds last_seq, so a newer event
+makes a new key, and the short TTL bounds what a panel read from the rows may lag (as
+the hub's per-process sharing does)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from django.conf import settings
+
+logger = logging.getLogger("diagnosis.live_shared")
+
+SHARE_SECONDS = 5  # the processes a notice woke ask within milliseconds of each other
+CLAIM_SECONDS = 2  # a claimer that died stops blocking others after this
+POLL_SECONDS = 0.005
+
+_client: redis.Redis | None = None
+_client_lock = threading.Lock()
+
+
+def _redis() -> redis.Redis | None:
+    """One client per process (its pool is thread-safe), made once under a lock."""
+    global _client
+    if not settings.REDIS_URL:
+        return None
+    if _client is None:
+        with _client_lock:
+            if _client is None:
+                _client = redis.Redis.from_url(
+                    settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5
+                )
+    return _client
+
+
+def key_of(
+    session_id: str,
+    after: int,
+    last_seq: int,
+    roles: Iterable[str],
+    composer_key: str | None,
+    language: str | None,
+) -> str:
+    """The store's key for one render: everything the fragment depends on, hashed (a
+    composer key or a role name has no length limit)."""
+    what = json.dumps([after, last_seq, sorted(roles), composer_key, language])
+    digest = hashlib.sha256(what.encode()).hexdigest()[:32]
+    return f"{settings.AERO_CHANNEL_PREFIX}:live:{session_id}:{digest}"
+
+
+def take(keys: list[str]) -> dict[str, dict[str, Any]]:
+    """The renders other processes stored for `keys`. Each key not found is claimed for
+    this process (it renders it, then `put`s it); one another process has claimed is
+    waited for, AERO_LIVE_SHARE_WAIT_SECONDS at most, then left to this process to render."""
+    client = _redis()
+    if client is None or not keys:
+        return {}
+    try:
+        found = _found(keys, client.mget(keys))
+        missing = [key for key in keys if key not in found]
+        if not missing:
+            return found
+        pipe = client.pipeline(transaction=False)
+        for key in missing:
+            pipe.set(f"{key}:claim", 1, nx=True, ex=CLAIM_SECONDS)
+        waiting = [key for key, mine in zip(missing, pipe.execute(), strict=True) if not mine]
+        deadline = time.monotonic() + float(settings.AERO_LIVE_SHARE_WAIT_SECONDS)
+        while waiting and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            more = _found(waiting, client.mget(waiting))
+            found.update(more)
+            waiting = [key for key in waiting if key not in more]
+        return found
+    except redis.RedisError:
+        logger.warning("shared live renders: Redis unreachable, rendering here", exc_info=True)
+        return {}
+
+
+def _found(keys: list[str], values: list[Any]) -> dict[str, dict[str, Any]]:
+    return {key: json.loads(value) for key, value in zip(keys, values, strict=True) if value}
+
+
+def put(renders: dict[str, dict[str, Any]]) -> None:
+    """Store this process's renders for the others (and free their claims)."""
+    client = _redis()
+    if client is None or not renders:
+        return
+    try:
+        pipe = client.pipeline(transaction=False)
+        for key, value in renders.items():
+            pipe.set(key, json.dumps(value), ex=SHARE_SECONDS)
+            pipe.delete(f"{key}:claim")
+        pipe.execute()
+    except redis.RedisError:
+        logger.warning("shared live renders: could not store", exc_info=True)

@@ -1,0 +1,163 @@
+"""Several daphne processes serving one session's viewers (the production layout runs
+AERO_WS_PROCESSES of them on one port): each viewer, on either process, gets every event
+once and in order while events are written as fast as they can be; and a fragment is
+rendered once per event for every viewer of both processes (the other process fetches
+it, diagnosis/live_shared.py), whatever the number of viewers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import connection
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+from websockets.asyncio.client import connect
+
+from diagnosis.events import append_event
+from tests import conftest
+from tests.servers import daphne
+from tests.test_live_timeline import SEQ, cookie_for, new_session, ws_url
+
+pytestmark = pytest.mark.services
+
+VIEWERS_PER_PROCESS = 8
+
+
+def reached(seqs: list[list[int]], seq: int) -> bool:
+    return all(received and received[-1] >= seq for received in seqs)
+
+
+def renders(metrics_dir: Path) -> dict[str, float]:
+    """aero_live_renders summed over every process that wrote to `metrics_dir`."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics_dir))
+    found = {"rendered": 0.0, "shared": 0.0}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == "aero_live_renders_total":
+                found[sample.labels["source"]] += sample.value
+    return found
+
+
+class Viewers:
+    """Page sockets on several servers, read in a thread of their own: each one's seqs in
+    the order received."""
+
+    def __init__(self, urls: list[str], headers: list[dict[str, str]]) -> None:
+        self.seqs: list[list[int]] = [[] for _ in urls]
+        self.ready = threading.Event()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(urls, headers), daemon=True)
+        self.thread.start()
+        assert self.ready.wait(60), "the viewers did not connect"
+        if self.error is not None:
+            raise self.error
+
+    def _run(self, urls: list[str], headers: list[dict[str, str]]) -> None:
+        async def main() -> None:
+            sockets = [
+                await connect(url, additional_headers=header, open_timeout=30, max_queue=None)
+                for url, header in zip(urls, headers, strict=True)
+            ]
+            self.ready.set()
+
+            async def read(n: int) -> None:
+                with contextlib.suppress(Exception):
+                    async for message in sockets[n]:
+                        self.seqs[n] += [int(seq) for seq in SEQ.findall(str(message))]
+
+            readers = [asyncio.ensure_future(read(n)) for n in range(len(sockets))]
+            while not self.stop.is_set():
+                await asyncio.sleep(0.05)
+            for socket in sockets:
+                await socket.close()
+            await asyncio.gather(*readers)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.error = exc
+            self.ready.set()
+
+    def wait_for(self, done: Callable[[list[list[int]]], bool], timeout: float) -> None:
+        deadline = threading.Event()
+        timer = threading.Timer(timeout, deadline.set)
+        timer.start()
+        try:
+            while not done(self.seqs) and not deadline.is_set():
+                deadline.wait(0.05)
+        finally:
+            timer.cancel()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def test_two_daphne_processes_deliver_every_event_once_and_render_it_once(
+    builtin: None, make_user: Callable[..., User], tmp_path: Path
+) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the ASGI server tests need PostgreSQL")
+    metrics_dir = tmp_path / "metrics"
+    metrics_dir.mkdir()
+    env = {
+        **conftest.ASGI_ENV,
+        "AERO_LLM_WAITS": "0",
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        # Long enough that a loaded machine never makes the second process give up
+        # waiting and render again (production waits 0.25 s).
+        "AERO_LIVE_SHARE_WAIT_SECONDS": "10",
+    }
+    operator = make_user("olga", "operator")
+    session = new_session(operator, "105机位燃油泄漏")
+    start = session.last_seq
+    with contextlib.ExitStack() as stack:
+        bases = [
+            stack.enter_context(
+                daphne(
+                    conftest.test_db_url(),
+                    str(settings.REDIS_URL),
+                    tmp_path / f"daphne{n}.log",
+                    **env,
+                )
+            )
+            for n in (1, 2)
+        ]
+        urls = [ws_url(base, session, start) for base in bases for _ in range(VIEWERS_PER_PROCESS)]
+        headers = [
+            {"Cookie": cookie_for(operator), "Origin": base}
+            for base in bases
+            for _ in range(VIEWERS_PER_PROCESS)
+        ]
+        viewers = Viewers(urls, headers)
+        stack.callback(viewers.close)
+        before = renders(metrics_dir)
+
+        # One event at a time: each is rendered once for the 16 viewers of both processes.
+        paced = 5
+        for n in range(paced):
+            event = append_event(session.pk, "agent.note", {"text": f"one {n}"}, producer="t")
+            viewers.wait_for(functools.partial(reached, seq=event.seq), 30)
+        paced_end = start + paced
+        assert all(v == list(range(start + 1, paced_end + 1)) for v in viewers.seqs)
+        counted = renders(metrics_dir)
+        assert counted["rendered"] - before["rendered"] == paced
+        assert counted["shared"] - before["shared"] == paced  # the other process fetched it
+
+        # Then as fast as they can be written: every viewer gets each once, in order.
+        burst = 40
+        for n in range(burst):
+            last = append_event(session.pk, "agent.note", {"text": f"fast {n}"}, producer="t")
+        viewers.wait_for(functools.partial(reached, seq=last.seq), 60)
+        for seqs in viewers.seqs:
+            assert seqs == list(range(start + 1, last.seq + 1))
