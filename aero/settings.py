@@ -431,6 +431,8 @@ AERO_LLM_WAITS = env_bool("AERO_LLM_WAITS", AERO_JOB_BACKEND != "inline")
 AERO_LLM_CLAIM_SECONDS = env_int("AERO_LLM_CLAIM_SECONDS", 20, minimum=2)
 AERO_LLM_RUNNER_CONCURRENCY = env_int("AERO_LLM_RUNNER_CONCURRENCY", 500, minimum=1)
 AERO_LLM_RUNNER_POLL = env_float("AERO_LLM_RUNNER_POLL", 0.2)
+# Slow tools (metrics sources, MCP servers) the runner runs at once, a thread each.
+AERO_SLOW_TOOL_THREADS = env_int("AERO_SLOW_TOOL_THREADS", 128, minimum=1)
 # Streamed text goes into the log at most this often per call (seconds).
 AERO_LLM_STREAM_FLUSH = env_float("AERO_LLM_STREAM_FLUSH", 0.1)
 # Incident bundles of diagnosis sessions, a folder per session (packs.diagnosis.storage).

@@ -23,7 +23,7 @@ from diagnosis.actions import do_retry
 from diagnosis.agent.nodes import waiting
 from diagnosis.chain import verify_chain
 from diagnosis.models import AgentRun, Event, Session, ToolCall
-from packs.diagnosis import investigation
+from packs.diagnosis import slow
 from packs.diagnosis.code import CodeToolError
 from packs.diagnosis.modes import choose_mode
 from packs.diagnosis.playbook import Playbook, RunModes, default_playbook
@@ -286,7 +286,7 @@ def crash_the_code_server(monkeypatch: pytest.MonkeyPatch, words: str) -> None:
     def crashed(repo: Path, **kwargs: Any) -> Any:
         raise CodeToolError(words)
 
-    monkeypatch.setattr(investigation, "code", crashed)
+    monkeypatch.setattr(slow, "code", crashed)
 
 
 @pytest.mark.parametrize(

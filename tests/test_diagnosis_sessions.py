@@ -19,7 +19,7 @@ from django.test import override_settings
 from approvals.models import Approval
 from diagnosis.execution import execution_problems
 from diagnosis.models import Event, ExternalEffect, Outbox, Session, ToolCall
-from packs.diagnosis import investigation
+from packs.diagnosis import slow
 from packs.diagnosis.code import CodeToolError
 from packs.diagnosis.fixes import fix_problems
 from packs.diagnosis.storage import bundle_dir
@@ -247,7 +247,7 @@ def test_a_failing_code_server_fails_its_call_not_the_session(
         attempts.append(kwargs["path"])
         raise CodeToolError("the MCP server exited before it answered")
 
-    monkeypatch.setattr(investigation, "code", crashed)
+    monkeypatch.setattr(slow, "code", crashed)
     with override_settings(AERO_TOOL_RETRIES=2, AERO_TOOL_BACKOFF=0):
         result = run_bundle(capsys, SPEC / "ex-deploy-payments.tar.gz", "--decide", "approve")
 

@@ -197,6 +197,12 @@ def keep_answered(row: LLMRequest) -> None:
         kept[row.key] = row
 
 
+def answered_row(key: str) -> LLMRequest | None:
+    """The answered row `key` the job read before running the graph (taken: read once)."""
+    kept = _answered.get()
+    return kept.pop(key, None) if kept is not None else None
+
+
 def _request_by_key() -> QuerySet[LLMRequest]:
     from aero.compiled import Arg
     from diagnosis.models import LLMRequest

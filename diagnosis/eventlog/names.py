@@ -45,6 +45,8 @@ TOOL_CALL_RETRYING = "tool.call_retrying"
 TOOL_CALL_COMPLETED = "tool.call_completed"
 TOOL_CALL_FAILED = "tool.call_failed"
 TOOL_CALL_REFUSED = "tool.call_refused"
+# A slow tool's call made by the runner while the session waited (its outcome).
+TOOL_SLOW_CALL = "tool.slow_call"
 # Approvals of actions.
 APPROVAL_REQUIRED = "approval.required"
 APPROVAL_ARGS_EDITED = "approval.args_edited"

@@ -25,6 +25,7 @@ from diagnosis.agent import waits
 from diagnosis.agent.clients import warm_up
 from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.recording import SessionCanceled, step_group
+from diagnosis.agent.slow_tools import REQUEST_WAIT_KINDS
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import (
     LeaseLost,
@@ -129,7 +130,7 @@ def resumable(session_id: Any, waiting: Any = None) -> bool:
     no second read of the checkpoint. For a model wait, whether its reply is stored: one
     query. If the state moved on meanwhile (another job), the loop's next job
     reads the checkpoint again and finds nothing to do."""
-    if isinstance(waiting, dict) and waiting.get("kind") == "model":
+    if isinstance(waiting, dict) and waiting.get("kind") in REQUEST_WAIT_KINDS:
         return model_answered(waiting["key"])
     if waiting is None:
         session = Session.objects.get(pk=session_id)
@@ -177,7 +178,7 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
         if found and found[0]:
             return {"decided": True}
         return {"corrected": True} if found and found[1] else None
-    if waiting["kind"] == "model":
+    if waiting["kind"] in REQUEST_WAIT_KINDS:  # a model call or a slow tool: its row
         return {"model": waiting["key"]} if model_answered(waiting["key"]) else None
     return None
 
@@ -268,7 +269,7 @@ def _drive(
         elif snapshot.interrupts:
             waiting = snapshot.interrupts[0].value
             value = resume_value(session.pk, snapshot)
-            if value is None and waiting["kind"] == "model":
+            if value is None and waiting["kind"] in REQUEST_WAIT_KINDS:
                 # Its request row may be missing (a job killed between its checkpoint and
                 # the row): recorded here, once by key. An answered request has its row
                 # (the usual resume: nothing to record). The job ends and frees
@@ -372,9 +373,9 @@ def _interrupt_value(result: Any) -> dict[str, Any] | None:
 
 
 def _model_interrupt(result: Any) -> dict[str, Any] | None:
-    """The model wait the graph run stopped at, or None."""
+    """The model (or slow tool) wait the graph run stopped at, or None."""
     value = _interrupt_value(result)
-    return value if value is not None and value.get("kind") == "model" else None
+    return value if value is not None and value.get("kind") in REQUEST_WAIT_KINDS else None
 
 
 class Stopped:

@@ -37,6 +37,8 @@ logger = logging.getLogger("diagnosis.llm_runner")
 
 
 PRODUCER = "llm"
+# Who a slow tool's outcome is recorded as.
+TOOL_PRODUCER = "tools"
 
 
 class Dispatch(Protocol):
@@ -357,6 +359,51 @@ def finish_failed(call: Claimed, error: str, last: str, enqueue: Dispatch | None
                 key=f"llm.fallback:{call.key}:{call.claims}:offline",
             )
             session, _ = append_projected(call.session_id, [event])
+        if enqueue is not None:
+            _enqueue_on_commit(call.session_id, session, enqueue)
+
+
+def finish_tool(
+    call: Claimed,
+    name: str,
+    result: dict[str, Any],
+    error: str,
+    latency_ms: int,
+    enqueue: Dispatch | None,
+) -> None:
+    """A slow tool's outcome: the request answered (its result, or failed with the
+    reason) and its `tool.slow_call` event, in one transaction under the claim. Keyed by
+    the request: whichever claim commits it, it is written once."""
+    now = timezone.now()
+    with transaction.atomic():
+        updated = LLMRequest.objects.filter(
+            pk=call.pk, claim_token=call.token, status=LLMRequestStatus.PENDING
+        ).update(
+            status=LLMRequestStatus.FAILED if error else LLMRequestStatus.DONE,
+            reply=None if error else {"result": result},
+            error=error,
+            answered_by=name,
+            finished_at=now,
+            claim_token=None,
+            claim_expires_at=None,
+        )
+        if not updated:
+            raise ClaimLost(call.key)
+        event = new_event(
+            call.session_id,
+            "tool.slow_call",
+            {
+                "tool": name,
+                "request": call.key,
+                "status": "error" if error else "ok",
+                "error": error,
+                "latency_ms": latency_ms,
+                "claims": call.claims,
+            },
+            producer=TOOL_PRODUCER,
+            key=f"tool.slow_call:{call.key}",
+        )
+        session, _ = append_projected(call.session_id, [event])
         if enqueue is not None:
             _enqueue_on_commit(call.session_id, session, enqueue)
 

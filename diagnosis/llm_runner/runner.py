@@ -26,7 +26,7 @@ from langchain_core.messages import AIMessage
 from tenacity import AsyncRetrying, retry_if_exception
 
 from aero import metrics
-from diagnosis.agent import waits
+from diagnosis.agent import slow_tools, waits
 from diagnosis.agent.clients import async_client_of_its_own, classify, client_for, warm_up
 from diagnosis.agent.fallback import backoff_wait, chain_stop, skipped_text
 from diagnosis.agent.providers import OpenAICompatibleProvider
@@ -46,6 +46,7 @@ from diagnosis.llm_runner.records import (
     cached_providers,
     finish_failed,
     finish_ok,
+    finish_tool,
     load_providers,
     record_failure,
     record_fallback,
@@ -116,6 +117,9 @@ class Runner:
         # end. A client replaced by a config edit keeps its entry (the calls in flight
         # still use its pool; its idle connections expire after a few seconds).
         self.sdk_clients: dict[int, tuple[Any, openai.AsyncOpenAI]] = {}
+        # Slow tools run on threads of their own (most are blocking clients: httpx, an
+        # MCP server's process), made at the first one.
+        self.tool_pool: ThreadPoolExecutor | None = None
 
     def _sdk_client(self, client: Any) -> openai.AsyncOpenAI:
         entry = self.sdk_clients.get(id(client))
@@ -168,6 +172,14 @@ class Runner:
             except DatabaseError:
                 logger.warning("llm runner: could not release its claims", exc_info=True)
             await self._close_clients()
+            self._close_tool_pool()
+
+    def _close_tool_pool(self) -> None:
+        """A call that overran its timeout may still run on its thread: not waited for
+        (its result is refused: the failure was recorded)."""
+        if self.tool_pool is not None:
+            self.tool_pool.shutdown(wait=False, cancel_futures=True)
+            self.tool_pool = None
 
     async def serve(self, stop: asyncio.Event) -> None:
         """run() with its own database threads."""
@@ -191,6 +203,7 @@ class Runner:
         flusher_stop.set()
         await flusher
         await self._close_clients()
+        self._close_tool_pool()
         return len(calls)
 
     def _start(self, call: Claimed) -> None:
@@ -248,7 +261,10 @@ class Runner:
 
     async def _handle(self, call: Claimed) -> None:
         try:
-            await self._chain(call)
+            if slow_tools.is_tool_request(call.request):
+                await self._tool(call)
+            else:
+                await self._chain(call)
         except ClaimLost:
             logger.warning("llm runner: lost the claim on %s; another runner has it", call.key)
         except asyncio.CancelledError:
@@ -256,6 +272,34 @@ class Runner:
         except Exception:
             # The claim runs out and the request is taken again (by us or another runner).
             logger.exception("llm runner: request %s failed", call.key)
+
+    async def _tool(self, call: Claimed) -> None:
+        """A slow tool's call on a pool thread, under its timeout: the result, or the
+        failure in words (a timeout too), stored once under the claim; then the session's
+        job is enqueued. A call still running past its timeout is left to end on its
+        thread: its late result is not kept."""
+        name, args = call.request["slow_tool"], dict(call.request.get("args") or {})
+        started = time.monotonic()
+        result: dict[str, Any] = {}
+        error, seconds = "", 0.0
+        try:
+            seconds = slow_tools.slow_tool(name).timeout(args)
+            if self.tool_pool is None:
+                self.tool_pool = ThreadPoolExecutor(
+                    max_workers=settings.AERO_SLOW_TOOL_THREADS, thread_name_prefix="aero-tool"
+                )
+            running = asyncio.get_running_loop().run_in_executor(
+                self.tool_pool, slow_tools.run_in_thread, name, args
+            )
+            result = await asyncio.wait_for(running, seconds)
+        except TimeoutError:
+            error = f"{name} did not answer within {seconds:g} s"
+        except slow_tools.SlowToolFailed as exc:
+            error = str(exc)
+        except Exception as exc:  # the tool's own bug fails its call, never the runner
+            error = f"{type(exc).__name__}: {exc}"
+        async with call.lock:
+            await _db(finish_tool)(call, name, result, error, _ms(started), self.enqueue)
 
     async def _chain(self, call: Claimed) -> None:
         providers = cached_providers(call.provider_ids, call.provider_versions)

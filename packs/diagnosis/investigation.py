@@ -16,13 +16,9 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
-
 from diagnosis.agent.tools import ToolContext, run_recorded
 from packs.diagnosis.bundle import Bundle, open_bundle
 from packs.diagnosis.charts import downsample
-from packs.diagnosis.code import CodeToolError, code
 from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.knowledge import similar_cases_tool
 from packs.diagnosis.playbook import (
@@ -30,10 +26,10 @@ from packs.diagnosis.playbook import (
     Playbook,
     diagnose,
     minutes_between,
-    read_metrics,
 )
 from packs.diagnosis.prometheus import MetricsSourceError
 from packs.diagnosis.skill_calls import is_skill, run_skill_call, skill_calls
+from packs.diagnosis.slow import read_code, read_samples
 from packs.diagnosis.sources import session_metrics
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System
@@ -247,10 +243,10 @@ def _open_metrics(session_id: Any, bundle: Bundle, system: System, playbook: Pla
     leaves the metrics unread: the `anomalies` call fails with the reason (recorded) and
     the reading goes on without metrics, listing them as missing."""
     try:
-        _, source = session_metrics(session_id)
+        name, source = session_metrics(session_id)
         if source is None:
             return _Opened(bundle, diagnose(bundle, system, playbook))
-        fetched = read_metrics(source, bundle, playbook)
+        fetched = read_samples(name, source, bundle, playbook)
     except MetricsSourceError as exc:
         error = str(exc)
     else:
@@ -401,34 +397,10 @@ def _topology(system: System, service: str) -> dict[str, Any]:
 
 
 def _code(bundle: Bundle, location: Any) -> dict[str, Any]:
-    """The code tool through MCP, retried per the tools' policy (AERO_TOOL_RETRIES, linear
-    AERO_TOOL_BACKOFF) when its server crashed, hung or refused; after the last attempt
-    the call fails (recorded) and the diagnosis goes on without it."""
-    if not bundle.has_repo:
-        raise CodeToolError("the bundle has no repo/")
-    retrying = Retrying(
-        retry=retry_if_exception_type(CodeToolError),
-        stop=stop_after_attempt(settings.AERO_TOOL_RETRIES + 1),
-        wait=wait_incrementing(
-            start=settings.AERO_TOOL_BACKOFF, increment=settings.AERO_TOOL_BACKOFF
-        ),
-        reraise=True,
-    )
-    looked = retrying(
-        code,
-        bundle.root / "repo",
-        commit=location.commit,
-        path=location.path,
-        line=location.line,
-    )
-    return {
-        "commit": looked.commit,
-        "path": looked.path,
-        "line": looked.line,
-        "hunk": looked.hunk,
-        "excerpt": [[n, text] for n, text in looked.excerpt],
-        "summary": f"{looked.path}:{looked.line} changed by {looked.commit[:10]}",
-    }
+    """The code tool through MCP, a slow tool (a wait), retried per the tools' policy
+    when its server crashed, hung or refused; after the last attempt the call fails
+    (recorded) and the diagnosis goes on without it."""
+    return read_code(bundle, location.commit, location.path, location.line)
 
 
 def _conclusion(found: Diagnosis, system: System) -> dict[str, Any]:

@@ -186,11 +186,17 @@ def read_metrics(
     """The samples the playbook reads for `bundle`'s incident from a metrics source: its
     metrics over the window, widened by the state window on both sides (a state is read
     around T0). MetricsSourceError when the source fails."""
+    since, until = metrics_window(bundle, playbook)
+    return prometheus.samples(source, list(READ_METRICS), since, until)
+
+
+def metrics_window(bundle: Bundle, playbook: Playbook | None = None) -> tuple[datetime, datetime]:
+    """What a metrics source is read over: the window widened by the state window."""
     rules = playbook or default_playbook()
     start, end = bundle.incident.window_bounds(rules.window_minutes)
     since = start - timedelta(minutes=rules.state_window.before_minutes)
     until = end + timedelta(minutes=rules.state_window.after_minutes)
-    return prometheus.samples(source, list(READ_METRICS), since, until)
+    return since, until
 
 
 def diagnose(bundle: Bundle, system: System, playbook: Playbook | None = None) -> Diagnosis:

@@ -190,6 +190,23 @@ def _skipped_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, 
     return _fallback_snapshot(snapshot, p)
 
 
+class SlowCall(Payload):
+    """A slow tool's call, made by the runner while the session waited: its outcome."""
+
+    tool: str
+    request: str
+    status: Literal["ok", "error"]
+    error: str = ""
+    latency_ms: int = 0
+
+
+def _slow_call_words(p: dict[str, Any]) -> str:
+    names = {"tool": p.get("tool", ""), "ms": p.get("latency_ms", 0), "error": p.get("error")}
+    if p.get("status") == "ok":
+        return _("Slow tool %(tool)s answered in %(ms)s ms") % names
+    return _("Slow tool %(tool)s failed after %(ms)s ms: %(error)s") % names
+
+
 def _skipped_words(p: dict[str, Any]) -> str:
     names = {"provider": p.get("provider", ""), "to": p.get("to", "")}
     if p.get("state") == "open":
@@ -286,6 +303,13 @@ TYPES = (
         snapshot=_skipped_snapshot,
         summary=_skipped_words,
         line=_line(names.LLM_SKIPPED),
+        internal=True,
+    ),
+    EventType(
+        names.TOOL_SLOW_CALL,
+        SlowCall,
+        summary=_slow_call_words,
+        line=_line(names.TOOL_SLOW_CALL),
         internal=True,
     ),
     EventType(

@@ -1,0 +1,141 @@
+"""The pack's slow tools (diagnosis.agent.slow_tools): reading a configured metrics
+source and the code tool's MCP exchange, declared once each. A node calls them through
+`call_slow`; with waits on, the job ends at the call and the LLM runner makes it. Their
+arguments name a configuration (a metrics source, the session whose bundle holds the
+repository's path), never a secret: the tool reads it when it runs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_incrementing
+
+from diagnosis.agent.slow_tools import SlowToolFailed, call_slow, register_slow_tool
+from packs.diagnosis import prometheus
+from packs.diagnosis.bundle import Bundle
+from packs.diagnosis.code import CodeToolError, code, code_server
+from packs.diagnosis.models import MetricsSource
+from packs.diagnosis.playbook import READ_METRICS, Playbook, metrics_window
+from packs.diagnosis.prometheus import MetricsSourceError, PrometheusSource, Sample
+
+METRICS_READ = "metrics_read"
+CODE_READ = "code_read"
+# Beyond the sum of its requests' timeouts: the runner's own margin for a call.
+SLACK_SECONDS = 5.0
+
+
+# --- metrics ----------------------------------------------------------------------------
+
+
+def read_samples(
+    name: str, source: PrometheusSource, bundle: Bundle, playbook: Playbook | None
+) -> list[Sample]:
+    """The playbook's metrics for `bundle` from the configured source `name`, as a slow
+    tool (a wait); MetricsSourceError with the reason when it failed or timed out."""
+    since, until = metrics_window(bundle, playbook)
+    args = {
+        "source": name,
+        "metrics": list(READ_METRICS),
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "timeout": source.timeout,
+    }
+    try:
+        result = call_slow(METRICS_READ, args)
+    except SlowToolFailed as exc:
+        raise MetricsSourceError(str(exc)) from None
+    return [
+        (datetime.fromisoformat(ts), service, metric, float(value))
+        for ts, service, metric, value in result["samples"]
+    ]
+
+
+def _metrics_read(args: dict[str, Any]) -> dict[str, Any]:
+    row = MetricsSource.objects.filter(name=args["source"], enabled=True).first()
+    if row is None:
+        raise MetricsSourceError(
+            f"the metrics source {args['source']} is no longer configured or enabled"
+        )
+    try:
+        source = row.source()
+    except ValueError as exc:
+        raise MetricsSourceError(f"the metrics source {row.name}'s credential: {exc}") from None
+    rows = prometheus.samples(
+        source,
+        list(args["metrics"]),
+        datetime.fromisoformat(args["since"]),
+        datetime.fromisoformat(args["until"]),
+    )
+    return {"samples": [[ts.isoformat(), svc, metric, value] for ts, svc, metric, value in rows]}
+
+
+def _metrics_timeout(args: dict[str, Any]) -> float:
+    # Two range queries per metric, each within the source's own timeout.
+    return float(args["timeout"]) * 2 * len(args["metrics"]) + SLACK_SECONDS
+
+
+# --- code -------------------------------------------------------------------------------
+
+
+def read_code(bundle: Bundle, commit: str, path: str, line: int) -> dict[str, Any]:
+    """The code tool's answer for `path:line` at `commit`, as a slow tool (a wait);
+    CodeToolError with the reason when its server failed every attempt or timed out."""
+    if not bundle.has_repo:
+        raise CodeToolError("the bundle has no repo/")
+    # The configured server's own limit per exchange (or the built-in one's).
+    repo = bundle.root / "repo"
+    per_exchange = code_server(repo).timeout
+    args = {
+        # The session's stored copy: on this host's bundle folder, as the worker's.
+        "repo": str(repo),
+        "commit": commit,
+        "path": path,
+        "line": line,
+        "timeout": per_exchange,
+    }
+    try:
+        return call_slow(CODE_READ, args)
+    except SlowToolFailed as exc:
+        raise CodeToolError(str(exc)) from None
+
+
+def _code_read(args: dict[str, Any]) -> dict[str, Any]:
+    """Through MCP, retried per the tools' policy (AERO_TOOL_RETRIES, linear
+    AERO_TOOL_BACKOFF) when its server crashed, hung or refused."""
+    retrying = Retrying(
+        retry=retry_if_exception_type(CodeToolError),
+        stop=stop_after_attempt(settings.AERO_TOOL_RETRIES + 1),
+        wait=wait_incrementing(
+            start=settings.AERO_TOOL_BACKOFF, increment=settings.AERO_TOOL_BACKOFF
+        ),
+        reraise=True,
+    )
+    looked = retrying(
+        code,
+        Path(args["repo"]),
+        commit=args["commit"],
+        path=args["path"],
+        line=args["line"],
+    )
+    return {
+        "commit": looked.commit,
+        "path": looked.path,
+        "line": looked.line,
+        "hunk": looked.hunk,
+        "excerpt": [[n, text] for n, text in looked.excerpt],
+        "summary": f"{looked.path}:{looked.line} changed by {looked.commit[:10]}",
+    }
+
+
+def _code_timeout(args: dict[str, Any]) -> float:
+    attempts = settings.AERO_TOOL_RETRIES + 1
+    backoff = settings.AERO_TOOL_BACKOFF * sum(range(1, attempts))
+    return float(args["timeout"]) * attempts + backoff + SLACK_SECONDS
+
+
+def register() -> None:
+    register_slow_tool(METRICS_READ, _metrics_read, _metrics_timeout)
+    register_slow_tool(CODE_READ, _code_read, _code_timeout)
