@@ -140,7 +140,7 @@ def run_tool(name: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_in_thread(name: str, args: dict[str, Any]) -> dict[str, Any]:
-    """run_tool on a runner's pool thread: its database connections (a tool may read its
+    """run_tool on a runner's thread: its database connections (a tool may read its
     configuration) are closed when the call ends, as the thread's owner never will."""
     try:
         return run_tool(name, args)

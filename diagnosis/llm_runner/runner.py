@@ -117,9 +117,9 @@ class Runner:
         # end. A client replaced by a config edit keeps its entry (the calls in flight
         # still use its pool; its idle connections expire after a few seconds).
         self.sdk_clients: dict[int, tuple[Any, openai.AsyncOpenAI]] = {}
-        # Slow tools run on threads of their own (most are blocking clients: httpx, an
-        # MCP server's process), made at the first one.
-        self.tool_pool: ThreadPoolExecutor | None = None
+        # Slow tools run on daemon threads of their own (most are blocking clients:
+        # httpx, an MCP server's process), at most AERO_SLOW_TOOL_THREADS at once.
+        self.tool_slots: asyncio.Semaphore | None = None
 
     def _sdk_client(self, client: Any) -> openai.AsyncOpenAI:
         entry = self.sdk_clients.get(id(client))
@@ -172,14 +172,6 @@ class Runner:
             except DatabaseError:
                 logger.warning("llm runner: could not release its claims", exc_info=True)
             await self._close_clients()
-            self._close_tool_pool()
-
-    def _close_tool_pool(self) -> None:
-        """A call that overran its timeout may still run on its thread: not waited for
-        (its result is refused: the failure was recorded)."""
-        if self.tool_pool is not None:
-            self.tool_pool.shutdown(wait=False, cancel_futures=True)
-            self.tool_pool = None
 
     async def serve(self, stop: asyncio.Event) -> None:
         """run() with its own database threads."""
@@ -203,7 +195,6 @@ class Runner:
         flusher_stop.set()
         await flusher
         await self._close_clients()
-        self._close_tool_pool()
         return len(calls)
 
     def _start(self, call: Claimed) -> None:
@@ -274,7 +265,7 @@ class Runner:
             logger.exception("llm runner: request %s failed", call.key)
 
     async def _tool(self, call: Claimed) -> None:
-        """A slow tool's call on a pool thread, under its timeout: the result, or the
+        """A slow tool's call on a thread of its own, under its timeout: the result, or the
         failure in words (a timeout too), stored once under the claim; then the session's
         job is enqueued. A call still running past its timeout is left to end on its
         thread: its late result is not kept."""
@@ -284,14 +275,11 @@ class Runner:
         error, seconds = "", 0.0
         try:
             seconds = slow_tools.slow_tool(name).timeout(args)
-            if self.tool_pool is None:
-                self.tool_pool = ThreadPoolExecutor(
-                    max_workers=settings.AERO_SLOW_TOOL_THREADS, thread_name_prefix="aero-tool"
-                )
-            running = asyncio.get_running_loop().run_in_executor(
-                self.tool_pool, slow_tools.run_in_thread, name, args
-            )
-            result = await asyncio.wait_for(running, seconds)
+            if self.tool_slots is None:
+                self.tool_slots = asyncio.Semaphore(settings.AERO_SLOW_TOOL_THREADS)
+            async with self.tool_slots:
+                running = in_daemon_thread(slow_tools.run_in_thread, name, args)
+                result = await asyncio.wait_for(running, seconds)
         except TimeoutError:
             error = f"{name} did not answer within {seconds:g} s"
         except slow_tools.SlowToolFailed as exc:
@@ -439,6 +427,30 @@ class Runner:
                     "the model's reply is not a JSON object", retryable=True, usage=usage
                 )
         return message, usage
+
+
+def in_daemon_thread[T](fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """`fn(*args)` on a daemon thread of its own: a slow tool past its timeout (a hung
+    server, a source that never answers) neither holds a pool's thread nor keeps a
+    stopping runner from exiting, as a pool's threads, joined at exit, would."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():  # not after a timeout cancelled the wait
+            outcome()
+
+    def target() -> None:
+        try:
+            outcome = functools.partial(future.set_result, fn(*args))
+        except BaseException as exc:
+            outcome = functools.partial(future.set_exception, exc)
+        # A runner that stopped meanwhile has closed its loop: nobody waits any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, outcome)
+
+    threading.Thread(target=target, daemon=True, name="aero-tool").start()
+    return future
 
 
 def _ms(started: float) -> int:
