@@ -89,6 +89,10 @@ def tiny_runs(suffix: str, redis_url: str, server: str) -> dict[str, tuple[list[
             [*services, *tiny_perf, "--db-suffix", suffix, "--port", port],
             "| ",
         ),
+        "slow_tools.py": (
+            [*services, "--sessions", "2", "--latency", "0.5", "--db-suffix", suffix],
+            "0.5 s tool: all 2 sessions done in",
+        ),
         "approval_queue.py": (
             [*queue_db, *tiny_queue, "--port", str(18650 + int(redis_db) * 10)],
             "| gunicorn | 3 |",
@@ -108,7 +112,7 @@ def scratch() -> Iterator[tuple[str, str, str]]:
     subprocess.run(["psql", server, "-qc", f"CREATE DATABASE {history}"], check=True)
     yield suffix, server, history
     names = [history, f"aero_bench_sq{suffix}", f"aero_bench_llm{suffix}", f"aero_bench_dm{suffix}"]
-    names.append(f"aero_bench_aq{suffix}")
+    names += [f"aero_bench_aq{suffix}", f"aero_bench_slow{suffix}"]
     names += [f"aero_bench_{tree}{suffix}" for tree in ("base", "head")]
     for name in names:
         subprocess.run(["psql", server, "-qc", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"])
