@@ -47,6 +47,19 @@ class BundleSessionIn(StrictIn):
     preferred_mode: Literal["", "react", "plan_execute", "hierarchical"] = Field(
         "", description="react, plan_execute or hierarchical; empty: the default."
     )
+    sources: Literal["bundle", "system"] = Field(
+        "bundle",
+        description="Where the evidence comes from: the bundle's files, or the sources an "
+        "admin attached to the system (its metrics source and its code's git server; logs "
+        "stay the bundle's).",
+    )
+    metrics_source: str = Field(
+        "",
+        max_length=60,
+        pattern=r"^[-a-zA-Z0-9_]*$",
+        description="A configured metrics source (Prometheus) by name; empty: the bundle's "
+        "metrics.csv (or the system's, with sources=system). Not with sources=system.",
+    )
 
 
 def form_schema() -> dict[str, Any]:

@@ -11,7 +11,13 @@ from django.utils.translation import gettext_lazy
 
 from aero.admin_base import ReadOnlyAdmin
 from aero.models import audit
-from packs.diagnosis.models import KnowledgeItem, MetricsAuth, MetricsSource, SimilarCase
+from packs.diagnosis.models import (
+    KnowledgeItem,
+    MetricsAuth,
+    MetricsSource,
+    SimilarCase,
+    SystemSources,
+)
 from packs.diagnosis.sources import probe_source
 
 
@@ -127,3 +133,12 @@ class MetricsSourceAdmin(admin.ModelAdmin[MetricsSource]):
                 _("%(name)s: %(answer)s") % {"name": row.name, "answer": result.message},
                 messages.SUCCESS if result.ok else messages.ERROR,
             )
+
+
+@admin.register(SystemSources)
+class SystemSourcesAdmin(admin.ModelAdmin[SystemSources]):
+    """An admin attaches sources to a system: the metrics source, the code's git server
+    and repository; logs are the bundle's. The admin's log audits each change."""
+
+    list_display = ["system", "metrics", "code_server", "repo_path", "updated_at"]
+    fields = ["system", "metrics", "code_server", "repo_path"]

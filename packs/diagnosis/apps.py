@@ -82,6 +82,13 @@ class DiagnosisPackConfig(AppConfig):
                 history_filters=web.HISTORY_FILTERS,
                 api_router=api_router,
                 admin_editor="yaml",
+                admin_actions={
+                    "diagnosis_pack.systemsources": (
+                        "system_sources.created",
+                        "system_sources.changed",
+                        "system_sources.deleted",
+                    )
+                },
                 starting_definition=builtin_definition,
             )
         )

@@ -39,9 +39,12 @@ def git_server(repo: Path) -> ServerSpec:
     )
 
 
-def code_server(repo: Path) -> ServerSpec:
-    """The configured git server for `repo` ({repo} filled), or the built-in one."""
-    row = McpServer.objects.filter(name=SERVER_NAME, enabled=True).first()
+def code_server(repo: Path, name: str = SERVER_NAME) -> ServerSpec:
+    """The configured git server `name` for `repo` ({repo} filled), or the built-in one
+    when no "git" is configured. A system's own server (by name) must still be there."""
+    row = McpServer.objects.filter(name=name, enabled=True).first()
+    if row is None and name != SERVER_NAME:
+        raise CodeToolError(f"the code server {name} is no longer configured or enabled")
     if row is None:
         return git_server(repo)
     try:

@@ -53,6 +53,8 @@ def intake(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str,
                 "deploys": len(bundle.deploys),
                 "config_changes": len(bundle.config_changes),
                 "metrics_from": metrics,
+                # The bundle's sources or the system's (its code source), as requested.
+                "evidence_from": requested.get("evidence_from") or {"sources": "bundle"},
                 "summary": _sources_words(sources, bundle.log_lines, bundle.metric_rows)
                 + (
                     f"; metrics from Prometheus {metrics.get('name')} ({metrics.get('base_url')})"

@@ -233,7 +233,7 @@ class Investigation:
         if tool == "similar_cases":
             return similar_cases_tool(self.session_id, args.model_dump())
         if tool == "code":
-            return _code(self.bundle, _Location(args.commit, args.path, args.line))
+            return _code(self.session_id, self.bundle, _Location(args.commit, args.path, args.line))
         raise ValueError(f"not an evidence tool: {tool}")
 
 
@@ -396,11 +396,11 @@ def _topology(system: System, service: str) -> dict[str, Any]:
     }
 
 
-def _code(bundle: Bundle, location: Any) -> dict[str, Any]:
+def _code(session_id: Any, bundle: Bundle, location: Any) -> dict[str, Any]:
     """The code tool through MCP, a slow tool (a wait), retried per the tools' policy
     when its server crashed, hung or refused; after the last attempt the call fails
     (recorded) and the diagnosis goes on without it."""
-    return read_code(bundle, location.commit, location.path, location.line)
+    return read_code(session_id, bundle, location.commit, location.path, location.line)
 
 
 def _conclusion(found: Diagnosis, system: System) -> dict[str, Any]:

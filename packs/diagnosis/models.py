@@ -4,6 +4,7 @@ the ones most like it (knowledge.py searches them)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +16,7 @@ from django.utils.translation import gettext_lazy as _
 from aero import crypto
 from diagnosis.models import Session
 from packs.diagnosis.prometheus import PrometheusSource
+from packs.diagnosis.system import demo_shop
 
 
 class KnowledgeSource(models.TextChoices):
@@ -205,3 +207,64 @@ class MetricsSource(models.Model):
             password=secret if self.auth == MetricsAuth.BASIC else "",
             bearer_token=secret if self.auth == MetricsAuth.BEARER else "",
         )
+
+
+class SystemSources(models.Model):
+    """The evidence sources an admin attaches to a system (issue 36 item 1): its metrics
+    (a configured Prometheus), its code (an MCP git server over a local repository, each
+    exchange within the server's own call timeout) and its logs (the incident bundle's,
+    for now). A session started on the system's sources reads these instead of the
+    bundle's metrics.csv and repo/, and records so in `diagnosis.requested`."""
+
+    system = models.SlugField(
+        _("system"), max_length=60, unique=True, help_text=_("The system's slug, e.g. shop.")
+    )
+    metrics = models.ForeignKey(
+        MetricsSource,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        verbose_name=_("metrics source"),
+        help_text=_("Empty: the bundle's metrics.csv."),
+    )
+    code_server = models.ForeignKey(
+        "tools.McpServer",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        verbose_name=_("code: MCP git server"),
+        help_text=_("Its {repo} argument is the repository below. Empty: the bundle's repo/."),
+    )
+    repo_path = models.CharField(
+        _("code: local repository"),
+        max_length=500,
+        blank=True,
+        help_text=_("An absolute path to a git repository on the workers' host."),
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["system"]
+        verbose_name = _("system's sources")
+        verbose_name_plural = _("systems' sources")
+
+    def __str__(self) -> str:
+        return self.system
+
+    def clean(self) -> None:
+        if self.system != demo_shop().slug:
+            raise ValidationError(
+                {"system": _("No system is named %(name)s.") % {"name": self.system}}
+            )
+        if bool(self.code_server_id) != bool(self.repo_path):
+            raise ValidationError(
+                {"repo_path": _("A code source needs both its git server and its repository.")}
+            )
+        if self.repo_path and not (Path(self.repo_path).is_absolute() and is_git(self.repo_path)):
+            raise ValidationError(
+                {"repo_path": _("Not an absolute path to a git repository on this host.")}
+            )
+
+
+def is_git(path: str) -> bool:
+    return (Path(path) / ".git").exists() or (Path(path) / "HEAD").is_file()

@@ -18,10 +18,11 @@ from diagnosis.models import Event, Session, ToolCall
 from diagnosis.reporting import decision_of
 from packs.diagnosis.bundle import BundleError, open_bundle
 from packs.diagnosis.knowledge import KEPT, linked_cases
-from packs.diagnosis.models import MetricsSource
+from packs.diagnosis.models import MetricsSource, SystemSources
 from packs.diagnosis.names import REQUESTED, SAVED, SIMILAR
 from packs.diagnosis.report import report_fields
 from packs.diagnosis.storage import delete_bundle, store_bundle
+from packs.diagnosis.system import demo_shop
 from scenarios_admin.models import Scenario
 
 KIND = "diagnosis"
@@ -74,7 +75,16 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
                 _("Unknown problem type %(type)s (known: %(known)s).")
                 % {"type": chosen, "known": ", ".join(sorted(known))}
             )
-        metrics = _metrics_choice(options.get("metrics_source") or "", bundle.has_metrics)
+        attached = _system_sources(
+            options.get("sources") or "bundle", options.get("metrics_source") or ""
+        )
+        metrics = _metrics_choice(
+            attached.metrics.name
+            if attached is not None and attached.metrics is not None
+            else options.get("metrics_source") or "",
+            bundle.has_metrics,
+        )
+        evidence_from = _evidence_from(attached)
         incident = bundle.incident
         text = (options.get("description") or "").strip() or incident.description
         title = (options.get("title") or "").strip() or incident.title
@@ -94,6 +104,9 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
                     # Where the metrics are read from (the bundle's file or a configured
                     # Prometheus): the page and the investigation read it here.
                     "metrics": metrics,
+                    # The bundle's sources, or the system's as an admin attached them
+                    # (logs stay the bundle's): the code tool reads its `code` here.
+                    "evidence_from": evidence_from,
                     "log_lines": bundle.log_lines,
                     "metric_rows": bundle.metric_rows,
                 },
@@ -115,6 +128,40 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
             raise
     finally:
         bundle.close()
+
+
+def _system_sources(choice: str, metrics_name: str) -> SystemSources | None:
+    """The sources attached to the session's system when it reads them, else None (the
+    bundle's). Refused before anything is created: a system with none attached, or
+    both a metrics source and the system's sources asked for."""
+    if choice == "bundle":
+        return None
+    if choice != "system":
+        raise ActionError(
+            _("Sources come from the bundle or the system, not %(x)s.") % {"x": choice}
+        )
+    if metrics_name:
+        raise ActionError(_("Choose a metrics source or the system's sources, not both."))
+    system = demo_shop().slug  # the pack's one system (its world)
+    row = (
+        SystemSources.objects.filter(system=system).select_related("metrics", "code_server").first()
+    )
+    if row is None:
+        raise ActionError(
+            _("No sources are attached to the system %(system)s.") % {"system": system}
+        )
+    return row
+
+
+def _evidence_from(row: SystemSources | None) -> dict[str, Any]:
+    if row is None:
+        return {"sources": "bundle"}
+    code = (
+        {"server": row.code_server.name, "repo": row.repo_path}
+        if row.code_server is not None
+        else {}
+    )
+    return {"sources": "system", "system": row.system, "code": code, "logs": "bundle"}
 
 
 def _metrics_choice(name: str, in_bundle: bool) -> dict[str, str]:
@@ -164,6 +211,8 @@ def summarize(session: Session) -> dict[str, Any]:
         "preferred_mode": requested.get("preferred_mode", ""),
         # Where the metrics were read from, and the sources the conclusion lacked.
         "metrics": requested.get("metrics") or {},
+        # The bundle's sources or the system's as an admin attached them.
+        "sources_from": requested.get("evidence_from") or {"sources": "bundle"},
         "missing_sources": cause.get("missing", []),
         "root_cause": {
             "hypothesis": cause.get("hypothesis"),

@@ -16,10 +16,11 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from diagnosis.agent.slow_tools import SlowToolFailed, call_slow, register_slow_tool
 from packs.diagnosis import prometheus
 from packs.diagnosis.bundle import Bundle
-from packs.diagnosis.code import CodeToolError, code, code_server
+from packs.diagnosis.code import SERVER_NAME, CodeToolError, code, code_server
 from packs.diagnosis.models import MetricsSource
 from packs.diagnosis.playbook import READ_METRICS, Playbook, metrics_window
 from packs.diagnosis.prometheus import MetricsSourceError, PrometheusSource, Sample
+from packs.diagnosis.sources import session_code
 
 METRICS_READ = "metrics_read"
 CODE_READ = "code_read"
@@ -80,17 +81,25 @@ def _metrics_timeout(args: dict[str, Any]) -> float:
 # --- code -------------------------------------------------------------------------------
 
 
-def read_code(bundle: Bundle, commit: str, path: str, line: int) -> dict[str, Any]:
-    """The code tool's answer for `path:line` at `commit`, as a slow tool (a wait);
-    CodeToolError with the reason when its server failed every attempt or timed out."""
-    if not bundle.has_repo:
+def read_code(session_id: Any, bundle: Bundle, commit: str, path: str, line: int) -> dict[str, Any]:
+    """The code tool's answer for `path:line` at `commit`, as a slow tool (a wait): from
+    the session's system's git server and repository when it was started on them, else
+    the bundle's repo/. CodeToolError with the reason when its server failed every
+    attempt or timed out."""
+    attached = session_code(session_id)
+    if attached:
+        repo, server = Path(attached["repo"]), attached["server"]
+    elif bundle.has_repo:
+        repo, server = bundle.root / "repo", SERVER_NAME
+    else:
         raise CodeToolError("the bundle has no repo/")
     # The configured server's own limit per exchange (or the built-in one's).
-    repo = bundle.root / "repo"
-    per_exchange = code_server(repo).timeout
+    per_exchange = code_server(repo, server).timeout
     args = {
-        # The session's stored copy: on this host's bundle folder, as the worker's.
+        # A path on this host (the bundle's stored copy, or the system's repository),
+        # as the worker's.
         "repo": str(repo),
+        "server": server,
         "commit": commit,
         "path": path,
         "line": line,
@@ -113,12 +122,16 @@ def _code_read(args: dict[str, Any]) -> dict[str, Any]:
         ),
         reraise=True,
     )
+    repo, name = Path(args["repo"]), args.get("server") or SERVER_NAME
     looked = retrying(
-        code,
-        Path(args["repo"]),
-        commit=args["commit"],
-        path=args["path"],
-        line=args["line"],
+        lambda: code(
+            repo,
+            commit=args["commit"],
+            path=args["path"],
+            line=args["line"],
+            # A system's own server by name; else the "git" one (or the built-in).
+            server=code_server(repo, name) if name != SERVER_NAME else None,
+        )
     )
     return {
         "commit": looked.commit,

@@ -75,6 +75,18 @@ def session_metrics(session_id: Any) -> tuple[str, PrometheusSource | None]:
         raise MetricsSourceError(f"the metrics source {name}'s credential: {exc}") from None
 
 
+def session_code(session_id: Any) -> dict[str, str]:
+    """The code source a session was started with: {"server", "repo"} of its system's
+    attached git server, or {} for its bundle's repo/ (`diagnosis.requested` says)."""
+    payload = (
+        Event.objects.filter(session_id=session_id, type=REQUESTED)
+        .values_list("payload", flat=True)
+        .first()
+    ) or {}
+    code: dict[str, str] = (payload.get("evidence_from") or {}).get("code") or {}
+    return code
+
+
 # The admin's changes are audited by its log (aero.audit_trail.ADMIN_ACTIONS); the switch
 # and the credential by entries of their own, never the secret nor its ciphertext.
 def _before(sender: Any, instance: MetricsSource, **kwargs: Any) -> None:

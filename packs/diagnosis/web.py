@@ -294,6 +294,8 @@ def _panel(
         # Where the metrics were read from (the read_bundle call says): the file or a
         # configured Prometheus.
         "metrics_from": (results.get("read_bundle") or {}).get("metrics_from") or {},
+        # The bundle's sources or the system's (the read_bundle call says).
+        "evidence_from": (results.get("read_bundle") or {}).get("evidence_from") or {},
     }
 
 

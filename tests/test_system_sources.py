@@ -1,0 +1,192 @@
+"""Evidence sources per system (issue 36 item 1): an admin attaches a metrics source and
+a code source (an MCP git server over a local repository) to the system; a session
+started on the system's sources reads them (logs stay the bundle's), records which in
+`diagnosis.requested`, and says so on its page, in its export and in the API's create;
+a session on its bundle reads the bundle."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.test import Client, override_settings
+from django.urls import reverse
+
+from aero.models import AuditLog
+from diagnosis.actions import ActionError
+from diagnosis.models import Event, LLMRequest, Session, ToolCall
+from packs.diagnosis.models import MetricsSource, SystemSources
+from packs.diagnosis.sessions import start_from_bundle, summarize
+from tests.api_helpers import call, token_for
+from tests.prometheus_helpers import prometheus_with
+from tests.test_diagnosis_prometheus import without_metrics_file
+from tools.models import McpServer
+
+pytestmark = pytest.mark.services
+EXAMPLES = Path(__file__).resolve().parent.parent / "packs" / "diagnosis" / "data" / "examples"
+EXAMPLE = "ex-deploy-payments"
+SAME = ("status", "root_cause", "confidence", "missing_sources", "problem_type")
+
+
+@pytest.fixture(scope="module")
+def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("example")
+    with tarfile.open(EXAMPLES / f"{EXAMPLE}.tar.gz") as archive:
+        archive.extractall(where, filter="data")
+    (folder,) = [p for p in where.iterdir() if p.is_dir()]
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prometheus(unpacked: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with prometheus_with(unpacked / "metrics.csv", tmp_path_factory.mktemp("prom")) as url:
+        yield url
+
+
+@pytest.fixture
+def stored(tmp_path: Path) -> Iterator[Path]:
+    with override_settings(AERO_BUNDLE_DIR=tmp_path / "stored"):
+        yield tmp_path / "stored"
+
+
+@pytest.fixture
+def attached(prometheus: str, unpacked: Path) -> SystemSources:
+    """The shop's sources: its Prometheus and a git server of its own over its repository
+    (the example's repo/, where the system's code lives)."""
+    metrics = MetricsSource.objects.create(name="shop-prom", base_url=prometheus)
+    server = McpServer.objects.create(
+        name="shop-git",
+        command="{python}",
+        args=["-m", "mcp_server_git", "--repository", "{repo}"],
+        call_timeout_seconds=20,
+    )
+    row = SystemSources(
+        system="shop", metrics=metrics, code_server=server, repo_path=str(unpacked / "repo")
+    )
+    row.full_clean()
+    row.save()
+    return row
+
+
+def test_an_admin_attaches_sources_to_a_system_and_bad_ones_are_refused(
+    db: None, tmp_path: Path
+) -> None:
+    git = McpServer.objects.create(name="shop-git", command="{python}")
+    with pytest.raises(ValidationError, match="No system is named airport"):
+        SystemSources(system="airport").full_clean()
+    with pytest.raises(ValidationError, match="needs both its git server and its repository"):
+        SystemSources(system="shop", code_server=git).full_clean()
+    with pytest.raises(ValidationError, match="Not an absolute path to a git repository"):
+        SystemSources(system="shop", code_server=git, repo_path=str(tmp_path)).full_clean()
+    root = User.objects.create_superuser("root", password="pw-for-tests")
+    client = Client()
+    client.force_login(root)
+    url = reverse("admin:diagnosis_pack_systemsources_add")
+    answer = client.post(url, {"system": "shop", "metrics": "", "code_server": "", "repo_path": ""})
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    assert SystemSources.objects.get().system == "shop"
+    assert AuditLog.objects.filter(action="system_sources.created").exists()
+
+
+def test_a_session_on_the_systems_sources_reads_them_and_says_so(
+    builtin: None,
+    stored: Path,
+    attached: SystemSources,
+    make_user: Callable[..., User],
+    tmp_path: Path,
+    settings: Any,
+) -> None:
+    settings.AERO_LLM_WAITS = True  # the reads are waits the runner answers
+    user = make_user("olga", "operator")
+    from_bundle = summarize(
+        start_from_bundle(user, EXAMPLES / f"{EXAMPLE}.tar.gz", {"producer": "test"})
+    )
+    folder = without_metrics_file(EXAMPLE, tmp_path / "x")
+    session = start_from_bundle(user, folder, {"sources": "system", "producer": "test"})
+    live = summarize(session)
+
+    repo = attached.repo_path
+    expected = {
+        "sources": "system",
+        "system": "shop",
+        "code": {"server": "shop-git", "repo": repo},
+        "logs": "bundle",
+    }
+    requested = Event.objects.get(session=session, type="diagnosis.requested").payload
+    assert requested["evidence_from"] == expected and live["sources_from"] == expected
+    assert requested["metrics"]["name"] == "shop-prom"
+    assert from_bundle["sources_from"] == {"sources": "bundle"}
+    assert {k: live[k] for k in SAME} == {k: from_bundle[k] for k in SAME}
+    # The code came through the system's server over its repository.
+    code = ToolCall.objects.get(session=session, tool_name="code")
+    assert code.status == "completed" and code.response_payload["hunk"]
+    read = LLMRequest.objects.get(session=session, purpose="tool:code_read")
+    assert read.request["args"]["repo"] == repo and read.request["args"]["server"] == "shop-git"
+    # The page and the export say where the evidence came from.
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw-for-tests"))
+    page = client.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+    assert "the sources attached to the system shop" in page
+    assert f"code through the MCP server shop-git over {repo}" in page
+    url = f"/api/v1/diagnosis-sessions/{session.pk}/replay/export-md"
+    export = call("POST", url, token_for(make_user("ada", "operator")))
+    assert export.status_code == 200
+    text = export.content.decode()
+    assert "the sources attached to the system shop" in text and "Prometheus shop-prom" in text
+
+
+def test_the_system_must_have_sources_and_not_both_choices(
+    builtin: None, stored: Path, make_user: Callable[..., User], prometheus: str
+) -> None:
+    user = make_user("olga", "operator")
+    bundle = EXAMPLES / f"{EXAMPLE}.tar.gz"
+    with pytest.raises(ActionError, match="No sources are attached to the system shop"):
+        start_from_bundle(user, bundle, {"sources": "system"})
+    MetricsSource.objects.create(name="shop-prom", base_url=prometheus)
+    SystemSources.objects.create(system="shop")
+    with pytest.raises(ActionError, match="not both"):
+        start_from_bundle(user, bundle, {"sources": "system", "metrics_source": "shop-prom"})
+    assert not Session.objects.exists()
+
+
+def test_the_api_create_takes_the_source_choice(
+    builtin: None, stored: Path, attached: SystemSources, alice: User
+) -> None:
+    token = token_for(alice, "operator")
+
+    def post(data: dict[str, Any]) -> Any:
+        with (EXAMPLES / f"{EXAMPLE}.tar.gz").open("rb") as upload:
+            return Client().post(
+                "/api/v1/diagnosis-sessions",
+                {"bundle": upload, **data},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+
+    created = post({"sources": "system"})
+    assert created.status_code == 201, created.content
+    session = Session.objects.get(pk=created.json()["session_id"])
+    requested = Event.objects.get(session=session, type="diagnosis.requested").payload
+    assert requested["evidence_from"]["sources"] == "system"
+    assert requested["metrics"]["name"] == "shop-prom"
+
+    chosen = post({"metrics_source": "shop-prom"})
+    assert chosen.status_code == 201, chosen.content
+    requested = Event.objects.get(
+        session_id=chosen.json()["session_id"], type="diagnosis.requested"
+    ).payload
+    assert requested["evidence_from"] == {"sources": "bundle"}
+    assert requested["metrics"]["name"] == "shop-prom"
+
+    assert post({"sources": "everywhere"}).status_code == 422
+    both = post({"sources": "system", "metrics_source": "shop-prom"})
+    assert both.status_code == 422 and "not both" in both.json()["detail"]
+    assert Session.objects.count() == 2
+    schema = json.loads(Client().get("/api/v1/openapi.json").content)
+    text = json.dumps(schema)
+    assert '"sources"' in text and '"metrics_source"' in text
