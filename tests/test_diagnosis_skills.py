@@ -18,10 +18,11 @@ from django.test import override_settings
 from django.urls import reverse
 
 from diagnosis.actions import do_retry
+from diagnosis.agent import slow_tools
 from diagnosis.agent.nodes import waiting
-from diagnosis.models import Event, Session, ToolCall
+from diagnosis.models import Event, LLMRequest, Session, ToolCall
 from packs.diagnosis.sessions import start_from_bundle
-from packs.diagnosis.skill_calls import skill_calls
+from packs.diagnosis.skill_calls import SKILL_RUN, skill_calls
 from tests.skill_helpers import COUNT_ERRORS, skill_zip
 from tests.web_helpers import login
 from tools.skills import save_upload
@@ -163,3 +164,35 @@ def test_a_step_run_again_after_a_crash_does_not_run_the_skill_twice(
         "tool.call_completed",
         "tool.call_started",
     ]
+
+
+def test_with_waits_a_skill_runs_outside_the_job_as_a_slow_tool(
+    builtin: None, alice: User, root: User, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job ends at the skill's call; the LLM runner runs the skill, with no job
+    holding the session, and the session resumes with its result."""
+    settings.AERO_LLM_WAITS = True
+    save_upload(skill_zip(COUNT_ERRORS, applies_to=["error_spike"], limits=FAST), root)
+    real = slow_tools.slow_tool(SKILL_RUN)
+    leases: list[Any] = []
+
+    def watched(args: dict[str, Any]) -> dict[str, Any]:
+        waiting_on = Session.objects.filter(llm_requests__purpose=f"tool:{SKILL_RUN}")
+        leases.append(waiting_on.values_list("lease_token", flat=True).get())
+        return real.run(args)
+
+    monkeypatch.setitem(
+        slow_tools._TOOLS, SKILL_RUN, slow_tools.SlowTool(real.name, watched, real.timeout)
+    )
+    session = diagnose(alice, "ex-deploy-payments")
+
+    assert leases == [None]  # run once, by the runner, while no job held the session
+    (request,) = LLMRequest.objects.filter(session=session, purpose=f"tool:{SKILL_RUN}")
+    assert request.status == "done"
+    call = ToolCall.objects.get(session=session, tool_name=TOOL)
+    assert call.status == "completed" and call.response_payload["result"]["lines"] > 0
+    (outcome,) = Event.objects.filter(
+        session=session, type="tool.slow_call", payload__tool=SKILL_RUN
+    )
+    assert outcome.payload["status"] == "ok"
+    assert cause_of(session)["hypothesis"] == "bad_deploy"

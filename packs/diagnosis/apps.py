@@ -31,7 +31,17 @@ class DiagnosisPackConfig(AppConfig):
             register_summary_words,
             register_tool_labels,
         )
-        from packs.diagnosis import fixes, graph, modes, sessions, slow, sources, web, words
+        from packs.diagnosis import (
+            fixes,
+            graph,
+            modes,
+            sessions,
+            skill_calls,
+            slow,
+            sources,
+            web,
+            words,
+        )
         from packs.diagnosis.definition import DiagnosisDefinition
         from packs.diagnosis.findings import KINDS
         from packs.diagnosis.report import export_context, report_fields
@@ -44,6 +54,7 @@ class DiagnosisPackConfig(AppConfig):
         external.register_system(fixes.SHOP_OPS, fixes.SHOP_OPS_PREFIX)
         sources.connect_audit()
         slow.register()  # its slow tools: waits the LLM runner answers
+        skill_calls.register()
         register_finding(*KINDS)
         register_events(*sessions.EVENT_TYPES, *modes.EVENT_TYPES)
         register_tool_labels({**fixes.LABELS, **sessions.EVIDENCE_LABELS})

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db.models import F
 
+from diagnosis.agent.slow_tools import call_slow, register_slow_tool
 from packs.diagnosis.playbook import Diagnosis
 from packs.diagnosis.storage import bundle_dir
 from tools.models import SkillVersion
@@ -17,6 +18,10 @@ from tools.sandbox import SkillError, run_skill
 from tools.skills import active_skills
 
 PREFIX = "skill:"
+SKILL_RUN = "skill_run"
+# A manifest may ask for at most this long (tools.skills.Limits); the runner's margin.
+MAX_SKILL_SECONDS = 120.0
+SLACK_SECONDS = 5.0
 # Where skill calls stand in the evidence list: after the code reads (30 + frames).
 POSITION = 60
 
@@ -56,8 +61,22 @@ def skill_calls(found: Diagnosis, window: dict[str, str]) -> list[dict[str, Any]
 
 
 def run_skill_call(session_id: Any, call: dict[str, Any]) -> dict[str, Any]:
-    """The skill's result over the session's stored bundle (read-only), or SkillError
-    (recorded on the call with its reason)."""
+    """The skill's result over the session's stored bundle (read-only), as a slow tool:
+    with waits on, the job ends at the call and the LLM runner runs the skill. A failure
+    is SlowToolFailed with the skill's reason (recorded on the call)."""
+    return call_slow(
+        SKILL_RUN,
+        {
+            "session": str(session_id),
+            "tool": call["tool"],
+            "args": dict(call["args"]),
+            "skill_version": call.get("skill_version"),
+        },
+    )
+
+
+def _skill_run(call: dict[str, Any]) -> dict[str, Any]:
+    session_id = call["session"]
     # the version chosen when the call was made; a call read back without it (a plan
     # event's) runs the skill's active version
     name = call["tool"].removeprefix(PREFIX)
@@ -81,3 +100,14 @@ def run_skill_call(session_id: Any, call: dict[str, Any]) -> dict[str, Any]:
         "summary": f"{version.skill.name} {version.version}: "
         + (summary if isinstance(summary, str) else "answered"),
     }
+
+
+def _skill_timeout(slow_args: dict[str, Any]) -> float:
+    # The sandbox stops the skill at its own deadline: the runner waits a little longer.
+    version = SkillVersion.objects.filter(pk=slow_args.get("skill_version")).first()
+    limits = (version.manifest.get("limits") if version is not None else None) or {}
+    return float(limits.get("timeout_seconds", MAX_SKILL_SECONDS)) + SLACK_SECONDS
+
+
+def register() -> None:
+    register_slow_tool(SKILL_RUN, _skill_run, _skill_timeout)
