@@ -104,7 +104,8 @@ def _skill_run(call: dict[str, Any]) -> dict[str, Any]:
 
 def _skill_timeout(slow_args: dict[str, Any]) -> float:
     # The sandbox stops the skill at its own deadline: the runner waits a little longer.
-    version = SkillVersion.objects.filter(pk=slow_args.get("skill_version")).first()
+    chosen = slow_args.get("skill_version")
+    version = SkillVersion.objects.filter(pk=chosen).first() if chosen else None
     limits = (version.manifest.get("limits") if version is not None else None) or {}
     return float(limits.get("timeout_seconds", MAX_SKILL_SECONDS)) + SLACK_SECONDS
 
