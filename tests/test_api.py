@@ -86,7 +86,7 @@ def test_every_endpoint_refuses_a_missing_bad_revoked_or_expired_token(
         admin, "expired", expires_at=timezone.now() - timedelta(minutes=1)
     )
     operations = _operations()
-    assert len(operations) == 25
+    assert len(operations) == 28
     for method, path in operations:
         for token in (None, "aero_not-a-token", revoked_raw, expired_raw):
             response = call(method, _concrete(path), token)
@@ -129,7 +129,15 @@ RUNS = {
 DECIDES = {"approve", "confirm", "reject"}
 # The stored bundle is raw: for those who read sessions unmasked (not auditors).
 UNMASKED_READS = {"getSessionBundle"}
-ADMINS = {"listMcpServers", "testMcpServer", "listLlmModels"}  # tool servers and providers
+# tool servers, skills and providers
+ADMINS = {
+    "listMcpServers",
+    "testMcpServer",
+    "listLlmModels",
+    "uploadSkill",
+    "listSkills",
+    "listSkillVersions",
+}
 # Which operations each role may reach (anything else is a 403).
 ALLOWED = {
     "operator": READS | UNMASKED_READS | RUNS,
