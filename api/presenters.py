@@ -12,6 +12,7 @@ from aero.packs import UnknownDomain, pack_for
 from approvals.models import Approval, ApprovalStatus
 from diagnosis.agent_tree import RunNode
 from diagnosis.eventlog import masking
+from diagnosis.eventlog.names import APPROVAL_REQUIRED
 from diagnosis.models import Event, Session
 
 
@@ -160,6 +161,6 @@ def _args(approval: Approval, roles: frozenset[str] | None, args: Any = None) ->
     if roles is None or not masks(roles):
         return args
     masked, _ = masking.mask_payload(
-        "approval.required", {"risk_level": approval.risk_class, "args": args}
+        APPROVAL_REQUIRED, {"risk_level": approval.risk_class, "args": args}
     )
     return masked["args"]

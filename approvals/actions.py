@@ -30,6 +30,12 @@ from approvals.models import (
 from approvals.push import notify_queue
 from diagnosis.actions import do_apply_decision
 from diagnosis.decisions import ActionError, checked_text
+from diagnosis.eventlog.names import (
+    APPROVAL_ARGS_EDITED,
+    APPROVAL_FIRST_APPROVED,
+    APPROVAL_TIMEOUT,
+    TIMELINE_APPENDED,
+)
 from diagnosis.events import append_event, lock_session
 from diagnosis.lifts import lock_lift_sessions
 from diagnosis.models import Restriction
@@ -118,7 +124,7 @@ def _decide_locked(
         approval.save(update_fields=["status", "first_approved_by", "first_approved_at"])
         append_event(
             session.pk,
-            "approval.first_approved",
+            APPROVAL_FIRST_APPROVED,
             {
                 "tool_call": approval.tool_call_id,
                 "call_id": approval.tool_call.call_id,
@@ -131,7 +137,7 @@ def _decide_locked(
             },
             producer=producer,
         )
-        _audit_and_notify("approval.first_approved", approval, user, reason)
+        _audit_and_notify(APPROVAL_FIRST_APPROVED, approval, user, reason)
         return approval
     return _finish(approval, user, ApprovalStatus.APPROVED, reason, producer)
 
@@ -196,7 +202,7 @@ def do_edit_args(
         )
         append_event(
             session.pk,
-            "approval.args_edited",
+            APPROVAL_ARGS_EDITED,
             {
                 "tool_call": tool_call.pk,
                 "call_id": tool_call.call_id,
@@ -212,7 +218,7 @@ def do_edit_args(
             producer=producer,
         )
         audit(
-            "approval.args_edited",
+            APPROVAL_ARGS_EDITED,
             obj=approval,
             actor=user,
             session_id=session.pk,
@@ -446,7 +452,7 @@ def _time_out(approval: Approval, session: Any) -> None:
     )
     assert approval.deadline is not None
     audit(
-        "approval.timeout",
+        APPROVAL_TIMEOUT,
         obj=approval,
         actor_label="sweeper",
         session_id=session.pk,
@@ -514,7 +520,7 @@ def do_resolve_todo(todo_id: int, user: Any, note: str, *, in_force: bool = Fals
                     "target": target,
                     "session": str(existing.session_id),
                 }
-        append_event(todo.session_id, "timeline.appended", payload, producer="web")
+        append_event(todo.session_id, TIMELINE_APPENDED, payload, producer="web")
         audit(
             "todo.resolved",
             obj=todo,

@@ -11,6 +11,7 @@ from django.conf import settings
 
 from aero.models import AuditLog
 from approvals.models import Approval, ApprovalStatus, action_digest_of
+from diagnosis.eventlog.names import APPROVAL_APPROVED
 from diagnosis.models import ToolCall
 from scenarios_admin.definition import (
     LIFT_TOOL,
@@ -63,7 +64,7 @@ def decision_problems(tool_call: ToolCall) -> list[str]:
     # The audit log is append-only (and chained): a decision that was never audited was
     # never made through do_decide.
     audited = AuditLog.objects.filter(
-        action="approval.approved",
+        action=APPROVAL_APPROVED,
         object_type=Approval._meta.label_lower,
         object_id=str(approval.pk),
         detail__digest=approval.digest,

@@ -19,6 +19,14 @@ from aero.text import MAX_MESSAGE, MAX_REASON
 from diagnosis import suggest
 from diagnosis.agent.reading import detect_language
 from diagnosis.decisions import ActionError, checked_text, record_decision
+from diagnosis.eventlog.names import (
+    AGENT_NOTE,
+    SESSION_CANCELED,
+    SESSION_CREATED,
+    SESSION_DELETED,
+    TIMELINE_APPENDED,
+    USER_MESSAGE,
+)
 from diagnosis.events import append_event, event_batch, lock_session, set_status
 from diagnosis.jobs import enqueue_advance, request_opening_extraction
 from diagnosis.jobs.world import world_of
@@ -78,7 +86,7 @@ def do_create_session(
         with event_batch(session.pk, locked=session):
             append_event(
                 session.pk,
-                "session.created",
+                SESSION_CREATED,
                 {
                     "scenario": scenario.slug,
                     "version": version.number,
@@ -90,7 +98,7 @@ def do_create_session(
             )
             message = append_event(
                 session.pk,
-                "user.message",
+                USER_MESSAGE,
                 {"text": text, "author": user.get_username()},
                 producer=producer,
             )
@@ -109,7 +117,7 @@ def do_create_session(
         # held while the request is built, and sessions opened at once would be created
         # one after the other.
         audit(
-            "session.created",
+            SESSION_CREATED,
             obj=session,
             actor=user,
             session_id=session.pk,
@@ -133,7 +141,7 @@ def do_answer(session_id: Any, user: Any, text: str, *, producer: str = "web") -
             raise ActionError(_("The agent has not asked anything; there is nothing to answer."))
         append_event(
             session.pk,
-            "user.message",
+            USER_MESSAGE,
             {
                 "text": text,
                 "author": user.get_username(),
@@ -173,7 +181,7 @@ def do_cancel(session_id: Any, user: Any, reason: str = "", *, producer: str = "
             notes=[{"kind": "canceled", "by": by, "reason": reason}],
         )
         audit(
-            "session.canceled",
+            SESSION_CANCELED,
             obj=session,
             actor=user,
             session_id=session.pk,
@@ -239,7 +247,7 @@ def do_add_update(session_id: Any, user: Any, text: str, *, producer: str = "web
             raise ActionError(f"This session is {session.get_status_display().lower()}.")
         append_event(
             session.pk,
-            "timeline.appended",
+            TIMELINE_APPENDED,
             {"kind": "operator_update", "text": text, "by": user.get_username()},
             producer=producer,
         )
@@ -299,7 +307,7 @@ def do_correct_fact(
         shown = display_value(spec, value, session.language)
         append_event(
             session.pk,
-            "user.message",
+            USER_MESSAGE,
             {
                 "text": f"{label}: {shown}",
                 "author": user.get_username(),
@@ -332,7 +340,7 @@ def note_scenario_mismatch(session: Session, scenario: Scenario, text: str, prod
     words = ("、" if lang == "zh" else ", ").join(fit.words)
     append_event(
         session.pk,
-        "agent.note",
+        AGENT_NOTE,
         {
             "kind": "scenario_mismatch",
             "suggested": {
@@ -349,7 +357,7 @@ def note_scenario_mismatch(session: Session, scenario: Scenario, text: str, prod
 
 
 def first_message(session: Session) -> str:
-    event = Event.objects.filter(session=session, type="user.message").order_by("seq").first()
+    event = Event.objects.filter(session=session, type=USER_MESSAGE).order_by("seq").first()
     return str(event.payload.get("text", "")) if event else ""
 
 
@@ -367,7 +375,7 @@ def do_switch_scenario(session_id: Any, user: Any, scenario: Scenario) -> Sessio
         new = do_create_session(user, scenario, text)
         append_event(
             new.pk,
-            "timeline.appended",
+            TIMELINE_APPENDED,
             {
                 "kind": "scenario_switched_from",
                 "session": str(old.pk),
@@ -379,7 +387,7 @@ def do_switch_scenario(session_id: Any, user: Any, scenario: Scenario) -> Sessio
         reason = f"switched to scenario {scenario.slug}: continued in session {new.pk}"
         append_event(
             old.pk,
-            "timeline.appended",
+            TIMELINE_APPENDED,
             {
                 "kind": "scenario_switched_to",
                 "session": str(new.pk),
@@ -426,12 +434,12 @@ def do_delete_session(session_id: Any, user: Any, reason: str) -> Session:
         Session.objects.filter(pk=session.pk).update(deleted_at=at, deleted_by=user)
         append_event(
             session.pk,
-            "session.deleted",
+            SESSION_DELETED,
             {"by": user.get_username(), "at": at.isoformat(), "reason": reason},
             producer="web",
         )
         audit(
-            "session.deleted",
+            SESSION_DELETED,
             obj=session,
             actor=user,
             session_id=session.pk,

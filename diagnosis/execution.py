@@ -9,6 +9,12 @@ from django.utils import timezone
 
 from aero.models import audit
 from aero.packs import action_tool
+from diagnosis.eventlog.names import (
+    APPROVAL_REQUIRED,
+    TOOL_CALL_COMPLETED,
+    TOOL_CALL_FAILED,
+    TOOL_CALL_REFUSED,
+)
 from diagnosis.events import append_event, append_event_once
 from diagnosis.models import AgentRun, ToolCall, ToolCallStatus
 from diagnosis.signals import approval_required, execution_check
@@ -48,7 +54,7 @@ def refuse_execution(
     tool_call.save(update_fields=["status", "error", "completed_at"])
     append_event(
         tool_call.session_id,
-        "tool.call_refused",
+        TOOL_CALL_REFUSED,
         {
             "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,
@@ -96,7 +102,7 @@ def log_approval_required(
     """The `approval.required` event of a call whose approval was opened (keyed)."""
     append_event_once(
         tool_call.session_id,
-        "approval.required",
+        APPROVAL_REQUIRED,
         f"approval:{tool_call.pk}",
         {
             "tool_call": tool_call.pk,
@@ -126,7 +132,7 @@ def record_call_finished(
     assert tool_call.completed_at is not None
     append_event(
         tool_call.session_id,
-        "tool.call_failed" if error else "tool.call_completed",
+        TOOL_CALL_FAILED if error else TOOL_CALL_COMPLETED,
         {
             "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,

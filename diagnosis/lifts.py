@@ -20,6 +20,7 @@ from aero.text import MAX_LIFT_NOTE
 from diagnosis import external
 from diagnosis import outbox as outbox_module
 from diagnosis.decisions import ActionError, checked_text, record_decision
+from diagnosis.eventlog.names import TIMELINE_APPENDED
 from diagnosis.events import append_event, lock_session
 from diagnosis.execution import (
     execution_problems,
@@ -368,7 +369,7 @@ def _complete_lift(tool_call: ToolCall, at: datetime, reference: str, producer: 
         "tool_call": tool_call.pk,
     }
     for session_id in touched_sessions(restriction):
-        append_event(session_id, "timeline.appended", payload, producer=producer)
+        append_event(session_id, TIMELINE_APPENDED, payload, producer=producer)
     audit(
         "restriction.lifted",
         obj=restriction,

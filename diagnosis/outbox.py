@@ -30,6 +30,7 @@ from django.utils import timezone
 from aero import metrics
 from aero.compiled import Arg, Compiled, CompiledUpdate
 from diagnosis import external
+from diagnosis.eventlog.names import TOOL_CALL_QUEUED, TOOL_CALL_RETRYING
 from diagnosis.events import append_event, event_batch, lock_session
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import AgentRun, Outbox, OutboxStatus, ToolCall, ToolCallStatus
@@ -81,7 +82,7 @@ def enqueue_effect(
     tool_call.save(update_fields=["status"])
     append_event(
         tool_call.session_id,
-        "tool.call_queued",
+        TOOL_CALL_QUEUED,
         {
             "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,
@@ -240,7 +241,7 @@ def record_retry(
     outbox.save(update_fields=["last_error"])
     append_event(
         tool_call.session_id,
-        "tool.call_retrying",
+        TOOL_CALL_RETRYING,
         {
             "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,

@@ -14,6 +14,7 @@ from django.utils.translation import pgettext_lazy
 
 from aero.i18n import interface_language
 from aero.text import MAX_EVENT_BYTES, cut_generated
+from diagnosis.eventlog.names import REPORT_READY
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Event, Report, Session, ToolCall, ToolCallStatus
 from diagnosis.report_markdown import (
@@ -300,7 +301,7 @@ def session_report(session: Session, language: str | None = None) -> str | None:
     """The session's report (its last `report.ready`) in the reader's language; None
     before one was written."""
     payload = (
-        Event.objects.filter(session_id=session.pk, type="report.ready")
+        Event.objects.filter(session_id=session.pk, type=REPORT_READY)
         .order_by("-seq")
         .values_list("payload", flat=True)
         .first()
@@ -349,7 +350,7 @@ def write_report(
         # Keyed inside a graph step: a re-run keeps the report the first run logged.
         event, new = append_step_event(
             session_id,
-            "report.ready",
+            REPORT_READY,
             payload,
             producer=producer,
             run=run,

@@ -14,6 +14,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy
 
 from aero.packs import action_tool
+from diagnosis.eventlog.names import TOOL_CALL_STARTED
 from diagnosis.events import append_event
 from diagnosis.execution import record_call_finished
 from diagnosis.models import AgentRun, Session, ToolCall, ToolCallStatus
@@ -77,7 +78,7 @@ def call_started(ctx: ToolContext, tool_call: ToolCall, *, saved: bool = False) 
         tool_call.save(update_fields=["attempts", "status", "agent_run"])
     append_event(
         ctx.session_id,
-        "tool.call_started",
+        TOOL_CALL_STARTED,
         {
             "tool_call": tool_call.pk,
             "call_id": tool_call.call_id,

@@ -16,6 +16,7 @@ from django.utils import timezone
 from aero.models import audit
 from aero.text import MAX_MESSAGE
 from diagnosis.actions import ActionError, do_create_session
+from diagnosis.eventlog.names import TIMELINE_APPENDED
 from diagnosis.events import append_event
 from diagnosis.models import Session
 from ingest.config import GateSnapshot, provider
@@ -248,7 +249,7 @@ def _append(session: Session, alert: Alert, observation: Observation) -> None:
     """The alert in the session's log (the session's own record of what came in)."""
     append_event(
         session.pk,
-        "timeline.appended",
+        TIMELINE_APPENDED,
         {
             "kind": "alert",
             "source": alert.source,

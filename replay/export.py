@@ -17,6 +17,7 @@ from aero.packs import DomainPack, UnknownDomain, pack_for
 from diagnosis.agent_tree import read_tree
 from diagnosis.chain import check_events
 from diagnosis.eventlog import masking, registry
+from diagnosis.eventlog.names import LLM_CALL
 from diagnosis.fold import FoldState, fold_events
 from diagnosis.models import Event, Session
 from replay import presenters
@@ -34,7 +35,7 @@ def summarize(event_type: str, p: dict[str, Any]) -> str:
 def usage_rows(events: list[Event]) -> list[dict[str, Any]]:
     by_model: dict[tuple[str, str], dict[str, Any]] = {}
     for event in events:
-        if event.type != "llm.call":
+        if event.type != LLM_CALL:
             continue
         p = event.payload
         row = by_model.setdefault(

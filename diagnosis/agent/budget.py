@@ -22,6 +22,7 @@ from typing import Any
 
 from diagnosis.agent.providers import OpenAICompatibleProvider
 from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.eventlog.names import AGENT_NOTE, BUDGET_EXHAUSTED, BUDGET_RAISED
 from diagnosis.events import append_event_once, as_logged
 from diagnosis.execution import open_approval
 from diagnosis.models import Event, Session, ToolCall, ToolCallStatus
@@ -73,7 +74,7 @@ def base_limits(definition: dict[str, Any], providers: list[OpenAICompatibleProv
 
 def spent(session_id: Any) -> Amounts:
     steps = Event.objects.filter(
-        session_id=session_id, type="agent.note", payload__kind="react"
+        session_id=session_id, type=AGENT_NOTE, payload__kind="react"
     ).count()
     session = Session.objects.only("tokens_in", "tokens_out", "cost").get(pk=session_id)
     return Amounts(steps, session.tokens_in + session.tokens_out, session.cost)
@@ -117,7 +118,7 @@ def check(
     for request in approved:
         append_event_once(
             ctx.session_id,
-            "budget.raised",
+            BUDGET_RAISED,
             f"budget:{request.pk}:raised",
             {
                 "tool_call": request.pk,
@@ -159,7 +160,7 @@ def check(
     )
     append_event_once(
         ctx.session_id,
-        "budget.exhausted",
+        BUDGET_EXHAUSTED,
         f"budget:{number}:exhausted",
         {"tool_call": tool_call.pk, **payload},
         producer=ctx.producer,

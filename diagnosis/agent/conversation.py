@@ -10,6 +10,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from aero.compiled import Arg, Compiled
 from diagnosis.agent import prompts
 from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.eventlog.names import AGENT_NOTE, USER_MESSAGE
 from diagnosis.models import Event, ToolCall
 from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
 
@@ -19,7 +20,7 @@ _talk = Compiled(
     lambda: (
         Event.objects.filter(
             session_id=Arg(0, Event._meta.get_field("session")),
-            type__in=("user.message", "agent.note"),
+            type__in=(USER_MESSAGE, AGENT_NOTE),
         )
         .order_by("seq")
         .only("seq", "ts", "type", "payload")
@@ -43,7 +44,7 @@ def conversation(state: AgentState, ctx: AgentContext) -> list[BaseMessage]:
     fallback, an approved action executing) appear as the policy's own tool calls."""
     lang = prompts.language(state.get("language", "en"))
     events = list(_talk.rows(ctx.session_id))
-    texts = [e.payload.get("text", "") for e in events if e.type == "user.message"]
+    texts = [e.payload.get("text", "") for e in events if e.type == USER_MESSAGE]
     known = {k: v for k, v in (state.get("fields") or {}).items() if v is not None}
     messages: list[BaseMessage] = [
         SystemMessage(
@@ -65,7 +66,7 @@ def conversation(state: AgentState, ctx: AgentContext) -> list[BaseMessage]:
         ),
     ]
     calls = {c.call_id: c for c in _agent_calls.rows(ctx.session_id)}
-    turns = [e for e in events if e.type == "agent.note" and e.payload.get("kind") == "react"]
+    turns = [e for e in events if e.type == AGENT_NOTE and e.payload.get("kind") == "react"]
     named = {
         str(c.get("call_id"))
         for turn in turns

@@ -39,6 +39,7 @@ from diagnosis.agent.react_tools import tool_args, tool_schemas
 from diagnosis.agent.recording import call_recorder, fallback_recorder, skip_recorder
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.agent.usage import ProviderError, Usage
+from diagnosis.eventlog.names import AGENT_NOTE, FSM_VIOLATION
 from diagnosis.events import append_event_once
 
 
@@ -251,12 +252,12 @@ def react_plan(
         if cut_from is not None:
             note["cut_from_chars"] = cut_from
         append_event_once(
-            ctx.session_id, "agent.note", f"react:{step}", note, producer=ctx.producer, run=run
+            ctx.session_id, AGENT_NOTE, f"react:{step}", note, producer=ctx.producer, run=run
         )
     for index, correction in enumerate(choice.corrections):
         append_event_once(
             ctx.session_id,
-            "fsm.violation",
+            FSM_VIOLATION,
             f"react:{step}:{index}",
             correction,
             producer=ctx.producer,

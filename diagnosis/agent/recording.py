@@ -24,6 +24,14 @@ from diagnosis.agent import waits
 from diagnosis.agent.providers import Attempt, OpenAICompatibleProvider
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.eventlog import names
+from diagnosis.eventlog.names import (
+    AGENT_NODE_COMPLETED,
+    AGENT_NODE_FAILED,
+    AGENT_NODE_STARTED,
+    LLM_CALL,
+    LLM_FALLBACK,
+    LLM_SKIPPED,
+)
 from diagnosis.events import (
     EventBatch,
     LeaseLost,
@@ -173,14 +181,14 @@ def _run_step(
     with waits.wait_scope(ctx.session_id, wait_key), step_scope(task_key) as scope:
         try:
             with group.step(savepoint=not lean) as batch:
-                run = _start_node(ctx, batch, scope.key("agent.node_started"), name, state)
+                run = _start_node(ctx, batch, scope.key(AGENT_NODE_STARTED), name, state)
                 with writes_refused(name) if lean else nullcontext():
                     update = fn(state, ctx, run)
                 summary = update.pop("_summary", "")
                 group.finish_run(run, summary)  # written with the group's commit
                 append_step_event(
                     ctx.session_id,
-                    "agent.node_completed",
+                    AGENT_NODE_COMPLETED,
                     {"node": name, "run": run.pk, "summary": summary},
                     producer=ctx.producer,
                     run=run,
@@ -291,7 +299,7 @@ def _record_failure(
             )
         append_event(
             ctx.session_id,
-            "agent.node_failed",
+            AGENT_NODE_FAILED,
             {"node": name, "run": run.pk, "error": f"{type(exc).__name__}: {exc}"},
             producer=ctx.producer,
             run=run,
@@ -345,7 +353,7 @@ def _start_node(
     run = step_group(ctx).new_run(**fields) or AgentRun.objects.create(**fields)
     append_keyed(
         ctx.session_id,
-        "agent.node_started",
+        AGENT_NODE_STARTED,
         key,
         {"node": name, "run": run.pk},
         producer=ctx.producer,
@@ -492,7 +500,7 @@ def call_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[Attempt], None]
                 payload["cut_from_chars"] = cut_from
         with transaction.atomic(savepoint=False):  # inside the step
             _, new = append_step_event(
-                ctx.session_id, "llm.call", payload, producer=ctx.producer, run=run
+                ctx.session_id, LLM_CALL, payload, producer=ctx.producer, run=run
             )
             if not new:
                 return  # recorded and counted by the first run of this step
@@ -525,7 +533,7 @@ def fallback_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[str, str, s
     def on_fallback(failed: str, next_provider: str, error: str) -> None:
         append_step_event(
             ctx.session_id,
-            "llm.fallback",
+            LLM_FALLBACK,
             {"from": failed, "to": next_provider, "error": error},
             producer=ctx.producer,
             run=run,
@@ -538,6 +546,6 @@ def skip_recorder(ctx: AgentContext, run: AgentRun) -> Callable[[dict[str, Any]]
     """A provider the chain skipped (its circuit breaker open): `llm.skipped`."""
 
     def on_skip(payload: dict[str, Any]) -> None:
-        append_step_event(ctx.session_id, "llm.skipped", payload, producer=ctx.producer, run=run)
+        append_step_event(ctx.session_id, LLM_SKIPPED, payload, producer=ctx.producer, run=run)
 
     return on_skip

@@ -19,6 +19,7 @@ from diagnosis.eventlog.context import (
     current_fence,
     current_known,
 )
+from diagnosis.eventlog.names import SESSION_STATUS_CHANGED
 from diagnosis.eventlog.write import (
     _new_event,
     _status_change,
@@ -175,7 +176,7 @@ class StepGroup:
                 previous, to, producer = self.status
                 self.status_event = _new_event(
                     self.session_id,
-                    "session.status_changed",
+                    SESSION_STATUS_CHANGED,
                     {"from": previous, "to": to, "reason": ""},
                     producer=producer,
                 )

@@ -37,6 +37,7 @@ from diagnosis.eventlog.context import (
     current_trace_id,
     unfenced,
 )
+from diagnosis.eventlog.names import SESSION_STATUS_CHANGED
 from diagnosis.models import (
     ENDED_STATUSES,
     AgentRun,
@@ -353,7 +354,7 @@ def _status_change(
         fields["failure"] = reason
     event = _new_event(
         session.pk,
-        "session.status_changed",
+        SESSION_STATUS_CHANGED,
         {"from": previous, "to": to, "reason": reason},
         producer=producer,
     )

@@ -27,6 +27,7 @@ from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.recording import SessionCanceled, step_group
 from diagnosis.agent.slow_tools import REQUEST_WAIT_KINDS
 from diagnosis.agent.state import AgentContext
+from diagnosis.eventlog.names import USER_MESSAGE
 from diagnosis.events import (
     LeaseLost,
     active_fence,
@@ -152,7 +153,7 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
     if waiting["kind"] == "question":
         consumed = snapshot.values.get("consumed_seq", 0)
         has_answer = Event.objects.filter(
-            session_id=session_id, type="user.message", seq__gt=consumed
+            session_id=session_id, type=USER_MESSAGE, seq__gt=consumed
         ).exists()
         return {"answered": True} if has_answer else None
     if waiting["kind"] == "approval":
@@ -167,9 +168,7 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
                     )
                 ),
                 corrected=Exists(
-                    Event.objects.filter(
-                        session_id=session_id, type="user.message", seq__gt=consumed
-                    )
+                    Event.objects.filter(session_id=session_id, type=USER_MESSAGE, seq__gt=consumed)
                 ),
             )
             .values_list("decided", "corrected")

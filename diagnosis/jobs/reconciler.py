@@ -14,6 +14,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from aero.supervision import process_gone
+from diagnosis.eventlog.names import SESSION_STATUS_CHANGED
 from diagnosis.events import lock_session, set_status
 from diagnosis.jobs.enqueue import dispatch, enqueue_advance, queued_job_ids
 from diagnosis.jobs.lease import holder_pid
@@ -132,7 +133,7 @@ def resume_failed_sessions() -> int:
             if session.status != SessionStatus.FAILED:
                 continue  # resumed meanwhile (a person, another worker's pass)
             tries = Event.objects.filter(
-                session_id=session_id, type="session.status_changed", producer=PRODUCER
+                session_id=session_id, type=SESSION_STATUS_CHANGED, producer=PRODUCER
             ).count()
             if tries >= RESUME_FAILED_LIMIT:
                 continue

@@ -21,6 +21,7 @@ from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis.agent.fallback import skipped_payload
 from diagnosis.agent.providers import OpenAICompatibleProvider
 from diagnosis.agent.usage import ProviderError, Usage
+from diagnosis.eventlog.names import LLM_CALL, LLM_DELTA, LLM_FALLBACK, LLM_SKIPPED, TOOL_SLOW_CALL
 from diagnosis.events import append_projected, new_event, usage_fields
 from diagnosis.llm_runner.claims import Claimed, ClaimLost, locked_claim
 from diagnosis.models import (
@@ -117,7 +118,7 @@ def write_deltas(call: Claimed, text: str) -> None:
 def _delta_event(call: Claimed, text: str) -> Event:
     return new_event(
         call.session_id,
-        "llm.delta",
+        LLM_DELTA,
         {
             "request": call.key,
             "attempt": f"{call.claims}.{call.attempts}",
@@ -174,7 +175,7 @@ def _attempt(
             payload["cut_from_chars"] = cut_from
     event = new_event(
         call.session_id,
-        "llm.call",
+        LLM_CALL,
         payload,
         producer=PRODUCER,
         key=f"llm.call:{call.key}:{call.claims}:{call.attempts}",
@@ -253,7 +254,7 @@ def record_skip(
     `llm.skipped` event, which also names the provider the call goes on to."""
     event = new_event(
         call.session_id,
-        "llm.skipped",
+        LLM_SKIPPED,
         skipped_payload(provider.name, next_provider, admission, call.purpose, call.key),
         producer=PRODUCER,
         key=f"llm.skipped:{call.key}:{call.claims}:{index}",
@@ -266,7 +267,7 @@ def record_skip(
 def record_fallback(call: Claimed, failed: str, next_provider: str, error: str, index: int) -> None:
     event = new_event(
         call.session_id,
-        "llm.fallback",
+        LLM_FALLBACK,
         {"from": failed, "to": next_provider, "error": error, "request": call.key},
         producer=PRODUCER,
         key=f"llm.fallback:{call.key}:{call.claims}:{index}",
@@ -353,7 +354,7 @@ def finish_failed(call: Claimed, error: str, last: str, enqueue: Dispatch | None
         if last:
             event = new_event(
                 call.session_id,
-                "llm.fallback",
+                LLM_FALLBACK,
                 {"from": last, "to": "offline", "error": error, "request": call.key},
                 producer=PRODUCER,
                 key=f"llm.fallback:{call.key}:{call.claims}:offline",
@@ -391,7 +392,7 @@ def finish_tool(
             raise ClaimLost(call.key)
         event = new_event(
             call.session_id,
-            "tool.slow_call",
+            TOOL_SLOW_CALL,
             {
                 "tool": name,
                 "request": call.key,

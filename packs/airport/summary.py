@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diagnosis.eventlog.names import AGENT_QUESTION, AGENT_QUESTION_CLOSED
 from diagnosis.models import Event, Session, ToolCall
 from diagnosis.reporting import decision_of
 
@@ -27,13 +28,13 @@ def summarize(session: Session) -> dict[str, Any]:
         },
         "questions": [
             e.payload["text"]
-            for e in Event.objects.filter(session=session, type="agent.question").order_by("seq")
+            for e in Event.objects.filter(session=session, type=AGENT_QUESTION).order_by("seq")
         ],
         # Optional questions closed without an answer (left open when every action was
         # decided, or answered without a value); not a confirmation that was not given.
         "unanswered": [
             e.payload["field"]
-            for e in Event.objects.filter(session=session, type="agent.question_closed").order_by(
+            for e in Event.objects.filter(session=session, type=AGENT_QUESTION_CLOSED).order_by(
                 "seq"
             )
             if e.payload.get("optional", True)

@@ -10,6 +10,13 @@ from diagnosis.agent.nodes.proposals import propose_action
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import run_action
+from diagnosis.eventlog.names import (
+    AGENT_NOTE,
+    AGENT_QUESTION,
+    FINDING_RECORDED,
+    FSM_VIOLATION,
+    USER_MESSAGE,
+)
 from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun, Event, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import write_report
@@ -43,20 +50,18 @@ def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[st
         state["conclusion"], cited, citations.session_results(ctx.session_id), playbook_of(ctx)
     )
     for violation in violations:
-        append_step_event(
-            ctx.session_id, "fsm.violation", violation, producer=ctx.producer, run=run
-        )
+        append_step_event(ctx.session_id, FSM_VIOLATION, violation, producer=ctx.producer, run=run)
     for candidate in found["candidates"]:
         append_step_event(
             ctx.session_id,
-            "finding.recorded",
+            FINDING_RECORDED,
             {"kind": "hypothesis", **candidate},
             producer=ctx.producer,
             run=run,
         )
     append_step_event(
         ctx.session_id,
-        "finding.recorded",
+        FINDING_RECORDED,
         {
             "kind": "root_cause",
             **{k: v for k, v in found.items() if k not in ("candidates", "action")},
@@ -74,7 +79,7 @@ def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[st
         text = ASK[lang].format(missing=", ".join(found["missing"]) or "-")
         append_event_once(
             ctx.session_id,
-            "agent.question",
+            AGENT_QUESTION,
             QUESTION_KEY,
             {"field": "description", "label": "", "text": text},
             producer=ctx.producer,
@@ -90,7 +95,7 @@ def read_answer(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict
     user.message) and read into the report; it adds no evidence the playbook could use."""
     answers = list(
         Event.objects.filter(
-            session_id=ctx.session_id, type="user.message", seq__gt=state.get("consumed_seq", 0)
+            session_id=ctx.session_id, type=USER_MESSAGE, seq__gt=state.get("consumed_seq", 0)
         )
         .order_by("seq")
         .values_list("seq", "payload")
@@ -119,7 +124,7 @@ def propose_fix(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict
         # The playbook never proposes such a fix; a definition edited into one is refused.
         append_step_event(
             ctx.session_id,
-            "agent.note",
+            AGENT_NOTE,
             {"text": "fix not proposed: " + "; ".join(problems)},
             producer=ctx.producer,
             run=run,
@@ -146,7 +151,7 @@ def execute_fix(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict
     update: dict[str, Any] = {"_commit": True}
     latest = (
         Event.objects.filter(
-            session_id=ctx.session_id, type="user.message", seq__gt=state.get("consumed_seq", 0)
+            session_id=ctx.session_id, type=USER_MESSAGE, seq__gt=state.get("consumed_seq", 0)
         )
         .order_by("-seq")
         .values_list("seq", flat=True)

@@ -8,9 +8,11 @@ from typing import Any
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import run_recorded
+from diagnosis.eventlog.names import USER_MESSAGE
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Event
 from packs.diagnosis.modes import MODE_CHOSEN, choose_mode
+from packs.diagnosis.names import REQUESTED
 from packs.diagnosis.steps import (
     DiagnosisState,
     playbook_of,
@@ -23,7 +25,7 @@ from packs.diagnosis.steps import (
 @recorded("intake")
 def intake(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     requested = (
-        Event.objects.filter(session_id=ctx.session_id, type="diagnosis.requested")
+        Event.objects.filter(session_id=ctx.session_id, type=REQUESTED)
         .values_list("payload", flat=True)
         .first()
     ) or {}
@@ -71,7 +73,7 @@ def intake(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str,
     # The reporter's opening words are the bundle's description: read with it, so only a
     # later message answers a question.
     opening = (
-        Event.objects.filter(session_id=ctx.session_id, type="user.message")
+        Event.objects.filter(session_id=ctx.session_id, type=USER_MESSAGE)
         .order_by("-seq")
         .values_list("seq", flat=True)
         .first()

@@ -13,6 +13,7 @@ from django.utils import timezone
 from aero.compiled import AnyOf, Arg, Compiled, insert_rows
 from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import ToolContext, get_or_create_call, new_call, run_action
+from diagnosis.eventlog.names import AGENT_NOTE, APPROVAL_ARGS_EDITED, APPROVAL_CANCELED
 from diagnosis.events import append_event_once, as_logged, lock_session
 from diagnosis.execution import log_approval_required, open_approval
 from diagnosis.models import (
@@ -81,7 +82,7 @@ def revise_proposals(
             approval_withdrawn.send(sender=ToolCall, tool_call=call, reason=reason, at=at)
             append_event_once(
                 ctx.session_id,
-                "approval.canceled",
+                APPROVAL_CANCELED,
                 f"withdrawn:{call.pk}",
                 {
                     "tool_call": call.pk,
@@ -106,7 +107,7 @@ def revise_proposals(
                 continue
             append_event_once(
                 ctx.session_id,
-                "agent.note",
+                AGENT_NOTE,
                 f"again:{call_id}",
                 {
                     "kind": "proposed_again",
@@ -139,7 +140,7 @@ def done_with_args(session_id: Any, actions: list[ToolCall]) -> dict[str, dict[s
     if proposed:
         edits = Event.objects.filter(
             session_id=session_id,
-            type="approval.args_edited",
+            type=APPROVAL_ARGS_EDITED,
             payload__tool_call__in=list(proposed),
         ).order_by("-seq")
         for payload in edits.values_list("payload", flat=True):
@@ -200,7 +201,7 @@ def note_if_in_force(
         return False
     append_event_once(
         ctx.session_id,
-        "agent.note",
+        AGENT_NOTE,
         f"in_force:{call['call_id']}",
         {
             "kind": "already_in_force",

@@ -11,6 +11,7 @@ from langgraph.types import interrupt
 
 from diagnosis.agent.recording import commit_steps
 from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.eventlog.names import USER_MESSAGE
 from diagnosis.models import Event, SessionStatus, ToolCall, ToolCallStatus
 from scenarios_admin.definition import BUDGET_TOOL
 
@@ -63,7 +64,7 @@ def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[st
     # A correction sent while waiting goes through the input parser first.
     unread = Event.objects.filter(
         session_id=runtime.context.session_id,
-        type="user.message",
+        type=USER_MESSAGE,
         seq__gt=state.get("consumed_seq", 0),
     ).exists()
     return {"new_input": unread}

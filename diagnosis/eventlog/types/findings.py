@@ -11,11 +11,12 @@ from django.utils.translation import gettext as _
 from pydantic import model_validator
 
 from diagnosis.eventlog import names, registry
+from diagnosis.eventlog.names import IMPACT_ANALYZED, RISK_ASSESSED
 from diagnosis.eventlog.registry import EventType, FindingKind, Payload
 
 FACTS = frozenset({"session-facts"})
 # The names of the domain-named finding events, by the finding kind they recorded.
-LEGACY_FINDINGS = {"risk": "risk.assessed", "impact": "impact.analyzed"}
+LEGACY_FINDINGS = {"risk": RISK_ASSESSED, "impact": IMPACT_ANALYZED}
 
 
 class FindingRecorded(Payload):

@@ -22,6 +22,7 @@ from diagnosis.agent.tools import (
     run_deterministic,
     run_enrichment,
 )
+from diagnosis.eventlog.names import IMPACT_ANALYZED, RISK_ASSESSED, TIMELINE_APPENDED
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, ToolCall
 from packs.airport.agent import fsm, policy
@@ -51,7 +52,7 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
         update["enrichment"] = enrichment
         append_step_event(
             ctx.session_id,
-            "timeline.appended",
+            TIMELINE_APPENDED,
             {
                 "kind": "enrichment",
                 "degraded": enrichment["degraded"],
@@ -100,7 +101,7 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
             before = replanning.get("previous_risk")
             append_step_event(
                 ctx.session_id,
-                "risk.assessed",
+                RISK_ASSESSED,
                 risk
                 if not before
                 else {
@@ -132,7 +133,7 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
             update["impact"] = impact
             append_step_event(
                 ctx.session_id,
-                "impact.analyzed",
+                IMPACT_ANALYZED,
                 impact,
                 producer=ctx.producer,
                 run=run,

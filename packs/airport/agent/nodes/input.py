@@ -12,6 +12,7 @@ from diagnosis.agent.reading import Extraction
 from diagnosis.agent.recording import call_recorder, fallback_recorder, recorded, skip_recorder
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.agent.usage import Usage
+from diagnosis.eventlog.names import FIELDS_EXTRACTED, USER_MESSAGE
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, Event
 from packs.airport.agent import grounding, policy
@@ -23,7 +24,7 @@ _messages_after = Compiled(
     Event,
     lambda: Event.objects.filter(
         session_id=Arg(0, Event._meta.get_field("session")),
-        type="user.message",
+        type=USER_MESSAGE,
         seq__gt=Arg(1, Event._meta.get_field("seq")),
     ).order_by("seq"),
 )
@@ -118,7 +119,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
     )
     append_step_event(
         ctx.session_id,
-        "fields.extracted",
+        FIELDS_EXTRACTED,
         {
             "changed": changed,
             "evidence": {k: evidence[k] for k in changed},

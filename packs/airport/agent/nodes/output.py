@@ -8,6 +8,7 @@ from diagnosis.agent import budget, summaries
 from diagnosis.agent.nodes.proposals import DONE_OR_UNDER_WAY, base_call_id
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.eventlog.names import FSM_TRANSITION, RISK_ASSESSED
 from diagnosis.events import append_step_event
 from diagnosis.models import (
     WITHDRAWN_NOT_CALLED_FOR,
@@ -49,7 +50,7 @@ def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dic
     done = fsm.state_name(ctx.definition, fsm.state_index(fsm.Facts(True, True, True, True, True)))
     append_step_event(
         ctx.session_id,
-        "fsm.transition",
+        FSM_TRANSITION,
         {"from": state.get("fsm"), "to": done},
         producer=ctx.producer,
         run=run,
@@ -68,7 +69,7 @@ def corrections_note(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     reassessed = [
         e.payload
         for e in Event.objects.filter(
-            session_id=ctx.session_id, type="risk.assessed", payload__has_key="reassessed_from"
+            session_id=ctx.session_id, type=RISK_ASSESSED, payload__has_key="reassessed_from"
         ).order_by("seq")
     ]
     if not reassessed:

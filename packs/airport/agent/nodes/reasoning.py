@@ -10,6 +10,7 @@ from diagnosis.agent import prompts, summaries
 from diagnosis.agent.react import react_plan
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.eventlog.names import AGENT_NOTE, AGENT_QUESTION, AGENT_QUESTION_CLOSED
 from diagnosis.events import append_event_once
 from diagnosis.models import AgentRun, ToolCallStatus
 from packs.airport.agent.planning import action_calls_of, offline_plan
@@ -90,7 +91,7 @@ def _question(
         question["offer_correction"] = payload["offer_correction"] = True
     append_event_once(
         ctx.session_id,
-        "agent.question",
+        AGENT_QUESTION,
         question["key"],
         payload,
         producer=ctx.producer,
@@ -114,7 +115,7 @@ def close_question(
     nodes.input.close_question_not_settled)."""
     append_event_once(
         ctx.session_id,
-        "agent.question_closed",
+        AGENT_QUESTION_CLOSED,
         f"closed:{question['key']}",
         {
             "question": question["key"],
@@ -138,7 +139,7 @@ def note_unexecuted_actions(ctx: AgentContext, run: AgentRun) -> None:
         outcome = "rejected" if call.status == ToolCallStatus.REJECTED else "timed out"
         append_event_once(
             ctx.session_id,
-            "agent.note",
+            AGENT_NOTE,
             f"unexecuted:{call.pk}",
             {
                 "tool_call": call.pk,

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from diagnosis.agent import budget, summaries
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.eventlog.names import BUDGET_STOPPED, FSM_TRANSITION, FSM_VIOLATION
 from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun
 from packs.airport.agent import fsm
@@ -18,7 +19,7 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
     corrections = list(state.get("corrections") or [])
     for refusal in state.get("refusals") or []:
         corrections.append(refusal["violation"])
-        append_step_event(ctx.session_id, "fsm.violation", refusal, producer=ctx.producer, run=run)
+        append_step_event(ctx.session_id, FSM_VIOLATION, refusal, producer=ctx.producer, run=run)
     facts = facts_of(state, ctx)
     finishing = state["plan"]["step"] == "finish"
     if state["plan"]["step"] == "stop":
@@ -28,7 +29,7 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
         outcome, by, reason = budget.stop_reason(state["plan"]["request"])
         append_event_once(
             ctx.session_id,
-            "budget.stopped",
+            BUDGET_STOPPED,
             f"budget:{state['plan']['request']}:stopped",
             {"tool_call": state["plan"]["request"], "outcome": outcome, "by": by, "reason": reason},
             producer=ctx.producer,
@@ -44,16 +45,14 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
             or "report requested with required actions undecided",
         }
         corrections.append(violation["violation"])
-        append_step_event(
-            ctx.session_id, "fsm.violation", violation, producer=ctx.producer, run=run
-        )
+        append_step_event(ctx.session_id, FSM_VIOLATION, violation, producer=ctx.producer, run=run)
         finishing = False
     current = fsm.state_name(ctx.definition, fsm.state_index(facts))
     previous = state.get("fsm") or fsm.state_name(ctx.definition, 0)
     if current != previous:
         append_step_event(
             ctx.session_id,
-            "fsm.transition",
+            FSM_TRANSITION,
             {"from": previous, "to": current},
             producer=ctx.producer,
             run=run,
