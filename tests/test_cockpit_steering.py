@@ -269,11 +269,12 @@ def test_closing_with_a_summary_is_a_normal_end_not_a_cancel(builtin: None, alic
     assert not Approval.objects.filter(session=session).open().exists()
     assert Event.objects.filter(session=session, type="approval.canceled").count() == open_before
     report = Report.objects.get(session=session).markdown
-    assert "**会话已由alice结束**，总结：泄漏已由机务处理" in report  # the session's language
+    # the session's language; the summary quoted as the operator typed it
+    assert "**会话已由alice结束**，总结：“泄漏已由机务处理，无需进一步措施”" in report
     assert "已取消" not in report
     # The summary is the report's conclusion: its last section.
     assert report.rstrip().endswith(
-        "## 结论\n\n泄漏已由机务处理，无需进一步措施\n\n（由alice结束会话）"
+        "## 结论\n\n“泄漏已由机务处理，无需进一步措施”\n\n（由alice结束会话）"
     )
     html = response.content.decode()
     assert "Closed by alice with a summary" in html and "Session canceled" not in html

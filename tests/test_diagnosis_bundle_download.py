@@ -87,7 +87,7 @@ def test_the_page_offers_the_bundle_as_a_zip_to_those_who_read_it_unmasked(
     chinese = login(alice)
     chinese.post(reverse("set-language"), {"language": "zh-hans", "next": "/"})
     page_zh = chinese.get(reverse("diagnosis:session-detail", args=[diagnosed.pk])).content
-    assert "下载事件包（zip）" in page_zh.decode()
+    assert "下载事件包（压缩包）" in page_zh.decode()
     carol_zh = login(carol)
     carol_zh.post(reverse("set-language"), {"language": "zh-hans", "next": "/"})
     assert "未经脱敏的原始数据" in carol_zh.get(link).content.decode()
