@@ -185,7 +185,8 @@ def test_the_report_fields_in_the_json_and_the_api(
     assert result["confidence"] == result["confidence_score"]
     assert "payments/app/handlers.py:26" in result["root_cause_md"]
     assert "D-5716" in result["root_cause_md"]
-    assert "rollback" in result["fix_suggestion_md"]
+    # in the session's language (this bundle's is Chinese): the rollback, in words
+    assert "回滚发布" in result["fix_suggestion_md"] and "D-5716" in result["fix_suggestion_md"]
     # the written report (in the session's language: this bundle's is Chinese) lists the
     # three best past cases, best first
     session = Session.objects.get(pk=result["session"])
@@ -293,7 +294,7 @@ def test_the_markdown_export_has_seed_003s_sections_in_both_languages(
     assert "database connection pool of inventory is exhausted" in english
     assert "| KB-003 |" in english.split("## 8. Similar cases")[1]
     fixes = english.split("## 7. Fix suggestions")[1].split("## 8.")[0]
-    assert "**restart_service** (service=inventory), R2: approved" in fixes
+    assert "**Restart the service** (service=inventory), R2: approved" in fixes
     # what fixed the past case of the same kind, not those of other kinds
     assert "As in KB-003:" in fixes and "KB-009" not in fixes
 
