@@ -385,3 +385,13 @@ def browser() -> Iterator[Browser]:
         )
         yield browser
         browser.close()
+
+
+@pytest.fixture
+def whole_timeline_on_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session page shows every event (up to a timeline page), as tests that read a
+    session's earlier lines on its page expect; by default it shows the newest
+    SESSION_PAGE_EVENTS, older ones a click away."""
+    from diagnosis import presenters
+
+    monkeypatch.setattr(presenters, "SESSION_PAGE_EVENTS", presenters.TIMELINE_PAGE)

@@ -130,7 +130,7 @@ def test_a_lookups_failure_is_logged_in_english_and_read_in_chinese(
 
 @pytest.mark.services
 def test_an_unknown_flight_reads_in_the_operators_language(
-    builtin: None, make_user: Callable[..., User]
+    whole_timeline_on_page: None, builtin: None, make_user: Callable[..., User]
 ) -> None:
     olga = make_user("olga", "operator")
     session = waiting_session(olga, "XX999 在105机位燃油泄漏，发动机仍在运转，还在持续漏")

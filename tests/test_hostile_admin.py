@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 
@@ -235,6 +236,9 @@ def test_hostile_scenario_texts_are_inert_on_session_pages_the_report_and_export
     approve_everything(session, bob)
     session.refresh_from_db()
     report = Report.objects.get(session=session)
+    # Read in Chinese: the report is worded in the reader's language, and the hostile
+    # labels and template are the Chinese ones.
+    client.cookies[settings.LANGUAGE_COOKIE_NAME] = "zh-hans"
     page = client.get(f"/sessions/{session.pk}/").content.decode()
     report_html = page[page.index('data-testid="report"') :]
     report_html = report_html[: report_html.index("</article>")]

@@ -218,6 +218,7 @@ def test_429_then_success(
 
 
 def test_every_real_provider_down_falls_back_to_offline_on_the_timeline(
+    whole_timeline_on_page: None,
     builtin: None,
     fake_llm: FakeLLMServer,
     make_user: Callable[..., User],

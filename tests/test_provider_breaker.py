@@ -100,7 +100,10 @@ def row_of(page: str, name: str) -> str:
 
 
 def test_dead_providers_are_skipped_once_their_breakers_open_and_a_probe_closes_one(
-    builtin: None, fake_llm: FakeLLMServer, make_user: Callable[..., User]
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    whole_timeline_on_page: None,
 ) -> None:
     # One provider nobody listens for (a closed port), one that hangs past its timeout.
     ProviderConfig.objects.create(

@@ -277,6 +277,7 @@ def test_no_wait_runs_past_the_chain_budget(
 
 
 def test_outage_of_every_real_provider_falls_back_to_offline_on_the_timeline(
+    whole_timeline_on_page: None,
     builtin: None,
     fake_llm: FakeLLMServer,
     make_user: Callable[..., User],
