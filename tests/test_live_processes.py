@@ -152,7 +152,8 @@ def test_two_daphne_processes_deliver_every_event_once_and_render_it_once(
         assert all(v == list(range(start + 1, paced_end + 1)) for v in viewers.seqs)
         counted = renders(metrics_dir)
         assert counted["rendered"] - before["rendered"] == paced
-        assert counted["shared"] - before["shared"] == paced  # the other process fetched it
+        # the other process fetched each render (a fetch may repeat: never a render)
+        assert counted["shared"] - before["shared"] >= paced
 
         # Then as fast as they can be written: every viewer gets each once, in order.
         burst = 40

@@ -209,7 +209,7 @@ def test_dont_know_to_an_optional_question_closes_it_and_the_response_goes_on(
 
 
 def test_an_optional_question_closed_by_a_correction_is_logged(
-    builtin: None, alice: User, bob: User
+    whole_timeline_on_page: None, builtin: None, alice: User, bob: User
 ) -> None:
     session = start(alice, "3U8888 在滑行道B2滑行时爆胎，地面有碎片", "tire_burst")
     assert session.snapshot["question"]["field"] == "fire_or_smoke"
