@@ -325,7 +325,9 @@ def test_create_with_a_too_long_message_is_refused(oil_spill: Scenario, alice: U
 
 
 @pytest.mark.services
-def test_detail_shows_facts_risk_impact_actions_and_timeline(alice: User, waiting: Session) -> None:
+def test_detail_shows_facts_risk_impact_actions_and_timeline(
+    alice: User, waiting: Session, whole_timeline_on_page: None
+) -> None:
     response = login(alice).get(url("session-detail", waiting.pk))
 
     page = response.content.decode()
@@ -694,7 +696,9 @@ def test_report_downloads_as_markdown_once_every_action_is_decided(
     # An auditor's copy hides what the masking rule hides (the closed taxiways); an
     # approver's is the report as stored.
     assert body != stored and "taxiway=A" not in body and "masked" in body
-    assert login(bob).get(url("session-report", waiting.pk)).content.decode() == stored
+    # (in the session's language, as stored: the reader may choose it)
+    approver = login(bob).get(url("session-report", waiting.pk), {"lang": "zh"})
+    assert approver.content.decode() == stored
     page = client.get(url("session-detail", waiting.pk)).content.decode()
     assert "Download report (.md)" in page
     assert 'data-testid="report"' in page
