@@ -24,7 +24,7 @@ def python_modules() -> list[Path]:
 def test_no_python_module_outside_tests_mentions_a_data_only_scenario() -> None:
     modules = python_modules()
     # The scan covers the runtime and the admin, so the test can fail.
-    assert ROOT / "diagnosis" / "agent" / "nodes" / "reasoning.py" in modules
+    assert ROOT / "packs" / "airport" / "agent" / "nodes" / "reasoning.py" in modules
     assert ROOT / "scenarios_admin" / "admin.py" in modules
     assert not any(".venv" in path.parts for path in modules)
     offenders = [
