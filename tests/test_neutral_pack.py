@@ -7,7 +7,6 @@ registry, with no airport word anywhere."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.utils import translation
@@ -15,7 +14,6 @@ from django.utils import translation
 from aero import packs
 from approvals.actions import checked_args
 from approvals.models import Approval
-from diagnosis import external
 from diagnosis.agent import tools
 from diagnosis.agent.react import _validate
 from diagnosis.agent.react_tools import tool_args
@@ -33,36 +31,11 @@ from scenarios_admin.definition import (
 )
 from tests import neutral_pack
 
-# Every registry the pack touches, restored after each test: the pack is never left
-# installed for another test.
-_REGISTRIES: list[dict[Any, Any]] = [
-    packs._PACKS,
-    packs._ACTIONS,
-    external.PREFIXES,
-    tools.ENRICHMENT_SOURCES,
-    tools.ENRICHMENT_KEYS,
-    tools.FAILURES,
-    registry._KINDS,
-]
-
 
 @pytest.fixture
 def neutral() -> Iterator[packs.DomainPack]:
-    saved = [dict(r) for r in _REGISTRIES]
-    saved_in_process = set(tools.IN_PROCESS_SOURCES)
-    pack = neutral_pack.pack()
-    packs.register(pack)
-    external.register_system(neutral_pack.SYSTEM, "NTR")
-    tools.register_lookups(pack.tools.lookups, pack.tools.failures)
-    registry.register_finding(neutral_pack.FINDING)
-    try:
+    with neutral_pack.installed(neutral_pack.pack()) as pack:
         yield pack
-    finally:
-        for r, s in zip(_REGISTRIES, saved, strict=True):
-            r.clear()
-            r.update(s)
-        tools.IN_PROCESS_SOURCES.clear()
-        tools.IN_PROCESS_SOURCES.update(saved_in_process)
 
 
 def test_the_pack_is_chosen_by_its_kind_and_its_action_by_its_name(

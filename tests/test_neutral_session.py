@@ -16,14 +16,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from aero import packs
 from approvals.actions import APPROVE, CONFIRM, do_decide
 from approvals.models import Approval
-from diagnosis import external
 from diagnosis.actions import do_create_session
-from diagnosis.agent import tools
 from diagnosis.chain import verify_chain
-from diagnosis.eventlog import registry
 from diagnosis.jobs import advance_session
 from diagnosis.models import Event, ExternalEffect, Session, SessionStatus, ToolCall
 from scenarios_admin.models import Scenario, ScenarioVersion
@@ -33,43 +29,21 @@ from tests.test_fitness_core import AIRPORT_WORDS
 
 pytestmark = pytest.mark.services
 
-_REGISTRIES: list[dict[Any, Any]] = [
-    packs._PACKS,
-    packs._ACTIONS,
-    external.PREFIXES,
-    tools.ENRICHMENT_SOURCES,
-    tools.ENRICHMENT_KEYS,
-    tools.FAILURES,
-    registry._KINDS,
-]
-
 
 @pytest.fixture
 def neutral(transactional_db: None) -> Iterator[Scenario]:
-    saved = [dict(r) for r in _REGISTRIES]
-    saved_in_process = set(tools.IN_PROCESS_SOURCES)
     pack = dataclasses.replace(
         neutral_pack.pack(),
         graph=neutral_graph.build_graph,
         initial_state=neutral_graph.initial_state,
         opens_from_message=False,
     )
-    packs.register(pack)
-    external.register_system(neutral_pack.SYSTEM, "NTR")
-    tools.register_lookups(pack.tools.lookups, pack.tools.failures)
-    registry.register_finding(neutral_pack.FINDING)
     scenario = Scenario.objects.create(
         slug="host_check", name_zh="主机检查", name_en="Host check", kind=neutral_pack.KIND
     )
     ScenarioVersion.objects.create(scenario=scenario, number=1, definition=neutral_graph.DEFINITION)
-    try:
+    with neutral_pack.installed(pack):
         yield scenario
-    finally:
-        for r, s in zip(_REGISTRIES, saved, strict=True):
-            r.clear()
-            r.update(s)
-        tools.IN_PROCESS_SOURCES.clear()
-        tools.IN_PROCESS_SOURCES.update(saved_in_process)
 
 
 def _log(session: Session) -> list[tuple[int, str, dict[str, Any]]]:

@@ -4,6 +4,8 @@ core's registry-driven paths serve a pack they were not written for."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -81,3 +83,37 @@ def pack() -> DomainPack:
             "the host is down" if (enrichment or {}).get("host", {}).get("up") is False else ""
         ),
     )
+
+
+@contextmanager
+def installed(pack: DomainPack) -> Iterator[DomainPack]:
+    """Register `pack` in every registry a pack touches, and restore them all after:
+    the pack is never left installed for another test."""
+    from aero import packs
+    from diagnosis import external
+    from diagnosis.agent import tools
+    from diagnosis.eventlog import registry
+
+    registries: list[dict[Any, Any]] = [
+        packs._PACKS,
+        packs._ACTIONS,
+        external.PREFIXES,
+        tools.ENRICHMENT_SOURCES,
+        tools.ENRICHMENT_KEYS,
+        tools.FAILURES,
+        registry._KINDS,
+    ]
+    saved = [dict(r) for r in registries]
+    saved_in_process = set(tools.IN_PROCESS_SOURCES)
+    packs.register(pack)
+    external.register_system(SYSTEM, "NTR")
+    tools.register_lookups(pack.tools.lookups, pack.tools.failures)
+    registry.register_finding(FINDING)
+    try:
+        yield pack
+    finally:
+        for r, s in zip(registries, saved, strict=True):
+            r.clear()
+            r.update(s)
+        tools.IN_PROCESS_SOURCES.clear()
+        tools.IN_PROCESS_SOURCES.update(saved_in_process)
