@@ -149,6 +149,8 @@ def _record(
         # first line once the runner has the reply. The interrupt carries the
         # request; the job records its row after the checkpoint (not with this commit).
         group.commit()
+        if ctx.child_job:
+            raise  # a child's job ends at the wait and runs the child again after it
         waits.interrupt_for(wait)
         raise  # not reached: interrupt_for raises the interrupt
     if (
@@ -327,6 +329,8 @@ def _wait_key(runtime: Runtime[AgentContext], ctx: AgentContext, name: str) -> s
     the job with, and `task_key` does not (the resumed run starts from the checkpoint
     saved at that interrupt: a new origin). LangGraph's task id does: the interrupted
     task is pending in that checkpoint and keeps its id when it re-runs on resume."""
+    if ctx.child_job:
+        return task_key(ctx, name)  # no checkpoint: its task ids are new at every run
     info = runtime.execution_info
     if info is not None and info.task_id:
         return f"task:{info.task_id}"
@@ -369,12 +373,12 @@ def child_run(ctx: AgentContext, name: str, key: str) -> Iterator[AgentContext]:
     end time and what its steps' model calls cost. Yields the context whose steps record
     under it, their keys nested under `key` (the enclosing task's: `task_key`). Found
     again by `key` when the block re-runs (a crash, a retry): never a second row. An
-    interrupt leaves it running: it goes on when the graph resumes."""
+    interrupt or a wait leaves it running: it goes on when it runs again."""
     child = _open_child_run(ctx, name, key)
     try:
         yield child
-    except GraphBubbleUp:
-        raise
+    except (GraphBubbleUp, waits.ModelWait):
+        raise  # it waits: it goes on when it is run again
     except BaseException:
         _end_child_run(child, "failed")
         raise
@@ -401,8 +405,8 @@ def _open_child_run(ctx: AgentContext, name: str, key: str) -> AgentContext:
                 agent_name=name,
                 input_snapshot={"key": key},
             )
-        elif run.status != "running":
-            AgentRun.objects.filter(pk=run.pk).update(status="running", ended_at=None)
+        # A run that ended stays as its `agent.run_ended` says while the block runs
+        # again (its steps are keyed and write nothing twice): no change without an event.
         started = {"run": run.pk, "agent": name, "parent": run.parent_id, "mode": run.mode}
         event_key = f"{key}/run_started"
         if made:
@@ -440,6 +444,8 @@ def _end_child_run(child: AgentContext, status: str) -> None:
     block ending the same way writes the event once."""
     run = child.parent_run
     assert run is not None
+    if run.status == status and run.ended_at is not None:
+        return  # ended so before (a re-run of the block): its row and event stand
     used = LLMCall.objects.filter(Q(agent_run=run) | Q(agent_run__parent=run)).aggregate(
         tokens_in=Sum("tokens_in", default=0),
         tokens_out=Sum("tokens_out", default=0),

@@ -33,8 +33,9 @@ from diagnosis.agent import waits
 from diagnosis.models import LLMRequest, LLMRequestStatus
 
 WAIT_KIND = "tool"
-# Interrupts whose answer is a request row (`LLMRequest`): the job waits for either alike.
-REQUEST_WAIT_KINDS = ("model", WAIT_KIND)
+# Interrupts whose answer is a request row (`LLMRequest`), or rows (the children of a
+# wait for child agents, diagnosis.agent.child_agents): the job waits for each alike.
+REQUEST_WAIT_KINDS = ("model", WAIT_KIND, "children")
 
 
 class SlowToolFailed(RuntimeError):

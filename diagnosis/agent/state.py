@@ -70,3 +70,7 @@ class AgentContext:
     parent_run: AgentRun | None = None
     # The job's thread: a step on another one is a parallel branch (recording).
     thread: int = field(default_factory=threading.get_ident)
+    # A child agent's own job (diagnosis.jobs.child_jobs): its graph has no checkpoint
+    # and runs again from its start after a wait, so a wait ends the job (no interrupt)
+    # and its model calls are keyed by the step's task key.
+    child_job: bool = False

@@ -53,9 +53,13 @@ class LeaseLost(Exception):
 
 
 class Fence:
-    def __init__(self, session_id: Any, token: uuid.UUID) -> None:
+    def __init__(self, session_id: Any, token: uuid.UUID, claim: int | None = None) -> None:
         self.session_id = str(session_id)
         self.token = token
+        # A child agent's job (diagnosis.jobs.child_jobs) holds no lease on the session
+        # (its siblings write beside it): its writes are fenced by its claim on its
+        # request row, `token` being the claim's.
+        self.claim = claim
         # Set when a step group failed to commit: LangGraph still holds those
         # steps' state, so this run's exit checkpoint must not be saved (the savers
         # refuse it) and the retry starts again from the checkpoint before them.
@@ -70,8 +74,8 @@ _fence: contextvars.ContextVar[Fence | None] = contextvars.ContextVar("aero_fenc
 
 
 @contextmanager
-def fenced(session_id: Any, token: uuid.UUID) -> Iterator[Fence]:
-    fence = Fence(session_id, token)
+def fenced(session_id: Any, token: uuid.UUID, claim: int | None = None) -> Iterator[Fence]:
+    fence = Fence(session_id, token, claim)
     reset = _fence.set(fence)
     try:
         yield fence
@@ -102,6 +106,14 @@ def current_fence(session_id: Any) -> Fence | None:
 def check_fence(session: Session) -> None:
     """Call with the session row locked: refuses a job's write once its lease is gone."""
     fence = current_fence(session.pk)
+    if fence is not None and fence.claim is not None:
+        # A child's job: its claim still held and the session not ended.
+        held = LLMRequest.objects.filter(
+            pk=fence.claim, claim_token=fence.token, status="pending"
+        ).exists()
+        if not held or session.is_ended:
+            raise LeaseLost(f"session {session.pk}: claim {fence.token} is no longer held")
+        return
     if fence is not None and session.lease_token != fence.token:
         raise LeaseLost(f"session {session.pk}: lease {fence.token} is no longer held")
 

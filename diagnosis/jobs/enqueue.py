@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from aero import metrics
 from aero.supervision import process_gone
+from diagnosis.jobs.child_jobs import run_children_inline
 from diagnosis.jobs.embedded import EmbeddedWorker
 from diagnosis.jobs.job import WAITING_MODEL, advance_session
 from diagnosis.jobs.lease import lease_is_live
@@ -81,10 +82,12 @@ def dispatch(session_id: Any, *, at_front: bool = False, lease_read: bool = Fals
     session_id = str(session_id)
     backend = settings.AERO_JOB_BACKEND
     if backend == "inline":
-        # Inline (the CLI, tests): the model calls a job waits for are made right here,
-        # then the job runs again, until the session waits for something else.
+        # Inline (the CLI, tests): the model calls and child agents a job waits for are
+        # run right here, then the job runs again, until the session waits for something else.
         while advance_session(session_id) == WAITING_MODEL:
-            if not run_pending_inline(session_id):
+            # The calls first (a child may wait for one), then the child agents.
+            called = run_pending_inline(session_id)
+            if not (run_children_inline(session_id) or called):
                 break
         return True
     if not lease_read and lease_is_live(session_id):

@@ -46,7 +46,7 @@ from diagnosis.jobs.lease import (
     root_snapshot,
     take_lease,
 )
-from diagnosis.jobs.model_requests import model_answered, record_model_request
+from diagnosis.jobs.model_requests import record_model_request, request_answered
 from diagnosis.jobs.world import definition_of, initial_state, world_of
 from diagnosis.models import (
     ENDED_STATUSES,
@@ -132,7 +132,7 @@ def resumable(session_id: Any, waiting: Any = None) -> bool:
     query. If the state moved on meanwhile (another job), the loop's next job
     reads the checkpoint again and finds nothing to do."""
     if isinstance(waiting, dict) and waiting.get("kind") in REQUEST_WAIT_KINDS:
-        return model_answered(waiting["key"])
+        return request_answered(waiting)
     if waiting is None:
         session = Session.objects.get(pk=session_id)
         if session.is_ended:
@@ -178,7 +178,7 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
             return {"decided": True}
         return {"corrected": True} if found and found[1] else None
     if waiting["kind"] in REQUEST_WAIT_KINDS:  # a model call or a slow tool: its row
-        return {"model": waiting["key"]} if model_answered(waiting["key"]) else None
+        return {"model": waiting["key"]} if request_answered(waiting) else None
     return None
 
 

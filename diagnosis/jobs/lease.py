@@ -204,9 +204,13 @@ class Heartbeat:
     started and joined per job cost each job two hand-offs between threads, on the path
     of every session queued behind it."""
 
-    def __init__(self, session_id: str, token: uuid.UUID) -> None:
+    def __init__(
+        self, session_id: str, token: uuid.UUID, beat: Callable[[], bool] | None = None
+    ) -> None:
         self.session_id = session_id
         self.token = token
+        # What renews it: the session's lease, or a child job's claim (child_jobs).
+        self.renew = beat or (lambda: renew_lease(session_id, token))
         self.lost = threading.Event()
         self.interval = heartbeat_interval()
         self.due = 0.0  # monotonic time of the next renewal
@@ -221,7 +225,7 @@ class Heartbeat:
         _lease_keeper().remove(self)
 
     def beat(self) -> bool:
-        return renew_lease(self.session_id, self.token)
+        return self.renew()
 
 
 class _LeaseKeeper:

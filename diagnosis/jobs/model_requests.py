@@ -12,6 +12,7 @@ from django.db import transaction
 from aero.compiled import Arg, Compiled, cached_sql, insert_values
 from aero.packs import pack_for
 from diagnosis.agent import waits
+from diagnosis.agent.child_agents import WAIT_KIND as CHILDREN
 from diagnosis.agent.fallback import call_with_fallback
 from diagnosis.agent.providers import OfflineProvider, Provider, configured_providers
 from diagnosis.events import (
@@ -52,9 +53,25 @@ def model_answered(key: str) -> bool:
     return row is not None
 
 
+def request_answered(waiting: dict[str, Any]) -> bool:
+    """Whether what a job's request wait waits for is answered: the model's (or a slow
+    tool's) reply, or every child of a wait for child agents."""
+    if waiting.get("kind") == CHILDREN:
+        from diagnosis.jobs.child_jobs import children_answered
+
+        return children_answered(waiting)
+    return model_answered(waiting["key"])
+
+
 def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
     """The request a node interrupted with, as the runner's row (once by its key: a
-    re-run of the job finds it). Fenced: only the lease holder records it."""
+    re-run of the job finds it). Fenced: only the lease holder records it. A wait for
+    child agents records a row per child, and their jobs."""
+    if waiting.get("kind") == CHILDREN:
+        from diagnosis.jobs.child_jobs import record_children
+
+        record_children(session_id, waiting)
+        return
     row = LLMRequest(
         key=waiting["key"],
         session_id=session_id,
@@ -64,7 +81,12 @@ def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
     )
     fence = current_fence(session_id)
     connection = transaction.get_connection()
-    if fence is not None and connection.vendor == "postgresql" and not connection.in_atomic_block:
+    if (
+        fence is not None
+        and fence.claim is None
+        and connection.vendor == "postgresql"
+        and not connection.in_atomic_block
+    ):
         # ONE statement in autocommit, not a transaction of four (BEGIN, the
         # row lock, the INSERT, COMMIT): the session row share-locked and the lease
         # checked in the statement itself, the row inserted only if the lease holds.

@@ -16,6 +16,7 @@ from django.utils import timezone
 from aero.supervision import process_gone
 from diagnosis.eventlog.names import SESSION_STATUS_CHANGED
 from diagnosis.events import lock_session, set_status
+from diagnosis.jobs.child_jobs import requeue_children
 from diagnosis.jobs.enqueue import dispatch, enqueue_advance, queued_job_ids
 from diagnosis.jobs.lease import holder_pid
 from diagnosis.models import (
@@ -35,6 +36,7 @@ def requeue_stalled_sessions() -> int:
     """Re-enqueue the sessions that should be moving but have no job waiting and no live
     lease. Every worker runs this; the fixed job id makes concurrent passes harmless."""
     release_dead_holders()
+    requeue_children()  # child agents whose job was lost (their claim ran out)
     candidates = stalled_sessions()
     if not candidates:
         return 0

@@ -18,6 +18,7 @@ from django.db.models import BooleanField, F, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from diagnosis.agent.child_agents import PURPOSE_PREFIX as CHILD_PURPOSE
 from diagnosis.models import (
     LLMRequest,
     LLMRequestStatus,
@@ -65,8 +66,11 @@ def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()
     was still BEGIN, SELECT, COMMIT)."""
     now = timezone.now()
     expires = now + timedelta(seconds=settings.AERO_LLM_CLAIM_SECONDS)
-    rows = LLMRequest.objects.filter(status=LLMRequestStatus.PENDING).filter(
-        Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now)
+    rows = (
+        LLMRequest.objects.filter(status=LLMRequestStatus.PENDING)
+        .filter(Q(claim_token__isnull=True) | Q(claim_expires_at__lt=now))
+        # A child agent's row is its job's (diagnosis.jobs.child_jobs), not a call.
+        .exclude(purpose__startswith=CHILD_PURPOSE)
     )
     if session_id is not None:
         rows = rows.filter(session_id=session_id)

@@ -39,6 +39,7 @@ class DiagnosisPackConfig(AppConfig):
             skill_calls,
             slow,
             sources,
+            specialists,
             web,
             words,
         )
@@ -54,6 +55,7 @@ class DiagnosisPackConfig(AppConfig):
         external.register_system(fixes.SHOP_OPS, fixes.SHOP_OPS_PREFIX)
         sources.connect_audit()
         slow.register()  # its slow tools: waits the LLM runner answers
+        specialists.register()  # its specialists: child agents with jobs of their own
         skill_calls.register()
         register_finding(*KINDS)
         register_events(*sessions.EVENT_TYPES, *modes.EVENT_TYPES)

@@ -5,10 +5,10 @@ the session's mode gathers it -> conclusion -> fix proposed -> approval -> fix e
 The run modes (DIAGNOSIS.md §4, docs/diagnosis-pack.md): ReAct, one evidence call a
 step chosen from what is known, moving to plan-execute after the pack's number of steps
 in a row that added nothing; plan-execute, a plan of calls shown before it runs; and
-hierarchical, an orchestrator whose four specialists run in parallel as child runs,
-degrading to the minimal path when too many fail. Every mode makes the same calls
-(packs.diagnosis.investigation) and concludes with the playbook's reading of what they
-read, so all three conclude alike from the same bundle.
+hierarchical, an orchestrator whose four specialists run as child agents (jobs of
+their own, in parallel), degrading to the minimal path when too many fail. Every mode
+makes the same calls (packs.diagnosis.investigation) and concludes with the playbook's
+reading of what they read, so all three conclude alike from the same bundle.
 
 Every step is recorded by the core (diagnosis.agent.recording): each evidence tool is an
 R0 ToolCall with its start and result events, the conclusion is `finding.recorded`
@@ -38,9 +38,8 @@ from packs.diagnosis.closing import (
     report,
 )
 from packs.diagnosis.intake import intake
-from packs.diagnosis.modes import SPECIALISTS
 from packs.diagnosis.react_plan import execute, plan, react_step
-from packs.diagnosis.specialists import aggregate, orchestrate, specialist_node
+from packs.diagnosis.specialists import aggregate, await_specialists, orchestrate
 from packs.diagnosis.steps import DiagnosisState
 
 
@@ -54,7 +53,7 @@ def build_graph() -> StateGraph[DiagnosisState, AgentContext, DiagnosisState, Di
         ("plan", plan),
         ("execute", execute),
         ("orchestrate", orchestrate),
-        *((f"specialist_{name}", specialist_node(name)) for name in SPECIALISTS),
+        ("specialists", await_specialists),
         ("aggregate", aggregate),
         ("conclude", conclude),
         ("ask_user", ask_user),
@@ -71,9 +70,8 @@ def build_graph() -> StateGraph[DiagnosisState, AgentContext, DiagnosisState, Di
     builder.add_conditional_edges("react_step", route_after_react)
     builder.add_edge("plan", "execute")
     builder.add_edge("execute", "conclude")
-    for name in SPECIALISTS:
-        builder.add_edge("orchestrate", f"specialist_{name}")
-    builder.add_edge([f"specialist_{name}" for name in SPECIALISTS], "aggregate")
+    builder.add_edge("orchestrate", "specialists")
+    builder.add_edge("specialists", "aggregate")
     builder.add_edge("aggregate", "conclude")
     builder.add_conditional_edges("conclude", route_after_conclusion)
     builder.add_edge("ask_user", "read_answer")

@@ -1,17 +1,19 @@
-"""The hierarchical run mode: an orchestrator whose four specialists run in parallel as
-child runs of it, each with its own steps, their evidence aggregated in a fixed order;
-degrading to the minimal path when more than the pack's share of them failed."""
+"""The hierarchical run mode: an orchestrator whose four specialists run as child agents
+of it (each its own job, in parallel on as many workers; diagnosis.agent.child_agents),
+each with its own run and steps, their evidence aggregated in a fixed order; degrading
+to the minimal path when more than the pack's share of them failed."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, TypedDict
 
 from django.utils.translation import gettext as _
 from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
-from diagnosis.agent.recording import child_run, recorded, task_key
+from diagnosis.agent import waits
+from diagnosis.agent.child_agents import Child, register_child_agent, wait_for_children
+from diagnosis.agent.recording import child_run, commit_steps, recorded
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun
@@ -68,7 +70,7 @@ def specialist_calls(inv: Investigation, name: str) -> tuple[list[dict[str, Any]
 @recorded("orchestrate", fans_out=True)
 def orchestrate(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     """The orchestrator splits the work: its plan names the specialists and their tools;
-    the group commits so the specialists, on threads of their own, find it."""
+    the group commits before it waits for them."""
     set_mode(run, "hierarchical")
     inv = investigation_of(ctx, state)
     specialists = [
@@ -162,40 +164,64 @@ def _specialist_graph() -> Any:
 SPECIALIST_GRAPH = _specialist_graph()
 
 
-def specialist_node(name: str) -> Any:
-    """A parallel branch: the specialist `name` as a child run of the orchestrator (its
-    own mode, status, times, tokens), its steps recorded under it (its own graph)."""
+# The child agents' kind the pack registers (apps.py): a specialist.
+SPECIALIST_KIND = "diagnosis_specialist"
 
-    def branch(state: DiagnosisState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-        ctx = runtime.context
-        orchestrator = AgentRun(pk=state["orchestrator"], session_id=ctx.session_id)
-        orchestrator._state.adding = False
-        under = replace(ctx, parent_run=orchestrator)
-        agent = f"specialist_{name}"
-        report: dict[str, Any] = {"name": name, "status": "completed", "reason": ""}
-        try:
-            with child_run(under, agent, task_key(ctx, agent)) as child:
-                assert child.parent_run is not None
-                report["run"] = child.parent_run.pk
-                result = SPECIALIST_GRAPH.invoke(
-                    {
-                        "session_id": state["session_id"],
-                        "specialist": name,
-                        "problem_type": state["bundle"].get("problem_type") or "",
-                        "calls": [],
-                    },
-                    context=child,
-                )
-                report["evidence"] = result.get("calls") or []
-                if result.get("failed"):
-                    report.update(status="failed", reason=result["failed"])
-                    raise _SpecialistFailed(result["failed"])
-        except _SpecialistFailed:
-            pass  # its run is marked failed; the orchestrator counts it
-        return {"specialists": [report]}
 
-    branch.__name__ = f"specialist_{name}"
-    return branch
+def register() -> None:
+    register_child_agent(SPECIALIST_KIND, run_specialist)
+
+
+def await_specialists(state: DiagnosisState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+    """The orchestrator waits for its specialists as it would for the model: each runs
+    as a child agent of its own (its own job, diagnosis.agent.child_agents), and this
+    step reads their reports once every one has handed back. Without waits (the CLI)
+    they run here, one after the other."""
+    ctx = runtime.context
+    orchestrator = AgentRun(pk=state["orchestrator"], session_id=ctx.session_id)
+    orchestrator._state.adding = False
+    problem_type = state["bundle"].get("problem_type") or ""
+    children = [
+        Child(name, {"specialist": name, "problem_type": problem_type}) for name in SPECIALISTS
+    ]
+    join = f"specialists:{ctx.session_id}:{orchestrator.pk}"
+    try:
+        reports = wait_for_children(ctx, SPECIALIST_KIND, join, children, orchestrator)
+    except waits.ModelWait as wait:
+        commit_steps(ctx)
+        waits.interrupt_for(wait)
+        raise  # not reached: interrupt_for raises the interrupt
+    return {"specialists": [{"name": c.name, **reports[c.name]} for c in children]}
+
+
+def run_specialist(ctx: AgentContext, key: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A specialist as a child agent: its run under the orchestrator's (its own mode,
+    status, times, tokens), its steps recorded under it (its own graph), keyed by `key`
+    so a run again (a kill -9, a wait) writes nothing twice. Returns its report."""
+    name = args["specialist"]
+    agent = f"specialist_{name}"
+    report: dict[str, Any] = {"name": name, "status": "completed", "reason": ""}
+    try:
+        with child_run(ctx, agent, key) as child:
+            assert child.parent_run is not None
+            report["run"] = child.parent_run.pk
+            result = SPECIALIST_GRAPH.invoke(
+                {
+                    "session_id": str(ctx.session_id),
+                    "specialist": name,
+                    "problem_type": args.get("problem_type") or "",
+                    "calls": [],
+                },
+                context=child,
+            )
+            commit_steps(child)  # its steps before its end
+            report["evidence"] = result.get("calls") or []
+            if result.get("failed"):
+                report.update(status="failed", reason=result["failed"])
+                raise _SpecialistFailed(result["failed"])
+    except _SpecialistFailed:
+        pass  # its run is marked failed; the orchestrator counts it
+    return report
 
 
 @recorded("aggregate")
