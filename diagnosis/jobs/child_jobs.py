@@ -181,6 +181,8 @@ def run_child_job(session_id: str, key: str, *, enqueue: bool = True) -> str:
         return "busy"
     row, token = claimed
     request = row.request
+    result: dict[str, Any] | None = None
+    error = ""
     try:
         with (
             Heartbeat(session_id, token, beat=lambda: _renew(row.pk, token)),
@@ -201,10 +203,10 @@ def run_child_job(session_id: str, key: str, *, enqueue: bool = True) -> str:
                 if row.claims < settings.AERO_JOB_ATTEMPTS:
                     _let_go(row.pk, token)  # the reconciler runs it again
                     return "retrying"
-                _finish(row, token, None, f"{type(exc).__name__}: {exc}", enqueue)
-                return "failed"
-            _finish(row, token, result, "", enqueue)
-            return "done"
+                error = f"{type(exc).__name__}: {exc}"
+        # After the claim's last renewal: the row's end lets the claim go.
+        _finish(row, token, result, error, enqueue)
+        return "done" if result is not None else "failed"
     except LeaseLost:
         logger.warning("child %s: its claim was taken over or its session ended", key)
         return "lease_lost"
