@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from django.db import connections
 from django.test import override_settings
 
 from diagnosis.chain import verify_chain
+from diagnosis.events import LeaseLost, append_event, fenced
 from diagnosis.jobs import child_jobs
 from diagnosis.jobs import enqueue as job_enqueue
 from diagnosis.jobs.job import WAITING_MODEL, advance_session
@@ -176,6 +178,16 @@ def test_two_specialists_of_one_session_run_at_the_same_time(
     # The orchestrator still waits for the other two.
     assert Session.objects.get(pk=session.pk).status == "running"
     assert advance_session(str(session.pk)) == WAITING_MODEL
+
+    # A specialist's job whose claim was taken over writes nothing more.
+    claimed = child_jobs._claim(rows["knowledge"].key)
+    assert claimed is not None
+    row, token = claimed
+    LLMRequest.objects.filter(pk=row.pk).update(claim_token=uuid.uuid4())
+    before = Session.objects.get(pk=session.pk).last_seq
+    with fenced(session.pk, token, claim=row.pk), pytest.raises(LeaseLost):
+        append_event(session.pk, "agent.note", {"text": "late"}, producer="agent")
+    assert Session.objects.get(pk=session.pk).last_seq == before
 
 
 def test_a_worker_killed_mid_specialist_is_replaced_and_nothing_is_written_twice(
