@@ -115,14 +115,22 @@ class ToolRegistry:
 @dataclass(frozen=True)
 class HistoryFilter:
     """A fact a pack's sessions are found by in history (an IT diagnosis's problem type
-    and root-cause service): where the snapshot holds it (its keys, outermost first),
-    the filter's label, and its choices as (value, label) pairs, read when a form is
-    made (the labels in the reader's language)."""
+    and root-cause service, the apron's flight and position): where the snapshot holds
+    it (its keys, outermost first), the filter's label, and its choices as (value, label)
+    pairs, read when a form is made (the labels in the reader's language). Without
+    choices the value is typed: at most `max_length` characters, as `pattern` allows (the
+    API's check), kept as `clean` makes it."""
 
     name: str
     path: tuple[str, ...]
     label: Any
-    choices: Callable[[], list[tuple[str, Any]]]
+    choices: Callable[[], list[tuple[str, Any]]] | None = None
+    max_length: int = 64
+    pattern: str = ""
+    clean: Callable[[str], str] = str.strip
+    # Shown as a column of its own (the history page's rows, a field of the API's rows),
+    # not among the facts under the scenario's name.
+    column: bool = False
 
 
 @dataclass
@@ -184,9 +192,15 @@ class DomainPack:
     # The same panel on a replay step, from the log folded to that step:
     # (session, folded state, mask or None) -> dict. None: replay shows the core's facts.
     replay_context: Callable[[Any, Any, Any], dict[str, Any]] | None = None
-    # The board: (world, restrictions in force) -> what an action would do to it, by
-    # `consequence(tool, args, session_id)` (diagnosis.consequences.Board).
-    board: Callable[[Any, list[Any]], Any] | None = None
+    # What the session pages word every session with, read once for many of them:
+    # (the world's stamp as read, or None: as it is now; the restrictions in force) -> a
+    # diagnosis.presenters.PageWorld (its board: what an action would do; its map of a
+    # session's impact). Raises LookupError where the pack's world is not loaded.
+    page_world: Callable[[Any, list[Any]], Any] | None = None
+    # The pack's board page (the world with the restrictions in force and the lifts
+    # waiting): (the viewer's roles) -> its context; the page and the live push render
+    # the same.
+    board_page: Callable[[frozenset[str]], dict[str, Any]] | None = None
     # A warning read from a session's enrichment (what its lookups found disagrees),
     # in the reader's language; "" when there is none.
     enrichment_warning: Callable[[Any], str] | None = None

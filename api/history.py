@@ -13,6 +13,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Query, Schema, Status
+from pydantic import create_model
 
 from aero.roles import ADMIN, VIEW_SESSIONS
 from api import pagination
@@ -34,13 +35,34 @@ early = StrictRouter(tags=["history"])
 MARKDOWN = {"text/markdown": {"schema": {"type": "string"}}}
 
 
-class HistoryQuery(Schema):
+def _fields(model: type[Schema]) -> dict[str, Any]:
+    """A schema's fields as create_model takes them (their order, aliases and checks)."""
+    return {name: (info.annotation, info) for name, info in model.model_fields.items()}
+
+
+def _typed_filters() -> dict[str, Any]:
+    """The installed packs' typed history filters as query parameters (the apron's flight
+    and position), where the risk's is: each as its pack declares it."""
+    return {
+        name: (str, Field("", max_length=item.max_length, pattern=item.pattern or None))
+        for name, item in pack_filters().items()
+        if item.choices is None
+    }
+
+
+def _column_fields() -> dict[str, Any]:
+    """The packs' columns of a history row (the apron's flight and position)."""
+    return {name: (str, ...) for name, item in pack_filters().items() if item.column}
+
+
+class _QueryHead(Schema):
     q: str = Field("", max_length=200, pattern=r"^[^\x00]*$", description="Free text.")
     problem_type: str = Field("", max_length=64, pattern=r"^[-a-zA-Z0-9_]*$")
     status: Literal["", *SessionStatus.values] = ""  # type: ignore[valid-type]
     risk: Literal["", "LOW", "MEDIUM", "HIGH"] = ""
-    flight: str = Field("", max_length=16, pattern=r"^[-A-Za-z0-9 ]*$")
-    position: str = Field("", max_length=32, pattern=r"^[-A-Za-z0-9/ ]*$")
+
+
+class _QueryTail(Schema):
     creator: str = Field("", max_length=150, pattern=r"^[-\w.@+]*$")
     service: str = Field(
         "", max_length=64, pattern=r"^[-a-zA-Z0-9_.]*$", description="The root cause's service."
@@ -59,7 +81,17 @@ class HistoryQuery(Schema):
     )
 
 
-class HistoryRow(Schema):
+# The query in the order clients read it: the packs' typed filters after the risk.
+HistoryQuery = create_model(
+    "HistoryQuery",
+    __base__=Schema,
+    **_fields(_QueryHead),
+    **_typed_filters(),
+    **_fields(_QueryTail),
+)
+
+
+class _RowHead(Schema):
     id: UUID
     title: str
     status: str
@@ -67,16 +99,22 @@ class HistoryRow(Schema):
     created_by: str
     created_at: Any
     updated_at: Any
-    flight: str
-    position: str
+
+
+class _RowTail(Schema):
     risk: str
     facts: dict[str, str] = Field(
         ..., description="What a pack files its sessions by, e.g. problem_type and service."
     )
 
 
+HistoryRow = create_model(
+    "HistoryRow", __base__=Schema, **_fields(_RowHead), **_column_fields(), **_fields(_RowTail)
+)
+
+
 class HistoryPage(Schema):
-    sessions: list[HistoryRow]
+    sessions: list[HistoryRow]  # type: ignore[valid-type]
     next_cursor: str | None
 
 
@@ -88,7 +126,7 @@ class ExportJobOut(Schema):
     total: int
 
 
-def _search(request: HttpRequest, filters: HistoryQuery) -> dict[str, Any]:
+def _search(request: HttpRequest, filters: Any) -> dict[str, Any]:
     data = filters.model_dump()
     limit = data.pop("limit")
     empty: dict[str, Any] = {"sessions": [], "next_cursor": None}
@@ -111,12 +149,12 @@ def _search(request: HttpRequest, filters: HistoryQuery) -> dict[str, Any]:
         data["scenario"] = problem_type
     elif problem_type:
         fact = facts.get("problem_type")
-        if fact is None or problem_type not in dict(fact.choices()):
+        if fact is None or fact.choices is None or problem_type not in dict(fact.choices()):
             return empty
         data["problem_type"] = problem_type
     if data["service"]:
         fact = facts.get("service")
-        if fact is None or data["service"] not in dict(fact.choices()):
+        if fact is None or fact.choices is None or data["service"] not in dict(fact.choices()):
             return empty
     if data["cursor"]:
         # the position in the replay search's own terms, for this sort order only
@@ -141,8 +179,7 @@ def _search(request: HttpRequest, filters: HistoryQuery) -> dict[str, Any]:
                 "created_by": row["session"].created_by.get_username(),
                 "created_at": row["session"].created_at,
                 "updated_at": row["session"].updated_at,
-                "flight": row["flight"],
-                "position": row["position"],
+                **row["columns"],
                 "risk": row["risk"],
                 "facts": row["facts"],
             }
@@ -157,7 +194,7 @@ def _search(request: HttpRequest, filters: HistoryQuery) -> dict[str, Any]:
 
 
 @router.get("/history", auth=READ, response={200: HistoryPage, **READ_ERRORS})
-def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
+def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:  # type: ignore[valid-type]
     """Sessions by text, problem type, service, status, risk, flight, position, creator
     and dates, as on /history/ (deleted sessions excluded), `limit` a page. A problem
     type is a scenario's or an IT diagnosis's (`error_spike`); `service` is a diagnosis's
@@ -166,7 +203,7 @@ def search(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
 
 
 @early.get("/diagnosis-sessions/history", auth=READ, response={200: HistoryPage, **READ_ERRORS})
-def diagnosis_history(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:
+def diagnosis_history(request: HttpRequest, filters: Query[HistoryQuery]) -> Any:  # type: ignore[valid-type]
     """The same search as /history, under the sessions' own path."""
     return _search(request, filters)
 

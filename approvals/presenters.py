@@ -11,10 +11,8 @@ from aero.packs import stamped_pack
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals import cards
 from approvals.models import Approval, ManualTodo
-from diagnosis.consequences import board_of
 from diagnosis.models import Restriction
-from diagnosis.presenters import impact_map
-from scenarios_admin.airport import load_active_graph
+from diagnosis.presenters import read_world
 from scenarios_admin.definition import restriction_of
 from scenarios_admin.models import Scenario
 
@@ -271,8 +269,8 @@ def _render(
     items: dict[Any, list[dict[str, Any]]] = {pk: [] for pk in ids}
     for approval in cards.page_approvals(ids, per_incident, context["risk"]):
         items[approval.session_id].append({"a": approval, "session": approval.session})
-    graph = load_active_graph(topology) if topology is not None else None
-    board = board_of(graph, restrictions) if graph is not None else None
+    world = read_world(topology, restrictions) if topology is not None else None
+    board = world.board() if world is not None else None
     for group in groups:
         found = items[group["session_id"]]
         if not found:
@@ -297,7 +295,7 @@ def _render(
             # money and lifts are decided one by one
             and not (i["a"].is_lift or i["a"].is_budget)
         ]
-        group["map"] = impact_map(graph, group["impact"], restrictions) if graph else None
+        group["map"] = world.map(group["impact"]) if world is not None else None
         for item in group["items"]:
             call = item["a"].tool_call
             item["consequence"] = (

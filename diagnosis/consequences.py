@@ -1,6 +1,6 @@
 """What a proposed action means, in plain words, with its consequence on the world as it
-is now: the pack's board (its world plus the restrictions in force) says it; a world
-without a board gets the plain words only. Deterministic, no LLM; computed when shown,
+is now: the pack's board (its world plus the restrictions in force, from its page world:
+diagnosis.presenters.PageWorld) says it. Deterministic, no LLM; computed when shown,
 so it always reflects the current board.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy
 
-from aero.packs import action_tool, installed_packs
+from aero.packs import action_tool
 from diagnosis.models import Restriction
 from diagnosis.wording import TOOL_LABELS, plain
 
@@ -26,20 +26,29 @@ class Consequence:
 
 
 def _translated(tool: str) -> str:
-    """Plain words per action tool, as its pack declares them (the core's own two here);
-    %(...)s are the call's arguments. gettext on each literal, so makemessages finds them."""
+    """Plain words per action tool, as its pack declares them (the core's own here, and
+    the lift's as the pack registers them); %(...)s are the call's arguments."""
     declared = action_tool(tool)
     if declared is not None and declared.plain is not None:
         return str(declared.plain)
-    core = {
-        "lift_restriction": gettext("Lift the closure of %(kind)s %(target)s"),
-        "continue_budget": gettext("Let the agent ask the model again"),
-    }
-    if tool in core:
-        return core[tool]
+    if tool in PLAIN_WORDS:
+        return str(PLAIN_WORDS[tool])
     # An action without plain words of its own (the IT pack's fixes): its tool's words,
     # not its code; the card beside it lists the arguments.
     return plain(TOOL_LABELS, tool)
+
+
+# Plain words of the actions no pack declares as its own (the budget's, and the lift's
+# that a pack whose restrictions it lifts registers): tool -> lazy text.
+PLAIN_WORDS: dict[str, Any] = {
+    "continue_budget": gettext_lazy("Let the agent ask the model again"),
+}
+
+
+def register_plain_words(words: dict[str, Any]) -> None:
+    """A domain pack's plain words of a core action (from its AppConfig.ready())."""
+    for tool, text in words.items():
+        PLAIN_WORDS.setdefault(tool, text)
 
 
 def plain_words(tool: str, args: dict[str, Any]) -> str:
@@ -54,18 +63,3 @@ class Board(Protocol):
     def consequence(
         self, tool: str, args: dict[str, Any], session_id: Any = None
     ) -> Consequence: ...
-
-
-class PlainBoard:
-    """No pack keeps a board of this world: the plain words, no consequence."""
-
-    def consequence(self, tool: str, args: dict[str, Any], session_id: Any = None) -> Consequence:
-        return Consequence(plain_words(tool, args), "", False, None)
-
-
-def board_of(world: Any, active: list[Restriction]) -> Board:
-    """The board of the pack that keeps one, over `world` and the restrictions in force."""
-    for pack in installed_packs():
-        if pack.board is not None:
-            return pack.board(world, active)
-    return PlainBoard()

@@ -202,7 +202,7 @@ class SessionConsumer(PageViewer, SignedInSocket):
 
 
 def render_board(roles: frozenset[str]) -> str:
-    context = presenters.airport_board_context(roles)
+    context = presenters.board_page_context(roles)
     return render_to_string("diagnosis/airport_board.html#airport-board", {**context, "oob": True})
 
 

@@ -234,13 +234,14 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
 
 
 class PanelContexts:
-    """The panels' context for the pulls of one batch: the airport read once, each
+    """The panels' context for the pulls of one batch: the world read once, each
     session's rows read once, worded once per language (labels and consequences are
     worded when the context is built); only the role flags differ per pull."""
 
     def __init__(self) -> None:
-        # The world the panels word things with (presenters.read_airport), read once.
-        self.world: tuple[Any, Any] | None = None
+        # The world the panels word things with (presenters.read_world), read once.
+        self.world: presenters.PageWorld | None = None
+        self.world_read = False
         self.reads: dict[str, presenters.SessionReads] = {}
         # Worded per language and per masking (a read-only viewer's panels hide values).
         self.worded: dict[tuple[str, str | None, bool], dict[str, Any]] = {}
@@ -261,8 +262,11 @@ class PanelContexts:
         if worded is None:
             reads = self.reads.get(pull.session_id)
             if reads is None:
-                self.world = self.world or presenters.read_airport()
-                reads = self.reads[pull.session_id] = presenters.read_session(session, self.world)
+                if not self.world_read:
+                    self.world, self.world_read = presenters.read_world(), True
+                reads = self.reads[pull.session_id] = presenters.read_session(
+                    session, self.world, world_read=True
+                )
             worded = self.worded[key] = presenters.session_context(
                 session, None, roles=pull.roles, reads=reads, mask=self.mask(pull, session)
             )

@@ -4,16 +4,16 @@ pushed fragment and a full page render the same thing for the same viewer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 from django.conf import settings
 from django.db.models import Q
 
-from aero.packs import pack_for
-from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, MANAGE_AIRPORT, RUN_SESSIONS, user_roles
+from aero.packs import installed_packs, pack_for
+from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, user_roles
 from diagnosis.agent_tree import TreeOnce
-from diagnosis.consequences import Board, board_of
+from diagnosis.consequences import Board
 from diagnosis.eventlog import registry
 from diagnosis.eventlog.masking import SessionMask, session_mask
 from diagnosis.eventlog.names import REPORT_READY
@@ -30,8 +30,7 @@ from diagnosis.models import (
 )
 from diagnosis.reporting import decision_of, display_value, markdown_to_html, report_text
 from diagnosis.templatetags.timeline import scenario_language
-from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
-from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
+from scenarios_admin.definition import BUDGET_TOOL
 from scenarios_admin.models import ScenarioVersion
 
 TIMELINE_PAGE = 200  # rendering dominates the page's time, and grows with the rows
@@ -146,7 +145,7 @@ def action_rows(
     mask: SessionMask | None = None,
 ) -> list[dict[str, Any]]:
     """The session's actions; with `board`, each open one with its plain words and its
-    consequence on the airport as it is now (diagnosis.consequences). `reads`: the calls
+    consequence on the world as it is now (diagnosis.consequences). `reads`: the calls
     and approvals already read (read_session). `mask`: the viewer's (masking): a masked
     call shows no consequence, which would name what its arguments hide."""
     reads = reads or read_session(session)
@@ -207,11 +206,10 @@ def _approvals_of(session: Session) -> list[Any]:
 class SessionReads:
     """What the session panels read from the database, apart from how they word it: the
     live consumer reads it once per session and renders it for several languages and
-    role sets. The airport (graph, restrictions in force) is the same for every session
-    and may be passed in, read once for many."""
+    role sets. The world (PageWorld) is the same for every session and may be passed
+    in, read once for many."""
 
-    graph: AirportGraph | None
-    restrictions: list[Restriction]
+    world: PageWorld | None
     # The last `report.ready` payload (its text as written and its facts), or None.
     report: dict[str, Any] | None
     calls: list[ToolCall]
@@ -220,20 +218,57 @@ class SessionReads:
     agent_tree: TreeOnce
 
 
-def read_airport() -> tuple[AirportGraph | None, list[Restriction]]:
-    """The world the panels word things with; None where no world is installed (a
-    deployment that only diagnoses IT problems): its sessions' pages name no place."""
-    in_force = list(Restriction.objects.filter(lifted_at__isnull=True))
-    try:
-        return load_active_graph(), in_force
-    except LookupError:
-        return None, in_force
+class PageWorld(Protocol):
+    """What a pack's pages word every session with (its `page_world`): the world as it is
+    now with the restrictions in force."""
+
+    def board(self) -> Board:
+        """What a proposed action would do to the world (diagnosis.consequences)."""
+        ...
+
+    def map(
+        self, impact: dict[str, Any] | None, in_force: list[Any] | None = None
+    ) -> dict[str, Any]:
+        """The map of a session's impact (with `in_force`: those restrictions drawn
+        instead of the ones in force now)."""
+        ...
+
+
+def read_world(
+    stamp: tuple[Any, Any] | None = None, in_force: list[Restriction] | None = None
+) -> PageWorld | None:
+    """The world the panels word things with, as the installed pack that keeps one reads
+    it (`stamp`: as a caller read its stamp; `in_force`: the restrictions in force, read
+    here when not given); None where no world is installed (a deployment that only
+    diagnoses IT problems): its sessions' pages name no place."""
+    for pack in installed_packs():
+        if pack.page_world is not None:
+            if in_force is None:
+                in_force = list(Restriction.objects.filter(lifted_at__isnull=True))
+            try:
+                world: PageWorld = pack.page_world(stamp, in_force)
+            except LookupError:
+                return None
+            return world
+    return None
+
+
+def board_page_context(roles: frozenset[str]) -> dict[str, Any]:
+    """The board page for a role set, as the pack that keeps the world's board words it
+    (the page and the live consumer render the same)."""
+    for pack in installed_packs():
+        if pack.board_page is not None:
+            return pack.board_page(roles)
+    raise LookupError("no installed domain pack keeps a board page")
 
 
 def read_session(
-    session: Session, airport: tuple[AirportGraph | None, list[Restriction]] | None = None
+    session: Session, world: PageWorld | None = None, *, world_read: bool = False
 ) -> SessionReads:
-    graph, restrictions = airport or read_airport()
+    """`world`, `world_read`: the world read once for many sessions (read_world; None
+    read is no world); read here when not `world_read`."""
+    if not world_read:
+        world = read_world()
     calls = (
         # A request to continue past the model budget is decided here too.
         ToolCall.objects.filter(Q(is_action=True) | Q(tool_name=BUDGET_TOOL), session=session)
@@ -241,8 +276,7 @@ def read_session(
         .order_by("position", "id")
     )
     return SessionReads(
-        graph=graph,
-        restrictions=restrictions,
+        world=world,
         report=Event.objects.filter(session=session, type=REPORT_READY)
         .order_by("-seq")
         .values_list("payload", flat=True)
@@ -251,118 +285,6 @@ def read_session(
         approvals=_approvals_of(session),
         agent_tree=TreeOnce(session.pk),
     )
-
-
-def impact_map(
-    graph: AirportGraph, impact: dict[str, Any] | None, restrictions: list[Restriction]
-) -> dict[str, Any]:
-    isolated = set((impact or {}).get("isolated_nodes", []))
-    start = (impact or {}).get("start")
-    closed_taxiways = {r.target for r in restrictions if r.kind == Restriction.Kind.TAXIWAY}
-    closed_runways = {r.target for r in restrictions if r.kind == Restriction.Kind.RUNWAY}
-    closed_stands = {r.target for r in restrictions if r.kind == Restriction.Kind.STAND}
-
-    def closed(node_id: str) -> bool:
-        node = graph.nodes[node_id]
-        return (
-            node.taxiway in closed_taxiways
-            or node.runway in closed_runways
-            or node.node_id in closed_stands
-        )
-
-    nodes = [
-        {
-            "id": n.node_id,
-            "kind": n.kind,
-            "x": n.x,
-            "y": n.y,
-            "isolated": n.node_id in isolated,
-            "start": n.node_id == start,
-            "closed": closed(n.node_id),
-        }
-        for n in graph.nodes.values()
-    ]
-    edges = []
-    for a, b in graph.edges:
-        na, nb = graph.nodes[a], graph.nodes[b]
-        edges.append(
-            {
-                "x1": na.x,
-                "y1": na.y,
-                "x2": nb.x,
-                "y2": nb.y,
-                "isolated": a in isolated and b in isolated,
-                "closed": closed(a) and closed(b),
-            }
-        )
-    return {"nodes": nodes, "edges": edges, "icao": graph.icao}
-
-
-def airport_board(
-    graph: AirportGraph,
-    active: list[Restriction],
-    pending: dict[int, dict[str, Any]] | None = None,
-) -> dict[str, list[dict[str, Any]]]:
-    """Every runway, taxiway and stand with the restrictions in force on it, each with
-    its lift request waiting for an approver (if any)."""
-    by_target: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for restriction in active:
-        by_target.setdefault((restriction.kind, restriction.target), []).append(
-            {"r": restriction, "pending_lift": (pending or {}).get(restriction.pk)}
-        )
-    taxiways = sorted({n.taxiway for n in graph.nodes.values() if n.taxiway})
-    stands = natural_sorted([n.node_id for n in graph.nodes.values() if n.kind == "stand"])
-    flights_by_stand = {f.stand: f.flight_no for f in graph.flights.values()}
-
-    def rows(kind: str, targets: list[str]) -> list[dict[str, Any]]:
-        return [
-            {
-                "target": t,
-                "restrictions": by_target.get((kind, t), []),
-                "flight": flights_by_stand.get(t, "") if kind == "stand" else "",
-            }
-            for t in targets
-        ]
-
-    return {
-        "runways": rows(Restriction.Kind.RUNWAY, sorted(graph.runways)),
-        "taxiways": rows(Restriction.Kind.TAXIWAY, taxiways),
-        "stands": rows(Restriction.Kind.STAND, stands),
-    }
-
-
-def airport_board_context(roles: frozenset[str]) -> dict[str, Any]:
-    """The board page for a role set (the page and the live consumer render the same)."""
-    graph = load_active_graph()
-    active = list(Restriction.objects.filter(lifted_at__isnull=True).select_related("session"))
-    lifted = (
-        Restriction.objects.filter(lifted_at__isnull=False)
-        .select_related("session", "lifted_by")
-        .order_by("-lifted_at")[:20]
-    )
-    return {
-        "board": airport_board(graph, active, pending_lifts()),
-        "map": impact_map(graph, None, active),
-        "recently_lifted": lifted,
-        "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
-    }
-
-
-def pending_lifts() -> dict[int, dict[str, Any]]:
-    """Lift requests not done yet, by restriction id: waiting for an approver, or
-    approved and being sent to the airport operations system ("sending": a background
-    job sends it and retries; the board changes when it answers)."""
-    calls = ToolCall.objects.filter(
-        tool_name=LIFT_TOOL,
-        status__in=[ToolCallStatus.AWAITING_APPROVAL, ToolCallStatus.EXECUTING],
-    )
-    return {
-        call.request_payload["restriction"]: {
-            **call.request_payload,
-            "sending": call.status == ToolCallStatus.EXECUTING,
-        }
-        for call in calls.only("request_payload", "status")
-    }
 
 
 def session_context(
@@ -377,10 +299,10 @@ def session_context(
     `reads`: what read_session returned, for a caller rendering it more than once.
     `mask`: the viewer's masking when the caller has it already."""
     reads = reads or read_session(session)
-    graph, restrictions, report = reads.graph, reads.restrictions, reads.report
+    world, report = reads.world, reads.report
     mask = mask or viewer_mask(session, user, roles)
     # What the analyses found, as this viewer may see it (the map's nodes are the
-    # airport's own, read from the snapshot as it is).
+    # world's own, read from the snapshot as it is).
     snapshot = mask.snapshot(session.snapshot) if mask is not None else session.snapshot
     # Worded in the viewer's language from the logged facts (the text as written for a
     # report logged before reports kept them).
@@ -414,12 +336,8 @@ def session_context(
         "impact": snapshot.get("impact"),
         "enrichment": snapshot.get("enrichment"),
         "fsm": snapshot.get("fsm", "INIT"),
-        "map": (
-            impact_map(graph, session.snapshot.get("impact"), restrictions)
-            if graph is not None
-            else None
-        ),
-        "actions": action_rows(session, board_of(graph, restrictions), reads, mask),
+        "map": world.map(session.snapshot.get("impact")) if world is not None else None,
+        "actions": action_rows(session, world.board() if world else None, reads, mask),
         "report": report,
         "report_html": markdown_to_html(report_markdown) if report else "",
         # Closing with a summary cancels these too: the close form asks first.

@@ -411,7 +411,7 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
 @require_GET
 @role_required(VIEW_SESSIONS)
 def airport_board(request: HtmxHttpRequest) -> HttpResponse:
-    context = presenters.airport_board_context(user_roles(request.user))
+    context = presenters.board_page_context(user_roles(request.user))
     return render(request, "diagnosis/airport_board.html", {**context, "form": LiftForm()})
 
 

@@ -26,13 +26,10 @@ from diagnosis.models import (
 )
 
 TOOL_LABELS: dict[str, Promise] = {
-    # the core's own actions (a pack's are registered by the pack: register_tool_labels)
-    "lift_restriction": _("Lift a closure"),
+    # the core's own action (a pack's tools are registered by the pack:
+    # register_tool_labels; the lift's words by the pack whose restrictions it lifts)
     "continue_budget": _("Continue past the model budget"),
-    # the agent's own lookups and analyses
-    "lookup_aircraft_info": _("Look up the aircraft"),
-    "lookup_flight_plan": _("Look up the flight plan"),
-    "lookup_stand_location": _("Look up the position"),
+    # the agent's own analyses
     "assess_risk": _("Assess the risk"),
     "analyze_impact": _("Analyse the impact"),
 }
@@ -130,12 +127,15 @@ def agent_words(name: object) -> str:
     return plain(AGENT_LABELS, code)
 
 
-# Kinds of airport graph nodes (scenarios_admin.definition.NODE_KINDS)
-NODE_KIND_LABELS: dict[str, Promise] = {
-    "stand": pgettext_lazy("airport node kind", "stand"),
-    "taxiway": pgettext_lazy("airport node kind", "taxiway"),
-    "runway": pgettext_lazy("airport node kind", "runway"),
-}
+# The kinds of the places of a pack's world (its lookups name them), registered by the
+# pack (register_node_kind_labels).
+NODE_KIND_LABELS: dict[str, Promise] = {}
+
+
+def register_node_kind_labels(labels: dict[str, Promise]) -> None:
+    """A domain pack's words for the kinds of its world's places."""
+    for kind, label in labels.items():
+        NODE_KIND_LABELS.setdefault(kind, label)
 
 
 # The model providers AERO ships (a configured provider shows by the name its admin gave

@@ -72,8 +72,6 @@ class HistoryForm(forms.Form):
     risk = forms.ChoiceField(
         required=False, choices=[("", _("any")), *[(r, RISK_LABELS[r]) for r in RISK_LEVELS]]
     )
-    flight = forms.CharField(required=False, max_length=16)
-    position = forms.CharField(required=False, max_length=32)
     creator = forms.CharField(required=False, max_length=150, label=_("Opened by"))
     since = forms.DateField(required=False, label=_("From"))
     until = forms.DateField(required=False, label=_("To"))
@@ -82,14 +80,24 @@ class HistoryForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # The installed packs' own filters (an IT diagnosis's problem type and service).
+        # The installed packs' own filters (an IT diagnosis's problem type and service,
+        # chosen; the apron's flight and position, typed in).
         for name, item in history_filters().items():
-            self.fields[name] = forms.ChoiceField(
-                required=False, label=item.label, choices=[("", _("any")), *item.choices()]
+            self.fields[name] = (
+                forms.ChoiceField(
+                    required=False, label=item.label, choices=[("", _("any")), *item.choices()]
+                )
+                if item.choices is not None
+                else forms.CharField(required=False, max_length=item.max_length, label=item.label)
             )
 
     def pack_fields(self) -> list[forms.BoundField]:
-        return [self[name] for name in history_filters() if name in self.fields]
+        """The packs' filters shown beside the scenario (those with choices)."""
+        return [self[name] for name, item in history_filters().items() if not item.column]
+
+    def column_fields(self) -> list[forms.BoundField]:
+        """The packs' filters with a column of their own in the results."""
+        return [self[name] for name, item in history_filters().items() if item.column]
 
     def clean_cursor(self) -> str:
         from replay.history import parse_cursor
@@ -104,12 +112,6 @@ class HistoryForm(forms.Form):
                 ) from None
         return cursor
 
-    def clean_flight(self) -> str:
-        return str(self.cleaned_data.get("flight") or "").strip().upper()
-
-    def clean_position(self) -> str:
-        return str(self.cleaned_data.get("position") or "").strip().upper()
-
     def clean_creator(self) -> str:
         name = str(self.cleaned_data.get("creator") or "").strip()
         if name and not User.objects.filter(username=name).exists():
@@ -118,6 +120,9 @@ class HistoryForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        for name, item in history_filters().items():
+            if item.choices is None and name in data:
+                data[name] = item.clean(str(data[name] or ""))
         since, until = data.get("since"), data.get("until")
         if since and until and since > until:
             self.add_error("until", _("The end of the date range is before its start."))

@@ -1,9 +1,10 @@
 """History search over sessions (indexes: replay migrations 0001 and 0002).
 
-Facts from the snapshot (flight, position, risk level) are compared through the exact
-expressions the expression indexes are built on; free text goes to PostgreSQL full text
-plus trigram (Chinese has no word breaks, trigrams match inside it) or to SQLite FTS5 with
-its trigram tokenizer. Pages are keyset-paginated on (sort column, id)."""
+Facts from the snapshot (the risk level; a pack's filters, such as the apron's flight and
+position) are compared through the exact expressions the expression indexes are built
+on; free text goes to PostgreSQL full text plus trigram (Chinese has no word breaks,
+trigrams match inside it) or to SQLite FTS5 with its trigram tokenizer. Pages are
+keyset-paginated on (sort column, id)."""
 
 from __future__ import annotations
 
@@ -34,20 +35,16 @@ ROW_FIELDS = (
     "scenario__slug",  # the API lists it (api/history.py)
     "created_by__username",
 )
-ROW_FACTS = ("flight", "position", "risk", "closed_by")
+ROW_FACTS = ("risk", "closed_by")
 SORT_COLUMNS = {"-created": "created_at", "created": "created_at", "-updated": "updated_at"}
 
 # The same text the indexes are built on (replay migration 0001): keep them in step.
 PG_FACTS = {
-    "flight": "(\"diagnosis_session\".\"snapshot\" -> 'fields' ->> 'flight_no')",
-    "position": "(\"diagnosis_session\".\"snapshot\" -> 'fields' ->> 'position')",
     "risk": "(\"diagnosis_session\".\"snapshot\" -> 'risk' ->> 'level')",
     # Closed by the operator with a summary (a row only, no index, no filter)
     "closed_by": "(\"diagnosis_session\".\"snapshot\" -> 'closed' ->> 'by')",
 }
 SQLITE_FACTS = {
-    "flight": 'json_extract("diagnosis_session"."snapshot", \'$.fields.flight_no\')',
-    "position": 'json_extract("diagnosis_session"."snapshot", \'$.fields.position\')',
     "risk": 'json_extract("diagnosis_session"."snapshot", \'$.risk.level\')',
     "closed_by": 'json_extract("diagnosis_session"."snapshot", \'$.closed.by\')',
 }
@@ -155,11 +152,8 @@ def search_queryset(data: dict[str, Any]) -> QuerySet[Session]:
         sessions = sessions.filter(scenario=data["scenario"])
     if data.get("status"):
         sessions = sessions.filter(status=data["status"])
-    for name in ("flight", "position", "risk"):
-        if data.get(name):
-            sessions = sessions.alias(**{f"fact_{name}": fact(name)}).filter(
-                **{f"fact_{name}": data[name]}
-            )
+    if data.get("risk"):
+        sessions = sessions.alias(fact_risk=fact("risk")).filter(fact_risk=data["risk"])
     for name, item in pack_filters().items():
         if data.get(name):
             sessions = sessions.alias(**{f"pack_{name}": pack_fact(item)}).filter(
@@ -215,20 +209,29 @@ def search(
     hidden: set[Any] = set()
     if data.get("q") and roles is not None and masking.masks_roles(roles):
         hidden = masking.hiding(data["q"].strip(), [s.pk for s in found])
+    chosen = {name: item for name, item in packs.items() if not item.column}
     rows: list[dict[str, Any]] = [
         {
             "session": s,
             **{name: getattr(s, f"row_{name}") or "" for name in ROW_FACTS},
             # a pack's facts of this session (empty ones left out: another kind's session)
             "facts": {
-                name: str(value) for name in packs if (value := getattr(s, f"packrow_{name}"))
+                name: str(value) for name in chosen if (value := getattr(s, f"packrow_{name}"))
+            },
+            # the packs' columns, each in every row ("" where the session has none)
+            "columns": {
+                name: str(getattr(s, f"packrow_{name}") or "")
+                for name, item in packs.items()
+                if item.column
             },
         }
         for s in found
         if s.pk not in hidden
     ]
-    if packs:
-        words = {name: dict(item.choices()) for name, item in packs.items()}
+    if chosen:
+        words = {
+            name: dict(item.choices() if item.choices else []) for name, item in chosen.items()
+        }
         for row in rows:
             facts: dict[str, str] = row["facts"]
             row["fact_labels"] = [

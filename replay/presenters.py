@@ -17,12 +17,11 @@ from diagnosis.agent_tree import AgentTree
 from diagnosis.eventlog import masking, names
 from diagnosis.eventlog.masking import SessionMask
 from diagnosis.fold import ApprovalState, FoldState, ToolCallState, fold_events
-from diagnosis.models import AgentRun, Event, Restriction, Session
-from diagnosis.presenters import impact_map
+from diagnosis.models import AgentRun, Event, Session
+from diagnosis.presenters import PageWorld, read_world
 from diagnosis.reporting import display_value, report_text
 from diagnosis.templatetags.timeline import scenario_language
 from replay.forms import EVENT_GROUPS
-from scenarios_admin.airport import AirportGraph, load_active_graph
 
 # A step folds at most this many events after a cached state. A fold state is a few KB
 # (a 50,000-event session: 500 checkpoints, ~2-10 KB each); loading 1,000 events per step
@@ -325,14 +324,10 @@ def question_rows(state: FoldState) -> list[dict[str, Any]]:
     ]
 
 
-def closures(state: FoldState) -> list[Restriction]:
-    """Closures this session imposed and had not lifted by then (unsaved rows, for the
-    map only)."""
-    return [
-        Restriction(kind=r.kind, target=r.target)
-        for r in state.restrictions
-        if r.lifted_seq is None
-    ]
+def in_force_at(state: FoldState) -> list[Any]:
+    """The restrictions this session imposed and had not lifted by then (each with its
+    kind and target, for the map only)."""
+    return [r for r in state.restrictions if r.lifted_seq is None]
 
 
 def shown_payload(event: Event, mask: SessionMask | None) -> tuple[dict[str, Any], list[str]]:
@@ -352,18 +347,16 @@ def report_markdown(state: FoldState, mask: SessionMask | None, session: Session
     return mask.text(text) if mask is not None else text
 
 
-def world_graph() -> AirportGraph | None:
-    """The active graph, kept per process by its pack while its stamp is unchanged: a
-    replay step costs one query for it. None where no world is installed."""
-    try:
-        return load_active_graph()
-    except LookupError:
-        return None
+def page_world() -> PageWorld | None:
+    """The world, kept per process by its pack while its stamp is unchanged: a replay
+    step costs one query for it (the session's own restrictions replace those in force
+    now). None where no world is installed."""
+    return read_world(in_force=[])
 
 
-def impact_map_at(graph: AirportGraph | None, state: FoldState) -> dict[str, Any]:
-    """The map as it stood at the step: the session's impact and its own closures. (The
-    airport graph is today's: topology edits are not in the session's log.)"""
-    if graph is None:
+def impact_map_at(world: PageWorld | None, state: FoldState) -> dict[str, Any]:
+    """The map as it stood at the step: the session's impact and its own restrictions.
+    (The world is today's: its edits are not in the session's log.)"""
+    if world is None:
         return {}
-    return impact_map(graph, state.impact, closures(state))
+    return world.map(state.impact, in_force_at(state))

@@ -105,7 +105,7 @@ def replay_context(
         "actions": presenters.action_rows(state, mask),
         "evidence": presenters.evidence_calls(state, mask),
         # The apron's map only where its facts panel shows (a pack panel replaces both).
-        "map": {} if pack_panel else presenters.impact_map_at(presenters.world_graph(), folded),
+        "map": {} if pack_panel else presenters.impact_map_at(presenters.page_world(), folded),
         "impact": state.impact,
         "questions": presenters.question_rows(state),
         "report_html": markdown_to_html(presenters.report_markdown(state, mask, session))

@@ -763,8 +763,8 @@ def test_a_history_page_reads_its_rows_in_one_query(
                 r["session"].scenario.slug,
                 r["session"].scenario.name_en,
                 r["session"].created_by.get_username(),
-                r["flight"],
-                r["position"],
+                r["columns"]["flight"],
+                r["columns"]["position"],
                 r["risk"],
             )
             for r in rows

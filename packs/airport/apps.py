@@ -22,16 +22,17 @@ class AirportPackConfig(AppConfig):
         from aero.packs import DomainPack, ToolRegistry, register
         from diagnosis import external
         from diagnosis.agent.tools import register_lookups
-        from diagnosis.wording import register_tool_labels
-        from packs.airport import actions, lookups
+        from diagnosis.consequences import register_plain_words
+        from diagnosis.wording import register_node_kind_labels, register_tool_labels
+        from packs.airport import actions, lookups, words
         from packs.airport.agent.graph import build_graph
         from packs.airport.agent.prompts import REACT
         from packs.airport.agent.reading import READING
         from packs.airport.agent.selfcheck import check_draft
         from packs.airport.arguments import ANALYSES
-        from packs.airport.board import Board
         from packs.airport.definition import ApronDefinition
         from packs.airport.models import Topology
+        from packs.airport.pages import board_page, page_world
         from packs.airport.seed import seed_world
         from packs.airport.summary import summarize
         from packs.airport.world import connect_signals, load_active_graph
@@ -39,6 +40,9 @@ class AirportPackConfig(AppConfig):
         for system, prefix in actions.SYSTEMS.items():
             external.register_system(system, prefix)
         register_tool_labels(actions.LABELS)
+        register_tool_labels(words.TOOL_LABELS)
+        register_plain_words(words.PLAIN)
+        register_node_kind_labels(words.NODE_KINDS)
         register_lookups(lookups.LOOKUPS, lookups.FAILURES)
         connect_signals()
         register(
@@ -72,7 +76,9 @@ class AirportPackConfig(AppConfig):
                 react_prompt=REACT,
                 check_draft=check_draft,
                 enrichment_warning=lookups.stand_mismatch_text,
-                board=Board,
+                page_world=page_world,
+                history_filters=words.HISTORY_FILTERS,
+                board_page=board_page,
                 summarize=summarize,
             )
         )
