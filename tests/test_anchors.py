@@ -176,7 +176,7 @@ def test_a_cut_event_tail_is_detected_against_the_anchors(
 def test_a_chain_recomputed_without_the_key_is_detected(
     session: Session, anchor_file: Path
 ) -> None:
-    target = Event.objects.get(session=session, type="risk.assessed")
+    target = Event.objects.get(session=session, type="finding.recorded", payload__kind="risk")
     # The owner edits a payload and recomputes every link after it as plain sha256 (it
     # has no key): a chain that is whole, and unkeyed from the start to pass as old.
     updates = []

@@ -48,7 +48,7 @@ def test_an_untouched_chain_verifies(session: Session) -> None:
 
 
 def test_an_edited_payload_is_detected(session: Session) -> None:
-    target = Event.objects.get(session=session, type="risk.assessed")
+    target = Event.objects.get(session=session, type="finding.recorded", payload__kind="risk")
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE diagnosis_event SET payload = jsonb_set(payload, '{level}', '\"LOW\"') "
@@ -65,7 +65,7 @@ def test_an_edited_payload_is_detected(session: Session) -> None:
 
 
 def test_a_deleted_row_is_detected(session: Session) -> None:
-    target = Event.objects.get(session=session, type="impact.analyzed")
+    target = Event.objects.get(session=session, type="finding.recorded", payload__kind="impact")
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM diagnosis_event WHERE id = %s", [target.pk])
     report = verify_chain(session.pk)

@@ -61,6 +61,14 @@ def seqs(session: Session) -> list[tuple[int, str]]:
     return list(Event.objects.filter(session=session).order_by("seq").values_list("seq", "type"))
 
 
+def typed(events: Any) -> list[str]:
+    """The events' types in seq order, a finding as `finding:<kind>`."""
+    return [
+        f"finding:{e.payload['kind']}" if e.type == "finding.recorded" else e.type
+        for e in events.order_by("seq")
+    ]
+
+
 def test_a_batch_is_one_block_of_seqs_and_one_notice_after_commit(
     session: Session, notices: list[tuple[str, int, bool]]
 ) -> None:
@@ -69,14 +77,16 @@ def test_a_batch_is_one_block_of_seqs_and_one_notice_after_commit(
     with transaction.atomic(), event_batch(session.pk):
         for number in range(3):
             append_event(session.pk, "agent.node_started", {"node": f"n{number}"}, producer="test")
-        append_event(session.pk, "risk.assessed", {"level": "HIGH"}, producer="test")
+        append_event(
+            session.pk, "finding.recorded", {"kind": "risk", "level": "HIGH"}, producer="test"
+        )
         assert seqs(session) == [(1, "agent.note")]  # queued, not written yet
     assert seqs(session) == [
         (1, "agent.note"),
         (2, "agent.node_started"),
         (3, "agent.node_started"),
         (4, "agent.node_started"),
-        (5, "risk.assessed"),
+        (5, "finding.recorded"),
     ]
     assert notices[1:] == [(str(session.pk), 5, False)]  # one notice, highest seq
     session.refresh_from_db()
@@ -92,7 +102,9 @@ def test_a_crash_inside_a_batch_leaves_nothing(
         transaction.atomic(),
         event_batch(session.pk),
     ):
-        append_event(session.pk, "risk.assessed", {"level": "HIGH"}, producer="test")
+        append_event(
+            session.pk, "finding.recorded", {"kind": "risk", "level": "HIGH"}, producer="test"
+        )
         Session.objects.filter(pk=session.pk).update(title="half-written")
         raise RuntimeError("crash mid-step")
     session.refresh_from_db()
@@ -265,7 +277,7 @@ def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_not
     session = make_session(make_user("olga", "operator"))
     assert session.status == "waiting_user"
     events = Event.objects.filter(session=session)
-    types = list(events.order_by("seq").values_list("type", flat=True))
+    types = typed(events)
     assert [s for (s,) in events.order_by("seq").values_list("seq")] == list(
         range(1, session.last_seq + 1)
     )
@@ -275,9 +287,9 @@ def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_not
     assert "impact graph unavailable" in failed.payload["error"]
     # What the steps before the failure did was logged before it, once; the failed
     # step's analysis only once, after it (by the retry).
-    assert types.count("risk.assessed") == 1 and types.count("impact.analyzed") == 1
-    assert types.index("risk.assessed") < types.index("agent.node_failed")
-    assert types.index("agent.node_failed") < types.index("impact.analyzed")
+    assert types.count("finding:risk") == 1 and types.count("finding:impact") == 1
+    assert types.index("finding:risk") < types.index("agent.node_failed")
+    assert types.index("agent.node_failed") < types.index("finding:impact")
     assert ToolCall.objects.filter(session=session, tool_name="analyze_impact").count() == 1
     assert ToolCall.objects.filter(session=session, tool_name="assess_risk").count() == 1
     # No run of a step is left "running": the failed one was rolled back whole.
@@ -332,8 +344,8 @@ def test_a_step_without_a_savepoint_that_fails_leaves_its_run_marked_failed(
     ]
     # The failed run logged no start: its node_started was queued and dropped with it.
     assert not events.filter(type="agent.node_started", payload__run=failed.payload["run"])
-    types = list(events.order_by("seq").values_list("type", flat=True))
-    assert types.count("risk.assessed") == 1 and types.count("impact.analyzed") == 1
+    types = typed(events)
+    assert types.count("finding:risk") == 1 and types.count("finding:impact") == 1
     assert verify_chain(session.pk).ok
     assert_projections_match(session)
 

@@ -81,7 +81,9 @@ def test_a_decided_session_rebuilds_from_its_events(people: dict[str, User]) -> 
 def test_the_fold_at_a_seq_is_the_state_then(people: dict[str, User]) -> None:
     session = waiting_session(people["olga"])
     events = list(Event.objects.filter(session=session).order_by("seq"))
-    risk_seq = next(e.seq for e in events if e.type == "risk.assessed")
+    risk_seq = next(
+        e.seq for e in events if e.type == "finding.recorded" and e.payload["kind"] == "risk"
+    )
     before = fold_events(events[: risk_seq - 1])
     at = fold_events(events[:risk_seq])
     assert before.risk is None and at.risk == session.snapshot["risk"]

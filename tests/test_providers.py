@@ -144,7 +144,7 @@ def test_invented_values_are_confirmed_not_used(
         "continuous",
     }
     assert not snapshot.get("risk")
-    assert not Event.objects.filter(session=session, type="risk.assessed").exists()
+    assert not Event.objects.filter(session=session, type="finding.recorded").exists()
     question = snapshot["question"]
     assert question["field"] == "flight_no"
     assert question["text"].startswith('Please confirm: is the flight number "CA1234"?')

@@ -446,7 +446,8 @@ def test_the_model_cannot_change_a_rule_result_or_look_up_an_invented_value(
         for v in found
     )
     assert ToolCall.objects.filter(session=session, tool_name="assess_risk").count() == 1
-    assert Event.objects.filter(session=session, type="risk.assessed").count() == 1
+    risks = Event.objects.filter(session=session, type="finding.recorded", payload__kind="risk")
+    assert risks.count() == 1
     assert proposed(session) == OFFLINE_ACTIONS
 
 

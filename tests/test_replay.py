@@ -127,9 +127,12 @@ def step(client: Client, session: Session, **params: Any) -> Any:
     return client.get(reverse("replay:replay-step", args=[session.pk]), params)
 
 
-def seq_of(session: Session, type: str, nth: int = 0) -> int:
+def seq_of(session: Session, type: str, nth: int = 0, **payload: str) -> int:
+    """The seq of the nth event of `type` (whose payload holds `payload`: a finding's kind)."""
     return list(
-        Event.objects.filter(session=session, type=type)
+        Event.objects.filter(
+            session=session, type=type, **{f"payload__{k}": v for k, v in payload.items()}
+        )
         .order_by("seq")
         .values_list("seq", flat=True)
     )[nth]
@@ -204,7 +207,7 @@ def test_the_first_step_shows_the_session_as_it_began(finished: Session, carol: 
 
 
 def test_a_middle_step_shows_the_state_then_not_now(finished: Session, bob: User) -> None:
-    risk_seq = seq_of(finished, "risk.assessed")
+    risk_seq = seq_of(finished, "finding.recorded", kind="risk")
     before = step(login(bob), finished, seq=risk_seq - 1)
     assert before.context["state"].risk is None
     at = step(login(bob), finished, seq=risk_seq)
@@ -261,7 +264,8 @@ def test_next_and_previous_follow_the_type_filter(finished: Session, carol: User
 
 
 def test_jump_to_a_time_finds_the_last_step_before_it(finished: Session, carol: User) -> None:
-    target = Event.objects.get(session=finished, seq=seq_of(finished, "risk.assessed"))
+    risk_seq = seq_of(finished, "finding.recorded", kind="risk")
+    target = Event.objects.get(session=finished, seq=risk_seq)
     at = timezone.localtime(target.ts).replace(microsecond=0, tzinfo=None)
     response = step(login(carol), finished, at=at.isoformat())
     assert response.context["seq"] <= target.seq
@@ -346,7 +350,7 @@ def test_the_replay_page_shows_the_verified_chain(finished: Session, carol: User
 
 
 def test_an_edited_event_shows_as_a_broken_chain(finished: Session, carol: User) -> None:
-    seq = seq_of(finished, "risk.assessed")
+    seq = seq_of(finished, "finding.recorded", kind="risk")
     with connection.cursor() as cursor:  # rolled back after the test
         cursor.execute(
             "UPDATE diagnosis_event SET payload = jsonb_set(payload, '{level}', '\"LOW\"') "

@@ -65,7 +65,7 @@ def test_agent_internals_are_folded_and_what_matters_is_not(builtin: None, alice
     }
     assert {"agent.node_started", "agent.node_completed"} <= kinds
     for seq, (kind, cls) in shown.items():
-        if kind in ("session.created", "user.message", "risk.assessed", "approval.required"):
+        if kind in ("session.created", "user.message", "finding.recorded", "approval.required"):
             assert "internal" not in cls, (seq, kind)
     # The operator view is the short one: most of what the agent writes is internal.
     assert len(internal) > len(shown) / 2
@@ -90,7 +90,8 @@ def test_codes_become_plain_words_with_the_code_in_a_tooltip(builtin: None, alic
     assert 'title="dispatch_cleanup_crew">Dispatch the cleanup crew</span>' in page
     assert "<code>dispatch_cleanup_crew</code>" not in page
     # the risk: level in words, the rule's reason in field labels, its id in a tooltip
-    risk = re.search(r'data-type="risk.assessed".*?</li>', page, flags=re.S)
+    # (the session's first finding is its risk; its impact follows)
+    risk = re.search(r'data-type="finding.recorded".*?</li>', page, flags=re.S)
     assert risk is not None
     assert '<strong class="risk-high" title="HIGH">High</strong>' in risk.group(0)
     assert 'title="rule OS-01"' in risk.group(0) and "because" in risk.group(0)
@@ -235,9 +236,11 @@ def test_every_kind_of_event_has_its_line_and_every_line_a_kind() -> None:
         ("timeline.appended", {"kind": "scenario_switched_to"}, "cockpit"),
         # a type keeps its own line whatever its payload holds
         ("user.message", {"kind": "operator_update"}, "user-message"),
-        ("finding.recorded", {"kind": "risk", "level": "HIGH"}, "risk-assessed"),
-        ("risk.assessed", {"level": "HIGH"}, "risk-assessed"),
-        ("finding.recorded", {"kind": "impact"}, "impact-analyzed"),
+        # a finding by its kind's line, the pack's own; an old log's named type the same
+        ("finding.recorded", {"kind": "risk", "level": "HIGH"}, "airport/_lines.html#risk"),
+        ("risk.assessed", {"level": "HIGH"}, "airport/_lines.html#risk"),
+        ("finding.recorded", {"kind": "impact"}, "airport/_lines.html#impact"),
+        ("impact.analyzed", {"radius": 2}, "airport/_lines.html#impact"),
         ("no.such.type", {}, "other"),
     ],
 )
@@ -246,7 +249,8 @@ def test_an_event_is_shown_by_the_first_line_that_matches_it(
 ) -> None:
     from diagnosis.templatetags.timeline import EVENT_LINES_TEMPLATE, event_line
 
-    assert event_line(kind, payload) == f"{EVENT_LINES_TEMPLATE}#{line}"
+    expected = line if "#" in line else f"{EVENT_LINES_TEMPLATE}#{line}"
+    assert event_line(kind, payload) == expected
 
 
 @pytest.mark.browser

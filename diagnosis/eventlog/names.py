@@ -69,7 +69,3 @@ DECISION_EVENT = {
     "timeout": APPROVAL_TIMEOUT,
     "canceled": APPROVAL_CANCELED,
 }
-# The apron's risk and impact, written under their own names (read as findings of their
-# kind: diagnosis.eventlog.types.findings).
-RISK_ASSESSED = "risk.assessed"
-IMPACT_ANALYZED = "impact.analyzed"

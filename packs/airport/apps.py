@@ -23,8 +23,10 @@ class AirportPackConfig(AppConfig):
         from diagnosis import external
         from diagnosis.agent.tools import register_lookups
         from diagnosis.consequences import register_plain_words
+        from diagnosis.eventlog.registry import register as register_events
+        from diagnosis.eventlog.registry import register_finding
         from diagnosis.wording import register_node_kind_labels, register_tool_labels
-        from packs.airport import actions, lookups, words
+        from packs.airport import actions, findings, lookups, words
         from packs.airport.agent.graph import build_graph
         from packs.airport.agent.prompts import REACT
         from packs.airport.agent.reading import READING
@@ -39,6 +41,8 @@ class AirportPackConfig(AppConfig):
 
         for system, prefix in actions.SYSTEMS.items():
             external.register_system(system, prefix)
+        register_finding(*findings.KINDS)
+        register_events(*findings.LEGACY_TYPES)
         register_tool_labels(actions.LABELS)
         register_tool_labels(words.TOOL_LABELS)
         register_plain_words(words.PLAIN)

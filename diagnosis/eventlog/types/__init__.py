@@ -8,4 +8,3 @@ from diagnosis.eventlog.types import actions, agent, findings, runs, session
 
 def declare() -> None:
     registry.register(*session.TYPES, *agent.TYPES, *runs.TYPES, *actions.TYPES, *findings.TYPES)
-    registry.register_finding(*findings.KINDS)

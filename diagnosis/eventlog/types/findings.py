@@ -1,22 +1,19 @@
-"""What an analysis found: `finding.recorded` of a kind (risk, impact, ...), the kind
-declared by the domain that finds it; and the older, domain-named types that logs written
-before it still hold (`risk.assessed`, `impact.analyzed`), read as findings of their
-kind."""
+"""What an analysis found: `finding.recorded` of a kind (risk, impact, a hypothesis, a
+root cause), the kind declared by the domain that finds it with its payload model, words
+and timeline line. A domain that once wrote a finding under a name of its own declares
+that name as a legacy finding type (`legacy_finding`): its old logs still fold, read and
+render as findings of the kind."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.utils.translation import gettext as _
 from pydantic import model_validator
 
 from diagnosis.eventlog import names, registry
-from diagnosis.eventlog.names import IMPACT_ANALYZED, RISK_ASSESSED
-from diagnosis.eventlog.registry import EventType, FindingKind, Payload
+from diagnosis.eventlog.registry import EventType, Payload
 
 FACTS = frozenset({"session-facts"})
-# The names of the domain-named finding events, by the finding kind they recorded.
-LEGACY_FINDINGS = {"risk": RISK_ASSESSED, "impact": IMPACT_ANALYZED}
 
 
 class FindingRecorded(Payload):
@@ -36,6 +33,11 @@ def body(payload: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in payload.items() if k != "kind"}
 
 
+def recorded(kind: str, finding: dict[str, Any]) -> dict[str, Any]:
+    """The payload of a `finding.recorded` of `kind` (a finding holds no key `kind`)."""
+    return {"kind": kind, **finding}
+
+
 def _finding_snapshot(snapshot: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     return {**snapshot, str(p["kind"]): body(p)}
 
@@ -50,54 +52,23 @@ def _finding_line(p: dict[str, Any]) -> str:
     return str(line(body(p)) if callable(line) else line)
 
 
-def _legacy(kind: str) -> EventType:
-    """A domain-named finding event: folds, reads and renders as a finding of `kind`."""
+def legacy_finding(name: str, kind: str) -> EventType:
+    """A finding event written under a domain's own name before `finding.recorded`: read
+    only, it folds, reads and renders exactly as a finding of `kind` (its payload is the
+    finding without the kind)."""
 
     def as_finding(p: dict[str, Any]) -> dict[str, Any]:
-        return {"kind": kind, **p}
+        return recorded(kind, p)
 
     return EventType(
-        LEGACY_FINDINGS[kind],
+        name,
         snapshot=lambda snapshot, p: {**snapshot, kind: dict(p)},
         summary=lambda p: _finding_words(as_finding(p)),
         line=lambda p: _finding_line(as_finding(p)),
         panels=FACTS,
+        legacy=True,
     )
 
-
-class RiskFinding(Payload):
-    level: str
-    score: int | float | None = None
-    rule: str | None = None
-    when: dict[str, Any] = {}
-
-
-class ImpactFinding(Payload):
-    start: str | None = None
-    radius: int | None = None
-    isolated_nodes: list[Any] = []
-
-
-KINDS = (
-    FindingKind(
-        "risk",
-        RiskFinding,
-        summary=lambda p: (
-            _("risk %(level)s %(score)s by rule %(rule)s")
-            % {"level": p.get("level"), "score": p.get("score"), "rule": p.get("rule")}
-        ),
-        line="risk-assessed",
-    ),
-    FindingKind(
-        "impact",
-        ImpactFinding,
-        summary=lambda p: (
-            _("radius %(radius)s from %(start)s")
-            % {"radius": p.get("radius"), "start": p.get("start")}
-        ),
-        line="impact-analyzed",
-    ),
-)
 
 TYPES = (
     EventType(
@@ -108,6 +79,4 @@ TYPES = (
         line=_finding_line,
         panels=FACTS,
     ),
-    _legacy("risk"),
-    _legacy("impact"),
 )

@@ -22,11 +22,13 @@ from diagnosis.agent.tools import (
     run_deterministic,
     run_enrichment,
 )
-from diagnosis.eventlog.names import IMPACT_ANALYZED, RISK_ASSESSED, TIMELINE_APPENDED
+from diagnosis.eventlog.names import FINDING_RECORDED, TIMELINE_APPENDED
+from diagnosis.eventlog.types.findings import recorded as finding
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, ToolCall
 from packs.airport.agent import fsm, policy
 from packs.airport.agent.planning import action_calls_of, facts_of
+from packs.airport.findings import IMPACT, RISK
 
 
 @recorded("tool_executor")
@@ -101,17 +103,24 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
             before = replanning.get("previous_risk")
             append_step_event(
                 ctx.session_id,
-                RISK_ASSESSED,
-                risk
-                if not before
-                else {
-                    **risk,
-                    # Re-run after a correction: what it was, and what was corrected.
-                    "reassessed_from": {k: before.get(k) for k in ("rule", "level", "score")},
-                    "corrected": replanning.get("corrected", {}),
-                    # Or after an optional question's answer (asked alongside).
-                    **({"answered": replanning["answered"]} if replanning.get("answered") else {}),
-                },
+                FINDING_RECORDED,
+                finding(
+                    RISK,
+                    risk
+                    if not before
+                    else {
+                        **risk,
+                        # Re-run after a correction: what it was, and what was corrected.
+                        "reassessed_from": {k: before.get(k) for k in ("rule", "level", "score")},
+                        "corrected": replanning.get("corrected", {}),
+                        # Or after an optional question's answer (asked alongside).
+                        **(
+                            {"answered": replanning["answered"]}
+                            if replanning.get("answered")
+                            else {}
+                        ),
+                    },
+                ),
                 producer=ctx.producer,
                 run=run,
             )
@@ -133,8 +142,8 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
             update["impact"] = impact
             append_step_event(
                 ctx.session_id,
-                IMPACT_ANALYZED,
-                impact,
+                FINDING_RECORDED,
+                finding(IMPACT, impact),
                 producer=ctx.producer,
                 run=run,
             )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import Q
+
 from diagnosis.agent import budget, summaries
 from diagnosis.agent.nodes.proposals import DONE_OR_UNDER_WAY, base_call_id
 from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext, AgentState
-from diagnosis.eventlog.names import FSM_TRANSITION, RISK_ASSESSED
+from diagnosis.eventlog.names import FINDING_RECORDED, FSM_TRANSITION
 from diagnosis.events import append_step_event
 from diagnosis.models import (
     WITHDRAWN_NOT_CALLED_FOR,
@@ -19,6 +21,7 @@ from diagnosis.models import (
 from diagnosis.reporting import write_report
 from packs.airport.agent import fsm, policy
 from packs.airport.agent.planning import action_calls_of, facts_of
+from packs.airport.findings import RISK, RISK_ASSESSED
 
 
 @recorded("output_generator", last=True)
@@ -69,7 +72,10 @@ def corrections_note(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     reassessed = [
         e.payload
         for e in Event.objects.filter(
-            session_id=ctx.session_id, type=RISK_ASSESSED, payload__has_key="reassessed_from"
+            # A session logged before findings were generic re-assessed as risk.assessed.
+            Q(type=FINDING_RECORDED, payload__kind=RISK) | Q(type=RISK_ASSESSED),
+            session_id=ctx.session_id,
+            payload__has_key="reassessed_from",
         ).order_by("seq")
     ]
     if not reassessed:
