@@ -109,7 +109,8 @@ def test_a_log_with_the_old_finding_names_reads_as_it_did(
     folded = assert_projections_match(old)
     now_log = [as_logged_now(e) for e in old_log]
     assert fold_events(now_log) == folded
-    assert folded.risk == new.snapshot["risk"] and folded.risk["level"]
+    risk = folded.risk
+    assert risk is not None and risk == new.snapshot["risk"] and risk["level"]
     assert folded.impact == new.snapshot["impact"]
     assert fold_events(old_log[: risk_seq - 1]).risk is None
     assert fold_events(old_log[:risk_seq]).risk == new.snapshot["risk"]
@@ -129,7 +130,7 @@ def test_a_log_with_the_old_finding_names_reads_as_it_did(
         )
         assert registry.panels(old_event.type) == registry.panels(now.type)
     risk_words = registry.summary(RISK_ASSESSED, old_log[risk_seq - 1].payload)
-    assert folded.risk["rule"] in risk_words
+    assert risk["rule"] in risk_words
 
     # The export's chronology words the old findings like the new ones.
     exported = render_export(old, carol, masked=False)
@@ -139,9 +140,9 @@ def test_a_log_with_the_old_finding_names_reads_as_it_did(
     # The session page shows the risk line under the old name, in words.
     page = login(olga).get(reverse("diagnosis:session-detail", args=[old.pk])).content.decode()
     risk_line = page.split(f'data-type="{RISK_ASSESSED}"', 1)[1].split("</li>", 1)[0]
-    level = folded.risk["level"]
+    level = risk["level"]
     assert f'class="risk-{level.lower()}" title="{level}"' in risk_line
-    assert f'title="rule {folded.risk["rule"]}"' in risk_line
+    assert f'title="rule {risk["rule"]}"' in risk_line
     assert f'data-type="{IMPACT_ANALYZED}"' in page
 
     # Replay at the old risk's seq: the state then holds the risk.

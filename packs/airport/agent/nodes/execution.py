@@ -101,26 +101,20 @@ def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[s
             update["risk"] = risk
             replanning = state.get("replanning") or {}
             before = replanning.get("previous_risk")
+            found = risk
+            if before:
+                found = {
+                    **risk,
+                    # Re-run after a correction: what it was, and what was corrected.
+                    "reassessed_from": {k: before.get(k) for k in ("rule", "level", "score")},
+                    "corrected": replanning.get("corrected", {}),
+                    # Or after an optional question's answer (asked alongside).
+                    **({"answered": replanning["answered"]} if replanning.get("answered") else {}),
+                }
             append_step_event(
                 ctx.session_id,
                 FINDING_RECORDED,
-                finding(
-                    RISK,
-                    risk
-                    if not before
-                    else {
-                        **risk,
-                        # Re-run after a correction: what it was, and what was corrected.
-                        "reassessed_from": {k: before.get(k) for k in ("rule", "level", "score")},
-                        "corrected": replanning.get("corrected", {}),
-                        # Or after an optional question's answer (asked alongside).
-                        **(
-                            {"answered": replanning["answered"]}
-                            if replanning.get("answered")
-                            else {}
-                        ),
-                    },
-                ),
+                finding(RISK, found),
                 producer=ctx.producer,
                 run=run,
             )
