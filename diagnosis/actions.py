@@ -41,7 +41,7 @@ from diagnosis.models import (
 from diagnosis.outbox import enqueue_effect
 from diagnosis.reporting import display_value, write_report
 from diagnosis.signals import session_closing
-from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
+from scenarios_admin.definition import LIFT_TOOL, decision_only
 from scenarios_admin.models import Scenario
 
 logger = logging.getLogger("diagnosis.actions")
@@ -508,10 +508,13 @@ def do_apply_decision(
             record_decision(tool_call, user, outcome, reason, producer, at, extra)
             if session.is_ended:
                 return tool_call
-            if outcome == "approved" and tool_call.tool_name != BUDGET_TOOL:
+            if outcome == "approved" and not decision_only(
+                tool_call.tool_name, tool_call.is_action
+            ):
                 # The effect's outbox row commits with the decision; the
                 # session's job executes it after the commit. (Continuing past the
-                # budget has no effect outside AERO: the agent reads the decision.)
+                # budget or running a skill has no effect outside AERO: the agent
+                # reads the decision.)
                 enqueue_effect(tool_call, producer=producer, fresh=True)
             if session.status == SessionStatus.WAITING_USER:
                 set_status(session.pk, SessionStatus.QUEUED, producer=producer)

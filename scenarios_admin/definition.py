@@ -44,6 +44,9 @@ LIFT_TOOL = "lift_restriction"
 # Nor is `continue_budget`: the agent's request for more steps or money when its budget
 # ran out (R1: one approver says "go on", nothing outside AERO happens).
 BUDGET_TOOL = "continue_budget"
+# Nor is an uploaded skill (tools.models.SkillVersion.tool_name): one whose manifest
+# raises its risk class to R1+ runs only once approved, and nothing outside AERO happens.
+SKILL_TOOL_PREFIX = "skill:"
 # A pack's actions declare their own floors (aero.packs.ActionTool.risk_floor).
 RISK_FLOORS: dict[str, str] = {
     LIFT_TOOL: "R2",
@@ -56,6 +59,12 @@ def shown_as_decision(tool: str) -> bool:
     words it plainly, or the lift): lookups and analyses are internal steps."""
     declared = action_tool(tool)
     return tool == LIFT_TOOL or (declared is not None and declared.plain is not None)
+
+
+def decision_only(tool: str, is_action: bool) -> bool:
+    """A call whose approval is all there is (the agent reads the decision): continuing
+    past the budget, running an uploaded skill. Approving it sends nothing out."""
+    return tool == BUDGET_TOOL or (not is_action and tool.startswith(SKILL_TOOL_PREFIX))
 
 
 def risk_floor(tool: str) -> str:

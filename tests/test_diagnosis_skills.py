@@ -196,3 +196,93 @@ def test_with_waits_a_skill_runs_outside_the_job_as_a_slow_tool(
     )
     assert outcome.payload["status"] == "ok"
     assert cause_of(session)["hypothesis"] == "bad_deploy"
+
+
+def _skill_approval(session: Session, tool: str) -> Any:
+    from approvals.models import Approval
+
+    return Approval.objects.get(session=session, tool_call__tool_name=tool)
+
+
+def test_an_r1_skill_waits_for_approval_then_runs_as_evidence(
+    builtin: None, alice: User, bob: User, root: User
+) -> None:
+    """A skill whose manifest raises its risk class is proposed after the conclusion: an
+    approval card naming the skill, its version and its arguments; nothing runs before
+    the decision, nothing leaves AERO on approval; approved, it runs and its finding is
+    evidence; then the fix is proposed as usual."""
+    from approvals.actions import do_decide
+    from diagnosis.models import Outbox
+
+    save_upload(
+        skill_zip(COUNT_ERRORS, name="risky", applies_to=["error_spike"], risk="R1", limits=FAST),
+        root,
+    )
+    session = diagnose(alice, "ex-deploy-payments")
+    call = ToolCall.objects.get(session=session, tool_name="skill:risky")
+    assert call.status == "awaiting_approval" and call.risk_class == "R1"
+    assert call.request_payload == {
+        "version": "1.0",
+        "arguments": {
+            "problem_type": "error_spike",
+            "services": call.request_payload["arguments"]["services"],
+        },
+    }
+    assert not ToolCall.objects.filter(session=session, call_id="fix-1").exists()
+    approval = _skill_approval(session, "skill:risky")
+    card = login(bob).get(reverse("approvals:queue")).content.decode()
+    assert "skill:risky" in card and "1.0" in card and "error_spike" in card
+
+    do_decide(approval.pk, bob, "approve", "read the logs", digest=approval.digest)
+    session.refresh_from_db()
+    call.refresh_from_db()
+    assert call.status == "completed" and call.response_payload["result"]["lines"] > 0
+    assert not Outbox.objects.filter(tool_call=call).exists()
+    types = list(
+        Event.objects.filter(session=session, payload__tool_name="skill:risky")
+        .order_by("seq")
+        .values_list("type", flat=True)
+    )
+    assert types == [
+        "approval.required",
+        "approval.approved",
+        "tool.call_started",
+        "tool.call_completed",
+    ], types
+    assert session.status == "waiting_user"  # now on the fix's approval
+    assert ToolCall.objects.get(session=session, call_id="fix-1").status == "awaiting_approval"
+    assert cause_of(session)["hypothesis"] == "bad_deploy"
+
+
+def test_a_rejected_r1_skill_does_not_run_and_the_session_says_so(
+    builtin: None, alice: User, bob: User, root: User
+) -> None:
+    from approvals.actions import do_decide
+
+    save_upload(
+        skill_zip(
+            "raise SystemExit('must not run')",
+            name="risky",
+            applies_to=["error_spike"],
+            risk="R2",
+            limits=FAST,
+        ),
+        root,
+    )
+    session = diagnose(alice, "ex-deploy-payments")
+    approval = _skill_approval(session, "skill:risky")
+    assert approval.risk_class == "R2"
+    do_decide(approval.pk, bob, "reject", "not on production", digest=approval.digest)
+    session.refresh_from_db()
+    call = ToolCall.objects.get(session=session, tool_name="skill:risky")
+    assert call.status == "rejected"
+    assert not Event.objects.filter(
+        session=session, type="tool.call_started", payload__tool_name="skill:risky"
+    ).exists()
+    (note,) = Event.objects.filter(
+        session=session, type="agent.note", payload__kind="skill_not_run"
+    )
+    assert note.payload["text"] == "skill:risky 1.0 not run: rejected by bob (not on production)"
+    # the session goes on without it: the fix is proposed
+    assert session.status == "waiting_user"
+    assert ToolCall.objects.get(session=session, call_id="fix-1").status == "awaiting_approval"

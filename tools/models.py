@@ -14,6 +14,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from aero import crypto
+from scenarios_admin.definition import SKILL_TOOL_PREFIX
 from tools.client import ServerSpec
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -214,7 +215,7 @@ class SkillVersion(models.Model):
 
     @property
     def tool_name(self) -> str:
-        return f"skill:{self.skill.name}"
+        return f"{SKILL_TOOL_PREFIX}{self.skill.name}"
 
 
 class SkillFile(models.Model):

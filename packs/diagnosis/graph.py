@@ -1,6 +1,8 @@
 """A diagnosis session's graph: intake (and the run mode) -> evidence, gathered the way
 the session's mode gathers it -> conclusion -> fix proposed -> approval -> fix executed
--> report, with an ask-the-reporter wait when the evidence names no root cause.
+-> report, with an ask-the-reporter wait when the evidence names no root cause, and
+after the conclusion the approval of any skill whose manifest raised its risk class
+(packs.diagnosis.skill_gate) before it runs.
 
 The run modes (DIAGNOSIS.md §4, docs/diagnosis-pack.md): ReAct, one evidence call a
 step chosen from what is known, moving to plan-execute after the pack's number of steps
@@ -39,6 +41,7 @@ from packs.diagnosis.closing import (
 )
 from packs.diagnosis.intake import intake
 from packs.diagnosis.react_plan import execute, plan, react_step
+from packs.diagnosis.skill_gate import await_skills, has_gated_skills, propose_skills, run_skills
 from packs.diagnosis.specialists import aggregate, await_specialists, orchestrate
 from packs.diagnosis.steps import DiagnosisState
 
@@ -56,6 +59,9 @@ def build_graph() -> StateGraph[DiagnosisState, AgentContext, DiagnosisState, Di
         ("specialists", await_specialists),
         ("aggregate", aggregate),
         ("conclude", conclude),
+        ("propose_skills", propose_skills),
+        ("await_skills", await_skills),
+        ("run_skills", run_skills),
         ("ask_user", ask_user),
         ("read_answer", read_answer),
         ("propose_fix", propose_fix),
@@ -73,7 +79,10 @@ def build_graph() -> StateGraph[DiagnosisState, AgentContext, DiagnosisState, Di
     builder.add_edge("orchestrate", "specialists")
     builder.add_edge("specialists", "aggregate")
     builder.add_edge("aggregate", "conclude")
-    builder.add_conditional_edges("conclude", route_after_conclusion)
+    builder.add_conditional_edges("conclude", route_after_conclude)
+    builder.add_edge("propose_skills", "await_skills")
+    builder.add_edge("await_skills", "run_skills")
+    builder.add_conditional_edges("run_skills", route_after_conclusion)
     builder.add_edge("ask_user", "read_answer")
     builder.add_edge("read_answer", "report")
     builder.add_edge("propose_fix", "await_approval")
@@ -102,6 +111,13 @@ def route_after_react(state: DiagnosisState) -> Literal["react_step", "plan", "c
     if state.get("conclusion"):
         return "conclude"
     return "plan" if state.get("mode") == "plan_execute" else "react_step"
+
+
+def route_after_conclude(
+    state: DiagnosisState,
+) -> Literal["propose_skills", "ask_user", "propose_fix", "report"]:
+    # Skills of risk R1+ applying to the problem type wait for approval first.
+    return "propose_skills" if has_gated_skills(state) else route_after_conclusion(state)
 
 
 def route_after_conclusion(state: DiagnosisState) -> Literal["ask_user", "propose_fix", "report"]:

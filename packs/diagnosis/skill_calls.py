@@ -1,8 +1,8 @@
 """Uploaded skills as evidence tools of the diagnosis (tools.skills, tools.sandbox): the
 active R0 skills that declare the incident's problem type are follow-up calls
 (`skill:NAME`), made like every evidence call (recorded, keyed by session and call, a
-failure recorded with its reason). A skill of risk R1 or above is kept and listed but
-never called here: an evidence read runs without approval, so only R0 may."""
+failure recorded with its reason). A skill of risk R1 or above is not a follow-up: it is
+proposed after the conclusion and runs only once approved (packs.diagnosis.skill_gate)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from django.db.models import F
 
 from diagnosis.agent.slow_tools import call_slow, register_slow_tool
+from diagnosis.models import ToolCall, ToolCallStatus
 from packs.diagnosis.playbook import Diagnosis
 from packs.diagnosis.storage import bundle_dir
 from tools.models import SkillVersion
@@ -42,21 +43,47 @@ def skill_calls(found: Diagnosis, window: dict[str, str]) -> list[dict[str, Any]
         "candidates": list(found.candidates),
         "root_cause_service": found.service or "",
     }
+    return _calls(facts, gated=False)
+
+
+def gated_skill_calls(conclusion: dict[str, Any]) -> list[dict[str, Any]]:
+    """One call per active skill of risk R1 or above applying to the conclusion's
+    problem type, to propose for approval: its arguments are `{"version", "arguments"}`
+    (what the approval card shows), its risk the version's."""
+    candidates = [c["service"] for c in conclusion.get("candidates") or [] if c.get("service")]
+    since, until = conclusion["window"]
+    facts: dict[str, Any] = {
+        "problem_type": conclusion.get("problem_type") or "",
+        "since": since,
+        "until": until,
+        "services": list(dict.fromkeys([*candidates, *conclusion.get("related_services", [])])),
+        "candidates": list(dict.fromkeys(candidates)),
+        "root_cause_service": conclusion.get("service") or "",
+    }
+    return _calls(facts, gated=True)
+
+
+def _calls(facts: dict[str, Any], *, gated: bool) -> list[dict[str, Any]]:
     calls = []
-    for index, version in enumerate(active_skills(found.problem_type)):
-        if version.risk_class != "R0":
+    for index, version in enumerate(active_skills(facts["problem_type"])):
+        if (version.risk_class != "R0") != gated:
             continue
         declared = version.arguments_schema.get("properties")
         args = {k: v for k, v in facts.items() if k in declared} if declared else facts
-        calls.append(
-            {
-                "call_id": f"ev-skill-{version.skill.name}",
-                "tool": version.tool_name,
-                "args": args,
-                "skill_version": version.pk,
-                "position": POSITION + index,
-            }
-        )
+        call: dict[str, Any] = {
+            "call_id": f"ev-skill-{version.skill.name}",
+            "tool": version.tool_name,
+            "args": args,
+            "skill_version": version.pk,
+            "position": POSITION + index,
+        }
+        if gated:
+            call.update(
+                args={"version": version.version, "arguments": args},
+                risk_class=version.risk_class,
+                is_action=False,  # no effect outside AERO: its decision is all there is
+            )
+        calls.append(call)
     return calls
 
 
@@ -68,6 +95,7 @@ def run_skill_call(session_id: Any, call: dict[str, Any]) -> dict[str, Any]:
         SKILL_RUN,
         {
             "session": str(session_id),
+            "call_id": call["call_id"],
             "tool": call["tool"],
             "args": dict(call["args"]),
             "skill_version": call.get("skill_version"),
@@ -87,7 +115,7 @@ def _skill_run(call: dict[str, Any]) -> dict[str, Any]:
         version = versions.filter(skill__active_version=F("pk")).first()
     if version is None:
         raise LookupError(f"{call['tool']}: no such skill version")
-    if version.risk_class != "R0":
+    if version.risk_class != "R0" and not _approved(session_id, call.get("call_id", "")):
         raise PermissionError(f"{call['tool']}: risk {version.risk_class} needs an approval")
     ran = run_skill(version, dict(call["args"]), bundle_dir(session_id))
     if not ran.ok:
@@ -100,6 +128,13 @@ def _skill_run(call: dict[str, Any]) -> dict[str, Any]:
         "summary": f"{version.skill.name} {version.version}: "
         + (summary if isinstance(summary, str) else "answered"),
     }
+
+
+def _approved(session_id: Any, call_id: str) -> bool:
+    """An approver approved this session's call of the skill (and it has not run)."""
+    return ToolCall.objects.filter(
+        session_id=session_id, call_id=call_id, status=ToolCallStatus.APPROVED
+    ).exists()
 
 
 def _skill_timeout(slow_args: dict[str, Any]) -> float:
