@@ -190,3 +190,96 @@ def test_the_api_create_takes_the_source_choice(
     schema = json.loads(Client().get("/api/v1/openapi.json").content)
     text = json.dumps(schema)
     assert '"sources"' in text and '"metrics_source"' in text
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *options: str) -> dict[str, Any]:
+    from django.core.management import call_command
+
+    capsys.readouterr()
+    call_command("incident", "run", *options, "--json")
+    result: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return result
+
+
+def test_without_a_bundle_a_session_on_the_systems_sources_concludes_saying_what_it_lacked(
+    builtin: None,
+    stored: Path,
+    attached: SystemSources,
+    capsys: pytest.CaptureFixture[str],
+    make_user: Callable[..., User],
+) -> None:
+    """No bundle at all (the CLI's `--sources system` with a description and the window):
+    metrics from the system's Prometheus, no logs; the session runs to its conclusion,
+    whose missing sources name what it lacked, and the page, the export and the JSON say
+    where its evidence came from."""
+    result = _cli(
+        capsys,
+        "--sources", "system",
+        "--message", "payment callbacks fail",
+        "--until", "2026-10-02T11:20:00+08:00",
+    )  # fmt: skip
+    assert result["status"] in ("waiting_user", "completed"), result
+    assert result["sources_from"] == {
+        "sources": "system",
+        "system": "shop",
+        "code": {"server": "shop-git", "repo": attached.repo_path},
+        "logs": "none",
+    }
+    assert result["metrics"]["name"] == "shop-prom"
+    assert "logs" in result["missing_sources"], result["missing_sources"]
+    calls = {c.tool_name: c for c in ToolCall.objects.filter(session_id=result["session"])}
+    assert calls["anomalies"].status == "completed"  # read from Prometheus
+    assert calls["anomalies"].response_payload["anomalies"], calls["anomalies"].response_payload
+    assert "log_signatures" not in calls
+    cause = Event.objects.get(
+        session_id=result["session"], type="finding.recorded", payload__kind="root_cause"
+    ).payload
+    assert cause["missing"] == result["missing_sources"]
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw-for-tests"))
+    page = client.get(reverse("diagnosis:session-detail", args=[result["session"]]))
+    text = page.content.decode()
+    assert "the sources attached to the system shop" in text and "no logs (no bundle)" in text
+    url = f"/api/v1/diagnosis-sessions/{result['session']}/replay/export-md"
+    export = call("POST", url, token_for(make_user("ada", "operator"))).content.decode()
+    assert "no logs (no bundle)" in export and "Prometheus shop-prom" in export
+
+
+def test_the_form_and_the_cli_offer_the_systems_sources_and_refuse_when_none(
+    builtin: None, stored: Path, alice: User, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from django.core.management.base import CommandError
+
+    client = Client()
+    client.force_login(alice)
+    form = client.get(reverse("diagnosis_pack:new")).content.decode()
+    assert 'name="sources"' in form and "the sources attached to the system" in form
+    answer = client.post(
+        reverse("diagnosis_pack:new"), {"sources": "system", "description": "checkout is slow"}
+    )
+    assert answer.status_code == 400
+    assert "No sources are attached to the system shop." in answer.content.decode()
+    with pytest.raises(CommandError, match="No sources are attached to the system shop"):
+        _cli(capsys, "--sources", "system", "--message", "checkout is slow")
+    with pytest.raises(CommandError, match="Upload a bundle, or choose the system's sources"):
+        _cli(capsys, "--sources", "bundle", "--message", "checkout is slow")
+    assert not Session.objects.exists()
+
+
+def test_the_form_starts_a_session_on_the_systems_sources_without_a_bundle(
+    builtin: None, stored: Path, attached: SystemSources, alice: User
+) -> None:
+    client = Client()
+    client.force_login(alice)
+    answer = client.post(
+        reverse("diagnosis_pack:new"), {"sources": "system", "description": "checkout is slow"}
+    )
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    session = Session.objects.get()
+    requested = Event.objects.get(session=session, type="diagnosis.requested").payload
+    assert requested["evidence_from"]["sources"] == "system"
+    assert requested["evidence_from"]["logs"] == "none"
+    page = client.get(answer["Location"]).content.decode()
+    assert "diagnosis requested on the system&#x27;s sources, without a bundle" in page or (
+        "diagnosis requested on the system's sources, without a bundle" in page
+    )

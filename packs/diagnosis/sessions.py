@@ -3,9 +3,13 @@ before anything is created), and their result as DIAGNOSIS.md §6's JSON."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -60,10 +64,18 @@ def diagnosis_scenario() -> Scenario:
 def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Session:
     """Check the bundle, then create the session with its bundle stored and queue it.
     A bad bundle raises ActionError naming its file, line and field; nothing is created.
-    `options`: description (overrides the bundle's), title, producer."""
+    `options`: description (overrides the bundle's), title, producer. No bundle at all
+    (`source` None): the system's sources alone (`sources=system`), the incident made
+    of the description and the times given (`reported_at`, `since`, `until`)."""
+    scratch: Path | None = None
+    if source is None:
+        scratch = Path(tempfile.mkdtemp(prefix="aero-nobundle-"))
+        source = _incident_only(scratch, options)
     try:
         bundle = open_bundle(Path(source))
     except BundleError as exc:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         raise ActionError(_("The bundle is not valid: %(error)s") % {"error": exc}) from exc
     try:
         scenario = diagnosis_scenario()
@@ -84,7 +96,7 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
             else options.get("metrics_source") or "",
             bundle.has_metrics,
         )
-        evidence_from = _evidence_from(attached)
+        evidence_from = _evidence_from(attached, bundle.has_logs)
         incident = bundle.incident
         text = (options.get("description") or "").strip() or incident.description
         title = (options.get("title") or "").strip() or incident.title
@@ -97,7 +109,7 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
                 session.pk,
                 REQUESTED,
                 {
-                    "source": Path(source).name,
+                    "source": Path(source).name if scratch is None else "",
                     "problem_type": options.get("problem_type") or "",
                     "preferred_mode": options.get("preferred_mode") or "",
                     "sources": {**bundle.sources, "metrics": metrics["source"] != "none"},
@@ -128,6 +140,31 @@ def start_from_bundle(user: Any, source: Any, options: dict[str, Any]) -> Sessio
             raise
     finally:
         bundle.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _incident_only(folder: Path, options: dict[str, Any]) -> Path:
+    """A bundle of the incident alone (incident.yaml): a session on the system's sources
+    without a bundle. Refused unless the system's sources were chosen and a description
+    given."""
+    if (options.get("sources") or "bundle") != "system":
+        raise ActionError(_("Upload a bundle, or choose the system's sources."))
+    description = (options.get("description") or "").strip()
+    if not description:
+        raise ActionError(_("Without a bundle, describe the incident."))
+    until = options.get("until") or options.get("reported_at") or timezone.now().isoformat()
+    incident: dict[str, Any] = {
+        "description": description,
+        "reported_at": options.get("reported_at") or until,
+        "title": (options.get("title") or "").strip(),
+    }
+    if options.get("since"):
+        incident["window"] = {"start": options["since"], "end": until}
+    root = folder / "incident"
+    root.mkdir()
+    (root / "incident.yaml").write_text(yaml.safe_dump(incident, allow_unicode=True))
+    return root
 
 
 def _system_sources(choice: str, metrics_name: str) -> SystemSources | None:
@@ -153,7 +190,7 @@ def _system_sources(choice: str, metrics_name: str) -> SystemSources | None:
     return row
 
 
-def _evidence_from(row: SystemSources | None) -> dict[str, Any]:
+def _evidence_from(row: SystemSources | None, has_logs: bool) -> dict[str, Any]:
     if row is None:
         return {"sources": "bundle"}
     code = (
@@ -161,7 +198,9 @@ def _evidence_from(row: SystemSources | None) -> dict[str, Any]:
         if row.code_server is not None
         else {}
     )
-    return {"sources": "system", "system": row.system, "code": code, "logs": "bundle"}
+    # Logs stay the bundle's: none without one.
+    logs = "bundle" if has_logs else "none"
+    return {"sources": "system", "system": row.system, "code": code, "logs": logs}
 
 
 def _metrics_choice(name: str, in_bundle: bool) -> dict[str, str]:
@@ -272,6 +311,8 @@ class DiagnosisRequested(Payload):
 
 
 def _requested_words(p: dict[str, Any]) -> str:
+    if not p.get("source"):  # no bundle: the system's sources alone
+        return _("diagnosis requested on the system's sources, without a bundle")
     return _("diagnosis requested from %(source)s") % {"source": p.get("source", "")}
 
 

@@ -102,6 +102,16 @@ class NewDiagnosisForm(forms.Form):
     preferred_mode = forms.ChoiceField(label=_("Preferred mode"), required=False)
     # The bundle's metrics.csv, or a metrics source an admin configured (Prometheus).
     metrics_source = forms.ChoiceField(label=_("Metrics from"), required=False)
+    # The bundle's evidence, or the sources an admin attached to the system (then the
+    # bundle may be left out: the incident is the description).
+    sources = forms.ChoiceField(
+        label=_("Evidence from"),
+        required=False,
+        choices=[
+            ("bundle", _("the bundle")),
+            ("system", _("the sources attached to the system (no bundle needed)")),
+        ],
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -124,6 +134,8 @@ class NewDiagnosisForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        if data.get("sources") == "system" and not data.get("bundle") and not data.get("demo"):
+            return data  # the system's sources alone: the description is the incident
         if bool(data.get("bundle")) == bool(data.get("demo")):
             raise forms.ValidationError(
                 _("Upload a bundle or choose a demo incident (one of the two).")
@@ -147,8 +159,11 @@ def new_diagnosis(request: HtmxHttpRequest) -> Any:
         data = form.cleaned_data
         scratch = Path(tempfile.mkdtemp(prefix="aero-upload-"))
         try:
+            source: Path | None
             if data["demo"]:
                 source = EXAMPLES / f"{data['demo']}.tar.gz"
+            elif not data["bundle"]:
+                source = None  # the system's sources alone (the form checked the choice)
             else:
                 source = scratch / "bundle"
                 with source.open("wb") as out:
@@ -163,6 +178,7 @@ def new_diagnosis(request: HtmxHttpRequest) -> Any:
                     "problem_type": data["problem_type"],
                     "preferred_mode": data["preferred_mode"],
                     "metrics_source": data["metrics_source"],
+                    "sources": data["sources"] or "bundle",
                 },
             )
         except ActionError as exc:

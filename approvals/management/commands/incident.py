@@ -53,6 +53,27 @@ class Command(BaseCommand):
             "(a Prometheus, admin: metrics sources) instead of the bundle's metrics.csv.",
         )
         run.add_argument(
+            "--sources",
+            choices=["bundle", "system"],
+            default="",
+            help="Where an IT diagnosis reads its evidence: the --bundle's files (the "
+            "default), or the sources an admin attached to the system (its metrics source "
+            "and its code's git server); with system, --bundle may be left out (then give "
+            "--message, and --since/--until for the incident's window).",
+        )
+        run.add_argument(
+            "--since",
+            default="",
+            help="With --sources system and no --bundle: "
+            "the incident window's start (ISO 8601 with its offset).",
+        )
+        run.add_argument(
+            "--until",
+            default="",
+            help="With --sources system and no --bundle: "
+            "the window's end and the report time (default: now).",
+        )
+        run.add_argument(
             "--answer",
             action="append",
             default=[],
@@ -79,7 +100,7 @@ class Command(BaseCommand):
             options["reason"] = {APPROVE: "approved", REJECT: "rejected"}[
                 options["decide"]
             ] + " from the command line"
-        if options["bundle"]:
+        if options["bundle"] or options["sources"]:
             self._run_file(options)
             return
         if options["scenario"] is None or options["message"] is None:
@@ -121,12 +142,15 @@ class Command(BaseCommand):
         try:
             session = pack.start_from_file(
                 user,
-                options["bundle"],
+                options["bundle"] or None,
                 {
                     "producer": "cli",
                     "description": options["message"] or "",
                     "preferred_mode": options["mode"] or "",
                     "metrics_source": options["metrics_source"],
+                    "sources": options["sources"] or "bundle",
+                    "since": options["since"],
+                    "until": options["until"],
                 },
             )
             self._drive(
