@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from api.errors import ApiError
@@ -91,3 +92,26 @@ def run_once(
         row.status_code, row.response = status, body
         row.save(update_fields=["status_code", "response"])
     return status, body, False
+
+
+def answer_once(
+    request: HttpRequest,
+    response: HttpResponse,
+    key: str | None,
+    sent: dict[str, Any],
+    run: Callable[[], tuple[int, dict[str, Any]]],
+) -> tuple[int, dict[str, Any]]:
+    """`run_once` for the POST `request`, fingerprinted by its path and `sent` (what was
+    sent, as the work reads it): its status and body, a replay marked as one."""
+    status, body, replayed = run_once(
+        request.user, key, request_hash("POST", request.path, sent), run
+    )
+    if replayed:
+        mark_replayed(request, response)
+    return status, body
+
+
+def mark_replayed(request: HttpRequest, response: HttpResponse) -> None:
+    """A replayed answer says so: its header, and the request log's `replayed`."""
+    request.idempotent_replay = True  # type: ignore[attr-defined]
+    response[REPLAYED] = "true"

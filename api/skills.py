@@ -17,7 +17,6 @@ from aero.roles import MANAGE_TOOLS
 from api import idempotency, pagination
 from api.auth import TokenAuth
 from api.errors import READ_ERRORS, WRITE_ERRORS, ApiError
-from api.idempotency import REPLAYED, request_hash, run_once
 from api.strict import StrictRouter
 from tools.models import Skill, SkillVersion
 from tools.skills import MAX_ZIP_BYTES, SkillRejected, save_upload
@@ -137,12 +136,7 @@ def upload_skill(
         )
         return 201, body.model_dump(mode="json")
 
-    status, body, replayed = run_once(
-        request.user, idempotency_key, request_hash("POST", request.path, sent), create
-    )
-    if replayed:
-        request.idempotent_replay = True  # type: ignore[attr-defined]
-        response[REPLAYED] = "true"
+    status, body = idempotency.answer_once(request, response, idempotency_key, sent, create)
     return Status(status, body)
 
 

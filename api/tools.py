@@ -20,7 +20,6 @@ from aero.roles import MANAGE_TOOLS
 from api import idempotency, pagination
 from api.auth import TokenAuth
 from api.errors import READ_ERRORS, WRITE_ERRORS, ApiError
-from api.idempotency import REPLAYED, request_hash, run_once
 from api.schemas import NO_NUL, StrictIn
 from api.strict import StrictRouter
 from scenarios_admin.models import ProviderConfig
@@ -292,12 +291,7 @@ def test_mcp_server(
         )
         return 200, _result(result, None)
 
-    status, body, replayed = run_once(
-        request.user, idempotency_key, request_hash("POST", request.path, sent), run
-    )
-    if replayed:
-        request.idempotent_replay = True  # type: ignore[attr-defined]
-        response[REPLAYED] = "true"
+    status, body = idempotency.answer_once(request, response, idempotency_key, sent, run)
     return Status(status, body)
 
 

@@ -190,8 +190,7 @@ def create_session(
             "(problem_type, description) or multipart/form-data (an incident bundle).",
         )
     if replayed:
-        request.idempotent_replay = True  # type: ignore[attr-defined]
-        response[REPLAYED] = "true"
+        idempotency.mark_replayed(request, response)
     if status == 201:
         response["Location"] = reverse("api:get_session", kwargs={"session_id": body["session_id"]})
     return Status(status, body)
@@ -312,10 +311,7 @@ def _act_once(
         act()
         return 200, {"session_id": str(session_id)}
 
-    _, _, replayed = run_once(request.user, key, request_hash("POST", request.path, sent), run)
-    if replayed:
-        request.idempotent_replay = True  # type: ignore[attr-defined]
-        response[REPLAYED] = "true"
+    idempotency.answer_once(request, response, key, sent, run)
     return _snapshot(session_id, request)
 
 

@@ -158,3 +158,34 @@ def test_the_operations_are_in_the_openapi_document(db: None) -> None:
     assert "multipart/form-data" in upload_op["requestBody"]["content"]
     assert paths["/api/v1/skills"]["get"]["operationId"] == "listSkills"
     assert paths["/api/v1/skills/{skill_id}/versions"]["get"]["operationId"] == "listSkillVersions"
+
+
+# Seed 003 §4.1.4's operations for tools and models: each in the OpenAPI document,
+# admin only (a 403 documented; tests/test_access_table.py denies every other role),
+# and the POSTs (an upload creates, a test acts) take an Idempotency-Key.
+SEED_OPERATIONS = (
+    ("post", "/api/v1/skills/upload", "api:upload_skill"),
+    ("get", "/api/v1/skills", "api:list_skills"),
+    ("get", "/api/v1/skills/{skill_id}/versions", "api:list_skill_versions"),
+    ("get", "/api/v1/mcp/servers", "api:list_mcp_servers"),
+    ("post", "/api/v1/mcp/servers/test", "api:test_mcp_server"),
+    ("get", "/api/v1/llm/models", "api:list_llm_models"),
+)
+
+
+def test_every_seed_operation_is_documented_admin_only_and_idempotent_where_it_posts(
+    db: None,
+) -> None:
+    from tests.test_access_table import ADM, ANON, APP, AUD, OP, TOKEN_URLS
+
+    paths = Client().get("/api/v1/openapi.json").json()["paths"]
+    for method, path, name in SEED_OPERATIONS:
+        operation = paths[path][method]
+        assert "403" in operation["responses"] and operation.get("security"), path
+        params = [p["name"] for p in operation.get("parameters", [])]
+        assert ("Idempotency-Key" in params) == (method == "post"), path
+        # anonymous 401; operator, approver and auditor refused; only the admin gets in
+        expected = TOKEN_URLS[name][1]
+        assert expected[ANON] == 401, name
+        assert {expected[OP], expected[APP], expected[AUD]} == {403}, name
+        assert expected[ADM] not in (401, 403), name

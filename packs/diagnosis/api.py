@@ -21,7 +21,6 @@ from aero.roles import VIEW_SESSIONS
 from api import idempotency, pagination
 from api.auth import RUN, TokenAuth
 from api.errors import READ_ERRORS, WRITE_ERRORS, ApiError
-from api.idempotency import REPLAYED, request_hash, run_once
 from api.presenters import viewer_roles
 from api.schemas import NO_NUL, StrictIn
 from api.strict import StrictRouter
@@ -170,12 +169,7 @@ def create_knowledge_item(
         # as JSON (dates as text): the body is stored for a retry's replay
         return 201, KnowledgeItemOut(**item_out(item)).model_dump(mode="json")
 
-    status, body, replayed = run_once(
-        request.user, idempotency_key, request_hash("POST", request.path, sent), create
-    )
-    if replayed:
-        request.idempotent_replay = True  # type: ignore[attr-defined]
-        response[REPLAYED] = "true"
+    status, body = idempotency.answer_once(request, response, idempotency_key, sent, create)
     response["Location"] = reverse("api:get_knowledge_item", kwargs={"item_id": body["id"]})
     return Status(status, body)
 
