@@ -1,19 +1,26 @@
 """Slow tools are waits (issue 36 item 5): N IT diagnosis sessions, each reading its
 metrics through a slow tool that takes `--latency` seconds, on the usual 2 rq workers and
-one LLM runner. Prints; asserts nothing.
+one LLM runner. Prints; asserts nothing. The issue names bench/diagnosis.py; this is the
+script that prints the figure.
 
-  .venv/bin/python bench/slow_tools.py [--sessions 100] [--latency 0,3]
+  .venv/bin/python bench/slow_tools.py [--sessions 100] [--latency 3]
 
 Each session is the shipped example ex-pool-inventory (no code tool call) without its
 metrics.csv, started on a configured metrics source: its metrics are read by the slow
 tool `metrics_read`. The runner here is `aero_llm_runner` with that tool replaced by a
 stand-in for Prometheus: it sleeps `--latency` seconds, then answers the example's own
-samples (what tests/test_slow_tools.py shows a real Prometheus answers). The jobs end at
-the read and the runner makes all of them at once, so the reads of all N sessions
-overlap: the batch takes about one read longer than with an instant tool (latency 0),
-not N x latency (tools in the job: one worker blocked per read, N x latency / 2).
-Printed per latency: the time from the first session created until every session waits
-for its fix's approval (or ended), the jobs, the reads and the workers' CPU.
+samples (what tests/test_slow_tools.py shows a real Prometheus answers).
+
+Two phases. First the workers run every session up to its read: each job ends at the
+read (a wait), so no worker is held by it; the runner's stand-in holds every read it
+claims until all N sessions wait. Then the reads are let go at once: the wave, from
+their release until the last read is answered, takes about
+one read (`--latency` plus the runner's own work), not N x latency (tools in the jobs
+of 2 workers: N x latency / 2). Then the workers resume each session with its samples
+up to its fix's approval. Printed per latency: the wave, the whole batch (from the
+first session created until every session waits for its fix's approval or ended; on a
+loaded machine this is the workers' share of the CPU, not the reads), the jobs, the
+reads and the workers' CPU.
 
 Needs PostgreSQL and Redis: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres,
 the maintenance database; a scratch database `aero_bench_slow<--db-suffix>` is dropped and
@@ -157,7 +164,11 @@ def run_runner(latency: float) -> None:
     rows = evidence.con.execute("SELECT ts, service, metric, value FROM metrics").fetchall()
     evidence.close()
 
+    gate = Path(os.environ["AERO_DATA_DIR"]) / "all-waiting"
+
     def read(args: dict[str, Any]) -> dict[str, Any]:
+        while not gate.exists():
+            time.sleep(0.05)
         time.sleep(latency)
         since, until = (datetime.fromisoformat(args[k]) for k in ("since", "until"))
         wanted = set(args["metrics"])
@@ -167,8 +178,9 @@ def run_runner(latency: float) -> None:
         )
         return {"samples": [[ts.isoformat(), s, m, float(v)] for ts, s, m, v in kept]}
 
-    real = slow_tools.slow_tool(slow.METRICS_READ)
-    slow_tools.register_slow_tool(slow.METRICS_READ, read, real.timeout)
+    # The reads wait for the gate (every session waiting on its read), however long the
+    # workers take to get every session there.
+    slow_tools.register_slow_tool(slow.METRICS_READ, read, lambda _: 3600.0)
     call_command("aero_llm_runner")
 
 
@@ -182,7 +194,7 @@ def drive(args: argparse.Namespace) -> None:
     from django.contrib.auth.models import Group, User
 
     from aero.roles import ensure_role_groups
-    from diagnosis.models import AgentRun, Event, Session, WorkerBeat
+    from diagnosis.models import AgentRun, Event, LLMRequest, Session, WorkerBeat
     from packs.diagnosis.models import MetricsSource
     from packs.diagnosis.sessions import start_from_bundle
 
@@ -201,7 +213,8 @@ def drive(args: argparse.Namespace) -> None:
     up_by = time.monotonic() + 90
     while WorkerBeat.objects.count() < args.ready and time.monotonic() < up_by:
         time.sleep(0.1)
-    (Path(os.environ["AERO_DATA_DIR"]) / "clock-started").touch()
+    data = Path(os.environ["AERO_DATA_DIR"])
+    (data / "clock-started").touch()
     started = time.monotonic()
 
     def create(_: int) -> str:
@@ -211,6 +224,16 @@ def drive(args: argparse.Namespace) -> None:
         ids = list(pool.map(create, range(args.sessions)))
     created = time.monotonic() - started
     moving = ("queued", "running", "retrying")
+    asked = LLMRequest.objects.filter(session_id__in=ids, purpose="tool:metrics_read")
+    ended = Session.objects.filter(pk__in=ids).exclude(status__in=moving)
+    while time.monotonic() - started < args.timeout:
+        if asked.count() + ended.filter(llm_requests__isnull=True).count() >= len(ids):
+            break
+        time.sleep(0.25)
+    # Every job has ended at its read (none is held by it): the reads are let go at once.
+    all_waiting = time.monotonic() - started
+    released = time.time()
+    (data / "all-waiting").touch()
     done_at: float | None = None
     while time.monotonic() - started < args.timeout:
         if not Session.objects.filter(pk__in=ids, status__in=moving).exists():
@@ -222,9 +245,11 @@ def drive(args: argparse.Namespace) -> None:
     for status in Session.objects.filter(pk__in=ids).values_list("status", flat=True):
         statuses[status] = statuses.get(status, 0) + 1
     reads = Event.objects.filter(session_id__in=ids, type="tool.slow_call")
+    answered = [ts.timestamp() for ts in reads.values_list("ts", flat=True)]
     # Each read's time on the runner: from its start (its end less its latency) to its end.
+    # (a read held at the gate started at the release)
     spans = [
-        (ts.timestamp() - latency / 1000, ts.timestamp())
+        (max(ts.timestamp() - latency / 1000, released), ts.timestamp())
         for ts, latency in reads.values_list("ts", "payload__latency_ms")
     ]
     edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
@@ -238,6 +263,10 @@ def drive(args: argparse.Namespace) -> None:
             {
                 "sessions": len(ids),
                 "created_s": round(created, 1),
+                # Until every session waited on its read; then from the reads' release
+                # until the last was answered (all of them, or None).
+                "all_waiting_s": round(all_waiting, 1),
+                "wave_s": round(max(answered) - released, 1) if len(answered) == len(ids) else None,
                 "all_done_s": None if done_at is None else round(done_at, 1),
                 "elapsed_s": round(elapsed, 1),
                 "statuses": statuses,
@@ -264,7 +293,7 @@ def main() -> None:
     )
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument(
-        "--latency", default="0,3", help="the tool's seconds, one run each (comma-separated)"
+        "--latency", default="3", help="the tool's seconds, one run each (comma-separated)"
     )
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument(
@@ -304,8 +333,16 @@ def main() -> None:
     for r in results:
         done = r.get("all_done_s")
         when = f"{done:.1f} s" if done is not None else "(not done)"
+        sessions = r.get("sessions", 0)
+        wave = r.get("wave_s")
         print(
-            f"{r['latency_s']:g} s tool: all {r.get('sessions', 0)} sessions done in {when};"
+            f"{r['latency_s']:g} s tool: all {sessions} reads answered {wave} s after their"
+            f" release, every session waiting on its read (one wave:"
+            f" {r['latency_s']:g} s; serially {sessions * r['latency_s']:.0f} s; in the jobs"
+            f" of 2 workers {sessions * r['latency_s'] / 2:.0f} s)"
+        )
+        print(
+            f"{r['latency_s']:g} s tool: all {sessions} sessions done in {when};"
             f" {r.get('jobs', 0)} jobs, {r.get('reads_ok', 0)} reads made"
             f" ({r.get('reads_sum_s')} s of reads within {r.get('reads_span_s')} s,"
             f" up to {r.get('reads_at_once')} at once),"

@@ -283,6 +283,9 @@ def test_a_rejected_r1_skill_does_not_run_and_the_session_says_so(
         session=session, type="agent.note", payload__kind="skill_not_run"
     )
     assert note.payload["text"] == "skill:risky 1.0 not run: rejected by bob (not on production)"
+    page = login(alice).get(reverse("diagnosis:session-detail", args=[session.pk]))
+    assert "Continuing without" in page.content.decode()
+    assert "(rejected: not on production)" in page.content.decode()
     # the session goes on without it: the fix is proposed
     assert session.status == "waiting_user"
     assert ToolCall.objects.get(session=session, call_id="fix-1").status == "awaiting_approval"

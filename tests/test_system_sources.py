@@ -280,6 +280,4 @@ def test_the_form_starts_a_session_on_the_systems_sources_without_a_bundle(
     assert requested["evidence_from"]["sources"] == "system"
     assert requested["evidence_from"]["logs"] == "none"
     page = client.get(answer["Location"]).content.decode()
-    assert "diagnosis requested on the system&#x27;s sources, without a bundle" in page or (
-        "diagnosis requested on the system's sources, without a bundle" in page
-    )
+    assert "the sources attached to the system shop" in page and "no logs (no bundle)" in page

@@ -132,6 +132,9 @@ def _not_run(ctx: AgentContext, run: AgentRun, row: ToolCall) -> str:
             "tool_name": row.tool_name,
             "args": row.request_payload,
             "status": row.status,
+            # The timeline words it per reader: "continuing without TOOL (OUTCOME): REASON".
+            "outcome": row.status,
+            "reason": row.decision_reason,
             "text": text,
         },
         producer=ctx.producer,
