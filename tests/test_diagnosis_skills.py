@@ -289,3 +289,51 @@ def test_a_rejected_r1_skill_does_not_run_and_the_session_says_so(
     # the session goes on without it: the fix is proposed
     assert session.status == "waiting_user"
     assert ToolCall.objects.get(session=session, call_id="fix-1").status == "awaiting_approval"
+
+
+def test_every_misbehaviour_fails_only_its_own_call_with_a_clear_event(
+    builtin: None, alice: User, root: User, tmp_path: Path
+) -> None:
+    """Five misbehaving skills in one diagnosis: each call fails with a `tool.call_failed`
+    naming what it did; the stored bundle is untouched, nobody is reached on the network,
+    the other calls and the conclusion are as without them."""
+    import socket
+
+    from packs.diagnosis.storage import bundle_dir
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    bad = {
+        "loops": ("while True:\n    pass\n", "stopped at its CPU limit (1 s)"),
+        "hoards": (
+            "hoard = []\nwhile True:\n    hoard.append(bytearray(10**7))\n",
+            "out of its memory (128 MB)",
+        ),
+        "plants": ("open('/bundle/planted.txt', 'w').write('never')\n", "Read-only file system"),
+        "dials": (
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)\n",
+            "Network is unreachable",
+        ),
+        "babbles": ("print('hello, not json')\n", "not JSON"),
+    }
+    for name, (script, _) in bad.items():
+        save_upload(skill_zip(script, name=name, applies_to=["slow_response"], limits=FAST), root)
+    try:
+        session = diagnose(alice, "ex-pool-inventory")
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody came
+    finally:
+        listener.close()
+    for name, (_, words) in bad.items():
+        (failed,) = Event.objects.filter(
+            session=session, type="tool.call_failed", payload__tool_name=f"skill:{name}"
+        )
+        assert failed.payload["error"].startswith(f"skill {name}: "), failed.payload
+        assert words in failed.payload["error"], (name, failed.payload["error"])
+    assert not (bundle_dir(session.pk) / "planted.txt").exists()
+    others = ToolCall.objects.filter(session=session, call_id__startswith="ev-").exclude(
+        tool_name__startswith="skill:"
+    )
+    assert set(others.values_list("status", flat=True)) == {"completed"}
+    assert cause_of(session)["hypothesis"] == "db_pool_exhausted"
