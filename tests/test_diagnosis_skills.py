@@ -305,17 +305,18 @@ def test_every_misbehaviour_fails_only_its_own_call_with_a_clear_event(
     listener.settimeout(0.5)
     port = listener.getsockname()[1]
     bad = {
-        "loops": ("while True:\n    pass\n", "stopped at its CPU limit (1 s)"),
+        "loops": ("while True:\n    pass\n", ("stopped at its CPU limit (1 s)",)),
         "hoards": (
             "hoard = []\nwhile True:\n    hoard.append(bytearray(10**7))\n",
-            "out of its memory (128 MB)",
+            ("out of its memory (128 MB)",),
         ),
-        "plants": ("open('/bundle/planted.txt', 'w').write('never')\n", "Read-only file system"),
+        "plants": ("open('/bundle/planted.txt', 'w').write('never')\n", ("Read-only file system",)),
         "dials": (
             f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)\n",
-            "Network is unreachable",
+            # its own network namespace: no route out, or a loopback of its own
+            ("Network is unreachable", "Connection refused"),
         ),
-        "babbles": ("print('hello, not json')\n", "not JSON"),
+        "babbles": ("print('hello, not json')\n", ("not JSON",)),
     }
     for name, (script, _) in bad.items():
         save_upload(skill_zip(script, name=name, applies_to=["slow_response"], limits=FAST), root)
@@ -330,7 +331,7 @@ def test_every_misbehaviour_fails_only_its_own_call_with_a_clear_event(
             session=session, type="tool.call_failed", payload__tool_name=f"skill:{name}"
         )
         assert failed.payload["error"].startswith(f"skill {name}: "), failed.payload
-        assert words in failed.payload["error"], (name, failed.payload["error"])
+        assert any(w in failed.payload["error"] for w in words), (name, failed.payload)
     assert not (bundle_dir(session.pk) / "planted.txt").exists()
     others = ToolCall.objects.filter(session=session, call_id__startswith="ev-").exclude(
         tool_name__startswith="skill:"

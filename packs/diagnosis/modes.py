@@ -59,6 +59,8 @@ STEP_LABELS: dict[str, Promise] = {
     "aggregate": gettext_lazy("combining the findings"),
     "conclude": gettext_lazy("concluding"),
     "read_answer": gettext_lazy("reading the answer"),
+    "propose_skills": gettext_lazy("asking to run skills"),
+    "run_skills": gettext_lazy("running the approved skills"),
     "propose_fix": gettext_lazy("proposing a fix"),
     "execute_fix": gettext_lazy("applying the fix"),
     "report": gettext_lazy("writing the report"),
