@@ -1,0 +1,159 @@
+"""The live push for bench/perf_measure.py: viewers on WebSockets (our own client, in a
+process of its own, as browsers are), events appended, commit -> message latency for every
+(viewer, event) and the daphne processes' CPU per event."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from _measure_inline import login_cookie, new_session, pct
+from _measure_servers import daphne, stop, wait_up
+
+VIEWERS = r"""
+import asyncio, json, re, sys, time
+from websockets.asyncio.client import connect
+
+config = json.loads(sys.argv[1])
+failed = 0
+
+async def viewer(url):
+    global failed
+    try:
+        ws = await connect(url, additional_headers=config["headers"], open_timeout=60)
+    except Exception:
+        failed += 1
+        return
+    session = url.split("/ws/sessions/")[1].split("/")[0]
+    async with ws:
+        async for message in ws:
+            now = time.time()
+            for seq in re.findall(r'data-seq="(\d+)"', str(message)):
+                print(f"M {session} {seq} {now}", flush=True)
+
+async def main():
+    tasks = [asyncio.ensure_future(viewer(url)) for url in config["urls"]]
+    await asyncio.sleep(config["settle"])
+    print(f"READY {failed}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until closed
+    for task in tasks:
+        task.cancel()
+
+asyncio.run(main())
+"""
+
+
+def live_push(
+    viewers: int, sessions: int, events: int, port: int, logs: Path, processes: int = 1
+) -> dict[str, Any]:
+    """`viewers` sockets spread over `sessions` sessions and over `processes` daphne
+    processes (ports port, port + 1 ...: the viewers spread over them as the kernel
+    spreads them over the processes sharing one socket under `make run`); `events` rounds
+    of one event per session; commit -> message latency for every (viewer, event)."""
+    from urllib.parse import quote
+
+    from diagnosis.events import append_event
+    from diagnosis.presenters import composer_key
+
+    servers = [daphne(port + n, logs) for n in range(processes)]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for n in range(processes):
+            wait_up(f"http://127.0.0.1:{port + n}")
+        targets = [new_session_no_job() for _ in range(sessions)]
+        # The URL the session page opens: with the answer box it shows and its language.
+        # Without `composer` the first push re-sent every viewer the answer box, with its
+        # panel's reads (~18 ms a session), which the page never asks for.
+        config = {
+            "urls": [
+                f"ws://127.0.0.1:{port + n % processes}/ws/sessions/{targets[n % sessions].pk}/"
+                f"?last_seq={targets[n % sessions].last_seq}"
+                f"&composer={quote(composer_key(targets[n % sessions]))}&lang=en"
+                for n in range(viewers)
+            ],
+            "headers": {"Cookie": login_cookie("auditor"), "Origin": base},
+            "settle": 3 + viewers / 50,  # handshakes and catch-up
+        }
+        client = subprocess.Popen(
+            [sys.executable, "-c", VIEWERS, json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdout is not None and client.stdin is not None
+        received: list[tuple[str, int, float]] = []
+        failed_handshakes = 0
+        for line in client.stdout:
+            if line.startswith("READY"):
+                failed_handshakes = int(line.split()[1])
+                break
+        reader = threading.Thread(
+            target=lambda: received.extend(
+                (p[1], int(p[2]), float(p[3]))
+                for p in (line.split() for line in client.stdout or ())
+                if p and p[0] == "M"
+            ),
+            daemon=True,
+        )
+        reader.start()
+        committed: dict[tuple[str, int], float] = {}
+        cpu_before = sum(process_cpu_ms(server.pid) for server in servers)
+        for round_ in range(events):
+            for session in targets:
+                # From before the append (its commit and notice inside): an upper bound.
+                started = time.time()
+                event = append_event(session.pk, "agent.note", {"text": f"r{round_}"}, producer="b")
+                committed[(str(session.pk), event.seq)] = started
+            time.sleep(0.5)
+        expected = (viewers - failed_handshakes) * events
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if sum(1 for s, q, _ in list(received) if (s, q) in committed) >= expected:
+                break
+            time.sleep(0.1)
+        server_cpu_ms = sum(process_cpu_ms(server.pid) for server in servers) - cpu_before
+        client.stdin.close()
+        client.wait(timeout=30)
+        reader.join(timeout=10)
+    finally:
+        stop(servers)
+    latencies = [(at - committed[(s, q)]) * 1000 for s, q, at in received if (s, q) in committed]
+    return {
+        "push_viewers": viewers,
+        "push_sessions": sessions,
+        "push_processes": processes,
+        "push_p50_ms": pct(latencies, 0.5),
+        "push_p99_ms": pct(latencies, 0.99),
+        "push_received": len(latencies),
+        "push_expected": viewers * events,
+        "push_failed_handshakes": failed_handshakes,
+        # The servers' CPU per event delivered to all its viewers: unlike the latencies,
+        # it hardly depends on what else the machine runs.
+        "push_cpu_ms_per_event": server_cpu_ms / max(1, events * sessions),
+    }
+
+
+def process_cpu_ms(pid: int) -> float:
+    """User + system CPU of a process so far (Linux /proc), in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def new_session_no_job() -> Any:
+    """A session with a few events, no job (the push bench appends its own)."""
+    import diagnosis.actions as actions
+
+    original = actions.enqueue_advance
+    actions.enqueue_advance = lambda session_id: None  # type: ignore[assignment]
+    try:
+        session = new_session()
+    finally:
+        actions.enqueue_advance = original  # type: ignore[assignment]
+    session.refresh_from_db()
+    return session
