@@ -391,6 +391,22 @@ CACHES = {
             "OPTIONS": {"MAX_ENTRIES": 2000},
         }
     ),
+    # Timeline rows, rendered once per event, language and masking for every process
+    # (diagnosis/timeline_rows.py); keys name their content, so none is ever stale.
+    "timeline_rows": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": AERO_CHANNEL_PREFIX,
+        }
+        if REDIS_URL
+        else {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": "timeline_rows",
+            # A few pages of rows for each session being watched.
+            "OPTIONS": {"MAX_ENTRIES": 5000},
+        }
+    ),
 }
 # Which payload fields read-only viewers see masked (diagnosis/eventlog/masking.py): JSON
 # list of rules.

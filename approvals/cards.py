@@ -22,7 +22,6 @@ import re
 from collections.abc import Iterable
 from datetime import datetime
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -36,6 +35,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext
 
 from aero.compiled import AnyOf, Arg, Compiled
+from aero.release import release
 from approvals.models import OPEN_STATUSES, Approval
 from diagnosis.models import Restriction
 
@@ -45,26 +45,6 @@ CARD_TTL = 15 * 60
 CSRF_MARK = "\x00csrf\x00"
 CSRF_INPUT = f'<input type="hidden" name="csrfmiddlewaretoken" value="{CSRF_MARK}">'
 _MARK = re.compile("\x00(csrf|dl:[^\x00]+)\x00")
-# What makes up a release's cards: their templates, the Python that words them (labels,
-# consequences, packs) and the compiled translations.
-_RELEASE_PARTS = ("aero", "approvals", "diagnosis", "packs", "scenarios_admin", "templates")
-_RELEASE_FILES = ("*.py", "*.html", "*.mo")
-
-
-@cache
-def release() -> str:
-    """A digest of the code, templates and translations that shape a card: a card
-    rendered by another release (processes of two deploys share Redis) is never shown."""
-    digest = hashlib.blake2b(digest_size=8)
-    root = Path(settings.BASE_DIR)
-    paths: list[Path] = []
-    for part in (*_RELEASE_PARTS, "locale"):
-        for pattern in _RELEASE_FILES:
-            paths.extend((root / part).rglob(pattern))
-    for path in sorted(paths):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def board_stamp(

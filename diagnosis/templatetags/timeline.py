@@ -137,6 +137,15 @@ def event_line(event_type: str, payload: dict[str, Any]) -> str:
 
 
 @register.simple_tag(takes_context=True)
+def event_rows(context: template.Context, events: Any) -> list[Any]:
+    """`{% event_rows events as rows %}`: each event's row (diagnosis/_event.html), read
+    from the rows rendered before (diagnosis.timeline_rows) or rendered now."""
+    from diagnosis.timeline_rows import rows
+
+    return list(rows(list(events), context.get("definition")))
+
+
+@register.simple_tag(takes_context=True)
 def event_view(context: template.Context, event: Any) -> dict[str, Any]:
     payload: dict[str, Any] = event.payload if isinstance(event.payload, dict) else {}
     definition = context.get("definition")
