@@ -22,25 +22,35 @@ from websockets.asyncio.client import connect
 
 config = json.loads(sys.argv[1])
 failed = 0
+settled = 0
 
 async def viewer(url):
-    global failed
+    global failed, settled
     try:
         ws = await connect(url, additional_headers=config["headers"], open_timeout=60)
     except Exception:
         failed += 1
         return
+    finally:
+        settled += 1
     session = url.split("/ws/sessions/")[1].split("/")[0]
     async with ws:
         async for message in ws:
             now = time.time()
             for seq in re.findall(r'data-seq="(\d+)"', str(message)):
                 print(f"M {session} {seq} {now}", flush=True)
+    # The server closed it (a refused role, a gone session): it gets nothing more.
+    print(f"C {session} {ws.close_code}", flush=True)
 
 async def main():
     tasks = [asyncio.ensure_future(viewer(url)) for url in config["urls"]]
-    await asyncio.sleep(config["settle"])
-    print(f"READY {failed}", flush=True)
+    # Every handshake answered (or refused), then a moment for the catch-up: a fixed
+    # wait counted handshakes still under way on a loaded machine as open.
+    deadline = time.monotonic() + config["settle"]
+    while settled < len(tasks) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(1)
+    print(f"READY {failed} {len(tasks) - settled}", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until closed
     for task in tasks:
         task.cancel()
@@ -78,7 +88,8 @@ def live_push(
                 for n in range(viewers)
             ],
             "headers": {"Cookie": login_cookie("auditor"), "Origin": base},
-            "settle": 3 + viewers / 50,  # handshakes and catch-up
+            # The longest wait for the handshakes (the client goes on once all answered).
+            "settle": 60 + viewers / 10,
         }
         client = subprocess.Popen(
             [sys.executable, "-c", VIEWERS, json.dumps(config)],
@@ -88,19 +99,24 @@ def live_push(
         )
         assert client.stdout is not None and client.stdin is not None
         received: list[tuple[str, int, float]] = []
-        failed_handshakes = 0
+        closed: list[str] = []
+        failed_handshakes = unanswered = 0
         for line in client.stdout:
             if line.startswith("READY"):
-                failed_handshakes = int(line.split()[1])
+                failed_handshakes, unanswered = (int(n) for n in line.split()[1:3])
                 break
-        reader = threading.Thread(
-            target=lambda: received.extend(
-                (p[1], int(p[2]), float(p[3]))
-                for p in (line.split() for line in client.stdout or ())
-                if p and p[0] == "M"
-            ),
-            daemon=True,
-        )
+            if line.startswith("C "):
+                closed.append(line.split()[2])
+
+        def read() -> None:
+            for line in client.stdout or ():
+                p = line.split()
+                if p and p[0] == "M":
+                    received.append((p[1], int(p[2]), float(p[3])))
+                elif p and p[0] == "C":
+                    closed.append(p[2])
+
+        reader = threading.Thread(target=read, daemon=True)
         reader.start()
         committed: dict[tuple[str, int], float] = {}
         cpu_before = sum(process_cpu_ms(server.pid) for server in servers)
@@ -111,7 +127,7 @@ def live_push(
                 event = append_event(session.pk, "agent.note", {"text": f"r{round_}"}, producer="b")
                 committed[(str(session.pk), event.seq)] = started
             time.sleep(0.5)
-        expected = (viewers - failed_handshakes) * events
+        expected = (viewers - failed_handshakes - unanswered - len(closed)) * events
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if sum(1 for s, q, _ in list(received) if (s, q) in committed) >= expected:
@@ -133,6 +149,11 @@ def live_push(
         "push_received": len(latencies),
         "push_expected": viewers * events,
         "push_failed_handshakes": failed_handshakes,
+        # Handshakes still unanswered when the events began, and sockets the server closed
+        # (with their codes: 4403 refused, 4404 gone): neither is expected to receive.
+        "push_unanswered_handshakes": unanswered,
+        "push_closed": len(closed),
+        "push_close_codes": sorted(set(closed)),
         # The servers' CPU per event delivered to all its viewers: unlike the latencies,
         # it hardly depends on what else the machine runs.
         "push_cpu_ms_per_event": server_cpu_ms / max(1, events * sessions),
