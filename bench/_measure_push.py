@@ -19,6 +19,7 @@ from _measure_servers import daphne, stop, wait_up
 VIEWERS = r"""
 import asyncio, json, re, sys, time
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 config = json.loads(sys.argv[1])
 failed = 0
@@ -35,10 +36,13 @@ async def viewer(url):
         settled += 1
     session = url.split("/ws/sessions/")[1].split("/")[0]
     async with ws:
-        async for message in ws:
-            now = time.time()
-            for seq in re.findall(r'data-seq="(\d+)"', str(message)):
-                print(f"M {session} {seq} {now}", flush=True)
+        try:
+            async for message in ws:
+                now = time.time()
+                for seq in re.findall(r'data-seq="(\d+)"', str(message)):
+                    print(f"M {session} {seq} {now}", flush=True)
+        except ConnectionClosed:  # closed with a code other than 1000/1001
+            pass
     # The server closed it (a refused role, a gone session): it gets nothing more.
     print(f"C {session} {ws.close_code}", flush=True)
 
