@@ -2,12 +2,15 @@
 the orchestrator's job ends at its specialists (a request row each), each specialist runs
 in a job of its own (two at once on two workers, neither waiting for the other), the last
 to finish enqueues the orchestrator's resume exactly once, and a worker killed mid-
-specialist is replaced: the specialist runs again and writes nothing twice."""
+specialist is replaced: the specialist runs again and writes nothing twice. A
+specialist's own question goes to the reporter naming it, and the answer goes back to
+that specialist, not to the orchestrator."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 import uuid
@@ -21,13 +24,14 @@ from django.contrib.auth.models import User
 from django.db import connections
 from django.test import override_settings
 
+from diagnosis.actions import do_answer
 from diagnosis.chain import verify_chain
 from diagnosis.events import LeaseLost, append_event, fenced
 from diagnosis.jobs import child_jobs
 from diagnosis.jobs import enqueue as job_enqueue
 from diagnosis.jobs.job import WAITING_MODEL, advance_session
 from diagnosis.llm_runner import run_pending_inline
-from diagnosis.models import AgentRun, Event, LLMRequest, Session
+from diagnosis.models import AgentRun, Event, LLMRequest, Session, ToolCall
 from packs.diagnosis import specialists
 from packs.diagnosis.sessions import start_from_bundle, summarize
 from tests.servers import PYTHON, ROOT, service_env
@@ -270,3 +274,67 @@ def test_a_worker_killed_mid_specialist_is_replaced_and_nothing_is_written_twice
         AgentRun.objects.filter(session=session, agent_name__startswith="specialist_").count() == 4
     )
     assert verify_chain(session.pk).ok
+
+
+def reported_a_day_later(tmp_path: Path) -> Path:
+    """The payments example reported a day after its logs: the window the playbook reads
+    (before the reported time) holds none of them, so the logs specialist asks."""
+    with tarfile.open(SPEC / f"{EXAMPLE}.tar.gz") as archive:
+        archive.extractall(tmp_path / "late", filter="data")
+    folder = tmp_path / "late" / EXAMPLE
+    incident = folder / "incident.yaml"
+    text = incident.read_text()
+    assert "2026-10-02T11:20" in text
+    incident.write_text(text.replace("2026-10-02T11:20", "2026-10-03T11:20"))
+    return folder
+
+
+def test_a_specialists_question_is_answered_to_that_specialist_not_the_orchestrator(
+    builtin: None,
+    stored: Path,
+    waits: None,
+    make_user: Callable[..., User],
+    tmp_path: Path,
+) -> None:
+    olga = make_user("olga", "operator")
+    session = start_from_bundle(
+        olga, reported_a_day_later(tmp_path), {"preferred_mode": "hierarchical", "producer": "t"}
+    )
+    session.refresh_from_db()
+    # The logs specialist asked, naming itself; its job parked; the others handed back;
+    # the orchestrator still waits for it.
+    rows = children_of(session)
+    assert rows["logs"].status == "pending"
+    assert rows["logs"].request["waiting"]["kind"] == "question"
+    assert {rows[n].status for n in ("metrics", "changes_code", "knowledge")} == {"done"}
+    (question,) = Event.objects.filter(session=session, type="agent.question")
+    assert question.payload["specialist"] == "logs"
+    assert question.payload["text"].startswith("日志专家：")  # the session is in Chinese
+    assert session.status == "waiting_user"
+    assert not Event.objects.filter(session=session, type="diagnosis.evidence_aggregated")
+
+    do_answer(session.pk, olga, "between 10:30 and 11:20")
+    answer = Event.objects.filter(session=session, type="user.message").order_by("seq").last()
+    assert answer is not None and answer.payload["text"] == "between 10:30 and 11:20"
+
+    # The answer went to the logs specialist: it read its logs over that window.
+    rows["logs"].refresh_from_db()
+    assert rows["logs"].status == "done"
+    call = ToolCall.objects.get(session=session, call_id="ev-log_signatures")
+    assert call.request_payload["since"].startswith("2026-10-02T10:30")
+    assert call.request_payload["until"].startswith("2026-10-02T11:20")
+    assert "error signatures" in call.response_payload["summary"]
+    assert call.response_payload["total"] > 0
+    assert Event.objects.filter(session=session, type="diagnosis.evidence_aggregated").exists()
+    # ... and not to the orchestrator: it never read it as an answer of its own (no
+    # read_answer step), and a question of its own after it is still open.
+    assert not Event.objects.filter(
+        session=session, type="agent.node_completed", payload__node="read_answer"
+    ).exists()
+    later = Event.objects.filter(session=session, type="agent.question", seq__gt=answer.seq)
+    session.refresh_from_db()
+    if later.exists():
+        assert session.status == "waiting_user"
+        assert session.snapshot["question"]["key"] == later.last().payload["key"]  # type: ignore[union-attr]
+    else:
+        assert session.status != "waiting_user"

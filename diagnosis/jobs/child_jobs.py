@@ -10,7 +10,8 @@ claim (diagnosis.eventlog.context), and ends it one of three ways:
   re-enqueues (no live lease, no pending request);
 - parked: the child waits for something (a slow tool, the model, the reporter's answer):
   the wait is recorded on the row (and a model or tool request as the runner's row), the
-  claim let go; whatever answers it enqueues the session, whose job wakes its children;
+  claim let go; whatever answers it enqueues the session, whose job wakes its children.
+  A question moves the session to waiting_user; the job its answer wakes moves it back;
 - killed (kill -9): the claim runs out, the reconciler enqueues the row's job again, and
   the child runs again from its start: its runs, events and calls are keyed, so nothing
   is written twice."""
@@ -34,7 +35,7 @@ from diagnosis.agent.child_agents import PURPOSE_PREFIX, child_key, child_runner
 from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.state import AgentContext
 from diagnosis.eventlog.names import USER_MESSAGE
-from diagnosis.events import LeaseLost, fenced, lock_session, tracing
+from diagnosis.events import LeaseLost, fenced, lock_session, set_status, tracing
 from diagnosis.jobs.lease import Heartbeat
 from diagnosis.jobs.world import definition_of, world_of
 from diagnosis.models import (
@@ -190,6 +191,9 @@ def run_child_job(session_id: str, key: str, *, enqueue: bool = True) -> str:
             tracing(),
         ):
             ctx = _context(row)
+            if (request.get("waiting") or {}).get("kind") == "question":
+                # Woken by the answer: the session is at work again.
+                set_status(session_id, SessionStatus.RUNNING, producer=PRODUCER, strict=False)
             try:
                 with waits.wait_scope(session_id, key):
                     result = child_runner(request["child"])(ctx, key, request.get("args") or {})
@@ -278,6 +282,10 @@ def _park(row: LLMRequest, token: uuid.UUID, waiting: dict[str, Any]) -> None:
     parked = {"kind": waiting["kind"], "key": waiting["key"], "after": waiting.get("after")}
     with transaction.atomic():
         lock_session(row.session_id)
+        if waiting["kind"] == "question":
+            # The reporter is asked: the session waits for them (its page's answer box),
+            # under the claim, before the claim goes.
+            set_status(row.session_id, SessionStatus.WAITING_USER, producer=PRODUCER, strict=False)
         moved = LLMRequest.objects.filter(
             pk=row.pk, claim_token=token, status=LLMRequestStatus.PENDING
         ).update(

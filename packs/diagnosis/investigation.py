@@ -216,7 +216,7 @@ class Investigation:
             source = Evidence(self.bundle)
             try:
                 if tool == "log_signatures":
-                    return _signatures(source, self.whole)
+                    return _signatures(source, self.whole, (args.since, args.until))
                 if tool == "anomalies":
                     return _anomalies(source, self.whole)
                 if tool == "log_search":
@@ -282,8 +282,12 @@ def adds_evidence(tool: str, response: dict[str, Any], error: str) -> bool:
     return True
 
 
-def _signatures(source: Evidence, found: Diagnosis) -> dict[str, Any]:
-    since, until = found.window
+def _signatures(
+    source: Evidence, found: Diagnosis, window: tuple[datetime, datetime] | None = None
+) -> dict[str, Any]:
+    """The signatures over `window` (the call's: the playbook's, or the window a
+    reporter gave the logs specialist)."""
+    since, until = window or found.window
     every = source.log_signatures(since=since, until=until)
     new = {(s.service, s.template) for s in found.new_signatures}
     listed = [{**s.as_dict(), "new": (s.service, s.template) in new} for s in every[:MAX_LISTED]]

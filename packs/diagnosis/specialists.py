@@ -26,6 +26,11 @@ from packs.diagnosis.modes import (
     SPECIALISTS,
 )
 from packs.diagnosis.skill_calls import is_skill
+from packs.diagnosis.specialist_questions import (
+    specialist_answer,
+    specialist_ask,
+    window_question,
+)
 from packs.diagnosis.steps import (
     DiagnosisState,
     gather,
@@ -94,9 +99,14 @@ class SpecialistState(TypedDict, total=False):
     session_id: str
     specialist: str
     problem_type: str
+    language: str
     calls: list[dict[str, Any]]  # the evidence items so far
     failed: str  # why it could not work
     done: bool
+    ask: str  # a question for the reporter, asked next (specialist_questions)
+    asked: bool
+    window: dict[str, str] | None  # the log window the reporter's answer gave
+    answer_seq: int  # the answer's seq: the orchestrator counts it as read
 
 
 class _SpecialistFailed(Exception):
@@ -113,10 +123,17 @@ def specialist_look(state: SpecialistState, ctx: AgentContext, run: AgentRun) ->
     if cannot:
         return {"failed": cannot, "done": True, "_summary": cannot}
     made = {e["id"] for e in state.get("calls") or []}
+    if state["specialist"] == "logs" and not made and not state.get("asked"):
+        question = window_question(inv, state.get("language") or "")
+        if question:
+            return {"ask": question, "_summary": _("asks the reporter")}
     left = [c for c in calls if c["call_id"] not in made]
     if not left:
         return {"done": True, "_summary": _("nothing left to read")}
-    item = gather(inv, ctx, run, left[0])
+    call = left[0]
+    if state.get("window") and call["tool"] == "log_signatures":
+        call = {**call, "args": dict(state["window"] or {})}  # the reporter's window
+    item = gather(inv, ctx, run, call)
     return {
         "calls": [*(state.get("calls") or []), item],
         "done": len(left) == 1,
@@ -149,14 +166,20 @@ def specialist_report(state: SpecialistState, ctx: AgentContext, run: AgentRun) 
     return {"failed": reason, "_summary": reason or _("reported")}
 
 
+def _after_look(state: SpecialistState) -> str:
+    return "ask" if state.get("ask") else "report" if state.get("done") else "look"
+
+
 def _specialist_graph() -> Any:
     builder = StateGraph(SpecialistState, context_schema=AgentContext)
     builder.add_node("look", specialist_look, input_schema=SpecialistState)  # type: ignore[misc]
     builder.add_node("report", specialist_report, input_schema=SpecialistState)  # type: ignore[misc]
+    builder.add_node("ask", specialist_ask, input_schema=SpecialistState)  # type: ignore[misc]
+    builder.add_node("answer", specialist_answer, input_schema=SpecialistState)  # type: ignore[misc]
     builder.add_edge(START, "look")
-    builder.add_conditional_edges(
-        "look", lambda s: "report" if s.get("done") else "look", ["look", "report"]
-    )
+    builder.add_conditional_edges("look", _after_look, ["look", "ask", "report"])
+    builder.add_edge("ask", "answer")
+    builder.add_edge("answer", "look")
     builder.add_edge("report", END)
     return builder.compile()
 
@@ -182,7 +205,15 @@ def await_specialists(state: DiagnosisState, runtime: Runtime[AgentContext]) -> 
     orchestrator._state.adding = False
     problem_type = state["bundle"].get("problem_type") or ""
     children = [
-        Child(name, {"specialist": name, "problem_type": problem_type}) for name in SPECIALISTS
+        Child(
+            name,
+            {
+                "specialist": name,
+                "problem_type": problem_type,
+                "language": state.get("language") or "",
+            },
+        )
+        for name in SPECIALISTS
     ]
     join = f"specialists:{ctx.session_id}:{orchestrator.pk}"
     try:
@@ -210,12 +241,14 @@ def run_specialist(ctx: AgentContext, key: str, args: dict[str, Any]) -> dict[st
                     "session_id": str(ctx.session_id),
                     "specialist": name,
                     "problem_type": args.get("problem_type") or "",
+                    "language": args.get("language") or "",
                     "calls": [],
                 },
                 context=child,
             )
             commit_steps(child)  # its steps before its end
             report["evidence"] = result.get("calls") or []
+            report["answer_seq"] = result.get("answer_seq") or 0
             if result.get("failed"):
                 report.update(status="failed", reason=result["failed"])
                 raise _SpecialistFailed(result["failed"])
@@ -278,8 +311,11 @@ def aggregate(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[s
         words += "; " + _("degraded to the minimal path")
     else:
         evidence += gathered
+    # A specialist's answer was its own: the orchestrator's waits never read it as theirs.
+    answered = max((r.get("answer_seq") or 0 for r in ordered), default=0)
     return {
         "evidence": {"calls": evidence},
         "conclusion": inv.conclusion(evidence),
+        "consumed_seq": max(state.get("consumed_seq") or 0, answered),
         "_summary": words,
     }
