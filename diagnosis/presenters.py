@@ -230,7 +230,7 @@ class PageWorld(Protocol):
         self, impact: dict[str, Any] | None, in_force: list[Any] | None = None
     ) -> dict[str, Any]:
         """The map of a session's impact (with `in_force`: those restrictions drawn
-        instead of the ones in force now)."""
+        instead of the ones in force now); its `template` draws it (the pack's own)."""
         ...
 
 

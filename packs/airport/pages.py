@@ -13,6 +13,8 @@ from packs.airport.world import load_active_graph
 from scenarios_admin.airport import AirportGraph, natural_sorted
 from scenarios_admin.definition import LIFT_TOOL
 
+MAP_TEMPLATE = "airport/_impact_map.html"
+
 
 class ApronWorld:
     """The airport graph with the restrictions in force, read once for many sessions'
@@ -41,7 +43,8 @@ def impact_map(
     graph: AirportGraph, impact: dict[str, Any] | None, restrictions: list[Restriction]
 ) -> dict[str, Any]:
     """What airport/_impact_map.html draws: every node and edge, the isolated zone, the
-    incident's position and what is closed or suspended."""
+    incident's position and what is closed or suspended (`template`: the core's pages
+    include it by that name)."""
     isolated = set((impact or {}).get("isolated_nodes", []))
     start = (impact or {}).get("start")
     closed_taxiways = {r.target for r in restrictions if r.kind == Restriction.Kind.TAXIWAY}
@@ -81,7 +84,7 @@ def impact_map(
                 "closed": closed(a) and closed(b),
             }
         )
-    return {"nodes": nodes, "edges": edges, "icao": graph.icao}
+    return {"nodes": nodes, "edges": edges, "icao": graph.icao, "template": MAP_TEMPLATE}
 
 
 def airport_board(

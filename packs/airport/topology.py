@@ -145,7 +145,7 @@ def topology_issues(data: TopologyData) -> list[Issue]:
 
 
 def topology_map(topology: Topology) -> dict[str, Any]:
-    """What templates/diagnosis/_impact_map.html draws (`map`), for the saved graph."""
+    """What airport/_impact_map.html draws (`map`), for the saved graph."""
     nodes = {n.node_id: n for n in topology.nodes.all()}
     return {
         "icao": topology.icao,
