@@ -15,7 +15,7 @@ from playwright.sync_api import Browser, expect, sync_playwright
 from aero.models import AuditLog
 from aero.roles import ALL_ROLES, ensure_role_groups
 from scenarios_admin.builtin import load_builtin_data
-from tests import browser_helpers
+from tests import browser_helpers, static_scan
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -53,6 +53,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         pass
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _static_files_scanned_once() -> Iterator[None]:
+    """Each test client's WhiteNoise middleware reuses the process's scan of the static
+    finders (tests/static_scan.py)."""
+    with static_scan.kept():
+        yield
 
 
 @pytest.fixture(autouse=True)
