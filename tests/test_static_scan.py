@@ -17,10 +17,11 @@ def test_a_later_middleware_reuses_the_scan_and_finds_the_same_files(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     scans: list[Any] = []
+    scan = static_scan._scan  # WhiteNoise's own
 
     def counted(middleware: WhiteNoiseMiddleware) -> None:
         scans.append(middleware)
-        static_scan._scan(middleware)
+        scan(middleware)
 
     monkeypatch.setattr(WhiteNoiseMiddleware, "add_files_from_finders", counted)
     scanned = WhiteNoiseMiddleware(lambda request: None).files  # as WhiteNoise does alone
