@@ -201,9 +201,17 @@ class DomainPack:
     # waiting): (the viewer's roles) -> its context; the page and the live push render
     # the same.
     board_page: Callable[[frozenset[str]], dict[str, Any]] | None = None
+    # The model of the restrictions its actions put in force (a closure, a suspension),
+    # lifted through the core's lift: rows with kind (choices, labelled), target, session,
+    # tool_call, created_at, lifted_at, lifted_by and lift_note. None: it restricts nothing.
+    restrictions: Any = None
     # A warning read from a session's enrichment (what its lookups found disagrees),
     # in the reader's language; "" when there is none.
     enrichment_warning: Callable[[Any], str] | None = None
+    # Its own pages: their URLconf (a module name, included at the site's root) and the
+    # links the top bar shows to them, as (label, URL name).
+    urls: str | None = None
+    nav: tuple[tuple[Any, str], ...] = ()
     # Where the pack's own form to open a session is (a URL name), if it has one.
     new_session_url: str | None = None
     # A session was soft-deleted: drop what the pack keeps outside the log for it.
@@ -306,6 +314,21 @@ def default_kind() -> str:
     if not _PACKS:
         raise UnknownDomain("no domain pack is installed")
     return next(iter(_PACKS))
+
+
+def restriction_model() -> Any:
+    """The model of the restrictions in force (the first installed pack that keeps them),
+    or None."""
+    return next((p.restrictions for p in _PACKS.values() if p.restrictions is not None), None)
+
+
+def active_world(stamp: tuple[Any, Any] | None = None) -> Any:
+    """The active world of the pack whose world is stamped, built once per process and
+    stamp by that pack; `stamp` as a job's lease read it. LookupError when none is."""
+    pack = stamped_pack()
+    if pack is None or pack.world is None:
+        raise LookupError("no installed domain pack keeps a world to act on")
+    return pack.world(stamp)
 
 
 def stamped_pack() -> DomainPack | None:

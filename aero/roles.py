@@ -13,6 +13,7 @@ from django.http.response import HttpResponseBase
 from django.utils.translation import gettext_lazy as _
 
 from aero.drafts import signed_out
+from aero.packs import installed_packs
 
 ADMIN = "admin"
 OPERATOR = "operator"
@@ -31,7 +32,8 @@ ROLE_LABELS = {
 VIEW_SESSIONS = (ADMIN, OPERATOR, APPROVER, AUDITOR)
 RUN_SESSIONS = (ADMIN, OPERATOR)
 DECIDE_APPROVALS = (ADMIN, APPROVER)
-MANAGE_AIRPORT = (ADMIN, OPERATOR)
+# Ask for a restriction in force (a closure) to be lifted.
+LIFT_RESTRICTIONS = (ADMIN, OPERATOR)
 READ_AUDIT_LOG = (ADMIN, AUDITOR)
 DELETE_SESSIONS = (ADMIN,)
 # Tool servers and model providers run commands and hold credentials: admins only.
@@ -93,8 +95,10 @@ def roles_context(request: HttpRequest) -> dict[str, Any]:
         "user_roles": sorted(roles),
         "can_run": bool(roles & set(RUN_SESSIONS)),
         "can_decide": bool(roles & set(DECIDE_APPROVALS)),
-        "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
+        "can_lift_restrictions": bool(roles & set(LIFT_RESTRICTIONS)),
         "can_read_audit": bool(roles & set(READ_AUDIT_LOG)),
         "can_view_history": bool(roles & set(VIEW_SESSIONS)),
         "can_view_todos": bool(roles & set(VIEW_TODOS)),
+        # The installed packs' own pages, for the top bar: (label, URL name).
+        "pack_pages": [link for pack in installed_packs() for link in pack.nav],
     }

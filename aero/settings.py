@@ -103,6 +103,12 @@ DEBUG = env_bool("AERO_DEBUG", False)
 ALLOWED_HOSTS = env_list("AERO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("AERO_CSRF_TRUSTED_ORIGINS", [])
 
+# The domain packs: every package in packs/ that is a Django app, in name order (the
+# first serves where no session is at hand: a worker warming up, the shared checkpointer).
+DOMAIN_PACKS = sorted(
+    f"packs.{pack.name}" for pack in (BASE_DIR / "packs").iterdir() if (pack / "apps.py").is_file()
+)
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -118,8 +124,7 @@ INSTALLED_APPS = [
     "ninja",
     "aero",
     "scenarios_admin",
-    "packs.airport",
-    "packs.diagnosis",
+    *DOMAIN_PACKS,
     "diagnosis",
     "approvals",
     "replay",

@@ -20,7 +20,7 @@ from django.utils.translation import pgettext_lazy
 MAX_MESSAGE = 4000  # an incident description or an answer to the agent
 MAX_REASON = 2000  # a decision's reason, a cancellation reason
 MAX_NOTE = 2000  # a to-do's resolution note
-MAX_LIFT_NOTE = 300  # Restriction.lift_note (a column of that size)
+MAX_LIFT_NOTE = 300  # a restriction's lift_note (a column of that size)
 # Largest payload any one event may carry (JSON, UTF-8), checked by append_event.
 # A quarter of daphne's 1 MB frame: what people type (above, at most 16 KB each) always
 # fits, and so does a report from a 20,000-character template; the consumers still
@@ -134,3 +134,16 @@ def neutralise_bidi(text: str) -> str:
     if not BIDI_CONTROLS.search(text):
         return text
     return BIDI_CONTROLS.sub(lambda m: f"[U+{ord(m.group()):04X}]", text)
+
+
+def natural_key(value: str) -> tuple[tuple[int, int | str], ...]:
+    # Digit runs compare as numbers, chunk by chunk: "A10" after "A9", "R0624-3" before
+    # "R1836-1". A digit chunk sorts before a letter chunk, so stands ("101") come first.
+    return tuple(
+        (0, int(chunk)) if chunk.isdigit() else (1, chunk)
+        for chunk in re.findall(r"\d+|\D+", value)
+    )
+
+
+def natural_sorted(values: list[str]) -> list[str]:
+    return sorted(values, key=natural_key)

@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from aero import audit_views, i18n, views
+from aero.packs import installed_packs
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -16,6 +17,8 @@ urlpatterns = [
     path("audit/export.csv", audit_views.audit_csv, name="audit-csv"),
     path("admin/", admin.site.urls),
     path("", include("diagnosis.urls")),
+    # The packs' own pages (the apps are loaded before any URLconf is).
+    *[path("", include(pack.urls)) for pack in installed_packs() if pack.urls],
     # The IT diagnosis pack's form (named by string: the kernel imports no app or pack).
     path("", include("packs.diagnosis.urls")),
     path("approvals/", include("approvals.urls")),

@@ -28,6 +28,7 @@ from approvals.models import (
     state_digest_for,
 )
 from approvals.push import notify_queue
+from diagnosis import restrictions
 from diagnosis.actions import do_apply_decision
 from diagnosis.decisions import ActionError, checked_text
 from diagnosis.eventlog.names import (
@@ -38,7 +39,6 @@ from diagnosis.eventlog.names import (
 )
 from diagnosis.events import append_event, lock_session
 from diagnosis.lifts import lock_lift_sessions
-from diagnosis.models import Restriction
 from diagnosis.push import notify_board
 from scenarios_admin.definition import below_floor, floor_message, restriction_of
 
@@ -502,11 +502,12 @@ def do_resolve_todo(todo_id: int, user: Any, note: str, *, in_force: bool = Fals
         effect = restriction_of(tool_call.tool_name, tool_call.request_payload)
         if in_force and effect is not None:
             kind, target = effect
-            existing = Restriction.objects.filter(
+            model = restrictions.model()
+            existing = model.objects.filter(
                 kind=kind, target=target, lifted_at__isnull=True
             ).first()
             if existing is None:
-                Restriction.objects.create(
+                model.objects.create(
                     kind=kind, target=target, session_id=todo.session_id, tool_call=tool_call
                 )
                 payload["restriction"] = {

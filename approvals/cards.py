@@ -37,7 +37,6 @@ from django.utils.translation import gettext
 from aero.compiled import AnyOf, Arg, Compiled
 from aero.release import release
 from approvals.models import OPEN_STATUSES, Approval
-from diagnosis.models import Restriction
 
 CACHE = "queue_cards"
 # Keys are content-addressed (never stale); the timeout only bounds what old keys cost.
@@ -47,9 +46,7 @@ CSRF_INPUT = f'<input type="hidden" name="csrfmiddlewaretoken" value="{CSRF_MARK
 _MARK = re.compile("\x00(csrf|dl:[^\x00]+)\x00")
 
 
-def board_stamp(
-    topology: tuple[Any, Any] | None, restrictions: list[Restriction]
-) -> tuple[Any, ...]:
+def board_stamp(topology: tuple[Any, Any] | None, restrictions: list[Any]) -> tuple[Any, ...]:
     """What the cards read of the board: the active world's stamp and every
     restriction in force (consequences and maps follow them)."""
     return (

@@ -12,7 +12,8 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from aero.packs import action_tool
-from diagnosis.models import Restriction, Session, ToolCall
+from diagnosis import restrictions
+from diagnosis.models import Session, ToolCall
 from scenarios_admin.definition import BUDGET_TOOL, LIFT_TOOL
 
 
@@ -53,7 +54,8 @@ def lift_state_digest(tool_call: ToolCall) -> str:
     """What a lift request is about: the restriction, in force. The session that put it
     in force may have ended long ago; its fields do not matter to the lift."""
     pk = tool_call.request_payload.get("restriction")
-    restriction = Restriction.objects.filter(pk=pk).first()
+    model = restrictions.model()
+    restriction = model.objects.filter(pk=pk).first()
     return _sha(
         {
             "restriction": restriction.pk if restriction else None,

@@ -11,8 +11,8 @@ from aero.packs import stamped_pack
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals import cards
 from approvals.models import Approval, ManualTodo
-from diagnosis.models import Restriction
 from diagnosis.presenters import read_world
+from diagnosis.restrictions import in_force as restrictions_in_force
 from scenarios_admin.definition import restriction_of
 from scenarios_admin.models import Scenario
 
@@ -203,7 +203,7 @@ def _cards(
     for row in cards.page_rows(ids, per_incident, context["risk"]):
         rows[row[cards.SESSION_AT]].append(row)
     topology = _world_stamp()
-    restrictions = list(Restriction.objects.filter(lifted_at__isnull=True))
+    restrictions = restrictions_in_force()
     shared = cards.shared_facts(
         risk=context["risk"],
         scenario=context["scenario"],
@@ -259,7 +259,7 @@ def _render(
     per_incident: int,
     context: dict[str, Any],
     topology: tuple[Any, Any] | None,
-    restrictions: list[Restriction],
+    restrictions: list[Any],
     shared: tuple[Any, ...],
 ) -> None:
     """Render the cards of `groups` from their rows read whole (group["card"]), keyed by
@@ -329,9 +329,7 @@ def todo_context(after: str = "") -> dict[str, Any]:
         .select_related("session", "resolved_by", "approval")
         .order_by("-resolved_at")[:50]
     )
-    in_force_now = {
-        (r.kind, r.target): r for r in Restriction.objects.filter(lifted_at__isnull=True)
-    }
+    in_force_now = {(r.kind, r.target): r for r in restrictions_in_force()}
     shown, in_force = [], []
     for todo in page[:TODO_PAGE]:
         call = todo.approval.tool_call

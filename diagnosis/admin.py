@@ -12,7 +12,7 @@ from aero.admin_base import ReadOnlyAdmin
 from aero.roles import DELETE_SESSIONS, has_role
 from diagnosis.actions import ActionError, do_delete_session
 from diagnosis.forms import DeleteSessionForm
-from diagnosis.models import AgentRun, Event, LLMCall, Report, Restriction, Session, ToolCall
+from diagnosis.models import AgentRun, Event, LLMCall, Report, Session, ToolCall
 
 
 class DeletedFilter(admin.SimpleListFilter):
@@ -131,9 +131,3 @@ class AgentRunAdmin(ReadOnlyAdmin):
 @admin.register(Report)
 class ReportAdmin(ReadOnlyAdmin):
     list_display = ["session", "language", "created_at"]
-
-
-@admin.register(Restriction)
-class RestrictionAdmin(ReadOnlyAdmin):
-    list_display = ["kind", "target", "session", "created_at", "lifted_at", "lifted_by"]
-    list_filter = ["kind"]

@@ -12,7 +12,6 @@ from typing import Any, Protocol
 from django.utils.translation import gettext_lazy
 
 from aero.packs import action_tool
-from diagnosis.models import Restriction
 from diagnosis.wording import TOOL_LABELS, plain
 
 
@@ -21,7 +20,7 @@ class Consequence:
     plain: str
     consequence: str
     warn: bool  # the pack's board warns of it
-    in_force: Restriction | None  # the same restriction already on the board
+    in_force: Any  # the same restriction already on the board
     own: bool = False  # put there by the session the action belongs to
 
 

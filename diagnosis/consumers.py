@@ -16,14 +16,12 @@ from urllib.parse import parse_qs
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.template.loader import render_to_string
 from django.utils import translation
 
 from aero import metrics
 from aero.db_async import db_call
 from aero.i18n import supported
 from aero.roles import VIEW_SESSIONS
-from diagnosis import presenters
 from diagnosis.live_access import (
     CHECK_ROUNDS,
     CLOSE_FORBIDDEN,
@@ -35,7 +33,7 @@ from diagnosis.live_access import (
 from diagnosis.live_hub import PageViewer, hub
 from diagnosis.live_render import Update
 from diagnosis.push import (
-    AIRPORT_GROUP,
+    BOARD_GROUP,
     register_server_loop,
     session_digest,
     session_group,
@@ -201,25 +199,20 @@ class SessionConsumer(PageViewer, SignedInSocket):
         await self.close(code=code)
 
 
-def render_board(roles: frozenset[str]) -> str:
-    context = presenters.board_page_context(roles)
-    return render_to_string("diagnosis/airport_board.html#airport-board", {**context, "oob": True})
-
-
 class PageNoticeConsumer(SignedInSocket):
     """A page that re-reads itself on a notice (no content in the notice, as for the
-    session timeline): the airport board, the to-dos page. Each pull re-checks the
+    session timeline): a pack's board of restrictions, the to-dos page. Each pull re-checks the
     viewer's roles and shares one render per notice and role set."""
 
-    group: str = AIRPORT_GROUP
+    group: str = BOARD_GROUP
     may_view: tuple[str, ...] = VIEW_SESSIONS
-    page: str = "board"
+    page: str = ""
     user_id: Any = None
     joined: bool = False
     language: str | None = None
 
     def render(self, roles: frozenset[str]) -> str:
-        return render_board(roles)
+        raise NotImplementedError  # each page renders its own fragment
 
     def render_in_language(self, roles: frozenset[str]) -> str:
         # In the page's language: the fragment replaces part of that page.

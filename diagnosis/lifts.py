@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from aero.models import audit
 from aero.packs import restricting_action
 from aero.text import MAX_LIFT_NOTE
-from diagnosis import external
+from diagnosis import external, restrictions
 from diagnosis import outbox as outbox_module
 from diagnosis.decisions import ActionError, checked_text, record_decision
 from diagnosis.eventlog.names import TIMELINE_APPENDED
@@ -32,7 +32,6 @@ from diagnosis.jobs import drop_job, embedded_worker
 from diagnosis.models import (
     Outbox,
     OutboxStatus,
-    Restriction,
     Session,
     ToolCall,
     ToolCallStatus,
@@ -44,7 +43,7 @@ from scenarios_admin.definition import LIFT_TOOL, risk_floor
 logger = logging.getLogger("diagnosis.actions")
 
 
-def lift_calls(restriction: Restriction) -> Any:
+def lift_calls(restriction: Any) -> Any:
     return ToolCall.objects.filter(
         session_id=restriction.session_id,
         tool_name=LIFT_TOOL,
@@ -64,9 +63,10 @@ def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
         required=_("Say why the restriction is lifted (a note is required)."),
     )
     with transaction.atomic():
-        restriction = Restriction.objects.get(pk=restriction_id)
+        model = restrictions.model()
+        restriction = model.objects.get(pk=restriction_id)
         lock_session(restriction.session_id)
-        restriction = Restriction.objects.select_for_update().get(pk=restriction_id)
+        restriction = model.objects.select_for_update().get(pk=restriction_id)
         if restriction.lifted_at is not None:
             raise ActionError(
                 _("%(restriction)s was already lifted.") % {"restriction": restriction}
@@ -113,7 +113,7 @@ def do_request_lift(restriction_id: int, user: Any, note: str) -> ToolCall:
     return tool_call
 
 
-def touched_sessions(restriction: Restriction) -> list[Any]:
+def touched_sessions(restriction: Any) -> list[Any]:
     """The sessions whose live map showed the restriction: every session not ended
     before it was put in force (they list the airport's restrictions in force), and the
     session that put it in force. Ordered by id, the order their rows are locked in."""
@@ -130,7 +130,7 @@ def lock_lift_sessions(tool_call: ToolCall) -> None:
     """Lock, in id order, every session a lift will write to, before anything else of the
     decision: its audit entry takes the audit chain's lock, and every other path takes
     session rows before that lock, never after (no deadlock)."""
-    restriction = Restriction.objects.get(pk=tool_call.request_payload["restriction"])
+    restriction = restrictions.model().objects.get(pk=tool_call.request_payload["restriction"])
     for session_id in touched_sessions(restriction):
         lock_session(session_id)
 
@@ -148,8 +148,10 @@ def apply_lift_decision(
     if problems:
         refuse_execution(tool_call, problems, producer=producer)
         return tool_call
-    restriction = Restriction.objects.select_for_update().get(
-        pk=tool_call.request_payload["restriction"]
+    restriction = (
+        restrictions.model()
+        .objects.select_for_update()
+        .get(pk=tool_call.request_payload["restriction"])
     )
     if restriction.lifted_at is not None:
         raise ActionError(_("%(restriction)s was already lifted.") % {"restriction": restriction})
@@ -248,7 +250,7 @@ def execute_lift(outbox_id: int, *, producer: str = "web") -> str:
         return outbox.status
     tool_call = outbox.tool_call
     args = tool_call.request_payload
-    restriction = Restriction.objects.get(pk=args["restriction"])
+    restriction = restrictions.model().objects.get(pk=args["restriction"])
     body = {"restriction": restriction.kind, "target": restriction.target, "note": args["note"]}
     # The system of the action that put it in force lifts it.
     restricting = restricting_action(restriction.kind)
@@ -342,8 +344,10 @@ def _finish_lift_call(
 def _complete_lift(tool_call: ToolCall, at: datetime, reference: str, producer: str) -> None:
     """The operations system lifted it: our board follows, with an event in every
     session that showed the restriction and an audit entry for the decider."""
-    restriction = Restriction.objects.select_for_update().get(
-        pk=tool_call.request_payload["restriction"]
+    restriction = (
+        restrictions.model()
+        .objects.select_for_update()
+        .get(pk=tool_call.request_payload["restriction"])
     )
     user = tool_call.decided_by
     note = tool_call.request_payload["note"]

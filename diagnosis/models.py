@@ -366,44 +366,6 @@ class Report(models.Model):
         return f"Report for {self.session_id}"
 
 
-class Restriction(models.Model):
-    """An operational closure or suspension an executed action put on the airport."""
-
-    class Kind(models.TextChoices):
-        RUNWAY = "runway", _("Runway closed")
-        TAXIWAY = "taxiway", _("Taxiway closed")
-        STAND = "stand", _("Stand operations suspended")
-
-    kind = models.CharField(max_length=16, choices=Kind.choices)
-    target = models.CharField(max_length=32)
-    session = models.ForeignKey(Session, on_delete=models.PROTECT, related_name="restrictions")
-    tool_call = models.OneToOneField(ToolCall, on_delete=models.PROTECT, related_name="restriction")
-    created_at = models.DateTimeField(auto_now_add=True)
-    lifted_at = models.DateTimeField(null=True, blank=True)
-    lifted_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
-    )
-    lift_note = models.CharField(max_length=300, blank=True)
-
-    class Meta:
-        ordering = ["kind", "target", "-created_at"]
-        indexes = [
-            # status board: active restrictions
-            models.Index(
-                fields=["kind", "target"],
-                condition=Q(lifted_at__isnull=True),
-                name="restriction_active_idx",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.get_kind_display()}: {self.target}"
-
-    @property
-    def is_active(self) -> bool:
-        return self.lifted_at is None
-
-
 class WorkerBeat(models.Model):
     """A background worker's own heartbeat, in the database: /healthz reads it
     whether or not Redis answers. One row per running worker process, written every

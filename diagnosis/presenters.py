@@ -23,12 +23,12 @@ from diagnosis.models import (
     WITHDRAWN_NOT_CALLED_FOR_ANSWER,
     WITHDRAWN_SUPERSEDED,
     Event,
-    Restriction,
     Session,
     ToolCall,
     ToolCallStatus,
 )
 from diagnosis.reporting import decision_of, display_value, markdown_to_html, report_text
+from diagnosis.restrictions import in_force as restrictions_in_force
 from diagnosis.templatetags.timeline import scenario_language
 from scenarios_admin.definition import BUDGET_TOOL
 from scenarios_admin.models import ScenarioVersion
@@ -235,7 +235,7 @@ class PageWorld(Protocol):
 
 
 def read_world(
-    stamp: tuple[Any, Any] | None = None, in_force: list[Restriction] | None = None
+    stamp: tuple[Any, Any] | None = None, in_force: list[Any] | None = None
 ) -> PageWorld | None:
     """The world the panels word things with, as the installed pack that keeps one reads
     it (`stamp`: as a caller read its stamp; `in_force`: the restrictions in force, read
@@ -244,7 +244,7 @@ def read_world(
     for pack in installed_packs():
         if pack.page_world is not None:
             if in_force is None:
-                in_force = list(Restriction.objects.filter(lifted_at__isnull=True))
+                in_force = restrictions_in_force()
             try:
                 world: PageWorld = pack.page_world(stamp, in_force)
             except LookupError:

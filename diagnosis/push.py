@@ -156,8 +156,8 @@ def notify_session(session_id: Any, seq: int) -> None:
     group_send(session_group(session_id), {"type": "session.notice", "seq": seq})
 
 
-# The airport board and the to-dos page: "the restrictions or to-dos changed".
-AIRPORT_GROUP = "airport-board"
+# A pack's board and the to-dos page: "the restrictions or to-dos changed".
+BOARD_GROUP = "board"
 
 
 def notify_board() -> None:
@@ -166,5 +166,5 @@ def notify_board() -> None:
     from django.db import transaction
 
     transaction.on_commit(
-        lambda: group_send(AIRPORT_GROUP, {"type": "board.notice", "stamp": uuid.uuid4().hex})
+        lambda: group_send(BOARD_GROUP, {"type": "board.notice", "stamp": uuid.uuid4().hex})
     )

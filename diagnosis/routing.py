@@ -2,9 +2,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from diagnosis.consumers import PageNoticeConsumer, SessionConsumer
+from diagnosis.consumers import SessionConsumer
 
 websocket_urlpatterns = [
     path("ws/sessions/<uuid:session_id>/", SessionConsumer.as_asgi()),
-    path("ws/airport/", PageNoticeConsumer.as_asgi()),
 ]

@@ -21,10 +21,4 @@ urlpatterns = [
     path("sessions/<uuid:session_id>/delete/", views.session_delete, name="session-delete"),
     path("sessions/<uuid:session_id>/events/", views.session_events, name="session-events"),
     path("sessions/<uuid:session_id>/report.md", views.session_report, name="session-report"),
-    path("airport/", views.airport_board, name="airport-board"),
-    path(
-        "airport/restrictions/<int:restriction_id>/lift/",
-        views.restriction_lift,
-        name="restriction-lift",
-    ),
 ]

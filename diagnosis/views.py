@@ -18,18 +18,16 @@ from aero.models import audit
 from aero.packs import installed_packs
 from aero.roles import (
     DELETE_SESSIONS,
-    MANAGE_AIRPORT,
     RUN_SESSIONS,
     VIEW_SESSIONS,
     has_role,
     role_required,
-    user_roles,
 )
 from aero.templatetags.aero_text import scenario_name
 from aero.text import MAX_MESSAGE
-from diagnosis import actions, lifts, presenters, reporting, suggest
-from diagnosis.forms import AnswerForm, DeleteSessionForm, LiftForm, NewSessionForm
-from diagnosis.models import Report, Restriction, Session, SessionStatus
+from diagnosis import actions, presenters, reporting, suggest
+from diagnosis.forms import AnswerForm, DeleteSessionForm, NewSessionForm
+from diagnosis.models import Report, Session, SessionStatus
 from scenarios_admin.models import Scenario
 
 
@@ -406,34 +404,3 @@ def session_report(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     response = HttpResponse(markdown, content_type="text/markdown; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="aero-report-{session.pk}.md"'
     return response
-
-
-@require_GET
-@role_required(VIEW_SESSIONS)
-def airport_board(request: HtmxHttpRequest) -> HttpResponse:
-    context = presenters.board_page_context(user_roles(request.user))
-    return render(request, "diagnosis/airport_board.html", {**context, "form": LiftForm()})
-
-
-@require_POST
-@role_required(MANAGE_AIRPORT)
-def restriction_lift(request: HtmxHttpRequest, restriction_id: int) -> HttpResponse:
-    restriction = get_object_or_404(Restriction, pk=restriction_id)
-    form = LiftForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, str(form.errors["note"][0]))
-        return redirect("diagnosis:airport-board")
-    try:
-        lifts.do_request_lift(restriction.pk, request.user, form.cleaned_data["note"])
-    except actions.ActionError as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(
-            request,
-            _(
-                "Lift of %(restriction)s requested: it stays in force until an approver "
-                "approves and confirms the lift (R2)."
-            )
-            % {"restriction": restriction},
-        )
-    return redirect("diagnosis:airport-board")

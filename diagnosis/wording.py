@@ -21,9 +21,9 @@ from diagnosis.models import (
     WITHDRAWN_NOT_CALLED_FOR,
     WITHDRAWN_NOT_CALLED_FOR_ANSWER,
     WITHDRAWN_SUPERSEDED,
-    Restriction,
     SessionStatus,
 )
+from diagnosis.restrictions import kinds as restriction_kinds
 
 TOOL_LABELS: dict[str, Promise] = {
     # the core's own action (a pack's tools are registered by the pack:
@@ -191,7 +191,7 @@ def done_words(tool: str, args: Any, response: Any) -> str:
     if tool in RESULT_WORDS:
         return str(RESULT_WORDS[tool](tool, response)) or str(response["summary"])
     restriction = response.get("restriction")
-    if isinstance(restriction, dict) and restriction.get("kind") in Restriction.Kind.values:
+    if isinstance(restriction, dict) and restriction.get("kind") in restriction_kinds():
         return restriction_summary(str(restriction["kind"]), restriction.get("target", ""))
     declared = action_tool(tool)
     if declared is not None and declared.done is not None and isinstance(args, dict):

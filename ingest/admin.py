@@ -74,7 +74,9 @@ class GateRuleForm(forms.ModelForm[GateRule]):
     def clean_group_by(self) -> list[str]:
         group_by = self.cleaned_data["group_by"] or []
         if not isinstance(group_by, list) or not all(isinstance(g, str) for g in group_by):
-            raise forms.ValidationError('Give a list of label names, e.g. ["alertname", "stand"].')
+            raise forms.ValidationError(
+                'Give a list of label names, e.g. ["alertname", "instance"].'
+            )
         return group_by
 
     def clean(self) -> dict[str, Any]:

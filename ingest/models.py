@@ -100,7 +100,7 @@ class GateRule(models.Model):
     group_by = models.JSONField(
         default=list,
         blank=True,
-        help_text='Labels forming the group key of generic alerts, e.g. ["alertname", "stand"] '
+        help_text='Labels forming the group key of generic alerts, e.g. ["alertname", "instance"] '
         "(Alertmanager sends its own groupKey).",
     )
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from packs.airport.graph import AirportGraph, FlightInfo, Node
 from packs.airport.seed import AIRPORT_FILE
-from scenarios_admin.airport import AirportGraph, FlightInfo, Node
 from scenarios_admin.builtin import DATA_DIR, read_yaml
 
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from approvals.models import Approval
 from diagnosis.fold import FoldState, fold_events
-from diagnosis.models import Event, Outbox, Report, Restriction, Session, ToolCall
+from diagnosis.models import Event, Outbox, Report, Session, ToolCall
+from packs.airport.models import Restriction
 
 
 def fold_of(session: Session) -> FoldState:

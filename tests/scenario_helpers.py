@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from diagnosis.models import Restriction
 from packs.airport.agent import policy
 from packs.airport.agent.extraction import extract_fields
+from packs.airport.models import Restriction
 from tests.builtin_data import builtin_definition, demo_graph
 
 

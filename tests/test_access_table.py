@@ -25,8 +25,9 @@ from websockets.sync.client import connect
 
 from api.models import ApiToken
 from approvals.models import ManualTodo
-from diagnosis.models import Report, Restriction, ToolCall
+from diagnosis.models import Report, ToolCall
 from ingest.models import GateSettings
+from packs.airport.models import Restriction
 from scenarios_admin.models import ProviderConfig
 from tests.web_helpers import approval_for, waiting_session
 from tools.models import McpServer, Skill
@@ -77,8 +78,8 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "diagnosis:session-events": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-report": ("GET", row(LOGIN, 200, 200, 200, 200)),
     "diagnosis:session-delete": ("GET", row(LOGIN, 403, 403, 403, 200)),
-    "diagnosis:airport-board": ("GET", row(LOGIN, 200, 200, 200, 200)),
-    "diagnosis:restriction-lift": ("POST", row(LOGIN, 302, 403, 403, 302)),
+    "airport:board": ("GET", row(LOGIN, 200, 200, 200, 200)),
+    "airport:restriction-lift": ("POST", row(LOGIN, 302, 403, 403, 302)),
     "approvals:queue": ("GET", row(LOGIN, 403, 200, 403, 200)),
     "approvals:decide": ("POST", row(LOGIN, 403, 302, 403, 302)),
     "approvals:edit-args": ("POST", row(LOGIN, 403, 302, 403, 302)),  # empty: refused
@@ -108,7 +109,7 @@ READ_ONLY_MODELS = {
     "diagnosis_llmcall",
     "diagnosis_agentrun",
     "diagnosis_report",
-    "diagnosis_restriction",
+    "airport_restriction",
     "diagnosis_pack_similarcase",  # what a diagnosis found; its event records them
     "scenarios_admin_scenarioversion",
     # gate decisions are records; the gate's settings are one row, made by its migration

@@ -12,10 +12,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from packs.airport.graph import load_active_graph
 from packs.airport.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
 from packs.airport.seed import AIRPORT_FILE
 from packs.airport.topology import data_from_yaml, topology_issues
-from scenarios_admin.airport import load_active_graph
 from scenarios_admin.builtin import read_yaml
 from tests.admin_helpers import add_row, admin_client, form_data, row_prefix, staff_with
 

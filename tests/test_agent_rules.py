@@ -25,14 +25,14 @@ from diagnosis.models import (
     AgentRun,
     Event,
     Report,
-    Restriction,
     Session,
     ToolCall,
     ToolCallStatus,
 )
 from packs.airport.agent import planning
 from packs.airport.agent.nodes import reasoning
-from scenarios_admin.airport import load_active_graph
+from packs.airport.graph import load_active_graph
+from packs.airport.models import Restriction
 
 EXAMPLE_ONE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
 EXAMPLE_TWO = "MU5678 stand 101 hydraulic leak, engines off, no longer leaking, about 2 m2"

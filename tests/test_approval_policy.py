@@ -12,7 +12,8 @@ from aero.models import AuditLog
 from approvals.actions import APPROVE, CONFIRM, REJECT, do_decide
 from approvals.models import Approval
 from diagnosis.actions import ActionError, do_answer, do_cancel
-from diagnosis.models import Event, Restriction, Session, ToolCall
+from diagnosis.models import Event, Session, ToolCall
+from packs.airport.models import Restriction
 from tests.web_helpers import TAXIWAY_FUEL_LEAK, waiting_session
 from tests.web_helpers import approval_for as approval
 

@@ -19,7 +19,8 @@ from approvals.actions import APPROVE, CONFIRM, do_decide, sweep_expired_approva
 from approvals.models import Approval, ManualTodo
 from diagnosis import maintenance
 from diagnosis.maintenance import register, run_periodic_tasks, start_web_ticker, stop_web_ticker
-from diagnosis.models import Event, Restriction, ToolCall
+from diagnosis.models import Event, ToolCall
+from packs.airport.models import Restriction
 from tests.web_helpers import approval_for as approval
 from tests.web_helpers import waiting_session
 

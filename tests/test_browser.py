@@ -12,7 +12,8 @@ from playwright.sync_api import Browser, Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from approvals.models import Approval
-from diagnosis.models import Restriction, Session
+from diagnosis.models import Session
+from packs.airport.models import Restriction
 from tests.browser_helpers import ARTIFACTS, reload_until, sign_in
 
 pytestmark = [pytest.mark.services, pytest.mark.browser]

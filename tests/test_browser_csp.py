@@ -19,8 +19,8 @@ from playwright.sync_api import Browser, Page, expect
 from approvals.actions import do_decide, sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
 from diagnosis.lifts import do_request_lift
-from diagnosis.models import Restriction, Session
-from packs.airport.models import Flight, Topology
+from diagnosis.models import Session
+from packs.airport.models import Flight, Restriction, Topology
 from scenarios_admin.models import ProviderConfig, Scenario
 from tests.browser_helpers import ARTIFACTS, sign_in
 from tests.hostile import INERT

@@ -183,7 +183,7 @@ def pages(sessions: dict[str, Session]) -> list[tuple[str, str, str]]:
             reverse("diagnosis:session-detail", args=[sessions["diagnosis"].pk]),
         ),
         ("approvals", "approver", reverse("approvals:queue")),
-        ("airport", "operator", reverse("diagnosis:airport-board")),
+        ("airport", "operator", reverse("airport:board")),
         ("history", "auditor", reverse("replay:history")),
         ("replay", "auditor", reverse("replay:replay-step", args=[concluded])),
         ("admin-scenarios", "admin", reverse("admin:scenarios_admin_scenario_changelist")),

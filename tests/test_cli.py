@@ -11,7 +11,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from approvals.models import Approval, ApprovalStatus
-from diagnosis.models import Restriction, Session
+from diagnosis.models import Session
+from packs.airport.models import Restriction
 from tests import scenario_helpers
 from tests.builtin_data import oil_spill
 from tests.scenario_helpers import action_table

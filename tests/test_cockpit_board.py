@@ -19,7 +19,8 @@ from websockets.sync.client import ClientConnection, connect
 
 from approvals.actions import do_resolve_todo, do_timeout
 from approvals.models import ManualTodo
-from diagnosis.models import Event, Restriction, Session, ToolCall
+from diagnosis.models import Event, Session, ToolCall
+from packs.airport.models import Restriction
 from tests.log_helpers import assert_projections_match
 from tests.test_live_timeline import cookie_for
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, waiting_session
@@ -67,7 +68,7 @@ def board_row(html: str, target: str) -> str:
 
 def test_a_todo_done_by_hand_puts_its_closure_on_the_board(stand_leak: Session, olga: User) -> None:
     todo = timed_out_closure(stand_leak)
-    before = login(olga).get(reverse("diagnosis:airport-board")).content.decode()
+    before = login(olga).get(reverse("airport:board")).content.decode()
     assert "Taxiway closed" not in board_row(before, "A")
 
     response = login(olga).post(
@@ -76,7 +77,7 @@ def test_a_todo_done_by_hand_puts_its_closure_on_the_board(stand_leak: Session, 
     )
 
     assert response.status_code == 302
-    after = login(olga).get(reverse("diagnosis:airport-board")).content.decode()
+    after = login(olga).get(reverse("airport:board")).content.decode()
     assert "Taxiway closed" in board_row(after, "A")
     restriction = Restriction.objects.get(kind="taxiway", target="A", lifted_at__isnull=True)
     assert restriction.session_id == stand_leak.pk

@@ -18,8 +18,9 @@ from aero.models import AuditLog
 from aero.templatetags.aero_text import when
 from approvals.actions import do_decide
 from approvals.models import Approval
-from diagnosis.models import Event, Restriction, Session, ToolCall
+from diagnosis.models import Event, Session, ToolCall
 from packs.airport.board import Board
+from packs.airport.models import Restriction
 from tests.builtin_data import demo_graph
 from tests.log_helpers import assert_projections_match
 from tests.web_helpers import (

@@ -357,8 +357,9 @@ def test_a_step_without_a_savepoint_may_not_write_a_row(
     it joins a group) is refused loudly. That spoils the group's transaction: the steps
     before it are lost with it, so their checkpoint is refused too (StepsLost) and the
     retry runs them again from the start; nothing is missing, nothing is doubled."""
-    from diagnosis.models import Restriction, ToolCall
+    from diagnosis.models import ToolCall
     from packs.airport.agent.nodes import reasoning
+    from packs.airport.models import Restriction
     from tests.log_helpers import assert_projections_match
 
     settings.AERO_JOB_ATTEMPTS = 2

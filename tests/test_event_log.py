@@ -21,7 +21,8 @@ from diagnosis.actions import ActionError, do_answer, do_cancel, do_retry
 from diagnosis.agent.providers import OfflineProvider, Usage
 from diagnosis.fold import fold_events
 from diagnosis.lifts import do_request_lift
-from diagnosis.models import Event, LLMCall, Restriction, ToolCall
+from diagnosis.models import Event, LLMCall, ToolCall
+from packs.airport.models import Restriction
 from tests.log_helpers import assert_projections_match
 from tests.web_helpers import (
     NO_POSITION,

@@ -252,7 +252,7 @@ def test_session_page_in_chinese_with_plain_words_and_dates_with_zone(
     [
         ("alice", "diagnosis:session-list", "新事件"),
         ("alice", "approvals:todo-list", "人工待办"),
-        ("alice", "diagnosis:airport-board", "机场状态看板"),
+        ("alice", "airport:board", "机场状态看板"),
         ("bob", "approvals:queue", "审批队列"),
         ("carol", "audit", "审计日志"),
         ("carol", "replay:history", "历史"),
@@ -457,7 +457,7 @@ def every_page(sessions: dict[str, Session]) -> list[tuple[str, str, str]]:
     paths = [
         ("sessions", "alice", reverse("diagnosis:session-list")),
         ("to-dos", "alice", reverse("approvals:todo-list")),
-        ("airport", "alice", reverse("diagnosis:airport-board")),
+        ("airport", "alice", reverse("airport:board")),
         ("approvals", "bob", reverse("approvals:queue")),
         ("audit", "carol", reverse("audit")),
         ("history", "carol", reverse("replay:history")),

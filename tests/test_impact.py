@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scenarios_admin.airport import AirportGraph, load_active_graph, natural_sorted
+from aero.text import natural_sorted
+from packs.airport.graph import AirportGraph, load_active_graph
 from scenarios_admin.builtin import load_builtin_data
 from tests.builtin_data import demo_graph
 

@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 
 from diagnosis.agent import tools
 from packs.airport import lookups
+from packs.airport.graph import load_active_graph
 from packs.airport.models import Flight, Topology, TopologyNode
-from scenarios_admin.airport import load_active_graph
 
 pytestmark = pytest.mark.services
 

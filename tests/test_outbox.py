@@ -17,8 +17,9 @@ from django.utils import timezone
 
 from approvals.actions import APPROVE, CONFIRM, do_decide
 from diagnosis import external, jobs, outbox
-from diagnosis.models import Event, ExternalEffect, Outbox, Restriction, Session, ToolCall
+from diagnosis.models import Event, ExternalEffect, Outbox, Session, ToolCall
 from packs.airport import actions as airport_actions
+from packs.airport.models import Restriction
 from tests.log_helpers import assert_projections_match
 from tests.web_helpers import approval_for, approve_everything, login, waiting_session
 
@@ -411,7 +412,7 @@ def test_a_lift_is_sent_in_the_background_not_in_the_deciding_request(
     assert attempts == []  # nothing sent, nothing waited for in the request
     assert tool_events_of(lift)[-1] == "tool.call_queued"
     assert Outbox.objects.get(tool_call=lift).status == "pending"
-    board = approver.get(reverse("diagnosis:airport-board")).content.decode()
+    board = approver.get(reverse("airport:board")).content.decode()
     assert 'data-testid="lift-sending"' in board
     queue = django_rq.get_queue(settings.AERO_PRIORITY_QUEUE)  # ahead of session jobs
     assert queue.get_job_ids() == [lift_job_id(Outbox.objects.get(tool_call=lift).pk)]
@@ -428,7 +429,7 @@ def test_a_lift_is_sent_in_the_background_not_in_the_deciding_request(
         "tool.call_retrying",
         "tool.call_failed",
     ]
-    board = approver.get(reverse("diagnosis:airport-board")).content.decode()
+    board = approver.get(reverse("airport:board")).content.decode()
     assert 'data-testid="lift-sending"' not in board
     # In force still, with nothing under way: the lift may be asked for again.
     assert f'<tr class="closed" data-target="{closure.target}">' in board

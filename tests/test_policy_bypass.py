@@ -18,11 +18,12 @@ from approvals.actions import APPROVE, CONFIRM, do_decide
 from approvals.models import Approval
 from diagnosis.actions import ActionError
 from diagnosis.agent.tools import ToolContext, run_action
-from diagnosis.models import Event, Restriction, Session, ToolCall
+from diagnosis.models import Event, Session, ToolCall
 from diagnosis.selfcheck import publish_check
 from packs.airport.agent import policy
+from packs.airport.graph import load_active_graph
+from packs.airport.models import Restriction
 from scenarios_admin.actions import ScenarioError, do_publish
-from scenarios_admin.airport import load_active_graph
 from scenarios_admin.definition import Issue
 from scenarios_admin.models import Scenario, ScenarioAction
 from scenarios_admin.schema import definition_issues

@@ -24,7 +24,8 @@ from django.utils import timezone
 from approvals import cards
 from approvals.actions import do_decide, do_edit_args
 from approvals.models import Approval
-from diagnosis.models import Restriction, Session, ToolCall
+from diagnosis.models import Session, ToolCall
+from packs.airport.models import Restriction
 from tests.web_helpers import (
     STAND_FUEL_LEAK,
     TAXIWAY_FUEL_LEAK,

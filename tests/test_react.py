@@ -20,7 +20,8 @@ from django.urls import reverse
 from diagnosis.actions import do_correct_fact, do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
 from diagnosis.agent.react_tools import tool_schemas
-from diagnosis.models import Event, LLMCall, Restriction, Session, ToolCall
+from diagnosis.models import Event, LLMCall, Session, ToolCall
+from packs.airport.models import Restriction
 from scenarios_admin.models import ProviderConfig, Scenario
 from tests.builtin_data import oil_spill
 from tests.llm_helpers import fake_llm, fake_provider

@@ -34,7 +34,7 @@ from diagnosis.models import (
     SessionStatus,
     ToolCall,
 )
-from scenarios_admin.airport import load_active_graph
+from packs.airport.graph import load_active_graph
 from scenarios_admin.draft import normalize
 from scenarios_admin.models import ProviderConfig
 from scenarios_admin.schema import validate_definition

@@ -18,8 +18,9 @@ from aero.text import BIDI_CONTROLS
 from approvals.actions import sweep_expired_approvals
 from approvals.models import Approval, ManualTodo
 from diagnosis.live_render import render_updates
-from diagnosis.models import Event, Report, Restriction, Session
+from diagnosis.models import Event, Report, Session
 from diagnosis.reporting import markdown_to_html, md_cell, md_escape, sanitize_html
+from packs.airport.models import Restriction
 from scenarios_admin.models import Scenario
 from scenarios_admin.yamlio import load_yaml
 from tests import hostile

@@ -17,7 +17,8 @@ from aero.roles import ADMIN
 from approvals.actions import do_decide
 from approvals.models import Approval
 from diagnosis.actions import ActionError
-from diagnosis.models import Event, Restriction, Session, ToolCall
+from diagnosis.models import Event, Session, ToolCall
+from packs.airport.models import Restriction
 from tests.web_helpers import (
     STAND_FUEL_LEAK,
     approval_for,
@@ -46,7 +47,7 @@ def closure(session: Session, bob: User) -> Restriction:
 
 def lift_url(restriction: Restriction | int) -> str:
     pk = restriction if isinstance(restriction, int) else restriction.pk
-    return reverse("diagnosis:restriction-lift", args=[pk])
+    return reverse("airport:restriction-lift", args=[pk])
 
 
 def board_row(page: str, target: str) -> str:
@@ -64,7 +65,7 @@ def lift_entries(restriction: Restriction) -> int:
 
 
 def test_board_url_is_stable() -> None:
-    assert reverse("diagnosis:airport-board") == BOARD
+    assert reverse("airport:board") == BOARD
 
 
 def test_anonymous_is_sent_to_login(db: None) -> None:

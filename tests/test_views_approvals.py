@@ -17,7 +17,8 @@ from aero.models import AuditLog
 from aero.roles import ADMIN, APPROVER
 from approvals.models import Approval, ApprovalStatus
 from diagnosis.events import set_status
-from diagnosis.models import Restriction, Session, SessionStatus, ToolCallStatus
+from diagnosis.models import Session, SessionStatus, ToolCallStatus
+from packs.airport.models import Restriction
 from tests.web_helpers import (
     STAND_FUEL_LEAK,
     TAXIWAY_FUEL_LEAK,

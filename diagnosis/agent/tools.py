@@ -18,12 +18,12 @@ from django.utils import timezone
 
 from aero.compiled import AnyOf, Compiled, insert_rows
 from aero.packs import LookupTool, action_tool, argument_words
+from diagnosis import restrictions
 from diagnosis.events import lock_session
 from diagnosis.execution import execution_problems, refuse_execution
 from diagnosis.models import (
     Outbox,
     OutboxStatus,
-    Restriction,
     ToolCall,
     ToolCallStatus,
 )
@@ -315,7 +315,7 @@ def dispatch_summary(name: str, args: dict[str, Any]) -> str:
 
 def restriction_summary(kind: str, target: Any) -> str:
     """A restriction put in force, in the active language: "Taxiway closed: A"."""
-    return f"{Restriction.Kind(kind).label}: {target}"
+    return f"{restrictions.label(kind)}: {target}"
 
 
 UNFINISHED = (

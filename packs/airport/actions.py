@@ -16,12 +16,13 @@ from django.utils.translation import gettext_lazy, pgettext_lazy
 from aero.packs import ActionTool
 from diagnosis.agent.tools import ToolContext, ToolFailure, dispatch_summary, restriction_summary
 from diagnosis.decisions import ActionError, checked_text
-from diagnosis.models import Restriction, ToolCall
+from diagnosis.models import ToolCall
 from diagnosis.push import notify_board
 from packs.airport.arguments import SCHEMAS
+from packs.airport.graph import AirportGraph
+from packs.airport.models import Restriction
 from packs.airport.tower import value_words
 from packs.airport.world import load_active_graph
-from scenarios_admin.airport import AirportGraph
 
 # The external systems the actions reach (diagnosis.external), with their reference prefixes.
 AIRPORT_OPS = "airport_ops"

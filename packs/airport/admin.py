@@ -14,7 +14,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from packs.airport.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
+from aero.admin_base import ReadOnlyAdmin
+from packs.airport.models import Flight, Restriction, Runway, Topology, TopologyEdge, TopologyNode
 from packs.airport.topology import TopologyData, data_of, topology_issues, topology_map
 from scenarios_admin.admin_check import CheckedInlineFormSet, CrossCheck, place_problem
 
@@ -308,3 +309,11 @@ class FlightAdmin(admin.ModelAdmin[Flight]):
     list_display = ["flight_no", "airline", "aircraft", "stand", "std", "destination", "pax"]
     list_filter = ["topology", "airline"]
     search_fields = ["flight_no", "registration"]
+
+
+@admin.register(Restriction)
+class RestrictionAdmin(ReadOnlyAdmin):
+    """Put in force and lifted by the agent's actions and the lift's approvals only."""
+
+    list_display = ["kind", "target", "session", "created_at", "lifted_at", "lifted_by"]
+    list_filter = ["kind"]

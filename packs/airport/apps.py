@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy
 
 # The admin's changes to the world, named for auditors (aero.audit_trail).
 ADMIN_ACTIONS = {
@@ -19,12 +20,14 @@ class AirportPackConfig(AppConfig):
     verbose_name = "Airport apron"
 
     def ready(self) -> None:
+        from aero import serving
         from aero.packs import DomainPack, ToolRegistry, register
         from diagnosis import external
         from diagnosis.agent.tools import register_lookups
         from diagnosis.consequences import register_plain_words
         from diagnosis.eventlog.registry import register as register_events
         from diagnosis.eventlog.registry import register_finding
+        from diagnosis.eventlog.types.session import register_timeline_kind
         from diagnosis.wording import register_node_kind_labels, register_tool_labels
         from packs.airport import actions, findings, lookups, words
         from packs.airport.agent.graph import build_graph
@@ -33,7 +36,7 @@ class AirportPackConfig(AppConfig):
         from packs.airport.agent.selfcheck import check_draft
         from packs.airport.arguments import ANALYSES
         from packs.airport.definition import ApronDefinition
-        from packs.airport.models import Topology
+        from packs.airport.models import Restriction, Topology
         from packs.airport.pages import board_page, page_world
         from packs.airport.seed import seed_world
         from packs.airport.summary import summarize
@@ -49,6 +52,12 @@ class AirportPackConfig(AppConfig):
         register_node_kind_labels(words.NODE_KINDS)
         register_lookups(lookups.LOOKUPS, lookups.FAILURES)
         connect_signals()
+        register_timeline_kind(
+            "enrichment",
+            gettext_lazy("Flight and position looked up"),
+            "timeline-appended-enrichment",
+        )
+        serving.add_page_sockets(board_sockets)
         register(
             DomainPack(
                 kind="apron",
@@ -83,9 +92,19 @@ class AirportPackConfig(AppConfig):
                 page_world=page_world,
                 history_filters=words.HISTORY_FILTERS,
                 board_page=board_page,
+                restrictions=Restriction,
                 summarize=summarize,
+                urls="packs.airport.urls",
+                nav=((gettext_lazy("Airport status"), "airport:board"),),
             )
         )
+
+
+def board_sockets() -> list[Any]:
+    """The board's socket, imported when the web server builds its routes."""
+    from packs.airport.consumers import board_sockets as sockets
+
+    return sockets()
 
 
 def initial_state(session: Any, definition: dict[str, Any]) -> dict[str, Any]:

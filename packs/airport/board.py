@@ -13,8 +13,8 @@ from typing import Any
 from django.utils.translation import gettext, ngettext
 
 from diagnosis.consequences import Consequence, plain_words
-from diagnosis.models import Restriction
-from scenarios_admin.airport import AirportGraph
+from packs.airport.graph import AirportGraph
+from packs.airport.models import Restriction
 from scenarios_admin.definition import restriction_of
 
 

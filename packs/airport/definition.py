@@ -34,7 +34,7 @@ from scenarios_admin.validation import (
 # editor's labels: a flight number, and a position resolved to a node of the graph.
 OWN_FIELD_TYPES = {"flight_no": "flight number", "position": "position (airport node)"}
 FIELD_TYPES = (*OWN_FIELD_TYPES, *FieldSpec.field_types)
-# What the impact analysis lists (the BFS over the airport graph, scenarios_admin.airport).
+# What the impact analysis lists (the BFS over the airport graph, packs.airport.graph).
 IMPACT_LISTS = ("isolated_nodes", "taxiways", "runways", "stands", "flights")
 NODE_KINDS = ("stand", "taxiway", "runway")
 # The compliance state machine has six positional states (diagnosis.agent.fsm): collecting,

@@ -12,10 +12,11 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext, gettext_lazy
 
 from aero.packs import LookupTool
+from aero.text import natural_sorted
 from diagnosis.agent.tools import ToolFailure, lookup_world
 from packs.airport.arguments import SCHEMAS
+from packs.airport.graph import AirportGraph
 from packs.airport.world import load_active_graph
-from scenarios_admin.airport import AirportGraph, natural_sorted
 
 # Why a lookup failed, as the log keeps it (English); pages word it per reader.
 FAILURES: dict[str, Promise] = {

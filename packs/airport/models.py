@@ -4,6 +4,7 @@ keep the names they had when the core held them (db_table), so no data moves."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
@@ -125,3 +126,47 @@ class Flight(models.Model):
 
     def __str__(self) -> str:
         return self.flight_no
+
+
+class Restriction(models.Model):
+    """An operational closure or suspension an executed action put on the airport. The table
+    keeps the name it had when the core held it (db_table), so no row moves."""
+
+    class Kind(models.TextChoices):
+        RUNWAY = "runway", _("Runway closed")
+        TAXIWAY = "taxiway", _("Taxiway closed")
+        STAND = "stand", _("Stand operations suspended")
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    target = models.CharField(max_length=32)
+    session = models.ForeignKey(
+        "diagnosis.Session", on_delete=models.PROTECT, related_name="restrictions"
+    )
+    tool_call = models.OneToOneField(
+        "diagnosis.ToolCall", on_delete=models.PROTECT, related_name="restriction"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lifted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    lift_note = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        db_table = "diagnosis_restriction"
+        ordering = ["kind", "target", "-created_at"]
+        indexes = [
+            # status board: active restrictions
+            models.Index(
+                fields=["kind", "target"],
+                condition=Q(lifted_at__isnull=True),
+                name="restriction_active_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()}: {self.target}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.lifted_at is None

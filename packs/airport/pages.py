@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from aero.roles import MANAGE_AIRPORT
-from diagnosis.models import Restriction, ToolCall, ToolCallStatus
+from aero.roles import LIFT_RESTRICTIONS
+from aero.text import natural_sorted
+from diagnosis.models import ToolCall, ToolCallStatus
 from packs.airport.board import Board
+from packs.airport.graph import AirportGraph
+from packs.airport.models import Restriction
 from packs.airport.world import load_active_graph
-from scenarios_admin.airport import AirportGraph, natural_sorted
 from scenarios_admin.definition import LIFT_TOOL
 
 MAP_TEMPLATE = "airport/_impact_map.html"
@@ -133,7 +135,7 @@ def board_page(roles: frozenset[str]) -> dict[str, Any]:
         "board": airport_board(graph, active, pending_lifts()),
         "map": impact_map(graph, None, active),
         "recently_lifted": lifted,
-        "can_manage_airport": bool(roles & set(MANAGE_AIRPORT)),
+        "can_lift_restrictions": bool(roles & set(LIFT_RESTRICTIONS)),
     }
 
 

@@ -7,9 +7,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from aero.text import natural_sorted
 from packs.airport.definition import NODE_KINDS
+from packs.airport.graph import RUNWAY_DESIGNATOR
 from packs.airport.models import Topology
-from scenarios_admin.airport import RUNWAY_DESIGNATOR, natural_sorted
 from scenarios_admin.definition import Issue
 
 

@@ -10,8 +10,8 @@ from typing import Any
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
+from packs.airport.graph import AirportGraph, FlightInfo, Node
 from packs.airport.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
-from scenarios_admin.airport import AirportGraph, FlightInfo, Node
 
 # The active graph, built once per process and rebuilt when its stamp changes. The stamp
 # (active topology id, its updated_at) costs one indexed query; every save or delete of a

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from aero.compiled import AnyOf, Arg, Compiled, insert_rows
+from diagnosis import restrictions
 from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import ToolContext, get_or_create_call, new_call, run_action
 from diagnosis.eventlog.names import AGENT_NOTE, APPROVAL_ARGS_EDITED, APPROVAL_CANCELED
@@ -23,7 +25,6 @@ from diagnosis.models import (
     WITHDRAWN_SUPERSEDED,
     AgentRun,
     Event,
-    Restriction,
     Session,
     ToolCall,
     ToolCallStatus,
@@ -149,7 +150,7 @@ def done_with_args(session_id: Any, actions: list[ToolCall]) -> dict[str, dict[s
     return {base: proposed[call.pk] for base, call in latest.items()}
 
 
-def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Restriction]:
+def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
     """The closures in force that these proposals would put in force again (one query,
     none when no proposal closes anything; one more for their holders' titles when some
     are), the oldest holder of each."""
@@ -157,8 +158,8 @@ def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Restriction]
     wanted = {e for e in effects if e is not None}
     if not wanted:
         return {}
-    held: dict[tuple[str, str], Restriction] = {}
-    for restriction in _in_force_on.rows(sorted({target for _, target in wanted})):
+    held: dict[tuple[str, str], Any] = {}
+    for restriction in _in_force_on().rows(sorted({target for _, target in wanted})):
         held[(restriction.kind, restriction.target)] = restriction
     if held:
         # The holders' titles, for the page to name them: one query, only when a
@@ -169,18 +170,21 @@ def board_for(calls: list[dict[str, Any]]) -> dict[tuple[str, str], Restriction]
             )
         )
         for restriction in held.values():
-            restriction.holder_title = titles.get(restriction.session_id, "")  # type: ignore[attr-defined]
+            restriction.holder_title = titles.get(restriction.session_id, "")
     return held
 
 
-# Read at every proposal step: compiled once per connection; the targets go as
-# one array, so the SQL is the same whatever their number.
-_in_force_on = Compiled(
-    Restriction,
-    lambda: Restriction.objects.filter(AnyOf("target", 0), lifted_at__isnull=True).order_by(
-        "-created_at"
-    ),
-)
+@cache
+def _in_force_on() -> Compiled[Any]:
+    """Read at every proposal step: compiled once per connection; the targets go as one
+    array, so the SQL is the same whatever their number."""
+    model = restrictions.model()
+    return Compiled(
+        model,
+        lambda: model.objects.filter(AnyOf("target", 0), lifted_at__isnull=True).order_by(
+            "-created_at"
+        ),
+    )
 
 
 def note_if_in_force(
@@ -188,7 +192,7 @@ def note_if_in_force(
     run: AgentRun,
     call: dict[str, Any],
     made: set[str],
-    board: dict[tuple[str, str], Restriction],
+    board: dict[tuple[str, str], Any],
 ) -> bool:
     """A closure already on the board (put there by any session) is not proposed again:
     the agent says so once, naming the session that holds it. Decided at proposal time;
@@ -256,7 +260,7 @@ def open_proposals(
     calls: list[dict[str, Any]],
     refused: Callable[[str], str | None],
     made: set[str],
-    board: dict[tuple[str, str], Restriction],
+    board: dict[tuple[str, str], Any],
 ) -> dict[str, tuple[ToolCall, dict[str, Any]]]:
     """A step that only proposes (the planner's proposals) inserts all its new calls in
     one statement and their approvals in one more, instead of two per call.
@@ -307,7 +311,7 @@ def proposed(tctx: ToolContext, tool_call: ToolCall, opened: dict[str, Any]) -> 
         log_approval_required(tool_call, opened, producer=tctx.producer, run=tctx.run)
 
 
-def _held(call: dict[str, Any], board: dict[tuple[str, str], Restriction]) -> Restriction | None:
+def _held(call: dict[str, Any], board: dict[tuple[str, str], Any]) -> Any:
     effect = restriction_of(call["tool"], call.get("args") or {})
     return board.get(effect) if effect is not None else None
 

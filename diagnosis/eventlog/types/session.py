@@ -225,15 +225,14 @@ def _fields_words(p: dict[str, Any]) -> str:
 
 # --- timeline.appended: an entry of a kind --------------------------------------------
 
-# What was appended to a session's timeline, by kind (the chronology's words for it).
+# What was appended to a session's timeline, by kind (the chronology's words for it); a
+# pack adds its own kinds (register_timeline_kind).
 TIMELINE_KINDS: dict[str, Promise] = {
-    "enrichment": gettext_lazy("Flight and position looked up"),
     "todo_resolved": gettext_lazy("to-do resolved"),
     "restriction_lifted": gettext_lazy("restriction lifted"),
     "alert": gettext_lazy("alert"),
 }
 TIMELINE_LINES = {
-    "enrichment": "timeline-appended-enrichment",
     "todo_resolved": "timeline-appended-todo-resolved",
     "restriction_lifted": "timeline-appended-restriction-lifted",
     "alert": "timeline-appended-alert",
@@ -244,6 +243,12 @@ TIMELINE_LINES = {
 }
 
 
+def register_timeline_kind(kind: str, words: Promise, line: str) -> None:
+    """A pack's own kind of timeline entry: its words and its line's partial."""
+    TIMELINE_KINDS[kind] = words
+    TIMELINE_LINES[kind] = line
+
+
 class TimelineAppended(Payload):
     kind: str
 
@@ -251,7 +256,7 @@ class TimelineAppended(Payload):
 def _appended(state: FoldState, event: EventLike) -> None:
     p = event.payload
     if p.get("kind") == "todo_resolved" and p.get("restriction"):
-        # Done by hand ("closed by phone"): the timed-out action's closure is in force.
+        # Done by hand ("closed by phone"): the timed-out action's effect is in force.
         done = p["restriction"]
         state.restrictions.append(RestrictionState(done["kind"], done["target"], done["call_id"]))
     elif p.get("kind") == "restriction_lifted":

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diagnosis.agent.reading import CJK, Extraction, occurrences
-from scenarios_admin.airport import RUNWAY_DESIGNATOR, AirportGraph
+from packs.airport.graph import RUNWAY_DESIGNATOR, AirportGraph
 
 # Airline code (2 chars, at least one letter) + 1-4 digits: CA1234, 3U8888, 9C8521.
 FLIGHT_NO = re.compile(

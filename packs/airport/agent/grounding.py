@@ -23,7 +23,7 @@ from typing import Any
 
 from diagnosis.agent.reading import Claim, Extraction
 from packs.airport.agent.extraction import extract_fields, yes_or_no
-from scenarios_admin.airport import AirportGraph
+from packs.airport.graph import AirportGraph
 
 # Field types whose value a quote can be checked to state: the value is in the words.
 STATED_TYPES = frozenset({"flight_no", "position", "number", "text"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from scenarios_admin.airport import AirportGraph
+from packs.airport.graph import AirportGraph
 from scenarios_admin.definition import effective_risk_class, evaluate, render_args
 
 

@@ -11,7 +11,7 @@ from diagnosis.decisions import ActionError
 from packs.airport.agent.extraction import FLIGHT_NO, extract_fields
 from packs.airport.agent.grounding import ground
 from packs.airport.agent.prompts import EXTRACT
-from scenarios_admin.airport import AirportGraph
+from packs.airport.graph import AirportGraph
 
 
 def corrected(spec: dict[str, Any], raw: str, graph: AirportGraph) -> Any:

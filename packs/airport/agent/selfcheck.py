@@ -12,8 +12,8 @@ from typing import Any
 
 from diagnosis.agent.providers import OfflineProvider
 from packs.airport.agent import policy
+from packs.airport.graph import AirportGraph
 from packs.airport.world import load_active_graph
-from scenarios_admin.airport import AirportGraph
 
 NOT_KNOWN = "(not recognised)"
 

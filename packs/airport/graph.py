@@ -1,6 +1,5 @@
-"""The airport graph as plain data, and the deterministic BFS impact analysis. The
-models it is read from are the airport pack's (packs/airport/world.py builds it); the
-apron agent code still in the core reads this value."""
+"""The airport graph as plain data, and the deterministic BFS impact analysis, built
+from the pack's models by packs/airport/world.py."""
 
 from __future__ import annotations
 
@@ -9,7 +8,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from aero.packs import stamped_pack
+from aero.packs import active_world
+from aero.text import natural_key as _natural_key
 
 RUNWAY_DESIGNATOR = re.compile(r"^\d{2}[LCR]?/\d{2}[LCR]?$")
 
@@ -96,24 +96,8 @@ class AirportGraph:
         }
 
 
-def _natural_key(value: str) -> tuple[tuple[int, int | str], ...]:
-    # Digit runs compare as numbers, chunk by chunk: "A10" after "A9", "R0624-3" before
-    # "R1836-1". A digit chunk sorts before a letter chunk, so stands ("101") come first.
-    return tuple(
-        (0, int(chunk)) if chunk.isdigit() else (1, chunk)
-        for chunk in re.findall(r"\d+|\D+", value)
-    )
-
-
-def natural_sorted(values: list[str]) -> list[str]:
-    return sorted(values, key=_natural_key)
-
-
 def load_active_graph(stamp: tuple[Any, Any] | None = None) -> AirportGraph:
-    """The active graph of the pack whose world is stamped (aero.packs.stamped_pack),
-    built once per process and stamp by that pack; `stamp` as a job's lease read it."""
-    pack = stamped_pack()
-    if pack is None or pack.world is None:
-        raise LookupError("no installed domain pack keeps a world to act on")
-    graph: AirportGraph = pack.world(stamp)
+    """The active airport graph, built once per process and stamp (packs/airport/world.py);
+    `stamp` as a job's lease read it."""
+    graph: AirportGraph = active_world(stamp)
     return graph
