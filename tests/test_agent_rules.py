@@ -19,7 +19,7 @@ from pytest_django.fixtures import Settings
 from approvals.actions import do_decide
 from approvals.models import Approval
 from diagnosis.agent import tools
-from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.state import AgentContext
 from diagnosis.jobs import advance_session
 from diagnosis.models import (
     AgentRun,
@@ -31,6 +31,7 @@ from diagnosis.models import (
 )
 from packs.airport.agent import planning
 from packs.airport.agent.nodes import reasoning
+from packs.airport.agent.state import ApronState
 from packs.airport.graph import load_active_graph
 from packs.airport.models import Restriction
 
@@ -117,9 +118,9 @@ def test_closing_a_runway_before_impact_analysis_is_refused(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    seen: list[AgentState] = []
+    seen: list[ApronState] = []
 
-    def misbehaving_planner(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+    def misbehaving_planner(state: ApronState, ctx: AgentContext) -> dict[str, Any]:
         seen.append(state)
         tried = any(s.get("risk") and not s.get("impact") for s in seen[:-1])
         if state.get("risk") and not state.get("impact") and not tried:

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
 from diagnosis.agent import budget, waits
-from diagnosis.agent.choice import Choice, Decide
+from diagnosis.agent.choice import Choice
 from diagnosis.agent.clients import classify, client_for
 from diagnosis.agent.conversation import conversation
 from diagnosis.agent.fallback import call_with_fallback
@@ -102,12 +102,12 @@ def usage_of(
     return usage
 
 
-def choose(
+def choose[S: AgentState](
     provider: OpenAICompatibleProvider,
-    state: AgentState,
+    state: S,
     ctx: AgentContext,
     reference: dict[str, Any],
-    decide: Decide,
+    decide: Callable[[list[dict[str, Any]], dict[str, Any], S, AgentContext], Choice],
 ) -> tuple[Choice, Usage]:
     """One model step, with one repair turn for invalid arguments, checked by the policy."""
     messages: list[BaseMessage] | None = None
@@ -197,11 +197,12 @@ def _repaired(
     return merged, [p for p in problems if not p["repairable"]] + failed
 
 
-def react_plan(
-    state: AgentState,
+def react_plan[S: AgentState](
+    state: S,
     ctx: AgentContext,
-    reference_plan: Callable[[AgentState, AgentContext], dict[str, Any]],
-    decide: Decide,
+    reference_plan: Callable[[S, AgentContext], dict[str, Any]],
+    decide: Callable[[list[dict[str, Any]], dict[str, Any], S, AgentContext], Choice],
+    progress: Callable[[S], str],
 ) -> dict[str, Any]:
     """The next step, chosen by the model and checked by the policy (see the module doc)."""
     reference = reference_plan(state, ctx)
@@ -237,7 +238,7 @@ def react_plan(
         fallback_recorder(ctx, run),
         skip_recorder(ctx, run),
     )
-    step = _step_key(state, reference)
+    step = _step_key(progress(state), reference)
     if choice.text or choice.calls or choice.plan is not reference:
         # The model's words are not bounded by anything a person typed: a runaway reply
         # is kept up to MAX_MODEL_TEXT, marked as cut in the text and the payload.
@@ -266,15 +267,10 @@ def react_plan(
     return choice.plan
 
 
-def _step_key(state: AgentState, reference: dict[str, Any]) -> str:
-    """Stable per reasoning step: what is known and what the policy does next."""
-    done = [
-        bool(state.get("enrichment") is not None),
-        bool(state.get("risk")),
-        bool(state.get("impact")),
-        bool(state.get("actions_planned")),
-    ]
+def _step_key(known: str, reference: dict[str, Any]) -> str:
+    """Stable per reasoning step: what is known (the pack's `progress` of the state) and
+    what the policy does next."""
     calls = ",".join(c.get("call_id", c["tool"]) for c in reference.get("calls", []))
-    step = f"{''.join('1' if d else '0' for d in done)}:{reference['step']}:{calls}"
+    step = f"{known}:{reference['step']}:{calls}"
     # Event keys are short (varchar): a digest of the step, not the step spelled out.
     return hashlib.sha256(step.encode()).hexdigest()[:24]

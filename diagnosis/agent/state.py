@@ -10,39 +10,18 @@ from diagnosis.models import AgentRun, ToolCall
 
 
 class AgentState(TypedDict, total=False):
+    """What the core's nodes and recording read of a session's graph state. A pack's
+    graph declares its own keys beside these (a TypedDict extending this one), so a
+    session carries only its own pack's."""
+
     session_id: str
     language: str
     consumed_seq: int  # last user.message seq the input parser has read
-    fields: dict[str, Any]
-    evidence: dict[str, str]
-    unconfirmed: dict[str, dict[str, Any]]  # field -> {value, evidence} awaiting confirmation
-    # field -> values put to the operator and not confirmed: not put again on no new words.
-    declined: dict[str, list[Any]]
-    asked: list[str]  # fields asked about, in order (a field may repeat)
-    question: dict[str, Any] | None
-    # The last messages only corrected facts: the next question is no "not recognised".
-    only_corrections: bool
-    # The last answer said the operator does not know (extraction.UNSURE): the question
-    # comes again with why it matters, not as an answer not understood.
-    unsure: bool
-    # Required fields the operator was told why they are needed (after "I don't know"):
-    # told once; asked again, the question is short and points at the correction form.
-    explained: list[str]
-    enrichment: dict[str, Any] | None
-    risk: dict[str, Any] | None
-    impact: dict[str, Any] | None
-    actions_planned: bool
-    plan: dict[str, Any]
-    refusals: list[dict[str, Any]]
-    corrections: list[str]
-    fsm: str
+    fields: dict[str, Any]  # the facts read from the reporter's words (DomainPack.reading)
+    question: dict[str, Any] | None  # what the agent asks the operator, waiting
     reported: bool
     # Operator input arrived while the agent waited for approvals (a correction).
     new_input: bool
-    # Corrections after the risk was assessed: the rules re-run and the proposals are
-    # made again as revision n; `replanning` holds what it was before.
-    revision: int
-    replanning: dict[str, Any] | None
 
 
 @dataclass

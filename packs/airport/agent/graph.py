@@ -11,16 +11,17 @@ from __future__ import annotations
 from langgraph.graph import END, START, StateGraph
 
 from diagnosis.agent.nodes.waiting import ask_user, await_approval, route_after_wait
-from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.state import AgentContext
 from packs.airport.agent.nodes.execution import tool_executor
 from packs.airport.agent.nodes.input import input_parser
 from packs.airport.agent.nodes.output import output_generator
 from packs.airport.agent.nodes.reasoning import reasoning, route_after_reasoning
 from packs.airport.agent.nodes.validation import compliance_validator, route_after_validation
+from packs.airport.agent.state import ApronState
 
 
-def build_graph() -> StateGraph[AgentState, AgentContext, AgentState, AgentState]:
-    builder = StateGraph(AgentState, context_schema=AgentContext)
+def build_graph() -> StateGraph[ApronState, AgentContext, ApronState, ApronState]:
+    builder = StateGraph(ApronState, context_schema=AgentContext)
     builder.add_node("input_parser", input_parser)
     builder.add_node("reasoning", reasoning)
     builder.add_node("ask_user", ask_user)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from aero.compiled import Arg, Compiled
-from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.state import AgentContext
 from diagnosis.models import ToolCall, ToolCallStatus
 from packs.airport.agent import fsm, policy
+from packs.airport.agent.state import ApronState
 
 UNFINISHED_EXECUTION = (ToolCallStatus.APPROVED, ToolCallStatus.EXECUTING, ToolCallStatus.RUNNING)
 
@@ -38,7 +39,7 @@ def action_calls_of(ctx: AgentContext) -> list[ToolCall]:
 
 
 def facts_of(
-    state: AgentState, ctx: AgentContext, actions: list[ToolCall] | None = None
+    state: ApronState, ctx: AgentContext, actions: list[ToolCall] | None = None
 ) -> fsm.Facts:
     actions = action_calls_of(ctx) if actions is None else actions
     settled = state.get("actions_planned", False) and all(
@@ -62,7 +63,7 @@ def facts_of(
     )
 
 
-def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+def offline_plan(state: ApronState, ctx: AgentContext) -> dict[str, Any]:
     """The deterministic planner: the next step from what is known. Always compliant."""
     definition = ctx.definition
     fields = state.get("fields") or {}
@@ -130,7 +131,7 @@ def offline_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     return {"step": "finish"}
 
 
-def revision_suffix(state: AgentState) -> str:
+def revision_suffix(state: ApronState) -> str:
     """After a correction the lookups and analyses run again as revision n: a call id of
     their own, so no earlier (recorded) result is reused. The policy's plan and
     the model's checked calls (react.decide) both use it."""

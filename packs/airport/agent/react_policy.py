@@ -8,11 +8,12 @@ from typing import Any
 
 from aero.compiled import Arg, Compiled
 from diagnosis.agent.choice import Choice
-from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import ENRICHMENT_SOURCES
 from diagnosis.models import ToolCall
 from packs.airport.agent import fsm, policy
 from packs.airport.agent.planning import enrichment_calls, facts_of, revision_suffix
+from packs.airport.agent.state import ApronState
 
 # The packs' lookups (registered when the apps are ready: read when first compiled).
 _lookups_made = Compiled(
@@ -27,7 +28,7 @@ _lookups_made = Compiled(
 def decide(
     valid: list[dict[str, Any]],
     reference: dict[str, Any],
-    state: AgentState,
+    state: ApronState,
     ctx: AgentContext,
 ) -> Choice:
     """The model's valid calls, checked one by one against the compliance state machine

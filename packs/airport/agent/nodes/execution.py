@@ -14,7 +14,7 @@ from diagnosis.agent.nodes.proposals import (
     revise_proposals,
 )
 from diagnosis.agent.recording import recorded
-from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.state import AgentContext
 from diagnosis.agent.tools import (
     ENRICHMENT_SOURCES,
     ToolContext,
@@ -28,11 +28,12 @@ from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun, ToolCall
 from packs.airport.agent import fsm, policy
 from packs.airport.agent.planning import action_calls_of, facts_of
+from packs.airport.agent.state import ApronState
 from packs.airport.findings import IMPACT, RISK
 
 
 @recorded("tool_executor")
-def tool_executor(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+def tool_executor(state: ApronState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     definition = ctx.definition
     tctx = ToolContext(ctx.session_id, ctx.graph, run, ctx.producer, definition=definition)
     calls = state["plan"].get("calls", [])

@@ -10,7 +10,7 @@ from diagnosis.agent.fallback import call_with_fallback
 from diagnosis.agent.providers import Provider
 from diagnosis.agent.reading import Extraction
 from diagnosis.agent.recording import call_recorder, fallback_recorder, recorded, skip_recorder
-from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.state import AgentContext
 from diagnosis.agent.usage import Usage
 from diagnosis.eventlog.names import FIELDS_EXTRACTED, USER_MESSAGE
 from diagnosis.events import append_step_event
@@ -18,6 +18,7 @@ from diagnosis.models import AgentRun, Event
 from packs.airport.agent import grounding, policy
 from packs.airport.agent.extraction import is_unsure
 from packs.airport.agent.nodes.reasoning import close_question
+from packs.airport.agent.state import ApronState
 
 # The operator's messages after the last one read: compiled once per connection.
 _messages_after = Compiled(
@@ -31,7 +32,7 @@ _messages_after = Compiled(
 
 
 @recorded("input_parser")
-def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+def input_parser(state: ApronState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     definition = ctx.definition
     fields = dict(state.get("fields") or {})
     evidence = dict(state.get("evidence") or {})
@@ -154,7 +155,7 @@ def input_parser(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[st
 
 
 def close_question_not_settled(
-    state: AgentState,
+    state: ApronState,
     ctx: AgentContext,
     run: AgentRun,
     messages: Any,
@@ -192,7 +193,7 @@ def close_question_not_settled(
 
 
 def replan_after_answer(
-    state: AgentState,
+    state: ApronState,
     ctx: AgentContext,
     fields: dict[str, Any],
     changed: dict[str, Any],
@@ -241,7 +242,7 @@ def replan_after_answer(
 
 
 def replan_after_correction(
-    state: AgentState, definition: dict[str, Any], changed: dict[str, Any], evidence: dict[str, str]
+    state: ApronState, definition: dict[str, Any], changed: dict[str, Any], evidence: dict[str, str]
 ) -> dict[str, Any]:
     """A fact corrected after the risk was assessed (with the correction form, or a typed
     change the operator confirmed): the risk, the impact and the proposals no longer

@@ -9,7 +9,7 @@ from django.db.models import Q
 from diagnosis.agent import budget, summaries
 from diagnosis.agent.nodes.proposals import DONE_OR_UNDER_WAY, base_call_id
 from diagnosis.agent.recording import recorded
-from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.state import AgentContext
 from diagnosis.eventlog.names import FINDING_RECORDED, FSM_TRANSITION
 from diagnosis.events import append_step_event
 from diagnosis.models import (
@@ -21,11 +21,12 @@ from diagnosis.models import (
 from diagnosis.reporting import write_report
 from packs.airport.agent import fsm, policy
 from packs.airport.agent.planning import action_calls_of, facts_of
+from packs.airport.agent.state import ApronState
 from packs.airport.findings import RISK, RISK_ASSESSED
 
 
 @recorded("output_generator", last=True)
-def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+def output_generator(state: ApronState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     if state["plan"]["step"] == "stop":
         outcome, by, reason = budget.stop_reason(state["plan"]["request"])
         write_report(
@@ -61,7 +62,7 @@ def output_generator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dic
     return {"reported": True, "fsm": done, "_summary": summaries.REPORT_WRITTEN}
 
 
-def corrections_note(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+def corrections_note(state: ApronState, ctx: AgentContext) -> dict[str, Any]:
     """Facts corrected (or an optional answer given) after the risk was assessed, as the
     report's note (diagnosis.report_notes): each re-assessment (what changed, the risk
     before and after), the approvals withdrawn because the new facts no longer call for
@@ -118,7 +119,7 @@ def corrections_note(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
     }
 
 
-def unanswered_note(state: AgentState, definition: dict[str, Any]) -> dict[str, Any]:
+def unanswered_note(state: ApronState, definition: dict[str, Any]) -> dict[str, Any]:
     """The optional fields asked alongside the approvals and still unknown at the end
     (never answered, or answered "unknown"): the report names them. {} when none."""
     fields = state.get("fields") or {}

@@ -9,28 +9,29 @@ from typing import Any, Literal
 from diagnosis.agent import prompts, summaries
 from diagnosis.agent.react import react_plan
 from diagnosis.agent.recording import recorded
-from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.state import AgentContext
 from diagnosis.eventlog.names import AGENT_NOTE, AGENT_QUESTION, AGENT_QUESTION_CLOSED
 from diagnosis.events import append_event_once
 from diagnosis.models import AgentRun, ToolCallStatus
 from packs.airport.agent.planning import action_calls_of, offline_plan
 from packs.airport.agent.react_policy import decide
+from packs.airport.agent.state import ApronState, progress
 from scenarios_admin.definition import value_order
 
 
-def default_plan(state: AgentState, ctx: AgentContext) -> dict[str, Any]:
+def default_plan(state: ApronState, ctx: AgentContext) -> dict[str, Any]:
     """With a real provider the model picks the calls (diagnosis.agent.react), checked by
     the policy; the step that runs is always the policy's (safety-critical sequencing is
     policy, not model output). Offline: the deterministic planner alone."""
-    return react_plan(state, ctx, offline_plan, decide)
+    return react_plan(state, ctx, offline_plan, decide, progress)
 
 
 # Tests replace this to script an agent that misbehaves.
-PLANNER: dict[str, Callable[[AgentState, AgentContext], dict[str, Any]]] = {"plan": default_plan}
+PLANNER: dict[str, Callable[[ApronState, AgentContext], dict[str, Any]]] = {"plan": default_plan}
 
 
 @recorded("reasoning", rows=False)
-def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+def reasoning(state: ApronState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     note_unexecuted_actions(ctx, run)
     plan = PLANNER["plan"](state, ctx)
     update: dict[str, Any] = {"plan": plan, "refusals": []}
@@ -54,7 +55,7 @@ def reasoning(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, 
 
 
 def _question(
-    state: AgentState, ctx: AgentContext, run: AgentRun, field: str, *, optional: bool
+    state: ApronState, ctx: AgentContext, run: AgentRun, field: str, *, optional: bool
 ) -> dict[str, Any]:
     """Word the question about `field` and log it (once, by key). An optional one is asked
     alongside the approvals: the agent does not wait for its answer."""
@@ -182,7 +183,7 @@ def _unsure_hint(spec: dict[str, Any], lang: str) -> str:
 
 
 def route_after_reasoning(
-    state: AgentState,
+    state: ApronState,
 ) -> Literal["ask_user", "tool_executor", "await_approval", "compliance_validator"]:
     step = state["plan"]["step"]
     if step == "ask":

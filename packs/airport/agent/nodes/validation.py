@@ -6,16 +6,17 @@ from typing import Any, Literal
 
 from diagnosis.agent import budget, summaries
 from diagnosis.agent.recording import recorded
-from diagnosis.agent.state import AgentContext, AgentState
+from diagnosis.agent.state import AgentContext
 from diagnosis.eventlog.names import BUDGET_STOPPED, FSM_TRANSITION, FSM_VIOLATION
 from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun
 from packs.airport.agent import fsm
 from packs.airport.agent.planning import facts_of
+from packs.airport.agent.state import ApronState
 
 
 @recorded("compliance_validator", rows=False)
-def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+def compliance_validator(state: ApronState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     corrections = list(state.get("corrections") or [])
     for refusal in state.get("refusals") or []:
         corrections.append(refusal["violation"])
@@ -68,5 +69,5 @@ def compliance_validator(state: AgentState, ctx: AgentContext, run: AgentRun) ->
     }
 
 
-def route_after_validation(state: AgentState) -> Literal["output_generator", "reasoning"]:
+def route_after_validation(state: ApronState) -> Literal["output_generator", "reasoning"]:
     return "output_generator" if state["plan"].get("approved_finish") else "reasoning"
