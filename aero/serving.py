@@ -55,8 +55,13 @@ class _AuthMiddleware(AuthMiddleware):
         scope["user"]._wrapped = await db_call(get_user.func)(scope)
 
 
+def page_routes() -> list[Any]:
+    """Every app's and pack's page socket routes."""
+    return [route for routes in _page_routes for route in routes()]
+
+
 def page_websocket() -> Any:
-    routes = [route for routes in _page_routes for route in routes()]
+    routes = page_routes()
     stack = CookieMiddleware(SessionMiddleware(_AuthMiddleware(URLRouter(routes))))
     return PageOriginValidator(stack)
 

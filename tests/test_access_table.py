@@ -530,10 +530,9 @@ def test_the_token_routes(world: dict[str, Any]) -> None:
 
 
 def websocket_routes() -> list[str]:
-    from approvals.routing import websocket_urlpatterns as approval_sockets
-    from diagnosis.routing import websocket_urlpatterns as session_sockets
+    from aero.serving import page_routes
 
-    return [str(p.pattern) for p in session_sockets + approval_sockets]
+    return [str(p.pattern) for p in page_routes()]
 
 
 def test_every_websocket_route_has_a_row() -> None:

@@ -48,7 +48,7 @@ from diagnosis.models import AgentRun, LLMCall
 
 
 class NodeFn(Protocol):
-    def __call__(self, state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]: ...
+    def __call__(self, state: Any, runtime: Runtime[AgentContext]) -> dict[str, Any]: ...
 
 
 class SessionCanceled(Exception):
@@ -73,8 +73,10 @@ def recorded(
     it returns (see `_branch_context`)."""
 
     def decorator(fn: Callable[..., dict[str, Any]]) -> NodeFn:
-        # No functools.wraps: LangGraph reads the signature to inject `runtime`.
-        def wrapper(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
+        # No functools.wraps: LangGraph reads the signature to inject `runtime`. The state
+        # is the pack's (a TypedDict extending AgentState): LangGraph would give a node
+        # annotated with the core's keys only those.
+        def wrapper(state: Any, runtime: Runtime[AgentContext]) -> dict[str, Any]:
             if on_job_thread(runtime.context):
                 return _record(fn, name, state, runtime, runtime.context, last or fans_out, rows)
             ctx = _branch_context(runtime.context, name)
