@@ -172,10 +172,10 @@ def _after_look(state: SpecialistState) -> str:
 
 def _specialist_graph() -> Any:
     builder = StateGraph(SpecialistState, context_schema=AgentContext)
-    builder.add_node("look", specialist_look, input_schema=SpecialistState)  # type: ignore[misc]
-    builder.add_node("report", specialist_report, input_schema=SpecialistState)  # type: ignore[misc]
-    builder.add_node("ask", specialist_ask, input_schema=SpecialistState)  # type: ignore[misc]
-    builder.add_node("answer", specialist_answer, input_schema=SpecialistState)  # type: ignore[misc]
+    builder.add_node("look", specialist_look, input_schema=SpecialistState)
+    builder.add_node("report", specialist_report, input_schema=SpecialistState)
+    builder.add_node("ask", specialist_ask, input_schema=SpecialistState)
+    builder.add_node("answer", specialist_answer, input_schema=SpecialistState)
     builder.add_edge(START, "look")
     builder.add_conditional_edges("look", _after_look, ["look", "ask", "report"])
     builder.add_edge("ask", "answer")
