@@ -20,10 +20,16 @@ from diagnosis.eventlog.names import (
 from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun, Event, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import write_report
-from packs.diagnosis import citations
+from packs.diagnosis import citations, model_choice
 from packs.diagnosis.fixes import fix_problems
 from packs.diagnosis.knowledge import linked_cases
-from packs.diagnosis.steps import DiagnosisState, playbook_of, system_of, tool_context
+from packs.diagnosis.steps import (
+    DiagnosisState,
+    investigation_of,
+    playbook_of,
+    system_of,
+    tool_context,
+)
 from scenarios_admin.definition import effective_risk_class
 
 FIX_CALL = "fix-1"
@@ -39,16 +45,23 @@ ASK = {
 @recorded("conclude")
 def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     """The playbook's findings and its conclusion as `finding.recorded` events, each
-    citing the evidence calls it rests on."""
+    citing the evidence calls it rests on; with a model, in its words when it names the
+    playbook's root cause and cites this session's results (else corrected, said as a
+    violation: packs.diagnosis.model_choice)."""
     # The past cases are shown beside the conclusion; the playbook does not read them.
-    cited = [
-        e["id"]
-        for e in state["evidence"]["calls"]
-        if not e.get("error") and e["tool"] != "similar_cases"
-    ]
-    found, cited, violations = citations.checked(
-        state["conclusion"], cited, citations.session_results(ctx.session_id), playbook_of(ctx)
+    evidence = state["evidence"]["calls"]
+    cited = [e["id"] for e in evidence if not e.get("error") and e["tool"] != "similar_cases"]
+    found: dict[str, Any] = state["conclusion"]
+    violations: list[dict[str, Any]] = []
+    if model_choice.model_reasons(ctx):
+        language = "zh" if state.get("language") == "zh" else "en"
+        found, cited, violations = model_choice.worded(
+            investigation_of(ctx, state), ctx, run, evidence, found, cited, language
+        )
+    found, cited, checked = citations.checked(
+        found, cited, citations.session_results(ctx.session_id), playbook_of(ctx)
     )
+    violations += checked
     for violation in violations:
         append_step_event(ctx.session_id, FSM_VIOLATION, violation, producer=ctx.producer, run=run)
     for candidate in found["candidates"]:
@@ -72,8 +85,8 @@ def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[st
         run=run,
     )
     update: dict[str, Any] = {"_summary": f"root cause: {found['hypothesis']}"}
-    if violations:
-        update["conclusion"] = found  # corrected: the rest of the graph reads this one
+    if found is not state["conclusion"]:
+        update["conclusion"] = found  # corrected or worded: the rest of the graph reads it
     if found["hypothesis"] == "unknown":
         lang = "zh" if state.get("language") == "zh" else "en"
         text = ASK[lang].format(missing=", ".join(found["missing"]) or "-")

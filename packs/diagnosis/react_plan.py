@@ -1,6 +1,8 @@
 """The single-agent run modes: ReAct (one evidence call a step, chosen from what is known,
 moving to plan-execute after the pack's number of steps in a row that added nothing) and
-plan-execute (a plan of calls shown before it runs, executed, one conclusion)."""
+plan-execute (a plan of calls shown before it runs, executed, one conclusion). With a
+model configured, the model chooses ReAct's next call and the plan's calls
+(packs.diagnosis.model_choice); offline, the playbook's order does."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from diagnosis.agent.state import AgentContext
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun
 from packs.diagnosis.investigation import FOLLOW_UPS, Investigation
+from packs.diagnosis.model_choice import pick_calls
 from packs.diagnosis.modes import MODE_SWITCHED, PLAN
 from packs.diagnosis.steps import (
     DiagnosisState,
@@ -37,6 +40,14 @@ def _next_call(inv: Investigation, evidence: list[dict[str, Any]]) -> dict[str, 
     return None
 
 
+def _offered(inv: Investigation, evidence: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a model may pick next as the playbook words it: the sources not read yet and
+    what the reading so far leads to."""
+    made = {e["id"] for e in evidence}
+    calls = [c for c in inv.base_calls() if c["call_id"] not in made]
+    return calls + [c for c in inv.follow_ups(inv.reading(evidence)) if c["call_id"] not in made]
+
+
 @recorded("react_step")
 def react_step(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     """Reason (choose the next call from what is known) -> act (call it) -> observe (did
@@ -45,6 +56,11 @@ def react_step(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[
     inv = investigation_of(ctx, state)
     evidence = list(state["evidence"]["calls"])
     call = _next_call(inv, evidence)
+    picked = pick_calls(
+        inv, ctx, run, evidence, _offered(inv, evidence), [call] if call else [], purpose="reason"
+    )
+    # One call a step (the model is asked again after it); none: it has read enough.
+    call = picked.calls[0] if picked.calls else None
     update: dict[str, Any] = {}
     words = ""
     if call is not None:
@@ -96,16 +112,21 @@ def plan(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, A
     if not calls:  # every source read (a switch from ReAct): what they led to
         calls = [c for c in inv.follow_ups(inv.reading(evidence)) if c["call_id"] not in made]
         then = []
+    picked = pick_calls(inv, ctx, run, evidence, calls, calls, purpose="plan")
+    calls = picked.calls
     if run.mode != "plan_execute":
         set_mode(run, "plan_execute")
+    payload: dict[str, Any] = {
+        "mode": "plan_execute",
+        "calls": [{"id": c["call_id"], "tool": c["tool"], "args": c["args"]} for c in calls],
+        "then": then,
+    }
+    if picked.by != "offline":
+        payload["by"] = picked.by  # the model planned these calls
     append_step_event(
         ctx.session_id,
         PLAN,
-        {
-            "mode": "plan_execute",
-            "calls": [{"id": c["call_id"], "tool": c["tool"], "args": c["args"]} for c in calls],
-            "then": then,
-        },
+        payload,
         producer=ctx.producer,
         run=run,
     )

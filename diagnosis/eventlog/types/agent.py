@@ -324,12 +324,16 @@ TYPES = (
     EventType(
         names.FSM_VIOLATION,
         reduce=_violation,
-        # A conclusion's citations checked against the session's tool results (a pack's).
+        # A conclusion's citations checked against the session's tool results, and a
+        # model's conclusion against the pack's findings (a pack's checks).
         line=ByKey(
             "kind",
             {
                 "foreign_evidence": "fsm-violation-foreign-evidence",
                 "uncited_conclusion": "fsm-violation-uncited-conclusion",
+                # a model's conclusion the pack's own findings do not bear out
+                "outside_findings": "fsm-violation-outside-findings",
+                "outranked": "fsm-violation-outranked",
             },
             default=_line(names.FSM_VIOLATION),
         ),
