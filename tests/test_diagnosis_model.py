@@ -21,6 +21,7 @@ from django.urls import reverse
 from approvals.actions import APPROVE, CONFIRM, do_decide
 from approvals.models import OPEN_STATUSES, Approval, ApprovalStatus
 from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.agent_tree import read_tree
 from diagnosis.llm_runner.records import PRODUCER
 from diagnosis.models import Event, Session, ToolCall
 from packs.diagnosis.sessions import start_from_bundle, summarize
@@ -224,7 +225,7 @@ def test_in_plan_execute_the_model_plans_the_calls(
         (
             {"hypothesis": "dns_failure", "service": "checkout"},
             ["outside_findings"],
-            "the model concluded dns_failure (checkout), which is not among the playbook&#x27;s "
+            "the model concluded dns_failure (checkout), which is not among the playbook's "
             "findings: corrected to bad_deploy (payments)",
         ),
     ],
@@ -319,3 +320,73 @@ def test_a_failing_model_leaves_the_offline_path_exactly_as_expected(
     assert payloads(session, "llm.fallback")
     assert payloads(session, "fsm.violation") == []
     assert result["actions"][0]["status"] == "completed"
+
+
+def specialist(name: str, after: str | None = None, **reply: Any) -> dict[str, Any]:
+    """A rule for one specialist's conversation (its first message names it)."""
+    match: dict[str, Any] = {"has_tools": True, "last_user": f"the {name} specialist"}
+    if after is not None:
+        match["after_tool"] = after
+    return {"match": match, **reply}
+
+
+def test_in_hierarchical_each_specialist_chooses_its_calls_in_its_own_node(
+    builtin: None, fake_llm: FakeLLMServer, chief: User, model_calls: bool
+) -> None:
+    fake_llm.set_script(
+        {
+            "rules": [
+                specialist("logs", "log_search", tool_calls=[{"name": "log_signatures"}]),
+                specialist(
+                    "logs",
+                    content="The payments errors first.",
+                    tool_calls=[{"name": "log_search", "arguments": LOG_SEARCH}],
+                ),
+                specialist("metrics", content="The metrics can wait."),
+                specialist("changes_code", "deploys", content="The deploy is enough."),
+                specialist("changes_code", tool_calls=[{"name": "deploys"}]),
+                specialist("knowledge", "similar_cases", content="No past case to add."),
+                specialist(
+                    "knowledge",
+                    tool_calls=[{"name": "similar_cases"}, {"name": "log_search"}],
+                ),
+                CITED,
+            ]
+        }
+    )
+    fake_provider(fake_llm)
+    result = run_bundle("hierarchical", chief)
+    session = result["session"]
+    if model_calls:
+        # A specialist's graph (its child job) cannot wait for a model reply of its own
+        # yet: it chooses offline; the conclusion is the model's.
+        assert not [p for p in payloads(session, "agent.note") if p.get("step") == "specialist"]
+        assert result["root_cause"]["summary"] == WORDS
+        return
+
+    assert result["status"] == "completed"
+    calls = evidence_calls(session)
+    assert "ev-anomalies" not in calls  # the metrics specialist chose to read nothing
+    assert {"ev-log_signatures", "ev-deploys", "ev-similar_cases"} <= set(calls)
+    assert not [c for c in calls if c.startswith("ev-code")]
+    # Each specialist's calls and model calls are under its own run, in its own node.
+    tree = read_tree(session)
+    nodes = {node.agent_name: node for node, _ in tree.walk()}
+    search = ToolCall.objects.get(session_id=session, tool_name="log_search")
+    assert search.agent_run is not None
+    assert search.agent_run.parent_id == nodes["specialist_logs"].id
+    for name in ("logs", "metrics", "changes_code", "knowledge"):
+        assert nodes[f"specialist_{name}"].tokens_in > 0, name
+    notes = [p for p in payloads(session, "agent.note") if p.get("step") == "specialist"]
+    refused = [a for n in notes for a in n["picked"] if "refused" in a]
+    assert refused == [
+        {
+            "name": "log_search",
+            "args": {},
+            "refused": "log_search is not among this agent's tools (topology, similar_cases)",
+        }
+    ]
+    cause = root_cause(session)
+    assert (cause["hypothesis"], cause["service"]) == ("bad_deploy", "payments")
+    assert "metrics" in cause["missing"]
+    assert result["root_cause"]["summary"] == WORDS

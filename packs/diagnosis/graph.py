@@ -16,7 +16,8 @@ Every step is recorded by the core (diagnosis.agent.recording): each evidence to
 R0 ToolCall with its start and result events, the conclusion is `finding.recorded`
 events, the fix goes through the core's approval queue and outbox. The conclusion is
 the offline playbook's (packs.diagnosis.playbook), pinned in the session's scenario
-version; a model may word it later, never change it.
+version; with a model configured, the model chooses the calls and words the conclusion
+(packs.diagnosis.model_choice), and the playbook's findings bound what it may conclude.
 
 The steps live by concern: packs.diagnosis.steps (the state and the evidence call site,
 `gather`), intake, react_plan (ReAct and plan-execute), specialists (hierarchical) and

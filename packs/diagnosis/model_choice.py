@@ -91,13 +91,17 @@ def _schema(tool: str) -> str:
     return json.dumps(schema)
 
 
-def tool_schemas() -> list[dict[str, Any]]:
-    return [json.loads(_schema(tool)) for tool in EVIDENCE_ARGS]
+def tool_schemas(tools: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """The evidence tools' schemas (`tools`: only those)."""
+    return [json.loads(_schema(tool)) for tool in tools or tuple(EVIDENCE_ARGS)]
 
 
-def conversation(inv: Investigation, evidence: list[dict[str, Any]]) -> list[BaseMessage]:
+def conversation(
+    inv: Investigation, evidence: list[dict[str, Any]], role: str = ""
+) -> list[BaseMessage]:
     """The incident, then every call made so far answered by its result (its id first),
-    rebuilt from the evidence at every step: no conversation lives outside the log."""
+    rebuilt from the evidence at every step: no conversation lives outside the log.
+    `role`: whose conversation it is (a specialist's)."""
     incident = inv.bundle.incident
     facts = {
         "title": incident.title,
@@ -109,7 +113,11 @@ def conversation(inv: Investigation, evidence: list[dict[str, Any]]) -> list[Bas
     }
     messages: list[BaseMessage] = [
         SystemMessage(SYSTEM),
-        HumanMessage("Incident:\n" + json.dumps(facts, ensure_ascii=False, default=str)),
+        HumanMessage(
+            (f"You are the {role} of this diagnosis.\n" if role else "")
+            + "Incident:\n"
+            + json.dumps(facts, ensure_ascii=False, default=str)
+        ),
     ]
     for item in evidence:
         messages.append(
@@ -136,10 +144,13 @@ def _as_call(
     args: dict[str, Any],
     offered: list[dict[str, Any]],
     made: set[str],
+    tools: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """The evidence call a model's tool call becomes (raises BadArguments when refused)."""
     if name not in EVIDENCE_ARGS:
         raise BadArguments(f"unknown tool {name!r}")
+    if tools is not None and name not in tools:
+        raise BadArguments(f"{name} is not among this agent's tools ({', '.join(tools)})")
     if name in READS:
         for call in offered:
             if call["tool"] == name:
@@ -176,11 +187,16 @@ def pick_calls(
     offline: list[dict[str, Any]],
     *,
     purpose: str,
+    tools: tuple[str, ...] | None = None,
+    role: str = "",
+    offline_only: bool = False,
 ) -> Picked:
     """The calls the model asks for next (its tool calls, in its order), bounded as the
     module says; `offline` when no model reasons or every provider failed. No tool call:
-    the model has read enough (an empty list)."""
-    if not model_reasons(ctx):
+    the model has read enough (an empty list). `tools`: the only tools it may use (a
+    specialist's); `role`: whose choice it is (a specialist's); `offline_only`: the
+    offline choice whatever is configured."""
+    if offline_only or not model_reasons(ctx):
         return Picked(offline)
     made = {e["id"] for e in evidence}
 
@@ -191,12 +207,12 @@ def pick_calls(
             raise ProviderError(
                 f"{provider.name} cannot reason", retryable=False, error_class="other"
             )
-        reply, usage = _ask(provider, conversation(inv, evidence), tool_schemas())
+        reply, usage = _ask(provider, conversation(inv, evidence, role), tool_schemas(tools))
         picked = Picked([], str(reply.content or ""), by=provider.name)
         for tool_call in reply.tool_calls:
             name, args = tool_call["name"], dict(tool_call.get("args") or {})
             try:
-                chosen = _as_call(inv, name, args, offered, made)
+                chosen = _as_call(inv, name, args, offered, made, tools)
             except BadArguments as refused:
                 picked.asked.append({"name": name, "args": args, "refused": str(refused)})
                 continue

@@ -18,6 +18,7 @@ from diagnosis.agent.state import AgentContext
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun
 from packs.diagnosis.investigation import Investigation
+from packs.diagnosis.model_choice import pick_calls
 from packs.diagnosis.modes import (
     AGGREGATED,
     MODE_SWITCHED,
@@ -40,6 +41,14 @@ from packs.diagnosis.steps import (
     system_of,
 )
 
+# The tools each specialist may use when a model chooses its calls: its playbook reads
+# and the searches of the same source.
+SPECIALIST_TOOLS = {
+    "logs": ("log_signatures", "log_search"),
+    "metrics": ("anomalies", "metric_query"),
+    "changes_code": ("deploys", "config_changes", "code"),
+    "knowledge": ("topology", "similar_cases"),
+}
 # A degraded hierarchical run's evidence: the metrics and the changes.
 MINIMAL_PATH = ("anomalies", "deploys", "config_changes")
 
@@ -128,15 +137,31 @@ def specialist_look(state: SpecialistState, ctx: AgentContext, run: AgentRun) ->
         if question:
             return {"ask": question, "_summary": _("asks the reporter")}
     left = [c for c in calls if c["call_id"] not in made]
-    if not left:
+    # With a model, the model chooses among its tools (the playbook's order offline). A
+    # specialist's graph (run by its child job) cannot wait for a model reply of its own
+    # yet, so with waits on it chooses offline.
+    offline = waits.waits_enabled()
+    picked = pick_calls(
+        inv,
+        ctx,
+        run,
+        state.get("calls") or [],
+        left,
+        left[:1],
+        purpose="specialist",
+        tools=SPECIALIST_TOOLS[state["specialist"]],
+        role=f"{state['specialist']} specialist",
+        offline_only=offline,
+    )
+    if not picked.calls:
         return {"done": True, "_summary": _("nothing left to read")}
-    call = left[0]
+    call = picked.calls[0]
     if state.get("window") and call["tool"] == "log_signatures":
         call = {**call, "args": dict(state["window"] or {})}  # the reporter's window
     item = gather(inv, ctx, run, call)
     return {
         "calls": [*(state.get("calls") or []), item],
-        "done": len(left) == 1,
+        "done": not [c for c in left if c["call_id"] != item["id"]],
         "_summary": item["summary"][:200],
     }
 
