@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aero.packs import action_tool
+from tools.names import SKILL_TOOL_PREFIX
 
 PRIORITIES = ("P1", "P2")
 LEVELS = ("HIGH", "MEDIUM", "LOW")
@@ -44,9 +45,8 @@ LIFT_TOOL = "lift_restriction"
 # Nor is `continue_budget`: the agent's request for more steps or money when its budget
 # ran out (R1: one approver says "go on", nothing outside AERO happens).
 BUDGET_TOOL = "continue_budget"
-# Nor is an uploaded skill (tools.models.SkillVersion.tool_name): one whose manifest
-# raises its risk class to R1+ runs only once approved, and nothing outside AERO happens.
-SKILL_TOOL_PREFIX = "skill:"
+# Nor is an uploaded skill (SKILL_TOOL_PREFIX + its name): one whose manifest raises its
+# risk class to R1+ runs only once approved, and nothing outside AERO happens.
 # A pack's actions declare their own floors (aero.packs.ActionTool.risk_floor).
 RISK_FLOORS: dict[str, str] = {
     LIFT_TOOL: "R2",

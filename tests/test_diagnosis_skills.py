@@ -84,9 +84,11 @@ def test_an_active_skill_is_an_evidence_call_shown_exported_and_replayed(
         .values_list("type", flat=True)
     )
     assert types == ["tool.call_started", "tool.call_completed"]
-    assert not ToolCall.objects.filter(
-        session=session, tool_name__in=["skill:other-type", "skill:risky"]
-    ).exists()
+    # The skill for another problem type is not called; the R1 skill is not run as
+    # evidence: it waits for its approval, unrun.
+    assert not ToolCall.objects.filter(session=session, tool_name="skill:other-type").exists()
+    risky = ToolCall.objects.get(session=session, tool_name="skill:risky")
+    assert risky.status == "awaiting_approval" and not risky.response_payload
     assert cause_of(session)["hypothesis"] == "bad_deploy"  # the reading is the playbook's
 
     client = login(alice)

@@ -100,8 +100,9 @@ def test_the_orchestrators_job_ends_at_its_specialists_and_the_last_one_resumes_
 
     # The four finish at once, on four threads: exactly one enqueues the session.
     enqueued: list[Any] = []
+    # How a finishing child wakes its session (handed in by diagnosis.jobs.enqueue).
     monkeypatch.setattr(
-        job_enqueue, "dispatch_after_commit", lambda sid, **kw: enqueued.append(sid)
+        child_jobs._handed, "dispatch_after_commit", lambda sid, **kw: enqueued.append(sid)
     )
     finishing = threading.Barrier(4, timeout=120)
     real_finish = child_jobs._finish

@@ -14,8 +14,8 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from aero import crypto
-from scenarios_admin.definition import SKILL_TOOL_PREFIX
 from tools.client import ServerSpec
+from tools.names import SKILL_TOOL_PREFIX
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -31,12 +32,14 @@ from django.utils import timezone
 
 from diagnosis import shutdown
 from diagnosis.agent import waits
-from diagnosis.agent.child_agents import PURPOSE_PREFIX, child_key, child_runner
+from diagnosis.agent.child_agents import PURPOSE_PREFIX, WAIT_KIND, child_key, child_runner
 from diagnosis.agent.providers import configured_providers
 from diagnosis.agent.state import AgentContext
 from diagnosis.eventlog.names import USER_MESSAGE
 from diagnosis.events import LeaseLost, fenced, lock_session, set_status, tracing
 from diagnosis.jobs.lease import Heartbeat
+from diagnosis.jobs.model_requests import record_model_request
+from diagnosis.jobs.rq_queues import drop_job, queue_named
 from diagnosis.jobs.world import definition_of, world_of
 from diagnosis.models import (
     AgentRun,
@@ -60,19 +63,12 @@ _LIVE = (
 )
 
 
-def record_children(session_id: Any, waiting: dict[str, Any]) -> None:
-    """The rows of a join's children (once each, by key, fenced by the job's lease), and
-    a job for each that can go on."""
-    from diagnosis.jobs.model_requests import record_model_request
-
-    for child in waiting["children"]:
-        record_model_request(session_id, {**child, "providers": []})
-    wake_children(session_id, [c["key"] for c in waiting["children"]])
-
-
-def children_answered(waiting: dict[str, Any]) -> bool:
-    keys = [c["key"] for c in waiting["children"]]
-    return not LLMRequest.objects.filter(key__in=keys, status=LLMRequestStatus.PENDING).exists()
+def record_wait(session_id: Any, waiting: dict[str, Any]) -> None:
+    """A job's request wait recorded (model_requests); for a wait on child agents, a job
+    for each child that can go on."""
+    record_model_request(session_id, waiting)
+    if waiting.get("kind") == WAIT_KIND:
+        wake_children(session_id, [c["key"] for c in waiting["children"]])
 
 
 def wake_children(session_id: Any, keys: list[str] | None = None) -> int:
@@ -109,6 +105,27 @@ def can_go_on(session_id: Any, request: dict[str, Any]) -> bool:
     )
 
 
+class _Handed:
+    """How sessions are dispatched and embedded jobs submitted, handed in by
+    diagnosis.jobs.enqueue (`hand_in`): it runs children in its inline loop, so it sits
+    above this module, which cannot import it back."""
+
+    dispatch_after_commit: Callable[[Any], bool]
+    embedded_submit: Callable[..., Any]
+
+
+_handed = _Handed()
+
+
+def hand_in(
+    dispatch_after_commit: Callable[[Any], bool], embedded_submit: Callable[..., Any]
+) -> None:
+    """Called by diagnosis.jobs.enqueue when it is imported (the diagnosis.jobs package
+    imports it, so any import of this module has it)."""
+    _handed.dispatch_after_commit = dispatch_after_commit
+    _handed.embedded_submit = embedded_submit
+
+
 def child_job_id(key: str) -> str:
     return "aero-child-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
@@ -121,9 +138,7 @@ def enqueue_child(session_id: Any, key: str) -> bool:
     if backend == "inline":
         return False
     if backend == "embedded":
-        from diagnosis.jobs.enqueue import embedded_worker
-
-        embedded_worker().pool.submit(_run_closing, str(session_id), key)
+        _handed.embedded_submit(_run_closing, str(session_id), key)
         return True
     return _enqueue_rq(str(session_id), key)
 
@@ -141,9 +156,7 @@ def _enqueue_rq(session_id: str, key: str) -> bool:
     from rq.exceptions import DuplicateJobError, NoSuchJobError
     from rq.job import Job
 
-    from diagnosis.jobs.enqueue import _queue, drop_job
-
-    queue = _queue(settings.AERO_QUEUE)
+    queue = queue_named(settings.AERO_QUEUE)
     for _ in range(3):
         try:
             queue.enqueue(
@@ -275,8 +288,6 @@ def _context(row: LLMRequest) -> AgentContext:
 def _park(row: LLMRequest, token: uuid.UUID, waiting: dict[str, Any]) -> None:
     """The child waits: a model or tool request recorded for the runner (fenced by the
     claim), the wait written on the child's row, the claim let go."""
-    from diagnosis.jobs.model_requests import record_model_request
-
     if waiting["kind"] in ("model", "tool"):
         record_model_request(row.session_id, waiting)
     parked = {"kind": waiting["kind"], "key": waiting["key"], "after": waiting.get("after")}
@@ -304,8 +315,6 @@ def _finish(
 ) -> bool:
     """The child's result (or failure) on its row; the last of its join enqueues the
     session. Returns whether it was the last."""
-    from diagnosis.jobs.enqueue import dispatch_after_commit
-
     join = row.request["join"]
     with transaction.atomic():
         session = lock_session(row.session_id)
@@ -326,7 +335,7 @@ def _finish(
         ).exists()
         if last and enqueue and not session.is_ended:
             session_id = row.session_id
-            transaction.on_commit(lambda: dispatch_after_commit(session_id))
+            transaction.on_commit(lambda: _handed.dispatch_after_commit(session_id))
     return last
 
 

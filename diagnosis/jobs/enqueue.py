@@ -18,10 +18,11 @@ from django.utils import timezone
 
 from aero import metrics
 from aero.supervision import process_gone
-from diagnosis.jobs.child_jobs import run_children_inline
+from diagnosis.jobs.child_jobs import hand_in, run_children_inline
 from diagnosis.jobs.embedded import EmbeddedWorker
 from diagnosis.jobs.job import WAITING_MODEL, advance_session
 from diagnosis.jobs.lease import lease_is_live
+from diagnosis.jobs.rq_queues import drop_job, queue_named
 from diagnosis.llm_runner import run_pending_inline, start_in_thread
 from diagnosis.models import Session
 
@@ -109,7 +110,7 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
     # Re-enqueued after its job was lost: the priority queue, in order. Pushed at the
     # front of the one queue, a session re-enqueued later went first (last in, first
     # out): one killed over and over kept jumping ahead of one lost a minute before.
-    queue = _queue(settings.AERO_PRIORITY_QUEUE if at_front else settings.AERO_QUEUE)
+    queue = queue_named(settings.AERO_PRIORITY_QUEUE if at_front else settings.AERO_QUEUE)
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:
         try:
@@ -158,49 +159,6 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
         drop_job(job)  # it can no longer run: the id is free for the next job
     logger.warning("session %s: its job stayed busy; the reconciler will enqueue it", session_id)
     return False
-
-
-def drop_job(job: Any) -> None:
-    """Delete a job that can no longer run. rq's delete() reads every execution the
-    job's registry lists and raises when one's record is gone: when two reconcilers
-    drop the same dead job at once (the second reads a record the first just deleted;
-    seen in the fault suite's worker logs), and for a minute after a killed worker's
-    execution record expires (it lives 90 s, its registry entry 60 s longer, rq 3.0).
-    The entries whose record is gone are removed first, then rq's delete does the
-    rest."""
-    from rq.executions import Execution
-
-    try:
-        job.delete()
-        return
-    except ValueError:
-        pass
-    redis = job.connection
-    registry = job.execution_registry
-    for raw in redis.zrange(registry.key, 0, -1):
-        execution = Execution(id=raw.decode(), job_id=job.id, connection=redis)
-        if not redis.exists(execution.key):
-            redis.zrem(registry.key, execution.id)
-            redis.zrem(job.started_job_registry.key, execution.composite_key)
-    logger.warning("job %s: dropped the records of executions that had expired", job.id)
-    job.delete()
-
-
-_queues: dict[tuple[int, str, str], Any] = {}
-
-
-def _queue(name: str) -> Any:
-    """The rq queue, one per process and connection settings: django_rq.get_queue builds
-    a new Redis client (a new connection) per call, and the LLM runner enqueues a session
-    at every reply (a third of its CPU for enqueues was connecting). redis-py's
-    pool is thread-safe and reconnects after an outage."""
-    import django_rq
-
-    key = (os.getpid(), name, repr(sorted(settings.RQ_QUEUES.get(name, {}).items())))
-    queue = _queues.get(key)
-    if queue is None:
-        queue = _queues[key] = django_rq.get_queue(name)
-    return queue
 
 
 def _in_a_queue(redis: Any, name: str) -> bool:
@@ -264,3 +222,7 @@ def embedded_worker() -> EmbeddedWorker:
 def running_embedded_worker() -> EmbeddedWorker | None:
     """This process's embedded worker if one was started (never starts one)."""
     return _embedded
+
+
+# Child agents' jobs wake their session and run on the embedded pool through these.
+hand_in(dispatch_after_commit, lambda fn, *args: embedded_worker().pool.submit(fn, *args))

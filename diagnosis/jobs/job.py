@@ -38,6 +38,7 @@ from diagnosis.events import (
     unfenced,
 )
 from diagnosis.jobs.checkpoints import agent_graph
+from diagnosis.jobs.child_jobs import record_wait
 from diagnosis.jobs.lease import (
     ROOT_AGENT,
     Heartbeat,
@@ -46,7 +47,7 @@ from diagnosis.jobs.lease import (
     root_snapshot,
     take_lease,
 )
-from diagnosis.jobs.model_requests import record_model_request, request_answered
+from diagnosis.jobs.model_requests import request_answered
 from diagnosis.jobs.world import definition_of, initial_state, world_of
 from diagnosis.models import (
     ENDED_STATUSES,
@@ -273,7 +274,7 @@ def _drive(
                 # the row): recorded here, once by key. An answered request has its row
                 # (the usual resume: nothing to record). The job ends and frees
                 # its worker; the runner makes the call.
-                record_model_request(session.pk, waiting)
+                record_wait(session.pk, waiting)
                 return WAITING_MODEL, waiting
             if value is None:
                 set_status(session.pk, SessionStatus.WAITING_USER, producer=PRODUCER, strict=False)
@@ -349,7 +350,7 @@ def _drive(
             # own result, so the state is not read again; the job records the request
             # once the checkpoint that waits for it is saved and ends. A reply
             # stored meanwhile is seen by advance_session's re-check.
-            record_model_request(session.pk, model_wait)
+            record_wait(session.pk, model_wait)
             return WAITING_MODEL, model_wait
         if context.waiting_written and _interrupt_value(result) is not None:
             # A human wait: its group wrote the move to waiting_user. What it

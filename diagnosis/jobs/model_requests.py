@@ -57,20 +57,18 @@ def request_answered(waiting: dict[str, Any]) -> bool:
     """Whether what a job's request wait waits for is answered: the model's (or a slow
     tool's) reply, or every child of a wait for child agents."""
     if waiting.get("kind") == CHILDREN:
-        from diagnosis.jobs.child_jobs import children_answered
-
-        return children_answered(waiting)
+        keys = [c["key"] for c in waiting["children"]]
+        return not LLMRequest.objects.filter(key__in=keys, status=LLMRequestStatus.PENDING).exists()
     return model_answered(waiting["key"])
 
 
 def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
     """The request a node interrupted with, as the runner's row (once by its key: a
     re-run of the job finds it). Fenced: only the lease holder records it. A wait for
-    child agents records a row per child, and their jobs."""
+    child agents records a row per child (their jobs: child_jobs.record_wait)."""
     if waiting.get("kind") == CHILDREN:
-        from diagnosis.jobs.child_jobs import record_children
-
-        record_children(session_id, waiting)
+        for child in waiting["children"]:
+            record_model_request(session_id, {**child, "providers": []})
         return
     row = LLMRequest(
         key=waiting["key"],

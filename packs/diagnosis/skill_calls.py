@@ -15,10 +15,11 @@ from diagnosis.models import ToolCall, ToolCallStatus
 from packs.diagnosis.playbook import Diagnosis
 from packs.diagnosis.storage import bundle_dir
 from tools.models import SkillVersion
+from tools.names import SKILL_TOOL_PREFIX
 from tools.sandbox import SkillError, run_skill
 from tools.skills import active_skills
 
-PREFIX = "skill:"
+PREFIX = SKILL_TOOL_PREFIX
 SKILL_RUN = "skill_run"
 # A manifest may ask for at most this long (tools.skills.Limits); the runner's margin.
 MAX_SKILL_SECONDS = 120.0
