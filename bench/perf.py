@@ -1,7 +1,7 @@
 """Issue 8's goals, measured for the base commit and for this checkout in the same run,
 side by side with the ratio. Prints; asserts nothing.
 
-  .venv/bin/python bench/perf.py [--base a141182] [--at-once 40] [--viewers 100] ...
+  .venv/bin/python bench/perf.py [--base a141182|none] [--at-once 40] [--viewers 100] ...
 
 The base commit is checked out into a temporary `git worktree` (removed afterwards).
 Embedded mode (SQLite, inline jobs) is measured for the in-process figures; the others
@@ -104,7 +104,9 @@ def ratio(base: Any, head: Any, higher_is_better: bool = False) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--base", default="a141182")
+    parser.add_argument(
+        "--base", default="a141182", help="the commit to compare with; 'none': this checkout only"
+    )
     parser.add_argument("--database-url", default=os.environ.get(
         "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))  # fmt: skip
     parser.add_argument(
@@ -145,19 +147,22 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="aero-base-"))
-    tree = workdir / "tree"
-    git = ["git", "-C", str(ROOT), "worktree"]
-    subprocess.run([*git, "add", "--detach", "-q", str(tree), args.base], check=True)
-    (tree / ".venv").symlink_to(Path(sys.executable).parent.parent)
     results: dict[str, dict[str, Any]] = {}
+    trees: list[tuple[bool, str, Path]] = [(True, "head", ROOT)]
+    git = ["git", "-C", str(ROOT), "worktree"]
+    if args.base != "none":
+        tree = Path(tempfile.mkdtemp(prefix="aero-base-")) / "tree"
+        subprocess.run([*git, "add", "--detach", "-q", str(tree), args.base], check=True)
+        (tree / ".venv").symlink_to(Path(sys.executable).parent.parent)
+        trees.insert(0, (False, "base", tree))
     try:
-        for head, label, source in ((False, "base", tree), (True, "head", ROOT)):
+        for head, label, source in trees:
             for mode in ("embedded", "services"):
                 data = run_tree(source, mode, head, f"aero_bench_{label}{args.db_suffix}", args)
                 results[f"{label}-{mode}"] = data
     finally:
-        subprocess.run([*git, "remove", "--force", str(tree)], check=False)
+        if args.base != "none":
+            subprocess.run([*git, "remove", "--force", str(tree)], check=False)
 
     def row(figure: str, goal: str, key: str, mode: str, unit: str, higher: bool = False) -> None:
         base = results.get(f"base-{mode}", {}).get(key)
