@@ -197,10 +197,6 @@ class DomainPack:
     # diagnosis.presenters.PageWorld (its board: what an action would do; its map of a
     # session's impact). Raises LookupError where the pack's world is not loaded.
     page_world: Callable[[Any, list[Any]], Any] | None = None
-    # The pack's board page (the world with the restrictions in force and the lifts
-    # waiting): (the viewer's roles) -> its context; the page and the live push render
-    # the same.
-    board_page: Callable[[frozenset[str]], dict[str, Any]] | None = None
     # The model of the restrictions its actions put in force (a closure, a suspension),
     # lifted through the core's lift: rows with kind (choices, labelled), target, session,
     # tool_call, created_at, lifted_at, lifted_by and lift_note. None: it restricts nothing.

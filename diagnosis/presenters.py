@@ -253,15 +253,6 @@ def read_world(
     return None
 
 
-def board_page_context(roles: frozenset[str]) -> dict[str, Any]:
-    """The board page for a role set, as the pack that keeps the world's board words it
-    (the page and the live consumer render the same)."""
-    for pack in installed_packs():
-        if pack.board_page is not None:
-            return pack.board_page(roles)
-    raise LookupError("no installed domain pack keeps a board page")
-
-
 def read_session(
     session: Session, world: PageWorld | None = None, *, world_read: bool = False
 ) -> SessionReads:

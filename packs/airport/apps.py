@@ -37,7 +37,7 @@ class AirportPackConfig(AppConfig):
         from packs.airport.arguments import ANALYSES
         from packs.airport.definition import ApronDefinition
         from packs.airport.models import Restriction, Topology
-        from packs.airport.pages import board_page, page_world
+        from packs.airport.pages import page_world
         from packs.airport.seed import seed_world
         from packs.airport.summary import summarize
         from packs.airport.world import connect_signals, load_active_graph
@@ -91,7 +91,6 @@ class AirportPackConfig(AppConfig):
                 enrichment_warning=lookups.stand_mismatch_text,
                 page_world=page_world,
                 history_filters=words.HISTORY_FILTERS,
-                board_page=board_page,
                 restrictions=Restriction,
                 summarize=summarize,
                 urls="packs.airport.urls",
