@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.http.multipartparser import MultiPartParserError
 from ninja.errors import ValidationError
-from pydantic import Field
+from pydantic import AwareDatetime, Field, model_validator
 
 from aero.packs import UnknownDomain, file_pack
 from api.errors import ApiError
@@ -60,6 +61,27 @@ class BundleSessionIn(StrictIn):
         description="A configured metrics source (Prometheus) by name; empty: the bundle's "
         "metrics.csv (or the system's, with sources=system). Not with sources=system.",
     )
+    since: AwareDatetime | None = Field(
+        None, description="Without a bundle: where the incident's window starts."
+    )
+    until: AwareDatetime | None = Field(
+        None, description="Without a bundle: where it ends (empty: now)."
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> BundleSessionIn:
+        if self.since and self.until and self.since >= self.until:
+            raise ValueError("since must be before until")
+        return self
+
+    def options(self) -> dict[str, Any]:
+        """The pack's start options: the window as ISO text, left out when not given."""
+        chosen = self.model_dump(exclude={"since", "until"})
+        for name in ("since", "until"):
+            value: datetime | None = getattr(self, name)
+            if value is not None:
+                chosen[name] = value.isoformat()
+        return chosen
 
 
 def form_schema() -> dict[str, Any]:
@@ -69,13 +91,13 @@ def form_schema() -> dict[str, Any]:
         "type": "string",
         "format": "binary",
         "description": "The incident bundle: a .zip or .tar.gz of a bundle folder, at most "
-        f"{settings.AERO_BUNDLE_MAX_UPLOAD} bytes.",
+        f"{settings.AERO_BUNDLE_MAX_UPLOAD} bytes. Left out only with sources=system (a "
+        "description then says what happened, since/until the window).",
     }
     return {
         "title": "BundleSessionIn",
         "type": "object",
         "properties": {FILE: bundle, **schema["properties"]},
-        "required": [FILE],
         "additionalProperties": False,
     }
 
@@ -87,7 +109,8 @@ def _invalid(where: str, name: str, msg: str) -> ValidationError:
 
 
 def read_form(request: HttpRequest) -> tuple[BundleSessionIn, Any]:
-    """The checked fields and the uploaded file, or a 400/422 problem."""
+    """The checked fields and the uploaded file (None: a session on the system's sources
+    without a bundle), or a 400/422 problem."""
     try:
         fields, files = request.POST, request.FILES
     except MultiPartParserError as exc:
@@ -107,8 +130,10 @@ def read_form(request: HttpRequest) -> tuple[BundleSessionIn, Any]:
             [{"loc": ("form", *e["loc"]), "msg": e["msg"]} for e in exc.errors()]
         ) from exc
     bundle = files.get(FILE)
-    if bundle is None:
+    if bundle is None and checked.sources != "system":
         raise _invalid("file", FILE, "Field required")
+    if bundle is not None and (checked.since or checked.until):
+        raise _invalid("form", "since", "The window is the bundle's: since/until go without one")
     return checked, bundle
 
 
@@ -118,7 +143,11 @@ def create_from_bundle(
     """(status, body, replayed) of a multipart create. A bad bundle is a 422 naming its
     file, line and field; nothing is created."""
     form, bundle = read_form(request)
-    if bundle.size is not None and bundle.size > settings.AERO_BUNDLE_MAX_UPLOAD:
+    if (
+        bundle is not None
+        and bundle.size is not None
+        and bundle.size > settings.AERO_BUNDLE_MAX_UPLOAD
+    ):
         raise ApiError(
             422, "bundle_too_large", f"The bundle is over {settings.AERO_BUNDLE_MAX_UPLOAD} bytes."
         )
@@ -130,17 +159,20 @@ def create_from_bundle(
     assert start is not None
     scratch = Path(tempfile.mkdtemp(prefix="aero-api-bundle-"))
     try:
-        source = scratch / "bundle"
+        source: Path | None = None
         digest = hashlib.sha256()
-        with source.open("wb") as out:
-            for chunk in bundle.chunks():
-                digest.update(chunk)
-                out.write(chunk)
-        sent = {"bundle_sha256": digest.hexdigest(), **form.model_dump()}
+        if bundle is not None:
+            source = scratch / "bundle"
+            with source.open("wb") as out:
+                for chunk in bundle.chunks():
+                    digest.update(chunk)
+                    out.write(chunk)
+        options = form.options()
+        sent = {"bundle_sha256": digest.hexdigest() if source else None, **options}
 
         def create() -> tuple[int, dict[str, Any]]:
             try:
-                session = start(request.user, source, {"producer": "api", **form.model_dump()})
+                session = start(request.user, source, {"producer": "api", **options})
             except ActionError as exc:
                 raise ApiError(422, "invalid_bundle", str(exc)) from exc
             return 201, {"session_id": str(session.pk), "status": session.status}

@@ -174,7 +174,9 @@ def create_session(
 ) -> Any:
     """`application/json`: a scenario's slug and the incident's words. `multipart/form-data`:
     an incident bundle (`bundle`, a .zip or .tar.gz) with `title`, `description`,
-    `problem_type` and `preferred_mode`; a bad bundle is a 422 naming its file, line and
+    `problem_type`, `preferred_mode` and where the evidence comes from (`sources`,
+    `metrics_source`); with `sources=system` the bundle may be left out (the description
+    and `since`/`until` are the incident). A bad bundle is a 422 naming its file, line and
     field, and nothing is created. Either with Idempotency-Key: the same key with another
     body is refused."""
     media = request.content_type or ""

@@ -191,9 +191,13 @@ def test_the_openapi_document_describes_both_bodies_on_one_operation(builtin: No
     assert list(content) == ["application/json", "multipart/form-data"]
     assert content["application/json"]["schema"]["required"] == ["problem_type", "description"]
     form = content["multipart/form-data"]["schema"]
-    assert form["required"] == ["bundle"]
+    # The bundle is left out only with sources=system (the API checks it, the schema says it).
+    assert (
+        "required" not in form and "sources=system" in form["properties"]["bundle"]["description"]
+    )
     assert form["properties"]["bundle"] == {**form["properties"]["bundle"], "format": "binary"}
-    assert {"title", "description", "problem_type", "preferred_mode"} <= set(form["properties"])
+    fields = {"title", "description", "problem_type", "preferred_mode", "sources", "since", "until"}
+    assert fields <= set(form["properties"])
     assert "Location" in operation["responses"]["201"]["headers"]
     assert "415" in operation["responses"]
     assert "Idempotency-Key" in str(operation["parameters"])

@@ -281,3 +281,53 @@ def test_the_form_starts_a_session_on_the_systems_sources_without_a_bundle(
     assert requested["evidence_from"]["logs"] == "none"
     page = client.get(answer["Location"]).content.decode()
     assert "the sources attached to the system shop" in page and "no logs (no bundle)" in page
+
+
+def test_the_api_opens_a_session_on_the_systems_sources_without_a_bundle(
+    builtin: None, stored: Path, attached: SystemSources, alice: User
+) -> None:
+    """The API's create as the CLI's `--sources system`: no file, the description and the
+    window are the incident; without the system's sources the file is required, and a
+    window beside a bundle is refused (the bundle has its own). Nothing is created on a
+    refusal."""
+    token = token_for(alice, "operator")
+
+    def post(data: dict[str, Any]) -> Any:
+        return Client().post(
+            "/api/v1/diagnosis-sessions", data, headers={"Authorization": f"Bearer {token}"}
+        )
+
+    missing = post({"description": "checkout is slow"})
+    assert missing.status_code == 422 and "bundle" in missing.content.decode()
+    unsaid = post({"sources": "system"})
+    assert unsaid.status_code == 422 and "describe the incident" in unsaid.json()["detail"]
+    backwards = post(
+        {
+            "sources": "system",
+            "description": "payment callbacks fail",
+            "since": "2026-10-02T11:20:00+08:00",
+            "until": "2026-10-02T10:20:00+08:00",
+        }
+    )
+    assert (
+        backwards.status_code == 422 and "since must be before until" in backwards.content.decode()
+    )
+    with (EXAMPLES / f"{EXAMPLE}.tar.gz").open("rb") as upload:
+        windowed = post({"bundle": upload, "since": "2026-10-02T10:20:00+08:00"})
+    assert windowed.status_code == 422 and "go without one" in windowed.content.decode()
+    assert not Session.objects.exists()
+
+    created = post(
+        {
+            "sources": "system",
+            "description": "payment callbacks fail",
+            "until": "2026-10-02T11:20:00+08:00",
+        }
+    )
+    assert created.status_code == 201, created.content
+    requested = Event.objects.get(
+        session_id=created.json()["session_id"], type="diagnosis.requested"
+    ).payload
+    assert requested["evidence_from"]["logs"] == "none"
+    assert requested["evidence_from"]["sources"] == "system"
+    assert requested["metrics"]["name"] == "shop-prom"
