@@ -2,7 +2,8 @@
 
 A session's model budget comes from its scenario (`budget: {steps, tokens, cost}`) or,
 for what the scenario leaves unset, from the first real provider's config (admin). A
-step is one reasoning step that asked the model (an `agent.note` with `kind=react`);
+step is one reasoning step that asked the model (an `agent.note` of kind `react`, or of
+kind `diagnosis_model`: a diagnosis step's choice or conclusion worded by the model);
 tokens and cost are the session's totals (every model call, extraction included).
 
 When a limit is reached before the model is asked again, the session does not fail: the
@@ -29,6 +30,8 @@ from diagnosis.models import Event, Session, ToolCall, ToolCallStatus
 from scenarios_admin.definition import BUDGET_TOOL, risk_floor
 
 STOPPED = (ToolCallStatus.REJECTED, ToolCallStatus.TIMEOUT, ToolCallStatus.CANCELED)
+# The notes of the steps that asked the model, counted against the steps budget.
+MODEL_STEP_NOTES = ("react", "diagnosis_model")
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def base_limits(definition: dict[str, Any], providers: list[OpenAICompatibleProv
 
 def spent(session_id: Any) -> Amounts:
     steps = Event.objects.filter(
-        session_id=session_id, type=AGENT_NOTE, payload__kind="react"
+        session_id=session_id, type=AGENT_NOTE, payload__kind__in=MODEL_STEP_NOTES
     ).count()
     session = Session.objects.only("tokens_in", "tokens_out", "cost").get(pk=session_id)
     return Amounts(steps, session.tokens_in + session.tokens_out, session.cost)

@@ -8,20 +8,24 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from decimal import Decimal
+from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, Sum
 from django.utils import timezone
 
 from aero.supervision import process_gone
-from diagnosis.eventlog.names import SESSION_STATUS_CHANGED
-from diagnosis.events import lock_session, set_status
+from diagnosis.eventlog.names import AGENT_RUN_ENDED, SESSION_STATUS_CHANGED
+from diagnosis.eventlog.types.runs import JOB_GONE
+from diagnosis.events import append_keyed, lock_session, set_status
 from diagnosis.jobs.child_jobs import requeue_children
 from diagnosis.jobs.enqueue import dispatch, enqueue_advance, queued_job_ids
 from diagnosis.jobs.lease import holder_pid
 from diagnosis.models import (
     AgentRun,
     Event,
+    LLMCall,
     LLMRequestStatus,
     Session,
     SessionStatus,
@@ -110,6 +114,8 @@ def stalled_sessions() -> list[str]:
 
 # Who the reconciler's own status moves are recorded as.
 PRODUCER = "reconciler"
+# Why the reconciler closes a run (its row says it in words, its event by its code).
+ORPHAN_REASON = "its job ended without closing it"
 # How many times the reconciler resumes one failed session: one that keeps failing stays
 # failed after that, for a person to look at (POST .../resume still resumes it).
 RESUME_FAILED_LIMIT = 3
@@ -155,26 +161,69 @@ def close_orphaned_runs() -> int:
     """Close the root runs whose job is gone without closing them (its worker killed,
     PostgreSQL restarted under it): a root run is its job's, which holds the lease the
     run names; once that lease is no longer live on its session, the job cannot end the
-    run any more (its end is fenced by the lease). Marked failed, with the reason."""
+    run any more (its end is fenced by the lease). Marked failed, with the reason, and
+    said by an `agent.run_ended` event in the same transaction: no change without its
+    event. The UPDATE finds the run still running, so two passes close it once."""
     now = timezone.now()
     rows = AgentRun.objects.filter(parent__isnull=True, status="running").values_list(
         "pk",
+        "session_id",
+        "agent_name",
+        "started_at",
         "input_snapshot",
         "session__lease_token",
         "session__lease_expires_at",
     )
     orphans = []
-    for pk, snapshot, token, expires in rows:
+    for pk, session_id, agent, started_at, snapshot, token, expires in rows:
         held = token is not None and expires is not None and expires > now
         if not held or str(snapshot.get("lease", "")) != str(token):
-            orphans.append(pk)
-    if not orphans:
-        return 0
-    closed = AgentRun.objects.filter(pk__in=orphans, status="running").update(
-        status="failed",
-        ended_at=now,
-        output_summary={"status": "interrupted", "reason": "its job ended without closing it"},
-    )
+            orphans.append((pk, session_id, agent, started_at))
+    closed = 0
+    for pk, session_id, agent, started_at in orphans:
+        try:
+            closed += _close_orphan(pk, session_id, agent, started_at, now)
+        except Exception:
+            # This run's session this pass; the next pass tries again, the others go on.
+            logger.exception("run %s: closing it failed; the next pass retries", pk)
     if closed:
         logger.warning("closed %d run(s) their dead jobs left running", closed)
+    return closed
+
+
+def _close_orphan(pk: int, session_id: Any, agent: str, started_at: Any, now: Any) -> int:
+    with transaction.atomic():
+        lock_session(session_id)  # the event's lock first, as every writer takes it
+        closed = AgentRun.objects.filter(pk=pk, status="running").update(
+            status="failed",
+            ended_at=now,
+            output_summary={"status": "interrupted", "reason": ORPHAN_REASON},
+        )
+        if closed:
+            # What its steps' model calls cost, as a child run's end says it.
+            used = LLMCall.objects.filter(
+                Q(agent_run_id=pk) | Q(agent_run__parent_id=pk)
+            ).aggregate(
+                tokens_in=Sum("tokens_in", default=0),
+                tokens_out=Sum("tokens_out", default=0),
+                cost=Sum("cost", default=Decimal(0)),
+            )
+            append_keyed(
+                session_id,
+                AGENT_RUN_ENDED,
+                f"run:{pk}/run_ended/failed",
+                {
+                    "run": pk,
+                    "agent": agent,
+                    "status": "failed",
+                    "started_at": started_at.isoformat(),
+                    "ended_at": now.isoformat(),
+                    "tokens_in": used["tokens_in"],
+                    "tokens_out": used["tokens_out"],
+                    "cost": str(used["cost"]),
+                    "reason": JOB_GONE,
+                },
+                producer=PRODUCER,
+                run=AgentRun(pk=pk, session_id=session_id),
+            )
     return closed

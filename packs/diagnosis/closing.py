@@ -21,6 +21,7 @@ from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun, Event, Session, ToolCall, ToolCallStatus
 from diagnosis.reporting import write_report
 from packs.diagnosis import citations, model_choice
+from packs.diagnosis.budget_pause import paused
 from packs.diagnosis.fixes import fix_problems
 from packs.diagnosis.knowledge import linked_cases
 from packs.diagnosis.steps import (
@@ -53,7 +54,10 @@ def conclude(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[st
     cited = [e["id"] for e in evidence if not e.get("error") and e["tool"] != "similar_cases"]
     found: dict[str, Any] = state["conclusion"]
     violations: list[dict[str, Any]] = []
-    if model_choice.model_reasons(ctx):
+    gate = model_choice.budget_gate(state, ctx, run)
+    if gate == model_choice.AWAIT:
+        return paused("conclude")
+    if gate == model_choice.ASK:
         language = "zh" if state.get("language") == "zh" else "en"
         found, cited, violations = model_choice.worded(
             investigation_of(ctx, state), ctx, run, evidence, found, cited, language

@@ -33,6 +33,7 @@ from langgraph.graph import END, START, StateGraph
 from diagnosis.agent.nodes.waiting import ask_user, await_approval
 from diagnosis.agent.state import AgentContext
 from diagnosis.models import ToolCall, ToolCallStatus
+from packs.diagnosis.budget_pause import await_budget, route_after_budget
 from packs.diagnosis.closing import (
     conclude,
     execute_fix,
@@ -60,6 +61,7 @@ def build_graph() -> StateGraph[DiagnosisState, AgentContext, DiagnosisState, Di
         ("specialists", await_specialists),
         ("aggregate", aggregate),
         ("conclude", conclude),
+        ("await_budget", await_budget),
         ("propose_skills", propose_skills),
         ("await_skills", await_skills),
         ("run_skills", run_skills),
@@ -75,9 +77,14 @@ def build_graph() -> StateGraph[DiagnosisState, AgentContext, DiagnosisState, Di
     builder.add_edge(START, "intake")
     builder.add_conditional_edges("intake", route_by_mode)
     builder.add_conditional_edges("react_step", route_after_react)
-    builder.add_edge("plan", "execute")
+    builder.add_conditional_edges("plan", _unless_budget("execute"), ["execute", "await_budget"])
     builder.add_edge("execute", "conclude")
-    builder.add_edge("orchestrate", "specialists")
+    builder.add_conditional_edges(
+        "orchestrate", _unless_budget("specialists"), ["specialists", "await_budget"]
+    )
+    builder.add_conditional_edges(
+        "await_budget", route_after_budget, ["react_step", "plan", "orchestrate", "conclude"]
+    )
     builder.add_edge("specialists", "aggregate")
     builder.add_edge("aggregate", "conclude")
     builder.add_conditional_edges("conclude", route_after_conclude)
@@ -108,7 +115,20 @@ def route_by_mode(state: DiagnosisState) -> Literal["react_step", "plan", "orche
     )
 
 
-def route_after_react(state: DiagnosisState) -> Literal["react_step", "plan", "conclude"]:
+def _unless_budget(then: str) -> Any:
+    """The edge after a step that may wait for the model budget (budget_pause)."""
+
+    def route(state: DiagnosisState) -> str:
+        return "await_budget" if state.get("budget_wait") else then
+
+    return route
+
+
+def route_after_react(
+    state: DiagnosisState,
+) -> Literal["react_step", "plan", "conclude", "await_budget"]:
+    if state.get("budget_wait"):
+        return "await_budget"
     if state.get("conclusion"):
         return "conclude"
     return "plan" if state.get("mode") == "plan_execute" else "react_step"
@@ -116,7 +136,9 @@ def route_after_react(state: DiagnosisState) -> Literal["react_step", "plan", "c
 
 def route_after_conclude(
     state: DiagnosisState,
-) -> Literal["propose_skills", "ask_user", "propose_fix", "report"]:
+) -> Literal["propose_skills", "ask_user", "propose_fix", "report", "await_budget"]:
+    if state.get("budget_wait"):
+        return "await_budget"
     # Skills of risk R1+ applying to the problem type wait for approval first.
     return "propose_skills" if has_gated_skills(state) else route_after_conclusion(state)
 

@@ -32,19 +32,26 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, Field, ValidationError
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
+from diagnosis.agent import budget
 from diagnosis.agent.clients import classify, client_for
 from diagnosis.agent.fallback import call_with_fallback
 from diagnosis.agent.providers import OfflineProvider, OpenAICompatibleProvider, Provider
-from diagnosis.agent.recording import call_recorder, fallback_recorder, skip_recorder
+from diagnosis.agent.recording import (
+    call_recorder,
+    fallback_recorder,
+    skip_recorder,
+    step_group,
+)
 from diagnosis.agent.state import AgentContext
 from diagnosis.agent.usage import ProviderError, Usage
-from diagnosis.eventlog.names import AGENT_NOTE
-from diagnosis.events import append_step_event
-from diagnosis.models import AgentRun
+from diagnosis.eventlog.names import AGENT_NOTE, BUDGET_STOPPED
+from diagnosis.events import append_event_once, append_step_event
+from diagnosis.models import AgentRun, ToolCall
 from packs.diagnosis import citations
 from packs.diagnosis.investigation import ORDER, Investigation
 from packs.diagnosis.playbook import Playbook
 from packs.diagnosis.tool_args import EVIDENCE_ARGS, BadArguments, checked
+from scenarios_admin.definition import BUDGET_TOOL
 
 # How many calls a session makes before the model may ask only for the playbook's.
 MAX_CALLS = 40
@@ -80,6 +87,53 @@ def model_reasons(ctx: AgentContext) -> bool:
     return bool(settings.AERO_LLM_REACT) and any(
         isinstance(p, OpenAICompatibleProvider) for p in ctx.providers
     )
+
+
+# What the model budget lets a step do: ask the model, wait for a person to let it go
+# on, or choose offline (continuing was refused).
+ASK, AWAIT, OFFLINE = "ask", "await", "offline"
+
+
+def budget_gate(state: Any, ctx: AgentContext, run: AgentRun) -> str:
+    """Before a step asks the model: the session's model budget checked as the core's
+    reasoning step checks it (diagnosis.agent.budget). Spent: an R1 request to continue
+    opens (`budget.exhausted`) and the step waits for it (AWAIT); refused or timed out:
+    `budget.stopped` once, and this step and every later one choose offline, as the
+    playbook would (OFFLINE)."""
+    if not model_reasons(ctx):
+        return OFFLINE
+    real = [p for p in ctx.providers if isinstance(p, OpenAICompatibleProvider)]
+    paused = budget.check(state, ctx, real)
+    if paused is None:
+        return ASK
+    if paused["step"] == "await":
+        return AWAIT
+    request = paused["request"]
+    outcome, by, reason = budget.stop_reason(request)
+    append_event_once(
+        ctx.session_id,
+        BUDGET_STOPPED,
+        f"budget:{request}:stopped",
+        {"tool_call": request, "outcome": outcome, "by": by, "reason": reason},
+        producer=ctx.producer,
+        run=run,
+    )
+    return OFFLINE
+
+
+def budget_refused(ctx: AgentContext) -> bool:
+    """Whether continuing past the model budget was refused (its last request): a
+    specialist then chooses offline. A specialist never opens a request itself: the
+    orchestrator checked the budget before it split the work."""
+    if not model_reasons(ctx):
+        return False
+    last = (
+        ToolCall.objects.filter(session_id=ctx.session_id, tool_name=BUDGET_TOOL)
+        .order_by("-id")
+        .values_list("status", flat=True)
+        .first()
+    )
+    return last in budget.STOPPED
 
 
 @functools.cache
@@ -263,6 +317,9 @@ def _note(ctx: AgentContext, run: AgentRun, purpose: str, text: str, extra: dict
     if cut_from is not None:
         payload["cut_from_chars"] = cut_from
     append_step_event(ctx.session_id, AGENT_NOTE, payload, producer=ctx.producer, run=run)
+    # The budget counts these notes from the log: the step's group commits with it, so
+    # the next step's check finds it (with waits on, the steps are grouped otherwise).
+    step_group(ctx).end_after_step = True
 
 
 # --- the conclusion's words -------------------------------------------------------------------

@@ -14,8 +14,9 @@ from diagnosis.agent.recording import recorded
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun
+from packs.diagnosis.budget_pause import paused
 from packs.diagnosis.investigation import FOLLOW_UPS, Investigation
-from packs.diagnosis.model_choice import pick_calls
+from packs.diagnosis.model_choice import AWAIT, OFFLINE, budget_gate, pick_calls
 from packs.diagnosis.modes import MODE_SWITCHED, PLAN
 from packs.diagnosis.steps import (
     DiagnosisState,
@@ -56,8 +57,18 @@ def react_step(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[
     inv = investigation_of(ctx, state)
     evidence = list(state["evidence"]["calls"])
     call = _next_call(inv, evidence)
+    gate = budget_gate(state, ctx, run)
+    if gate == AWAIT:
+        return paused("react_step")
     picked = pick_calls(
-        inv, ctx, run, evidence, _offered(inv, evidence), [call] if call else [], purpose="reason"
+        inv,
+        ctx,
+        run,
+        evidence,
+        _offered(inv, evidence),
+        [call] if call else [],
+        purpose="reason",
+        offline_only=gate == OFFLINE,
     )
     # One call a step (the model is asked again after it); none: it has read enough.
     call = picked.calls[0] if picked.calls else None
@@ -112,7 +123,12 @@ def plan(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, A
     if not calls:  # every source read (a switch from ReAct): what they led to
         calls = [c for c in inv.follow_ups(inv.reading(evidence)) if c["call_id"] not in made]
         then = []
-    picked = pick_calls(inv, ctx, run, evidence, calls, calls, purpose="plan")
+    gate = budget_gate(state, ctx, run)
+    if gate == AWAIT:
+        return paused("plan")
+    picked = pick_calls(
+        inv, ctx, run, evidence, calls, calls, purpose="plan", offline_only=gate == OFFLINE
+    )
     calls = picked.calls
     if run.mode != "plan_execute":
         set_mode(run, "plan_execute")

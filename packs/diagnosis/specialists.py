@@ -17,8 +17,9 @@ from diagnosis.agent.recording import child_run, commit_steps, recorded
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import append_step_event
 from diagnosis.models import AgentRun
+from packs.diagnosis.budget_pause import paused
 from packs.diagnosis.investigation import Investigation
-from packs.diagnosis.model_choice import pick_calls
+from packs.diagnosis.model_choice import AWAIT, budget_gate, budget_refused, pick_calls
 from packs.diagnosis.modes import (
     AGGREGATED,
     MODE_SWITCHED,
@@ -84,7 +85,10 @@ def specialist_calls(inv: Investigation, name: str) -> tuple[list[dict[str, Any]
 @recorded("orchestrate", fans_out=True)
 def orchestrate(state: DiagnosisState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
     """The orchestrator splits the work: its plan names the specialists and their tools;
-    the group commits before it waits for them."""
+    the group commits before it waits for them. With a model, the budget is checked
+    once for the specialists' calls: spent, the orchestrator waits before it splits."""
+    if budget_gate(state, ctx, run) == AWAIT:
+        return paused("orchestrate")
     set_mode(run, "hierarchical")
     inv = investigation_of(ctx, state)
     specialists = [
@@ -139,8 +143,9 @@ def specialist_look(state: SpecialistState, ctx: AgentContext, run: AgentRun) ->
     left = [c for c in calls if c["call_id"] not in made]
     # With a model, the model chooses among its tools (the playbook's order offline). A
     # specialist's graph (run by its child job) cannot wait for a model reply of its own
-    # yet, so with waits on it chooses offline.
-    offline = waits.waits_enabled()
+    # yet, so with waits on it chooses offline; and so it does once continuing past the
+    # model budget was refused.
+    offline = waits.waits_enabled() or budget_refused(ctx)
     picked = pick_calls(
         inv,
         ctx,

@@ -38,6 +38,8 @@ class DiagnosisState(TypedDict, total=False):
     specialists: Annotated[list[dict[str, Any]], operator.add]  # their reports
     answers: list[str]
     new_input: bool  # the core's approval wait sets it
+    budget_wait: str  # the step that waits for the model budget to be raised
+    budget_resume: str  # the step to run again after that wait
     reported: bool
 
 

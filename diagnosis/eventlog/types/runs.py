@@ -14,6 +14,9 @@ from diagnosis.eventlog.registry import EventType, Payload
 from diagnosis.eventlog.state import EventLike, FoldState, RunState
 from diagnosis.wording import agent_words
 
+# The reason of a run the reconciler closed (diagnosis.jobs.reconciler).
+JOB_GONE = "job_gone"
+
 
 class RunStarted(Payload):
     run: int
@@ -31,6 +34,9 @@ class RunEnded(Payload):
     tokens_in: int = 0
     tokens_out: int = 0
     cost: str = "0"
+    # Why it ended so, when not by its own steps: `job_gone`, a job's run the reconciler
+    # closed after its job died without closing it.
+    reason: str = ""
 
 
 def _started(state: FoldState, event: EventLike) -> None:
@@ -63,6 +69,8 @@ def _ended_words(p: dict[str, Any]) -> str:
         "agent": agent_words(p.get("agent", "")),
         "tokens": f"{p.get('tokens_in', 0)}/{p.get('tokens_out', 0)}",
     }
+    if p.get("reason") == JOB_GONE:
+        return _("%(agent)s failed: its job ended without closing it") % names_
     if p.get("status") == "failed":
         return _("%(agent)s failed (tokens in/out %(tokens)s)") % names_
     return _("%(agent)s completed (tokens in/out %(tokens)s)") % names_
