@@ -230,6 +230,13 @@ class DomainPack:
     # one YAML document, checked by `definition_model`): a definition with parts of its
     # own, such as the diagnosis playbook, has no rows to be edited as.
     admin_editor: str = "rows"
+    # With admin_editor "rows": the draft's rows of its own, beyond the core's fields and
+    # values (scenarios_admin.draft), by part name in the order they are written, each
+    # (model with a `scenario` foreign key, its columns as the draft reads them) ...
+    draft_rows: Mapping[str, tuple[Any, tuple[str, ...]]] = field(default_factory=dict)
+    # ... and the scenario admin's inlines that edit them, in page order (the core's
+    # field and value inlines among them where the pack wants them).
+    row_inlines: tuple[Any, ...] = ()
     # With admin_editor "yaml": () -> the definition a new scenario of this kind starts
     # from on the admin's add page (the shipped one; the page gives it a free slug and a
     # new name). None: the kind cannot be added there (import a file instead).
@@ -345,6 +352,18 @@ def edited_as_yaml(kind: str) -> bool:
     keeps the row editor, as before packs could choose)."""
     pack = _PACKS.get(kind)
     return pack is not None and pack.admin_editor == "yaml"
+
+
+def draft_rows(kind: str) -> Mapping[str, tuple[Any, tuple[str, ...]]]:
+    """The draft rows of its own the pack serving `kind` edits (none for an unknown kind
+    or one edited as YAML)."""
+    pack = _PACKS.get(kind)
+    return pack.draft_rows if pack is not None and pack.admin_editor == "rows" else {}
+
+
+def row_edited() -> list[DomainPack]:
+    """The packs whose scenarios the admin edits as rows with inlines of their own."""
+    return [p for p in _PACKS.values() if p.admin_editor == "rows" and p.row_inlines]
 
 
 def added_as_yaml() -> list[DomainPack]:

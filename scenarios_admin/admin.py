@@ -13,21 +13,14 @@ from django.utils.html import format_html
 from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
 
-from aero.packs import added_as_yaml, edited_as_yaml
+from aero.packs import UnknownDomain, added_as_yaml, edited_as_yaml, pack_for, row_edited
 
 # The provider admin registers itself; the admin's autodiscovery imports only this module.
 from scenarios_admin import admin_providers  # noqa: F401
 from scenarios_admin.actions import do_publish, draft_status
 from scenarios_admin.admin_check import CheckedInlineFormSet, CrossCheck
 from scenarios_admin.admin_forms import ScenarioForm, validate_scenario
-from scenarios_admin.admin_inlines import (
-    ActionInline,
-    ExampleInline,
-    FieldInline,
-    RadiusInline,
-    RuleInline,
-    ValueInline,
-)
+from scenarios_admin.admin_inlines import FieldInline, ValueInline
 from scenarios_admin.admin_pages import ScenarioPages
 from scenarios_admin.admin_versions import ScenarioVersionInline
 from scenarios_admin.admin_yaml import DefinitionYamlAddForm, DefinitionYamlForm
@@ -45,17 +38,8 @@ class ScenarioAdmin(ScenarioPages):
     list_filter = ["kind", "is_active"]
     search_fields = ["slug", "name_en", "name_zh"]
     actions = ["export_yaml"]
-    # Most edited first (synonyms, rules, actions), the rest folded: with everything
-    # open the page is very long. A section with errors opens by itself.
-    inlines = [
-        ValueInline,
-        RuleInline,
-        ActionInline,
-        FieldInline,
-        RadiusInline,
-        ExampleInline,
-        ScenarioVersionInline,
-    ]
+    # The draft's rows are edited by the inlines the scenario's pack lists (get_inlines).
+    inlines = [ScenarioVersionInline]
     fieldsets = [
         (None, {"fields": ["slug", ("name_zh", "name_en"), "kind", "is_active"]}),
         (
@@ -146,7 +130,9 @@ class ScenarioAdmin(ScenarioPages):
         # The versions stay listed; the draft rows are the row editor's.
         if _adding_kind(request, obj):
             return []
-        return [ScenarioVersionInline] if _as_yaml(obj) else list(self.inlines)
+        if _as_yaml(obj):
+            return [ScenarioVersionInline]
+        return [*_row_inlines(request, obj), ScenarioVersionInline]
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
@@ -223,6 +209,20 @@ class ScenarioAdmin(ScenarioPages):
 
 def _as_yaml(obj: Any) -> bool:
     return isinstance(obj, Scenario) and edited_as_yaml(obj.kind)
+
+
+def _row_inlines(request: HttpRequest, obj: Any) -> list[Any]:
+    """The row editor's inlines of the scenario's pack (of the kind posted or, on a new
+    page, of the first pack edited as rows); a kind no pack serves: its fields only."""
+    kind = obj.kind if isinstance(obj, Scenario) else request.POST.get("kind", "")
+    if not kind:
+        editors = row_edited()
+        kind = editors[0].kind if editors else ""
+    try:
+        inlines = pack_for(kind).row_inlines
+    except UnknownDomain:
+        inlines = ()
+    return list(inlines or (ValueInline, FieldInline))
 
 
 def _adding_kind(request: HttpRequest, obj: Any) -> str:

@@ -4,6 +4,7 @@ draft's cross-check: the rows the page describes, checked as one definition."""
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from typing import Any
 
 from django import forms
@@ -11,16 +12,10 @@ from django.http import QueryDict
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from aero.packs import actions_of, edited_as_yaml
+from aero.packs import edited_as_yaml
 from scenarios_admin.admin_check import CrossCheck, place_problem
 from scenarios_admin.definition import Issue
-from scenarios_admin.draft import (
-    ROWS,
-    SCENARIO_COLUMNS,
-    Draft,
-    check_draft,
-    split_list,
-)
+from scenarios_admin.draft import SCENARIO_COLUMNS, Draft, check_draft, row_parts, split_list
 from scenarios_admin.models import Scenario, ScenarioKind
 from scenarios_admin.schema import field_type_labels, installed_kinds, row_words
 
@@ -127,47 +122,6 @@ class FieldValueForm(DraftForm):
             "fallback": forms.Textarea(attrs={"rows": 1, "cols": 20}),
             "field": forms.TextInput(attrs={"size": 16}),
             "value": forms.TextInput(attrs={"size": 14}),
-        }
-
-
-class RiskRuleForm(DraftForm):
-    class Meta:
-        widgets = {"condition": forms.TextInput(attrs={"size": 70})}
-
-
-def _action_choices() -> list[tuple[str, str]]:
-    """The row-edited draft's kind's actions (read when a form is made: packs register
-    theirs when the apps are ready)."""
-    return [("", "---------"), *[(t, t) for t in sorted(actions_of(ScenarioKind.APRON))]]
-
-
-def _for_each_choices() -> list[tuple[str, Any]]:
-    lists = row_words("impact_lists")
-    return [("", gettext_lazy("(once)")), *[(f"impact.{n}", f"each of impact.{n}") for n in lists]]
-
-
-class ScenarioActionForm(DraftForm):
-    tool = forms.ChoiceField(choices=_action_choices)
-    for_each = forms.ChoiceField(
-        choices=_for_each_choices,
-        required=False,
-        help_text=gettext_lazy("One action per item of an impact list ({item} in the arguments)."),
-    )
-
-    class Meta:
-        widgets = {
-            "condition": forms.TextInput(attrs={"size": 40}),
-            "args": forms.Textarea(attrs={"rows": 2, "cols": 50}),
-        }
-
-
-class ScenarioExampleForm(DraftForm):
-    class Meta:
-        widgets = {
-            "text": forms.Textarea(attrs={"rows": 2, "cols": 40}),
-            "expected_fields": forms.Textarea(attrs={"rows": 2, "cols": 40}),
-            "actions": forms.Textarea(attrs={"rows": 2, "cols": 30}),
-            "rule": forms.TextInput(attrs={"size": 8}),
         }
 
 
@@ -307,8 +261,9 @@ def validate_scenario(check: CrossCheck) -> list[str]:
     form = check.form
     assert form is not None
     draft = Draft({column: getattr(form.instance, column) for column in SCENARIO_COLUMNS})
-    live: dict[str, list[forms.ModelForm[Any]]] = {}
-    for part, (model, columns) in ROWS.items():
+    # A part the kind has no rows for reads as empty.
+    live: defaultdict[str, list[forms.ModelForm[Any]]] = defaultdict(list)
+    for part, (model, columns) in row_parts(form.instance.kind).items():
         formset = check.formset(model)
         live[part] = formset.live_forms() if formset is not None else []
         for row_form in live[part]:

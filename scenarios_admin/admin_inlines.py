@@ -1,4 +1,5 @@
-"""The scenario draft's rows as the row editor's inlines (most edited first)."""
+"""The inlines of the scenario draft's rows every row-edited kind has (its fields and their
+values): a pack's row editor lists them among its own (DomainPack.row_inlines)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,8 @@ from django.http import HttpRequest
 from django.utils.translation import gettext_lazy
 
 from scenarios_admin.admin_check import CheckedInlineFormSet
-from scenarios_admin.admin_forms import (
-    FieldValueForm,
-    RiskRuleForm,
-    ScenarioActionForm,
-    ScenarioExampleForm,
-    ScenarioFieldForm,
-)
-from scenarios_admin.models import (
-    FieldValue,
-    RiskRule,
-    Scenario,
-    ScenarioAction,
-    ScenarioExample,
-    ScenarioField,
-    SpreadRadius,
-)
+from scenarios_admin.admin_forms import FieldValueForm, ScenarioFieldForm
+from scenarios_admin.models import FieldValue, Scenario, ScenarioField
 
 
 class FieldInline(admin.StackedInline[ScenarioField, Scenario]):
@@ -71,48 +58,3 @@ class ValueInline(admin.TabularInline[FieldValue, Scenario]):
             .annotate(field_position=Subquery(field_position))
             .order_by(F("field_position").asc(nulls_last=True), "field", "position", "id")
         )
-
-
-class RuleInline(admin.TabularInline[RiskRule, Scenario]):
-    model = RiskRule
-    form = RiskRuleForm
-    formset = CheckedInlineFormSet
-    extra = 0
-    fields = ["position", "rule_id", "condition", "level", "score"]
-    verbose_name_plural = gettext_lazy(
-        "Risk rules (first match wins; the last one has an empty condition)"
-    )
-
-
-class RadiusInline(admin.TabularInline[SpreadRadius, Scenario]):
-    model = SpreadRadius
-    classes = ["collapse"]
-    formset = CheckedInlineFormSet
-    extra = 0
-    fields = ["key_value", "level", "hops"]
-    verbose_name_plural = gettext_lazy(
-        "Spread radius (hops of the impact analysis, by value and level)"
-    )
-
-
-class ActionInline(admin.TabularInline[ScenarioAction, Scenario]):
-    model = ScenarioAction
-    form = ScenarioActionForm
-    formset = CheckedInlineFormSet
-    extra = 0
-    fields = ["position", "tool", "risk_class", "condition", "for_each", "args"]
-    verbose_name_plural = gettext_lazy(
-        "Required actions (proposed in this order when their condition holds)"
-    )
-
-
-class ExampleInline(admin.TabularInline[ScenarioExample, Scenario]):
-    model = ScenarioExample
-    classes = ["collapse"]
-    form = ScenarioExampleForm
-    formset = CheckedInlineFormSet
-    extra = 0
-    fields = ["position", "text", "expected_fields", "rule", "level", "actions"]
-    verbose_name_plural = gettext_lazy(
-        "Example cases (the self-check: all must pass before publishing)"
-    )

@@ -18,18 +18,10 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 
-from aero.packs import action_args, edited_as_yaml
+from aero.packs import action_args, draft_rows, edited_as_yaml
 from scenarios_admin.conditions import ConditionSyntaxError, condition_text, parse_condition
 from scenarios_admin.definition import LIST_SEPARATORS, Issue
-from scenarios_admin.models import (
-    FieldValue,
-    RiskRule,
-    Scenario,
-    ScenarioAction,
-    ScenarioExample,
-    ScenarioField,
-    SpreadRadius,
-)
+from scenarios_admin.models import FieldValue, Scenario, ScenarioField
 from scenarios_admin.schema import definition_issues
 
 SCENARIO_COLUMNS = (
@@ -62,20 +54,18 @@ FIELD_COLUMNS = (
     "measure_bands",
 )
 VALUE_COLUMNS = ("field", "value", "label_zh", "label_en", "synonyms", "fallback")
-RULE_COLUMNS = ("rule_id", "condition", "level", "score")
-RADIUS_COLUMNS = ("key_value", "level", "hops")
-ACTION_COLUMNS = ("tool", "risk_class", "condition", "for_each", "args")
-EXAMPLE_COLUMNS = ("text", "expected_fields", "rule", "level", "actions")
 
-# Draft part -> (model, columns). Order matters: it is the order rows are written in.
-ROWS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
+# Draft part -> (model, columns): the parts every row-edited kind has. A pack adds its own
+# (DomainPack.draft_rows: the apron's rules, spread radius, actions and examples).
+CORE_ROWS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
     "fields": (ScenarioField, FIELD_COLUMNS),
     "values": (FieldValue, VALUE_COLUMNS),
-    "rules": (RiskRule, RULE_COLUMNS),
-    "radii": (SpreadRadius, RADIUS_COLUMNS),
-    "actions": (ScenarioAction, ACTION_COLUMNS),
-    "examples": (ScenarioExample, EXAMPLE_COLUMNS),
 }
+
+
+def row_parts(kind: str) -> dict[str, tuple[type[Any], tuple[str, ...]]]:
+    """The draft parts of a scenario of `kind`, in the order rows are written in."""
+    return {**CORE_ROWS, **draft_rows(kind)}
 
 _BAND = re.compile(r"^([A-Za-z0-9_]+)\s*(?:(>=|>)\s*(-?\d+(?:\.\d+)?))?$")
 _ARG = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*=(.*)$")
@@ -101,7 +91,7 @@ class Draft:
 
 def draft_of(scenario: Scenario) -> Draft:
     draft = Draft({column: getattr(scenario, column) for column in SCENARIO_COLUMNS})
-    for part, (model, columns) in ROWS.items():
+    for part, (model, columns) in row_parts(scenario.kind).items():
         rows = model.objects.filter(scenario=scenario)
         if _has_position(model):
             rows = rows.order_by(F("position").asc(nulls_last=True), "id")
@@ -118,7 +108,7 @@ def save_draft(scenario: Scenario, draft: Draft) -> None:
         if column != "slug":
             setattr(scenario, column, draft.scenario[column])
     scenario.save()
-    for part, (model, columns) in ROWS.items():
+    for part, (model, columns) in row_parts(scenario.kind).items():
         model.objects.filter(scenario=scenario).delete()
         has_position = _has_position(model)
         model.objects.bulk_create(
@@ -138,7 +128,7 @@ def _has_position(model: type[Any]) -> bool:
 def renumber(scenario: Scenario) -> None:
     """Positions 10, 20, 30, ... in the current order (rows without one go last), so an
     admin can slot a row in between with 15."""
-    for model, _ in ROWS.values():
+    for model, _ in row_parts(scenario.kind).values():
         if not _has_position(model):
             continue
         rows = list(model.objects.filter(scenario=scenario))

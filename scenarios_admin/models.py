@@ -20,9 +20,10 @@ class ScenarioKind(models.TextChoices):
 
 
 class Scenario(models.Model):
-    """A scenario and its draft: the fields below and the draft rows (ScenarioField,
-    FieldValue, RiskRule, SpreadRadius, ScenarioAction, ScenarioExample) are what admins
-    edit. Sessions never read the draft: they run a published ScenarioVersion."""
+    """A scenario and its draft: the fields below and the draft rows (ScenarioField and
+    FieldValue here, the rest its pack's row editor's: aero.packs DomainPack.draft_rows)
+    are what admins edit. Sessions never read the draft: they run a published
+    ScenarioVersion."""
 
     slug = models.SlugField(max_length=64, unique=True)
     name_zh = models.CharField("name (zh)", max_length=120)
@@ -175,97 +176,6 @@ class FieldValue(DraftRow):
 
     def __str__(self) -> str:
         return f"{self.field}={self.value}"
-
-
-class RiskRule(DraftRow):
-    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_rules")
-    rule_id = models.CharField("id", max_length=32)
-    condition = models.TextField(
-        blank=True,
-        help_text=_(
-            "e.g. fluid_type=FUEL, continuous=true · phase=TAKEOFF_ROLL|CLIMB · "
-            "phase!=STAND · a=1 OR b=2. Empty: always."
-        ),
-    )
-    level = models.CharField(max_length=8, choices=Level.choices)
-    score = models.PositiveSmallIntegerField(help_text=_("0-100"))
-
-    class Meta:
-        ordering = ["scenario", "position", "id"]
-        verbose_name = "risk rule"
-        constraints = [
-            models.UniqueConstraint(fields=["scenario", "rule_id"], name="scenario_rule_id_unique"),
-        ]
-
-    def __str__(self) -> str:
-        return self.rule_id
-
-
-class SpreadRadius(models.Model):
-    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_radii")
-    key_value = models.CharField(
-        "value", max_length=64, blank=True, help_text=_("Value of the 'radius depends on' field.")
-    )
-    level = models.CharField(max_length=8, choices=Level.choices)
-    hops = models.PositiveSmallIntegerField()
-
-    class Meta:
-        ordering = ["scenario", "key_value", "id"]
-        verbose_name = "spread radius"
-        verbose_name_plural = "spread radius table"
-        constraints = [
-            models.UniqueConstraint(
-                fields=["scenario", "key_value", "level"], name="scenario_radius_unique"
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.key_value} {self.level}: {self.hops}"
-
-
-class ScenarioAction(DraftRow):
-    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_actions")
-    tool = models.CharField(max_length=64)
-    risk_class = models.CharField(max_length=2, choices=RiskClass.choices)
-    condition = models.TextField(
-        blank=True, help_text=_("As for risk rules, plus level=HIGH and impact.runways=non_empty.")
-    )
-    for_each = models.CharField(
-        max_length=32, blank=True, help_text=_("One action per item of an impact list.")
-    )
-    args = models.TextField(
-        blank=True,
-        help_text=_(
-            "One name=value per line; {fields.position}, {risk.level}, {item} are filled in."
-        ),
-    )
-
-    class Meta:
-        ordering = ["scenario", "position", "id"]
-        verbose_name = "required action"
-
-    def __str__(self) -> str:
-        return self.tool
-
-
-class ScenarioExample(DraftRow):
-    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_examples")
-    text = models.TextField(help_text=_("What an operator would write."))
-    expected_fields = models.TextField(
-        help_text=_("e.g. flight_no=CA1234, position=105, continuous=true")
-    )
-    rule = models.CharField(max_length=32)
-    level = models.CharField(max_length=8, choices=Level.choices)
-    actions = models.TextField(
-        help_text=format_lazy("{} {}", _("Action tools expected, in order."), LIST_HELP)
-    )
-
-    class Meta:
-        ordering = ["scenario", "position", "id"]
-        verbose_name = "example case"
-
-    def __str__(self) -> str:
-        return self.text[:60]
 
 
 class ScenarioVersion(models.Model):

@@ -20,16 +20,10 @@ from django.test import Client
 
 from aero.models import AuditLog
 from diagnosis.actions import do_answer, do_create_session
+from packs.airport.models import RiskRule, ScenarioAction
 from scenarios_admin.actions import draft_status
 from scenarios_admin.draft import assemble
-from scenarios_admin.models import (
-    FieldValue,
-    RiskRule,
-    Scenario,
-    ScenarioAction,
-    ScenarioField,
-    ScenarioVersion,
-)
+from scenarios_admin.models import FieldValue, Scenario, ScenarioField, ScenarioVersion
 from scenarios_admin.yamlio import dump_definition
 from tests.admin_helpers import add_row, admin_client, form_data, row_prefix, staff_with
 

@@ -17,13 +17,8 @@ from django.test import Client
 
 from aero.text import neutralise_bidi
 from diagnosis.models import Report, Session
-from scenarios_admin.models import (
-    FieldValue,
-    ProviderConfig,
-    Scenario,
-    ScenarioExample,
-    ScenarioField,
-)
+from packs.airport.models import ScenarioExample
+from scenarios_admin.models import FieldValue, ProviderConfig, Scenario, ScenarioField
 from scenarios_admin.probe import NO_ANSWER
 from tests import hostile
 from tests.admin_helpers import admin_client, form_data, row_prefix

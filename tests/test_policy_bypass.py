@@ -22,10 +22,10 @@ from diagnosis.models import Event, Session, ToolCall
 from diagnosis.selfcheck import publish_check
 from packs.airport.agent import policy
 from packs.airport.graph import load_active_graph
-from packs.airport.models import Restriction
+from packs.airport.models import Restriction, ScenarioAction
 from scenarios_admin.actions import ScenarioError, do_publish
 from scenarios_admin.definition import Issue
-from scenarios_admin.models import Scenario, ScenarioAction
+from scenarios_admin.models import Scenario
 from scenarios_admin.schema import definition_issues
 from tests.builtin_data import builtin_definition, demo_graph
 from tests.web_helpers import approval_for, login, waiting_session

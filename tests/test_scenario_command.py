@@ -15,10 +15,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from aero.models import AuditLog
+from packs.airport.models import RiskRule, ScenarioExample
 from scenarios_admin import builtin
 from scenarios_admin.builtin import load_builtin_data
 from scenarios_admin.draft import assemble
-from scenarios_admin.models import RiskRule, Scenario, ScenarioExample, ScenarioVersion
+from scenarios_admin.models import Scenario, ScenarioVersion
 from scenarios_admin.yamlio import dump_definition
 from tests.builtin_data import builtin_definition
 

@@ -30,6 +30,7 @@ class AirportPackConfig(AppConfig):
         from diagnosis.eventlog.types.session import register_timeline_kind
         from diagnosis.wording import register_node_kind_labels, register_tool_labels
         from packs.airport import actions, findings, lookups, words
+        from packs.airport.admin_rows import ROW_INLINES
         from packs.airport.agent.graph import build_graph
         from packs.airport.agent.prompts import REACT
         from packs.airport.agent.reading import READING
@@ -38,6 +39,7 @@ class AirportPackConfig(AppConfig):
         from packs.airport.definition import ApronDefinition
         from packs.airport.models import Restriction, Topology
         from packs.airport.pages import page_world
+        from packs.airport.rows import DRAFT_ROWS
         from packs.airport.seed import seed_world
         from packs.airport.summary import summarize
         from packs.airport.world import connect_signals, load_active_graph
@@ -88,6 +90,8 @@ class AirportPackConfig(AppConfig):
                 reading=READING,
                 react_prompt=REACT,
                 check_draft=check_draft,
+                draft_rows=DRAFT_ROWS,
+                row_inlines=ROW_INLINES,
                 enrichment_warning=lookups.stand_mismatch_text,
                 page_world=page_world,
                 history_filters=words.HISTORY_FILTERS,

@@ -1,13 +1,17 @@
 """The airport world: one active topology (stands, taxiway and runway nodes, the edges
-between them, runways by their reference node) and the flights at its stands. The tables
-keep the names they had when the core held them (db_table), so no data moves."""
+between them, runways by their reference node) and the flights at its stands; the
+restrictions in force; the apron scenario draft's own rows. The tables keep the names they
+had when the core held them (db_table), so no data moves."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
+
+from scenarios_admin.models import LIST_HELP, DraftRow, Level, RiskClass, Scenario
 
 
 class NodeKind(models.TextChoices):
@@ -170,3 +174,104 @@ class Restriction(models.Model):
     @property
     def is_active(self) -> bool:
         return self.lifted_at is None
+
+
+# --- the row editor's draft rows ------------------------------------------------------------
+# A scenario draft's rules, spread radius, actions and example cases, as the scenario admin's
+# row editor edits them (the core keeps the draft's fields and values, which every
+# row-edited kind has). The tables keep the names they had in the core (db_table).
+
+
+class RiskRule(DraftRow):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_rules")
+    rule_id = models.CharField("id", max_length=32)
+    condition = models.TextField(
+        blank=True,
+        help_text=_(
+            "e.g. fluid_type=FUEL, continuous=true · phase=TAKEOFF_ROLL|CLIMB · "
+            "phase!=STAND · a=1 OR b=2. Empty: always."
+        ),
+    )
+    level = models.CharField(max_length=8, choices=Level.choices)
+    score = models.PositiveSmallIntegerField(help_text=_("0-100"))
+
+    class Meta:
+        db_table = "scenarios_admin_riskrule"
+        ordering = ["scenario", "position", "id"]
+        verbose_name = "risk rule"
+        constraints = [
+            models.UniqueConstraint(fields=["scenario", "rule_id"], name="scenario_rule_id_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return self.rule_id
+
+
+class SpreadRadius(models.Model):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_radii")
+    key_value = models.CharField(
+        "value", max_length=64, blank=True, help_text=_("Value of the 'radius depends on' field.")
+    )
+    level = models.CharField(max_length=8, choices=Level.choices)
+    hops = models.PositiveSmallIntegerField()
+
+    class Meta:
+        db_table = "scenarios_admin_spreadradius"
+        ordering = ["scenario", "key_value", "id"]
+        verbose_name = "spread radius"
+        verbose_name_plural = "spread radius table"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["scenario", "key_value", "level"], name="scenario_radius_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key_value} {self.level}: {self.hops}"
+
+
+class ScenarioAction(DraftRow):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_actions")
+    tool = models.CharField(max_length=64)
+    risk_class = models.CharField(max_length=2, choices=RiskClass.choices)
+    condition = models.TextField(
+        blank=True, help_text=_("As for risk rules, plus level=HIGH and impact.runways=non_empty.")
+    )
+    for_each = models.CharField(
+        max_length=32, blank=True, help_text=_("One action per item of an impact list.")
+    )
+    args = models.TextField(
+        blank=True,
+        help_text=_(
+            "One name=value per line; {fields.position}, {risk.level}, {item} are filled in."
+        ),
+    )
+
+    class Meta:
+        db_table = "scenarios_admin_scenarioaction"
+        ordering = ["scenario", "position", "id"]
+        verbose_name = "required action"
+
+    def __str__(self) -> str:
+        return self.tool
+
+
+class ScenarioExample(DraftRow):
+    scenario = models.ForeignKey(Scenario, on_delete=models.CASCADE, related_name="draft_examples")
+    text = models.TextField(help_text=_("What an operator would write."))
+    expected_fields = models.TextField(
+        help_text=_("e.g. flight_no=CA1234, position=105, continuous=true")
+    )
+    rule = models.CharField(max_length=32)
+    level = models.CharField(max_length=8, choices=Level.choices)
+    actions = models.TextField(
+        help_text=format_lazy("{} {}", _("Action tools expected, in order."), LIST_HELP)
+    )
+
+    class Meta:
+        db_table = "scenarios_admin_scenarioexample"
+        ordering = ["scenario", "position", "id"]
+        verbose_name = "example case"
+
+    def __str__(self) -> str:
+        return self.text[:60]
