@@ -237,6 +237,9 @@ class DomainPack:
     # ... and the scenario admin's inlines that edit them, in page order (the core's
     # field and value inlines among them where the pack wants them).
     row_inlines: tuple[Any, ...] = ()
+    # Its models the core held before (their admin pages moved with their app label):
+    # old "app_label.model" -> new "app_label.model"; the old pages redirect to the new.
+    moved_admin: Mapping[str, str] = field(default_factory=dict)
     # With admin_editor "yaml": () -> the definition a new scenario of this kind starts
     # from on the admin's add page (the shipped one; the page gives it a free slug and a
     # new name). None: the kind cannot be added there (import a file instead).
@@ -378,6 +381,11 @@ def installed_packs() -> list[DomainPack]:
 def admin_actions() -> dict[str, tuple[str, str, str]]:
     """Every installed pack's audited admin actions by model label."""
     return {label: names for p in _PACKS.values() for label, names in p.admin_actions.items()}
+
+
+def moved_admin() -> dict[str, str]:
+    """Every installed pack's models moved from the core: old label -> new label."""
+    return {old: new for p in _PACKS.values() for old, new in p.moved_admin.items()}
 
 
 def history_filters() -> dict[str, HistoryFilter]:

@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from aero import audit_views, i18n, views
+from aero.admin_moved import moved_admin_urls
 from aero.packs import installed_packs
 
 urlpatterns = [
@@ -15,6 +16,8 @@ urlpatterns = [
     path("language/", i18n.set_language, name="set-language"),
     path("audit/", audit_views.audit_log, name="audit"),
     path("audit/export.csv", audit_views.audit_csv, name="audit-csv"),
+    # A pack's models the core held keep their old admin addresses, as redirects.
+    *moved_admin_urls(),
     path("admin/", admin.site.urls),
     path("", include("diagnosis.urls")),
     # The packs' own pages (the apps are loaded before any URLconf is).

@@ -67,6 +67,7 @@ def row_parts(kind: str) -> dict[str, tuple[type[Any], tuple[str, ...]]]:
     """The draft parts of a scenario of `kind`, in the order rows are written in."""
     return {**CORE_ROWS, **draft_rows(kind)}
 
+
 _BAND = re.compile(r"^([A-Za-z0-9_]+)\s*(?:(>=|>)\s*(-?\d+(?:\.\d+)?))?$")
 _ARG = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*=(.*)$")
 

@@ -92,6 +92,11 @@ class AirportPackConfig(AppConfig):
                 check_draft=check_draft,
                 draft_rows=DRAFT_ROWS,
                 row_inlines=ROW_INLINES,
+                moved_admin={
+                    "diagnosis.restriction": "airport.restriction",
+                    "scenarios_admin.topology": "airport.topology",
+                    "scenarios_admin.flight": "airport.flight",
+                },
                 enrichment_warning=lookups.stand_mismatch_text,
                 page_world=page_world,
                 history_filters=words.HISTORY_FILTERS,
