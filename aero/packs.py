@@ -189,6 +189,11 @@ class DomainPack:
     # the page masks the snapshot. None: the core's facts panel.
     page_panel: str | None = None
     page_context: Callable[[Any, Any], dict[str, Any]] | None = None
+    # What its analyses found, drawn under the core's facts panel's known fields (a
+    # template name; the apron's lookups, risk, impact and map), on the session page and
+    # on a replay step; the context is the page's. None: nothing beyond the fields.
+    facts_template: str | None = None
+    replay_facts_template: str | None = None
     # The same panel on a replay step, from the log folded to that step:
     # (session, folded state, mask or None) -> dict. None: replay shows the core's facts.
     replay_context: Callable[[Any, Any, Any], dict[str, Any]] | None = None

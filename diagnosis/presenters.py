@@ -322,6 +322,7 @@ def session_context(
         "definition": definition,
         "snapshot": snapshot,
         "fields": field_rows(session),
+        "pack_facts": pack.facts_template,
         "question": snapshot.get("question"),
         "risk": snapshot.get("risk"),
         "impact": snapshot.get("impact"),

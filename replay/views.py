@@ -100,6 +100,7 @@ def replay_context(
         "state": state,
         "masked": masked,
         "fields": presenters.field_rows(session, state),
+        "pack_facts": pack.replay_facts_template,
         # The rule's conditions in words (risk_because reads the scenario's labels).
         "definition": session.scenario_version.definition,
         "actions": presenters.action_rows(state, mask),

@@ -99,6 +99,8 @@ class AirportPackConfig(AppConfig):
                 },
                 enrichment_warning=lookups.stand_mismatch_text,
                 page_world=page_world,
+                facts_template="airport/_facts.html",
+                replay_facts_template="airport/_replay_facts.html",
                 history_filters=words.HISTORY_FILTERS,
                 restrictions=Restriction,
                 summarize=summarize,
