@@ -5,6 +5,8 @@ pointing at them (the content types moved with the models)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
@@ -16,7 +18,7 @@ from scenarios_admin.draft import assemble
 from scenarios_admin.models import Scenario
 
 BEFORE = [("scenarios_admin", "0007_field_type_from_packs"), ("airport", "0002_restriction")]
-MODELS = {
+MODELS: dict[str, Any] = {
     "riskrule": RiskRule,
     "spreadradius": SpreadRadius,
     "scenarioaction": ScenarioAction,
