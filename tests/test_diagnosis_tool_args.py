@@ -30,6 +30,8 @@ SECTION_2 = {
     "code",
     "similar_cases",
     "topology",
+    # a system repository's commits, read through its MCP git server (issue 36)
+    "commits",
 }
 
 pytestmark = pytest.mark.services

@@ -7,6 +7,8 @@ a session on its bundle reads the bundle."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -331,3 +333,158 @@ def test_the_api_opens_a_session_on_the_systems_sources_without_a_bundle(
     assert requested["evidence_from"]["logs"] == "none"
     assert requested["evidence_from"]["sources"] == "system"
     assert requested["metrics"]["name"] == "shop-prom"
+
+
+def _commit(repo: Path, at: str, message: str, files: dict[str, str]) -> str:
+    for path, text in files.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+    env = {"GIT_AUTHOR_DATE": at, "GIT_COMMITTER_DATE": at, "PATH": os.environ["PATH"]}
+    git = ["git", "-C", str(repo), "-c", "user.name=li.wei", "-c", "user.email=li@shop.example"]
+    subprocess.run([*git, "add", *files], check=True, env=env)
+    subprocess.run([*git, "commit", "-qm", message], check=True, env=env)
+    return subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, env=env, capture_output=True, text=True
+    ).stdout.strip()
+
+
+HANDLERS = "".join(f"def handler_{n}(request):\n    return {{'n': {n}}}\n\n" for n in range(1, 9))
+
+
+@pytest.fixture
+def shop_repo(tmp_path: Path) -> dict[str, Any]:
+    """A small git repository of the shop made here (the incident's window is 09:20-11:20
+    on 2 October): its code a month before; a change to payments at 09:00, before the
+    window; one to search at 10:35, inside it (search stays calm); and at 10:53 the
+    commit that breaks payments' callbacks (a new function from line 25)."""
+    repo = tmp_path / "shop-repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    shas = {
+        "initial": _commit(
+            repo,
+            "2026-09-02T09:20:00+08:00",
+            "initial import",
+            {"payments/app/handlers.py": HANDLERS, "search/app/help.py": "HELP = 'search'\n"},
+        ),
+        "before": _commit(
+            repo,
+            "2026-10-02T09:00:00+08:00",
+            "payments: a comment on the handlers",
+            {"payments/app/handlers.py": "# the payment handlers\n" + HANDLERS},
+        ),
+        "search": _commit(
+            repo,
+            "2026-10-02T10:35:00+08:00",
+            "search: copy edits in help texts",
+            {"search/app/help.py": "HELP = 'search the shop'\n"},
+        ),
+    }
+    lines = ("# the payment handlers\n" + HANDLERS).splitlines(keepends=True)
+    fault = "def verify_callback(request):\n    return request.body['signature']\n\n"
+    shas["fault"] = _commit(
+        repo,
+        "2026-10-02T10:53:00+08:00",
+        "payments: verify_callback reads the signature",
+        {"payments/app/handlers.py": "".join(lines[:24]) + fault + "".join(lines[24:])},
+    )
+    return {"path": repo, **shas}
+
+
+def test_without_a_bundle_the_session_blames_the_commit_in_the_window_through_mcp(
+    builtin: None,
+    stored: Path,
+    attached: SystemSources,
+    shop_repo: dict[str, Any],
+    make_user: Callable[..., User],
+    settings: Any,
+) -> None:
+    """No bundle, so no deploy record: the session reads the system repository's recent
+    commits through its MCP git server (git_log over the window, git_show of each), and
+    blames the one that changed the anomalous service's code inside the window, citing
+    its commit, file and line (read again through MCP as the code tool); the change to
+    the same service before the window and the one to a calm service are not blamed."""
+    settings.AERO_LLM_WAITS = True  # the reads are waits the runner answers
+    attached.repo_path = str(shop_repo["path"])
+    attached.save()
+    session = start_from_bundle(
+        make_user("olga", "operator"),
+        None,
+        {
+            "sources": "system",
+            "description": "payment callbacks fail",
+            "until": "2026-10-02T11:20:00+08:00",
+            "producer": "test",
+        },
+    )
+    result = summarize(Session.objects.get(pk=session.pk))
+    cause = Event.objects.get(
+        session=session, type="finding.recorded", payload__kind="root_cause"
+    ).payload
+    assert (cause["hypothesis"], cause["service"]) == ("bad_commit", "payments"), cause
+    assert cause["commit"] == shop_repo["fault"]
+    # One commit is a candidate: the earlier change to payments is outside the window.
+    candidates = Event.objects.filter(
+        session=session, type="finding.recorded", payload__kind="hypothesis"
+    ).values_list("payload__hypothesis", "payload__service")
+    assert list(candidates).count(("bad_commit", "payments")) == 1, list(candidates)
+    assert result["code_locations"] == [{"path": "payments/app/handlers.py", "line": 25}]
+    assert cause["code_locations"][0]["commit"] == shop_repo["fault"]
+    assert cause["code_locations"][0]["function"] == "def verify_callback"
+    assert "changes" not in cause["missing"] and "logs" in cause["missing"]
+    assert "ev-commits" in cause["evidence"]
+    assert result["actions"][0]["args"] == {
+        "service": "payments",
+        "commit": shop_repo["fault"][:10],
+    }
+
+    calls = {c.call_id: c for c in ToolCall.objects.filter(session=session)}
+    listed = {c["commit"]: c for c in calls["ev-commits"].response_payload["commits"]}
+    # The window and the change window before it were read: all three, the old one too.
+    assert set(listed) == {shop_repo["fault"], shop_repo["search"], shop_repo["before"]}
+    assert listed[shop_repo["search"]]["services"] == ["search"]
+    assert shop_repo["initial"] not in listed
+    # Through the system's server: the log and the shows, then the blamed hunk.
+    reads = LLMRequest.objects.filter(session=session, purpose="tool:commits_read").get()
+    assert reads.request["args"]["server"] == "shop-git"
+    assert reads.request["args"]["repo"] == str(shop_repo["path"])
+    code = calls["ev-code-1"]
+    assert code.status == "completed"
+    assert "+def verify_callback(request):" in code.response_payload["hunk"]
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="pw-for-tests"))
+    page = client.get(reverse("diagnosis:session-detail", args=[session.pk])).content.decode()
+    assert shop_repo["fault"][:10] in page and "payments/app/handlers.py:25" in page
+    assert "Recent commits (MCP git)" in page
+
+
+def test_without_a_bundle_a_failing_git_server_fails_the_commits_call_and_the_session_goes_on(
+    builtin: None,
+    stored: Path,
+    attached: SystemSources,
+    shop_repo: dict[str, Any],
+    make_user: Callable[..., User],
+    settings: Any,
+) -> None:
+    settings.AERO_TOOL_RETRIES = 0
+    attached.repo_path = str(shop_repo["path"])
+    attached.save()
+    McpServer.objects.filter(name="shop-git").update(command="no-such-git-server")
+    session = start_from_bundle(
+        make_user("olga", "operator"),
+        None,
+        {
+            "sources": "system",
+            "description": "payment callbacks fail",
+            "until": "2026-10-02T11:20:00+08:00",
+            "producer": "test",
+        },
+    )
+    commits = ToolCall.objects.get(session=session, call_id="ev-commits")
+    assert commits.status == "failed" and "not found" in commits.error, commits.error
+    cause = Event.objects.get(
+        session=session, type="finding.recorded", payload__kind="root_cause"
+    ).payload
+    assert cause["hypothesis"] != "bad_commit" and not cause.get("commit")
+    assert "changes" in cause["missing"]

@@ -97,6 +97,30 @@ class ConfigChange(_Strict):
     author: str = ""
 
 
+class Hunk(_Strict):
+    """Where a commit changed a file: the first changed line of a hunk (its new side)
+    and the function git's hunk header names there."""
+
+    line: int = Field(ge=1)
+    function: str = ""
+
+
+class Commit(_Strict):
+    """A commit read from a system's repository (through its MCP git server): the change
+    a session without a deploy record blames (packs.diagnosis.code.recent_commits)."""
+
+    commit: str = Field(min_length=4)
+    at: AwareDatetime
+    author: str = ""
+    message: str = ""
+    # path -> the hunks it changed, in file order
+    files: dict[str, list[Hunk]] = {}
+
+    @property
+    def id(self) -> str:
+        return self.commit[:10]
+
+
 @dataclass
 class Bundle:
     """A checked bundle in a folder of its own (kept until `close`)."""
@@ -116,6 +140,9 @@ class Bundle:
     # Metrics read from a configured source (packs.diagnosis.prometheus) instead of
     # metrics.csv: its rows, (ts, service, metric, value). None: the file, if any.
     metric_samples: list[tuple[datetime, str, str, float]] | None = None
+    # Commits read from the system's repository (a session on the system's sources whose
+    # bundle holds no deploys): the changes the playbook may blame. None: none were read.
+    commits: list[Commit] | None = None
     _scratch: Path | None = field(default=None, repr=False)
 
     @property
@@ -136,6 +163,8 @@ class Bundle:
             "config_changes": (self.root / CONFIG_CHANGES).is_file(),
             "repo": self.has_repo,
         }
+        if self.commits is not None:  # only a session that read its system's repository
+            held["commits"] = True
         return {name: present and name not in self.unread for name, present in held.items()}
 
     def read_only(self, sources: set[str]) -> Bundle:
@@ -149,6 +178,7 @@ class Bundle:
             has_repo=self.has_repo and "repo" not in unread,
             deploys=[] if "deploys" in unread else self.deploys,
             config_changes=[] if "config_changes" in unread else self.config_changes,
+            commits=[] if "commits" in unread and self.commits is not None else self.commits,
             unread=unread,
             _scratch=None,
         )

@@ -27,6 +27,7 @@ class RootCauseFinding(Payload):
     hypothesis: str
     service: str | None = None
     deploy: str | None = None
+    commit: str | None = None  # the commit blamed (a system's repository, no deploy record)
     config_key: str | None = None
     summary: dict[str, str] = {}
     confidence: float

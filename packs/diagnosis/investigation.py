@@ -13,12 +13,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from diagnosis.agent.tools import ToolContext, run_recorded
-from packs.diagnosis.bundle import Bundle, open_bundle
+from packs.diagnosis.bundle import Bundle, Commit, open_bundle
 from packs.diagnosis.charts import downsample
+from packs.diagnosis.code import CodeToolError
 from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.knowledge import similar_cases_tool
 from packs.diagnosis.playbook import (
@@ -29,8 +30,8 @@ from packs.diagnosis.playbook import (
 )
 from packs.diagnosis.prometheus import MetricsSourceError
 from packs.diagnosis.skill_calls import is_skill, run_skill_call, skill_calls
-from packs.diagnosis.slow import read_code, read_samples
-from packs.diagnosis.sources import session_metrics
+from packs.diagnosis.slow import read_code, read_commits, read_samples
+from packs.diagnosis.sources import session_code, session_metrics
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System
 from packs.diagnosis.tool_args import LogSearchArgs, MetricQueryArgs, checked
@@ -43,10 +44,18 @@ SOURCE_OF = {
     "anomalies": "metrics",
     "deploys": "deploys",
     "config_changes": "config_changes",
+    "commits": "commits",
 }
 # Where a call stands in the evidence list, whichever mode made it (the page and the
 # report list calls by position): the reads first, then what they led to.
-ORDER = {"read_bundle": 1, "log_signatures": 2, "anomalies": 3, "deploys": 4, "config_changes": 5}
+ORDER = {
+    "read_bundle": 1,
+    "log_signatures": 2,
+    "anomalies": 3,
+    "deploys": 4,
+    "config_changes": 5,
+    "commits": 6,
+}
 FOLLOW_UPS = ("topology", "similar_cases", "code")
 
 
@@ -56,6 +65,10 @@ class _Opened:
     whole: Diagnosis
     # Why the configured metrics source could not be read ("" when it was, or none is).
     metrics_error: str = ""
+    # Why the system's repository could not be read ("" when it was, or is not read).
+    commits_error: str = ""
+    # What the repository was read over (the commits the playbook may blame).
+    commits_window: dict[str, str] | None = None
 
 
 # A job's steps read the same stored bundle again and again (a ReAct step per call, a
@@ -80,13 +93,14 @@ class Investigation:
             bundle = open_bundle(bundle_dir(session_id))
             if problem_type in playbook.problem_types:  # the reporter's choice on the form
                 bundle.incident = bundle.incident.model_copy(update={"problem_type": problem_type})
-            opened = _open_metrics(session_id, bundle, system, playbook)
+            opened = _open_sources(session_id, bundle, system, playbook)
             with _OPENED_LOCK:
                 _OPENED[key] = opened
                 while len(_OPENED) > _KEPT:
                     _OPENED.popitem(last=False)
         self.bundle, self.whole = opened.bundle, opened.whole
         self.metrics_error = opened.metrics_error
+        self.commits_error, self.commits_window = opened.commits_error, opened.commits_window
         since, until = self.whole.window
         self.window = {"since": since.isoformat(), "until": until.isoformat()}
         self._readings: dict[frozenset[str], Diagnosis] = {}
@@ -103,6 +117,8 @@ class Investigation:
             calls.append(self._call("deploys", dict(self.window)))
         if self.bundle.config_changes:
             calls.append(self._call("config_changes", dict(self.window)))
+        if self.commits_window is not None:  # the system's repository, read by its server
+            calls.append(self._call("commits", dict(self.commits_window)))
         return calls
 
     def follow_ups(self, found: Diagnosis) -> list[dict[str, Any]]:
@@ -212,6 +228,10 @@ class Investigation:
         tool, args = call["tool"], checked(call["tool"], call["args"])
         if tool == "anomalies" and self.metrics_error:
             raise MetricsSourceError(self.metrics_error)
+        if tool == "commits":
+            if self.commits_error:
+                raise CodeToolError(self.commits_error)
+            return _commits(self.bundle.commits or [], self.system, self.whole)
         if tool in ("log_signatures", "anomalies", "log_search", "metric_query"):
             source = Evidence(self.bundle)
             try:
@@ -237,27 +257,45 @@ class Investigation:
         raise ValueError(f"not an evidence tool: {tool}")
 
 
-def _open_metrics(session_id: Any, bundle: Bundle, system: System, playbook: Playbook) -> _Opened:
-    """The bundle with the session's metrics: its file, or the samples of the configured
-    Prometheus it was started with, read once for the whole window. A source that fails
-    leaves the metrics unread: the `anomalies` call fails with the reason (recorded) and
-    the reading goes on without metrics, listing them as missing."""
+def _open_sources(session_id: Any, bundle: Bundle, system: System, playbook: Playbook) -> _Opened:
+    """The bundle with the session's live sources, each read once for the whole window:
+    the samples of the configured Prometheus it was started with (else its file), and,
+    on its system's sources without a deploy record, the recent commits of the system's
+    repository through its git server. A source that fails is left unread: its call
+    fails with the reason (recorded) and the reading goes on without it, listing it as
+    missing (for commits: the changes)."""
+    unread: set[str] = set()
+    metrics_error = commits_error = ""
     try:
         name, source = session_metrics(session_id)
-        if source is None:
-            return _Opened(bundle, diagnose(bundle, system, playbook))
-        fetched = read_samples(name, source, bundle, playbook)
+        if source is not None:
+            fetched = read_samples(name, source, bundle, playbook)
+            bundle = replace(bundle, has_metrics=True, metric_samples=fetched)
+            bundle.metric_rows = len(fetched)
     except MetricsSourceError as exc:
-        error = str(exc)
-    else:
-        with_samples = replace(bundle, has_metrics=True, metric_samples=fetched)
-        with_samples.metric_rows = len(fetched)
-        return _Opened(with_samples, diagnose(with_samples, system, playbook))
-    # The base calls still read metrics (the session was started with a source), so the
-    # failed read is a call; what is concluded is read as if there were none.
-    configured = replace(bundle, has_metrics=True, metric_samples=[])
-    read = {n for n in configured.sources if n != "metrics"}
-    return _Opened(configured, diagnose(configured.read_only(read), system, playbook), error)
+        # The base calls still read metrics (the session was started with a source), so
+        # the failed read is a call; what is concluded is read as if there were none.
+        metrics_error = str(exc)
+        bundle = replace(bundle, has_metrics=True, metric_samples=[])
+        unread.add("metrics")
+    attached = session_code(session_id)
+    window: dict[str, str] | None = None
+    if attached and not bundle.deploys:
+        # No deploy record to blame: the repository's commits are the changes, read over
+        # the window and the change window before it (a commit that may precede T0).
+        start, until = bundle.incident.window_bounds(playbook.window_minutes)
+        since = start - timedelta(minutes=playbook.change_window_minutes)
+        window = {"since": since.isoformat(), "until": until.isoformat()}
+        commits: list[Commit] = []
+        try:
+            commits = read_commits(attached, since, until)
+        except CodeToolError as exc:
+            commits_error = str(exc)
+            unread.add("commits")
+        bundle = replace(bundle, commits=commits)
+    read = {n for n in bundle.sources if n not in unread}
+    whole = diagnose(bundle.read_only(read) if unread else bundle, system, playbook)
+    return _Opened(bundle, whole, metrics_error, commits_error, window)
 
 
 @dataclass(frozen=True)
@@ -275,7 +313,7 @@ def adds_evidence(tool: str, response: dict[str, Any], error: str) -> bool:
         return bool(response.get("new"))
     if tool == "anomalies":
         return bool(response.get("anomalies"))
-    if tool in ("deploys", "config_changes"):  # a change before the window explains nothing
+    if tool in ("deploys", "config_changes", "commits"):  # one before the window explains nothing
         return bool(response.get("in_window"))
     if tool == "similar_cases":
         return bool(response.get("cases"))
@@ -389,6 +427,41 @@ def _changes(changes: list[Any], what: str, window: tuple[datetime, datetime]) -
     }
 
 
+def _commits(commits: list[Commit], system: System, found: Diagnosis) -> dict[str, Any]:
+    """The repository's commits as read (newest first): when, who, what, the files and
+    the services whose code they changed; those inside the incident's window counted."""
+    folders = {
+        name: spec.repo_dir.strip("/") + "/"
+        for name, spec in system.services.items()
+        if spec.repo_dir
+    }
+    rows = [
+        {
+            "id": c.id,
+            "commit": c.commit,
+            "at": c.at.isoformat(),
+            "author": c.author,
+            "message": c.message[:200],
+            "files": list(c.files),
+            "services": sorted(
+                {s for s, folder in folders.items() for path in c.files if path.startswith(folder)}
+            ),
+        }
+        for c in commits
+    ]
+    since, until = found.window
+    words = "; ".join(
+        f"{r['id']} {','.join(r['services']) or '-'} at {r['at']}: {r['message'][:60]}"
+        for r in rows[:3]
+    )
+    return {
+        "commits": rows[:MAX_LISTED],
+        "in_window": sum(1 for c in commits if since <= c.at <= until),
+        "blamed": found.commit or "",
+        "summary": f"{len(rows)} commits" + (f": {words}" if words else ""),
+    }
+
+
 def _topology(system: System, service: str) -> dict[str, Any]:
     found = system.topology(service)
     return {
@@ -414,6 +487,7 @@ def _conclusion(found: Diagnosis, system: System) -> dict[str, Any]:
         "service": found.service,
         "service_kind": system.kind(found.service) if found.service else "",
         "deploy": found.deploy,
+        "commit": found.commit,
         "config_key": found.config_key,
         "summary": found.summary,
         "confidence": found.confidence,

@@ -65,6 +65,8 @@ DESCRIPTIONS = {
     "anomalies": "metric anomalies over the incident's window (onset, baseline, peak)",
     "deploys": "the deploys around the incident",
     "config_changes": "the configuration changes around the incident",
+    "commits": "the commits of the system's repository around the incident, with the "
+    "files and lines each changed",
     "topology": "a service's callers and dependencies in the service graph",
     "similar_cases": "past cases like this incident in the knowledge base",
     "code": "the diff hunk and lines of a file at a commit",
@@ -72,7 +74,7 @@ DESCRIPTIONS = {
     "metric_query": "one metric's samples for one service",
 }
 # The reads of a source: made over the incident's window, as the bundle warrants them.
-READS = ("log_signatures", "anomalies", "deploys", "config_changes", "similar_cases")
+READS = ("log_signatures", "anomalies", "deploys", "config_changes", "commits", "similar_cases")
 SYSTEM = (
     "You diagnose an IT incident from evidence. Call the evidence tools you need, one "
     "or more at a time; each result comes back with its evidence id in brackets. When "

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from packs.diagnosis import prometheus
-from packs.diagnosis.bundle import Bundle, ConfigChange, Deploy
+from packs.diagnosis.bundle import Bundle, Commit, ConfigChange, Deploy
 from packs.diagnosis.evidence import Evidence, Signature
 from packs.diagnosis.prometheus import PrometheusSource, Sample
 from packs.diagnosis.system import System
@@ -37,6 +37,8 @@ STATE_METRICS = (
 ANOMALY_METRICS = ("http_error_ratio", "latency_p99_ms", "up")
 # Every metric the playbook reads: what a configured metrics source is asked for.
 READ_METRICS = tuple(dict.fromkeys((*ANOMALY_METRICS, *STATE_METRICS)))
+# At most this many code locations a blamed commit's hunks give.
+MAX_CHANGED_LINES = 5
 RANKS = {"state": 0, "change_named": 1, "change_by_time": 2, "upstream": 3}
 
 
@@ -146,7 +148,7 @@ class Finding:
     service: str
     rank: int
     conditions: list[str]
-    change: Deploy | ConfigChange | None = None
+    change: Deploy | ConfigChange | Commit | None = None
     signature: Signature | None = None
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -178,6 +180,8 @@ class Diagnosis:
     candidates: list[str]
     findings: list[Finding]
     missing: list[str]
+    # The commit blamed (a system's repository read without a deploy record), in full.
+    commit: str | None = None
 
 
 def read_metrics(
@@ -212,10 +216,13 @@ class _Diagnoser:
         self.bundle, self.system, self.rules, self.evidence = bundle, system, playbook, evidence
         self.start, self.end = bundle.incident.window_bounds(playbook.window_minutes)
         self.anomalous: set[str] = set()
+        self.onsets: dict[str, datetime] = {}
 
     def run(self) -> Diagnosis:
         anomalies = self.anomalies()
         self.anomalous = {a.service for a in anomalies}
+        for a in anomalies:  # sorted by onset: each service's first
+            self.onsets.setdefault(a.service, a.onset)
         t0 = min((a.onset for a in anomalies), default=self.bundle.incident.reported_at)
         signatures = self.evidence.log_signatures(since=self.start, until=self.end)
         new_since = t0 - timedelta(minutes=self.rules.signature.new_since_minutes)
@@ -416,6 +423,21 @@ class _Diagnoser:
             conditions = ["new_signature_on_service"]
             conditions.append("change_in_stack_or_message" if named else "change_by_time")
             add(name, rank, conditions, change=change, signature=signature)
+        for commit in self.commits_on(service, since=t0 - window, until=t0):
+            after = [s for s in own if s.first_seen > commit.at]
+            named = [s for s in after if any(f.path in commit.files for f in s.frames)]
+            onset = self.onsets.get(service)
+            if after:
+                rank = "change_named" if named else "change_by_time"
+                conditions = ["new_signature_on_service"]
+                conditions.append("change_in_stack_or_message" if named else "change_by_time")
+            elif onset is not None and onset >= commit.at:
+                # No logs to name it: its service's anomaly began after it, in the window.
+                rank, conditions = "change_by_time", ["change_by_time"]
+            else:
+                continue
+            blamed = (named or after)[0] if after else None
+            add("bad_commit", rank, conditions, change=commit, signature=blamed)
 
         if not out and callers_point:
             add("upstream_degraded", "upstream", pointing)
@@ -426,12 +448,28 @@ class _Diagnoser:
                 finding.conditions.append("callers_point_at_it")
         return out
 
+    def commits_on(self, service: str, *, since: datetime, until: datetime) -> list[Commit]:
+        """The commits read from the system's repository that changed `service`'s code
+        (a file under its `repo_dir`) between `since` and `until`, the latest first."""
+        spec = self.system.services.get(service)
+        folder = spec.repo_dir.strip("/") + "/" if spec is not None and spec.repo_dir else ""
+        if not folder:
+            return []
+        found = [
+            c
+            for c in self.bundle.commits or []
+            if since <= c.at <= until and any(path.startswith(folder) for path in c.files)
+        ]
+        return sorted(found, key=lambda c: c.at, reverse=True)
+
     def source_presence(self) -> dict[str, bool]:
         sources = self.bundle.sources
         return {
             "logs": sources["logs"],
             "metrics": sources["metrics"],
-            "changes": sources["deploys"] or sources["config_changes"],
+            "changes": sources["deploys"]
+            or sources["config_changes"]
+            or sources.get("commits", False),
         }
 
     # The conclusion -----------------------------------------------------------------
@@ -450,6 +488,7 @@ class _Diagnoser:
         service = best.service if best else None
         change = best.change if best else None
         deploy = change.id if isinstance(change, Deploy) else None
+        commit = change.commit if isinstance(change, Commit) else None
         config_key = change.key if isinstance(change, ConfigChange) else None
         related = (
             sorted(
@@ -474,6 +513,8 @@ class _Diagnoser:
                         code.append(
                             CodeLocation(frame.path, frame.line, frame.function, change.commit)
                         )
+        if isinstance(change, Commit) and service:
+            code = self.changed_lines(change, service, new)
         return Diagnosis(
             hypothesis=name,
             service=service,
@@ -492,7 +533,29 @@ class _Diagnoser:
             candidates=candidates,
             findings=findings,
             missing=missing,
+            commit=commit,
         )
+
+    def changed_lines(
+        self, commit: Commit, service: str, new: list[Signature]
+    ) -> list[CodeLocation]:
+        """Where a blamed commit changed the service's code: the frames of its new errors
+        in the files it changed, else the first changed line of each of its hunks there."""
+        cited: list[CodeLocation] = []
+        for s in new:
+            for frame in s.frames if s.service == service else ():
+                where = CodeLocation(frame.path, frame.line, frame.function, commit.commit)
+                if frame.path in commit.files and where not in cited:
+                    cited.append(where)
+        if cited:
+            return cited
+        folder = self.system.services[service].repo_dir.strip("/") + "/"
+        return [
+            CodeLocation(path, hunk.line, hunk.function, commit.commit)
+            for path, hunks in commit.files.items()
+            if path.startswith(folder)
+            for hunk in hunks
+        ][:MAX_CHANGED_LINES]
 
     def summary(self, name: str, best: Finding | None, missing: list[str]) -> dict[str, str]:
         text = self.rules.hypotheses[name].text if name in self.rules.hypotheses else {}
@@ -503,6 +566,8 @@ class _Diagnoser:
             "key": change.key if isinstance(change, ConfigChange) else "",
             "signature": best.signature.sample if best and best.signature else "",
             "missing": ", ".join(missing) or "-",
+            # the files a blamed commit changed (a hypothesis' text may name them)
+            "files": ", ".join(change.files) if isinstance(change, Commit) else "",
         }
         return {lang: template.format(**values) for lang, template in text.items()}
 
@@ -529,6 +594,8 @@ class _Diagnoser:
             args["deploy"] = best.change.id
         if isinstance(best.change, ConfigChange) and tool == "revert_config":
             args["key"] = best.change.key
+        if isinstance(best.change, Commit) and tool == "rollback_deploy":
+            args["commit"] = best.change.id
         return {"tool": tool, "args": args, "risk_class": risk}
 
     def problem_type(self, best: Finding | None, anomalies: list[Anomaly]) -> str:

@@ -37,6 +37,7 @@ EVIDENCE_LABELS: dict[str, Promise] = {
     "anomalies": gettext_lazy("Metric anomalies"),
     "deploys": gettext_lazy("Deploys"),
     "config_changes": gettext_lazy("Config changes"),
+    "commits": gettext_lazy("Recent commits (MCP git)"),
     "topology": gettext_lazy("Service topology"),
     "code": gettext_lazy("Read the code (MCP git)"),
     "similar_cases": gettext_lazy("Similar past cases"),

@@ -1,5 +1,6 @@
 """The pack's slow tools (diagnosis.agent.slow_tools): reading a configured metrics
-source and the code tool's MCP exchange, declared once each. A node calls them through
+source, the code tool's MCP exchange and the recent commits of a system's repository,
+declared once each. A node calls them through
 `call_slow`; with waits on, the job ends at the call and the LLM runner makes it. Their
 arguments name a configuration (a metrics source, the session whose bundle holds the
 repository's path), never a secret: the tool reads it when it runs."""
@@ -15,8 +16,8 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 
 from diagnosis.agent.slow_tools import SlowToolFailed, call_slow, register_slow_tool
 from packs.diagnosis import prometheus
-from packs.diagnosis.bundle import Bundle
-from packs.diagnosis.code import SERVER_NAME, CodeToolError, code, code_server
+from packs.diagnosis.bundle import Bundle, Commit
+from packs.diagnosis.code import SERVER_NAME, CodeToolError, code, code_server, recent_commits
 from packs.diagnosis.models import MetricsSource
 from packs.diagnosis.playbook import READ_METRICS, Playbook, metrics_window
 from packs.diagnosis.prometheus import MetricsSourceError, PrometheusSource, Sample
@@ -24,6 +25,7 @@ from packs.diagnosis.sources import session_code
 
 METRICS_READ = "metrics_read"
 CODE_READ = "code_read"
+COMMITS_READ = "commits_read"
 # Beyond the sum of its requests' timeouts: the runner's own margin for a call.
 SLACK_SECONDS = 5.0
 
@@ -114,16 +116,8 @@ def read_code(session_id: Any, bundle: Bundle, commit: str, path: str, line: int
 def _code_read(args: dict[str, Any]) -> dict[str, Any]:
     """Through MCP, retried per the tools' policy (AERO_TOOL_RETRIES, linear
     AERO_TOOL_BACKOFF) when its server crashed, hung or refused."""
-    retrying = Retrying(
-        retry=retry_if_exception_type(CodeToolError),
-        stop=stop_after_attempt(settings.AERO_TOOL_RETRIES + 1),
-        wait=wait_incrementing(
-            start=settings.AERO_TOOL_BACKOFF, increment=settings.AERO_TOOL_BACKOFF
-        ),
-        reraise=True,
-    )
     repo, name = Path(args["repo"]), args.get("server") or SERVER_NAME
-    looked = retrying(
+    looked = _retrying()(
         lambda: code(
             repo,
             commit=args["commit"],
@@ -143,6 +137,52 @@ def _code_read(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def read_commits(attached: dict[str, str], since: datetime, until: datetime) -> list[Commit]:
+    """The commits of the system's repository between `since` and `until` with the lines
+    each changed, through its git server, as a slow tool (a wait): `attached` is the
+    session's code source ({"server", "repo"}). CodeToolError with the reason when the
+    server failed every attempt or timed out."""
+    repo, server = Path(attached["repo"]), attached["server"]
+    args = {
+        "repo": str(repo),
+        "server": server,
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        # two exchanges (the log, then the commits), each within the server's limit
+        "timeout": 2 * code_server(repo, server).timeout,
+    }
+    try:
+        result = call_slow(COMMITS_READ, args)
+    except SlowToolFailed as exc:
+        raise CodeToolError(str(exc)) from None
+    return [Commit.model_validate(c) for c in result["commits"]]
+
+
+def _commits_read(args: dict[str, Any]) -> dict[str, Any]:
+    """Through MCP, retried per the tools' policy as the code read is."""
+    repo, name = Path(args["repo"]), args.get("server") or SERVER_NAME
+    commits = _retrying()(
+        lambda: recent_commits(
+            repo,
+            since=datetime.fromisoformat(args["since"]),
+            until=datetime.fromisoformat(args["until"]),
+            server=code_server(repo, name) if name != SERVER_NAME else None,
+        )
+    )
+    return {"commits": [c.model_dump(mode="json") for c in commits]}
+
+
+def _retrying() -> Retrying:
+    return Retrying(
+        retry=retry_if_exception_type(CodeToolError),
+        stop=stop_after_attempt(settings.AERO_TOOL_RETRIES + 1),
+        wait=wait_incrementing(
+            start=settings.AERO_TOOL_BACKOFF, increment=settings.AERO_TOOL_BACKOFF
+        ),
+        reraise=True,
+    )
+
+
 def _code_timeout(args: dict[str, Any]) -> float:
     attempts = settings.AERO_TOOL_RETRIES + 1
     backoff = settings.AERO_TOOL_BACKOFF * sum(range(1, attempts))
@@ -152,3 +192,4 @@ def _code_timeout(args: dict[str, Any]) -> float:
 def register() -> None:
     register_slow_tool(METRICS_READ, _metrics_read, _metrics_timeout)
     register_slow_tool(CODE_READ, _code_read, _code_timeout)
+    register_slow_tool(COMMITS_READ, _commits_read, _code_timeout)

@@ -47,11 +47,11 @@ from packs.diagnosis.steps import (
 SPECIALIST_TOOLS = {
     "logs": ("log_signatures", "log_search"),
     "metrics": ("anomalies", "metric_query"),
-    "changes_code": ("deploys", "config_changes", "code"),
+    "changes_code": ("deploys", "config_changes", "commits", "code"),
     "knowledge": ("topology", "similar_cases"),
 }
 # A degraded hierarchical run's evidence: the metrics and the changes.
-MINIMAL_PATH = ("anomalies", "deploys", "config_changes")
+MINIMAL_PATH = ("anomalies", "deploys", "config_changes", "commits")
 
 
 def specialist_calls(inv: Investigation, name: str) -> tuple[list[dict[str, Any]], str]:
@@ -73,9 +73,9 @@ def specialist_calls(inv: Investigation, name: str) -> tuple[list[dict[str, Any]
         )
     follow = inv.follow_ups(inv.whole)
     if name == "changes_code":
-        calls = [base[t] for t in ("deploys", "config_changes") if t in base]
+        calls = [base[t] for t in ("deploys", "config_changes", "commits") if t in base]
         calls += [c for c in follow if c["tool"] == "code"]
-        held = sources["deploys"] or sources["config_changes"]
+        held = sources["deploys"] or sources["config_changes"] or sources.get("commits", False)
         return calls, "" if held else _("the bundle has no deploys.yaml or config_changes.yaml")
     return [
         c for c in follow if c["tool"] in ("topology", "similar_cases") or is_skill(c["tool"])

@@ -61,6 +61,11 @@ class ConfigChangesArgs(WindowArgs):
     """`config_changes(since, until)`: the config changes, those in the window counted."""
 
 
+class CommitsArgs(WindowArgs):
+    """`commits(since, until)`: the system repository's commits (through its MCP git
+    server), with the files and lines each changed."""
+
+
 class LogSearchArgs(_Args):
     """`log_search(service?, level?, contains?, since?, until?, limit)`: log lines."""
 
@@ -112,6 +117,7 @@ EVIDENCE_ARGS: dict[str, type[BaseModel]] = {
     "anomalies": AnomaliesArgs,
     "deploys": DeploysArgs,
     "config_changes": ConfigChangesArgs,
+    "commits": CommitsArgs,
     "code": CodeArgs,
     "similar_cases": SimilarCasesArgs,
     "topology": TopologyArgs,

@@ -194,18 +194,19 @@ def new_diagnosis(request: HtmxHttpRequest) -> Any:
 
 
 def blamed_change(cause: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | None:
-    """The deploy or config change the conclusion blames, with its time, as the deploys
-    and config_changes evidence calls recorded it (None: it blames none)."""
+    """The deploy, config change or commit the conclusion blames, with its time, as the
+    deploys, config_changes and commits evidence calls recorded it (None: it blames none)."""
     wanted = (
-        ("deploys", "id", cause.get("deploy"), _("deploy %(id)s")),
-        ("config_changes", "key", cause.get("config_key"), _("config %(id)s")),
+        ("deploys", "changes", "id", cause.get("deploy"), _("deploy %(id)s")),
+        ("config_changes", "changes", "key", cause.get("config_key"), _("config %(id)s")),
+        ("commits", "commits", "commit", cause.get("commit"), _("commit %(id)s")),
     )
-    for tool, key, value, words in wanted:
+    for tool, listed, key, value, words in wanted:
         if not value:
             continue
-        for change in (results.get(tool) or {}).get("changes") or []:
+        for change in (results.get(tool) or {}).get(listed) or []:
             if change.get(key) == value:
-                return {"label": words % {"id": value}, "at": change.get("at")}
+                return {"label": words % {"id": str(value)[:10]}, "at": change.get("at")}
     return None
 
 

@@ -23,6 +23,7 @@ HYPOTHESIS_LABELS: dict[str, Promise] = {
     "db_pool_exhausted": _("database connection pool exhausted"),
     "memory_leak": _("memory leak"),
     "bad_deploy": _("a bad deploy"),
+    "bad_commit": _("a bad commit"),
     "config_change": _("a config change"),
     "upstream_degraded": _("a degraded upstream"),
     "unknown": pgettext_lazy("hypothesis", "unknown"),
@@ -44,6 +45,7 @@ SOURCE_LABELS: dict[str, Promise] = {
     "deploys": pgettext_lazy("evidence source", "deploys"),
     "config_changes": pgettext_lazy("evidence source", "config changes"),
     "repo": pgettext_lazy("evidence source", "code repository"),
+    "commits": pgettext_lazy("evidence source", "the repository's commits"),
 }
 
 STRATEGY_LABELS: dict[str, Promise] = {
