@@ -13,11 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from channels.auth import AuthMiddleware, get_user
+from channels.auth import AuthMiddleware
 from channels.routing import URLRouter
 from channels.sessions import CookieMiddleware, SessionMiddleware
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
 
-from aero.db_async import db_call
+from aero.db_async import Batched
+from aero.sessions import users_signed_in
 from aero.ws_origin import PageOriginValidator
 
 Server = Literal["asgi", "wsgi"]
@@ -46,13 +49,20 @@ def on_start(hook: Callable[[Server], None]) -> None:
         _start_hooks.append(hook)
 
 
+# The sign-ins of the sockets opening at once, looked up together (aero.db_async.Batched).
+_signed_in_user = Batched(users_signed_in, None)
+
+
 class _AuthMiddleware(AuthMiddleware):
-    """channels' AuthMiddleware, its sign-in lookup on the bounded database pool
-    (aero.db_async): channels runs it on the one thread-sensitive thread, so 50 sockets
-    opening at once signed in one after another behind every consumer's database call."""
+    """channels' AuthMiddleware, its sign-in lookup batched on the bounded database pool:
+    channels runs one get_user per socket on the one thread-sensitive thread, and a
+    thousand sockets opening at once (a page's viewers after a restart) each waited
+    for every lookup before theirs, past daphne's handshake timeout."""
 
     async def resolve_scope(self, scope: Any) -> None:
-        scope["user"]._wrapped = await db_call(get_user.func)(scope)
+        key = scope.get("cookies", {}).get(settings.SESSION_COOKIE_NAME)
+        user = await _signed_in_user(key) if key else None
+        scope["user"]._wrapped = user if user is not None else AnonymousUser()
 
 
 def page_routes() -> list[Any]:

@@ -15,7 +15,9 @@ from typing import Any
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth import get_user_model
+from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.signals import user_logged_in
+from django.core.exceptions import ValidationError
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -71,6 +73,37 @@ def clear_expired_sessions() -> bool:
 Viewer = tuple[Any, str | None]  # (user id, the key of the sign-in session it came with)
 
 
+def _session_data(keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The data of each session that exists and has not expired. Database-backed
+    engines: one query for all of them; cache or cookie sessions: one read each."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    data: dict[str, dict[str, Any]] = {}
+    if hasattr(store, "get_model_class"):
+        rows = (
+            store.get_model_class()
+            .objects.filter(session_key__in=set(keys), expire_date__gt=timezone.now())
+            .values_list("session_key", "session_data")
+        )
+        data = {key: store().decode(raw) for key, raw in rows}
+    else:
+        for key in set(keys):
+            session = store(key)
+            loaded = session.load()
+            if session.session_key == key:
+                data[key] = loaded
+    return data
+
+
+def _hash_holds(session: dict[str, Any], user: Any) -> bool:
+    """The session's password hash is the user's (under the current key or a fallback
+    one, as django.contrib.auth.get_user accepts): a password change ends sign-ins."""
+    stored = str(session.get(auth.HASH_SESSION_KEY, ""))
+    hashes = [user.get_session_auth_hash()] + [
+        user._get_session_auth_hash(secret=old) for old in settings.SECRET_KEY_FALLBACKS
+    ]
+    return any(constant_time_compare(stored, expected) for expected in hashes)
+
+
 def signed_in(viewers: Iterable[Viewer]) -> set[Viewer]:
     """The viewers whose sign-in still stands: their session exists, has not expired and
     still holds that user with the user's current password hash (a sign-out flushes it,
@@ -80,22 +113,7 @@ def signed_in(viewers: Iterable[Viewer]) -> set[Viewer]:
     wanted = [(user_id, key) for user_id, key in viewers if user_id is not None and key]
     if not wanted:
         return set()
-    store = import_module(settings.SESSION_ENGINE).SessionStore
-    keys = {key for _, key in wanted}
-    data: dict[str, dict[str, Any]] = {}
-    if hasattr(store, "get_model_class"):
-        rows = (
-            store.get_model_class()
-            .objects.filter(session_key__in=keys, expire_date__gt=timezone.now())
-            .values_list("session_key", "session_data")
-        )
-        data = {key: store().decode(raw) for key, raw in rows}
-    else:  # cache or cookie sessions: one read each
-        for key in keys:
-            session = store(key)
-            loaded = session.load()
-            if session.session_key == key:
-                data[key] = loaded
+    data = _session_data(key for _, key in wanted)
     passwords = dict(
         get_user_model()
         .objects.filter(pk__in={user_id for user_id, _ in wanted}, is_active=True)
@@ -106,13 +124,41 @@ def signed_in(viewers: Iterable[Viewer]) -> set[Viewer]:
         session = data.get(str(key), {})
         if user_id not in passwords or str(session.get(auth.SESSION_KEY)) != str(user_id):
             continue
-        user = get_user_model()(pk=user_id, password=passwords[user_id])
-        stored = str(session.get(auth.HASH_SESSION_KEY, ""))
-        # As django.contrib.auth.get_user: the current key's hash, or a fallback key's.
-        hashes = [user.get_session_auth_hash()] + [
-            user._get_session_auth_hash(secret=old)  # type: ignore[attr-defined]
-            for old in settings.SECRET_KEY_FALLBACKS
-        ]
-        if any(constant_time_compare(stored, expected) for expected in hashes):
+        if _hash_holds(session, get_user_model()(pk=user_id, password=passwords[user_id])):
             found.add((user_id, key))
+    return found
+
+
+def users_signed_in(keys: Iterable[str]) -> dict[str, Any]:
+    """The user each sign-in session key stands for, as django.contrib.auth.get_user
+    finds it (session not expired, its backend still configured, the user able to sign
+    in, the password hash unchanged); keys of no sign-in are left out. For many sockets
+    opening at once: one query for the sessions and one for the users, where get_user
+    costs two per key (users of a backend other than ModelBackend are read one by one).
+    Unlike get_user it never rewrites a session (a socket cannot set a cookie)."""
+    data = _session_data(keys)
+    model = get_user_model()
+    wanted: dict[str, tuple[Any, Any]] = {}  # key -> (user id, backend)
+    for key, session in data.items():
+        backend_path = session.get(auth.BACKEND_SESSION_KEY)
+        if auth.SESSION_KEY not in session or backend_path not in settings.AUTHENTICATION_BACKENDS:
+            continue
+        try:
+            user_id = model._meta.pk.to_python(session[auth.SESSION_KEY])
+        except ValidationError:
+            continue
+        wanted[key] = (user_id, auth.load_backend(backend_path))
+    by_model = {
+        user_id for user_id, backend in wanted.values() if isinstance(backend, ModelBackend)
+    }
+    users = {user.pk: user for user in model._default_manager.filter(pk__in=by_model)}
+    found: dict[str, Any] = {}
+    for key, (user_id, backend) in wanted.items():
+        if isinstance(backend, ModelBackend):
+            user = users.get(user_id)
+            user = user if user is not None and backend.user_can_authenticate(user) else None
+        else:
+            user = backend.get_user(user_id)
+        if user is not None and _hash_holds(data[key], user):
+            found[key] = user
     return found

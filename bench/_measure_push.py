@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from _measure_inline import login_cookie, new_session, pct
-from _measure_servers import daphne, stop, wait_up
+from _measure_servers import daphnes, stop, wait_up
 
 VIEWERS = r"""
 import asyncio, json, re, sys, time
@@ -67,26 +67,34 @@ def live_push(
     viewers: int, sessions: int, events: int, port: int, logs: Path, processes: int = 1
 ) -> dict[str, Any]:
     """`viewers` sockets spread over `sessions` sessions and over `processes` daphne
-    processes (ports port, port + 1 ...: the viewers spread over them as the kernel
-    spreads them over the processes sharing one socket under `make run`); `events` rounds
-    of one event per session; commit -> message latency for every (viewer, event)."""
+    processes sharing one listening socket, as under `make run` (the kernel spreads the
+    viewers over them); `events` rounds of one event per session; commit -> message
+    latency for every (viewer, event). Each process's listening port of its own (as
+    here before) made the page's Origin another origin for all but the first: every
+    viewer of the others was refused (half the handshakes at 2 processes)."""
     from urllib.parse import quote
 
     from diagnosis.events import append_event
     from diagnosis.presenters import composer_key
 
-    servers = [daphne(port + n, logs) for n in range(processes)]
+    servers = daphnes(processes, port, logs)
     base = f"http://127.0.0.1:{port}"
     try:
-        for n in range(processes):
-            wait_up(f"http://127.0.0.1:{port + n}")
+        wait_up(base)
+        # wait_up reached one of them: every one listening before the viewers come, so
+        # they spread over all (a process still starting accepts none).
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not all(
+            "Listening on" in (logs / f"daphne{port}-{n}.log").read_text() for n in range(processes)
+        ):
+            time.sleep(0.3)
         targets = [new_session_no_job() for _ in range(sessions)]
         # The URL the session page opens: with the answer box it shows and its language.
         # Without `composer` the first push re-sent every viewer the answer box, with its
         # panel's reads (~18 ms a session), which the page never asks for.
         config = {
             "urls": [
-                f"ws://127.0.0.1:{port + n % processes}/ws/sessions/{targets[n % sessions].pk}/"
+                f"ws://127.0.0.1:{port}/ws/sessions/{targets[n % sessions].pk}/"
                 f"?last_seq={targets[n % sessions].last_seq}"
                 f"&composer={quote(composer_key(targets[n % sessions]))}&lang=en"
                 for n in range(viewers)

@@ -181,6 +181,35 @@ def daphne(port: int, logs: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
+def daphnes(count: int, port: int, logs: Path) -> list[subprocess.Popen[bytes]]:
+    """`count` daphne processes on one listening socket, as `make run` serves the
+    WebSockets (scripts/run.sh: supervisord opens it and hands it to each as fd 0, with
+    the same flags): the kernel spreads the clients over them, all on one port, so the
+    page's Origin is the same for all."""
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(1024)
+    try:
+        command = [str(Path(sys.executable).parent / "daphne"), "--fd", "0",
+                   "--websocket_connect_timeout", "60", "aero.asgi:application"]  # fmt: skip
+        return [
+            subprocess.Popen(
+                command,
+                env={**os.environ, "AERO_JOB_BACKEND": "rq"},
+                stdin=listener.fileno(),
+                stdout=(logs / f"daphne{port}-{n}.log").open("w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            for n in range(count)
+        ]
+    finally:
+        listener.close()  # the processes hold it
+
+
 def gunicorn(port: int, logs: Path) -> subprocess.Popen[bytes]:
     return start(
         [str(Path(sys.executable).parent / "gunicorn"), "aero.wsgi:application", "--bind",

@@ -18,6 +18,10 @@ WS_PORT=${AERO_WS_PORT:-$((PORT + 1))}
 # Twisted listens with a backlog of 50 by default: 100 browsers opening their sockets
 # at once overflowed it.
 BACKLOG=${AERO_LISTEN_BACKLOG:-1024}
+# daphne refuses a WebSocket still opening after 5 s by default: a thousand viewers'
+# pages reconnecting at once (a restart) are answered together, later than that on a
+# loaded host, so all were refused, reconnected, and were refused again.
+WS_CONNECT_TIMEOUT=${AERO_WS_CONNECT_TIMEOUT:-60}
 
 # The compiled translations (not committed): `make run` builds them, and so does
 # this script run on its own, or the interface (Chinese by default) comes up in English.
@@ -158,11 +162,11 @@ CONF
     # opens (an fcgi-program hands it to each as fd 0): the kernel spreads the browsers'
     # sockets over them, and a live fragment rendered by one is fetched by the others
     # from Redis (diagnosis/live_shared.py), so the push scales past one process's CPU.
-    program daphne ".venv/bin/daphne --fd 0 aero.asgi:application" "${AERO_WS_PROCESSES:-2}" 10 3 |
+    program daphne ".venv/bin/daphne --fd 0 --websocket_connect_timeout $WS_CONNECT_TIMEOUT aero.asgi:application" "${AERO_WS_PROCESSES:-2}" 10 3 |
       sed "s|^\[program:daphne\]|[fcgi-program:daphne]\nsocket=tcp://$HOST:$WS_PORT\nsocket_backlog=$BACKLOG|"
     program gunicorn ".venv/bin/gunicorn aero.wsgi:application --bind $HOST:$PORT --backlog $BACKLOG --worker-class gthread --workers ${AERO_WEB_WORKERS:-3} --threads ${AERO_WEB_THREADS:-4} --env AERO_DB_POOL_SIZE=${AERO_WEB_DB_POOL_SIZE:-$((${AERO_WEB_THREADS:-4} + 1))} --access-logfile -" 1 10 3
   else
-    program daphne ".venv/bin/daphne -e tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG aero.asgi:application" 1 10 3
+    program daphne ".venv/bin/daphne -e tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG --websocket_connect_timeout $WS_CONNECT_TIMEOUT aero.asgi:application" 1 10 3
   fi
 } >"$CONF"
 
