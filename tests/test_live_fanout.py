@@ -8,6 +8,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import channels.consumer
+import channels.generic.websocket
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -175,3 +177,62 @@ def test_viewers_that_go_away_mid_fan_out_do_not_stop_the_others(
     got, sent, nothing_more = run_in_fresh_loop(watch)
     assert got == [sent] * 4  # nothing lost, nothing twice
     assert nothing_more
+
+
+def test_sockets_opening_at_once_all_connect_and_get_each_event_once(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of page sockets (a page's viewers reconnecting after a restart): their
+    sign-ins are read together, in a few database calls rather than one per socket (one
+    each queued every other database call behind the whole burst, and daphne refused
+    the sockets it had not answered in time), with no hop to channels' one sync thread;
+    every viewer signed in connects and gets the next event once; a forged cookie in the
+    same burst is refused."""
+    from aero import serving, sessions
+
+    users = [make_user(f"op{n}", "operator") for n in range(5)]
+    session = new_session(users[0], WITH_APPROVAL)
+    cookies = cookies_for(users) * 6  # 30 sockets, 5 sign-ins
+    lookups: list[list[str]] = []
+
+    def counted_lookup(keys: list[str]) -> dict[str, Any]:
+        lookups.append(list(keys))
+        return sessions.users_signed_in(keys)
+
+    monkeypatch.setattr(serving._signed_in_user, "func", counted_lookup)
+    hops: list[str] = []
+
+    async def counted_close() -> None:
+        hops.append("close")
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted_close)
+    monkeypatch.setattr(channels.generic.websocket, "aclose_old_connections", counted_close)
+    path = f"/ws/sessions/{session.pk}/?last_seq={session.last_seq}&lang=en"
+
+    def socket(cookie: bytes) -> WebsocketCommunicator:
+        headers = [(b"origin", b"http://testserver"), (b"host", b"testserver"), (b"cookie", cookie)]
+        return WebsocketCommunicator(page_websocket, path, headers=headers)
+
+    async def watch() -> tuple[list[bool], bool, list[list[int]], int, int]:
+        viewers = [socket(cookie) for cookie in cookies]
+        forged = socket(b"sessionid=forged" + b"0" * 25)
+        opened = await asyncio.gather(*(v.connect(timeout=30) for v in [*viewers, forged]))
+        await asyncio.sleep(0.3)  # their catch-up pulls at connect (nothing new) are done
+        seq = await status_event(session)
+        received = [
+            [int(s) for s in SEQ.findall(await viewer.receive_from(timeout=30))]
+            for viewer in viewers
+        ]
+        repeated = [not await viewer.receive_nothing(timeout=0.5) for viewer in viewers]
+        await close_all(viewers)
+        return [ok for ok, _ in opened[:-1]], opened[-1][0], received, seq, sum(repeated)
+
+    opened, forged_opened, received, seq, repeated = run_in_fresh_loop(watch)
+    assert opened == [True] * 30
+    assert not forged_opened
+    assert received == [[seq]] * 30 and repeated == 0
+    # Every sign-in looked up, in one batch or a few: never one call per socket.
+    keys = {cookie.decode().split("=", 1)[1] for cookie in cookies}
+    assert {key for batch in lookups for key in batch} == keys | {"forged" + "0" * 25}
+    assert 1 <= len(lookups) <= 3
+    assert hops == []
