@@ -184,7 +184,11 @@ class SessionConsumer(PageViewer, SignedInSocket):
                 if rounds < CHECK_ROUNDS:
                     continue  # the masks and forms follow the new roles: render again
                 roles = None
-            if await self.apply(roles, update):
+            before = self.sent_seq
+            caught_up = await self.apply(roles, update)
+            if self.sent_seq > before:
+                metrics.events_sent("page", self.sent_seq - before)
+            if caught_up:
                 return
             rounds = 0
 
@@ -192,7 +196,8 @@ class SessionConsumer(PageViewer, SignedInSocket):
         """One turn of a pull, with the flushing lock held (by `flush` or the hub's
         fan-out): close the socket if the viewer may no longer watch (`roles` None) or
         the session is gone (`update` None), else send the update. True when nothing is
-        left to send."""
+        left to send. The caller counts what was sent (the hub once per fan-out, not once
+        per viewer)."""
         if not self.group:
             return True  # disconnected while the render ran
         if roles is None:
@@ -206,7 +211,6 @@ class SessionConsumer(PageViewer, SignedInSocket):
             return True
         for frame in update.frames:
             await self.send(text_data=frame)
-        metrics.events_sent("page", update.seq - self.sent_seq)
         self.sent_seq, self.composer_key = update.seq, update.composer_key
         # Sent all the render saw and all any notice announced: done. Another turn
         # would cost every viewer a role check and a read that finds nothing; a

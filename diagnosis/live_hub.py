@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from aero import metrics
 from aero.db_async import db_call
 from aero.sessions import Viewer
 from diagnosis import live_access, live_render
@@ -275,14 +276,22 @@ class Hub:
                 for v in pages
             ]
             answers = await self.check_and_render(asks)
+            sent = 0
             for viewer, (roles, update) in zip(pages, answers, strict=True):
+                before = viewer.sent_seq
                 try:
                     caught_up = await viewer.apply(roles, update)
                 except Exception:  # this socket broke: the others still get theirs
                     logger.debug("live push to a viewer of %s failed", session_id, exc_info=True)
                     continue
+                finally:
+                    sent += viewer.sent_seq - before
                 if not caught_up:
                     self.later(viewer)  # more than one batch behind: it pulls the rest
+            if sent:
+                # Counted once per fan-out: a metric write per viewer (a lock and a
+                # shared-file write in multi-process mode) was paid a thousand times.
+                metrics.events_sent("page", sent)
         finally:
             for viewer in pages:
                 viewer.flushing.release()
