@@ -187,9 +187,11 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
         for pull in pulls
         if pull.session_id in sessions and sessions[pull.session_id].last_seq > pull.after
     }
-    shared = live_shared.take(list(dict.fromkeys(keys.values())))
+    shared, claimed = live_shared.claim(list(dict.fromkeys(keys.values())))
+    others = set(claimed)  # keys another process is rendering
     # Seqs are gap-free, so (after, after + BATCH] holds at most one batch: every pull's
-    # range goes into the one query, bounded by its session's last_seq as read above.
+    # range goes into the one query, bounded by its session's last_seq as read above
+    # (the ranges another process is rendering too: if it is late, they render here).
     ranges: dict[tuple[str, int], int] = {}
     for pull in pulls:
         session = sessions.get(pull.session_id)
@@ -203,17 +205,11 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
         for event in Event.objects.filter(wanted).order_by("session_id", "seq"):
             found.setdefault(str(event.session_id), []).append(event)
     contexts = PanelContexts()
-    updates: list[Update | None] = []
+    updates: dict[int, Update | None] = {}
     rendered: dict[str, dict[str, Any]] = {}
-    for pull in pulls:
-        session = sessions.get(pull.session_id)
-        if session is None:
-            updates.append(None)
-            continue
-        key = keys.get(pull)
-        if key is not None and key in shared:
-            updates.append(Update.load(shared[key]))
-            continue
+    fetched: set[str] = set()  # the keys another process rendered
+
+    def render(n: int, pull: Pull, session: Session) -> None:
         upto = ranges.get((pull.session_id, pull.after), pull.after)
         events = [e for e in found.get(pull.session_id, []) if pull.after < e.seq <= upto]
         if not events and upto > pull.after:
@@ -225,12 +221,41 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
             )
         with translation.override(pull.language or settings.LANGUAGE_CODE):
             update = _render_updates(pull, session, events, contexts)
-        updates.append(update)
+        updates[n] = update
+        key = keys.get(pull)
         if key is not None:
             rendered[key] = update.dump()
+
+    # First what is stored or this process's to render (stored at once for the others),
+    # then what other processes claimed: fetched if they stored it in time, else rendered.
+    later: list[tuple[int, Pull, Session]] = []
+    for n, pull in enumerate(pulls):
+        session = sessions.get(pull.session_id)
+        key = keys.get(pull)
+        if session is None:
+            updates[n] = None
+        elif key is not None and key in shared:
+            updates[n] = Update.load(shared[key])
+            fetched.add(key)
+        elif key is not None and key in others:
+            later.append((n, pull, session))
+        else:
+            render(n, pull, session)
     live_shared.put(rendered)
-    metrics.live_renders(len(rendered), len(shared))
-    return updates
+    if later:
+        arrived = live_shared.wait_for(list(dict.fromkeys(keys[pull] for _, pull, _ in later)))
+        mine = len(rendered)
+        for n, pull, session in later:
+            if keys[pull] in arrived:
+                updates[n] = Update.load(arrived[keys[pull]])
+                fetched.add(keys[pull])
+            elif keys[pull] not in rendered:
+                render(n, pull, session)
+            else:  # a second pull with the same key, rendered here just before
+                updates[n] = Update.load(rendered[keys[pull]])
+        live_shared.put(dict(list(rendered.items())[mine:]))
+    metrics.live_renders(len(rendered), len(fetched))
+    return [updates[n] for n in range(len(pulls))]
 
 
 class PanelContexts:

@@ -4,7 +4,8 @@ A live fragment is a function of the pull (session, seq it follows, roles, answe
 language) and of the session's last_seq when rendered, never of the viewer: the first
 process to need one renders it and stores it here under that key for SHARE_SECONDS; the
 others fetch it. A process that finds another one rendering the same key (its claim
-taken) waits up to AERO_LIVE_SHARE_WAIT_SECONDS for the result, then renders it itself:
+taken) first renders and stores what it claimed itself, then waits up to
+AERO_LIVE_SHARE_WAIT_SECONDS for the other's result, then renders it itself:
 sharing saves work, it never holds a viewer back for long. Redis unreachable: every process renders
 its own, as before. Embedded mode (no REDIS_URL) has one process: nothing to share.
 
@@ -64,32 +65,56 @@ def key_of(
     return f"{settings.AERO_CHANNEL_PREFIX}:live:{session_id}:{digest}"
 
 
-def take(keys: list[str]) -> dict[str, dict[str, Any]]:
-    """The renders other processes stored for `keys`. Each key not found is claimed for
-    this process (it renders it, then `put`s it); one another process has claimed is
-    waited for, AERO_LIVE_SHARE_WAIT_SECONDS at most, then left to this process to render."""
+def claim(keys: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The renders other processes stored for `keys`, and the keys another process has
+    claimed (it is rendering them: `wait_for` them). Every other key is claimed for this
+    process, which renders it and `put`s it before it waits for anyone else's: two
+    processes that each claimed some sessions of a burst and then waited for the other's
+    first each waited the whole AERO_LIVE_SHARE_WAIT_SECONDS, then rendered it all again."""
     client = _redis()
     if client is None or not keys:
-        return {}
+        return {}, []
     try:
         found = _found(keys, client.mget(keys))
         missing = [key for key in keys if key not in found]
         if not missing:
-            return found
+            return found, []
         pipe = client.pipeline(transaction=False)
         for key in missing:
             pipe.set(f"{key}:claim", 1, nx=True, ex=CLAIM_SECONDS)
-        waiting = [key for key, mine in zip(missing, pipe.execute(), strict=True) if not mine]
-        deadline = time.monotonic() + float(settings.AERO_LIVE_SHARE_WAIT_SECONDS)
-        while waiting and time.monotonic() < deadline:
-            time.sleep(POLL_SECONDS)
+        return found, [key for key, mine in zip(missing, pipe.execute(), strict=True) if not mine]
+    except redis.RedisError:
+        logger.warning("shared live renders: Redis unreachable, rendering here", exc_info=True)
+        return {}, []
+
+
+def wait_for(keys: list[str]) -> dict[str, dict[str, Any]]:
+    """The renders of `keys` (claimed by other processes) stored within
+    AERO_LIVE_SHARE_WAIT_SECONDS; the rest are left to this process to render."""
+    client = _redis()
+    if client is None or not keys:
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    waiting = list(keys)
+    deadline = time.monotonic() + float(settings.AERO_LIVE_SHARE_WAIT_SECONDS)
+    try:
+        while waiting:
             more = _found(waiting, client.mget(waiting))
             found.update(more)
             waiting = [key for key in waiting if key not in more]
-        return found
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_SECONDS)
     except redis.RedisError:
         logger.warning("shared live renders: Redis unreachable, rendering here", exc_info=True)
-        return {}
+    return found
+
+
+def take(keys: list[str]) -> dict[str, dict[str, Any]]:
+    """`claim` and `wait_for` in one: what is stored or arrives in time; the keys not
+    found are this process's to render (and `put`)."""
+    found, others = claim(keys)
+    return {**found, **wait_for(others)}
 
 
 def _found(keys: list[str], values: list[Any]) -> dict[str, dict[str, Any]]:

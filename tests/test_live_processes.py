@@ -12,6 +12,7 @@ import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -21,7 +22,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 from websockets.asyncio.client import connect
 
+from diagnosis import live_shared
 from diagnosis.events import append_event
+from diagnosis.live_render import Pull, render_batch
 from tests import conftest
 from tests.servers import daphne
 from tests.test_live_timeline import SEQ, cookie_for, new_session, ws_url
@@ -162,3 +165,42 @@ def test_two_daphne_processes_deliver_every_event_once_and_render_it_once(
         viewers.wait_for(functools.partial(reached, seq=last.seq), 60)
         for seqs in viewers.seqs:
             assert seqs == list(range(start + 1, last.seq + 1))
+
+
+def test_a_process_stores_its_own_renders_before_waiting_for_another_s(
+    builtin: None, make_user: Callable[..., User], settings: Any
+) -> None:
+    """A burst over two sessions, the second's render claimed by another process: this
+    one renders and stores the first before it waits for the second (the other process
+    may be waiting for the first: each waiting for the other first held both for the whole
+    wait, then both rendered everything), and sends what the other stored for the second."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL and Redis")
+    settings.AERO_LIVE_SHARE_WAIT_SECONDS = 60  # only the other's store ends the wait
+    operator = make_user("olga", "operator")
+    first, second = (new_session(operator, text) for text in ("105机位燃油泄漏", "106机位漏油"))
+    roles = frozenset({"operator"})
+    pulls = [Pull(roles, str(s.pk), s.last_seq - 1, None, "en") for s in (first, second)]
+    mine, theirs = (
+        live_shared.key_of(p.session_id, p.after, s.last_seq, roles, None, "en")
+        for p, s in zip(pulls, (first, second), strict=True)
+    )
+    assert live_shared.claim([theirs]) == ({}, [])  # the other process renders the second
+    seen_mine: list[bool] = []
+    stored_by_them: list[dict[str, Any]] = []
+
+    def other_process() -> None:
+        # It waits for this process's render of the first session, then stores its own
+        # of the second (here: the same content, so the test can tell it was fetched).
+        found = live_shared.wait_for([mine])  # within 60 s, or never
+        seen_mine.append(mine in found)
+        nothing = {"frames": [], "seq": 0, "composer_key": None, "as_of": 0}
+        stored_by_them.append(found.get(mine) or nothing)
+        live_shared.put({theirs: stored_by_them[0]})
+
+    other = threading.Thread(target=other_process)
+    other.start()
+    updates = render_batch(pulls)
+    other.join(90)
+    assert seen_mine == [True]
+    assert updates[1] is not None and updates[1].dump() == stored_by_them[0]
