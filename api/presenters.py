@@ -107,6 +107,8 @@ def run_out(node: RunNode) -> dict[str, Any]:
         "tokens_out": node.tokens_out,
         "current_tool": node.current_tool,
         "output_summary": node.output_summary,
+        "text": node.text,
+        "writing": node.writing,
         "children": [run_out(child) for child in node.children],
     }
 

@@ -146,6 +146,12 @@ class RunNode(Schema):
     output_summary: dict[str, Any] = Field(
         ..., description="What the run reported when it ended (masked as the timeline is)."
     )
+    text: str = Field(
+        ...,
+        description="The model's words in this run: the text it is streaming now, else its "
+        "last model call's final text; empty when it asked no model (masked).",
+    )
+    writing: bool = Field(..., description="`text` is a model call streaming now.")
     children: list[RunNode]
 
 

@@ -9,17 +9,27 @@ only when there are more than that."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import IntegerField, OuterRef, Subquery, Sum
+from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from diagnosis.eventlog.masking import SessionMask
-from diagnosis.models import AgentRun, LLMCall, ToolCall, ToolCallStatus
+from diagnosis.eventlog.names import LLM_CALL
+from diagnosis.models import (
+    AgentRun,
+    Event,
+    LLMCall,
+    LLMRequest,
+    LLMRequestStatus,
+    ToolCall,
+    ToolCallStatus,
+)
 
 # Far more than a session makes (a job's run and its ~10 node runs per wait; four
 # specialists each with theirs), few enough that a page and a JSON answer stay small.
@@ -45,6 +55,10 @@ class RunNode:
     tokens_out: int
     current_tool: str | None
     output_summary: dict[str, Any]
+    # The model's words in this run: the text it is streaming now (`writing`), else the
+    # final text of its last model call that had one; "" when it asked no model.
+    text: str = ""
+    writing: bool = False
     children: list[RunNode] = field(default_factory=list)
     # Shown unfolded: a run with a run below it still running, or the newest root.
     unfolded: bool = False
@@ -129,12 +143,29 @@ def read_tree(
         .order_by("-id")
         .values("tool_name")[:1]
     )
+    # The run's model text: a call streaming now (the runner's request, its text so far),
+    # else the last call's final text (its llm.call event: the log, as replay reads it).
+    streaming = (
+        LLMRequest.objects.filter(agent_run=OuterRef("pk"), status=LLMRequestStatus.PENDING)
+        .exclude(text="")
+        .order_by("-id")
+        .values("text")[:1]
+    )
+    final = (
+        Event.objects.filter(run=OuterRef("pk"), type=LLM_CALL, payload__has_key="text")
+        .exclude(payload__text="")
+        .order_by("-seq")
+        .annotate(said=KT("payload__text"))
+        .values("said")[:1]
+    )
     rows = list(
         AgentRun.objects.filter(session_id=session_id)
         .annotate(
             used_in=Coalesce(_sum_of("tokens_in"), 0),
             used_out=Coalesce(_sum_of("tokens_out"), 0),
             tool=Subquery(current),
+            streaming=Subquery(streaming),
+            said=Subquery(final),
         )
         .order_by("started_at", "id")
         .values(
@@ -149,6 +180,8 @@ def read_tree(
             "used_in",
             "used_out",
             "tool",
+            "streaming",
+            "said",
             "session__status",
         )[: limit + 1]
     )
@@ -174,6 +207,8 @@ def read_tree(
             current_tool=row["tool"] if row["status"] == "running" else None,
             # A step's summary may quote what the viewer's mask hides.
             output_summary=mask.scrub(summary) if mask is not None else summary,
+            text=_shown(row["streaming"] or row["said"] or "", mask),
+            writing=bool(row["streaming"]),
         )
     roots: list[RunNode] = []
     for node in nodes.values():
@@ -192,6 +227,11 @@ def read_tree(
     if roots:
         roots[-1].unfolded = True
     return tree
+
+
+def _shown(text: str, mask: SessionMask | None) -> str:
+    """A run's model text as the viewer may see it (the hidden values replaced)."""
+    return mask.text(text) if mask is not None and text else text
 
 
 def _end_stale_root(root: RunNode, session_status: str) -> None:
@@ -236,3 +276,24 @@ class TreeOnce:
         if self.tree is None:
             self.tree = read_tree(self.session_id)
         return self.tree
+
+    def for_mask(self, mask: SessionMask | None) -> Callable[[], AgentTree]:
+        """The tree as a viewer with `mask` sees it: read once for every viewer, the
+        runs' model texts masked per viewer (nothing else in it names a hidden value)."""
+        if mask is None:
+            return self
+
+        def masked() -> AgentTree:
+            tree = self()
+            return AgentTree([_masked(root, mask) for root in tree.roots], tree.total, tree.limit)
+
+        return masked
+
+
+def _masked(node: RunNode, mask: SessionMask) -> RunNode:
+    return replace(
+        node,
+        text=_shown(node.text, mask),
+        output_summary=mask.scrub(node.output_summary),
+        children=[_masked(child, mask) for child in node.children],
+    )

@@ -414,6 +414,11 @@ class LLMRequest(models.Model):
     error = models.TextField(blank=True)
     # The text streamed so far (the live panel and a reload without JavaScript read it).
     text = models.TextField(blank=True)
+    # The agent run that asked (a specialist's, a job's): its streamed text, its calls
+    # and their tokens belong to that run's node of the agent tree.
+    agent_run = models.ForeignKey(
+        AgentRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     claim_token = models.UUIDField(null=True, blank=True)
     claim_expires_at = models.DateTimeField(null=True, blank=True)
     claims = models.PositiveIntegerField(default=0)

@@ -340,7 +340,7 @@ def session_context(
         "composer_key": composer_key(session),
         # The model's text, streaming or final: the snapshot holds it, so no query.
         "thinking": snapshot.get("thinking"),
-        "agent_tree": reads.agent_tree,
+        "agent_tree": reads.agent_tree.for_mask(mask),
         # The timeline beside the panels is masked by the same mask (views, consumer).
         "viewer_mask": mask,
         **(flags_for_roles(roles) if roles is not None else viewer_flags(user)),

@@ -57,7 +57,9 @@ def _filter_query(data: dict[str, Any], **extra: Any) -> str:
 def replay_context(
     request: HtmxHttpRequest, session: Session, data: dict[str, Any]
 ) -> dict[str, Any]:
-    tree = read_tree(session.pk)
+    mask = session_mask(session, user_roles(request.user))
+    # The runs' model texts as this viewer may see them.
+    tree = read_tree(session.pk, mask)
     filters = _filters(session, data, tree)
     seq = data.get("seq")
     if data.get("at"):
@@ -65,7 +67,6 @@ def replay_context(
     if seq is None:
         seq = presenters.navigation(session, filters, 0)["first"] or 0
     seq = min(seq, session.last_seq)
-    mask = session_mask(session, user_roles(request.user))
     masked = mask is not None
     folded = presenters.state_at(session, seq)
     state = presenters.shown_state(folded, mask)

@@ -21,7 +21,7 @@ from django.urls import reverse
 from approvals.actions import APPROVE, CONFIRM, do_decide
 from approvals.models import OPEN_STATUSES, Approval, ApprovalStatus
 from diagnosis.agent.fake_llm import FakeLLMServer
-from diagnosis.agent_tree import read_tree
+from diagnosis.agent_tree import AgentTree, read_tree
 from diagnosis.llm_runner.records import PRODUCER
 from diagnosis.models import Event, Session, ToolCall
 from packs.diagnosis.sessions import start_from_bundle, summarize
@@ -357,13 +357,6 @@ def test_in_hierarchical_each_specialist_chooses_its_calls_in_its_own_node(
     fake_provider(fake_llm)
     result = run_bundle("hierarchical", chief)
     session = result["session"]
-    if model_calls:
-        # A specialist's graph (its child job) cannot wait for a model reply of its own
-        # yet: it chooses offline; the conclusion is the model's.
-        assert not [p for p in payloads(session, "agent.note") if p.get("step") == "specialist"]
-        assert result["root_cause"]["summary"] == WORDS
-        return
-
     assert result["status"] == "completed"
     calls = evidence_calls(session)
     assert "ev-anomalies" not in calls  # the metrics specialist chose to read nothing
@@ -377,6 +370,22 @@ def test_in_hierarchical_each_specialist_chooses_its_calls_in_its_own_node(
     assert search.agent_run.parent_id == nodes["specialist_logs"].id
     for name in ("logs", "metrics", "changes_code", "knowledge"):
         assert nodes[f"specialist_{name}"].tokens_in > 0, name
+    # Each specialist's words in its own subtree of the tree, in no other's: with waits
+    # the LLM runner's call is under the specialist's run, in the job under its step's.
+    texts = {
+        name: {n.text for n, _ in AgentTree([nodes[f"specialist_{name}"]], 0, 0).walk()}
+        for name in ("logs", "metrics", "changes_code", "knowledge")
+    }
+    assert "The metrics can wait." in texts["metrics"]
+    assert "No past case to add." in texts["knowledge"]
+    assert "The metrics can wait." not in texts["logs"] | texts["changes_code"] | texts["knowledge"]
+    if model_calls:  # the specialists asked the model as waits of their own jobs
+        assert nodes["specialist_metrics"].text == "The metrics can wait."
+        specialist_calls = Event.objects.filter(
+            session_id=session, type="llm.call", payload__purpose="specialist"
+        )
+        assert {e.producer for e in specialist_calls} == {PRODUCER}
+        assert {e.run_id for e in specialist_calls} <= {nodes[f"specialist_{n}"].id for n in texts}
     notes = [p for p in payloads(session, "agent.note") if p.get("step") == "specialist"]
     refused = [a for n in notes for a in n["picked"] if "refused" in a]
     assert refused == [

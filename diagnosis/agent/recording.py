@@ -182,7 +182,13 @@ def _run_step(
     `lean`: a step without a savepoint, that may write no row but its run."""
     group = step_group(ctx)
     run: AgentRun | None = None
-    with waits.wait_scope(ctx.session_id, wait_key), step_scope(task_key) as scope:
+    # A model call of the step belongs to the agent the step is of (a specialist's run,
+    # the job's): the step's own run is rolled back when the call ends it as a wait.
+    owner = ctx.parent_run or ctx.root_run
+    with (
+        waits.wait_scope(ctx.session_id, wait_key, owner.pk if owner else None),
+        step_scope(task_key) as scope,
+    ):
         try:
             with group.step(savepoint=not lean) as batch:
                 run = _start_node(ctx, batch, scope.key(AGENT_NODE_STARTED), name, state)

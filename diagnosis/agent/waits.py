@@ -67,6 +67,8 @@ class WaitScope:
     missing: str | None = None
     # The next call's own key (`call_key`), instead of its place in the node.
     fixed: str | None = None
+    # The agent run the node's calls belong to (their stream, their tokens).
+    run: int | None = None
 
     def peek_key(self) -> str:
         return self.fixed if self.fixed is not None else f"{self.task_key}:m{self.count}"
@@ -90,12 +92,15 @@ def waits_enabled() -> bool:
 
 
 @contextmanager
-def wait_scope(session_id: Any, task_key: str) -> Iterator[WaitScope | None]:
-    """Model calls made inside become waits (when AERO_LLM_WAITS is on)."""
+def wait_scope(
+    session_id: Any, task_key: str, run: int | None = None
+) -> Iterator[WaitScope | None]:
+    """Model calls made inside become waits (when AERO_LLM_WAITS is on). `run`: the
+    agent run they belong to."""
     if not waits_enabled():
         yield None
         return
-    scope = WaitScope(session_id, task_key)
+    scope = WaitScope(session_id, task_key, run=run)
     token = _scope.set(scope)
     try:
         yield scope
@@ -287,6 +292,7 @@ def answer(scope: WaitScope, messages: Sequence[BaseMessage], kwargs: dict[str, 
             "providers": scope.provider_ids,
             "request": request,
             "digest": request_digest(request),
+            "run": scope.run,
         }
     )
 

@@ -388,10 +388,19 @@ class Increment(CombinedExpression):
 
 
 def new_event(
-    session_id: Any, type: str, payload: dict[str, Any], *, producer: str, key: str = ""
+    session_id: Any,
+    type: str,
+    payload: dict[str, Any],
+    *,
+    producer: str,
+    key: str = "",
+    run_id: int | None = None,
 ) -> Event:
-    """An event for `append_projected` (checked for size now, written there)."""
-    return _new_event(session_id, type, payload, producer=producer, key=key)
+    """An event for `append_projected` (checked for size now, written there). `run_id`:
+    the agent run it is of (by id: the writer need not have the row)."""
+    event = _new_event(session_id, type, payload, producer=producer, key=key)
+    event.run_id = run_id
+    return event
 
 
 def append_projected(

@@ -76,6 +76,7 @@ def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
         purpose=waiting.get("purpose", ""),
         request=waiting["request"],
         providers=waiting.get("providers", []),
+        agent_run_id=waiting.get("run"),
     )
     fence = current_fence(session_id)
     connection = transaction.get_connection()

@@ -51,6 +51,8 @@ class Claimed:
     # open), as the claim read them; None where the claim cannot read them (SQLite): the
     # chain reads them itself. A provider absent from it is closed with no failure.
     provider_health: dict[int, ProviderHealth] | None = None
+    # The agent run that asked: its node shows the stream, its calls count under it.
+    run: int | None = None
     buffer: list[str] = field(default_factory=list)
     attempts: int = 0  # attempts recorded under this claim (their keys' counter)
     # The call's writes, in order: its streamed text never lands after its reply.
@@ -105,6 +107,7 @@ def claim(limit: int, session_id: Any = None, held: frozenset[str] = frozenset()
         " claims = claims + 1, \"text\" = ''"
         f" WHERE id IN ({pick_sql})"
         " RETURNING id, key, session_id, claim_token, claims, purpose, request, providers,"
+        " agent_run_id,"
         " created_at,"
         f" (SELECT array_agg(p.id::text || ':' || p.xmin::text) FROM {configs} p"
         f" WHERE p.enabled AND {table}.providers @> to_jsonb(p.id)) AS provider_versions,"
@@ -158,6 +161,7 @@ def _claimed(row: LLMRequest, token: uuid.UUID, claims: int) -> Claimed:
         row.purpose,
         row.request,
         list(row.providers),
+        run=row.agent_run_id,
     )
 
 

@@ -126,6 +126,7 @@ def _delta_event(call: Claimed, text: str) -> Event:
             "text": text,
         },
         producer=PRODUCER,
+        run_id=call.run,  # the run's node in the agent tree shows its stream
     )
 
 
@@ -178,10 +179,12 @@ def _attempt(
         LLM_CALL,
         payload,
         producer=PRODUCER,
+        run_id=call.run,
         key=f"llm.call:{call.key}:{call.claims}:{call.attempts}",
     )
     row = LLMCall(
         session_id=call.session_id,
+        agent_run_id=call.run,
         provider=provider.name,
         model=provider.model,
         purpose=call.purpose,
@@ -257,6 +260,7 @@ def record_skip(
         LLM_SKIPPED,
         skipped_payload(provider.name, next_provider, admission, call.purpose, call.key),
         producer=PRODUCER,
+        run_id=call.run,
         key=f"llm.skipped:{call.key}:{call.claims}:{index}",
     )
     with transaction.atomic():
@@ -270,6 +274,7 @@ def record_fallback(call: Claimed, failed: str, next_provider: str, error: str, 
         LLM_FALLBACK,
         {"from": failed, "to": next_provider, "error": error, "request": call.key},
         producer=PRODUCER,
+        run_id=call.run,
         key=f"llm.fallback:{call.key}:{call.claims}:{index}",
     )
     with transaction.atomic():
@@ -357,6 +362,7 @@ def finish_failed(call: Claimed, error: str, last: str, enqueue: Dispatch | None
                 LLM_FALLBACK,
                 {"from": last, "to": "offline", "error": error, "request": call.key},
                 producer=PRODUCER,
+                run_id=call.run,
                 key=f"llm.fallback:{call.key}:{call.claims}:offline",
             )
             session, _ = append_projected(call.session_id, [event])
@@ -402,6 +408,7 @@ def finish_tool(
                 "claims": call.claims,
             },
             producer=TOOL_PRODUCER,
+            run_id=call.run,
             key=f"tool.slow_call:{call.key}",
         )
         session, _ = append_projected(call.session_id, [event])

@@ -141,11 +141,10 @@ def specialist_look(state: SpecialistState, ctx: AgentContext, run: AgentRun) ->
         if question:
             return {"ask": question, "_summary": _("asks the reporter")}
     left = [c for c in calls if c["call_id"] not in made]
-    # With a model, the model chooses among its tools (the playbook's order offline). A
-    # specialist's graph (run by its child job) cannot wait for a model reply of its own
-    # yet, so with waits on it chooses offline; and so it does once continuing past the
-    # model budget was refused.
-    offline = waits.waits_enabled() or budget_refused(ctx)
+    # With a model, the model chooses among its tools (the playbook's order offline), in
+    # the job (no waits) or as a wait of the specialist's own child job; offline once
+    # continuing past the model budget was refused.
+    offline = budget_refused(ctx)
     picked = pick_calls(
         inv,
         ctx,
