@@ -20,7 +20,29 @@ from scenarios_admin.builtin import load_builtin_data
 from tests import browser_helpers, static_scan
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "long: a minute or more of one worker (subprocesses, servers, whole runs): started "
+        "first when it leaves the test database alone",
+    )
+
+
+def _uses_test_database(item: pytest.Item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    return item.get_closest_marker("django_db") is not None or bool(
+        {"db", "transactional_db", "live_server"} & set(names)
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The long tests that leave the test database alone first (a stable sort: everything
+    # else keeps pytest-django's order, database tests before transactional ones before
+    # the rest). xdist hands tests out in this order: last in it, the long subprocess
+    # tests kept one worker busy for minutes after the other had run out of work.
+    items.sort(
+        key=lambda item: not (item.get_closest_marker("long") and not _uses_test_database(item))
+    )
     from tests.settings import REQUIRE_SERVICES, SERVICES_UP
 
     if SERVICES_UP or REQUIRE_SERVICES:

@@ -7,6 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.servers import run_embedded
 
 
@@ -14,6 +16,7 @@ def manage(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return run_embedded(tmp_path, "manage.py", *args)
 
 
+@pytest.mark.long
 def test_cli_on_the_embedded_default(tmp_path: Path) -> None:
     unmigrated = manage(tmp_path, "incident", "run", "--scenario", "oil_spill", "--message", "x")
     assert unmigrated.returncode != 0

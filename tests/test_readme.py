@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
 from diagnosis.actions import do_create_session
 from scenarios_admin.models import Scenario
 from tests.servers import ROOT, free_port
+from tests.settings import TEST_DB_NAME
 
 README = ROOT / "README.md"
 HERE = "tests/test_readme.py"
@@ -223,6 +223,7 @@ def completed_demo(result: subprocess.CompletedProcess[str]) -> dict[str, object
     return summary
 
 
+@pytest.mark.long
 def test_make_run_serves_and_the_cli_demos_complete_beside_it(tmp_path: Path) -> None:
     commands = readme_commands()
     make_run = next(c for c in commands if c.key == "make run")
@@ -316,6 +317,7 @@ def test_the_long_make_targets_run_what_the_checks_run() -> None:
     assert bench and {line.split()[1] for line in bench} <= {f"bench/{s}" for s in SCRIPTS}
 
 
+@pytest.mark.long
 @pytest.mark.services
 def test_make_test_runs_pytest_after_the_set_up() -> None:
     """`make test` on one small test of this file, as its own run (its own test database
@@ -325,7 +327,7 @@ def test_make_test_runs_pytest_after_the_set_up() -> None:
         "TEST_WORKERS=0",
         "PYTEST_ARGS=-p no:cacheprovider -o addopts= -q "
         "tests/test_readme.py::test_the_parser_reads_each_command_and_its_key",
-        AERO_TEST_DB=f"{settings.DATABASES['default']['NAME']}_make",
+        AERO_TEST_DB=f"{TEST_DB_NAME}_make",
     )
 
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

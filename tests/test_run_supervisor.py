@@ -29,7 +29,9 @@ from aero import supervision
 from tests.settings import TEST_DATABASE_URL, TEST_DB_NAME
 from tests.test_security_production import production_env
 
-pytestmark = pytest.mark.services
+# One worker runs both tests, one after the other: the second finds the first's set-up
+# stamps in the module's data directory (run_data) and skips what they cover.
+pytestmark = [pytest.mark.services, pytest.mark.xdist_group("run_supervisor")]
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 300  # migrations on an empty database, the built-in data, collectstatic, app load
 
@@ -148,6 +150,14 @@ def scratch_db() -> Iterator[tuple[str, str]]:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+@pytest.fixture(scope="module")
+def run_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data directory of the module's runs, on its one scratch database: a later run
+    skips the set-up steps whose stamps match (migrate, load_builtin, collectstatic), as
+    a restart does; the web server that cannot start comes after them, as before."""
+    return tmp_path_factory.mktemp("run-data")
+
+
 def run_env(db: tuple[str, str], data: Path, port: int, ws_port: int) -> dict[str, str]:
     owner_url, app_url = db
     env = production_env(owner_url, AERO_HTTPS="0")
@@ -171,12 +181,12 @@ def run_env(db: tuple[str, str], data: Path, port: int, ws_port: int) -> dict[st
 
 
 def test_killed_processes_are_restarted_however_close_together(
-    scratch_db: tuple[str, str], tmp_path: Path
+    scratch_db: tuple[str, str], run_data: Path, tmp_path: Path
 ) -> None:
     """Two processes killed 0.3 s apart, then three: all back within the backoff, each
     exit logged; SIGTERM stops everything."""
     port = free_port()
-    env = run_env(scratch_db, tmp_path, port, free_port())
+    env = run_env(scratch_db, run_data, port, free_port())
     log = (tmp_path / "run.log").open("a+")  # appends: several processes write to it
     run = subprocess.Popen(
         ["bash", "scripts/run.sh"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
@@ -199,7 +209,7 @@ def test_killed_processes_are_restarted_however_close_together(
         before = supervised(run.pid)
         names = {
             p.pid: p.name
-            for p in supervision.processes(str(tmp_path / "supervisor" / "supervisor.sock"))
+            for p in supervision.processes(str(run_data / "supervisor" / "supervisor.sock"))
         }
         killed: list[int] = []
         for group in (
@@ -244,13 +254,13 @@ def test_killed_processes_are_restarted_however_close_together(
 
 
 def test_a_web_server_that_cannot_start_stops_the_run(
-    scratch_db: tuple[str, str], tmp_path: Path
+    scratch_db: tuple[str, str], run_data: Path
 ) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = int(taken.getsockname()[1])
-        env = run_env(scratch_db, tmp_path, port, free_port())
+        env = run_env(scratch_db, run_data, port, free_port())
         run = subprocess.Popen(
             ["bash", "scripts/run.sh"],
             cwd=ROOT,
