@@ -78,15 +78,18 @@ def _session_data(keys: Iterable[str]) -> dict[str, dict[str, Any]]:
     engines: one query for all of them; cache or cookie sessions: one read each."""
     store = import_module(settings.SESSION_ENGINE).SessionStore
     data: dict[str, dict[str, Any]] = {}
+    # Only what could be a key (Django's are 32 letters and digits): a cookie is anyone's
+    # to write, and one that PostgreSQL refuses (a NUL) would fail everyone's read.
+    keys = {key for key in keys if key.isascii() and key.isalnum() and len(key) <= 40}
     if hasattr(store, "get_model_class"):
         rows = (
             store.get_model_class()
-            .objects.filter(session_key__in=set(keys), expire_date__gt=timezone.now())
+            .objects.filter(session_key__in=keys, expire_date__gt=timezone.now())
             .values_list("session_key", "session_data")
         )
         data = {key: store().decode(raw) for key, raw in rows}
     else:
-        for key in set(keys):
+        for key in keys:
             session = store(key)
             loaded = session.load()
             if session.session_key == key:
