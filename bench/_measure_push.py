@@ -103,6 +103,7 @@ def live_push(
             # The longest wait for the handshakes (the client goes on once all answered).
             "settle": 60 + viewers / 10,
         }
+        opening = time.monotonic()
         client = subprocess.Popen(
             [sys.executable, "-c", VIEWERS, json.dumps(config)],
             stdin=subprocess.PIPE,
@@ -113,9 +114,12 @@ def live_push(
         received: list[tuple[str, int, float]] = []
         closed: list[str] = []
         failed_handshakes = unanswered = 0
+        handshakes_s = float("nan")
         for line in client.stdout:
             if line.startswith("READY"):
                 failed_handshakes, unanswered = (int(n) for n in line.split()[1:3])
+                # The client's start included; less its second for the catch-up pulls.
+                handshakes_s = time.monotonic() - opening - 1
                 break
             if line.startswith("C "):
                 closed.append(line.split()[2])
@@ -164,6 +168,9 @@ def live_push(
         # Handshakes still unanswered when the events began, and sockets the server closed
         # (with their codes: 4403 refused, 4404 gone): neither is expected to receive.
         "push_unanswered_handshakes": unanswered,
+        # From the client's start to every handshake answered: a burst is answered
+        # together, so this is what daphne's handshake timeout must exceed.
+        "push_handshakes_s": handshakes_s,
         "push_closed": len(closed),
         "push_close_codes": sorted(set(closed)),
         # The servers' CPU per event delivered to all its viewers: unlike the latencies,

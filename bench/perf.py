@@ -214,6 +214,7 @@ def main() -> None:
         (f"commit -> browser p99, {v} viewers, 1 session", "< 50 ms", "push_p99_ms", " ms", False),
         (f"failed handshakes, {v} at once", "0", "push_failed_handshakes", "", False),
         (f"  unanswered when the events began, {v}", "0", "push_unanswered_handshakes", "", False),
+        (f"  seconds until all {v} were answered", "", "push_handshakes_s", " s", False),
         (f"  sockets the server closed, {v}", "0", "push_closed", "", False),
         (f"deliveries received, {v} viewers", "all", "push_received", "", True),
         (f"deliveries expected, {v} viewers", "", "push_expected", "", True),
@@ -221,6 +222,7 @@ def main() -> None:
         (f"deliveries expected, {m}", "", "many_push_expected", "", True),
         (f"failed handshakes, {m}", "0", "many_push_failed_handshakes", "", False),
         (f"  unanswered, {m}", "0", "many_push_unanswered_handshakes", "", False),
+        (f"  seconds until all {m} were answered", "", "many_push_handshakes_s", " s", False),
         (f"  sockets the server closed, {m}", "0", "many_push_closed", "", False),
         (f"daphne CPU per event, {v} viewers", "", "push_cpu_ms_per_event", " ms", False),
         (
