@@ -194,6 +194,10 @@ class DomainPack:
     # on a replay step; the context is the page's. None: nothing beyond the fields.
     facts_template: str | None = None
     replay_facts_template: str | None = None
+    # The same on an incident's card in the approval queue (a template name; the apron's
+    # risk line with its impact, and the lookups' warning); the context is the card's
+    # (`group`). None: the card shows its actions only.
+    card_template: str | None = None
     # The same panel on a replay step, from the log folded to that step:
     # (session, folded state, mask or None) -> dict. None: replay shows the core's facts.
     replay_context: Callable[[Any, Any, Any], dict[str, Any]] | None = None
@@ -242,6 +246,9 @@ class DomainPack:
     # ... and the scenario admin's inlines that edit them, in page order (the core's
     # field and value inlines among them where the pack wants them).
     row_inlines: tuple[Any, ...] = ()
+    # ... and the help above them on writing its conditions, lists and arguments, with
+    # its own examples (a template name). None: no help.
+    row_help_template: str | None = None
     # Its models the core held before (their admin pages moved with their app label):
     # old "app_label.model" -> new "app_label.model"; the old pages redirect to the new.
     moved_admin: Mapping[str, str] = field(default_factory=dict)

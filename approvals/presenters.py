@@ -7,7 +7,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import Count, F, Func, IntegerField, Min, Q, QuerySet
 
-from aero.packs import stamped_pack
+from aero.packs import UnknownDomain, pack_for, stamped_pack
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals import cards
 from approvals.models import Approval, ManualTodo
@@ -282,6 +282,7 @@ def _render(
             item["a"].session = item["session"] = session
         group.update(
             session=session,
+            card_template=_card_template(session.scenario.kind),
             risk=session.snapshot.get("risk"),
             impact=session.snapshot.get("impact"),
             items=found,
@@ -307,6 +308,15 @@ def _render(
             group["open"], [cards.facts_of(item["a"]) for item in found], shared
         )
         group["card"] = cards.render_card(group, context)
+
+
+def _card_template(kind: str) -> str | None:
+    """What the session's pack draws of its findings on the card (none for a kind no
+    installed pack serves)."""
+    try:
+        return pack_for(kind).card_template
+    except UnknownDomain:
+        return None
 
 
 TODO_PAGE = 100

@@ -13,7 +13,14 @@ from django.utils.html import format_html
 from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
 
-from aero.packs import UnknownDomain, added_as_yaml, edited_as_yaml, pack_for, row_edited
+from aero.packs import (
+    DomainPack,
+    UnknownDomain,
+    added_as_yaml,
+    edited_as_yaml,
+    pack_for,
+    row_edited,
+)
 
 # The provider admin registers itself; the admin's autodiscovery imports only this module.
 from scenarios_admin import admin_providers  # noqa: F401
@@ -195,6 +202,9 @@ class ScenarioAdmin(ScenarioPages):
         check: CrossCheck | None = getattr(request, "_aero_cross_check", None)
         context["draft_issues"] = check.summary if check is not None else []
         context["as_yaml"] = _as_yaml(obj) or bool(_adding_kind(request, obj))
+        if not context["as_yaml"]:
+            pack = _row_pack(request, obj)
+            context["row_help"] = pack.row_help_template if pack is not None else None
         if add and not context["as_yaml"]:
             # The kinds written as YAML are added from their own page.
             language = "zh" if (get_language() or "").startswith("zh") else "en"
@@ -211,18 +221,24 @@ def _as_yaml(obj: Any) -> bool:
     return isinstance(obj, Scenario) and edited_as_yaml(obj.kind)
 
 
-def _row_inlines(request: HttpRequest, obj: Any) -> list[Any]:
-    """The row editor's inlines of the scenario's pack (of the kind posted or, on a new
-    page, of the first pack edited as rows); a kind no pack serves: its fields only."""
+def _row_pack(request: HttpRequest, obj: Any) -> DomainPack | None:
+    """The pack whose row editor the page shows: the scenario's (of the kind posted or,
+    on a new page, the first pack edited as rows); None for a kind no pack serves."""
     kind = obj.kind if isinstance(obj, Scenario) else request.POST.get("kind", "")
     if not kind:
         editors = row_edited()
         kind = editors[0].kind if editors else ""
     try:
-        inlines = pack_for(kind).row_inlines
+        return pack_for(kind)
     except UnknownDomain:
-        inlines = ()
-    return list(inlines or (ValueInline, FieldInline))
+        return None
+
+
+def _row_inlines(request: HttpRequest, obj: Any) -> list[Any]:
+    """The row editor's inlines of the page's pack; a kind no pack serves: its fields
+    only."""
+    pack = _row_pack(request, obj)
+    return list((pack.row_inlines if pack is not None else ()) or (ValueInline, FieldInline))
 
 
 def _adding_kind(request: HttpRequest, obj: Any) -> str:

@@ -9,10 +9,16 @@ in code (a dict key, a tool name, a user-visible text: the domain's words belong
 pack). An identifier is split into words at underscores and capitals
 (`stand_mismatch`, `AirportGraph`), so "standard" or "understand" never match.
 
-ALLOWED_TODAY lists the modules that still name airport things, with how many times. The
-move of the airport into `packs/airport` is done (tracker issue 28): the list is empty and
-stays so. A module not listed, or one naming more than its count, fails; so does a listed
-module that names none any more."""
+The core's templates (`templates/`: pages, partials, the Markdown export, the admin's) are
+read the same way, as text: every word outside a template comment counts (markup, test
+ids, variables, the msgids the .po translates), so an airport line drawn by a core
+template fails as the code naming it would; a pack's part is drawn by the pack's own
+template, reached through a hook (`DomainPack.card_template` ...).
+
+ALLOWED_TODAY lists the modules and templates that still name airport things, with how
+many times. The move of the airport into `packs/airport` is done (tracker issue 28): the
+list is empty and stays so. A file not listed, or one naming more than its count, fails;
+so does a listed file that names none any more."""
 
 from __future__ import annotations
 
@@ -28,9 +34,11 @@ AIRPORT_WORDS = frozenset(
     | {"flights", "stands", "taxiways", "runways", "closures", "airports"}
 )
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+# A template's comments, as the template engine skips them: {# ... #} and {% comment %}.
+_TEMPLATE_COMMENT = re.compile(r"\{#.*?#\}|\{%\s*comment\b.*?%\}.*?\{%\s*endcomment\s*%\}", re.S)
 
-# Module (path from the project root) -> how many airport words it still has, at most.
-# It stays empty: the core names no airport thing.
+# Module or template (path from the project root) -> how many airport words it still has,
+# at most. It stays empty: the core names no airport thing.
 ALLOWED_TODAY: dict[str, int] = {}
 
 
@@ -41,6 +49,11 @@ def core_modules(root: Path = ROOT) -> list[Path]:
         for path in (root / package).rglob("*.py")
         if "migrations" not in path.relative_to(root).parts
     )
+
+
+def core_templates(root: Path = ROOT) -> list[Path]:
+    """Every file of the core's templates (HTML, the Markdown export, text)."""
+    return sorted(path for path in (root / "templates").rglob("*") if path.is_file())
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -96,6 +109,15 @@ def airport_words(source: str) -> Counter[str]:
     return found
 
 
+def template_airport_words(source: str) -> Counter[str]:
+    """The airport words a template names outside its comments, counted."""
+    found: Counter[str] = Counter()
+    for word in _WORD.findall(_TEMPLATE_COMMENT.sub(" ", source)):
+        if word.lower() in AIRPORT_WORDS:
+            found[word.lower()] += 1
+    return found
+
+
 def pack_imports(source: str) -> list[str]:
     """The packs a module imports, anywhere in it (inside a function too)."""
     found = []
@@ -127,6 +149,15 @@ def f(stand_no: str) -> str:
     ]
 
 
+def test_the_template_reader_counts_words_shown_not_comments() -> None:
+    source = """{# a request in flight #}{% comment %}The runway's card.{% endcomment %}
+<p data-testid="stand-mismatch">{% translate "Flights" %} {{ group.impact.taxiways|join:", " }}
+{% blocktranslate %}the airport board shows the closure{% endblocktranslate %}, standard</p>"""
+    assert template_airport_words(source) == Counter(
+        {"stand": 1, "flights": 1, "taxiways": 1, "airport": 1, "closure": 1}
+    )
+
+
 def test_no_core_module_imports_a_pack() -> None:
     offenders = {
         str(path.relative_to(ROOT)): imports
@@ -140,6 +171,11 @@ def test_no_core_module_names_an_airport_thing_beyond_todays_list() -> None:
     counts = {
         str(path.relative_to(ROOT)): sum(airport_words(path.read_text(encoding="utf-8")).values())
         for path in core_modules()
+    } | {
+        str(path.relative_to(ROOT)): sum(
+            template_airport_words(path.read_text(encoding="utf-8")).values()
+        )
+        for path in core_templates()
     }
     new = {path: n for path, n in counts.items() if n and path not in ALLOWED_TODAY}
     grown = {
@@ -148,6 +184,6 @@ def test_no_core_module_names_an_airport_thing_beyond_todays_list() -> None:
         if path in ALLOWED_TODAY and n > ALLOWED_TODAY[path]
     }
     clean = sorted(path for path in ALLOWED_TODAY if not counts.get(path))
-    assert new == {}, "core modules naming airport things: move the words to packs/airport"
-    assert grown == {}, "(allowed, now): these modules name more airport things than before"
-    assert clean == [], "these modules name no airport thing any more: take them off the list"
+    assert new == {}, "core modules or templates naming airport things: move them to packs/airport"
+    assert grown == {}, "(allowed, now): these files name more airport things than before"
+    assert clean == [], "these files name no airport thing any more: take them off the list"

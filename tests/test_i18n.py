@@ -29,10 +29,13 @@ from diagnosis.models import Event, Session
 from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, waiting_session
 
 ROOT = Path(settings.BASE_DIR)
-TEMPLATES = sorted((ROOT / "templates").rglob("*.html"))
+# The core's templates and the packs' own (packs/<pack>/templates): a pack's part of a
+# page speaks the reader's language as the core's does.
+TEMPLATE_DIRS = [ROOT / "templates", *sorted((ROOT / "packs").glob("*/templates"))]
+TEMPLATES = sorted(path for folder in TEMPLATE_DIRS for path in folder.rglob("*.html"))
 # Markdown templates (the replay export): their strings go through translate as well;
 # `makemessages -e html,txt,py,md` collects them (its defaults skip .md).
-MARKDOWN_TEMPLATES = sorted((ROOT / "templates").rglob("*.md"))
+MARKDOWN_TEMPLATES = sorted(path for folder in TEMPLATE_DIRS for path in folder.rglob("*.md"))
 CATALOGUE = ROOT / "locale" / "zh_Hans" / "LC_MESSAGES" / "django.po"
 
 # What may stay as it is in a template: the product's name and units.

@@ -178,7 +178,7 @@ def test_the_lift_waits_in_the_approval_queue(alice: User, bob: User, closure: R
     page = login(bob).get(reverse("approvals:queue")).content.decode()
 
     assert 'data-tool="lift_restriction"' in page
-    assert "lift of a closure this session put in force, requested by alice" in page
+    assert "lift of a restriction this session put in force, requested by alice" in page
 
 
 @pytest.mark.services

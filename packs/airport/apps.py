@@ -57,7 +57,7 @@ class AirportPackConfig(AppConfig):
         register_timeline_kind(
             "enrichment",
             gettext_lazy("Flight and position looked up"),
-            "timeline-appended-enrichment",
+            f"{findings.LINES}#enrichment",
         )
         serving.add_page_sockets(board_sockets)
         register(
@@ -92,6 +92,7 @@ class AirportPackConfig(AppConfig):
                 check_draft=check_draft,
                 draft_rows=DRAFT_ROWS,
                 row_inlines=ROW_INLINES,
+                row_help_template="airport/_row_help.html",
                 moved_admin={
                     "diagnosis.restriction": "airport.restriction",
                     "scenarios_admin.topology": "airport.topology",
@@ -101,6 +102,8 @@ class AirportPackConfig(AppConfig):
                 page_world=page_world,
                 facts_template="airport/_facts.html",
                 replay_facts_template="airport/_replay_facts.html",
+                card_template="airport/_card.html",
+                export_template="airport/export.md",
                 history_filters=words.HISTORY_FILTERS,
                 restrictions=Restriction,
                 summarize=summarize,
