@@ -163,8 +163,8 @@ def render_export(
     template = "replay/export.md"
     pack = installed_pack(session)
     if pack is not None and pack.export_template:
-        # The pack's sections (a diagnosis's root cause, fixes, similar cases) in its own
-        # template, which extends this one.
+        # The pack's sections (a diagnosis's root cause, fixes, similar cases; the apron's
+        # impact) in its own template, which extends this one.
         template = pack.export_template
         if pack.export_context is not None:
             context.update(pack.export_context(session, mask))
