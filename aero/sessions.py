@@ -160,8 +160,9 @@ def users_signed_in(keys: Iterable[str]) -> dict[str, Any]:
         if isinstance(backend, ModelBackend):
             user = users.get(user_id)
             user = user if user is not None and backend.user_can_authenticate(user) else None
-        else:
-            user = backend.get_user(user_id)
+        else:  # a backend without get_user (axes' own) signs no one in
+            get_user = getattr(backend, "get_user", None)
+            user = get_user(user_id) if get_user is not None else None
         if user is not None and _hash_holds(data[key], user):
             found[key] = user
     return found

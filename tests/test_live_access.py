@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import channels.consumer
@@ -429,3 +430,37 @@ def test_what_a_viewers_own_pull_read_is_not_sent_when_its_role_went_away_meanwh
 
     received, code = run_in_fresh_loop(watch)
     assert (received, code) == ([], CLOSE_FORBIDDEN)
+
+
+def test_a_socket_s_sign_in_is_read_as_get_user_reads_it(
+    builtin: None, make_user: Callable[..., User]
+) -> None:
+    """The sockets' batched sign-in read (aero.sessions.users_signed_in) finds the user
+    of a standing sign-in and no one for an ended one: signed out, expired, the password
+    changed, the user deactivated, a backend no longer configured or one that signs no
+    one in, a key that is no session's."""
+    from django.contrib.sessions.models import Session as SignIn
+
+    from aero.sessions import users_signed_in
+
+    users = {name: make_user(name, "operator") for name in ("ok", "out", "old", "pw", "off")}
+    users |= {name: make_user(name, "operator") for name in ("gone", "axes")}
+    keys = {name: sign_in_key(user) for name, user in users.items()}
+    SignIn.objects.filter(session_key=keys["out"]).delete()  # signed out
+    SignIn.objects.filter(session_key=keys["old"]).update(
+        expire_date=timezone.now() - timedelta(seconds=1)
+    )
+    users["pw"].set_password("another-one")
+    users["pw"].save()
+    User.objects.filter(pk=users["off"].pk).update(is_active=False)
+    for name, backend in (
+        ("gone", "no.such.Backend"),
+        ("axes", "axes.backends.AxesStandaloneBackend"),
+    ):
+        row = SignIn.objects.get(session_key=keys[name])
+        data = row.get_decoded() | {"_auth_user_backend": backend}
+        SignIn.objects.filter(pk=row.pk).update(session_data=SignIn.objects.encode(data))
+
+    found = users_signed_in([*keys.values(), "x" * 32])
+    assert found == {keys["ok"]: users["ok"]}
+    assert found[keys["ok"]].get_username() == "ok"
