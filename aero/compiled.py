@@ -24,10 +24,11 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.apps import apps
-from django.db import connections, router, transaction
+from django.db import DatabaseError, connections, router, transaction
 from django.db.models import BooleanField, F, Field, ForeignObjectRel, JSONField, Model, QuerySet
 from django.db.models.expressions import Expression
 from django.db.models.query import FlatValuesListIterable, ModelIterable, ValuesListIterable
+from django.db.models.signals import post_save, pre_save
 from django.db.models.sql import UpdateQuery
 from psycopg.types.json import Jsonb
 
@@ -43,6 +44,7 @@ __all__ = [
     "insert_sql",
     "insert_values",
     "mark_saved",
+    "save_fields",
     "slot",
 ]
 
@@ -103,6 +105,14 @@ class AnyOf(Expression):
         resolved = self.copy()
         resolved.column = self.column.resolve_expression(*args, **kwargs)
         return resolved
+
+    # The column as a source expression: a subquery's aliases are relabeled (U0) after
+    # it is resolved, and only the expressions it is told of follow.
+    def get_source_expressions(self) -> list[Any]:
+        return [self.column]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        (self.column,) = exprs
 
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         column, params = compiler.compile(self.column)
@@ -395,3 +405,35 @@ def mark_saved(objs: Sequence[Model], ids: list[Any], alias: str) -> None:
         obj.pk = pk
         obj._state.adding = False
         obj._state.db = alias
+
+
+def save_fields(obj: Model, fields: Sequence[str]) -> None:
+    """`obj.save(update_fields=fields)` for a saved row: one UPDATE by its pk whose SQL is
+    built once per connection (Django builds and compiles an UpdateQuery per save, several
+    times the CPU of running it). A model with save signal receivers is saved by Django,
+    so that they run."""
+    model = type(obj)
+    if pre_save.has_listeners(model) or post_save.has_listeners(model):
+        obj.save(update_fields=fields)
+        return
+    connection = connections[router.db_for_write(model)]
+    meta = model._meta
+    columns = [cast(Field[Any, Any], meta.get_field(name)) for name in fields]
+
+    def build() -> tuple[str, list[Any]]:
+        quote = connection.ops.quote_name
+        assignments = ", ".join(f"{quote(str(f.column))} = %s" for f in columns)
+        return (
+            f"UPDATE {quote(meta.db_table)} SET {assignments}"
+            f" WHERE {quote(str(meta.pk.column))} = %s",
+            [],
+        )
+
+    sql, _ = cached_sql(connection, ("save_fields", model, tuple(fields)), build)
+    params = [f.get_db_prep_save(f.pre_save(obj, False), connection) for f in columns]
+    params.append(meta.pk.get_db_prep_value(obj.pk, connection))
+    with transaction.mark_for_rollback_on_error(connection.alias), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if cursor.rowcount == 0:
+            # As Model.save(update_fields=...) says it.
+            raise DatabaseError("Save with update_fields did not affect any rows.")

@@ -28,7 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from aero import metrics
-from aero.compiled import Arg, Compiled, CompiledUpdate
+from aero.compiled import Arg, Compiled, CompiledUpdate, insert_rows, save_fields
 from diagnosis import external
 from diagnosis.eventlog.names import TOOL_CALL_QUEUED, TOOL_CALL_RETRYING
 from diagnosis.events import append_event, event_batch, lock_session
@@ -73,13 +73,20 @@ def enqueue_effect(
     existing = None if fresh else Outbox.objects.filter(tool_call=tool_call).first()
     if existing is not None:
         return existing if existing.status == OutboxStatus.PENDING else None
-    outbox = Outbox.objects.create(
-        tool_call=tool_call,
-        session_id=tool_call.session_id,
-        idempotency_key=tool_call.idempotency_key,
+    # The INSERT and the UPDATE with their SQL built once per connection (Django's
+    # create() and save() compiled both anew each time, on every R0 action's path).
+    (outbox,) = insert_rows(
+        Outbox,
+        [
+            Outbox(
+                tool_call=tool_call,
+                session_id=tool_call.session_id,
+                idempotency_key=tool_call.idempotency_key,
+            )
+        ],
     )
     tool_call.status = ToolCallStatus.EXECUTING
-    tool_call.save(update_fields=["status"])
+    save_fields(tool_call, ["status"])
     append_event(
         tool_call.session_id,
         TOOL_CALL_QUEUED,

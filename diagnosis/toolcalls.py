@@ -13,6 +13,7 @@ from django.utils import timezone, translation
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy
 
+from aero.compiled import save_fields
 from aero.packs import action_tool
 from diagnosis.eventlog.names import TOOL_CALL_STARTED
 from diagnosis.events import append_event
@@ -75,7 +76,7 @@ def call_started(ctx: ToolContext, tool_call: ToolCall, *, saved: bool = False) 
         tool_call.attempts += 1
         tool_call.status = ToolCallStatus.RUNNING
         tool_call.agent_run = ctx.run
-        tool_call.save(update_fields=["attempts", "status", "agent_run"])
+        save_fields(tool_call, ["attempts", "status", "agent_run"])
     append_event(
         ctx.session_id,
         TOOL_CALL_STARTED,
@@ -109,9 +110,7 @@ def call_finished(
     tool_call.status = ToolCallStatus.FAILED if error else ToolCallStatus.COMPLETED
     tool_call.response_payload = response or {}
     tool_call.error = error
-    tool_call.save(
-        update_fields=["duration_ms", "completed_at", "status", "response_payload", "error"]
-    )
+    save_fields(tool_call, ["duration_ms", "completed_at", "status", "response_payload", "error"])
     finished_event(ctx, tool_call, response=response or {}, error=error)
 
 

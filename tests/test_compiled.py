@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, connections, transaction
+from django.db.models import Exists
+from django.db.models.signals import pre_save
 from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -25,6 +27,7 @@ from aero.compiled import (
     insert_rows,
     insert_sql,
     insert_values,
+    save_fields,
 )
 from diagnosis.models import Session, WorkerBeat
 from scenarios_admin.models import Scenario
@@ -194,6 +197,58 @@ def test_a_placeholder_prepares_its_value_as_its_column_would(
     )
     assert snapshot.run(str(session.pk), {"fields": {"position": "105"}}) == 1
     assert session_by_pk.get(session.pk).snapshot == {"fields": {"position": "105"}}
+
+
+# A list inside a subquery: its column must follow the subquery's own alias (U0).
+hosts_with_one_of = Compiled(
+    WorkerBeat,
+    lambda: (
+        WorkerBeat.objects.filter(host=Arg(0))
+        .annotate(
+            any_named=Exists(WorkerBeat.objects.filter(AnyOf("name", 1)).exclude(stopping=True))
+        )
+        .order_by("name")
+        .values_list("name", "any_named")
+    ),
+)
+
+
+def test_a_list_in_a_subquery_reads_the_subquery_rows(beats: None) -> None:
+    assert list(hosts_with_one_of.rows("h2", ["w1", "nobody"])) == [("w4", True)]
+    assert list(hosts_with_one_of.rows("h2", ["w3"])) == [("w4", False)]  # w3 is stopping
+    assert list(hosts_with_one_of.rows("h2", [])) == [("w4", False)]
+
+
+def test_saving_fields_writes_those_columns_of_that_row_only(beats: None) -> None:
+    row = WorkerBeat.objects.get(name="w1")
+    other = WorkerBeat.objects.get(name="w2")
+    row.pid, row.stopping, row.host = 99, True, "changed in memory only"
+    save_fields(row, ["pid", "stopping"])
+    row.pid = 100
+    save_fields(row, ["pid", "stopping"])  # the same shape again, another value
+    saved = WorkerBeat.objects.get(pk=row.pk)
+    assert (saved.pid, saved.stopping, saved.host) == (100, True, "h1")
+    assert fields(WorkerBeat.objects.get(pk=other.pk)) == fields(other)
+    # As save(update_fields=...) says when the row is gone.
+    WorkerBeat.objects.filter(pk=row.pk).delete()
+    with pytest.raises(DatabaseError, match="did not affect any rows"):
+        save_fields(row, ["pid"])
+
+
+def test_saving_fields_of_a_model_with_save_receivers_runs_them(beats: None) -> None:
+    seen: list[int] = []
+
+    def receiver(sender: Any, instance: WorkerBeat, **kwargs: Any) -> None:
+        seen.append(instance.pid)
+
+    pre_save.connect(receiver, sender=WorkerBeat, dispatch_uid="test-save-fields")
+    try:
+        row = WorkerBeat.objects.get(name="w1")
+        row.pid = 42
+        save_fields(row, ["pid"])
+    finally:
+        pre_save.disconnect(sender=WorkerBeat, dispatch_uid="test-save-fields")
+    assert seen == [42] and WorkerBeat.objects.get(name="w1").pid == 42
 
 
 def test_get_raises_as_the_queryset_does(beats: None) -> None:

@@ -19,6 +19,7 @@ from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
 from aero import metrics
+from aero.compiled import AnyOf, Arg, Compiled
 from aero.packs import installed_packs
 from diagnosis import shutdown
 from diagnosis.agent import waits
@@ -146,6 +147,31 @@ def _config(session_id: Any) -> RunnableConfig:
     return {"configurable": {"thread_id": str(session_id)}, "recursion_limit": RECURSION_LIMIT}
 
 
+# Read by every job that ends at its approvals (and each job a decision starts):
+# compiled once per connection.
+_decided_or_corrected = Compiled(
+    Session,
+    lambda: (
+        Session.objects.filter(pk=Arg(0, Session._meta.pk))
+        .annotate(
+            decided=Exists(
+                ToolCall.objects.filter(AnyOf("pk", 1)).exclude(
+                    status=ToolCallStatus.AWAITING_APPROVAL
+                )
+            ),
+            corrected=Exists(
+                Event.objects.filter(
+                    session_id=Arg(0, Event._meta.get_field("session")),
+                    type=USER_MESSAGE,
+                    seq__gt=Arg(2, Event._meta.get_field("seq")),
+                )
+            ),
+        )
+        .values_list("decided", "corrected")[:1]
+    ),
+)
+
+
 def resume_value(session_id: Any, snapshot: Any) -> Any:
     """What to resume an interrupted graph with, or None while it must keep waiting."""
     if not snapshot.interrupts:
@@ -160,21 +186,7 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
     if waiting["kind"] == "approval":
         # A decision, or a fact corrected while the approvals wait: one query.
         consumed = snapshot.values.get("consumed_seq", 0)
-        found = (
-            Session.objects.filter(pk=session_id)
-            .annotate(
-                decided=Exists(
-                    ToolCall.objects.filter(pk__in=waiting["tool_calls"]).exclude(
-                        status=ToolCallStatus.AWAITING_APPROVAL
-                    )
-                ),
-                corrected=Exists(
-                    Event.objects.filter(session_id=session_id, type=USER_MESSAGE, seq__gt=consumed)
-                ),
-            )
-            .values_list("decided", "corrected")
-            .first()
-        )
+        found = _decided_or_corrected.first(session_id, list(waiting["tool_calls"]), consumed)
         if found and found[0]:
             return {"decided": True}
         return {"corrected": True} if found and found[1] else None

@@ -9,11 +9,28 @@ from langgraph.errors import GraphInterrupt
 from langgraph.runtime import Runtime
 from langgraph.types import interrupt
 
+from aero.compiled import Arg, Compiled
 from diagnosis.agent.recording import commit_steps
 from diagnosis.agent.state import AgentContext, AgentState
 from diagnosis.eventlog.names import USER_MESSAGE
 from diagnosis.models import Event, SessionStatus, ToolCall, ToolCallStatus
 from scenarios_admin.definition import BUDGET_TOOL
+
+# The actions awaiting a decision, and a request to continue past the model budget,
+# which waits like one: read by every job that stops at its approvals, compiled once per
+# connection.
+_awaiting = Compiled(
+    ToolCall,
+    lambda: (
+        ToolCall.objects.filter(
+            Q(is_action=True) | Q(tool_name=BUDGET_TOOL),
+            session_id=Arg(0, ToolCall._meta.get_field("session")),
+            status=ToolCallStatus.AWAITING_APPROVAL,
+        )
+        .order_by("position", "id")
+        .values_list("pk", flat=True)
+    ),
+)
 
 
 def wait_for_user(ctx: AgentContext, value: dict[str, Any]) -> None:
@@ -45,18 +62,9 @@ def ask_user(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any
 
 
 def await_approval(state: AgentState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
-    # The actions awaiting a decision, and a request to continue past the model budget,
-    # which waits like one: one query (in the steps' transaction, if open: it
+    # What waits for a decision: one query (in the steps' transaction, if open: it
     # sees their proposals).
-    waiting = list(
-        ToolCall.objects.filter(
-            Q(is_action=True) | Q(tool_name=BUDGET_TOOL),
-            session_id=runtime.context.session_id,
-            status=ToolCallStatus.AWAITING_APPROVAL,
-        )
-        .order_by("position", "id")
-        .values_list("pk", flat=True)
-    )
+    waiting = list(_awaiting.rows(runtime.context.session_id))
     if waiting:
         wait_for_user(runtime.context, {"kind": "approval", "tool_calls": waiting})
     else:
