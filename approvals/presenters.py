@@ -7,6 +7,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import Count, F, Func, IntegerField, Min, Q, QuerySet
 
+from aero.compiled import Compiled
 from aero.packs import UnknownDomain, pack_for, stamped_pack
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals import cards
@@ -250,8 +251,26 @@ def _world_stamp() -> tuple[Any, Any] | None:
     pack = stamped_pack()
     if pack is None or pack.world_stamp is None:
         return None
-    stamp = pack.world_stamp.objects.filter(is_active=True).values_list("pk", "updated_at").first()
+    model = pack.world_stamp
+    read = _stamps.get(model)
+    if read is None:
+        read = _stamps.setdefault(
+            model,
+            Compiled(
+                model,
+                lambda: (
+                    model.objects.filter(is_active=True)
+                    .order_by("pk")
+                    .values_list("pk", "updated_at")[:1]
+                ),
+            ),
+        )
+    stamp = read.first()
     return tuple(stamp) if stamp is not None else None
+
+
+# Read by every queue page: compiled once per connection (per world model).
+_stamps: dict[Any, Compiled[Any]] = {}
 
 
 def _render(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from aero.compiled import Compiled
 from aero.packs import restriction_model
 
 
@@ -17,10 +18,21 @@ def model() -> Any:
     return found
 
 
+# Read by every queue page and card: compiled once per connection (per model).
+_in_force: dict[Any, Compiled[Any]] = {}
+
+
 def in_force() -> list[Any]:
     """Every restriction in force (none when no pack keeps restrictions)."""
     found = restriction_model()
-    return list(found.objects.filter(lifted_at__isnull=True)) if found is not None else []
+    if found is None:
+        return []
+    read = _in_force.get(found)
+    if read is None:
+        read = _in_force.setdefault(
+            found, Compiled(found, lambda: found.objects.filter(lifted_at__isnull=True))
+        )
+    return list(read.rows())
 
 
 def kinds() -> dict[str, Any]:

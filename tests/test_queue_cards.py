@@ -24,6 +24,8 @@ from django.utils import timezone
 from approvals import cards
 from approvals.actions import do_decide, do_edit_args
 from approvals.models import Approval
+from diagnosis.eventlog.names import FINDING_RECORDED
+from diagnosis.events import append_event
 from diagnosis.models import Session, ToolCall
 from packs.airport.models import Restriction
 from tests.web_helpers import (
@@ -193,3 +195,25 @@ def test_each_approver_decides_a_shared_card_with_their_own_token(
 
     assert response.status_code == 302
     assert Approval.objects.get(pk=crew.pk).status == "approved"
+
+
+def test_the_incident_facts_an_event_changes_show_on_the_next_page(
+    stand_leak: Session, abel: User
+) -> None:
+    """A card's key reads the session's last event, not its facts (risk, impact): the
+    facts change only with an event, so a new risk assessment still makes a new card."""
+    crew = approval_for(stand_leak, "dispatch_cleanup_crew")
+    before = login(abel).get("/approvals/").content.decode()
+    risk = dict(Session.objects.get(pk=stand_leak.pk).snapshot["risk"])
+    assert f"score {risk['score']}" in before
+
+    append_event(
+        stand_leak.pk,
+        FINDING_RECORDED,
+        {"kind": "risk", **risk, "score": 97, "rule": "OS-TEST"},
+        producer="test",
+    )
+    after = login(abel).get("/approvals/").content.decode()
+
+    assert "score 97" in after and "rule OS-TEST" in after
+    assert f'id="approval-{crew.pk}"' in after
