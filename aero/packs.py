@@ -243,6 +243,16 @@ class DomainPack:
     # values (scenarios_admin.draft), by part name in the order they are written, each
     # (model with a `scenario` foreign key, its columns as the draft reads them) ...
     draft_rows: Mapping[str, tuple[Any, tuple[str, ...]]] = field(default_factory=dict)
+    # ... how they are read as the definition's parts of its own: (draft, the fields as
+    # the core read them, the issues to add to) -> {definition key: value}; and back:
+    # (definition) -> (the scenario's columns of its own, {part: rows}) ...
+    draft_definition: Callable[[Any, dict[str, Any], list[Any]], dict[str, Any]] | None = None
+    definition_draft: (
+        Callable[[dict[str, Any]], tuple[dict[str, Any], dict[str, list[Any]]]] | None
+    ) = None
+    # ... where the row editor marks a problem of one of them: (issue, the scenario form,
+    # the page's live row forms by part) -> the summary's line, or None: not one of its.
+    place_draft_issue: Callable[[Any, Any, Mapping[str, list[Any]]], str | None] | None = None
     # ... and the scenario admin's inlines that edit them, in page order (the core's
     # field and value inlines among them where the pack wants them).
     row_inlines: tuple[Any, ...] = ()
@@ -374,6 +384,12 @@ def draft_rows(kind: str) -> Mapping[str, tuple[Any, tuple[str, ...]]]:
     or one edited as YAML)."""
     pack = _PACKS.get(kind)
     return pack.draft_rows if pack is not None and pack.admin_editor == "rows" else {}
+
+
+def row_pack(kind: str) -> DomainPack | None:
+    """The pack serving `kind` if the admin edits its scenarios as rows, else None."""
+    pack = _PACKS.get(kind)
+    return pack if pack is not None and pack.admin_editor == "rows" else None
 
 
 def row_edited() -> list[DomainPack]:

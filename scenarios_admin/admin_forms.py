@@ -3,7 +3,6 @@ draft's cross-check: the rows the page describes, checked as one definition."""
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from typing import Any
 
@@ -12,7 +11,7 @@ from django.http import QueryDict
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from aero.packs import edited_as_yaml
+from aero.packs import edited_as_yaml, row_pack
 from scenarios_admin.admin_check import CrossCheck, place_problem
 from scenarios_admin.definition import Issue
 from scenarios_admin.draft import SCENARIO_COLUMNS, Draft, check_draft, row_parts, split_list
@@ -218,35 +217,16 @@ FIELD_COLUMNS = {
     "measure": "measure_bands",
 }
 VALUE_COLUMNS = {"label": "label_zh", "synonyms": "synonyms", "fallback": "fallback"}
-RULE_COLUMNS = {"id": "rule_id", "when": "condition", "level": "level", "score": "score"}
-ACTION_COLUMNS = {
-    "tool": "tool",
-    "risk_class": "risk_class",
-    "when": "condition",
-    "for_each": "for_each",
-    "args": "args",
-}
-EXAMPLE_COLUMNS = {
-    "text": "text",
-    "fields": "expected_fields",
-    "rule": "rule",
-    "level": "level",
-    "actions": "actions",
-}
 SCENARIO_PATHS = {
     "slug": "slug",
     "name.zh": "name_zh",
     "name.en": "name_en",
     "kind": "kind",
     "system_prompt": "system_prompt",
-    "impact.start": "impact_start",
-    "impact.radius_key": "radius_key",
-    "impact.default_radius": "default_radius",
     "compliance.states": "state_1",
     "report_template.zh": "report_template_zh",
     "report_template.en": "report_template_en",
 }
-_INDEXED = re.compile(r"^(risk_rules|actions|examples)\[(\d+)\](?:\.(.*))?$")
 
 
 def _column(rest: str, columns: dict[str, str]) -> str | None:
@@ -272,16 +252,13 @@ def validate_scenario(check: CrossCheck) -> list[str]:
 
     fields = {f.cleaned_data["name"]: f for f in live["fields"]}
     values = {(f.cleaned_data["field"], f.cleaned_data["value"]): f for f in live["values"]}
-    radii = {(f.cleaned_data["key_value"], f.cleaned_data["level"]): f for f in live["radii"]}
-    indexed = {
-        "risk_rules": live["rules"],
-        "actions": live["actions"],
-        "examples": live["examples"],
-    }
+    pack = row_pack(form.instance.kind)
+    own = pack.place_draft_issue if pack is not None else None
     summary = []
     for issue in issues:
         summary.append(
-            _place_issue(issue, form, fields, values, radii, indexed)
+            _place_issue(issue, form, fields, values)
+            or (own(issue, form, live) if own is not None else None)
             or place_problem(form, None, issue.message, f"Scenario, {issue.path}")
         )
     return summary
@@ -292,29 +269,12 @@ def _place_issue(
     form: forms.BaseForm,
     fields: dict[str, forms.ModelForm[Any]],
     values: dict[tuple[str, str], forms.ModelForm[Any]],
-    radii: dict[tuple[str, str], forms.ModelForm[Any]],
-    indexed: dict[str, list[forms.ModelForm[Any]]],
 ) -> str | None:
     path, message = issue.path, issue.message
     if path in SCENARIO_PATHS or any(path.startswith(p + ".") for p in SCENARIO_PATHS):
         key = next(p for p in sorted(SCENARIO_PATHS, key=len, reverse=True) if path.startswith(p))
         verbose = "compliance states" if key == "compliance.states" else ""
         return place_problem(form, SCENARIO_PATHS[key], message, "Scenario", verbose)
-    match = _INDEXED.match(path)
-    if match:
-        part, index, rest = match.group(1), int(match.group(2)), match.group(3) or ""
-        rows = indexed[part]
-        if index < len(rows):
-            row = rows[index]
-            if part == "risk_rules":
-                label = f"Risk rule {row.cleaned_data['rule_id']} (row {index + 1})"
-                return place_problem(row, _column(rest, RULE_COLUMNS), message, label)
-            if part == "actions":
-                label = f"Action {row.cleaned_data['tool']} (row {index + 1})"
-                return place_problem(row, _column(rest, ACTION_COLUMNS), message, label)
-            label = f"Example {index + 1}"
-            return place_problem(row, _column(rest, EXAMPLE_COLUMNS), message, label)
-        return None
     if path.startswith("fields."):
         name, _, rest = path[len("fields.") :].partition(".")
         if rest.startswith("values."):
@@ -327,12 +287,4 @@ def _place_issue(
         if field_row is not None:
             return place_problem(field_row, _column(rest, FIELD_COLUMNS), message, f"Field {name}")
         return None
-    if path.startswith("impact.radius"):
-        suffix = path[len("impact.radius.") :] if path.startswith("impact.radius.") else ""
-        for (value, level), row in radii.items():
-            row_path = f"{value}.{level}" if value else level
-            if suffix and (row_path == suffix or row_path.startswith(suffix + ".")):
-                column = "hops" if row_path == suffix else "key_value"
-                return place_problem(row, column, message, "Spread radius")
-        return place_problem(form, "radius_key", message, "Spread radius")
     return None

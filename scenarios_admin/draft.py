@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Field
 
-from aero.packs import action_args, draft_rows, edited_as_yaml
-from scenarios_admin.conditions import ConditionSyntaxError, condition_text, parse_condition
+from aero.packs import draft_rows, edited_as_yaml, row_pack
+from scenarios_admin.conditions import ConditionSyntaxError, parse_condition
 from scenarios_admin.definition import LIST_SEPARATORS, Issue
 from scenarios_admin.models import FieldValue, Scenario, ScenarioField
 from scenarios_admin.schema import definition_issues
@@ -74,17 +74,19 @@ _ARG = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*=(.*)$")
 
 @dataclass
 class Draft:
+    """The scenario's columns, the core's rows (fields and their values) and the rows of
+    the parts its pack adds (DomainPack.draft_rows), by part name."""
+
     scenario: dict[str, Any]
     fields: list[dict[str, Any]] = field(default_factory=list)
     values: list[dict[str, Any]] = field(default_factory=list)
-    rules: list[dict[str, Any]] = field(default_factory=list)
-    radii: list[dict[str, Any]] = field(default_factory=list)
-    actions: list[dict[str, Any]] = field(default_factory=list)
-    examples: list[dict[str, Any]] = field(default_factory=list)
+    parts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def part(self, name: str) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = getattr(self, name)
-        return rows
+        if name in ("fields", "values"):
+            rows: list[dict[str, Any]] = getattr(self, name)
+            return rows
+        return self.parts.setdefault(name, [])
 
 
 # --- database -------------------------------------------------------------------------
@@ -107,7 +109,10 @@ def save_draft(scenario: Scenario, draft: Draft) -> None:
     """Replace the scenario's draft (the slug never changes)."""
     for column in SCENARIO_COLUMNS:
         if column != "slug":
-            setattr(scenario, column, draft.scenario[column])
+            # A column no part of the kind reads keeps the model's default.
+            model_field = Scenario._meta.get_field(column)
+            default = model_field.get_default() if isinstance(model_field, Field) else None
+            setattr(scenario, column, draft.scenario.get(column, default))
     scenario.save()
     for part, (model, columns) in row_parts(scenario.kind).items():
         model.objects.filter(scenario=scenario).delete()
@@ -190,7 +195,7 @@ def split_list(text: str) -> list[str]:
     return [word.strip() for word in LIST_SEPARATORS.split(text or "") if word.strip()]
 
 
-def _condition(text: str, path: str, issues: list[Issue]) -> dict[str, Any]:
+def read_condition(text: str, path: str, issues: list[Issue]) -> dict[str, Any]:
     try:
         return parse_condition(text or "")
     except ConditionSyntaxError as exc:
@@ -272,64 +277,6 @@ def definition_from_draft(draft: Draft) -> tuple[dict[str, Any], list[Issue]]:
             value_spec["fallback"] = split_list(row["fallback"])
         values[row["value"]] = value_spec
 
-    rules = [
-        {
-            "id": row["rule_id"],
-            "when": _condition(row["condition"], f"risk_rules[{i}].when", issues),
-            "level": row["level"],
-            "score": row["score"],
-        }
-        for i, row in enumerate(draft.rules)
-    ]
-
-    impact: dict[str, Any] = {"start": s["impact_start"]}
-    key_field = s["radius_key"]
-    if key_field:
-        impact["radius_key"] = key_field
-    radius: dict[str, Any] = {}
-    for row in draft.radii:
-        value, level = row["key_value"], row["level"]
-        if key_field and not value:
-            issues.append(Issue("impact.radius", f"a row without a value of {key_field}"))
-            continue
-        if not key_field and value:
-            issues.append(
-                Issue(
-                    f"impact.radius.{value}",
-                    "a row names a value but the radius depends on no field: choose the "
-                    "field or leave the value empty",
-                )
-            )
-            continue
-        table = radius.setdefault(value, {}) if key_field else radius
-        if level in table:
-            where = f"impact.radius.{value}.{level}" if key_field else f"impact.radius.{level}"
-            issues.append(Issue(where, "listed twice"))
-            continue
-        table[level] = row["hops"]
-    impact["radius"] = radius
-    impact["default_radius"] = s["default_radius"]
-
-    actions = []
-    for i, row in enumerate(draft.actions):
-        action: dict[str, Any] = {"tool": row["tool"], "risk_class": row["risk_class"]}
-        if row["for_each"]:
-            action["for_each"] = row["for_each"]
-        action["when"] = _condition(row["condition"], f"actions[{i}].when", issues)
-        action["args"] = _args(row["args"], f"actions[{i}].args", issues)
-        actions.append(action)
-
-    examples = [
-        {
-            "text": row["text"],
-            "fields": _expected(row["expected_fields"], fields, f"examples[{i}].fields", issues),
-            "rule": row["rule"],
-            "level": row["level"],
-            "actions": split_list(row["actions"]),
-        }
-        for i, row in enumerate(draft.examples)
-    ]
-
     definition = {
         "slug": s["slug"],
         "name": _texts(s["name_zh"], s["name_en"]),
@@ -337,13 +284,14 @@ def definition_from_draft(draft: Draft) -> tuple[dict[str, Any], list[Issue]]:
         "system_prompt": s["system_prompt"],
         "field_order": list(fields),
         "fields": fields,
-        "risk_rules": rules,
-        "impact": impact,
-        "actions": actions,
         "compliance": {"states": list(s["compliance_states"] or [])},
         "report_template": _texts(s["report_template_zh"], s["report_template_en"]),
-        "examples": examples,
     }
+    # The kind's own parts (the apron's rules, impact, actions and examples), read by its
+    # pack from its rows.
+    pack = row_pack(str(s["kind"]))
+    if pack is not None and pack.draft_definition is not None:
+        definition.update(pack.draft_definition(draft, fields, issues))
     budget = {
         key: (float(s[f"budget_{key}"]) if key == "cost" else s[f"budget_{key}"])
         for key in ("steps", "tokens", "cost")
@@ -354,7 +302,7 @@ def definition_from_draft(draft: Draft) -> tuple[dict[str, Any], list[Issue]]:
     return definition, issues
 
 
-def _args(text: str, path: str, issues: list[Issue]) -> dict[str, str]:
+def read_args(text: str, path: str, issues: list[Issue]) -> dict[str, str]:
     args: dict[str, str] = {}
     for number, line in enumerate((text or "").splitlines(), start=1):
         if not line.strip():
@@ -370,7 +318,7 @@ def _args(text: str, path: str, issues: list[Issue]) -> dict[str, str]:
     return args
 
 
-def _expected(
+def read_expected(
     text: str, fields: dict[str, dict[str, Any]], path: str, issues: list[Issue]
 ) -> dict[str, Any]:
     expected: dict[str, Any] = {}
@@ -398,7 +346,6 @@ def _expected(
 
 def draft_from_definition(definition: dict[str, Any]) -> Draft:
     """The rows a (valid) definition is edited as."""
-    impact = definition["impact"]
     templates = definition["report_template"]
     draft = Draft(
         {
@@ -407,9 +354,6 @@ def draft_from_definition(definition: dict[str, Any]) -> Draft:
             "name_en": definition["name"]["en"],
             "kind": definition["kind"],
             "system_prompt": definition.get("system_prompt", ""),
-            "impact_start": impact["start"],
-            "radius_key": impact.get("radius_key", ""),
-            "default_radius": impact.get("default_radius", 1),
             "compliance_states": list(definition["compliance"]["states"]),
             "report_template_zh": templates["zh"],
             "report_template_en": templates["en"],
@@ -450,47 +394,12 @@ def draft_from_definition(definition: dict[str, Any]) -> Draft:
                     "fallback": ", ".join(value_spec.get("fallback", [])),
                 }
             )
-    for rule in definition["risk_rules"]:
-        draft.rules.append(
-            {
-                "rule_id": rule["id"],
-                "condition": condition_text(rule.get("when", {})),
-                "level": rule["level"],
-                "score": rule["score"],
-            }
-        )
-    if impact.get("radius_key"):
-        for value, by_level in impact.get("radius", {}).items():
-            for level, hops in by_level.items():
-                draft.radii.append({"key_value": value, "level": level, "hops": hops})
-    else:
-        for level, hops in impact.get("radius", {}).items():
-            draft.radii.append({"key_value": "", "level": level, "hops": hops})
-    for action in definition["actions"]:
-        args = action.get("args", {})
-        names = [a for a in action_args(action["tool"]) if a in args]
-        names += [a for a in args if a not in names]
-        draft.actions.append(
-            {
-                "tool": action["tool"],
-                "risk_class": action["risk_class"],
-                "condition": condition_text(action.get("when", {})),
-                "for_each": action.get("for_each", ""),
-                "args": "\n".join(f"{name}={args[name]}" for name in names),
-            }
-        )
-    for example in definition.get("examples", []):
-        draft.examples.append(
-            {
-                "text": example["text"],
-                "expected_fields": ", ".join(
-                    f"{name}={_scalar_text(value)}" for name, value in example["fields"].items()
-                ),
-                "rule": example["rule"],
-                "level": example["level"],
-                "actions": ", ".join(example["actions"]),
-            }
-        )
+    pack = row_pack(str(definition["kind"]))
+    if pack is not None and pack.definition_draft is not None:
+        columns, parts = pack.definition_draft(definition)
+        draft.scenario.update(columns)
+        for part, rows in parts.items():
+            draft.part(part).extend(rows)
     return draft
 
 
@@ -502,7 +411,7 @@ def _band_text(band: dict[str, Any]) -> str:
     return str(band["value"])
 
 
-def _scalar_text(value: Any) -> str:
+def scalar_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

@@ -29,7 +29,7 @@ class AirportPackConfig(AppConfig):
         from diagnosis.eventlog.registry import register_finding
         from diagnosis.eventlog.types.session import register_timeline_kind
         from diagnosis.wording import register_node_kind_labels, register_tool_labels
-        from packs.airport import actions, findings, lookups, words
+        from packs.airport import actions, findings, lookups, rows, words
         from packs.airport.admin_rows import ROW_INLINES
         from packs.airport.agent.graph import build_graph
         from packs.airport.agent.prompts import REACT
@@ -39,7 +39,6 @@ class AirportPackConfig(AppConfig):
         from packs.airport.definition import ApronDefinition
         from packs.airport.models import Restriction, Topology
         from packs.airport.pages import page_world
-        from packs.airport.rows import DRAFT_ROWS
         from packs.airport.seed import seed_world
         from packs.airport.summary import summarize
         from packs.airport.world import connect_signals, load_active_graph
@@ -90,7 +89,10 @@ class AirportPackConfig(AppConfig):
                 reading=READING,
                 react_prompt=REACT,
                 check_draft=check_draft,
-                draft_rows=DRAFT_ROWS,
+                draft_rows=rows.DRAFT_ROWS,
+                draft_definition=rows.definition_parts,
+                definition_draft=rows.draft_parts,
+                place_draft_issue=rows.place_issue,
                 row_inlines=ROW_INLINES,
                 row_help_template="airport/_row_help.html",
                 moved_admin={
