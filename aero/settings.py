@@ -259,10 +259,10 @@ if DATABASE_URL:
             "timeout": AERO_DB_POOL_TIMEOUT,
             "max_idle": AERO_DB_POOL_MAX_IDLE,
         }
-    # Parameters bound by the server, not pasted into the SQL text: the same statement
-    # text is then prepared once per connection (psycopg prepares a statement run more
-    # than 5 times), so PostgreSQL parses and plans the hot statements once, and psycopg
-    # no longer quotes every literal into the text.
+    # Parameters bound by the server, not pasted into the SQL text: psycopg no longer
+    # quotes every literal into the text. Not prepared: Django turns psycopg's
+    # prepare_threshold off unless OPTIONS sets it, and setting it (5) saved a model-bound
+    # job no client CPU (bench/RESULTS.md); the checkpointer's connection prepares its own.
     DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
