@@ -22,6 +22,12 @@ first session created until every session waits for its fix's approval or ended;
 loaded machine this is the workers' share of the CPU, not the reads), the jobs, the
 reads and the workers' CPU.
 
+`--wave-only` stops once every read is answered (the figure issue 36 asks for; the
+second phase takes minutes on a loaded machine). `--trace` profiles the wave in the
+runner: when the last tool call ended, how long the answers' transactions took (their
+sum over the runner's database threads, and the span), the runner's SQL by statement,
+and its time in the garbage collector (bench/RESULTS.md has what it found).
+
 Needs PostgreSQL and Redis: DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres,
 the maintenance database; a scratch database `aero_bench_slow<--db-suffix>` is dropped and
 created per run) and REDIS_URL (default redis://127.0.0.1:6379, database --redis-db;
@@ -85,6 +91,8 @@ def environment(args: argparse.Namespace, data_dir: Path) -> dict[str, str]:
         AERO_LLM_WAITS="1",
         AERO_LOG_LEVEL="WARNING",
     )
+    if args.trace:
+        env["AERO_BENCH_TRACE"] = str(data_dir / "trace.jsonl")
     return env
 
 
@@ -114,7 +122,8 @@ def measure(args: argparse.Namespace, latency: float) -> dict[str, Any]:
     processes = [*workers, runner]
     driver = subprocess.Popen(
         [PY, __file__, "--drive", "--sessions", str(args.sessions),
-         "--timeout", str(args.timeout), "--ready", str(len(processes))],
+         "--timeout", str(args.timeout), "--ready", str(len(processes)),
+         *(["--wave-only"] if args.wave_only else [])],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     ready = data_dir / "clock-started"
@@ -140,7 +149,40 @@ def measure(args: argparse.Namespace, latency: float) -> dict[str, Any]:
             result.update(json.loads(line[len("RESULT ") :]))
     if "sessions" not in result:
         result["log"] = (data_dir / "processes.log").read_text()[-2000:]
+    if args.trace:
+        result["profile"] = profile(data_dir)
     return result
+
+
+def profile(data_dir: Path) -> dict[str, Any]:
+    """Where the wave's time went in the runner (--trace): from the reads' release, when
+    the last tool call ended (its 3 s and the stand-in's own work), how long the answers'
+    transactions took (summed over the runner's database threads, and from the first to
+    the last), the runner's statements by their first words, and its time in the garbage
+    collector after the release."""
+    released = (data_dir / "all-waiting").stat().st_mtime
+    rows = [json.loads(line) for line in (data_dir / "trace.jsonl").read_text().splitlines()]
+    tools = [r for r in rows if "tool" in r]
+    finishes = [r for r in rows if "finish" in r]
+    collections = [r for r in rows if "gc" in r and r["end"] >= released]
+    statements = [r for r in rows if "sql" in r and r["end"] >= released]
+    if not tools or not finishes:
+        return {}
+    return {
+        "last_tool_end_s": round(max(r["end"] for r in tools) - released, 2),
+        "tool_s_mean": round(sum(r["end"] - r["start"] for r in tools) / len(tools), 2),
+        "finish_sum_s": round(sum(r["end"] - r["start"] for r in finishes), 2),
+        "finish_first_start_s": round(min(r["start"] for r in finishes) - released, 2),
+        "finish_last_end_s": round(max(r["end"] for r in finishes) - released, 2),
+        "gc_s": round(sum(r["end"] - r["start"] for r in collections), 2),
+        "gc_runs": len(collections),
+        "gc_gen2_s": round(sum(r["end"] - r["start"] for r in collections if r["gc"] == 2), 2),
+        # the statements the runner ran after the release, by their first words
+        "sql_s": {
+            words: round(sum(r["end"] - r["start"] for r in statements if r["sql"] == words), 2)
+            for words in sorted({r["sql"] for r in statements})
+        },
+    }
 
 
 def run_runner(latency: float) -> None:
@@ -165,6 +207,11 @@ def run_runner(latency: float) -> None:
     evidence.close()
 
     gate = Path(os.environ["AERO_DATA_DIR"]) / "all-waiting"
+    # The answer as the real read stores it (a checkout from before it had its own
+    # encoding stored a row per sample: the same rows).
+    encode = getattr(slow, "samples_result", None) or (
+        lambda rows: {"samples": [[ts.isoformat(), s, m, v] for ts, s, m, v in rows]}
+    )
 
     def read(args: dict[str, Any]) -> dict[str, Any]:
         while not gate.exists():
@@ -176,12 +223,74 @@ def run_runner(latency: float) -> None:
             (r for r in rows if r[2] in wanted and since <= r[0] <= until),
             key=lambda r: (r[1], r[2], r[0]),
         )
-        return {"samples": [[ts.isoformat(), s, m, float(v)] for ts, s, m, v in kept]}
+        # As the real read answers (packs.diagnosis.slow): the same encoding.
+        return encode([(ts, s, m, float(v)) for ts, s, m, v in kept])
 
+    trace = os.environ.get("AERO_BENCH_TRACE")
+    if trace:
+        read = _traced(read, Path(trace))
     # The reads wait for the gate (every session waiting on its read), however long the
     # workers take to get every session there.
     slow_tools.register_slow_tool(slow.METRICS_READ, read, lambda _: 3600.0)
     call_command("aero_llm_runner")
+
+
+def _traced(read: Any, path: Path) -> Any:
+    """The runner's profile of the wave (--trace): per read, when its tool started and
+    ended, when its answer's transaction started and ended, and the runner's time in
+    the garbage collector; written as JSON lines to `path` as they happen."""
+    import gc
+    import threading
+
+    from diagnosis.llm_runner import records, runner
+
+    out = path.open("a", buffering=1)
+    # Reentrant: the collector's callback may run inside a write (json.dumps allocates).
+    lock = threading.RLock()
+
+    def write(**row: Any) -> None:
+        with lock:
+            out.write(json.dumps(row) + "\n")
+
+    collecting: dict[str, float] = {}
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            collecting["at"] = time.time()
+        elif "at" in collecting:
+            write(gc=info["generation"], start=collecting.pop("at"), end=time.time())
+
+    gc.callbacks.append(on_gc)
+
+    def tool(args: dict[str, Any]) -> dict[str, Any]:
+        started = time.time()
+        result: dict[str, Any] = read(args)
+        write(tool=args["since"], start=started, end=time.time())
+        return result
+
+    finish = records.finish_tool
+
+    def finish_tool(call: Any, *rest: Any) -> None:
+        started = time.time()
+        finish(call, *rest)
+        write(finish=call.key, start=started, end=time.time())
+
+    runner.finish_tool = finish_tool  # type: ignore[attr-defined]
+
+    from django.db.backends import utils
+
+    execute = utils.CursorWrapper._execute
+
+    def timed(self: Any, sql: str, *rest: Any) -> Any:
+        started = time.time()
+        try:
+            return execute(self, sql, *rest)
+        finally:
+            words = sql.split()
+            write(sql=" ".join(words[:3])[:60], start=started, end=time.time())
+
+    utils.CursorWrapper._execute = timed  # type: ignore[method-assign]
+    return tool
 
 
 def drive(args: argparse.Namespace) -> None:
@@ -235,7 +344,13 @@ def drive(args: argparse.Namespace) -> None:
     released = time.time()
     (data / "all-waiting").touch()
     done_at: float | None = None
-    while time.monotonic() - started < args.timeout:
+    reads = Event.objects.filter(session_id__in=ids, type="tool.slow_call")
+    while args.wave_only and time.monotonic() - started < args.timeout:
+        # Only the wave is measured: stop once every read is answered.
+        if reads.count() >= len(ids):
+            break
+        time.sleep(0.1)
+    while not args.wave_only and time.monotonic() - started < args.timeout:
         if not Session.objects.filter(pk__in=ids, status__in=moving).exists():
             done_at = time.monotonic() - started
             break
@@ -244,7 +359,6 @@ def drive(args: argparse.Namespace) -> None:
     statuses = dict.fromkeys(("waiting_user", "completed", "failed"), 0)
     for status in Session.objects.filter(pk__in=ids).values_list("status", flat=True):
         statuses[status] = statuses.get(status, 0) + 1
-    reads = Event.objects.filter(session_id__in=ids, type="tool.slow_call")
     answered = [ts.timestamp() for ts in reads.values_list("ts", flat=True)]
     # Each read's time on the runner: from its start (its end less its latency) to its end.
     # (a read held at the gate started at the release)
@@ -307,6 +421,16 @@ def main() -> None:
     parser.add_argument(
         "--db-suffix", default="", help="appended to the scratch database's name (parallel runs)"
     )
+    parser.add_argument(
+        "--wave-only",
+        action="store_true",
+        help="stop once every read is answered (the wave), not at every fix's approval",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="profile the wave in the runner: its tool calls, answers and garbage collection",
+    )
     parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--runner", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ready", type=int, default=0, help=argparse.SUPPRESS)
@@ -341,6 +465,10 @@ def main() -> None:
             f" {r['latency_s']:g} s; serially {sessions * r['latency_s']:.0f} s; in the jobs"
             f" of 2 workers {sessions * r['latency_s'] / 2:.0f} s)"
         )
+        if r.get("profile"):
+            print(f"{r['latency_s']:g} s tool: the runner's profile of the wave: {r['profile']}")
+        if args.wave_only:
+            continue
         print(
             f"{r['latency_s']:g} s tool: all {sessions} sessions done in {when};"
             f" {r.get('jobs', 0)} jobs, {r.get('reads_ok', 0)} reads made"

@@ -6,6 +6,7 @@ fails that call only and the session says what it lacked."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import tarfile
@@ -109,7 +110,7 @@ def test_a_prometheus_read_is_a_wait_and_the_session_concludes_as_from_the_file(
     assert leases == [None]  # run once, by the runner, with no job holding the session
     (request,) = read_requests(session)
     assert request.status == "done" and request.reply is not None
-    assert len(request.reply["result"]["samples"]) > 100
+    assert len(slow.samples_of(request.reply["result"])) > 100
     outcomes = Event.objects.filter(session=session, type="tool.slow_call")
     (outcome,) = outcomes.filter(payload__tool="metrics_read")
     assert outcome.payload["status"] == "ok"
@@ -363,3 +364,25 @@ def test_a_runner_killed_mid_read_is_replaced_and_the_read_recorded_once(
     assert calls.count() == len(set(calls.values_list("call_id", flat=True)))
     assert calls.get(tool_name="anomalies").status == "completed"
     assert session.snapshot["root_cause"]["service"] == "payments"
+
+
+def test_a_metrics_read_is_stored_compactly_and_read_back_as_the_same_samples() -> None:
+    """The stored answer holds each series once (times in epoch milliseconds): read back,
+    the samples are Prometheus's, in the order prometheus.samples gives them."""
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime(2026, 10, 5, 8, 0, tzinfo=UTC)
+    rows = sorted(
+        (
+            (start + timedelta(seconds=15 * n, milliseconds=n % 7), service, metric, n / 3)
+            for n in range(200)
+            for service, metric in (("inventory", "up"), ("orders", "latency_p99_ms"))
+        ),
+        key=lambda r: (r[1], r[2], r[0]),
+    )
+    stored = slow.samples_result(rows)
+    assert len(stored["series"]) == 2
+    assert slow.samples_of(stored) == rows
+    as_rows = {"samples": [[ts.isoformat(), s, m, v] for ts, s, m, v in rows]}
+    assert len(json.dumps(stored)) < len(json.dumps(as_rows)) / 2
+    assert slow.samples_of(as_rows) == rows  # an answer stored before, as rows

@@ -7,7 +7,7 @@ repository's path), never a secret: the tool reads it when it runs."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ CODE_READ = "code_read"
 COMMITS_READ = "commits_read"
 # Beyond the sum of its requests' timeouts: the runner's own margin for a call.
 SLACK_SECONDS = 5.0
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MILLISECOND = timedelta(milliseconds=1)  # Prometheus's resolution
 
 
 # --- metrics ----------------------------------------------------------------------------
@@ -50,10 +52,37 @@ def read_samples(
         result = call_slow(METRICS_READ, args)
     except SlowToolFailed as exc:
         raise MetricsSourceError(str(exc)) from None
-    return [
-        (datetime.fromisoformat(ts), service, metric, float(value))
-        for ts, service, metric, value in result["samples"]
+    return samples_of(result)
+
+
+def samples_result(rows: list[Sample]) -> dict[str, Any]:
+    """A metrics read's answer as stored: each series once, (service, metric, its times in
+    epoch milliseconds, its values). A row per sample repeating its service, metric and
+    an ISO time was three times the size, and the runner's write of 100 such answers at
+    once (encoding, then PostgreSQL parsing them as jsonb) was most of their wave."""
+    series: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+    for ts, service, metric, value in rows:
+        times, values = series.setdefault((service, metric), ([], []))
+        times.append((ts - EPOCH) // MILLISECOND)
+        values.append(value)
+    return {"series": [[s, m, times, values] for (s, m), (times, values) in series.items()]}
+
+
+def samples_of(result: dict[str, Any]) -> list[Sample]:
+    """The samples of a stored answer (UTC, as Prometheus gives them), in the order
+    prometheus.samples sorts them; an answer stored as rows (before) is read too."""
+    if "samples" in result:
+        return [
+            (datetime.fromisoformat(ts), service, metric, float(value))
+            for ts, service, metric, value in result["samples"]
+        ]
+    rows = [
+        (EPOCH + ms * MILLISECOND, service, metric, float(value))
+        for service, metric, times, values in result["series"]
+        for ms, value in zip(times, values, strict=True)
     ]
+    rows.sort(key=lambda r: (r[1], r[2], r[0]))
+    return rows
 
 
 def _metrics_read(args: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +101,7 @@ def _metrics_read(args: dict[str, Any]) -> dict[str, Any]:
         datetime.fromisoformat(args["since"]),
         datetime.fromisoformat(args["until"]),
     )
-    return {"samples": [[ts.isoformat(), svc, metric, value] for ts, svc, metric, value in rows]}
+    return samples_result(rows)
 
 
 def _metrics_timeout(args: dict[str, Any]) -> float:
