@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
+from aero import keys
 from aero.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
 # Generic admin/queryset classes (ModelAdmin[Model]) at run time, as the type stubs see them.
@@ -32,73 +31,8 @@ DATABASE_URL = env_str("DATABASE_URL")
 PRODUCTION = bool(DATABASE_URL)
 
 
-def _required_in_production(name: str, purpose: str) -> None:
-    raise ImproperlyConfigured(
-        f"{name} must be set in production mode (DATABASE_URL is set): {purpose}. "
-        "See docs/security.md."
-    )
-
-
-def _generated(file_name: str, make: Callable[[], str]) -> str:
-    # Embedded mode keeps generated secrets on disk so logins and stored keys survive a
-    # restart; the file is readable by its owner only.
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-    path = DATA_DIR / file_name
-    if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(make())
-    return path.read_text().strip()
-
-
-def _refuse_weak(name: str, value: str, minimum: int) -> None:
-    """Production refuses a guessable key: Django's own bar for SECRET_KEY (check
-    --deploy, W009): enough characters, and not a repetition of a few."""
-    if len(value) < minimum or len(set(value)) < 5 or value.startswith("django-insecure-"):
-        raise ImproperlyConfigured(
-            f"{name} is too weak: use at least {minimum} random characters "
-            "(python -c 'import secrets; print(secrets.token_urlsafe(50))'). "
-            "See docs/security.md."
-        )
-
-
-def _secret_key() -> str:
-    configured = env_str("AERO_SECRET_KEY")
-    if configured:
-        if PRODUCTION:
-            _refuse_weak("AERO_SECRET_KEY", configured, 50)
-        return configured
-    if PRODUCTION:
-        _required_in_production("AERO_SECRET_KEY", "it signs sessions and CSRF tokens")
-    return _generated("secret_key", lambda: secrets.token_urlsafe(50))
-
-
-def _encryption_keys(secret_key: str) -> list[str]:
-    """AERO_ENCRYPTION_KEYS: comma-separated, the first encrypts, all decrypt (rotation:
-    docs/security.md). AERO_ENCRYPTION_KEY, the older single key, still counts."""
-    keys = env_list("AERO_ENCRYPTION_KEYS", []) or env_list("AERO_ENCRYPTION_KEY", [])
-    if keys:
-        if PRODUCTION:
-            # A Fernet key (44 characters) passes; a passphrase must be as long.
-            for key in keys:
-                _refuse_weak("AERO_ENCRYPTION_KEYS (each key)", key, 32)
-        return keys
-    if PRODUCTION:
-        _required_in_production(
-            "AERO_ENCRYPTION_KEYS",
-            "it encrypts provider API keys, and every web and worker host must use the same "
-            "keys (generate one with: python -c 'from cryptography.fernet import Fernet; "
-            "print(Fernet.generate_key().decode())')",
-        )
-    from cryptography.fernet import Fernet
-
-    generated = _generated("encryption_keys", lambda: Fernet.generate_key().decode())
-    # Secrets stored before the keys file existed were encrypted with a key derived from
-    # SECRET_KEY: it still decrypts them (decrypt only) until `rotate_keys` re-encrypts.
-    return [*[k.strip() for k in generated.split(",") if k.strip()], secret_key]
-
-
-SECRET_KEY = _secret_key()
-AERO_ENCRYPTION_KEYS = _encryption_keys(SECRET_KEY)
+SECRET_KEY = keys.secret_key(PRODUCTION, DATA_DIR)
+AERO_ENCRYPTION_KEYS = keys.encryption_keys(SECRET_KEY, PRODUCTION, DATA_DIR)
 DEBUG = env_bool("AERO_DEBUG", False)
 ALLOWED_HOSTS = env_list("AERO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("AERO_CSRF_TRUSTED_ORIGINS", [])
@@ -469,7 +403,7 @@ AERO_CHECKPOINT_SQLITE = Path(
 # SECRET_KEY: every process of a deployment must share it, or verify_audit fails.
 AERO_AUDIT_KEY = env_str("AERO_AUDIT_KEY")
 if AERO_AUDIT_KEY and PRODUCTION:
-    _refuse_weak("AERO_AUDIT_KEY", AERO_AUDIT_KEY, 32)
+    keys.refuse_weak("AERO_AUDIT_KEY", AERO_AUDIT_KEY, 32)
 # The chains' heads, anchored outside the database every AERO_ANCHOR_EVERY entries (0:
 # never) and at shutdown, appended to this file (aero.anchors).
 AERO_ANCHOR_FILE = Path(env_str("AERO_ANCHOR_FILE", str(DATA_DIR / "anchors.jsonl")))
