@@ -253,6 +253,9 @@ class DomainPack:
     # ... where the row editor marks a problem of one of them: (issue, the scenario form,
     # the page's live row forms by part) -> the summary's line, or None: not one of its.
     place_draft_issue: Callable[[Any, Any, Mapping[str, list[Any]]], str | None] | None = None
+    # ... how its YAML file orders them: (definition) -> {its own key: the value with every
+    # mapping in canonical order}; None: by its definition model's field order ...
+    canonical_parts: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # ... and the scenario admin's inlines that edit them, in page order (the core's
     # field and value inlines among them where the pack wants them).
     row_inlines: tuple[Any, ...] = ()

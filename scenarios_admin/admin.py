@@ -61,22 +61,6 @@ class ScenarioAdmin(ScenarioPages):
             },
         ),
         (
-            gettext_lazy("Impact analysis"),
-            {"fields": [("impact_start", "radius_key", "default_radius")]},
-        ),
-        (
-            gettext_lazy("Compliance state machine"),
-            {
-                "classes": ["collapse"],
-                "description": gettext_lazy(
-                    "The six states a session passes through, in order. The agent may only "
-                    "assess risk once all P1 fields are known, propose actions after the "
-                    "impact analysis, and report once every action is decided."
-                ),
-                "fields": [("state_1", "state_2", "state_3"), ("state_4", "state_5", "state_6")],
-            },
-        ),
-        (
             gettext_lazy("Report template"),
             {"classes": ["collapse"], "fields": ["report_template_zh", "report_template_en"]},
         ),

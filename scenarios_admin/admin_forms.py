@@ -18,16 +18,6 @@ from scenarios_admin.draft import SCENARIO_COLUMNS, Draft, check_draft, row_part
 from scenarios_admin.models import Scenario, ScenarioKind
 from scenarios_admin.schema import field_type_labels, installed_kinds, row_words
 
-COMPLIANCE_LABELS = (
-    gettext_lazy("1. start"),
-    gettext_lazy("2. all P1 fields known"),
-    gettext_lazy("3. risk assessed"),
-    gettext_lazy("4. impact analysed"),
-    gettext_lazy("5. actions decided"),
-    gettext_lazy("6. reported"),
-)
-
-
 # --- scenario draft -----------------------------------------------------------------------
 
 
@@ -124,24 +114,10 @@ class FieldValueForm(DraftForm):
         }
 
 
-def _state_field(number: int) -> forms.CharField:
-    return forms.CharField(
-        label=COMPLIANCE_LABELS[number - 1],
-        max_length=40,
-        widget=forms.TextInput(attrs={"size": 18}),
-    )
-
-
 class ScenarioForm(DraftForm):
-    """The scenario's own fields, with the six compliance states as six inputs."""
+    """The scenario's own fields (a pack's settings are its rows': DomainPack.row_inlines)."""
 
     cross_check: CrossCheck | None = None
-    state_1 = _state_field(1)
-    state_2 = _state_field(2)
-    state_3 = _state_field(3)
-    state_4 = _state_field(4)
-    state_5 = _state_field(5)
-    state_6 = _state_field(6)
 
     class Meta:
         model = Scenario
@@ -152,9 +128,6 @@ class ScenarioForm(DraftForm):
             "kind",
             "is_active",
             "system_prompt",
-            "impact_start",
-            "radius_key",
-            "default_radius",
             "report_template_zh",
             "report_template_en",
             "budget_steps",
@@ -186,19 +159,8 @@ class ScenarioForm(DraftForm):
                 for value, label in [("", "---------"), *ScenarioKind.choices]
                 if value in ("", *served) or value == self.instance.kind
             ]
-        states = list(self.instance.compliance_states or [])
-        for i in range(len(COMPLIANCE_LABELS)):
-            if i < len(states):
-                self.fields[f"state_{i + 1}"].initial = states[i]
         if self.cross_check is not None:
             self.cross_check.form = self
-
-    def clean(self) -> dict[str, Any] | None:
-        cleaned = super().clean() or {}
-        self.instance.compliance_states = [
-            str(cleaned.get(f"state_{i + 1}", "")).strip() for i in range(len(COMPLIANCE_LABELS))
-        ]
-        return cleaned
 
 
 # Where a path of the definition is edited: (draft part, column) per leading key.
@@ -223,7 +185,6 @@ SCENARIO_PATHS = {
     "name.en": "name_en",
     "kind": "kind",
     "system_prompt": "system_prompt",
-    "compliance.states": "state_1",
     "report_template.zh": "report_template_zh",
     "report_template.en": "report_template_en",
 }
@@ -273,8 +234,7 @@ def _place_issue(
     path, message = issue.path, issue.message
     if path in SCENARIO_PATHS or any(path.startswith(p + ".") for p in SCENARIO_PATHS):
         key = next(p for p in sorted(SCENARIO_PATHS, key=len, reverse=True) if path.startswith(p))
-        verbose = "compliance states" if key == "compliance.states" else ""
-        return place_problem(form, SCENARIO_PATHS[key], message, "Scenario", verbose)
+        return place_problem(form, SCENARIO_PATHS[key], message, "Scenario")
     if path.startswith("fields."):
         name, _, rest = path[len("fields.") :].partition(".")
         if rest.startswith("values."):

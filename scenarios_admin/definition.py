@@ -142,7 +142,9 @@ def _as_text(value: Any) -> str:
 
 # --- the document's parts (scenarios_admin.schema validates them) ----------------------
 
-# Key orders of a definition's mappings, as its YAML file lists them (scenarios_admin.yamlio).
+# Key orders of a definition's mappings, as its YAML file lists them (scenarios_admin.yamlio):
+# the core's top-level keys (a kind's definition model may list its own among them:
+# DefinitionBase.key_order) and a field value's.
 TOP_KEYS = (
     "slug",
     "name",
@@ -150,19 +152,10 @@ TOP_KEYS = (
     "system_prompt",
     "field_order",
     "fields",
-    "risk_rules",
-    "impact",
-    "actions",
-    "compliance",
     "report_template",
-    "examples",
     "budget",
 )
 VALUE_KEYS = ("label", "synonyms", "fallback")
-RULE_KEYS = ("id", "when", "level", "score")
-IMPACT_KEYS = ("start", "radius_key", "radius", "default_radius")
-ACTION_KEYS = ("tool", "risk_class", "for_each", "when", "args")
-EXAMPLE_KEYS = ("text", "fields", "rule", "level", "actions")
 # Names the condition language and the action placeholders use for other things.
 RESERVED_FIELD_NAMES = ("level", "impact", "any", "item", "risk", "fields")
 # Lists an admin types into one box are split on these (see scenarios_admin.draft).

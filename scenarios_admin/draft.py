@@ -30,10 +30,6 @@ SCENARIO_COLUMNS = (
     "name_en",
     "kind",
     "system_prompt",
-    "impact_start",
-    "radius_key",
-    "default_radius",
-    "compliance_states",
     "report_template_zh",
     "report_template_en",
     "budget_steps",
@@ -284,11 +280,10 @@ def definition_from_draft(draft: Draft) -> tuple[dict[str, Any], list[Issue]]:
         "system_prompt": s["system_prompt"],
         "field_order": list(fields),
         "fields": fields,
-        "compliance": {"states": list(s["compliance_states"] or [])},
         "report_template": _texts(s["report_template_zh"], s["report_template_en"]),
     }
-    # The kind's own parts (the apron's rules, impact, actions and examples), read by its
-    # pack from its rows.
+    # The kind's own parts (the apron's rules, impact, actions, compliance and examples),
+    # read by its pack from its rows.
     pack = row_pack(str(s["kind"]))
     if pack is not None and pack.draft_definition is not None:
         definition.update(pack.draft_definition(draft, fields, issues))
@@ -354,7 +349,6 @@ def draft_from_definition(definition: dict[str, Any]) -> Draft:
             "name_en": definition["name"]["en"],
             "kind": definition["kind"],
             "system_prompt": definition.get("system_prompt", ""),
-            "compliance_states": list(definition["compliance"]["states"]),
             "report_template_zh": templates["zh"],
             "report_template_en": templates["en"],
             **{

@@ -33,24 +33,6 @@ class Scenario(models.Model):
     system_prompt = models.TextField(
         blank=True, help_text=_("Instructions for LLM providers (the offline provider ignores it).")
     )
-    impact_start = models.CharField(
-        "impact starts at",
-        max_length=64,
-        blank=True,
-        help_text=_("The position field whose node starts the impact analysis."),
-    )
-    radius_key = models.CharField(
-        "radius depends on",
-        max_length=64,
-        blank=True,
-        help_text=_(
-            "An enum field whose value selects the spread radius row; empty: by level only."
-        ),
-    )
-    default_radius = models.PositiveSmallIntegerField(
-        default=1, help_text=_("Hops when no spread radius row matches.")
-    )
-    compliance_states = models.JSONField(default=list, blank=True)
     report_template_zh = models.TextField("report template (zh)", blank=True)
     report_template_en = models.TextField("report template (en)", blank=True)
     # The model budget of a session; empty: the provider's, else unlimited.

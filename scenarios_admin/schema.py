@@ -278,6 +278,9 @@ class DefinitionBase[SpecT: FieldSpec](Part):
     own_field_types: ClassVar[Mapping[str, str]] = {}
     impact_lists: ClassVar[tuple[str, ...]] = ()
     node_kinds: ClassVar[tuple[str, ...]] = ()
+    # Its YAML file's top-level keys in order, the core's among them (scenarios_admin.yamlio);
+    # empty: the core's, then its own.
+    key_order: ClassVar[tuple[str, ...]] = ()
 
     slug: Annotated[str, BeforeValidator(_slug)]
     name: Texts

@@ -1,10 +1,12 @@
 """Scenario definitions as YAML files: one file per scenario, in a canonical form.
 
 A definition stored in PostgreSQL (jsonb) keeps no key order, so the order of every
-mapping in the file is defined here, never taken from the stored document: fixed keys in
-the order below, fields in `field_order`, condition keys by field order, enum values
-alphabetically (bool: true, false), radius levels HIGH, MEDIUM, LOW. The same definition
-therefore always gives the same bytes, and `dump(load(dump(d))) == dump(d)`.
+mapping in the file is defined, never taken from the stored document: the core's keys in
+the order below (or the order the kind's definition model lists, its own keys among them:
+`key_order`), fields in `field_order`, enum values alphabetically (bool: true, false); the
+pack orders its own parts (DomainPack.canonical_parts), else its model's field order does.
+The same definition therefore always gives the same bytes, and
+`dump(load(dump(d))) == dump(d)`.
 """
 
 from __future__ import annotations
@@ -16,20 +18,8 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel
 
-from aero.packs import UnknownDomain, action_args, pack_for
-from scenarios_admin.definition import (
-    ACTION_KEYS,
-    EXAMPLE_KEYS,
-    IMPACT_KEYS,
-    LANGUAGES,
-    LEVELS,
-    RULE_KEYS,
-    TOP_KEYS,
-    VALUE_KEYS,
-    Issue,
-    value_order,
-)
-from scenarios_admin.schema import row_words
+from aero.packs import DomainPack, UnknownDomain, pack_for
+from scenarios_admin.definition import LANGUAGES, TOP_KEYS, VALUE_KEYS, Issue, value_order
 
 FIELD_KEY_ORDER = ("label", "type", "kinds", "priority", "ask", "default", "values", "measure")
 BAND_KEY_ORDER = ("above", "at_least", "value")
@@ -102,39 +92,35 @@ def dump_definition(definition: dict[str, Any]) -> str:
 
 def canonical(definition: dict[str, Any]) -> dict[str, Any]:
     """A copy of a valid definition with every mapping in canonical key order."""
-    fields = definition["fields"]
-    order = list(definition["field_order"])
+    pack = _pack(definition.get("kind"))
+    model = pack.definition_model if pack is not None else None
+    own = pack.canonical_parts(definition) if pack and pack.canonical_parts else {}
+    model_fields = getattr(model, "model_fields", {})
+    # The kind's order (its own keys among the core's), else the core's; keys in neither
+    # follow in the document's order, each in its model's field order.
+    order = getattr(model, "key_order", ()) or TOP_KEYS
     out: dict[str, Any] = {}
-    for key in TOP_KEYS:
+    for key in order:
         if key not in definition:
             continue
         value = definition[key]
         if key in ("name", "report_template"):
-            value = _ordered(value, LANGUAGES)
+            value = ordered(value, LANGUAGES)
         elif key == "fields":
-            value = {name: _field(value[name]) for name in order}
-        elif key == "risk_rules":
-            value = [_rule(rule, order) for rule in value]
-        elif key == "impact":
-            value = _impact(value, fields)
-        elif key == "actions":
-            value = [_action(action, order) for action in value]
-        elif key == "examples":
-            value = [_example(example, order) for example in value]
+            value = {name: _field(value[name]) for name in definition["field_order"]}
+        elif key in own:
+            value = own[key]
         out[key] = value
-    # A pack's own parts (the diagnosis playbook) follow, each in its model's field order.
-    model = _definition_model(definition.get("kind"))
-    model_fields = getattr(model, "model_fields", {})
     for key, value in definition.items():
         if key not in out:
             known = model_fields.get(key)
-            out[key] = _by_model(value, known.annotation) if known is not None else value
+            out[key] = own.get(key, _by_model(value, known.annotation) if known else value)
     return out
 
 
-def _definition_model(kind: Any) -> Any:
+def _pack(kind: Any) -> DomainPack | None:
     try:
-        return pack_for(str(kind)).definition_model
+        return pack_for(str(kind))
     except UnknownDomain:
         return None
 
@@ -147,10 +133,10 @@ def _by_model(value: Any, annotation: Any) -> Any:
         if not isinstance(value, dict):
             return value
         fields = annotation.model_fields
-        ordered = _ordered(value, tuple(fields))
+        in_order = ordered(value, tuple(fields))
         return {
             k: (_by_model(v, fields[k].annotation) if k in fields else v)
-            for k, v in ordered.items()
+            for k, v in in_order.items()
         }
     args = [a for a in get_args(annotation) if a is not type(None)]
     origin = get_origin(annotation)
@@ -159,93 +145,36 @@ def _by_model(value: Any, annotation: Any) -> Any:
     if origin is dict and isinstance(value, dict) and len(args) == 2:
         # Keys from a Literal (texts by language) in the Literal's order.
         keys = get_args(args[0]) if get_origin(args[0]) is Literal else ()
-        return {k: _by_model(v, args[1]) for k, v in _ordered(value, keys).items()}
+        return {k: _by_model(v, args[1]) for k, v in ordered(value, keys).items()}
     if len(args) == 1:  # Optional[X] and Annotated-free unions of one model
         return _by_model(value, args[0])
     return value
 
 
-def _ordered(mapping: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+def ordered(mapping: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """`mapping` with `keys` first, in their order, then the rest as they were."""
     known = {k: mapping[k] for k in keys if k in mapping}
     return known | {k: v for k, v in mapping.items() if k not in known}
 
 
 def _field(spec: dict[str, Any]) -> dict[str, Any]:
-    out = _ordered(spec, FIELD_KEY_ORDER)
+    out = ordered(spec, FIELD_KEY_ORDER)
     for key in ("label", "ask"):
         if key in out:
-            out[key] = _ordered(out[key], LANGUAGES)
+            out[key] = ordered(out[key], LANGUAGES)
     if "values" in out:
         out["values"] = {value: _value(out["values"][value]) for value in value_order(spec)}
     if "measure" in out:
-        measure = _ordered(out["measure"], ("units", "bands"))
-        measure["bands"] = [_ordered(band, BAND_KEY_ORDER) for band in measure.get("bands", [])]
+        measure = ordered(out["measure"], ("units", "bands"))
+        measure["bands"] = [ordered(band, BAND_KEY_ORDER) for band in measure.get("bands", [])]
         out["measure"] = measure
     return out
 
 
 def _value(spec: dict[str, Any]) -> dict[str, Any]:
-    out = _ordered(spec, VALUE_KEYS)
+    out = ordered(spec, VALUE_KEYS)
     if "label" in out:
-        out["label"] = _ordered(out["label"], LANGUAGES)
-    return out
-
-
-def _when(when: dict[str, Any], order: list[str]) -> dict[str, Any]:
-    def rank(key: str) -> tuple[int, int, str]:
-        name, _, attribute = key.partition(".")
-        if name in order:
-            return (0, order.index(name) * 2 + (1 if attribute else 0), key)
-        if key == "level":
-            return (1, 0, key)
-        if name == "impact":
-            lists = row_words("impact_lists")
-            position = lists.index(attribute) if attribute in lists else 99
-            return (2, position, key)
-        if key == "any":
-            return (4, 0, key)
-        return (3, 0, key)
-
-    out: dict[str, Any] = {}
-    for key in sorted(when, key=rank):
-        value = when[key]
-        out[key] = [_when(branch, order) for branch in value] if key == "any" else value
-    return out
-
-
-def _rule(rule: dict[str, Any], order: list[str]) -> dict[str, Any]:
-    out = _ordered(rule, RULE_KEYS)
-    if "when" in out:
-        out["when"] = _when(out["when"], order)
-    return out
-
-
-def _impact(impact: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
-    out = _ordered(impact, IMPACT_KEYS)
-    radius = out.get("radius", {})
-    if out.get("radius_key"):
-        key_spec = fields.get(out["radius_key"], {})
-        values = [v for v in value_order(key_spec) if v in radius]
-        values += sorted(v for v in radius if v not in values)
-        out["radius"] = {v: _ordered(radius[v], LEVELS) for v in values}
-    else:
-        out["radius"] = _ordered(radius, LEVELS)
-    return out
-
-
-def _action(action: dict[str, Any], order: list[str]) -> dict[str, Any]:
-    out = _ordered(action, ACTION_KEYS)
-    if "when" in out:
-        out["when"] = _when(out["when"], order)
-    if "args" in out:
-        out["args"] = _ordered(out["args"], action_args(str(action.get("tool", ""))))
-    return out
-
-
-def _example(example: dict[str, Any], order: list[str]) -> dict[str, Any]:
-    out = _ordered(example, EXAMPLE_KEYS)
-    if "fields" in out:
-        out["fields"] = _ordered(out["fields"], tuple(order))
+        out["label"] = ordered(out["label"], LANGUAGES)
     return out
 
 

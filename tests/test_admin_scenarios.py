@@ -307,12 +307,33 @@ def test_renaming_a_field_shows_everything_that_still_uses_the_old_name(root: Cl
 
 def test_the_compliance_state_machine_needs_six_distinct_states(root: Client) -> None:
     data = page_data(root)
-    data["state_4"] = "RISK_ASSESSED"
+    data["apron_draft-0-state_4"] = "RISK_ASSESSED"
 
     assert problems(save(root, data)) == [
         "Scenario, compliance states: must name exactly 6 distinct states, in order: start, "
         "all P1 fields known, risk assessed, impact analysed, actions decided, reported"
     ]
+
+
+def test_the_impact_settings_are_edited_and_checked_on_their_row(root: Client) -> None:
+    """The apron settings (the airport pack's row) are on the page: a start that is not a
+    position field is refused and marked on its input; a good edit is the next draft's."""
+    data = page_data(root)
+    assert data["apron_draft-0-impact_start"] == "position"
+    data["apron_draft-0-impact_start"] = "fluid_type"
+
+    response = save(root, data)
+    assert problems(response) == [
+        "Scenario, impact starts at: 'fluid_type' is not a position field"
+    ]
+    html = response.content.decode()
+    assert html.rindex("is not a position field") > html.index('id="apron_draft-group"')
+    assert assemble(scenario())[0]["impact"]["start"] == "position"
+
+    data["apron_draft-0-impact_start"] = "position"
+    data["apron_draft-0-default_radius"] = "3"
+    assert save(root, data).status_code == 302
+    assert assemble(scenario())[0]["impact"]["default_radius"] == 3
 
 
 def test_an_example_that_names_an_unknown_rule(root: Client) -> None:
@@ -542,16 +563,16 @@ def test_a_new_scenario_is_created_and_published_without_code(root: Client) -> N
         name_zh="燃油气味",
         name_en="Fuel smell",
         kind="apron",
-        impact_start="position",
-        default_radius="1",
         report_template_zh="# 燃油气味\r\n{{ risk.rule }}\r\n",
         report_template_en="# Fuel smell\r\n{{ risk.rule }}\r\n",
         _save="Save",
     )
+    # The apron settings: the airport pack's row (its one inline form).
+    data.update({"apron_draft-0-impact_start": "position", "apron_draft-0-default_radius": "1"})
     for i, state in enumerate(
         ["INIT", "FIELDS_COLLECTED", "RISK_ASSESSED", "IMPACT_ANALYZED", "DECIDED", "REPORTED"]
     ):
-        data[f"state_{i + 1}"] = state
+        data[f"apron_draft-0-state_{i + 1}"] = state
     ask = {"ask_zh": "哪里？", "ask_en": "Where?"}
     add_row(
         data,

@@ -29,7 +29,7 @@ class AirportPackConfig(AppConfig):
         from diagnosis.eventlog.registry import register_finding
         from diagnosis.eventlog.types.session import register_timeline_kind
         from diagnosis.wording import register_node_kind_labels, register_tool_labels
-        from packs.airport import actions, findings, lookups, rows, words
+        from packs.airport import actions, findings, lookups, rows, words, yaml_order
         from packs.airport.admin_rows import ROW_INLINES
         from packs.airport.agent.graph import build_graph
         from packs.airport.agent.prompts import REACT
@@ -93,6 +93,7 @@ class AirportPackConfig(AppConfig):
                 draft_definition=rows.definition_parts,
                 definition_draft=rows.draft_parts,
                 place_draft_issue=rows.place_issue,
+                canonical_parts=yaml_order.canonical_parts,
                 row_inlines=ROW_INLINES,
                 row_help_template="airport/_row_help.html",
                 moved_admin={

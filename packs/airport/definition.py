@@ -480,6 +480,21 @@ class ApronDefinition(DefinitionBase[ApronFieldSpec]):
     own_field_types = OWN_FIELD_TYPES
     impact_lists = IMPACT_LISTS
     node_kinds = NODE_KINDS
+    key_order = (
+        "slug",
+        "name",
+        "kind",
+        "system_prompt",
+        "field_order",
+        "fields",
+        "risk_rules",
+        "impact",
+        "actions",
+        "compliance",
+        "report_template",
+        "examples",
+        "budget",
+    )
     risk_rules: Annotated[
         list[RiskRule], also(_rules), shape(list, "must be a non-empty list", non_empty=True)
     ]

@@ -1,7 +1,7 @@
 """The airport world: one active topology (stands, taxiway and runway nodes, the edges
 between them, runways by their reference node) and the flights at its stands; the
-restrictions in force; the apron scenario draft's own rows. The tables keep the names they
-had when the core held them (db_table), so no data moves."""
+restrictions in force; the apron scenario draft's own settings and rows. The tables the
+core held keep their names (db_table), so no data moves."""
 
 from __future__ import annotations
 
@@ -180,6 +180,38 @@ class Restriction(models.Model):
 # A scenario draft's rules, spread radius, actions and example cases, as the scenario admin's
 # row editor edits them (the core keeps the draft's fields and values, which every
 # row-edited kind has). The tables keep the names they had in the core (db_table).
+
+
+class ApronDraft(models.Model):
+    """A draft's apron settings, one row per scenario: where the impact analysis starts,
+    what its spread radius depends on, and the compliance state machine's six states."""
+
+    scenario = models.OneToOneField(Scenario, on_delete=models.CASCADE, related_name="apron_draft")
+    impact_start = models.CharField(
+        "impact starts at",
+        max_length=64,
+        blank=True,
+        help_text=_("The position field whose node starts the impact analysis."),
+    )
+    radius_key = models.CharField(
+        "radius depends on",
+        max_length=64,
+        blank=True,
+        help_text=_(
+            "An enum field whose value selects the spread radius row; empty: by level only."
+        ),
+    )
+    default_radius = models.PositiveSmallIntegerField(
+        default=1, help_text=_("Hops when no spread radius row matches.")
+    )
+    compliance_states = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        verbose_name = "apron settings"
+        verbose_name_plural = "apron settings"
+
+    def __str__(self) -> str:
+        return f"impact from {self.impact_start or '?'}"
 
 
 class RiskRule(DraftRow):

@@ -2,8 +2,8 @@
 the scenario admin's row editor, the YAML import and load_builtin read and write, as
 (model, columns) per part of scenarios_admin.draft.Draft, in the order rows are written;
 how those rows and the definition's own parts (risk rules, the impact with its spread
-radius, actions, examples) are read from each other; and where the row editor shows a
-problem of one of those parts."""
+radius, actions, compliance states, examples) are read from each other; and where the row
+editor shows a problem of one of those parts."""
 
 from __future__ import annotations
 
@@ -12,9 +12,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from django import forms
+from django.db.models import Field
 
 from aero.packs import action_args
-from packs.airport.models import RiskRule, ScenarioAction, ScenarioExample, SpreadRadius
+from packs.airport.models import (
+    ApronDraft,
+    RiskRule,
+    ScenarioAction,
+    ScenarioExample,
+    SpreadRadius,
+)
 from scenarios_admin.admin_check import place_problem
 from scenarios_admin.conditions import condition_text
 from scenarios_admin.definition import Issue
@@ -27,7 +34,10 @@ from scenarios_admin.draft import (
     split_list,
 )
 
+SETTINGS_COLUMNS = ("impact_start", "radius_key", "default_radius", "compliance_states")
 DRAFT_ROWS: dict[str, tuple[type[Any], tuple[str, ...]]] = {
+    # One row (ApronDraft): the scenario's apron settings.
+    "settings": (ApronDraft, SETTINGS_COLUMNS),
     "rules": (RiskRule, ("rule_id", "condition", "level", "score")),
     "radii": (SpreadRadius, ("key_value", "level", "hops")),
     "actions": (ScenarioAction, ("tool", "risk_class", "condition", "for_each", "args")),
@@ -43,7 +53,7 @@ def definition_parts(
 ) -> dict[str, Any]:
     """The definition's apron parts the rows describe (`fields`: as the core read them),
     adding to `issues` what could not be read (paths as in the definition)."""
-    s = draft.scenario
+    s = settings_of(draft)
     rules = [
         {
             "id": row["rule_id"],
@@ -103,20 +113,40 @@ def definition_parts(
         }
         for i, row in enumerate(draft.part("examples"))
     ]
-    return {"risk_rules": rules, "impact": impact, "actions": actions, "examples": examples}
+    return {
+        "risk_rules": rules,
+        "impact": impact,
+        "actions": actions,
+        "compliance": {"states": list(s["compliance_states"] or [])},
+        "examples": examples,
+    }
+
+
+def settings_of(draft: Draft) -> dict[str, Any]:
+    """The draft's settings row; a draft without one (a scenario added without it) reads
+    as the model's defaults."""
+    rows = draft.part("settings")
+    if rows:
+        return rows[0]
+    defaults = {}
+    for column in SETTINGS_COLUMNS:
+        model_field = ApronDraft._meta.get_field(column)
+        defaults[column] = model_field.get_default() if isinstance(model_field, Field) else None
+    return defaults
 
 
 # --- definition -> rows -----------------------------------------------------------------
 
 
 def draft_parts(definition: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """The scenario's columns of the apron's own and the rows of its parts that a (valid)
-    definition is edited as."""
+    """The scenario's columns of the apron's own (none: its settings are a row) and the
+    rows of its parts that a (valid) definition is edited as."""
     impact = definition["impact"]
-    columns = {
+    settings = {
         "impact_start": impact["start"],
         "radius_key": impact.get("radius_key", ""),
         "default_radius": impact.get("default_radius", 1),
+        "compliance_states": list(definition["compliance"]["states"]),
     }
     rules = [
         {
@@ -161,16 +191,23 @@ def draft_parts(definition: dict[str, Any]) -> tuple[dict[str, Any], dict[str, l
         }
         for example in definition.get("examples", [])
     ]
-    return columns, {"rules": rules, "radii": radii, "actions": actions, "examples": examples}
+    return {}, {
+        "settings": [settings],
+        "rules": rules,
+        "radii": radii,
+        "actions": actions,
+        "examples": examples,
+    }
 
 
 # --- where the row editor shows a problem ---------------------------------------------------
 
-# Where a path of the definition is edited: the column per leading key.
-SCENARIO_PATHS = {
+# Where a path of the definition is edited: the settings row's column per leading key.
+SETTINGS_PATHS = {
     "impact.start": "impact_start",
     "impact.radius_key": "radius_key",
     "impact.default_radius": "default_radius",
+    "compliance.states": "state_1",
 }
 RULE_COLUMNS = {"id": "rule_id", "when": "condition", "level": "level", "score": "score"}
 ACTION_COLUMNS = {
@@ -199,12 +236,15 @@ def _column(rest: str, columns: dict[str, str]) -> str | None:
 
 
 def place_issue(issue: Issue, form: forms.BaseForm, live: Mapping[str, list[Any]]) -> str | None:
-    """Mark a problem of the apron's parts on the row (or the scenario's column) that
+    """Mark a problem of the apron's parts on the row (or the settings' column) that
     edits it and say where it is; None for a path of none of them."""
     path, message = issue.path, issue.message
-    if path in SCENARIO_PATHS or any(path.startswith(p + ".") for p in SCENARIO_PATHS):
-        key = next(p for p in sorted(SCENARIO_PATHS, key=len, reverse=True) if path.startswith(p))
-        return place_problem(form, SCENARIO_PATHS[key], message, "Scenario")
+    # The settings row's form, else (no row on the page) the scenario's.
+    settings = (live.get("settings") or [form])[0]
+    if path in SETTINGS_PATHS or any(path.startswith(p + ".") for p in SETTINGS_PATHS):
+        key = next(p for p in sorted(SETTINGS_PATHS, key=len, reverse=True) if path.startswith(p))
+        verbose = "compliance states" if key == "compliance.states" else ""
+        return place_problem(settings, SETTINGS_PATHS[key], message, "Scenario", verbose)
     match = _INDEXED.match(path)
     if match:
         part, index, rest = match.group(1), int(match.group(2)), match.group(3) or ""
@@ -228,5 +268,5 @@ def place_issue(issue: Issue, form: forms.BaseForm, live: Mapping[str, list[Any]
             if suffix and (row_path == suffix or row_path.startswith(suffix + ".")):
                 column = "hops" if row_path == suffix else "key_value"
                 return place_problem(row, column, message, "Spread radius")
-        return place_problem(form, "radius_key", message, "Spread radius")
+        return place_problem(settings, "radius_key", message, "Spread radius")
     return None
