@@ -11,14 +11,15 @@ from django.urls import URLPattern, path, reverse
 
 from aero.packs import moved_admin
 
-# The model admin's own pages: (path after the model's, the URL name's suffix).
+# The model admin's own pages: (path after the model's, the URL name's suffix, this
+# redirect's own name's suffix).
 _PAGES = (
-    ("", "changelist"),
-    ("add/", "add"),
-    ("<path:object_id>/change/", "change"),
-    ("<path:object_id>/history/", "history"),
-    ("<path:object_id>/delete/", "delete"),
-    ("<path:object_id>/", "change"),  # the admin's own short form of the change page
+    ("", "changelist", "changelist"),
+    ("add/", "add", "add"),
+    ("<path:object_id>/change/", "change", "change"),
+    ("<path:object_id>/history/", "history", "history"),
+    ("<path:object_id>/delete/", "delete", "delete"),
+    ("<path:object_id>/", "change", "short"),  # the admin's short form of the change page
 )
 
 
@@ -40,7 +41,8 @@ def moved_admin_urls() -> list[URLPattern]:
             f"admin/{old.replace('.', '/')}/{suffix}",
             view,
             {"target": new, "page": page},
+            name=f"admin_moved_{old.replace('.', '_')}_{own}",
         )
         for old, new in moved_admin().items()
-        for suffix, page in _PAGES
+        for suffix, page, own in _PAGES
     ]

@@ -19,7 +19,10 @@ SECRETS = {
 def clean_environment() -> dict[str, str]:
     """The caller's environment without its AERO and Django settings, plus the bench's
     secrets: for a server or worker process a benchmark starts."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
+    # Not the caller's PROMETHEUS_MULTIPROC_DIR: run.sh empties that folder at start.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_", "PROMETHEUS_"))
+    }
     env.update(SECRETS)
     env["PYTHONUNBUFFERED"] = "1"
     return env

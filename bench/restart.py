@@ -45,7 +45,10 @@ def start_until_ready(data: Path, *, always: bool) -> tuple[float, float]:
     """Seconds from starting run.sh until the sign-in page is served, and until /healthz
     answers 200; then stopped."""
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
+    # Not the caller's PROMETHEUS_MULTIPROC_DIR: run.sh empties that folder at start.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_", "PROMETHEUS_"))
+    }
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
     env.update(

@@ -156,10 +156,12 @@ def test_every_readme_command_has_a_test() -> None:
 
 def _embedded_env(data: Path, port: int) -> dict[str, str]:
     """A newcomer's shell: no DATABASE_URL or REDIS_URL, nothing of the test settings."""
+    # Not the caller's PROMETHEUS_MULTIPROC_DIR: run.sh empties that folder at start.
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith(("AERO_", "DJANGO_"))
+        if k not in ("DATABASE_URL", "REDIS_URL")
+        and not k.startswith(("AERO_", "DJANGO_", "PROMETHEUS_"))
     }
     env.update(AERO_DATA_DIR=str(data), AERO_PORT=str(port), PYTHONUNBUFFERED="1")
     return env

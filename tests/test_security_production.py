@@ -29,7 +29,10 @@ PASSWORD = "pw-for-tests"
 
 
 def production_env(db_url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_"))}
+    # Not the caller's PROMETHEUS_MULTIPROC_DIR: run.sh empties that folder at start.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("AERO_", "DJANGO_", "PROMETHEUS_"))
+    }
     env.pop("REDIS_URL", None)
     env.update(
         {

@@ -124,10 +124,12 @@ def test_a_step_is_skipped_only_while_its_inputs_are_unchanged(
 
 
 def _setup(data: Path) -> subprocess.CompletedProcess[str]:
+    # Not the caller's PROMETHEUS_MULTIPROC_DIR: run.sh empties that folder at start.
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("DATABASE_URL", "REDIS_URL") and not k.startswith(("AERO_", "DJANGO_"))
+        if k not in ("DATABASE_URL", "REDIS_URL")
+        and not k.startswith(("AERO_", "DJANGO_", "PROMETHEUS_"))
     }
     env["AERO_DATA_DIR"] = str(data)
     return subprocess.run(
