@@ -258,8 +258,8 @@ def _sqlite_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:
     path.parent.mkdir(parents=True, exist_ok=True)
 
     class StepsFencedSqliteSaver(SqliteSaver):
-        """Refuses the exit checkpoint of a run whose step group failed to commit (ADR
-        145), like the PostgreSQL saver's fence."""
+        """Refuses the exit checkpoint of a run whose step group failed to commit, like
+        the PostgreSQL saver's fence: a resume must redo those steps, not skip them."""
 
         def put(self, *args: Any, **kwargs: Any) -> Any:
             _refuse_if_steps_lost()
