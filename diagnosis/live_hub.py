@@ -25,7 +25,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from aero import metrics
-from aero.db_async import db_call
+from aero.db_async import Batched, db_call
 from aero.sessions import Viewer
 from diagnosis import live_access, live_render
 from diagnosis.live_access import Ask
@@ -76,8 +76,9 @@ class Hub:
     def __init__(self) -> None:
         self.renders: OrderedDict[Hashable, asyncio.Future[Any]] = OrderedDict()
         self.latest: dict[str, int] = {}  # session -> highest seq a notice announced
-        self.pending_roles: dict[Viewer, list[asyncio.Future[frozenset[str]]]] = {}
-        self.roles_task: asyncio.Task[None] | None = None
+        # One query per batch: the viewers one notice woke all ask within a few loop
+        # turns, and those asking while a query runs join the next one.
+        self.roles: Batched[Viewer, frozenset[str]] = Batched(live_access.viewer_roles, frozenset())
         # session -> its viewers here, in the order they joined (a dict as an ordered set):
         # a fan-out writes to them in that order.
         self.watchers: dict[str, dict[Watcher, None]] = {}
@@ -98,33 +99,7 @@ class Hub:
         """The viewer's roles now; none once the sign-in `session_key` has ended."""
         if user_id is None or not session_key:
             return frozenset()
-        future: asyncio.Future[frozenset[str]] = asyncio.get_running_loop().create_future()
-        self.pending_roles.setdefault((user_id, session_key), []).append(future)
-        if self.roles_task is None:
-            self.roles_task = asyncio.ensure_future(self._load_roles())
-        return await future
-
-    async def _load_roles(self) -> None:
-        """One query per batch: the viewers one notice woke all ask within a few loop
-        turns, and those asking while a query runs join the next one."""
-        try:
-            await asyncio.sleep(0)
-            while self.pending_roles:
-                batch, self.pending_roles = self.pending_roles, {}
-                try:
-                    found = await db_call(live_access.viewer_roles)(list(batch))
-                except Exception as exc:
-                    for futures in batch.values():
-                        for future in futures:
-                            if not future.done():
-                                future.set_exception(exc)
-                    continue
-                for viewer, futures in batch.items():
-                    for future in futures:
-                        if not future.done():
-                            future.set_result(found.get(viewer, frozenset()))
-        finally:
-            self.roles_task = None
+        return await self.roles((user_id, session_key))
 
     # --- resync -----------------------------------------------------------------------
 
