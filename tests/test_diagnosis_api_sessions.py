@@ -19,7 +19,7 @@ from django.utils import timezone
 from api.views import api
 from diagnosis.events import set_status
 from diagnosis.models import Event, Session
-from packs.diagnosis.playbook import default_playbook
+from packs.diagnosis.playbook_data import default_playbook
 from packs.diagnosis.sessions import start_from_bundle
 from replay import history
 from tests.api_helpers import call, token_for

@@ -26,7 +26,7 @@ from diagnosis.models import AgentRun, Event, Session, ToolCall
 from packs.diagnosis import slow
 from packs.diagnosis.code import CodeToolError
 from packs.diagnosis.modes import choose_mode
-from packs.diagnosis.playbook import Playbook, RunModes, default_playbook
+from packs.diagnosis.playbook_data import Playbook, RunModes, default_playbook
 from packs.diagnosis.sessions import start_from_bundle
 from replay.export import render_export
 from tests.api_helpers import token_for

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from packs.diagnosis.bundle import opened
-from packs.diagnosis.playbook import Diagnosis, diagnose
+from packs.diagnosis.playbook import diagnose
+from packs.diagnosis.playbook_data import Diagnosis
 from packs.diagnosis.system import demo_shop
 from tests.bundles import ONSET, START, BundleWriter, config_change, deploy
 
@@ -255,7 +256,7 @@ def test_an_external_upstream_gets_a_ticket_never_a_restart(tmp_path: Path) -> N
         "risk_class": "R1",
     }
     # Even playbook data that asks for a restart cannot point one at a third party.
-    from packs.diagnosis.playbook import Action, default_playbook
+    from packs.diagnosis.playbook_data import Action, default_playbook
 
     rules = default_playbook().model_copy(deep=True)
     rules.hypotheses["upstream_degraded"].action = Action(tool="restart_service", risk_class="R2")
@@ -301,7 +302,7 @@ def test_nothing_found_is_unknown_with_what_was_missing(tmp_path: Path) -> None:
 
 
 def test_thresholds_are_data(tmp_path: Path) -> None:
-    from packs.diagnosis.playbook import default_playbook
+    from packs.diagnosis.playbook_data import default_playbook
 
     w = noisy(
         BundleWriter(

@@ -24,7 +24,8 @@ from diagnosis.models import Event, Session, ToolCall
 from packs.diagnosis.bundle import Bundle, open_bundle
 from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.models import MetricsSource
-from packs.diagnosis.playbook import Diagnosis, diagnose, read_metrics
+from packs.diagnosis.playbook import diagnose, read_metrics
+from packs.diagnosis.playbook_data import Diagnosis
 from packs.diagnosis.prometheus import (
     MetricsSourceError,
     PrometheusSource,

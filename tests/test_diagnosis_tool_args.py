@@ -15,7 +15,7 @@ from aero.packs import pack_for
 from diagnosis.agent.tools import ToolContext
 from diagnosis.models import Session, ToolCall, ToolCallStatus
 from packs.diagnosis.investigation import Investigation
-from packs.diagnosis.playbook import default_playbook
+from packs.diagnosis.playbook_data import default_playbook
 from packs.diagnosis.sessions import start_from_bundle
 from packs.diagnosis.system import demo_shop
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from diagnosis.models import ToolCall, ToolCallStatus
-from packs.diagnosis.playbook import Playbook
+from packs.diagnosis.playbook_data import Playbook
 
 # The intake's read of the bundle's inventory: a result, but it names no cause.
 INVENTORY = "ev-bundle"

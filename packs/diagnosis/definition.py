@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from packs.diagnosis.playbook import Playbook
+from packs.diagnosis.playbook_data import Playbook
 from scenarios_admin.schema import DefinitionBase, FieldSpec
 
 

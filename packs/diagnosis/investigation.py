@@ -22,12 +22,8 @@ from packs.diagnosis.charts import downsample
 from packs.diagnosis.code import CodeToolError
 from packs.diagnosis.evidence import Evidence
 from packs.diagnosis.knowledge import similar_cases_tool
-from packs.diagnosis.playbook import (
-    Diagnosis,
-    Playbook,
-    diagnose,
-    minutes_between,
-)
+from packs.diagnosis.playbook import diagnose, minutes_between
+from packs.diagnosis.playbook_data import Diagnosis, Playbook
 from packs.diagnosis.prometheus import MetricsSourceError
 from packs.diagnosis.skill_calls import is_skill, run_skill_call, skill_calls
 from packs.diagnosis.slow import read_code, read_commits, read_samples

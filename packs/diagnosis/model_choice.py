@@ -49,7 +49,7 @@ from diagnosis.events import append_event_once, append_step_event
 from diagnosis.models import AgentRun, ToolCall
 from packs.diagnosis import citations
 from packs.diagnosis.investigation import ORDER, Investigation
-from packs.diagnosis.playbook import Playbook
+from packs.diagnosis.playbook_data import Playbook
 from packs.diagnosis.tool_args import EVIDENCE_ARGS, BadArguments, checked
 from scenarios_admin.definition import BUDGET_TOOL
 

@@ -13,7 +13,7 @@ from django.utils.translation import gettext_lazy
 from pydantic import Field
 
 from diagnosis.eventlog.registry import EventType, Payload
-from packs.diagnosis.playbook import RUN_MODES, RunModes
+from packs.diagnosis.playbook_data import RUN_MODES, RunModes
 
 MODE_CHOSEN = "diagnosis.mode_chosen"
 PLAN = "diagnosis.plan"

@@ -11,7 +11,8 @@ from typing import Any
 import yaml
 
 from packs.diagnosis.bundle import opened
-from packs.diagnosis.playbook import Playbook, diagnose
+from packs.diagnosis.playbook import diagnose
+from packs.diagnosis.playbook_data import Playbook
 from packs.diagnosis.system import demo_shop
 
 EXAMPLES = Path(__file__).resolve().parent / "data" / "examples"

@@ -12,7 +12,7 @@ from django.db.models import F
 
 from diagnosis.agent.slow_tools import call_slow, register_slow_tool
 from diagnosis.models import ToolCall, ToolCallStatus
-from packs.diagnosis.playbook import Diagnosis
+from packs.diagnosis.playbook_data import Diagnosis
 from packs.diagnosis.storage import bundle_dir
 from tools.models import SkillVersion
 from tools.names import SKILL_TOOL_PREFIX

@@ -19,7 +19,8 @@ from packs.diagnosis import prometheus
 from packs.diagnosis.bundle import Bundle, Commit
 from packs.diagnosis.code import SERVER_NAME, CodeToolError, code, code_server, recent_commits
 from packs.diagnosis.models import MetricsSource
-from packs.diagnosis.playbook import READ_METRICS, Playbook, metrics_window
+from packs.diagnosis.playbook import metrics_window
+from packs.diagnosis.playbook_data import READ_METRICS, Playbook
 from packs.diagnosis.prometheus import MetricsSourceError, PrometheusSource, Sample
 from packs.diagnosis.sources import session_code
 

@@ -16,7 +16,7 @@ from diagnosis.models import AgentRun
 from packs.diagnosis.bundle import Bundle, open_bundle
 from packs.diagnosis.investigation import Investigation
 from packs.diagnosis.names import SIMILAR
-from packs.diagnosis.playbook import Playbook
+from packs.diagnosis.playbook_data import Playbook
 from packs.diagnosis.storage import bundle_dir
 from packs.diagnosis.system import System, demo_shop
 

@@ -37,7 +37,7 @@ from packs.diagnosis.knowledge import do_save_as_knowledge, linked_cases
 from packs.diagnosis.models import KnowledgeItem, MetricsSource
 from packs.diagnosis.modes import MODE_LABELS
 from packs.diagnosis.names import SIMILAR
-from packs.diagnosis.playbook import default_playbook
+from packs.diagnosis.playbook_data import default_playbook
 from packs.diagnosis.sessions import start_from_bundle
 from packs.diagnosis.storage import bundle_response, may_download_bundle
 from packs.diagnosis.system import demo_shop

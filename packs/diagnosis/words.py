@@ -14,7 +14,7 @@ from django.utils.translation import get_language, gettext, pgettext, pgettext_l
 from django.utils.translation import gettext_lazy as _
 
 from diagnosis.wording import TOOL_LABELS, plain
-from packs.diagnosis.playbook import default_playbook
+from packs.diagnosis.playbook_data import default_playbook
 
 HYPOTHESIS_LABELS: dict[str, Promise] = {
     "db_primary_down": _("database primary down"),
