@@ -37,9 +37,14 @@ llm-runner: install
 # it in this process). loadgroup keeps the tests marked xdist_group("faults") in one
 # worker, one after another.
 TEST_WORKERS ?= 2
+# The project's bytecode is written once before the run: where PYTHONDONTWRITEBYTECODE is
+# set, every Django process the suite starts (servers, workers, manage.py) would otherwise
+# compile ~260 modules again (~0.5 s of its ~3 s start-up CPU).
+PY_PACKAGES := aero api approvals diagnosis ingest packs replay scenarios_admin tools tests bench
 test: install
 	scripts/install-browser.sh
 	scripts/install-system-deps.sh
+	$(BIN)/python -m compileall -q $(PY_PACKAGES) manage.py >/dev/null
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: install
