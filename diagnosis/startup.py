@@ -30,9 +30,11 @@ def _warm_up_in_background() -> None:
 
 
 def web_started(server: Server) -> None:
-    if server == "asgi":
-        # On a thread: the server listens meanwhile (the imports were most of a
-        # restart's wait); a request that needs them first waits for them as it did.
+    if server == "asgi" and settings.AERO_JOB_BACKEND != "rq":
+        # Only where daphne serves the pages and calls the model: with rq it serves
+        # WebSockets alone (gunicorn the pages, workers the model), so the imports would
+        # only take CPU from the first pushes after a restart. On a thread: the server
+        # listens meanwhile; a request that needs them first waits for them as it did.
         threading.Thread(target=_warm_up_in_background, daemon=True, name="aero-warm-up").start()
     if server == "asgi" and settings.AERO_JOB_BACKEND == "embedded":
         # Embedded mode: start the in-process worker now, so sessions a restart

@@ -192,3 +192,20 @@ def test_the_web_process_imports_the_model_client_at_its_start() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False", "True", "True", "True"]
+
+
+def test_a_websocket_only_daphne_imports_no_model_client() -> None:
+    """With rq, daphne serves only the WebSockets and never calls a model: importing the
+    clients there took CPU from the first pushes after a restart."""
+    code = (
+        "import sys, threading, django; django.setup(); from django.conf import settings; "
+        "settings.AERO_JOB_BACKEND = 'rq'; import aero.asgi; "
+        "[t.join() for t in threading.enumerate() if t.name == 'aero-warm-up']; "
+        "print('langchain_openai' in sys.modules)"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False"]
