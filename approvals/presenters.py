@@ -6,6 +6,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db.models import Count, F, Func, IntegerField, Min, Q, QuerySet
+from django.utils.safestring import mark_safe
 
 from aero.compiled import Compiled
 from aero.packs import UnknownDomain, pack_for, stamped_pack
@@ -130,6 +131,7 @@ def queue_context(
     csrf_token: str = "",
     error: str = "",
     error_for: int | None = None,
+    marks: bool = False,
 ) -> dict[str, Any]:
     """One page of open approvals across sessions, paged by incident: the QUEUE_PAGE
     incidents whose nearest deadline comes first, each with its first INCIDENT_ITEMS
@@ -143,7 +145,8 @@ def queue_context(
     nothing it shows changed (approvals.cards). `roles` instead of `user`: the live
     consumer renders for a role set. `csrf_token`: the viewer's, for the cards' forms.
     `error` on the card of approval `error_for` (that card is rendered for this
-    request alone)."""
+    request alone). `marks`: the cards keep their marks (CSRF token, deadlines) for
+    the page cache to fill in (approvals.page_cache)."""
     risk, scenario = clean_filters(risk, scenario)
     only = clean_incident(incident)
     approvals = open_approvals()
@@ -172,7 +175,9 @@ def queue_context(
         "error_for": error_for,
     }
     per_incident = INCIDENT_PAGE if only is not None else INCIDENT_ITEMS
-    groups = _cards(incident_page, per_incident, context, csrf_token) if incident_page else []
+    groups = (
+        _cards(incident_page, per_incident, context, csrf_token, marks) if incident_page else []
+    )
     last = incident_page[-1] if incident_page else None
     return {
         **context,
@@ -191,6 +196,7 @@ def _cards(
     per_incident: int,
     context: dict[str, Any],
     csrf_token: str,
+    marks: bool = False,
 ) -> list[dict[str, Any]]:
     """The page's incidents in queue order, each with its card (group["html"]) as this
     request shows it and the approvals it lists (group["shown"]). A card comes from the
@@ -241,7 +247,10 @@ def _cards(
         fresh = {g["key"]: g["card"] for g in missing if g["keep"]}
         cards.keep_cards(fresh)
     for group in groups:
-        group["html"] = cards.finish(group["card"], csrf_token)
+        # The card's text came from the template engine (escaped), marks and all.
+        group["html"] = (
+            mark_safe(group["card"]) if marks else cards.finish(group["card"], csrf_token)
+        )
     return groups
 
 

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
 
+from aero import stamps
 from aero.compiled import insert_rows
 from approvals.models import Approval, ApprovalStatus, action_digest_of, state_digest_for
 from approvals.push import notify_queue
@@ -133,3 +135,42 @@ def withdraw_approval(
     )
     if closed:
         notify_queue()
+
+
+# Rows a queue card shows that change without an approval notice: a session saved
+# whole, a scenario or a user renamed, a restriction or the world edited (the admin, a
+# pack's own code). Each moves the queue pages' stamp after its commit.
+_SIGN_IN_ONLY = frozenset({"last_login"})
+
+
+def _card_models() -> frozenset[Any]:
+    from django.contrib.auth import get_user_model
+
+    from aero.packs import restriction_model, stamped_pack
+    from scenarios_admin.models import Scenario
+
+    pack = stamped_pack()
+    found = {Session, Scenario, get_user_model(), restriction_model()}
+    if pack is not None:
+        found.add(pack.world_stamp)
+    return frozenset(m for m in found if m is not None)
+
+
+@receiver(post_save, dispatch_uid="approvals-queue-stamp-saved")
+@receiver(post_delete, dispatch_uid="approvals-queue-stamp-deleted")
+def card_row_changed(sender: Any, update_fields: Any = None, **kwargs: Any) -> None:
+    if sender not in card_models():
+        return
+    if update_fields is not None and frozenset(update_fields) <= _SIGN_IN_ONLY:
+        return  # a sign-in: nothing a card shows
+    stamps.touch(stamps.QUEUE)
+
+
+_models: list[frozenset[Any]] = []
+
+
+def card_models() -> frozenset[Any]:
+    # Read at the first save (the packs register at start-up, after this module loads).
+    if not _models:
+        _models.append(_card_models())
+    return _models[0]

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
 from django.contrib import messages
+from django.contrib.messages import get_messages
 from django.http import HttpResponse
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext as _
@@ -15,9 +18,10 @@ from django.views.decorators.http import require_GET, require_POST
 from aero.http import HtmxHttpRequest
 from aero.i18n import NOTIFY_SESSION_KEY
 from aero.models import UserPreference
-from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_TODOS, role_required
-from approvals import presenters
+from aero.roles import DECIDE_APPROVALS, RUN_SESSIONS, VIEW_TODOS, role_required, user_roles
+from approvals import page_cache, presenters
 from approvals.actions import do_decide, do_decide_r1_batch, do_edit_args, do_resolve_todo
+from approvals.cards import CSRF_MARK
 from approvals.forms import ResolveTodoForm
 from approvals.models import Approval, ManualTodo
 from diagnosis import presenters as session_presenters
@@ -28,25 +32,51 @@ from diagnosis.models import Session
 @require_GET
 @role_required(DECIDE_APPROVALS)
 def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
-    context = presenters.queue_context(
-        request.user,
-        request.GET.get("risk", ""),
-        request.GET.get("scenario", ""),
-        request.GET.get("after", ""),
-        incident=request.GET.get("incident", ""),
-        csrf_token=get_token(request),
-    )
-    if not context["risk"] and not context["scenario"] and not context["incident"]:
-        # The nav's open count is this page's own: no second count query.
-        context["pending_count"] = context["open_count"]
-    context["notify_on"] = bool(request.session.get(NOTIFY_SESSION_KEY))
+    """Rendered once per queue change for everyone who asks for the same path with the
+    same roles, language and time zone (approvals.page_cache); the request fills in its
+    CSRF token, the user's name and the deadlines."""
+    notify_on = bool(request.session.get(NOTIFY_SESSION_KEY))
     template = "approvals/queue.html"
     if request.htmx:
         # The filter form swaps the live block (socket URL included); other callers
         # ask for the list alone.
         live = request.htmx.target == "approval-live"
         template += "#approval-live" if live else "#approval-queue"
-    return render(request, template, context)
+    csrf_token = get_token(request)
+    user = request.user
+    if len(get_messages(request)):
+        # A message is this request's own (and read once): the page is rendered for it.
+        context = _queue_page(request, csrf_token, marks=False)
+        context["notify_on"] = notify_on
+        return render(request, template, context)
+    key = page_cache.page_key(template, request.get_full_path(), user_roles(user), user, notify_on)
+    page = page_cache.find(key)
+    if page is None:
+        context = _queue_page(request, CSRF_MARK, marks=True)
+        context.update(
+            notify_on=notify_on,
+            csrf_token=CSRF_MARK,
+            user=page_cache.MarkedUser(user),
+            messages=(),
+        )
+        page = page_cache.keep(key, render_to_string(template, context, request=request))
+    return HttpResponse(page_cache.body(page, csrf_token, user.get_username()))
+
+
+def _queue_page(request: HtmxHttpRequest, csrf_token: str, *, marks: bool) -> dict[str, Any]:
+    context = presenters.queue_context(
+        request.user,
+        request.GET.get("risk", ""),
+        request.GET.get("scenario", ""),
+        request.GET.get("after", ""),
+        incident=request.GET.get("incident", ""),
+        csrf_token=csrf_token,
+        marks=marks,
+    )
+    if not context["risk"] and not context["scenario"] and not context["incident"]:
+        # The nav's open count is this page's own: no second count query.
+        context["pending_count"] = context["open_count"]
+    return context
 
 
 @require_POST

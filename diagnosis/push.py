@@ -25,7 +25,7 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 
-from aero import metrics
+from aero import metrics, stamps
 
 logger = logging.getLogger("diagnosis.push")
 
@@ -165,6 +165,10 @@ def notify_board() -> None:
     transaction that changed a restriction or a to-do."""
     from django.db import transaction
 
-    transaction.on_commit(
-        lambda: group_send(BOARD_GROUP, {"type": "board.notice", "stamp": uuid.uuid4().hex})
-    )
+    transaction.on_commit(_board_changed)
+
+
+def _board_changed() -> None:
+    # The approval queue's cards show the board: its pages' stamp moves first.
+    stamps.touch_now(stamps.QUEUE)
+    group_send(BOARD_GROUP, {"type": "board.notice", "stamp": uuid.uuid4().hex})

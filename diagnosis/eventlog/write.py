@@ -14,7 +14,7 @@ from django.db.models.expressions import CombinedExpression
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from aero import anchors
+from aero import anchors, stamps
 from aero.compiled import (
     Arg,
     Compiled,
@@ -158,6 +158,10 @@ def _write(
         for row in rows:
             row.save(force_insert=True)
     transaction.on_commit(partial(notify_session, session.pk, seq))
+    if changed or "title" in fields:
+        # What an approval queue card shows of its session changed: the queue's pages
+        # are rendered again (events that change neither leave them cached).
+        stamps.touch(stamps.QUEUE)
     anchors.note_events(session.pk, session.last_seq, seq, head)
     for name, value in updates.items():  # the row in hand stays the row written
         if not hasattr(value, "resolve_expression"):  # a counter's F() + n stays unread
