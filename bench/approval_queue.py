@@ -197,7 +197,9 @@ def login_cookie(username: str) -> str:
     return f"sessionid={client.cookies['sessionid'].value}"
 
 
-def start_server(kind: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def start_server(
+    kind: str, port: int, env: dict[str, str], log: Path, code: Path = ROOT
+) -> subprocess.Popen[bytes]:
     if kind == "gunicorn":
         # As `make run` starts it (scripts/run.sh): 3 processes x 4 threads, pool 5 each.
         args = [str(BIN / "gunicorn"), "aero.wsgi:application", "--bind", f"127.0.0.1:{port}",
@@ -207,7 +209,7 @@ def start_server(kind: str, port: int, env: dict[str, str], log: Path) -> subpro
         args = [str(BIN / "daphne"), "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=1024",
                 "aero.asgi:application"]  # fmt: skip
     with log.open("ab") as out:
-        return subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(args, cwd=code, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def wait_up(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -234,6 +236,55 @@ def backends(db: str) -> int:
             [db],
         )
         return int(cursor.fetchone()[0])
+
+
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of the server process and its children so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # After the name: state, ppid, ... utime (12th), stime (13th).
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def wrk_load(port: int, path: str, cookie: str, clients: int, seconds: float) -> dict[str, Any]:
+    """The same load from `wrk` (C, two threads): the Python client's own CPU (50
+    threads parsing 200 KB answers) competes with the server on these two cores."""
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{clients}", f"-d{max(1, round(seconds))}s", "--latency",
+         "--timeout", "60s", "-H", f"Cookie: {cookie}", f"http://127.0.0.1:{port}{path}"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+
+    def ms(text: str) -> float:
+        # wrk writes 812.00us, 41.32ms or 1.20s.
+        for unit, scale in (("us", 0.001), ("ms", 1.0), ("s", 1000.0)):
+            if text.endswith(unit):
+                return float(text[: -len(unit)]) * scale
+        return float(text)
+
+    found: dict[str, Any] = {"failed": 0}
+    for line in out.splitlines():
+        words = line.split()
+        if words[:1] == ["50%"]:
+            found["p50"] = ms(words[1])
+        elif words[:1] == ["99%"]:
+            found["p99"] = ms(words[1])
+        elif "requests in" in line:
+            found["requests"] = int(words[0])
+        elif words[:1] == ["Requests/sec:"]:
+            found["rps"] = float(words[1])
+        elif "Non-2xx" in line or words[:1] == ["Socket"]:
+            found["failed"] += sum(int(w.rstrip(",")) for w in words if w.rstrip(",").isdigit())
+    return found
 
 
 def load(
@@ -317,6 +368,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18700)
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
     parser.add_argument("--reuse", action="store_true", help="measure a database --keep kept")
+    parser.add_argument(
+        "--code", type=Path, default=ROOT, help="serve this checkout (a base to compare)"
+    )
+    parser.add_argument(
+        "--wrk", action="store_true", help="many clients from wrk (apt-get install wrk)"
+    )
     args = parser.parse_args()
 
     db_url = (
@@ -363,12 +420,20 @@ def main() -> None:
         for n, kind in enumerate(k for k in args.servers.split(",") if k):
             port = args.port + n
             log = Path(data_dir) / f"{kind}.log"
-            server = start_server(kind, port, {**clean_environment(), **env}, log)
+            server = start_server(kind, port, {**clean_environment(), **env}, log, args.code)
             servers.append(server)
             wait_up(port, server, log)
             load(port, "/approvals/", cookie, 2, 1.0, args.db)  # warm up
+            cpu = server_cpu(server.pid)
             alone = load(port, "/approvals/", cookie, 1, min(args.seconds, 5), args.db)
-            many = load(port, "/approvals/", cookie, args.clients, args.seconds, args.db)
+            alone["cpu_ms"] = (server_cpu(server.pid) - cpu) * 1000 / max(1, alone["requests"])
+            cpu = server_cpu(server.pid)
+            if args.wrk:
+                many = wrk_load(port, "/approvals/", cookie, args.clients, args.seconds)
+                many.update(kb=alone["kb"], backends_max=backends(args.db))
+            else:
+                many = load(port, "/approvals/", cookie, args.clients, args.seconds, args.db)
+            many["cpu_ms"] = (server_cpu(server.pid) - cpu) * 1000 / max(1, many["requests"])
             rows.append((kind, 1, alone))
             rows.append((kind, args.clients, many))
             server.terminate()
@@ -376,13 +441,14 @@ def main() -> None:
         print(f"load at the end {os.getloadavg()[0]:.1f} (1 min), cpus {os.cpu_count()}")
         print(
             "| server | clients | requests | failed | req/s | p50 ms | p99 ms | page KB "
-            "| backends in use (max) |"
+            "| server CPU ms/request | backends in use (max) |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for kind, clients, row in rows:
             print(
                 f"| {kind} | {clients} | {row['requests']} | {row['failed']} | {row['rps']:.1f} "
-                f"| {row['p50']:.0f} | {row['p99']:.0f} | {row['kb']:.0f} | {row['backends_max']} |"
+                f"| {row['p50']:.0f} | {row['p99']:.0f} | {row['kb']:.0f} | {row['cpu_ms']:.1f} "
+                f"| {row['backends_max']} |"
             )
     finally:
         for server in servers:
