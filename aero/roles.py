@@ -12,6 +12,7 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.utils.translation import gettext_lazy as _
 
+from aero.compiled import Arg, Compiled
 from aero.drafts import signed_out
 from aero.packs import installed_packs
 
@@ -44,6 +45,14 @@ VIEW_TODOS = (ADMIN, OPERATOR, APPROVER)
 
 UserLike = Any  # AbstractBaseUser | AnonymousUser; kept loose for channels' scope["user"]
 
+# Read by every signed-in page: compiled once per connection.
+_ROLES_OF = Compiled(
+    Group,
+    lambda: Group.objects.filter(
+        user=Arg(0, Group._meta.get_field("user").target_field), name__in=ALL_ROLES
+    ).values_list("name", flat=True),
+)
+
 
 def user_roles(user: UserLike) -> frozenset[str]:
     if user is None or isinstance(user, AnonymousUser) or not user.is_authenticated:
@@ -54,7 +63,7 @@ def user_roles(user: UserLike) -> frozenset[str]:
         return frozenset(ALL_ROLES)
     cached = getattr(user, "_aero_roles", None)
     if cached is None:
-        cached = frozenset(user.groups.filter(name__in=ALL_ROLES).values_list("name", flat=True))
+        cached = frozenset(_ROLES_OF.rows(user.pk))
         user._aero_roles = cached
     return cached
 

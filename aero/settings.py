@@ -442,6 +442,8 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
+# Django's database sessions, read by a compiled statement (aero/session_store.py).
+SESSION_ENGINE = "aero.session_store"
 # Idle expiry: AERO_SESSION_IDLE_MINUTES without a request ends a session (requests renew
 # it, at most one write a minute: aero.sessions).
 SESSION_COOKIE_AGE = env_int("AERO_SESSION_IDLE_MINUTES", 120, minimum=1) * 60

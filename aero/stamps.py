@@ -2,32 +2,56 @@
 changes it, read by what is rendered once and shared until it changes (the approval
 queue's pages, approvals.page_cache).
 
-A stamp is a new random value on every change (never a counter: a cache emptied by a
+A stamp is a new random value on every change (never a counter: a Redis emptied by a
 restart never brings back an old value under which a page was kept). It moves in
 `transaction.on_commit`, so a reader that sees the new stamp reads the committed rows;
 a reader that read the old stamp just before may keep a page newer than its stamp,
-never an older one. Kept in the `queue_cards` cache: Redis shared by every process in
-production, the process's own memory in embedded mode (one process).
+never an older one. Kept in Redis (REDIS_URL) as plain strings through one client per
+process (read on every queue page: no cache backend's client built per call, no
+pickling), in the process's own memory in embedded mode (one process).
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Iterable
+from functools import cache
+from typing import Any
 
-from django.core.cache import caches
+import redis
+from django.conf import settings
 from django.db import transaction
 
-CACHE = "queue_cards"
-PREFIX = "stamp:"
 # What the approval queue shows: approvals, the sessions' facts on their cards (title,
 # snapshot), the board (restrictions, to-dos, the world), scenarios' names, users.
 QUEUE = "approval-queue"
+# Stamps outlive pages many times over; the expiry only drops names no longer used.
+TTL = 7 * 24 * 3600
+
+_memory: dict[str, str] = {}
+_memory_lock = threading.Lock()
+
+
+@cache
+def _client() -> Any:
+    return redis.Redis.from_url(settings.REDIS_URL) if settings.REDIS_URL else None
+
+
+def _key(name: str) -> str:
+    return f"{settings.AERO_CHANNEL_PREFIX}:stamp:{name}"
 
 
 def touch_now(*names: str) -> None:
     """Move the stamps of `names` now (the caller has committed)."""
-    caches[CACHE].set_many({PREFIX + name: uuid.uuid4().hex for name in names}, timeout=None)
+    client = _client()
+    if client is None:
+        with _memory_lock:
+            _memory.update({name: uuid.uuid4().hex for name in names})
+        return
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.set(_key(name), uuid.uuid4().hex, ex=TTL)
+        pipe.execute()
 
 
 def touch(*names: str) -> None:
@@ -36,19 +60,18 @@ def touch(*names: str) -> None:
     transaction.on_commit(lambda: touch_now(*names))
 
 
-def read(names: Iterable[str]) -> tuple[str, ...]:
-    """The stamps of `names`, in order; a stamp not kept yet (first read, a cache
-    emptied) is created, so two readers never disagree for long and an old value never
-    returns."""
-    names = list(names)
-    cache = caches[CACHE]
-    found = cache.get_many([PREFIX + name for name in names])
-    missing = [name for name in names if PREFIX + name not in found]
-    if missing:
-        for name in missing:
-            # add: of two first readers, one value wins and both use it.
-            cache.add(PREFIX + name, uuid.uuid4().hex, timeout=None)
-        found.update(cache.get_many([PREFIX + name for name in missing]))
-    # Still none (the cache refused it): a value of this request's own, shared by nobody
-    # and so never stale.
-    return tuple(str(found.get(PREFIX + name) or uuid.uuid4().hex) for name in names)
+def read(name: str) -> str:
+    """The stamp of `name`; one not kept yet (first read, Redis emptied) is created, so
+    an old value never returns."""
+    client = _client()
+    if client is None:
+        with _memory_lock:
+            return _memory.setdefault(name, uuid.uuid4().hex)
+    key = _key(name)
+    value = client.get(key)
+    if value is None:
+        # SET NX: of two first readers, one value wins and both read it.
+        client.set(key, uuid.uuid4().hex, ex=TTL, nx=True)
+        value = client.get(key)
+    # Still none (evicted at once): this request's own value, shared by nobody.
+    return value.decode() if value is not None else uuid.uuid4().hex

@@ -77,7 +77,7 @@ def page_key(variant: str, path: str, roles: frozenset[str], user: Any, notify_o
     body = repr(
         (
             release(),
-            stamps.read([stamps.QUEUE]),
+            stamps.read(stamps.QUEUE),
             variant,
             path,
             sorted(roles),

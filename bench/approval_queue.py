@@ -198,13 +198,20 @@ def login_cookie(username: str) -> str:
 
 
 def start_server(
-    kind: str, port: int, env: dict[str, str], log: Path, code: Path = ROOT
+    kind: str,
+    port: int,
+    env: dict[str, str],
+    log: Path,
+    code: Path = ROOT,
+    workers: int = 3,
+    threads: int = 4,
 ) -> subprocess.Popen[bytes]:
     if kind == "gunicorn":
-        # As `make run` starts it (scripts/run.sh): 3 processes x 4 threads, pool 5 each.
+        # As `make run` starts it (scripts/run.sh): AERO_WEB_WORKERS processes x
+        # AERO_WEB_THREADS threads, a pool of threads + 1 each.
         args = [str(BIN / "gunicorn"), "aero.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                "--worker-class", "gthread", "--workers", "3", "--threads", "4",
-                "--backlog", "1024", "--env", "AERO_DB_POOL_SIZE=5"]  # fmt: skip
+                "--worker-class", "gthread", "--workers", str(workers), "--threads", str(threads),
+                "--backlog", "1024", "--env", f"AERO_DB_POOL_SIZE={threads + 1}"]  # fmt: skip
     else:
         args = [str(BIN / "daphne"), "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=1024",
                 "aero.asgi:application"]  # fmt: skip
@@ -371,6 +378,8 @@ def main() -> None:
     parser.add_argument(
         "--code", type=Path, default=ROOT, help="serve this checkout (a base to compare)"
     )
+    parser.add_argument("--web-workers", type=int, default=3, help="gunicorn processes")
+    parser.add_argument("--web-threads", type=int, default=4, help="gunicorn threads each")
     parser.add_argument(
         "--wrk", action="store_true", help="many clients from wrk (apt-get install wrk)"
     )
@@ -420,7 +429,15 @@ def main() -> None:
         for n, kind in enumerate(k for k in args.servers.split(",") if k):
             port = args.port + n
             log = Path(data_dir) / f"{kind}.log"
-            server = start_server(kind, port, {**clean_environment(), **env}, log, args.code)
+            server = start_server(
+                kind,
+                port,
+                {**clean_environment(), **env},
+                log,
+                args.code,
+                args.web_workers,
+                args.web_threads,
+            )
             servers.append(server)
             wait_up(port, server, log)
             load(port, "/approvals/", cookie, 2, 1.0, args.db)  # warm up

@@ -100,6 +100,18 @@ def _no_definitions_of_other_tests() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_queue_pages_of_other_tests() -> None:
+    """The approval queue's pages are kept under a stamp that moves with every change
+    (approvals.page_cache); a test database's flush is none: a page of the last test
+    could otherwise answer the next one's first request."""
+    from aero import stamps
+    from approvals import page_cache
+
+    page_cache._local.clear()
+    stamps.touch_now(stamps.QUEUE)
+
+
+@pytest.fixture(autouse=True)
 def _language_of_the_settings() -> Iterator[None]:
     """Each test starts in the settings' language. A request switches the thread's
     language (LocaleMiddleware) and nothing switched it back: after a test that asked for
