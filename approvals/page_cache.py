@@ -33,8 +33,9 @@ from approvals import cards
 
 # The stamp moves with every change; the timeout only bounds what old pages cost.
 PAGE_TTL = 10 * 60
-# Pages parsed and kept in this process: a few filters and languages per role set.
-LOCAL_PAGES = 64
+# Pages parsed and kept in this process (each ~0.5 MB with its filled copy): the
+# common few (first page, a language or two, per role set); the rest come from Redis.
+LOCAL_PAGES = 16
 USER_MARK = "\x00user\x00"
 _MARKS = re.compile("(\x00(?:csrf|user|dl:[^\x00]+)\x00)")
 _CSRF = cards.CSRF_MARK.encode()

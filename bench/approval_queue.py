@@ -5,10 +5,12 @@ each server through its database pool. Prints numbers, asserts nothing.
 Fills a scratch PostgreSQL database (dropped and made again: --db), shows PostgreSQL's
 plan for the queue's incident page (EXPLAIN ANALYZE), then for each server: one client
 alone (latency), then --clients at once for --seconds (p50/p99 per request, requests/s,
-page bytes) while a thread counts the database's backends in pg_stat_activity.
+page bytes, the server's CPU per request) while a thread counts the database's backends
+in pg_stat_activity.
 
   .venv/bin/python bench/approval_queue.py [--approvals 10000] [--incidents 500]
-      [--clients 50] [--seconds 10] [--servers gunicorn,daphne]
+      [--clients 50] [--seconds 10] [--servers gunicorn,daphne] [--wrk]
+      [--code BASE_CHECKOUT] [--web-workers 3] [--web-threads 4] [--keep | --reuse]
 """
 
 from __future__ import annotations
