@@ -346,6 +346,22 @@ CACHES = {
             "OPTIONS": {"MAX_ENTRIES": 5000},
         }
     ),
+    # The session page's panels, rendered once per state, roles and language for every
+    # process and the live push (diagnosis/page_panels.py); keys name their content.
+    "session_panels": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": AERO_CHANNEL_PREFIX,
+        }
+        if REDIS_URL
+        else {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": "session_panels",
+            # Seven panels per state, role set and language of each session watched.
+            "OPTIONS": {"MAX_ENTRIES": 5000},
+        }
+    ),
 }
 # Which payload fields read-only viewers see masked (diagnosis/eventlog/masking.py): JSON
 # list of rules.

@@ -71,6 +71,12 @@ class RunNode:
     def elapsed_seconds(self) -> float:
         return round(self.elapsed.total_seconds(), 3)
 
+    @property
+    def elapsed_mark(self) -> str:
+        """Where a shared render of a running run's elapsed time is filled in as of
+        each request (diagnosis.page_panels): it grows while nothing else changes."""
+        return f"\x00el:{self.started_at.isoformat()}\x00"
+
 
 @dataclass
 class AgentTree:
@@ -137,7 +143,13 @@ def read_tree(
     """The session's runs as a tree, for a viewer with `mask` (None: sees everything).
     A run whose parent is not among the runs read (cut by `limit`) becomes a root
     rather than disappearing."""
-    now = now or timezone.now()
+    rows, total = tree_rows(session_id, limit)
+    return build_tree(rows, total, mask, now=now, limit=limit)
+
+
+def tree_rows(session_id: Any, limit: int = MAX_RUNS) -> tuple[list[dict[str, Any]], int]:
+    """The session's runs as read for its tree (at most `limit`), and how many it has:
+    everything the tree shows but the clock (diagnosis.page_panels keys on them)."""
     current = (
         ToolCall.objects.filter(agent_run=OuterRef("pk"), status__in=IN_PROGRESS)
         .order_by("-id")
@@ -189,6 +201,20 @@ def read_tree(
     if total > limit:
         rows = rows[:limit]
         total = AgentRun.objects.filter(session_id=session_id).count()
+    return rows, total
+
+
+def build_tree(
+    rows: list[dict[str, Any]],
+    total: int,
+    mask: SessionMask | None = None,
+    *,
+    now: datetime | None = None,
+    limit: int = MAX_RUNS,
+) -> AgentTree:
+    """The tree of `rows` (tree_rows) for a viewer with `mask`, its running runs'
+    elapsed time as of `now`."""
+    now = now or timezone.now()
     nodes: dict[int, RunNode] = {}
     for row in rows:
         summary = row["output_summary"] or {}
@@ -271,10 +297,18 @@ class TreeOnce:
     def __init__(self, session_id: Any) -> None:
         self.session_id = session_id
         self.tree: AgentTree | None = None
+        self.read: tuple[list[dict[str, Any]], int] | None = None
+
+    def rows(self) -> tuple[list[dict[str, Any]], int]:
+        """The runs' rows and their count (tree_rows), read once."""
+        if self.read is None:
+            self.read = tree_rows(self.session_id)
+        return self.read
 
     def __call__(self) -> AgentTree:
         if self.tree is None:
-            self.tree = read_tree(self.session_id)
+            rows, total = self.rows()
+            self.tree = build_tree(rows, total)
         return self.tree
 
     def for_mask(self, mask: SessionMask | None) -> Callable[[], AgentTree]:

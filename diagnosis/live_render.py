@@ -21,8 +21,9 @@ from django.utils.html import format_html
 from django.utils.translation import gettext
 
 from aero import metrics
+from aero.packs import pack_for
 from aero.templatetags.aero_text import when
-from diagnosis import live_shared, presenters
+from diagnosis import live_shared, page_panels, presenters
 from diagnosis.eventlog.masking import SessionMask, mask_of, masks_roles
 from diagnosis.models import Event, Session
 
@@ -281,19 +282,27 @@ class PanelContexts:
             self.masks[pull.session_id] = mask_of(session.pk)
         return self.masks[pull.session_id]
 
+    def session_reads(self, pull: Pull, session: Session) -> presenters.SessionReads:
+        """What the session's panels read (presenters.read_session), once per batch."""
+        reads = self.reads.get(pull.session_id)
+        if reads is None:
+            if not self.world_read:
+                self.world, self.world_read = presenters.read_world(), True
+            reads = self.reads[pull.session_id] = presenters.read_session(
+                session, self.world, world_read=True
+            )
+        return reads
+
     def context(self, pull: Pull, session: Session) -> dict[str, Any]:
         key = (pull.session_id, pull.language, masks_roles(pull.roles))
         worded = self.worded.get(key)
         if worded is None:
-            reads = self.reads.get(pull.session_id)
-            if reads is None:
-                if not self.world_read:
-                    self.world, self.world_read = presenters.read_world(), True
-                reads = self.reads[pull.session_id] = presenters.read_session(
-                    session, self.world, world_read=True
-                )
             worded = self.worded[key] = presenters.session_context(
-                session, None, roles=pull.roles, reads=reads, mask=self.mask(pull, session)
+                session,
+                None,
+                roles=pull.roles,
+                reads=self.session_reads(pull, session),
+                mask=self.mask(pull, session),
             )
         return {**worded, **presenters.flags_for_roles(pull.roles)}
 
@@ -327,9 +336,25 @@ def _render_updates(
     new_key = presenters.composer_key(session)
     if new_key != pull.composer_key:
         panels.add("session-composer")
-    context = contexts.context(pull, session) if panels else {}
     parts = [rows]
-    for panel in sorted(panels):
-        html = render_to_string(f"diagnosis/session_detail.html#{panel}", {**context, "oob": True})
-        parts.append(html if size_of(html) <= FRAME_BYTES else too_large_panel(panel, session.pk))
+    if panels:
+        # Shared with the page and every other process (page_panels): the panels of this
+        # state, roles and language are rendered once.
+        reads = contexts.session_reads(pull, session)
+        definition = presenters.version_definition(session)
+        own_facts = pack_for(definition["kind"]).page_panel is not None
+        shared = page_panels.shared(
+            sorted(panels),
+            session,
+            reads,
+            pull.roles,
+            mask,
+            lambda: contexts.context(pull, session),
+            keep=lambda panel: not (own_facts and panel == "session-facts"),
+        )
+        for panel in sorted(panels):
+            html = str(page_panels.finish(shared[panel], reads, csrf_token=None, oob=True))
+            parts.append(
+                html if size_of(html) <= FRAME_BYTES else too_large_panel(panel, session.pk)
+            )
     return Update(pack(parts), sent[-1].seq, new_key, session.last_seq)

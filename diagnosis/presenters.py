@@ -226,6 +226,11 @@ class PageWorld(Protocol):
         """What a proposed action would do to the world (diagnosis.consequences)."""
         ...
 
+    def key(self) -> tuple[Any, ...]:
+        """Everything board() and map() word with, as a value (the shared panels'
+        keys name it: diagnosis.page_panels)."""
+        ...
+
     def map(
         self, impact: dict[str, Any] | None, in_force: list[Any] | None = None
     ) -> dict[str, Any]:

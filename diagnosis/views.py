@@ -6,6 +6,7 @@ from uuid import UUID
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponse
+from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.translation import gettext
@@ -15,17 +16,18 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from aero.drafts import keep_draft, take_draft
 from aero.http import HtmxHttpRequest
 from aero.models import audit
-from aero.packs import installed_packs
+from aero.packs import installed_packs, pack_for
 from aero.roles import (
     DELETE_SESSIONS,
     RUN_SESSIONS,
     VIEW_SESSIONS,
     has_role,
     role_required,
+    user_roles,
 )
 from aero.templatetags.aero_text import scenario_name
 from aero.text import MAX_MESSAGE
-from diagnosis import actions, presenters, reporting, suggest
+from diagnosis import actions, page_panels, presenters, reporting, suggest
 from diagnosis.forms import AnswerForm, DeleteSessionForm, NewSessionForm
 from diagnosis.models import Report, Session, SessionStatus
 from scenarios_admin.models import Scenario
@@ -163,16 +165,50 @@ def _choose_message(fit: suggest.Fit | None) -> str:
 @role_required(VIEW_SESSIONS)
 def session_detail(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
     session = get_session_for_user(request, session_id)
-    context = presenters.session_context(session, request.user)
-    mask = context["viewer_mask"]
+    roles = user_roles(request.user)
+    mask = presenters.viewer_mask(session, roles=roles)
+    reads = presenters.read_session(session)
     events = presenters.latest_events(session, presenters.SESSION_PAGE_EVENTS)
-    context["events"] = mask.events(events) if mask is not None else events
     # What was not sent (a lapsed sign-in, a refused update) comes back to check and send.
     answer = take_draft(request, reverse("diagnosis:session-answer", args=[session.pk]))
-    context["answer_form"] = AnswerForm(initial={"message": (answer or {}).get("message", "")})
+    answer_text = (answer or {}).get("message", "")
     update = take_draft(request, reverse("diagnosis:session-update", args=[session.pk]))
-    context["update_text"] = (update or {}).get("text", "")
-    return render(request, "diagnosis/session_detail.html", context)
+    update_text = (update or {}).get("text", "")
+    definition = presenters.version_definition(session)
+
+    def context() -> dict[str, Any]:
+        built = presenters.session_context(session, None, roles=roles, reads=reads, mask=mask)
+        built["answer_form"] = AnswerForm(initial={"message": answer_text})
+        built["update_text"] = update_text
+        return built
+
+    def keep(panel: str) -> bool:
+        """A draft is this viewer's own; a pack's facts panel reads more than the key."""
+        if panel == "session-composer":
+            return not answer_text and not update_text
+        return panel != "session-facts" or pack_for(definition["kind"]).page_panel is None
+
+    # Rendered once for every viewer and the push (page_panels), filled in for this one.
+    panels = page_panels.shared(page_panels.PANELS, session, reads, roles, mask, context, keep=keep)
+    token = get_token(request)
+    return render(
+        request,
+        "diagnosis/session_detail.html",
+        {
+            "session": session,
+            "definition": definition,
+            "question": session.snapshot.get("question"),
+            "composer_key": presenters.composer_key(session),
+            "viewer_mask": mask,
+            "events": mask.events(events) if mask is not None else events,
+            "panels": {
+                panel.removeprefix("session-"): page_panels.finish(
+                    html, reads, csrf_token=token, oob=False
+                )
+                for panel, html in panels.items()
+            },
+        },
+    )
 
 
 @require_POST

@@ -12,7 +12,7 @@ from diagnosis.models import ToolCall, ToolCallStatus
 from packs.airport.board import Board
 from packs.airport.graph import AirportGraph
 from packs.airport.models import Restriction
-from packs.airport.world import load_active_graph
+from packs.airport.world import active_stamp, load_active_graph
 from scenarios_admin.definition import LIFT_TOOL
 
 MAP_TEMPLATE = "airport/_impact_map.html"
@@ -22,9 +22,21 @@ class ApronWorld:
     """The airport graph with the restrictions in force, read once for many sessions'
     panels (diagnosis.presenters.PageWorld)."""
 
-    def __init__(self, graph: AirportGraph, in_force: list[Restriction]) -> None:
+    def __init__(
+        self, graph: AirportGraph, in_force: list[Restriction], stamp: tuple[Any, Any]
+    ) -> None:
         self.graph = graph
         self.in_force = in_force
+        self.stamp = stamp
+
+    def key(self) -> tuple[Any, ...]:
+        """Everything the panels word with it: the topology's stamp (its graph) and
+        every restriction in force, whole (diagnosis.page_panels keys on it)."""
+        fields = Restriction._meta.concrete_fields
+        return (
+            tuple(self.stamp),
+            tuple(tuple(getattr(r, f.attname) for f in fields) for r in self.in_force),
+        )
 
     def board(self) -> Board:
         return Board(self.graph, self.in_force)
@@ -38,7 +50,10 @@ class ApronWorld:
 def page_world(stamp: tuple[Any, Any] | None, in_force: list[Any]) -> ApronWorld:
     """The pages' world: the active graph (as `stamp` names it, or as it is now) with
     `in_force`; LookupError where no airport is loaded."""
-    return ApronWorld(load_active_graph(stamp), in_force)
+    stamp = stamp or active_stamp()
+    if stamp is None:
+        raise LookupError("no active airport topology: load the built-in data or activate one")
+    return ApronWorld(load_active_graph(stamp), in_force, stamp)
 
 
 def impact_map(

@@ -26,7 +26,7 @@ def load_active_graph(stamp: tuple[Any, Any] | None = None) -> AirportGraph:
     active topology's (pk, updated_at) as the caller read it (a job reads it with its
     lease); read here otherwise."""
     if stamp is None:
-        stamp = Topology.objects.filter(is_active=True).values_list("pk", "updated_at").first()
+        stamp = active_stamp()
     if stamp is None:
         raise LookupError("no active airport topology: load the built-in data or activate one")
     cached = _graph_cache.get("active")
@@ -36,6 +36,11 @@ def load_active_graph(stamp: tuple[Any, Any] | None = None) -> AirportGraph:
         graph = load_graph(Topology.objects.get(pk=stamp[0]))
         _graph_cache["active"] = (stamp, graph)
     return graph
+
+
+def active_stamp() -> tuple[Any, Any] | None:
+    """The active topology's (pk, updated_at): what names its graph (None: no airport)."""
+    return Topology.objects.filter(is_active=True).values_list("pk", "updated_at").first()
 
 
 def forget_cached_graph() -> None:
