@@ -14,11 +14,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import IntegerField, OuterRef, Subquery, Sum
+from django.db.models import IntegerField, OuterRef, QuerySet, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from aero.compiled import Arg, Compiled
 from diagnosis.eventlog.masking import SessionMask
 from diagnosis.eventlog.names import LLM_CALL
 from diagnosis.models import (
@@ -147,9 +148,44 @@ def read_tree(
     return build_tree(rows, total, mask, now=now, limit=limit)
 
 
+# What tree_rows reads of each run, in order.
+ROW_COLUMNS = (
+    "id",
+    "parent_id",
+    "agent_name",
+    "mode",
+    "status",
+    "started_at",
+    "ended_at",
+    "output_summary",
+    "used_in",
+    "used_out",
+    "tool",
+    "streaming",
+    "said",
+    "session__status",
+)
+# One statement per limit, compiled once per connection (aero.compiled): building and
+# compiling this one (five correlated subqueries) cost more than running it.
+_reads: dict[int, Compiled[AgentRun]] = {}
+
+
 def tree_rows(session_id: Any, limit: int = MAX_RUNS) -> tuple[list[dict[str, Any]], int]:
     """The session's runs as read for its tree (at most `limit`), and how many it has:
     everything the tree shows but the clock (diagnosis.page_panels keys on them)."""
+    read = _reads.get(limit)
+    if read is None:
+        read = _reads.setdefault(limit, Compiled(AgentRun, lambda: _runs(limit)))
+    rows = [dict(zip(ROW_COLUMNS, row, strict=True)) for row in read.rows(session_id)]
+    total = len(rows)
+    if total > limit:
+        rows = rows[:limit]
+        total = AgentRun.objects.filter(session_id=session_id).count()
+    return rows, total
+
+
+def _runs(limit: int) -> QuerySet[AgentRun]:
+    """The runs of the session given (Arg 0) with what their nodes show."""
     current = (
         ToolCall.objects.filter(agent_run=OuterRef("pk"), status__in=IN_PROGRESS)
         .order_by("-id")
@@ -170,8 +206,8 @@ def tree_rows(session_id: Any, limit: int = MAX_RUNS) -> tuple[list[dict[str, An
         .annotate(said=KT("payload__text"))
         .values("said")[:1]
     )
-    rows = list(
-        AgentRun.objects.filter(session_id=session_id)
+    return (
+        AgentRun.objects.filter(session_id=Arg(0, AgentRun._meta.get_field("session")))
         .annotate(
             used_in=Coalesce(_sum_of("tokens_in"), 0),
             used_out=Coalesce(_sum_of("tokens_out"), 0),
@@ -180,28 +216,8 @@ def tree_rows(session_id: Any, limit: int = MAX_RUNS) -> tuple[list[dict[str, An
             said=Subquery(final),
         )
         .order_by("started_at", "id")
-        .values(
-            "id",
-            "parent_id",
-            "agent_name",
-            "mode",
-            "status",
-            "started_at",
-            "ended_at",
-            "output_summary",
-            "used_in",
-            "used_out",
-            "tool",
-            "streaming",
-            "said",
-            "session__status",
-        )[: limit + 1]
+        .values_list(*ROW_COLUMNS)[: limit + 1]
     )
-    total = len(rows)
-    if total > limit:
-        rows = rows[:limit]
-        total = AgentRun.objects.filter(session_id=session_id).count()
-    return rows, total
 
 
 def build_tree(

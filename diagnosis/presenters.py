@@ -12,11 +12,11 @@ from django.db.models import Q
 
 from aero.packs import installed_packs, pack_for
 from aero.roles import DECIDE_APPROVALS, DELETE_SESSIONS, RUN_SESSIONS, user_roles
+from diagnosis import page_reads
 from diagnosis.agent_tree import TreeOnce
 from diagnosis.consequences import Board
 from diagnosis.eventlog import registry
 from diagnosis.eventlog.masking import SessionMask, session_mask
-from diagnosis.eventlog.names import REPORT_READY
 from diagnosis.models import (
     WITHDRAWN_ASKED_AGAIN,
     WITHDRAWN_NOT_CALLED_FOR,
@@ -30,7 +30,6 @@ from diagnosis.models import (
 from diagnosis.reporting import decision_of, display_value, markdown_to_html, report_text
 from diagnosis.restrictions import in_force as restrictions_in_force
 from diagnosis.templatetags.timeline import scenario_language
-from scenarios_admin.definition import BUDGET_TOOL
 from scenarios_admin.models import ScenarioVersion
 
 TIMELINE_PAGE = 200  # rendering dominates the page's time, and grows with the rows
@@ -192,16 +191,6 @@ def _withdrawn(call: ToolCall) -> str:
     }.get(call.decision_reason, "")
 
 
-def _approvals_of(session: Session) -> list[Any]:
-    # The approvals app owns Approval; diagnosis reads it through the reverse relation
-    # name only, so it never imports that app.
-    return list(
-        session.approvals.select_related(
-            "first_approved_by", "approver", "edited_by", "tool_call"
-        ).all()
-    )
-
-
 @dataclass(frozen=True)
 class SessionReads:
     """What the session panels read from the database, apart from how they word it: the
@@ -265,20 +254,14 @@ def read_session(
     read is no world); read here when not `world_read`."""
     if not world_read:
         world = read_world()
-    calls = (
-        # A request to continue past the model budget is decided here too.
-        ToolCall.objects.filter(Q(is_action=True) | Q(tool_name=BUDGET_TOOL), session=session)
-        .select_related("decided_by")
-        .order_by("position", "id")
-    )
+    # Compiled once per connection (page_reads): building these querysets cost the page
+    # as much as running them.
+    calls = page_reads.calls(session.pk)
     return SessionReads(
         world=world,
-        report=Event.objects.filter(session=session, type=REPORT_READY)
-        .order_by("-seq")
-        .values_list("payload", flat=True)
-        .first(),
-        calls=list(calls),
-        approvals=_approvals_of(session),
+        report=page_reads.report(session.pk),
+        calls=calls,
+        approvals=page_reads.approvals(session.pk, calls),
         agent_tree=TreeOnce(session.pk),
     )
 
@@ -370,10 +353,7 @@ def latest_events(session: Session, limit: int | None = None) -> list[Event]:
     last row it shows. A job committing between the two reads once put its events in
     the timeline of a page whose panels predate them; the socket then asked for nothing
     after them, and the facts stayed stale until a reload."""
-    events = Event.objects.filter(session=session, seq__lte=session.last_seq).order_by("-seq")[
-        : limit or TIMELINE_PAGE
-    ]
-    return list(reversed(events))
+    return page_reads.latest_events(session, limit or TIMELINE_PAGE)
 
 
 def session_page(status: str = "", before: str = "") -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
+from aero.compiled import Compiled
 from packs.airport.graph import AirportGraph, FlightInfo, Node
 from packs.airport.models import Flight, Runway, Topology, TopologyEdge, TopologyNode
 
@@ -38,9 +39,19 @@ def load_active_graph(stamp: tuple[Any, Any] | None = None) -> AirportGraph:
     return graph
 
 
+# Read for every session page (its panels' key): compiled once per connection.
+_stamp = Compiled(
+    Topology,
+    lambda: (
+        Topology.objects.filter(is_active=True).order_by("pk").values_list("pk", "updated_at")[:1]
+    ),
+)
+
+
 def active_stamp() -> tuple[Any, Any] | None:
     """The active topology's (pk, updated_at): what names its graph (None: no airport)."""
-    return Topology.objects.filter(is_active=True).values_list("pk", "updated_at").first()
+    found: tuple[Any, Any] | None = _stamp.first()
+    return found
 
 
 def forget_cached_graph() -> None:
