@@ -33,18 +33,12 @@ from diagnosis.models import Report, Session, SessionStatus
 from scenarios_admin.models import Scenario
 
 
-def get_session_for_user(
-    request: HtmxHttpRequest, session_id: UUID, *, definition: bool = True
-) -> Session:
-    """404 for unknown or deleted sessions; 403 for users whose role may not see them.
-    `definition=False`: the scenario's (large) definition is not read with it; callers
-    read it through presenters.version_definition (parsed once per process)."""
-    sessions = Session.objects.visible().select_related(
-        "scenario", "scenario_version", "created_by"
+def get_session_for_user(request: HtmxHttpRequest, session_id: UUID) -> Session:
+    """404 for unknown or deleted sessions; 403 for users whose role may not see them."""
+    session = get_object_or_404(
+        Session.objects.visible().select_related("scenario", "scenario_version", "created_by"),
+        pk=session_id,
     )
-    if not definition:
-        sessions = sessions.defer("scenario_version__definition")
-    session = get_object_or_404(sessions, pk=session_id)
     if not has_role(request.user, VIEW_SESSIONS):
         raise PermissionDenied(_("Your role does not allow viewing sessions."))
     return session
@@ -170,7 +164,7 @@ def _choose_message(fit: suggest.Fit | None) -> str:
 @require_GET
 @role_required(VIEW_SESSIONS)
 def session_detail(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
-    session = get_session_for_user(request, session_id, definition=False)
+    session = get_session_for_user(request, session_id)
     roles = user_roles(request.user)
     mask = presenters.viewer_mask(session, roles=roles)
     reads = presenters.read_session(session)

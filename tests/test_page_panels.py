@@ -143,9 +143,7 @@ def test_an_approval_decided_without_an_event_shows_at_once(session: Session, bo
     assert f'data-approval="{approval.pk}"' not in after
 
 
-def test_another_sessions_closure_shows_as_already_in_force(
-    session: Session, olga: User
-) -> None:
+def test_another_sessions_closure_shows_as_already_in_force(session: Session, olga: User) -> None:
     closure = approval_for(session, "close_taxiway", taxiway="A")
     row = f'id="action-{closure.tool_call_id}"'
     assert "already in force" not in panel(page(olga, session), "session-actions")
