@@ -29,7 +29,7 @@ def _session_arg(model: type[Model]) -> Arg:
     return Arg(0, model._meta.get_field("session"))
 
 
-def _approval_model() -> type[Model]:
+def _approval_model() -> Any:
     # The approvals app owns Approval; diagnosis names it, never imports it.
     return apps.get_model("approvals", "Approval")
 
@@ -98,7 +98,7 @@ def approvals(session_id: Any, calls: list[ToolCall]) -> list[Any]:
     by_id = {call.pk: call for call in calls}
     found = []
     for row in _approvals.rows(session_id):
-        approval = model.from_db(alias, names, row[: len(names)])
+        approval: Any = model.from_db(alias, names, row[: len(names)])
         for name, username in zip(APPROVAL_USERS, row[len(names) :], strict=True):
             setattr(approval, name, _user(alias, getattr(approval, f"{name}_id"), username))
         call = by_id.get(approval.tool_call_id)
