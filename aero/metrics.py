@@ -58,6 +58,12 @@ LIVE_RENDERS = Counter(
     "rendered them (source=shared).",
     ["source"],
 )
+LIVE_WRITES = Counter(
+    "aero_live_frames",
+    "Live session frames sent to page sockets: framed once per fan-out and written to the "
+    "socket directly (path=direct, under daphne), or through the ASGI send (path=asgi).",
+    ["path"],
+)
 JOB_DURATION = Histogram(
     "aero_job_duration_seconds",
     "Duration of one job advancing a session, by the status it left the session in.",
@@ -116,6 +122,13 @@ def live_renders(rendered: int, shared: int) -> None:
         _safe(lambda: LIVE_RENDERS.labels("rendered").inc(rendered))
     if shared:
         _safe(lambda: LIVE_RENDERS.labels("shared").inc(shared))
+
+
+def live_frames(direct: int, asgi: int) -> None:
+    if direct:
+        _safe(lambda: LIVE_WRITES.labels("direct").inc(direct))
+    if asgi:
+        _safe(lambda: LIVE_WRITES.labels("asgi").inc(asgi))
 
 
 def enqueue_failed() -> None:

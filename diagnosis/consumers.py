@@ -34,6 +34,7 @@ from diagnosis.live_access import (
 )
 from diagnosis.live_hub import PageViewer, hub
 from diagnosis.live_render import Update
+from diagnosis.live_write import Broadcast, Direct, direct
 from diagnosis.push import (
     BOARD_GROUP,
     register_server_loop,
@@ -105,11 +106,14 @@ class SessionConsumer(PageViewer, SignedInSocket):
     # The roles the last check found: the next pull reads the events under them, then
     # checks again.
     roles: frozenset[str] = frozenset()
+    # Daphne's socket behind this consumer's send, written to directly (live_write).
+    writer: Direct | None = None
 
     async def connect(self) -> None:
         register_server_loop(asyncio.get_running_loop())
         # One pull at a time: a notice and the hub's resync may both ask for one.
         self.flushing = asyncio.Lock()
+        self.writer = direct(self.base_send)
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         self.user_id = user_id_of(self.scope)
         self.session_key = session_key_of(self.scope)
@@ -185,19 +189,24 @@ class SessionConsumer(PageViewer, SignedInSocket):
                     continue  # the masks and forms follow the new roles: render again
                 roles = None
             before = self.sent_seq
-            caught_up = await self.apply(roles, update)
+            broadcast = Broadcast()
+            caught_up = await self.apply(roles, update, broadcast)
             if self.sent_seq > before:
                 metrics.events_sent("page", self.sent_seq - before)
+            metrics.live_frames(broadcast.direct, broadcast.asgi)
             if caught_up:
                 return
             rounds = 0
 
-    async def apply(self, roles: frozenset[str] | None, update: Update | None) -> bool:
+    async def apply(
+        self, roles: frozenset[str] | None, update: Update | None, broadcast: Broadcast
+    ) -> bool:
         """One turn of a pull, with the flushing lock held (by `flush` or the hub's
         fan-out): close the socket if the viewer may no longer watch (`roles` None) or
-        the session is gone (`update` None), else send the update. True when nothing is
-        left to send. The caller counts what was sent (the hub once per fan-out, not once
-        per viewer)."""
+        the session is gone (`update` None), else send the update (framed once per
+        `broadcast`, written directly where daphne serves the socket). True when nothing
+        is left to send. The caller counts what was sent (the hub once per fan-out, not
+        once per viewer)."""
         if not self.group:
             return True  # disconnected while the render ran
         if roles is None:
@@ -209,8 +218,10 @@ class SessionConsumer(PageViewer, SignedInSocket):
             return True
         if not update.frames:
             return True
-        for frame in update.frames:
-            await self.send(text_data=frame)
+        if not broadcast.write(self.writer, update):
+            for frame in update.frames:
+                await self.send(text_data=frame)
+            broadcast.asgi += len(update.frames)
         self.sent_seq, self.composer_key = update.seq, update.composer_key
         # Sent all the render saw and all any notice announced: done. Another turn
         # would cost every viewer a role check and a read that finds nothing; a

@@ -30,6 +30,7 @@ from aero.sessions import Viewer
 from diagnosis import live_access, live_render
 from diagnosis.live_access import Ask
 from diagnosis.live_render import Pull, Update
+from diagnosis.live_write import Broadcast
 from diagnosis.push import session_group
 
 RENDER_CACHE_SIZE = 256
@@ -58,7 +59,9 @@ class PageViewer:
     roles: frozenset[str] = frozenset()
     flushing: asyncio.Lock
 
-    async def apply(self, roles: frozenset[str] | None, update: Update | None) -> bool:
+    async def apply(
+        self, roles: frozenset[str] | None, update: Update | None, broadcast: Broadcast
+    ) -> bool:
         raise NotImplementedError
 
     async def catch_up(self) -> None:
@@ -252,10 +255,12 @@ class Hub:
             ]
             answers = await self.check_and_render(asks)
             sent = 0
+            # Each update's frames framed once for all the viewers it goes to.
+            broadcast = Broadcast()
             for viewer, (roles, update) in zip(pages, answers, strict=True):
                 before = viewer.sent_seq
                 try:
-                    caught_up = await viewer.apply(roles, update)
+                    caught_up = await viewer.apply(roles, update, broadcast)
                 except Exception:  # this socket broke: the others still get theirs
                     logger.debug("live push to a viewer of %s failed", session_id, exc_info=True)
                     continue
@@ -267,6 +272,7 @@ class Hub:
                 # Counted once per fan-out: a metric write per viewer (a lock and a
                 # shared-file write in multi-process mode) was paid a thousand times.
                 metrics.events_sent("page", sent)
+            metrics.live_frames(broadcast.direct, broadcast.asgi)
         finally:
             for viewer in pages:
                 viewer.flushing.release()

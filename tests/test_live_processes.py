@@ -2,7 +2,8 @@
 AERO_WS_PROCESSES of them on one port): each viewer, on either process, gets every event
 once and in order while events are written as fast as they can be; and a fragment is
 rendered once per event for every viewer of both processes (the other process fetches
-it, diagnosis/live_shared.py), whatever the number of viewers."""
+it, diagnosis/live_shared.py), whatever the number of viewers; its frames are written to
+daphne's sockets directly (diagnosis/live_write.py)."""
 
 from __future__ import annotations
 
@@ -40,13 +41,22 @@ def reached(seqs: list[list[int]], seq: int) -> bool:
 
 def renders(metrics_dir: Path) -> dict[str, float]:
     """aero_live_renders summed over every process that wrote to `metrics_dir`."""
+    return counted(metrics_dir, "aero_live_renders_total", "source", ("rendered", "shared"))
+
+
+def frames(metrics_dir: Path) -> dict[str, float]:
+    """aero_live_frames (written to the socket directly, or through the ASGI send)."""
+    return counted(metrics_dir, "aero_live_frames_total", "path", ("direct", "asgi"))
+
+
+def counted(metrics_dir: Path, name: str, label: str, values: tuple[str, ...]) -> dict[str, float]:
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(metrics_dir))
-    found = {"rendered": 0.0, "shared": 0.0}
+    found = dict.fromkeys(values, 0.0)
     for family in registry.collect():
         for sample in family.samples:
-            if sample.name == "aero_live_renders_total":
-                found[sample.labels["source"]] += sample.value
+            if sample.name == name:
+                found[sample.labels[label]] += sample.value
     return found
 
 
@@ -165,6 +175,12 @@ def test_two_daphne_processes_deliver_every_event_once_and_render_it_once(
         viewers.wait_for(functools.partial(reached, seq=last.seq), 60)
         for seqs in viewers.seqs:
             assert seqs == list(range(start + 1, last.seq + 1))
+        # Under daphne every frame was framed once per fan-out and written to the sockets
+        # directly (diagnosis/live_write.py), none through the ASGI send; at least one
+        # frame per viewer and paced event (a burst's frames may be batched together).
+        written = frames(metrics_dir)
+        assert written["asgi"] == 0
+        assert written["direct"] >= len(urls) * paced
 
 
 def test_a_process_stores_its_own_renders_before_waiting_for_another_s(
