@@ -56,6 +56,7 @@ def run_tree(tree: Path, mode: str, head: bool, db: str, args: argparse.Namespac
         "--diagnoses", str(args.diagnoses),
         "--push-sessions", str(args.push_sessions), "--events", str(args.events),
         "--viewers-per-session", str(args.viewers_per_session),
+        "--push-clients", str(args.push_clients),
         # The base served WebSockets from one daphne; this change from several.
         "--ws-processes", str(args.ws_processes if head else 1),
         "--clients", str(args.clients), "--seconds", str(args.seconds),
@@ -139,6 +140,9 @@ def main() -> None:
         "--ws-processes", type=int, default=2, help="daphne processes serving this checkout"
     )
     parser.add_argument("--events", type=int, default=3)
+    parser.add_argument(
+        "--push-clients", type=int, default=1, help="client processes the viewers are spread over"
+    )
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--port", type=int, default=18500)
@@ -225,6 +229,10 @@ def main() -> None:
         (f"  seconds until all {m} were answered", "", "many_push_handshakes_s", " s", False),
         (f"  sockets the server closed, {m}", "0", "many_push_closed", "", False),
         (f"daphne CPU per event, {v} viewers", "", "push_cpu_ms_per_event", " ms", False),
+        (f"  viewers given an event twice, {v}", "0", "push_repeated", "", False),
+        (f"  client CPU per event, {v} viewers", "", "push_client_cpu_ms_per_event", " ms", False),
+        (f"  viewers given an event twice, {m}", "0", "many_push_repeated", "", False),
+        (f"  client CPU per event, {m}", "", "many_push_client_cpu_ms_per_event", " ms", False),
         (
             f"commit -> browser p50, {m} on {args.push_sessions} sessions",
             "",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,17 @@ def main() -> None:
     parser.add_argument("--viewers-per-session", type=int, default=1)
     parser.add_argument("--ws-processes", type=int, default=1, help="daphne processes")
     parser.add_argument("--events", type=int, default=5)
+    parser.add_argument("--push-clients", type=int, default=1, help="viewer client processes")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--port", type=int, default=18500)
     parser.add_argument("--what", default="all")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="aero-bench-logs-"))
+    # Thousands of sockets: this process's daphnes and viewer clients inherit the limit.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     # Comma-separated: all, inline (per session + views), session (per session only),
     # views (the two pages at one client), rq, push, pages (concurrent clients).
     what = set(args.what.split(",")) if args.what != "all" else {"inline", "rq", "push", "pages"}
@@ -62,11 +68,14 @@ def main() -> None:
         if args.head:  # the base has no diagnosis pack
             out.update(diagnoses_at_once(args.diagnoses, args.at_once_timeout, logs))
     if args.mode == "services" and "push" in what:
-        processes = args.ws_processes
-        out.update(live_push(args.viewers, 1, args.events, args.port, logs, processes))
+        processes, clients = args.ws_processes, args.push_clients
+        if args.viewers > 0:
+            out.update(live_push(args.viewers, 1, args.events, args.port, logs, processes, clients))
         if args.push_sessions > 1:
             watching = args.push_sessions * args.viewers_per_session
-            many = live_push(watching, args.push_sessions, args.events, args.port, logs, processes)
+            many = live_push(
+                watching, args.push_sessions, args.events, args.port, logs, processes, clients
+            )
             out.update({f"many_{k}": v for k, v in many.items()})
     if args.mode == "services" and "pages" in what:
         out.update(concurrent_pages(args.clients, args.seconds, args.port + 10, logs, args.head))

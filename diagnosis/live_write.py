@@ -1,15 +1,15 @@
 """Frames framed once per fan-out and written straight to each viewer's socket.
 
 Under daphne a consumer's ASGI `send` is `functools.partial(server.handle_reply,
-protocol)` (behind channels' session middleware): a frame sent through it goes consumer -> handle_reply -> autobahn's
-sendMessage, which frames the payload again for every viewer and formats its debug-log
-arguments on every call even with logging off (~20 us a viewer, most of a fan-out's CPU
-at a thousand viewers). A `Broadcast` frames each update's messages once (autobahn's
-PreparedMessage, its documented broadcast API) and writes the bytes to every socket
-whose `send` is daphne's, on the same event loop (daphne runs Twisted on asyncio), so the
-write keeps its place among the consumer's other sends. Anything else (another server,
-the in-memory test communicator, a socket not open, compression negotiated, frames
-queued in autobahn) takes the ASGI send as before."""
+protocol)` (behind channels' session middleware): a frame sent through it goes consumer
+-> handle_reply -> autobahn's sendMessage, which frames the payload again for every
+viewer and formats its debug-log arguments on every call even with logging off (~20 us
+a viewer and frame, of which ~10 the log arguments). A `Broadcast` frames each update's
+messages once (autobahn's PreparedMessage, its documented broadcast API) and writes the
+bytes to every socket whose `send` is daphne's, on the same event loop (daphne runs
+Twisted on asyncio), so the write keeps its place among the consumer's other sends.
+Anything else (another server, the in-memory test communicator, a socket not open,
+compression negotiated, frames queued in autobahn) takes the ASGI send as before."""
 
 from __future__ import annotations
 
