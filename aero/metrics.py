@@ -60,8 +60,9 @@ LIVE_RENDERS = Counter(
 )
 LIVE_WRITES = Counter(
     "aero_live_frames",
-    "Live session frames sent to page sockets: framed once per fan-out and written to the "
-    "socket directly (path=direct, under daphne), or through the ASGI send (path=asgi).",
+    "Live session frames sent to page sockets: framed once per fan-out and, under daphne, "
+    "written to the socket at once (path=direct) or to its transport's buffer "
+    "(path=buffered, data already waiting), else through the ASGI send (path=asgi).",
     ["path"],
 )
 JOB_DURATION = Histogram(
@@ -124,9 +125,11 @@ def live_renders(rendered: int, shared: int) -> None:
         _safe(lambda: LIVE_RENDERS.labels("shared").inc(shared))
 
 
-def live_frames(direct: int, asgi: int) -> None:
+def live_frames(direct: int, buffered: int, asgi: int) -> None:
     if direct:
         _safe(lambda: LIVE_WRITES.labels("direct").inc(direct))
+    if buffered:
+        _safe(lambda: LIVE_WRITES.labels("buffered").inc(buffered))
     if asgi:
         _safe(lambda: LIVE_WRITES.labels("asgi").inc(asgi))
 

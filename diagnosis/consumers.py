@@ -193,7 +193,7 @@ class SessionConsumer(PageViewer, SignedInSocket):
             caught_up = await self.apply(roles, update, broadcast)
             if self.sent_seq > before:
                 metrics.events_sent("page", self.sent_seq - before)
-            metrics.live_frames(broadcast.direct, broadcast.asgi)
+            metrics.live_frames(broadcast.direct, broadcast.buffered, broadcast.asgi)
             if caught_up:
                 return
             rounds = 0

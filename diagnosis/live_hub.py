@@ -272,7 +272,7 @@ class Hub:
                 # Counted once per fan-out: a metric write per viewer (a lock and a
                 # shared-file write in multi-process mode) was paid a thousand times.
                 metrics.events_sent("page", sent)
-            metrics.live_frames(broadcast.direct, broadcast.asgi)
+            metrics.live_frames(broadcast.direct, broadcast.buffered, broadcast.asgi)
         finally:
             for viewer in pages:
                 viewer.flushing.release()

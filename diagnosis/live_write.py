@@ -51,14 +51,16 @@ def direct(send: Any) -> Direct | None:
     return Direct(server.connections, protocol)
 
 
-def send_now(transport: Any, data: bytes) -> None:
-    """`transport.write(data)`, sent at once when the socket has nothing waiting.
+def send_now(transport: Any, data: bytes) -> bool:
+    """`transport.write(data)`, sent at once when the socket has nothing waiting (True
+    then: all of it went to the socket).
 
     Twisted's TCP transport buffers every write until the loop reports the socket
     writable: an epoll registration, a loop turn and a deregistration per viewer, about
     half of a fan-out's CPU per viewer under py-spy. A socket with nothing buffered takes
     the bytes now (Twisted's own writeSomeData); what it does not take, and any socket
-    with data waiting, TLS or a producer, goes through `write`, after what is waiting."""
+    with data waiting, TLS or a paused producer, goes through `write`, after what is
+    waiting."""
     pending = getattr(transport, "_tempDataLen", None)
     if (
         pending != 0
@@ -66,17 +68,25 @@ def send_now(transport: Any, data: bytes) -> None:
         or not getattr(transport, "connected", False)
         or getattr(transport, "disconnecting", True)
         or getattr(transport, "_writeDisconnected", True)
-        or getattr(transport, "producer", True) is not None
+        # HTTPChannel stays the socket's streaming producer: paused, its buffer filled.
+        or getattr(transport, "producerPaused", True)
+        or not (
+            getattr(transport, "producer", None) is None
+            or getattr(transport, "streamingProducer", False)
+        )
         or getattr(transport, "offset", None) != len(getattr(transport, "dataBuffer", b"x"))
         or not callable(getattr(transport, "writeSomeData", None))
     ):
         transport.write(data)
-        return
+        return False
     sent = transport.writeSomeData(data)
     if isinstance(sent, Exception) or sent < 0:
         transport.write(data)  # the connection is lost: Twisted's write path closes it
-    elif sent < len(data):
+        return False
+    if sent < len(data):
         transport.write(data[sent:])
+        return False
+    return True
 
 
 class Broadcast:
@@ -85,7 +95,8 @@ class Broadcast:
 
     def __init__(self) -> None:
         self.prepared: dict[int, tuple[Update, list[Any]]] = {}
-        self.direct = 0  # frames written straight to a socket
+        self.direct = 0  # frames written straight to a socket, all at once
+        self.buffered = 0  # frames written to daphne's transport, sent when writable
         self.asgi = 0  # frames sent through the ASGI send
 
     def write(self, to: Direct | None, update: Update) -> bool:
@@ -108,8 +119,10 @@ class Broadcast:
         for message in self.frames(update):
             # What autobahn's sendData does with a prepared message on an idle socket,
             # without formatting its debug-log arguments per call.
-            send_now(transport, message.payloadHybi)
-        self.direct += len(update.frames)
+            if send_now(transport, message.payloadHybi):
+                self.direct += 1
+            else:
+                self.buffered += 1
         return True
 
     def frames(self, update: Update) -> list[Any]:
