@@ -20,7 +20,7 @@ import asyncio, json, re, sys, time
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-config = json.loads(sys.argv[1])
+config = json.loads(sys.stdin.readline())  # thousands of URLs: over an argument's limit
 failed = 0
 settled = 0
 # (viewer, arrival time, message): kept in memory and read after the run. A regex and a
@@ -143,14 +143,16 @@ def live_push(
                 # The longest wait for the handshakes (the client goes on once all answered).
                 "settle": 60 + viewers / 10,
             }
-            started_clients.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", VIEWERS, json.dumps(config)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
+            client = subprocess.Popen(
+                [sys.executable, "-c", VIEWERS],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
             )
+            started_clients.append(client)
+            assert client.stdin is not None
+            client.stdin.write(json.dumps(config) + "\n")
+            client.stdin.flush()
         closed: list[str] = []
         failed = [0] * clients
         unanswered = [0] * clients
