@@ -40,6 +40,7 @@ from diagnosis.events import (
 )
 from diagnosis.jobs.checkpoints import agent_graph
 from diagnosis.jobs.child_jobs import record_wait
+from diagnosis.jobs.graph_executor import on_this_thread
 from diagnosis.jobs.lease import (
     ROOT_AGENT,
     Heartbeat,
@@ -316,7 +317,10 @@ def _drive(
                 fence.steps_lost = False  # this run's checkpoint may be saved again
             context.waiting_written = False
             try:
-                result = graph.invoke(graph_input, config, context=context, durability="exit")
+                with on_this_thread():  # its checkpoint writes too: no thread pool
+                    result = graph.invoke(
+                        graph_input, config, context=context, durability="exit"
+                    )
             finally:
                 # Steps commit before anything that ends the run; an error
                 # LangGraph raises between two steps (the recursion limit) leaves their
