@@ -111,8 +111,9 @@ class Timed:
     statements on Django's connection, by the job's place in its session."""
 
     def __init__(self) -> None:
-        import diagnosis.jobs.enqueue as enqueue
         from django.db import connection
+
+        import diagnosis.jobs.enqueue as enqueue
 
         self.enqueue, self.connection = enqueue, connection
         self.job = enqueue.advance_session
@@ -146,9 +147,7 @@ class Timed:
             if self.profile is not None:
                 self.profile.disable()
         self.per_session[session_id] += 1
-        self.samples[self.per_session[session_id]].append(
-            (cpu, self.statements, outcome, process)
-        )
+        self.samples[self.per_session[session_id]].append((cpu, self.statements, outcome, process))
         return outcome
 
 

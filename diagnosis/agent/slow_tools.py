@@ -108,15 +108,13 @@ def call_slow(name: str, args: dict[str, Any]) -> dict[str, Any]:
         return dict((row.reply or {}).get("result") or {})
     if row is not None and row.status == LLMRequestStatus.FAILED:
         raise SlowToolFailed(row.error or f"{name} failed")
-    request = tool_request(name, args)
     raise ToolWait(
         {
             "kind": WAIT_KIND,
             "key": key,
             "purpose": f"tool:{name}"[:32],
             "providers": [],
-            "request": request,
-            "digest": waits.request_digest(request),
+            "request": tool_request(name, args),
         }
     )
 

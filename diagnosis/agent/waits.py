@@ -21,7 +21,6 @@ reply is stored; the job resumes the graph and the node re-runs from its first l
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -168,12 +167,6 @@ def serialize_request(messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -
     return {"messages": messages_to_dict(list(messages)), "kwargs": options}
 
 
-def request_digest(request: dict[str, Any]) -> str:
-    return hashlib.sha256(
-        json.dumps(request, sort_keys=True, ensure_ascii=False).encode()
-    ).hexdigest()[:32]
-
-
 def deserialize_messages(request: dict[str, Any]) -> list[BaseMessage]:
     return messages_from_dict(request["messages"])
 
@@ -283,15 +276,15 @@ def answer(scope: WaitScope, messages: Sequence[BaseMessage], kwargs: dict[str, 
     message = _stored(scope, key)
     if message is not None:
         return ChatResult(generations=[ChatGeneration(message=message)])
-    request = serialize_request(messages, kwargs)
+    # No digest of the request: the key names the call, and nothing read one (it was a
+    # sorted encoding and a hash of the whole request, tools included, per model wait).
     raise ModelWait(
         {
             "kind": "model",
             "key": key,
             "purpose": scope.purpose,
             "providers": scope.provider_ids,
-            "request": request,
-            "digest": request_digest(request),
+            "request": serialize_request(messages, kwargs),
             "run": scope.run,
         }
     )

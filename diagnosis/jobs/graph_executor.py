@@ -38,7 +38,7 @@ class InlineExecutor(Executor):
         future: Future[Any] = Future()
         try:
             result = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - a pool's future holds any exception
+        except BaseException as exc:  # a pool's worker keeps any exception in the future
             future.set_exception(exc)
         else:
             future.set_result(result)

@@ -318,9 +318,7 @@ def _drive(
             context.waiting_written = False
             try:
                 with on_this_thread():  # its checkpoint writes too: no thread pool
-                    result = graph.invoke(
-                        graph_input, config, context=context, durability="exit"
-                    )
+                    result = graph.invoke(graph_input, config, context=context, durability="exit")
             finally:
                 # Steps commit before anything that ends the run; an error
                 # LangGraph raises between two steps (the recursion limit) leaves their
