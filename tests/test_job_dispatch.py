@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -20,6 +21,7 @@ from rq.job import JobStatus
 from diagnosis import jobs
 from diagnosis.actions import do_create_session
 from diagnosis.jobs import checkpoints, lease, reconciler
+from diagnosis.jobs.graph_executor import InlineExecutor
 from diagnosis.models import AgentRun, Session
 from scenarios_admin.models import Scenario
 
@@ -104,6 +106,45 @@ def test_the_graph_is_compiled_once_per_process(builtin: None) -> None:
     assert jobs.agent_graph() is first
     checkpoints._runtime.conn.close()  # type: ignore[union-attr]  # the connection died
     assert jobs.agent_graph() is not first  # rebuilt, not used broken
+
+
+def test_a_job_runs_its_graph_and_saves_its_checkpoint_on_its_own_thread(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LangGraph's loop opened a thread pool per invoke for its checkpoint writes: two
+    new threads per job, which the job waited for anyway. A job now starts none, and
+    its checkpoint is saved all the same (the session resumes from it)."""
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), "105机位燃油泄漏"
+    )
+    session.refresh_from_db()
+    assert session.status == "waiting_user"  # it asks what it lacks: a graph run ended
+    assert [name for name in started if name.startswith("ThreadPoolExecutor")] == []
+    assert (
+        jobs.agent_graph().get_state({"configurable": {"thread_id": str(session.pk)}}).interrupts
+    )  # the wait's checkpoint was saved
+
+
+def test_a_failed_write_on_the_jobs_thread_still_fails_the_run() -> None:
+    """What the loop's pool did with a call's exception: its future holds it, for the
+    loop to raise when it collects it."""
+
+    def refused() -> None:
+        raise RuntimeError("checkpoint write refused")
+
+    future = InlineExecutor().submit(refused)
+    assert future.done()
+    with pytest.raises(RuntimeError, match="refused"):
+        future.result()
+    assert InlineExecutor().submit(lambda a, b=0: a + b, 2, b=3).result() == 5
 
 
 def test_a_session_whose_job_vanished_is_requeued_at_once(
