@@ -5,6 +5,7 @@ step events are keyed by."""
 from __future__ import annotations
 
 import contextvars
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from diagnosis.models import (
     AgentRun,
     Event,
     LLMRequest,
+    LLMRequestStatus,
     Session,
 )
 
@@ -139,6 +141,8 @@ class KnownKeys:
         self.requests: set[str] | None = None
         # Node-run ids reserved with the load, for the job's first step group.
         self.run_ids: list[int] = []
+        # The answered request row the load read with the keys (`answered`), by key.
+        self.answered_rows: dict[str, LLMRequest] = {}
 
     def __contains__(self, key: str) -> bool:
         if self.keys is None:
@@ -146,7 +150,7 @@ class KnownKeys:
         assert self.keys is not None
         return key in self.keys
 
-    def _load(self) -> None:
+    def _load(self, request_key: str | None = None) -> None:
         connection = transaction.get_connection()
         if connection.vendor != "postgresql":
             self.keys = set(
@@ -155,19 +159,46 @@ class KnownKeys:
                 )
             )
             return
-        # One statement: the events' keys, the requests' keys and a block of
-        # run ids, where they were three (nextval is not transactional either way).
+        # One statement: the events' keys, the requests' keys, a block of run ids and
+        # (`request_key`: the request a resuming job reads first) that request if
+        # answered, where they were four (nextval is not transactional either way).
+        table = LLMRequest._meta.db_table
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT ARRAY(SELECT key FROM {Event._meta.db_table}"
                 "   WHERE session_id = %s AND key > ''),"
-                f" ARRAY(SELECT key FROM {LLMRequest._meta.db_table} WHERE session_id = %s),"
+                f" ARRAY(SELECT key FROM {table} WHERE session_id = %s),"
                 " ARRAY(SELECT nextval(pg_get_serial_sequence(%s, 'id'))"
-                "   FROM generate_series(1, %s))",
-                [self.session_id, self.session_id, AgentRun._meta.db_table, RUN_ID_BLOCK],
+                "   FROM generate_series(1, %s)),"
+                " (SELECT jsonb_build_array(id, status, reply, error, answered_by)"
+                f"   FROM {table} WHERE key = %s AND status <> %s ORDER BY id LIMIT 1)",
+                [
+                    self.session_id,
+                    self.session_id,
+                    AgentRun._meta.db_table,
+                    RUN_ID_BLOCK,
+                    request_key,
+                    LLMRequestStatus.PENDING,
+                ],
             )
-            keys, requests, run_ids = cursor.fetchone()
+            keys, requests, run_ids, answered = cursor.fetchone()
         self.keys, self.requests, self.run_ids = set(keys), set(requests), list(run_ids)
+        if request_key is not None and answered is not None:
+            # Django's connection hands jsonb over as its text (its fields decode it).
+            pk, status, reply, error, answered_by = json.loads(answered)
+            row = LLMRequest(pk=pk, key=request_key, status=status, reply=reply, error=error or "")
+            row.answered_by = answered_by or ""
+            row._state.adding = False
+            self.answered_rows[request_key] = row
+
+    def answered(self, key: str) -> tuple[bool, LLMRequest | None]:
+        """The job's first read of an answered request, with its keys in the same
+        statement: (True, the row or None when not answered) if this call loaded them,
+        (False, None) if they were loaded already (the caller reads the row itself)."""
+        if self.keys is not None or transaction.get_connection().vendor != "postgresql":
+            return False, None
+        self._load(key)
+        return True, self.answered_rows.pop(key, None)
 
     def request_absent(self, key: str) -> bool:
         """Whether the session had no model request `key` when the job started (False

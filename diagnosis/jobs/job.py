@@ -192,7 +192,7 @@ def resume_value(session_id: Any, snapshot: Any) -> Any:
             return {"decided": True}
         return {"corrected": True} if found and found[1] else None
     if waiting["kind"] in REQUEST_WAIT_KINDS:  # a model call or a slow tool: its row
-        return {"model": waiting["key"]} if request_answered(waiting) else None
+        return {"model": waiting["key"]} if request_answered(waiting, session_id) else None
     return None
 
 

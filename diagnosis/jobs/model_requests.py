@@ -19,6 +19,7 @@ from diagnosis.events import (
     LeaseLost,
     check_fence,
     current_fence,
+    current_known,
     lock_session,
 )
 from diagnosis.jobs.world import definition_of, world_of
@@ -44,22 +45,27 @@ _answered = Compiled(
 )
 
 
-def model_answered(key: str) -> bool:
+def model_answered(key: str, session_id: Any = None) -> bool:
     """Whether the request `key` is answered. The row is read whole and kept for the
-    job's node that reads the reply next (`waits.answered_requests`): one query, not two."""
-    row = _answered.first(key)
+    job's node that reads the reply next (`waits.answered_requests`): one query, not two.
+    A job's first read (`session_id`: its session) is the statement that loads its known
+    keys, which its steps read next anyway: one query, not two again."""
+    known = current_known(session_id) if session_id is not None else None
+    loaded, row = known.answered(key) if known is not None else (False, None)
+    if not loaded:
+        row = _answered.first(key)
     if row is not None:
         waits.keep_answered(row)
     return row is not None
 
 
-def request_answered(waiting: dict[str, Any]) -> bool:
+def request_answered(waiting: dict[str, Any], session_id: Any = None) -> bool:
     """Whether what a job's request wait waits for is answered: the model's (or a slow
     tool's) reply, or every child of a wait for child agents."""
     if waiting.get("kind") == CHILDREN:
         keys = [c["key"] for c in waiting["children"]]
         return not LLMRequest.objects.filter(key__in=keys, status=LLMRequestStatus.PENDING).exists()
-    return model_answered(waiting["key"])
+    return model_answered(waiting["key"], session_id)
 
 
 def record_model_request(session_id: Any, waiting: dict[str, Any]) -> None:
