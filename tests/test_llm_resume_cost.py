@@ -83,13 +83,13 @@ SCRIPT: dict[str, Any] = {
 # worst such job here runs one ReAct step and its tools). No margin: the answered
 # request kept for the node, the job's start and end in one statement each with its
 # root run, the model request one fenced statement and the provider configs read only
-# when their stamp changed each save a statement, and any of them coming undone fails
-# here.
-RESUME_TO_NEXT_MODEL_WAIT = 24
+# when their stamp changed each save a statement, and so does the answered request
+# read with the job's known keys: any of them coming undone fails here.
+RESUME_TO_NEXT_MODEL_WAIT = 23
 # The job that ends at the human wait (the proposals, the R0 action's effect, the
 # approvals): its move to waiting_user is written with its last group, its state is
 # not read again after the run, and its start and end are one statement each.
-RESUME_TO_FIRST_APPROVAL = 41
+RESUME_TO_FIRST_APPROVAL = 40
 # The checkpointer's calls per such job: the state asked for twice (what the job waits
 # for, then the run) and read from the database once, one write at exit, no
 # prune.
