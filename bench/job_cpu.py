@@ -128,7 +128,7 @@ class Timed:
     def count(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.statements += 1
         if self.show_sql:
-            print(f"    {sql[:int(os.environ.get('SQL_WIDTH', '160'))]}", file=sys.stderr)
+            print(f"    {sql[: int(os.environ.get('SQL_WIDTH', '160'))]}", file=sys.stderr)
         return execute(sql, params, many, context)
 
     def __call__(self, session_id: str) -> str:

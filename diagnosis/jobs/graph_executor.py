@@ -68,7 +68,7 @@ def install() -> bool:
         with original(config) as executor:
             yield executor
 
-    _executor.get_executor_for_config = executor_for_config  # type: ignore[attr-defined]
+    _executor.get_executor_for_config = executor_for_config
     _installed = True
     return True
 
