@@ -11,6 +11,7 @@ import json
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 import django_stubs_ext
@@ -295,73 +296,41 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 # --- agent ----------------------------------------------------------------------------
-# Replay: cached fold checkpoints and export jobs (progress, finished Markdown), shared by
-# web and workers through Redis in production; per process in embedded mode.
+
+
+def _shared_cache(location: str, max_entries: int) -> dict[str, Any]:
+    """A cache every process shares through Redis in production; in embedded mode (one
+    process) the process's memory, holding at most `max_entries`."""
+    if REDIS_URL:
+        return {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": AERO_CHANNEL_PREFIX,
+        }
+    return {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": location,
+        "OPTIONS": {"MAX_ENTRIES": max_entries},
+    }
+
+
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "replay": (
-        {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": AERO_CHANNEL_PREFIX,
-        }
-        if REDIS_URL
-        else {
-            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-            "LOCATION": "replay",
-            # A 50,000-event session keeps 500 fold checkpoints (replay/presenters.py);
-            # the default 300 entries would cull them while one replay walks its steps.
-            "OPTIONS": {"MAX_ENTRIES": 5000},
-        }
-    ),
-    # The approval queue's incident cards, rendered once per change for every process
-    # (approvals/cards.py); keys name their content, so none is ever stale.
-    "queue_cards": (
-        {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": AERO_CHANNEL_PREFIX,
-        }
-        if REDIS_URL
-        else {
-            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-            "LOCATION": "queue_cards",
-            # A page of 10 cards per filter and language: a few hundred cover the queue.
-            "OPTIONS": {"MAX_ENTRIES": 2000},
-        }
-    ),
+    # Replay's fold checkpoints and export jobs (progress, finished Markdown). A
+    # 50,000-event session keeps 500 fold checkpoints (replay/presenters.py); the
+    # default 300 entries would cull them while one replay walks its steps.
+    "replay": _shared_cache("replay", 5000),
+    # The approval queue's incident cards and pages, rendered once per change for every
+    # process (approvals/cards.py, approvals/page_cache.py): a page of 10 cards per
+    # filter and language, a few hundred cover the queue.
+    "queue_cards": _shared_cache("queue_cards", 2000),
     # Timeline rows, rendered once per event, language and masking for every process
-    # (diagnosis/timeline_rows.py); keys name their content, so none is ever stale.
-    "timeline_rows": (
-        {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": AERO_CHANNEL_PREFIX,
-        }
-        if REDIS_URL
-        else {
-            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-            "LOCATION": "timeline_rows",
-            # A few pages of rows for each session being watched.
-            "OPTIONS": {"MAX_ENTRIES": 5000},
-        }
-    ),
+    # (diagnosis/timeline_rows.py): a few pages of rows for each session watched.
+    "timeline_rows": _shared_cache("timeline_rows", 5000),
     # The session page's panels, rendered once per state, roles and language for every
-    # process and the live push (diagnosis/page_panels.py); keys name their content.
-    "session_panels": (
-        {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": AERO_CHANNEL_PREFIX,
-        }
-        if REDIS_URL
-        else {
-            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-            "LOCATION": "session_panels",
-            # Seven panels per state, role set and language of each session watched.
-            "OPTIONS": {"MAX_ENTRIES": 5000},
-        }
-    ),
+    # process and the live push (diagnosis/page_panels.py): seven panels per state,
+    # role set and language of each session watched.
+    "session_panels": _shared_cache("session_panels", 5000),
 }
 # Which payload fields read-only viewers see masked (diagnosis/eventlog/masking.py): JSON
 # list of rules.
