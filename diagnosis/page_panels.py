@@ -38,6 +38,7 @@ from django.utils import timezone, translation
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
+from aero.packs import pack_for
 from aero.release import release
 from diagnosis import presenters
 from diagnosis.eventlog.masking import SessionMask
@@ -109,7 +110,15 @@ def state_key(
             for a in reads.approvals
         ),
         world.key() if world is not None else None,
+        _pack_templates(session.scenario.kind),
     )
+
+
+def _pack_templates(kind: str) -> tuple[str | None, ...]:
+    # The pack's templates a panel includes (its facts, its approval cards): a
+    # deployment that points the pack at others shows them without a new release.
+    pack = pack_for(kind)
+    return (pack.facts_template, pack.card_template)
 
 
 def panel_keys(

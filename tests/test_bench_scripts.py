@@ -100,6 +100,19 @@ def tiny_runs(suffix: str, redis_url: str, server: str) -> dict[str, tuple[list[
             [*queue_db, *tiny_queue, "--port", str(18650 + int(redis_db) * 10)],
             "| gunicorn | 3 |",
         ),
+        "job_cpu.py": (
+            ["--sessions", "2", "--warm", "1", "--database-url", server, "--db-suffix", suffix],
+            '"statements_per_job"',
+        ),
+        "session_page.py": (
+            [
+                *("--repeat", "2", "--services", "--database-url", server),
+                # The script appends the database number to a server's URL.
+                *("--redis-url", redis_url.rsplit("/", 1)[0], "--redis-db", redis_db),
+                *("--db-suffix", suffix),
+            ],
+            '"events_2000_cpu_p50_ms"',
+        ),
     }
 
 
@@ -118,6 +131,7 @@ def scratch() -> Iterator[tuple[str, str, str]]:
     yield suffix, server, history
     names = [history, f"aero_bench_sq{suffix}", f"aero_bench_llm{suffix}", f"aero_bench_dm{suffix}"]
     names += [f"aero_bench_aq{suffix}", f"aero_bench_slow{suffix}"]
+    names += [f"aero_bench_jobcpu{suffix}", f"aero_bench_page{suffix}"]
     names += [f"aero_bench_{tree}{suffix}" for tree in ("base", "head")]
     # One psql for them all (each -c its own statement): nine psql starts took 0.8 s at
     # load 10, one 0.1 s; dropping the few that exist is the rest of the teardown.
