@@ -31,7 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._env import SECRETS, clean_environment  # noqa: E402
-from bench.llm_bound import MESSAGE, free_port, loadavg, script  # noqa: E402
+from bench.llm_bound import (  # noqa: E402
+    MESSAGE,
+    free_port,
+    loadavg,
+    provider_and_user,
+    script,
+)
 
 PY = sys.executable
 
@@ -79,31 +85,6 @@ def setup(database_url: str, name: str) -> None:
 
     call_command("migrate", "--noinput", verbosity=0)
     call_command("load_builtin", verbosity=0)
-
-
-def provider_and_user(fake_url: str) -> Any:
-    from decimal import Decimal
-
-    from django.contrib.auth.models import Group, User
-
-    from aero.roles import ensure_role_groups
-    from scenarios_admin.models import ProviderConfig
-
-    config = ProviderConfig(
-        name="fake",
-        kind="openai",
-        base_url=fake_url,
-        model="fake-1",
-        price_input_per_1k=Decimal("0.01"),
-        price_output_per_1k=Decimal("0.02"),
-        timeout_seconds=30,
-    )
-    config.set_api_key("sk-bench")
-    config.save()
-    ensure_role_groups()
-    user = User.objects.create_user("bench-operator")
-    user.groups.add(Group.objects.get(name="operator"))
-    return user
 
 
 class Timed:

@@ -294,25 +294,19 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
     return result
 
 
-def drive(args: argparse.Namespace) -> None:
-    """In the design's environment: a provider, an operator, the sessions; then watch."""
-    sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
-    import django
-
-    django.setup()
+def provider_and_user(fake_url: str) -> Any:
+    """The fake model as the enabled provider, and an operator to create sessions."""
     from decimal import Decimal
 
-    from django.contrib.auth.models import User
+    from django.contrib.auth.models import Group, User
 
-    from diagnosis.actions import do_create_session
-    from diagnosis.models import AgentRun, Session, ToolCall
-    from scenarios_admin.models import ProviderConfig, Scenario
+    from aero.roles import ensure_role_groups
+    from scenarios_admin.models import ProviderConfig
 
     config = ProviderConfig(
         name="fake",
         kind="openai",
-        base_url=args.fake_url,
+        base_url=fake_url,
         model="fake-1",
         price_input_per_1k=Decimal("0.01"),
         price_output_per_1k=Decimal("0.02"),
@@ -320,13 +314,24 @@ def drive(args: argparse.Namespace) -> None:
     )
     config.set_api_key("sk-bench")
     config.save()
-    from django.contrib.auth.models import Group
-
-    from aero.roles import ensure_role_groups
-
     ensure_role_groups()
     user = User.objects.create_user("bench-operator")
     user.groups.add(Group.objects.get(name="operator"))
+    return user
+
+
+def drive(args: argparse.Namespace) -> None:
+    """In the design's environment: a provider, an operator, the sessions; then watch."""
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "aero.settings")
+    import django
+
+    django.setup()
+    from diagnosis.actions import do_create_session
+    from diagnosis.models import AgentRun, Session, ToolCall
+    from scenarios_admin.models import Scenario
+
+    user = provider_and_user(args.fake_url)
     scenario = Scenario.objects.get(slug="oil_spill")
     # The clock starts once every worker (and the runner) is up, as in production, where
     # they are long-running: their start-up (imports, ~3 s of CPU each) is not the
