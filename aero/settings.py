@@ -44,8 +44,9 @@ DOMAIN_PACKS = sorted(
     f"packs.{pack.name}" for pack in (BASE_DIR / "packs").iterdir() if (pack / "apps.py").is_file()
 )
 
+# Not "daphne": it only swaps runserver (unused: scripts/run.sh starts daphne itself) and
+# its app imports Twisted in every process (~0.4 s of each start's CPU).
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
