@@ -16,77 +16,227 @@ from _measure_inline import login_cookie, new_session, pct
 from _measure_servers import daphnes, stop, wait_up
 
 VIEWERS = r"""
-import asyncio, json, re, sys, time
-from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+import base64, json, os, re, select, socket, sys, time
+from urllib.parse import urlsplit
 
+# Browsers are other machines; this client shares daphne's 2 cores, so it is lean: raw
+# sockets on one epoll, the handshake written by hand, and a minimal parser for the
+# server's (unmasked) frames, with a fast path for a read holding one whole small frame.
+# The arrival time is taken at each read; every message is kept as (viewer, time, bytes)
+# and searched for its seqs after the run (the websockets library cost ~45 us a message,
+# a regex and a print per message ~0.1 ms, on the cores daphne needs).
 config = json.loads(sys.stdin.readline())  # thousands of URLs: over an argument's limit
+urls = config["urls"]
+sessions = [url.split("/ws/sessions/")[1].split("/")[0] for url in urls]
+OPEN_TIMEOUT = 60
 failed = 0
 settled = 0
-# (viewer, arrival time, message): kept in memory and read after the run. A regex and a
-# flushed print per message cost this process ~0.1 ms a message, on the cores daphne
-# needs, and queued later messages behind them (browsers are other machines).
 arrived = []
+add = arrived.append
+clock = time.time
+poller = select.epoll()
+by_fd = {}  # socket's fd -> its viewer
+READ, WRITE = select.EPOLLIN, select.EPOLLOUT
+STDIN = sys.stdin.fileno()
 
-async def viewer(n, url):
+
+class Viewer:
+    __slots__ = ("n", "sock", "open", "buf", "parts", "started", "request")
+
+    def __init__(self, n, sock, request):
+        self.n, self.sock, self.open, self.request = n, sock, False, request
+        self.buf, self.parts, self.started = bytearray(), [], time.monotonic()
+
+
+def request(url):
+    parts = urlsplit(url)
+    headers = [
+        f"GET {parts.path}?{parts.query} HTTP/1.1",
+        f"Host: {parts.netloc}",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}",
+        "Sec-WebSocket-Version: 13",
+        *(f"{k}: {v}" for k, v in config["headers"].items()),
+    ]
+    return ("\r\n".join(headers) + "\r\n\r\n").encode(), (parts.hostname, parts.port)
+
+
+def masked(opcode, payload):
+    # A client's frames must be masked (a pong, the close reply); a zero mask will do.
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + bytes(4) + payload
+
+
+def close(viewer, code):
     global failed, settled
-    try:
-        ws = await connect(url, additional_headers=config["headers"], open_timeout=60)
-    except Exception:
+    if by_fd.pop(viewer.sock.fileno(), None) is not None:
+        poller.unregister(viewer.sock.fileno())
+    viewer.sock.close()
+    if viewer.open:
+        # The server closed it (a refused role, a gone session): it gets nothing more.
+        print(f"C {sessions[viewer.n]} {code}", flush=True)
+    else:
         failed += 1
-        return
-    finally:
         settled += 1
-    add = arrived.append
-    clock = time.time
-    async with ws:
-        try:
-            async for message in ws:
-                add((n, clock(), message))
-        except ConnectionClosed:  # closed with a code other than 1000/1001
-            pass
-    # The server closed it (a refused role, a gone session): it gets nothing more.
-    session = url.split("/ws/sessions/")[1].split("/")[0]
-    print(f"C {session} {ws.close_code}", flush=True)
 
-def seqs(message):
-    return re.findall(r'data-seq="(\d+)"', str(message))
 
-async def main():
-    tasks = [asyncio.ensure_future(viewer(n, url)) for n, url in enumerate(config["urls"])]
-    # Every handshake answered (or refused), then a moment for the catch-up: a fixed
-    # wait counted handshakes still under way on a loaded machine as open.
-    deadline = time.monotonic() + config["settle"]
-    while settled < len(tasks) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(1)
-    print(f"READY {failed} {len(tasks) - settled}", flush=True)
-    cpu = time.process_time()
-    loop = asyncio.get_running_loop()
-    # Told how many deliveries to wait for (after the events): counts them, off the
-    # receiving path, then prints them all.
-    told = await loop.run_in_executor(None, sys.stdin.readline)
-    expected, timeout = (float(x) for x in told.split())
-    found, read = 0, 0
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def frames(viewer, at):
+    buf = viewer.buf
+    pos, size = 0, len(buf)
+    while size - pos >= 2:
+        b0, b1 = buf[pos], buf[pos + 1]
+        length, head = b1 & 0x7F, 2
+        if length == 126:
+            if size - pos < 4:
+                break
+            length, head = int.from_bytes(buf[pos + 2 : pos + 4]), 4
+        elif length == 127:
+            if size - pos < 10:
+                break
+            length, head = int.from_bytes(buf[pos + 2 : pos + 10]), 10
+        if b1 & 0x80:
+            head += 4  # never from a server; skipped rather than unmasked
+        if size - pos < head + length:
+            break
+        payload = bytes(buf[pos + head : pos + head + length])
+        pos += head + length
+        opcode = b0 & 0x0F
+        if opcode in (0, 1, 2):
+            viewer.parts.append(payload)
+            if b0 & 0x80:
+                add((viewer.n, at, b"".join(viewer.parts)))
+                viewer.parts = []
+        elif opcode == 9:
+            viewer.sock.sendall(masked(10, payload))
+        elif opcode == 8:
+            code = int.from_bytes(payload[:2]) if len(payload) >= 2 else 1005
+            try:
+                viewer.sock.sendall(masked(8, payload[:2]))
+            except OSError:
+                pass
+            del buf[:pos]
+            close(viewer, code)
+            return
+    del buf[:pos]
+
+
+def readable(viewer):
+    global settled
+    try:
+        data = viewer.sock.recv(262144)
+    except (BlockingIOError, InterruptedError):
+        return
+    except OSError:
+        data = b""
+    at = clock()
+    if not data:
+        close(viewer, 1006)
+        return
+    # The usual read: one whole unfragmented text frame under 64 KB, nothing buffered.
+    if viewer.open and not viewer.buf and data[0] == 0x81:
+        length = data[1]
+        if length < 126:
+            if len(data) == 2 + length:
+                add((viewer.n, at, data[2:]))
+                return
+        elif length == 126 and len(data) == 4 + int.from_bytes(data[2:4]):
+            add((viewer.n, at, data[4:]))
+            return
+    viewer.buf += data
+    if not viewer.open:
+        end = viewer.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        status = bytes(viewer.buf[: viewer.buf.find(b"\r\n")]).split()
+        if len(status) < 2 or status[1] != b"101":
+            close(viewer, 0)
+            return
+        del viewer.buf[: end + 4]
+        viewer.open = True
+        settled += 1
+    frames(viewer, at)
+
+
+viewers = []
+for n, url in enumerate(urls):
+    data, address = request(url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setblocking(False)
+    sock.connect_ex(address)
+    viewer = Viewer(n, sock, data)
+    viewers.append(viewer)
+    by_fd[sock.fileno()] = viewer
+    poller.register(sock.fileno(), WRITE)
+
+
+def turn(timeout):
+    for fd, events in poller.poll(timeout):
+        viewer = by_fd.get(fd)
+        if viewer is None:
+            if fd == STDIN:
+                return sys.stdin.readline()
+            continue
+        if events & READ or viewer.open:
+            readable(viewer)
+        elif events & WRITE:
+            try:
+                viewer.sock.send(viewer.request)  # a few hundred bytes: one send
+            except OSError:
+                close(viewer, 0)
+                continue
+            poller.modify(fd, READ)
+        else:
+            close(viewer, 0)  # an error before the handshake was sent
+    return None
+
+
+# Every handshake answered (or refused), then a moment for the catch-up: a fixed wait
+# counted handshakes still under way on a loaded machine as open.
+deadline = time.monotonic() + config["settle"]
+checked = time.monotonic()
+while settled < len(viewers) and time.monotonic() < deadline:
+    turn(0.1)
+    if time.monotonic() - checked >= 1:  # handshakes unanswered for too long: failed
+        checked = time.monotonic()
+        for viewer in viewers:
+            if not viewer.open and viewer.sock.fileno() >= 0:
+                if checked - viewer.started > OPEN_TIMEOUT:
+                    close(viewer, 0)
+end = time.monotonic() + 1
+while time.monotonic() < end:
+    turn(0.1)
+print(f"READY {failed} {len(viewers) - settled}", flush=True)
+cpu = time.process_time()
+# Told how many deliveries to wait for (after the events): counts them every 0.2 s,
+# off the receiving path, then prints them all.
+poller.register(STDIN, READ)
+told = None
+while told is None:
+    told = turn(-1)
+expected, timeout = (float(x) for x in told.split())
+seq = re.compile(rb'data-seq="(\d+)"')
+found, read = 0, 0
+deadline = time.monotonic() + timeout
+checked = time.monotonic()
+while time.monotonic() < deadline:
+    turn(0.2)
+    if time.monotonic() - checked >= 0.2:
+        checked = time.monotonic()
         batch = arrived[read:]
         read += len(batch)
-        found += sum(len(seqs(m)) for _, _, m in batch)
+        # Counted by their marker (exactly the seqs printed below, which the regex finds).
+        found += sum(m.count(b'data-seq="') for _, _, m in batch)
         if found >= expected:
             break
-        await asyncio.sleep(0.2)
-    cpu = (time.process_time() - cpu) * 1000
-    sessions = [url.split("/ws/sessions/")[1].split("/")[0] for url in config["urls"]]
-    for n, at, message in arrived:
-        for seq in seqs(message):
-            print(f"M {n} {sessions[n]} {seq} {at}")
-    print(f"END {len(arrived)} {cpu}", flush=True)
-    await loop.run_in_executor(None, sys.stdin.read)  # until closed
-    for task in tasks:
-        task.cancel()
-
-asyncio.run(main())
+cpu = (time.process_time() - cpu) * 1000
+out = []
+for n, at, message in arrived:
+    for s in seq.findall(message):
+        out.append(f"M {n} {sessions[n]} {int(s)} {at}\n")
+sys.stdout.write("".join(out))
+print(f"END {len(arrived)} {cpu}", flush=True)
+sys.stdin.read()  # until closed
 """
 
 

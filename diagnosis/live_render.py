@@ -24,7 +24,7 @@ from aero import metrics
 from aero.packs import pack_for
 from aero.templatetags.aero_text import when
 from diagnosis import live_shared, page_panels, presenters
-from diagnosis.eventlog.masking import SessionMask, mask_of, masks_roles
+from diagnosis.eventlog.masking import SessionMask, hidden_by_session, mask_of, masks_roles
 from diagnosis.models import Event, Session
 
 BATCH = presenters.TIMELINE_PAGE
@@ -198,6 +198,10 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
         session = sessions.get(pull.session_id)
         if session is not None and session.last_seq > pull.after and keys[pull] not in shared:
             ranges[(pull.session_id, pull.after)] = min(session.last_seq, pull.after + BATCH)
+    contexts = PanelContexts()
+    # The masks of every session rendered here for masked viewers: one query for all.
+    masked = [pull for pull in pulls if masks_roles(pull.roles)]
+    contexts.read_masks({p.session_id for p in masked if (p.session_id, p.after) in ranges})
     found: dict[str, list[Event]] = {}
     if ranges:
         wanted = Q()
@@ -205,7 +209,6 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
             wanted |= Q(session_id=session_id, seq__gt=after, seq__lte=upto)
         for event in Event.objects.filter(wanted).order_by("session_id", "seq"):
             found.setdefault(str(event.session_id), []).append(event)
-    contexts = PanelContexts()
     updates: dict[int, Update | None] = {}
     rendered: dict[str, dict[str, Any]] = {}
     fetched: set[str] = set()  # the keys another process rendered
@@ -272,6 +275,15 @@ class PanelContexts:
         # Worded per language and per masking (a read-only viewer's panels hide values).
         self.worded: dict[tuple[str, str | None, bool], dict[str, Any]] = {}
         self.masks: dict[str, SessionMask] = {}
+
+    def read_masks(self, session_ids: set[str]) -> None:
+        """The masks of these sessions, in one query (a burst over many sessions read
+        one per session)."""
+        wanted = sorted(session_ids - set(self.masks))
+        if wanted:
+            found = hidden_by_session(wanted)
+            for session_id in wanted:
+                self.masks[session_id] = found.get(session_id, SessionMask(frozenset()))
 
     def mask(self, pull: Pull, session: Session) -> SessionMask | None:
         """The masking for the pull's viewers (None: they see everything), its hidden

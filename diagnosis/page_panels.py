@@ -32,7 +32,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import caches
 from django.template.loader import render_to_string
 from django.utils import timezone, translation
 from django.utils.html import escape
@@ -40,6 +39,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from aero.packs import pack_for
 from aero.release import release
+from aero.shared_caches import shared_cache
 from diagnosis import presenters
 from diagnosis.eventlog.masking import SessionMask
 from diagnosis.models import Session
@@ -176,7 +176,7 @@ def shared(
     wanted = list(panels)
     kept = [panel for panel in wanted if keep(panel)]
     keys = panel_keys(kept, state_key(session, reads, roles, mask), reads) if kept else {}
-    cache = caches[CACHE]
+    cache = shared_cache(CACHE)
     found: dict[str, str] = {}
     if keys:
         try:

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import caches
 from django.template.loader import render_to_string
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import get_language
 
 from aero.release import release
+from aero.shared_caches import shared_cache
 from diagnosis.models import Event
 
 logger = logging.getLogger("diagnosis.timeline_rows")
@@ -69,7 +69,7 @@ def rows(events: Sequence[Event], definition: Any) -> list[SafeString]:
         return []
     context = f"{release()}|{get_language()}|{settings.TIME_ZONE}|{_definition_digest(definition)}"
     keys = [row_key(event, context) for event in events]
-    cache = caches[CACHE]
+    cache = shared_cache(CACHE)
     try:
         found: dict[str, str] = cache.get_many(keys)
     except Exception:  # Redis unreachable: the rows are rendered here, as before

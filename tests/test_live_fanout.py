@@ -240,3 +240,58 @@ def test_sockets_opening_at_once_all_connect_and_get_each_event_once(
     assert {key for batch in lookups for key in batch} == keys | forged_keys
     assert 1 <= len(lookups) <= 3
     assert hops == []
+
+
+def test_a_burst_over_many_sessions_reads_their_masks_once_and_delivers_each_event_once(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notices for several sessions at once, watched by auditors (masked) and operators:
+    the batch reads the masks of all its sessions in one query (one per session made a
+    burst over a thousand sessions a thousand queries), and every viewer gets each
+    event of its own session once, in order."""
+    from diagnosis.eventlog import masking
+
+    operator, auditor = make_user("olga", "operator"), make_user("carol", "auditor")
+    sessions = [new_session(operator, WITH_APPROVAL) for _ in range(4)]
+    cookies = cookies_for([operator, auditor])
+    batches: list[int] = []
+    mask_reads: list[list[str]] = []
+    real_batch, real_hidden = live_render.render_batch, masking.hidden_by_session
+
+    def counted_batch(pulls: list[live_render.Pull]) -> Any:
+        batches.append(len({pull.session_id for pull in pulls}))
+        return real_batch(pulls)
+
+    def counted_hidden(session_ids: Any) -> Any:
+        mask_reads.append([str(s) for s in session_ids])
+        return real_hidden(session_ids)
+
+    monkeypatch.setattr(live_render, "render_batch", counted_batch)
+    monkeypatch.setattr(live_render, "hidden_by_session", counted_hidden)
+    monkeypatch.setattr(masking, "hidden_by_session", counted_hidden)
+
+    async def watch() -> tuple[list[list[int]], dict[str, list[int]]]:
+        viewers = {str(s.pk): await connect_all(s, cookies) for s in sessions}
+        batches.clear()
+        mask_reads.clear()
+        appended: dict[str, list[int]] = {key: [] for key in viewers}
+        for _ in range(2):  # two events per session, the sessions interleaved
+            for session in sessions:
+                appended[str(session.pk)].append(await status_event(session))
+        received = []
+        for key, watchers in viewers.items():
+            for viewer in watchers:
+                seqs: list[int] = []
+                while len(seqs) < len(appended[key]):
+                    seqs += [int(s) for s in SEQ.findall(await viewer.receive_from(timeout=30))]
+                assert await viewer.receive_nothing(timeout=0.3)  # nothing twice
+                received.append(seqs)
+        for watchers in viewers.values():
+            await close_all(watchers)
+        return received, appended
+
+    received, appended = run_in_fresh_loop(watch)
+    assert received == [seqs for seqs in appended.values() for _ in range(2)]
+    # Masks read at most once per batch, never one query per session of a batch.
+    assert max(batches) > 1  # the burst did batch sessions together
+    assert 1 <= len(mask_reads) <= len(batches)

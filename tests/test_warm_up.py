@@ -209,3 +209,23 @@ def test_a_websocket_only_daphne_imports_no_model_client() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False"]
+
+
+def test_the_web_process_prepares_the_live_renders_at_its_start() -> None:
+    """The first live push after a start found the release digest and the session page's
+    templates unmade (~0.3 s of CPU that every viewer of that event waited for): daphne
+    makes them at its start, on a thread."""
+    code = (
+        "import threading, django; django.setup(); import aero.asgi; "
+        "[t.join() for t in threading.enumerate() if t.name == 'aero-warm-up-live']; "
+        "from aero.release import release; from django.template import engines; "
+        "from diagnosis.startup import LIVE_TEMPLATES; "
+        "cached = engines.all()[0].engine.template_loaders[0].get_template_cache; "
+        "print(release.cache_info().currsize, all(n in cached for n in LIVE_TEMPLATES))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "True"]
