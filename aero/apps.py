@@ -12,8 +12,10 @@ class AeroConfig(AppConfig):
             audit_trail,
             i18n,
             lockouts,  # noqa: F401 (its @receivers connect on import)
+            session_store,
             sessions,  # noqa: F401 (its @receiver connects on import)
         )
 
         audit_trail.connect()
         i18n.connect()
+        session_store.connect()

@@ -77,7 +77,8 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Django's, with the signed-in user and roles held per process between changes.
+    "aero.session_store.AuthenticationMiddleware",
     # Sign-ins, visitors' posts, the API and the ingest, per client and minute.
     "aero.ratelimit.RateLimitMiddleware",
     # The user's language (after authentication: the choice lives in their session).

@@ -25,6 +25,9 @@ from django.db import transaction
 # What the approval queue shows: approvals, the sessions' facts on their cards (title,
 # snapshot), the board (restrictions, to-dos, the world), scenarios' names, users.
 QUEUE = "approval-queue"
+# Who is signed in as whom with which roles (aero.session_store): users, their groups
+# and the groups themselves. Each sign-in session also has its own (session_stamp).
+SIGN_IN = "sign-in"
 # Stamps outlive pages many times over; the expiry only drops names no longer used.
 TTL = 7 * 24 * 3600
 
@@ -60,18 +63,30 @@ def touch(*names: str) -> None:
     transaction.on_commit(lambda: touch_now(*names))
 
 
+def session_stamp(session_key: str) -> str:
+    """The name of a sign-in session's own stamp (moved when its row is saved or
+    deleted)."""
+    return f"session:{session_key}"
+
+
 def read(name: str) -> str:
     """The stamp of `name`; one not kept yet (first read, Redis emptied) is created, so
     an old value never returns."""
+    return read_many(name)[0]
+
+
+def read_many(*names: str) -> list[str]:
+    """The stamps of `names`, in one round trip to Redis (as `read` each)."""
     client = _client()
     if client is None:
         with _memory_lock:
-            return _memory.setdefault(name, uuid.uuid4().hex)
-    key = _key(name)
-    value = client.get(key)
-    if value is None:
-        # SET NX: of two first readers, one value wins and both read it.
-        client.set(key, uuid.uuid4().hex, ex=TTL, nx=True)
-        value = client.get(key)
+            return [_memory.setdefault(name, uuid.uuid4().hex) for name in names]
+    keys = [_key(name) for name in names]
+    values = client.mget(keys)
+    for i, value in enumerate(values):
+        if value is None:
+            # SET NX: of two first readers, one value wins and both read it.
+            client.set(keys[i], uuid.uuid4().hex, ex=TTL, nx=True)
+            values[i] = client.get(keys[i])
     # Still none (evicted at once): this request's own value, shared by nobody.
-    return value.decode() if value is not None else uuid.uuid4().hex
+    return [value.decode() if value is not None else uuid.uuid4().hex for value in values]

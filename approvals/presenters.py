@@ -13,6 +13,7 @@ from aero.packs import UnknownDomain, pack_for, stamped_pack
 from aero.roles import DECIDE_APPROVALS, user_roles
 from approvals import cards
 from approvals.models import Approval, ManualTodo
+from diagnosis.models import Session
 from diagnosis.presenters import read_world
 from diagnosis.restrictions import in_force as restrictions_in_force
 from scenarios_admin.definition import restriction_of
@@ -324,7 +325,8 @@ def _render(
             # money and lifts are decided one by one
             and not (i["a"].is_lift or i["a"].is_budget)
         ]
-        group["map"] = world.map(group["impact"]) if world is not None else None
+        # The map itself is loaded when its folded panel opens (incident_map).
+        group["has_map"] = world is not None
         for item in group["items"]:
             call = item["a"].tool_call
             item["consequence"] = (
@@ -345,6 +347,16 @@ def _card_template(kind: str) -> str | None:
         return pack_for(kind).card_template
     except UnknownDomain:
         return None
+
+
+def incident_map(session: Session) -> dict[str, Any] | None:
+    """What a card's folded impact map shows (approvals:incident-map): the map of the
+    session's impact on the world as it is now, None without a world."""
+    world = read_world(_world_stamp(), restrictions_in_force())
+    if world is None:
+        return None
+    impact = session.snapshot.get("impact")
+    return {"map": world.map(impact), "impact": impact}
 
 
 TODO_PAGE = 100

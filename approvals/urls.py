@@ -10,6 +10,12 @@ urlpatterns = [
     path("", views.approval_queue, name="queue"),
     path("<int:approval_id>/decide/", views.approval_decide, name="decide"),
     path("<int:approval_id>/edit/", views.approval_edit_args, name="edit-args"),
+    path("<int:approval_id>/edit-form/", views.approval_edit_form, name="edit-form"),
+    path(
+        "incidents/<uuid:session_id>/map/",
+        views.approval_incident_map,
+        name="incident-map",
+    ),
     path(
         "incidents/<uuid:session_id>/decide-r1/",
         views.approval_bulk_decide,

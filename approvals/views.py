@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.messages import get_messages
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
@@ -61,6 +62,69 @@ def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
         )
         page = page_cache.keep(key, render_to_string(template, context, request=request))
     return HttpResponse(page_cache.body(page, csrf_token, user.get_username()))
+
+
+@require_GET
+@role_required(DECIDE_APPROVALS)
+def approval_edit_form(request: HtmxHttpRequest, approval_id: int) -> HttpResponse:
+    """A queue card's argument editor, loaded when it is opened (the queue's page folds
+    fifty): the open approval's form, cached under the queue's stamp as the page is."""
+
+    def context() -> tuple[str, dict[str, Any]]:
+        approval = get_object_or_404(
+            presenters.open_approvals().select_related("tool_call"), pk=approval_id
+        )
+        if not approval.editable_args:
+            raise Http404
+        risk, scenario = presenters.clean_filters(
+            request.GET.get("risk", ""), request.GET.get("scenario", "")
+        )
+        only = presenters.clean_incident(request.GET.get("incident", ""))
+        return "approvals/_edit_args_form.html", {
+            "a": approval,
+            "target": "approval-queue",
+            "next": "queue",
+            "risk": risk,
+            "scenario": scenario,
+            "incident": str(only) if only is not None else "",
+        }
+
+    return _cached_part(request, "edit-form", context)
+
+
+@require_GET
+@role_required(DECIDE_APPROVALS)
+def approval_incident_map(request: HtmxHttpRequest, session_id: UUID) -> HttpResponse:
+    """A queue card's impact map, loaded when its folded panel is opened (ten maps were
+    a quarter of the page), cached under the queue's stamp as the page is."""
+
+    def context() -> tuple[str, dict[str, Any]]:
+        session = get_object_or_404(Session.objects.visible(), pk=session_id)
+        found = presenters.incident_map(session)
+        if found is None:
+            raise Http404
+        return found["map"]["template"], found
+
+    return _cached_part(request, "incident-map", context)
+
+
+def _cached_part(
+    request: HtmxHttpRequest, variant: str, context: Callable[[], tuple[str, dict[str, Any]]]
+) -> HttpResponse:
+    """A part rendered once per queue change for everyone asking for the same path with
+    the same roles and language; the request fills in its CSRF token. A part kept under
+    the queue's current stamp was found (open, visible) when it was rendered and nothing
+    changed since: `context` (template, context; Http404 for what is not there) runs
+    only when none is kept. The role check is the view's, on every request."""
+    user = request.user
+    key = page_cache.page_key(variant, request.get_full_path(), user_roles(user), user, False)
+    page = page_cache.find(key)
+    if page is None:
+        template, found = context()
+        page = page_cache.keep(
+            key, render_to_string(template, {**found, "csrf_token": CSRF_MARK}, request=request)
+        )
+    return HttpResponse(page_cache.body(page, get_token(request), user.get_username()))
 
 
 def _queue_page(request: HtmxHttpRequest, csrf_token: str, *, marks: bool) -> dict[str, Any]:

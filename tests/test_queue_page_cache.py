@@ -1,6 +1,8 @@
 """Issue 37 item 2: the approval queue's page is rendered once per queue change and
 shared by every approver asking for the same path with the same roles and language
-(approvals.page_cache). A cached page costs the sign-in's statements alone; it changes
+(approvals.page_cache). A cached page runs no statement once the viewer's sign-in is
+held by the process (aero.session_store), yet a sign-out, a role taken away or a
+deactivation counts on the very next request; it changes
 right after a decision, a new approval or a timeout; each viewer still gets their own
 name and CSRF token; a viewer without the role is still turned away.
 
@@ -78,11 +80,14 @@ def test_a_cached_page_costs_the_sign_in_alone(
 ) -> None:
     bea = make_user("bea", "approver")
     first, first_queries, first_reads = counted(login(abel), monkeypatch)
-    again, queries, reads = counted(login(bea), monkeypatch)
+    as_bea = login(bea)
+    again, queries, reads = counted(as_bea, monkeypatch)
 
     assert first_reads == 1 and reads == 0
     # The signed-in session, its user, the user's roles: nothing of the queue.
     assert queries == 3 < first_queries
+    # Then the sign-in is held by the process too: nothing at all.
+    assert counted(as_bea, monkeypatch)[1:] == (0, 0)
     # The same page, each with their own name and token.
     assert without_token(first).replace(">abel<", ">x<") == without_token(again).replace(
         ">bea<", ">x<"
@@ -153,6 +158,34 @@ def test_a_viewer_without_the_role_is_turned_away_from_a_cached_page(
     assert login(olga).get(path).status_code == 403
     signed_out = Client().get(path)
     assert signed_out.status_code == 302 and "/login" in signed_out["Location"]
+
+
+def test_a_held_sign_in_counts_a_change_on_the_next_request(
+    stand_leak: Session, abel: User
+) -> None:
+    client = login(abel)
+    # The same sign-in in a second browser (or a copied cookie).
+    other = Client()
+    other.cookies["sessionid"] = client.cookies["sessionid"].value
+
+    def status(c: Client = client) -> int:
+        return c.get("/approvals/").status_code
+
+    assert status() == status() == status(other) == 200  # held from here on
+    approver = abel.groups.get(name="approver")
+    abel.groups.remove(approver)
+    assert status() == 403
+    approver.user_set.add(abel)
+    assert status() == 200
+    User.objects.filter(pk=abel.pk).update(is_active=False)  # no signal: still held
+    abel.is_active = False
+    abel.save()
+    assert status() == 302
+    abel.is_active = True
+    abel.save()
+    assert status() == status(other) == 200
+    client.post("/accounts/logout/")
+    assert status(other) == 302
 
 
 def test_a_message_is_shown_once_on_the_queue(stand_leak: Session, abel: User) -> None:

@@ -113,19 +113,32 @@
         var el = document.getElementById(id);
         if (el && el.hasAttribute("data-keep-state")) { el.open = states[id]; }
       });
+      restoreTyped();
+      showNewest();
+    });
+    // An editor the queue loads when it opens (reopened above) arrives after the push:
+    // what was typed in it is put back when it does.
+    document.body.addEventListener("htmx:afterSwap", restoreTyped);
+
+    function restoreTyped() {
       Object.keys(kept).forEach(function (id) {
         var el = document.getElementById(id);
-        if (el && el.value === el.defaultValue) { el.value = kept[id]; }
+        if (el) {
+          if (el.value === el.defaultValue) { el.value = kept[id]; }
+          delete kept[id];
+        }
       });
       if (focused) {
         var el = document.getElementById(focused.id);
-        if (el && document.activeElement !== el) {
-          el.focus();
-          try { el.setSelectionRange(focused.start, focused.end); } catch (e) { /* not a text input */ }
+        if (el) {
+          if (document.activeElement !== el) {
+            el.focus();
+            try { el.setSelectionRange(focused.start, focused.end); } catch (e) { /* not a text input */ }
+          }
+          focused = null;
         }
       }
-      showNewest();
-    });
+    }
   }
 
   // Behaviour that would otherwise be an inline handler (the Content Security Policy
