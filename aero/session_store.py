@@ -8,7 +8,8 @@ or deleted: a sign-out, a renewal, a language chosen) and SIGN_IN (moved when a 
 a group or a user's groups change). A kept entry is used only while both stamps are
 unchanged and the session has not expired, so a sign-out, a deactivation or a role
 taken away counts on the very next request, in every process. The stamps are read
-before the rows: a change committed meanwhile moves them, and the entry is not used.
+before the rows, and a stamp moves at the write and again after its commit: what a
+reader read meanwhile is kept under a value that no longer holds.
 """
 
 from __future__ import annotations
@@ -128,15 +129,23 @@ class AuthenticationMiddleware(DjangoAuthentication):
         request.user = SimpleLazyObject(lambda: _user(request))  # type: ignore[assignment]
 
 
+def _move(name: str) -> None:
+    # Now, so that this process's next read, even inside the writer's transaction (a
+    # test's), misses; and again after the commit, so that what a reader read before
+    # the commit and kept under the first new value is not used.
+    stamps.touch_now(name)
+    stamps.touch(name)
+
+
 def _session_changed(sender: Any, instance: Session, **kwargs: Any) -> None:
-    stamps.touch(stamps.session_stamp(instance.session_key))
+    _move(stamps.session_stamp(instance.session_key))
 
 
 def _sign_ins_changed(sender: Any, update_fields: Any = None, **kwargs: Any) -> None:
     if update_fields is not None and set(update_fields) <= {"last_login"}:
         return  # a sign-in: its session's stamp moves with its new row
     if kwargs.get("action", "post_").startswith("post_"):
-        stamps.touch(stamps.SIGN_IN)
+        _move(stamps.SIGN_IN)
 
 
 def connect() -> None:
