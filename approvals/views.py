@@ -16,6 +16,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_POST
 
+from aero import http
 from aero.http import HtmxHttpRequest
 from aero.i18n import NOTIFY_SESSION_KEY
 from aero.models import UserPreference
@@ -43,7 +44,7 @@ def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
         # ask for the list alone.
         live = request.htmx.target == "approval-live"
         template += "#approval-live" if live else "#approval-queue"
-    csrf_token = get_token(request)
+    csrf_token = http.csrf_token(request)
     user = request.user
     if len(get_messages(request)):
         # A message is this request's own (and read once): the page is rendered for it.
@@ -124,7 +125,7 @@ def _cached_part(
         page = page_cache.keep(
             key, render_to_string(template, {**found, "csrf_token": CSRF_MARK}, request=request)
         )
-    return HttpResponse(page_cache.body(page, get_token(request), user.get_username()))
+    return HttpResponse(page_cache.body(page, http.csrf_token(request), user.get_username()))
 
 
 def _queue_page(request: HtmxHttpRequest, csrf_token: str, *, marks: bool) -> dict[str, Any]:

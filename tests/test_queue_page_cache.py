@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
+from django.middleware.csrf import _unmask_cipher_token  # type: ignore[attr-defined]
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -211,3 +212,16 @@ def test_the_pages_are_kept_apart_by_language_and_filter(stand_leak: Session, ab
     assert 'lang="en"' in english and '<html lang="zh' in chinese
     assert only_r3 != english and 'value="R3" selected' in only_r3
     assert len(page_cache._local) >= 3
+
+
+def test_the_pages_token_is_masked_afresh_and_accepted(stand_leak: Session, abel: User) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(abel)
+    client.get("/approvals/")  # the first sets the secret's cookie
+    secret = client.cookies["csrftoken"].value
+    tokens = [TOKEN.findall(client.get("/approvals/").content.decode())[0] for _ in range(3)]
+
+    assert len(set(tokens)) == 3 and all(len(t) == 64 and t.isalnum() for t in tokens)
+    assert {_unmask_cipher_token(t) for t in tokens} == {secret}
+    response = client.post("/approvals/notify/", {"csrfmiddlewaretoken": tokens[-1], "on": "1"})
+    assert response.status_code == 302
