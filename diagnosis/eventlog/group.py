@@ -245,12 +245,12 @@ class StepGroup:
         runs: list[AgentRun],
         end: tuple[str, str, str] | None = None,
     ) -> None:
-        if runs:
-            insert_rows(AgentRun, runs)  # their ids reserved: one INSERT, nothing read back
         if finished:
             AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
         status, event = self.status, self.status_event
         if not batch.pending:
+            if runs:
+                insert_rows(AgentRun, runs)  # their ids reserved: nothing read back
             return
         session = batch.locked or lock_session(self.session_id)
         fields: dict[str, Any] = {}
@@ -269,7 +269,9 @@ class StepGroup:
                 more, events = _status_change(session, previous, to, producer)
                 fields.update(more)
                 batch.pending.extend(events)
-        _write(session, batch.pending, **fields)
+        # The runs' INSERT rides the events' statement (their ids reserved; the events'
+        # foreign keys to them are checked at the commit).
+        _write(session, batch.pending, runs, **fields)
         if event is not None:
             self.status, self.status_event = None, None
 

@@ -129,7 +129,8 @@ def _write(
     highest seq. A job's write is fenced: refused unless it still holds the lease.
     `fields`: more columns of the session to set in the same UPDATE (set_status, the
     token counters). `rows`: other new rows (of other models) inserted in the same
-    statement (an LLM call's `LLMCall`); their pks are not read back."""
+    statement (an LLM call's `LLMCall`, a step group's node runs); their pks are not
+    read back: a row whose pk is set (reserved from its sequence) is inserted with it."""
     check_fence(session)
     now = timezone.now()
     seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
@@ -198,10 +199,12 @@ def _update_and_insert(
         else:
             values[name] = value
         args.append(value)
-    key = ("log_write", tuple(updates), tuple(type(row) for row in rows), min(len(events), 2))
+    groups = _row_groups(rows)
+    shape = tuple((model, with_pk, min(len(objs), 2)) for model, with_pk, objs in groups)
+    key = ("log_write", tuple(updates), shape, min(len(events), 2))
 
     def build() -> tuple[str, list[Any]]:
-        return _log_write_sql(connection, values, rows, len(events))
+        return _log_write_sql(connection, values, groups, len(events))
 
     cached = all(
         isinstance(value, Arg) or isinstance(updates[name], Increment)
@@ -209,31 +212,51 @@ def _update_and_insert(
     )
     sql, update_params = cached_sql(connection, key, build) if cached else build()
     params = bind(tuple(update_params), (*args, session_id), connection)
-    for row in rows:
-        params += insert_values(type(row), [row], connection)
+    for model, with_pk, objs in groups:
+        params += insert_values(model, objs, connection, with_pk)
     params += insert_values(Event, events, connection)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         ids = [row[0] for row in cursor.fetchall()]
     mark_saved(events, ids, connection.alias)
+    for _, with_pk, objs in groups:
+        if with_pk:
+            mark_saved(objs, [obj.pk for obj in objs], connection.alias)
+
+
+def _row_groups(rows: Sequence[Model]) -> list[tuple[type[Model], bool, list[Model]]]:
+    """`rows` as INSERTs: consecutive rows of one model, all with their pks set or all
+    without, are one INSERT (one CTE)."""
+    groups: list[tuple[type[Model], bool, list[Model]]] = []
+    for row in rows:
+        model, with_pk = type(row), row.pk is not None
+        if groups and groups[-1][0] is model and groups[-1][1] == with_pk:
+            groups[-1][2].append(row)
+        else:
+            groups.append((model, with_pk, [row]))
+    return groups
 
 
 _SESSION = Session._meta.get_field
 
 
 def _log_write_sql(
-    connection: Any, values: dict[str, Any], rows: Sequence[Model], count: int
+    connection: Any,
+    values: dict[str, Any],
+    groups: list[tuple[type[Model], bool, list[Model]]],
+    count: int,
 ) -> tuple[str, list[Any]]:
     """`_update_and_insert`'s statement: the session's UPDATE of `values` (placeholders
-    for the call's values, then one for the session's pk), each row's INSERT, the events'
-    INSERT."""
+    for the call's values, then one for the session's pk), each group of rows' INSERT,
+    the events' INSERT."""
     update = UpdateQuery(Session)
     update.add_q(Q(pk=Arg(len(values), Session._meta.pk)))
     update.add_update_values(values)
     update_sql, update_params = update.get_compiler(connection=connection).as_sql()
     ctes = [f"session_row AS ({update_sql})"]
-    for number, row in enumerate(rows):
-        ctes.append(f"row_{number} AS ({insert_sql(connection, type(row), 1, returning=False)})")
+    for number, (model, with_pk, objs) in enumerate(groups):
+        insert = insert_sql(connection, model, len(objs), returning=False, with_pk=with_pk)
+        ctes.append(f"row_{number} AS ({insert})")
     insert = insert_sql(connection, Event, count, returning=True)
     return f"WITH {', '.join(ctes)} {insert}", list(update_params)
 
