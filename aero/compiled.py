@@ -323,16 +323,25 @@ def _inserted_fields(model: type[Model], with_pk: bool = False) -> list[Any]:
 
 
 def insert_sql(
-    connection: Any, model: type[Model], count: int, *, returning: bool, with_pk: bool = False
+    connection: Any,
+    model: type[Model],
+    count: int,
+    *,
+    returning: bool,
+    with_pk: bool = False,
+    where: str = "",
 ) -> str:
     """The INSERT of `count` rows of `model` (every column but its pk, unless `with_pk`).
     One row as Django writes it (VALUES). Several rows (PostgreSQL only) from ONE jsonb
     parameter (`jsonb_to_recordset`), so that the SQL and its parameters are the same
     whatever the number of rows: one prepared statement; psycopg parses a statement of
     more than 50 parameters anew at every run, and dumps a list parameter (Django's
-    UNNEST of one array per column) element by element in Python."""
+    UNNEST of one array per column) element by element in Python. `where`: a condition
+    the rows are inserted on (several rows' form only)."""
     quote = connection.ops.quote_name
     fields = _inserted_fields(model, with_pk)
+    if count == 1 and where:
+        raise ValueError("a condition needs the several rows' form")
     if count == 1:
         values = connection.ops.bulk_insert_sql(fields, [["%s"] * len(fields)])
     else:
@@ -341,6 +350,8 @@ def insert_sql(
         )
         names = ", ".join(quote(f.column) for f in fields)
         values = f"SELECT {names} FROM jsonb_to_recordset(%s::jsonb) AS r({record})"
+        if where:
+            values += f" WHERE {where}"
     sql = (
         f"INSERT INTO {quote(model._meta.db_table)}"
         f" ({', '.join(quote(f.column) for f in fields)}) {values}"
@@ -349,13 +360,19 @@ def insert_sql(
 
 
 def insert_values(
-    model: type[Model], objs: Sequence[Model], connection: Any, with_pk: bool = False
+    model: type[Model],
+    objs: Sequence[Model],
+    connection: Any,
+    with_pk: bool = False,
+    *,
+    many: bool = False,
 ) -> list[Any]:
     """The values of `insert_sql`'s rows, prepared as Django's INSERT prepares them: a
-    row's values, or for several rows the JSON of their columns."""
+    row's values, or for several rows the JSON of their columns. `many`: the JSON for
+    one row too (an INSERT built for several)."""
     fields = _inserted_fields(model, with_pk)
     rows = [[f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields] for obj in objs]
-    if len(rows) == 1:
+    if len(rows) == 1 and not many:
         return rows[0]
     columns = [f.column for f in fields]
     return [json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=_json_value)]

@@ -290,3 +290,67 @@ def test_one_keeper_renews_every_running_jobs_lease_and_reports_a_lost_one(
     expires = Session.objects.get(pk=first.pk).lease_expires_at
     time.sleep(1)  # a beat would have come by now
     assert Session.objects.get(pk=first.pk).lease_expires_at == expires
+
+
+def test_a_group_written_after_an_event_from_elsewhere_locks_and_keeps_the_chain(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's step group writes its events, runs and the session row in one statement
+    without reading the row first, from the row as the job last wrote it. An event
+    appended from elsewhere while the group runs moves the row on: that statement
+    writes nothing, and the group locks the row and writes after that event, the chain
+    whole and no event twice. Without the interference the job takes no row lock."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from diagnosis.chain import verify_chain
+    from diagnosis.events import append_event
+
+    def lock_reads(captured: CaptureQueriesContext) -> int:
+        return sum(
+            'FROM "diagnosis_session"' in q["sql"] and "FOR UPDATE" in q["sql"]
+            for q in captured.captured_queries
+        )
+
+    with CaptureQueriesContext(connection) as quiet:
+        assert jobs.advance_session(str(session.pk)) == "waiting_user"
+    assert lock_reads(quiet) == 0
+
+    other = do_create_session(
+        User.objects.get(username="olga"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+    noted = threading.Event()
+
+    def note_meanwhile(state: Any, ctx: AgentContext) -> dict[str, Any]:
+        if not noted.is_set():
+
+            def note() -> None:
+                try:
+                    append_event(
+                        ctx.session_id, "agent.note", {"text": "meanwhile"}, producer="test"
+                    )
+                finally:
+                    connections.close_all()
+
+            writer = threading.Thread(target=note)
+            writer.start()
+            writer.join()
+            noted.set()
+        return reasoning.default_plan(state, ctx)
+
+    monkeypatch.setitem(reasoning.PLANNER, "plan", note_meanwhile)
+    with CaptureQueriesContext(connection) as moved:
+        assert jobs.advance_session(str(other.pk)) == "waiting_user"
+    assert noted.is_set() and lock_reads(moved) >= 1
+    events = list(Event.objects.filter(session=other).order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.payload.get("text") for e in events].count("meanwhile") == 1
+    # Written at the first try: no step failed, no retry.
+    moves = [e.payload["to"] for e in events if e.type == "session.status_changed"]
+    assert moves == ["running", "waiting_user"], moves
+    assert not [e for e in events if e.type == "agent.node_failed"]
+    assert [e.type for e in events].count("agent.question") == 1
+    assert verify_chain(other.pk).ok
+    other.refresh_from_db()
+    assert other.last_seq == events[-1].seq and other.chain_head == events[-1].hash
+    assert other.snapshot["question"]["field"] == "continuous"

@@ -66,6 +66,9 @@ class Fence:
         # steps' state, so this run's exit checkpoint must not be saved (the savers
         # refuse it) and the retry starts again from the checkpoint before them.
         self.steps_lost = False
+        # The session's row as this job last locked or wrote it (its lease's to start):
+        # what a step group writes from without locking it first (write_unlocked).
+        self.row: Session | None = None
 
 
 class StepsLost(Exception):

@@ -26,11 +26,13 @@ from diagnosis.eventlog.write import (
     _write,
     lock_session,
     set_status,
+    write_unlocked,
 )
 from diagnosis.models import (
     SESSION_TRANSITIONS,
     AgentRun,
     Event,
+    Session,
 )
 
 
@@ -247,33 +249,61 @@ class StepGroup:
     ) -> None:
         if finished:
             AgentRun.objects.bulk_update(finished, ["status", "ended_at", "output_summary"])
-        status, event = self.status, self.status_event
+        event = self.status_event
         if not batch.pending:
             if runs:
                 insert_rows(AgentRun, runs)  # their ids reserved: nothing read back
             return
-        session = batch.locked or lock_session(self.session_id)
+        fence = current_fence(self.session_id)
+        row = fence.row if fence is not None and fence.claim is None else None
+        if (
+            batch.locked is not None
+            or row is None
+            or transaction.get_connection().vendor != "postgresql"
+            or not self._write(row, batch, runs, end, unlocked=True)
+        ):
+            # A step locked the row, or it moved on since the job last wrote it (an
+            # event from elsewhere, a lost lease): locked, read and written as always.
+            self._write(batch.locked or lock_session(self.session_id), batch, runs, end)
+        if event is not None:
+            self.status, self.status_event = None, None
+
+    def _write(
+        self,
+        session: Session,
+        batch: EventBatch,
+        runs: list[AgentRun],
+        end: tuple[str, str, str] | None,
+        *,
+        unlocked: bool = False,
+    ) -> bool:
+        """The group's events (with its status moves, as `session` allows them), the
+        session's row and the runs: one statement. `unlocked`: `write_unlocked`'s, False
+        when it wrote nothing."""
+        status, event = self.status, self.status_event
+        pending = list(batch.pending)
         fields: dict[str, Any] = {}
-        if status is not None and event is not None and batch.pending[0] is event:
+        if status is not None and event is not None and pending[0] is event:
             previous, to, producer = status
             if session.status == previous and session.can_transition(to):
                 fields, _ = _status_change(session, previous, to, producer)
             else:
                 # Moved meanwhile (only a cancel can, and it clears the lease, so the
                 # write below is refused anyway): the move is not this group's to write.
-                batch.pending.pop(0)
+                pending.pop(0)
         if end is not None:
             previous, to, producer = end
             current = fields.get("status", session.status)  # after the group's start move
             if current == previous and to in SESSION_TRANSITIONS[current]:
                 more, events = _status_change(session, previous, to, producer)
                 fields.update(more)
-                batch.pending.extend(events)
+                pending.extend(events)
         # The runs' INSERT rides the events' statement (their ids reserved; the events'
         # foreign keys to them are checked at the commit).
-        _write(session, batch.pending, runs, **fields)
-        if event is not None:
-            self.status, self.status_event = None, None
+        if unlocked:
+            return write_unlocked(session, pending, runs, fields)
+        _write(session, pending, runs, **fields)
+        return True
 
     def rollback(self, *, lost: bool = False) -> None:
         """`lost`: steps before the current one are rolled back too (a lost lease): their

@@ -29,11 +29,13 @@ from diagnosis.chain import event_hash
 from diagnosis.eventlog import registry
 from diagnosis.eventlog.context import (
     EventBatch,
+    Fence,
     IllegalTransition,
     _batch,
     _known,
     _step,
     check_fence,
+    current_fence,
     current_trace_id,
     unfenced,
 )
@@ -61,6 +63,7 @@ def lock_session(session_id: Any) -> Session:
     batch = _batch.get()
     if batch is not None and str(batch.session_id) == str(session.pk):
         batch.locked = session
+    _keep_row(session)
     return session
 
 
@@ -132,6 +135,32 @@ def _write(
     statement (an LLM call's `LLMCall`, a step group's node runs); their pks are not
     read back: a row whose pk is set (reserved from its sequence) is inserted with it."""
     check_fence(session)
+    _append(session, events, rows, fields)
+
+
+def write_unlocked(
+    session: Session, events: list[Event], rows: Sequence[Model], fields: dict[str, Any]
+) -> bool:
+    """`_write` without the locking read before it (PostgreSQL), for the job holding the
+    session's lease: `session` is its row as the job last locked or wrote it. The
+    session's UPDATE takes the lock and writes only if the row still has that seq and
+    chain head (no event came between: a status or snapshot changes only with one) and
+    the job's lease; the INSERTs write only if it did. False when nothing was written:
+    the caller locks the row and writes as usual."""
+    fence = current_fence(session.pk)
+    if fence is None or fence.claim is not None:
+        raise RuntimeError("write_unlocked is for the job holding the session's lease")
+    return _append(session, events, rows, fields, (session.last_seq, session.chain_head, fence))
+
+
+def _append(
+    session: Session,
+    events: list[Event],
+    rows: Sequence[Model],
+    fields: dict[str, Any],
+    expect: tuple[int, str, Fence] | None = None,
+) -> bool:
+    """`_write`'s work once fenced. `expect`: `write_unlocked`'s condition."""
     now = timezone.now()
     seq, head, snapshot = session.last_seq, session.chain_head, session.snapshot
     changed = False
@@ -149,7 +178,9 @@ def _write(
         updates["snapshot"] = snapshot
     connection = transaction.get_connection()
     if connection.vendor == "postgresql":
-        _update_and_insert(connection, session.pk, updates, events, rows)
+        condition = None if expect is None else (expect[0], expect[1], expect[2].token)
+        if not _update_and_insert(connection, session.pk, updates, events, rows, condition):
+            return False
     else:
         Session.objects.filter(pk=session.pk).update(**updates)
         if len(events) == 1:
@@ -171,6 +202,16 @@ def _write(
     if known is not None and known.session_id == str(session.pk):
         # Only once committed: a step that rolls back wrote none of its keys.
         transaction.on_commit(partial(known.add, [e.key for e in events if e.key]))
+    _keep_row(session)
+    return True
+
+
+def _keep_row(session: Session) -> None:
+    """The row in hand as the job holding the lease last locked or wrote it, for its
+    next `write_unlocked` (a job's own writes only: a child's job has no lease)."""
+    fence = current_fence(session.pk)
+    if fence is not None and fence.claim is None:
+        fence.row = session
 
 
 def _update_and_insert(
@@ -179,14 +220,17 @@ def _update_and_insert(
     updates: dict[str, Any],
     events: list[Event],
     rows: Sequence[Model] = (),
-) -> None:
+    expect: tuple[int, str, Any] | None = None,
+) -> bool:
     """The session's UPDATE and the events' INSERT as ONE statement (a data-modifying
     CTE, PostgreSQL): the UPDATE Django writes, the events' INSERT from one
     jsonb parameter (`insert_sql`), one round trip.
     `rows`: each another INSERT in the same WITH (PostgreSQL runs every data-modifying
     CTE to completion, read or not). The SQL is built once per connection and
     shape (the columns set, the models and the number of events): each call
-    prepares its values as Django's compiler would."""
+    prepares its values as Django's compiler would. `expect`: the seq, chain head and
+    lease token the row must still have (`write_unlocked`), or nothing is written:
+    returns whether it was."""
     # Each value a placeholder (an increment's amount too); other expressions are
     # compiled into the SQL, which is then not kept.
     values: dict[str, Any] = {}
@@ -201,27 +245,31 @@ def _update_and_insert(
         args.append(value)
     groups = _row_groups(rows)
     shape = tuple((model, with_pk, min(len(objs), 2)) for model, with_pk, objs in groups)
-    key = ("log_write", tuple(updates), shape, min(len(events), 2))
+    key = ("log_write", tuple(updates), shape, min(len(events), 2), expect is not None)
 
     def build() -> tuple[str, list[Any]]:
-        return _log_write_sql(connection, values, groups, len(events))
+        return _log_write_sql(connection, values, groups, len(events), expect is not None)
 
     cached = all(
         isinstance(value, Arg) or isinstance(updates[name], Increment)
         for name, value in values.items()
     )
     sql, update_params = cached_sql(connection, key, build) if cached else build()
-    params = bind(tuple(update_params), (*args, session_id), connection)
+    params = bind(tuple(update_params), (*args, session_id, *(expect or ())), connection)
+    many = expect is not None  # conditional INSERTs read their rows from one jsonb
     for model, with_pk, objs in groups:
-        params += insert_values(model, objs, connection, with_pk)
-    params += insert_values(Event, events, connection)
+        params += insert_values(model, objs, connection, with_pk, many=many)
+    params += insert_values(Event, events, connection, many=many)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         ids = [row[0] for row in cursor.fetchall()]
+    if expect is not None and not ids:
+        return False  # the row moved on: nothing was written
     mark_saved(events, ids, connection.alias)
     for _, with_pk, objs in groups:
         if with_pk:
             mark_saved(objs, [obj.pk for obj in objs], connection.alias)
+    return True
 
 
 def _row_groups(rows: Sequence[Model]) -> list[tuple[type[Model], bool, list[Model]]]:
@@ -245,19 +293,37 @@ def _log_write_sql(
     values: dict[str, Any],
     groups: list[tuple[type[Model], bool, list[Model]]],
     count: int,
+    conditional: bool = False,
 ) -> tuple[str, list[Any]]:
     """`_update_and_insert`'s statement: the session's UPDATE of `values` (placeholders
-    for the call's values, then one for the session's pk), each group of rows' INSERT,
-    the events' INSERT."""
+    for the call's values, then one for the session's pk and, `conditional`, for the
+    seq, chain head and lease token it must have), each group of rows' INSERT, the
+    events' INSERT (`conditional`: only if the UPDATE found the row)."""
+    n = len(values)
+    where = Q(pk=Arg(n, Session._meta.pk))
+    if conditional:
+        where &= Q(
+            last_seq=Arg(n + 1, _SESSION("last_seq")),
+            chain_head=Arg(n + 2, _SESSION("chain_head")),
+            lease_token=Arg(n + 3, _SESSION("lease_token")),
+        )
     update = UpdateQuery(Session)
-    update.add_q(Q(pk=Arg(len(values), Session._meta.pk)))
+    update.add_q(where)
     update.add_update_values(values)
     update_sql, update_params = update.get_compiler(connection=connection).as_sql()
+    only_if = "EXISTS (SELECT 1 FROM session_row)" if conditional else ""
+    if conditional:
+        update_sql += f" RETURNING {connection.ops.quote_name(Session._meta.pk.column)}"
     ctes = [f"session_row AS ({update_sql})"]
     for number, (model, with_pk, objs) in enumerate(groups):
-        insert = insert_sql(connection, model, len(objs), returning=False, with_pk=with_pk)
+        count_ = 2 if conditional else len(objs)
+        insert = insert_sql(
+            connection, model, count_, returning=False, with_pk=with_pk, where=only_if
+        )
         ctes.append(f"row_{number} AS ({insert})")
-    insert = insert_sql(connection, Event, count, returning=True)
+    insert = insert_sql(
+        connection, Event, 2 if conditional else count, returning=True, where=only_if
+    )
     return f"WITH {', '.join(ctes)} {insert}", list(update_params)
 
 
@@ -354,6 +420,8 @@ def set_status(
         if batch is not None and str(batch.session_id) == str(session.pk):
             # Queued after the batch's events so far, as an append would be.
             Session.objects.filter(pk=session.pk).update(**fields)
+            for name, value in fields.items():  # the row in hand stays the row written
+                setattr(session, name, value)
             for event in events:
                 batch.add(event)
             return True

@@ -106,10 +106,11 @@ def advance_session(session_id: str) -> str:
         try:
             with (
                 Heartbeat(session_id, token),
-                fenced(session_id, token),
+                fenced(session_id, token) as fence,
                 known_keys(session_id),
                 waits.answered_requests(),
             ):
+                fence.row = leased  # the row as the lease left it: the first group's to write
                 status, waiting = _advance_locked(session_id, token, leased, finished)
         except LeaseLost as exc:
             logger.warning("session %s: stopped, another job took over (%s)", session_id, exc)
