@@ -85,13 +85,14 @@ SCRIPT: dict[str, Any] = {
 # root run, the model request one fenced statement and the provider configs read only
 # when their stamp changed each save a statement, and so does the answered request
 # read with the job's known keys, and a step group's node runs inserted by its events'
-# statement: any of them coming undone fails here.
-RESUME_TO_NEXT_MODEL_WAIT = 21
+# statement, which needs no locking read of the session row before it: any of them
+# coming undone fails here.
+RESUME_TO_NEXT_MODEL_WAIT = 19
 # The job that ends at the human wait (the proposals, the R0 action's effect, the
 # approvals): its move to waiting_user is written with its last group, its state is
 # not read again after the run, its start and end are one statement each, and each
-# group's node runs ride its events' statement.
-RESUME_TO_FIRST_APPROVAL = 37
+# group's node runs ride its events' statement, without a locking read before it.
+RESUME_TO_FIRST_APPROVAL = 35
 # The checkpointer's calls per such job: the state asked for twice (what the job waits
 # for, then the run) and read from the database once, one write at exit, no
 # prune.
