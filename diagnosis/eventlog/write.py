@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -150,7 +151,10 @@ def write_unlocked(
     fence = current_fence(session.pk)
     if fence is None or fence.claim is not None:
         raise RuntimeError("write_unlocked is for the job holding the session's lease")
-    return _append(session, events, rows, fields, (session.last_seq, session.chain_head, fence))
+    # A copy: parallel branches share the fence, and a row read while another branch
+    # writes it could pair one write's seq with another's head.
+    row = copy.copy(session)
+    return _append(row, events, rows, fields, (row.last_seq, row.chain_head, fence))
 
 
 def _append(
