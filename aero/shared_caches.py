@@ -1,5 +1,5 @@
-"""The shared caches (settings.CACHES: timeline rows, session panels, queue cards),
-one backend object per process and alias.
+"""The shared caches (settings.CACHES: timeline rows, session panels, queue cards and
+pages, replay steps and exports), one backend object per process and alias.
 
 Django's `caches[alias]` is context-local (asgiref's Local): under daphne every
 request, and every database call the live hub makes from a task of its own, starts in a

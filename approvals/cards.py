@@ -25,7 +25,6 @@ from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import caches
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 from django.template.loader import render_to_string
@@ -36,6 +35,7 @@ from django.utils.translation import gettext
 
 from aero.compiled import AnyOf, Arg, Compiled
 from aero.release import release
+from aero.shared_caches import shared_cache
 from approvals.models import OPEN_STATUSES, Approval
 
 CACHE = "queue_cards"
@@ -209,12 +209,12 @@ def shared_facts(
 
 
 def cached_cards(keys: Iterable[str]) -> dict[str, str]:
-    return caches[CACHE].get_many(list(keys))
+    return shared_cache(CACHE).get_many(list(keys))
 
 
 def keep_cards(cards: dict[str, str]) -> None:
     if cards:
-        caches[CACHE].set_many(cards, timeout=CARD_TTL)
+        shared_cache(CACHE).set_many(cards, timeout=CARD_TTL)
 
 
 def render_card(group: dict[str, Any], context: dict[str, Any]) -> str:

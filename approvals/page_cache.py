@@ -23,12 +23,12 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import caches
 from django.utils import timezone, translation
 from django.utils.html import escape
 
 from aero import stamps
 from aero.release import release
+from aero.shared_caches import shared_cache
 from approvals import cards
 
 # The stamp moves with every change; the timeout only bounds what old pages cost.
@@ -96,12 +96,12 @@ def find(key: str) -> Page | None:
     page = _local.get(key)
     if page is not None:
         return page
-    text = caches[cards.CACHE].get(key)
+    text = shared_cache(cards.CACHE).get(key)
     return None if text is None else _remember(key, text)
 
 
 def keep(key: str, text: str) -> Page:
-    caches[cards.CACHE].set(key, text, timeout=PAGE_TTL)
+    shared_cache(cards.CACHE).set(key, text, timeout=PAGE_TTL)
     return _remember(key, text)
 
 

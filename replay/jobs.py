@@ -15,11 +15,11 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.core.cache import caches
 from django.db import connections, transaction
 from django.utils import translation
 
 from aero.models import audit
+from aero.shared_caches import shared_cache
 from diagnosis.models import Session
 from replay.export import digest, render_export
 
@@ -53,16 +53,16 @@ def _key(job_id: str) -> str:
 
 
 def _save(job: ExportJob) -> None:
-    caches["replay"].set(_key(job.job_id), asdict(job), timeout=EXPORT_TTL)
+    shared_cache("replay").set(_key(job.job_id), asdict(job), timeout=EXPORT_TTL)
 
 
 def get_job(job_id: str) -> ExportJob | None:
-    raw = caches["replay"].get(_key(job_id))
+    raw = shared_cache("replay").get(_key(job_id))
     return ExportJob(**raw) if raw else None
 
 
 def job_body(job: ExportJob) -> str | None:
-    body: str | None = caches["replay"].get(_key(job.job_id) + ":body")
+    body: str | None = shared_cache("replay").get(_key(job.job_id) + ":body")
     return body
 
 
@@ -134,7 +134,7 @@ def run_export(job_id: str) -> str:
         job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
         _save(job)
         return job.status
-    caches["replay"].set(_key(job_id) + ":body", text, timeout=EXPORT_TTL)
+    shared_cache("replay").set(_key(job_id) + ":body", text, timeout=EXPORT_TTL)
     job.status, job.sha256 = "done", digest(text)
     _save(job)
     return job.status

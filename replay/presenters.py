@@ -9,10 +9,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from django.core.cache import caches
 from django.db import connection
 from django.db.models import Max, Min, Q, QuerySet
 
+from aero.shared_caches import shared_cache
 from diagnosis.agent_tree import AgentTree
 from diagnosis.eventlog import masking, names
 from diagnosis.eventlog.masking import SessionMask
@@ -85,7 +85,7 @@ def session_types(session: Session) -> list[str]:
     """The event types present in the session up to its last seq (a short list), read
     from the (session, type, seq) index once per log length."""
     key = f"replay:types:{session.pk.hex}:{session.last_seq}"
-    types: list[str] | None = caches["replay"].get(key)
+    types: list[str] | None = shared_cache("replay").get(key)
     if types is None:
         # order_by("type") replaces Event's default ordering, which DISTINCT would include.
         types = list(
@@ -94,7 +94,7 @@ def session_types(session: Session) -> list[str]:
             .values_list("type", flat=True)
             .distinct()
         )
-        caches["replay"].set(key, types, timeout=CHECKPOINT_TTL)
+        shared_cache("replay").set(key, types, timeout=CHECKPOINT_TTL)
     return types
 
 
@@ -205,7 +205,7 @@ def state_at(session: Session, seq: int) -> FoldState:
     """fold(events[:seq]). Events never change (append-only, hash-chained), so the state at
     every CHECKPOINT_EVERY-th seq is cached and a step folds at most that many events.
     A checkpoint is only ever the fold's own output: dropping them all changes no page."""
-    cache = caches["replay"]
+    cache = shared_cache("replay")
     marks = list(range(seq - seq % CHECKPOINT_EVERY, 0, -CHECKPOINT_EVERY))
     start, state = 0, None
     # The nearest checkpoint is there but on a first visit: one read, and only then more.
