@@ -16,8 +16,10 @@ from playwright.sync_api import Browser, expect, sync_playwright
 
 from aero.models import AuditLog
 from aero.roles import ALL_ROLES, ensure_role_groups
+from diagnosis.models import Session
 from scenarios_admin.builtin import load_builtin_data
 from tests import browser_helpers, static_scan
+from tests.web_helpers import STAND_FUEL_LEAK, waiting_session
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -349,6 +351,23 @@ def carol(make_user: Callable[..., User]) -> User:
 @pytest.fixture
 def dave(make_user: Callable[..., User]) -> User:
     return make_user("dave")
+
+
+# The queue and cockpit tests' personas: olga operates, abel approves; olga's waiting
+# session of stand 105 (R1 crew and fire standby, R2 stand suspension, two taxiway closures).
+@pytest.fixture
+def olga(make_user: Callable[..., User]) -> User:
+    return make_user("olga", "operator")
+
+
+@pytest.fixture
+def abel(make_user: Callable[..., User]) -> User:
+    return make_user("abel", "approver")
+
+
+@pytest.fixture
+def stand_leak(builtin: None, olga: User) -> Session:
+    return waiting_session(olga, STAND_FUEL_LEAK)
 
 
 @pytest.fixture

@@ -28,16 +28,6 @@ from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, waiting_sess
 pytestmark = pytest.mark.services
 
 
-@pytest.fixture
-def olga(make_user: Callable[..., User]) -> User:
-    return make_user("olga", "operator")
-
-
-@pytest.fixture
-def stand_leak(builtin: None, olga: User) -> Session:
-    return waiting_session(olga, STAND_FUEL_LEAK)
-
-
 def timed_out_closure(session: Session, taxiway: str = "A") -> ManualTodo:
     """What the sweeper leaves when nobody decided `close_taxiway` in time: the clock
     moved past the deadline (the deadline itself stays as its event says)."""

@@ -8,7 +8,6 @@ Personas: olga operates, abel approves, carol audits."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -20,26 +19,10 @@ from django.utils import timezone
 from aero.models import AuditLog
 from approvals.models import Approval, ManualTodo
 from diagnosis.models import Event, Session
-from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, waiting_session
+from tests.web_helpers import approval_for, login
 
 pytestmark = pytest.mark.services
 HTMX = {"HX-Request": "true"}
-
-
-@pytest.fixture
-def olga(make_user: Callable[..., User]) -> User:
-    return make_user("olga", "operator")
-
-
-@pytest.fixture
-def abel(make_user: Callable[..., User]) -> User:
-    return make_user("abel", "approver")
-
-
-@pytest.fixture
-def stand_leak(builtin: None, olga: User) -> Session:
-    """Stand 105: R1 crew and fire standby, R2 stand suspension and two taxiway closures."""
-    return waiting_session(olga, STAND_FUEL_LEAK)
 
 
 def card(html: str, approval: Approval) -> str:

@@ -30,11 +30,6 @@ pytestmark = pytest.mark.services
 
 
 @pytest.fixture
-def olga(make_user: Callable[..., User]) -> User:
-    return make_user("olga", "operator")
-
-
-@pytest.fixture
 def bob(make_user: Callable[..., User]) -> User:
     return make_user("bob", "approver")
 

@@ -30,7 +30,6 @@ from diagnosis.events import append_event
 from diagnosis.models import Session, ToolCall
 from packs.airport.models import Restriction
 from tests.web_helpers import (
-    STAND_FUEL_LEAK,
     TAXIWAY_FUEL_LEAK,
     approval_for,
     login,
@@ -39,22 +38,6 @@ from tests.web_helpers import (
 
 pytestmark = pytest.mark.services
 TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
-
-
-@pytest.fixture
-def olga(make_user: Callable[..., User]) -> User:
-    return make_user("olga", "operator")
-
-
-@pytest.fixture
-def abel(make_user: Callable[..., User]) -> User:
-    return make_user("abel", "approver")
-
-
-@pytest.fixture
-def stand_leak(builtin: None, olga: User) -> Session:
-    """Stand 105: R1 crew and fire standby, R2 stand suspension and two taxiway closures."""
-    return waiting_session(olga, STAND_FUEL_LEAK)
 
 
 def card(html: str, approval: Approval) -> str:

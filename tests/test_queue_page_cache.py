@@ -28,7 +28,6 @@ from approvals.actions import do_decide, sweep_expired_approvals
 from approvals.models import Approval
 from diagnosis.models import Session
 from tests.web_helpers import (
-    STAND_FUEL_LEAK,
     TAXIWAY_FUEL_LEAK,
     approval_for,
     login,
@@ -37,21 +36,6 @@ from tests.web_helpers import (
 
 pytestmark = pytest.mark.services
 TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
-
-
-@pytest.fixture
-def olga(make_user: Callable[..., User]) -> User:
-    return make_user("olga", "operator")
-
-
-@pytest.fixture
-def abel(make_user: Callable[..., User]) -> User:
-    return make_user("abel", "approver")
-
-
-@pytest.fixture
-def stand_leak(builtin: None, olga: User) -> Session:
-    return waiting_session(olga, STAND_FUEL_LEAK)
 
 
 def without_token(html: str) -> str:

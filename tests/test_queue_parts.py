@@ -22,25 +22,10 @@ from approvals import presenters
 from approvals.actions import do_decide, do_edit_args
 from approvals.models import Approval
 from diagnosis.models import Session
-from tests.web_helpers import STAND_FUEL_LEAK, approval_for, login, waiting_session
+from tests.web_helpers import approval_for, login
 
 pytestmark = pytest.mark.services
 TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
-
-
-@pytest.fixture
-def olga(make_user: Callable[..., User]) -> User:
-    return make_user("olga", "operator")
-
-
-@pytest.fixture
-def abel(make_user: Callable[..., User]) -> User:
-    return make_user("abel", "approver")
-
-
-@pytest.fixture
-def stand_leak(builtin: None, olga: User) -> Session:
-    return waiting_session(olga, STAND_FUEL_LEAK)
 
 
 def edit_form_url(approval: Approval, query: str = "?risk=&scenario=&incident=") -> str:

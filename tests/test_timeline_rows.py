@@ -31,11 +31,6 @@ SECRET = "RWY-SECRET-31C"  # the runway an R3 action closes: auditors see it mas
 
 
 @pytest.fixture
-def olga(make_user: Callable[..., User]) -> User:
-    return make_user("olga", "operator")
-
-
-@pytest.fixture
 def carol(make_user: Callable[..., User]) -> User:
     return make_user("carol", "auditor")
 
