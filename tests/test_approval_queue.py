@@ -52,7 +52,14 @@ def test_queue_lists_every_open_approval_by_incident_nearest_deadline_first(
     runway = approval(runway_session, "close_runway", runway="06/24")
     item = html[html.index(f'id="approval-{runway.pk}"') :]
     assert "runway=<strong>06/24</strong>" in item
-    assert "OS-01" in item and "times out in" in item and "<svg" in item
+    assert "times out in" in item
+    # The incident's head names its risk rule; its impact map loads when its folded panel
+    # opens.
+    runway_block = html.split('data-testid="incident"')[1]
+    assert "rule OS-01" in runway_block and f'id="approval-{runway.pk}"' in runway_block
+    map_part = f"/approvals/incidents/{runway_session.pk}/map/"
+    assert f'hx-get="{map_part}"' in runway_block
+    assert "<svg" in signed_in(abel).get(map_part).content.decode()
     assert "requested by the agent for olga" in item
 
     only_r3 = signed_in(abel).get("/approvals/?risk=R3").content.decode()
