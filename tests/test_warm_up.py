@@ -176,12 +176,14 @@ def test_the_runner_has_its_clients_and_pool_before_its_first_beat(
 def test_the_web_process_imports_the_model_client_at_its_start() -> None:
     """The first new session's request records its extraction through LangChain's
     OpenAI client: the web process imports it at its start, on a thread, so that it
-    listens meanwhile (the app's import itself loads neither the OpenAI SDK nor the MCP
-    client: a restart waited for them). A worker has the MCP client from its start."""
+    listens meanwhile (the app's import itself loads neither the OpenAI SDK, the MCP
+    client nor LangGraph, which only a job needs: a restart waited for them). A worker
+    has the MCP client from its start."""
     code = (
         "import sys, threading, django; django.setup(); "
         "from django.urls import get_resolver; get_resolver().url_patterns; "
-        "print('openai' in sys.modules, 'mcp' in sys.modules); import aero.asgi; "
+        "print('openai' in sys.modules, 'mcp' in sys.modules, 'langgraph' in sys.modules); "
+        "import aero.asgi; "
         "[t.join() for t in threading.enumerate() if t.name == 'aero-warm-up']; "
         "print('langchain_openai' in sys.modules, 'diagnosis.agent.react' in sys.modules); "
         "import diagnosis.worker; print('mcp.client.stdio' in sys.modules)"
@@ -191,7 +193,7 @@ def test_the_web_process_imports_the_model_client_at_its_start() -> None:
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False", "False", "True", "True", "True"]
+    assert result.stdout.split() == ["False", "False", "False", "True", "True", "True"]
 
 
 def test_a_websocket_only_daphne_imports_no_model_client() -> None:

@@ -13,12 +13,10 @@ import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import connection
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from aero.packs import UnknownDomain, default_kind, pack_for
 from diagnosis import checkpoint_tables
@@ -32,6 +30,10 @@ from diagnosis.events import (
 from diagnosis.models import (
     SessionStatus,
 )
+
+if TYPE_CHECKING:  # LangGraph is imported where a saver is made: the sweeps run without it
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import BaseCheckpointSaver
 
 logger = logging.getLogger("diagnosis.jobs")
 

@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -19,12 +19,17 @@ from django.utils import timezone
 from aero import metrics
 from aero.supervision import process_gone
 from diagnosis.jobs.child_jobs import hand_in, run_children_inline
-from diagnosis.jobs.embedded import EmbeddedWorker
-from diagnosis.jobs.job import WAITING_MODEL, advance_session
 from diagnosis.jobs.lease import lease_is_live
 from diagnosis.jobs.rq_queues import drop_job, queue_named
 from diagnosis.llm_runner import run_pending_inline, start_in_thread
 from diagnosis.models import Session
+
+if TYPE_CHECKING:
+    from diagnosis.jobs.embedded import EmbeddedWorker
+
+# The job, by name: rq stores this path, and a web process that enqueues it need not
+# import the job's module (LangGraph with it) to do so.
+ADVANCE_SESSION = "diagnosis.jobs.job.advance_session"
 
 logger = logging.getLogger("diagnosis.jobs")
 
@@ -83,6 +88,8 @@ def dispatch(session_id: Any, *, at_front: bool = False, lease_read: bool = Fals
     session_id = str(session_id)
     backend = settings.AERO_JOB_BACKEND
     if backend == "inline":
+        from diagnosis.jobs.job import WAITING_MODEL, advance_session
+
         # Inline (the CLI, tests): the model calls and child agents a job waits for are
         # run right here, then the job runs again, until the session waits for something else.
         while advance_session(session_id) == WAITING_MODEL:
@@ -115,7 +122,7 @@ def _enqueue_rq(session_id: str, *, at_front: bool = False) -> bool:
     while time.monotonic() < deadline:
         try:
             queue.enqueue(
-                advance_session,
+                ADVANCE_SESSION,
                 session_id,
                 job_id=job_id(session_id),
                 unique=True,
@@ -213,6 +220,8 @@ def embedded_worker() -> EmbeddedWorker:
     global _embedded
     with _embedded_lock:
         if _embedded is None:
+            from diagnosis.jobs.embedded import EmbeddedWorker
+
             _embedded = EmbeddedWorker(settings.AERO_EMBEDDED_WORKERS)
             if settings.AERO_LLM_WAITS:
                 start_in_thread(dispatch_after_commit)

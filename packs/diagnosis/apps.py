@@ -12,6 +12,25 @@ def api_router() -> Any:
     return router
 
 
+# The graph and the specialists' runner are imported by the job that runs them: a web
+# process (which only registers them) starts without LangGraph (~1.3 s of CPU).
+def build_graph() -> Any:
+    from packs.diagnosis.graph import build_graph as build
+
+    return build()
+
+
+def run_specialist(*args: Any, **kwargs: Any) -> Any:
+    from packs.diagnosis.specialists import run_specialist as run
+
+    return run(*args, **kwargs)
+
+
+def initial_state(session: Any, definition: dict[str, Any]) -> dict[str, Any]:
+    """A new diagnosis session: nothing read yet."""
+    return {"session_id": str(session.pk), "language": session.language, "consumed_seq": 0}
+
+
 class DiagnosisPackConfig(AppConfig):
     """IT problem diagnosis (scenario kind "diagnosis"): incident bundles, evidence tools,
     the offline playbook, fixes under approval (DIAGNOSIS.md)."""
@@ -23,6 +42,7 @@ class DiagnosisPackConfig(AppConfig):
     def ready(self) -> None:
         from aero.packs import DomainPack, ToolRegistry, register
         from diagnosis import external
+        from diagnosis.agent.child_agents import register_child_agent
         from diagnosis.eventlog.registry import register as register_events
         from diagnosis.eventlog.registry import register_finding
         from diagnosis.wording import (
@@ -33,13 +53,11 @@ class DiagnosisPackConfig(AppConfig):
         )
         from packs.diagnosis import (
             fixes,
-            graph,
             modes,
             sessions,
             skill_calls,
             slow,
             sources,
-            specialists,
             web,
             words,
         )
@@ -55,7 +73,8 @@ class DiagnosisPackConfig(AppConfig):
         external.register_system(fixes.SHOP_OPS, fixes.SHOP_OPS_PREFIX)
         sources.connect_audit()
         slow.register()  # its slow tools: waits the LLM runner answers
-        specialists.register()  # its specialists: child agents with jobs of their own
+        # Its specialists: child agents with jobs of their own.
+        register_child_agent(modes.SPECIALIST_KIND, run_specialist)
         skill_calls.register()
         register_finding(*KINDS)
         register_events(*sessions.EVENT_TYPES, *modes.EVENT_TYPES)
@@ -76,8 +95,8 @@ class DiagnosisPackConfig(AppConfig):
                     argument_words=fixes.ARGUMENT_WORDS,
                     evidence_args=EVIDENCE_ARGS,
                 ),
-                graph=graph.build_graph,
-                initial_state=graph.initial_state,
+                graph=build_graph,
+                initial_state=initial_state,
                 world=lambda stamp: demo_shop(),
                 opens_from_message=False,
                 seed=seed,

@@ -100,10 +100,6 @@ def build_graph() -> StateGraph[DiagnosisState, AgentContext, DiagnosisState, Di
     return builder
 
 
-def initial_state(session: Any, definition: dict[str, Any]) -> dict[str, Any]:
-    return {"session_id": str(session.pk), "language": session.language, "consumed_seq": 0}
-
-
 def route_by_mode(state: DiagnosisState) -> Literal["react_step", "plan", "orchestrate"]:
     mode = state.get("mode") or "react"
     return (

@@ -35,6 +35,8 @@ SOURCE_LABELS = {
 }
 # The specialists of a hierarchical run, in the order their evidence is aggregated.
 SPECIALISTS = ("logs", "metrics", "changes_code", "knowledge")
+# The child agents' kind the pack registers (apps.py): a specialist.
+SPECIALIST_KIND = "diagnosis_specialist"
 SPECIALIST_LABELS = {
     "logs": gettext_lazy("Logs"),
     "metrics": gettext_lazy("Metrics"),

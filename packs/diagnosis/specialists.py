@@ -12,7 +12,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
 from diagnosis.agent import waits
-from diagnosis.agent.child_agents import Child, register_child_agent, wait_for_children
+from diagnosis.agent.child_agents import Child, wait_for_children
 from diagnosis.agent.recording import child_run, commit_steps, recorded
 from diagnosis.agent.state import AgentContext
 from diagnosis.events import append_step_event
@@ -24,6 +24,7 @@ from packs.diagnosis.modes import (
     AGGREGATED,
     MODE_SWITCHED,
     PLAN,
+    SPECIALIST_KIND,
     SPECIALIST_REPORTED,
     SPECIALISTS,
 )
@@ -214,14 +215,6 @@ def _specialist_graph() -> Any:
 
 
 SPECIALIST_GRAPH = _specialist_graph()
-
-
-# The child agents' kind the pack registers (apps.py): a specialist.
-SPECIALIST_KIND = "diagnosis_specialist"
-
-
-def register() -> None:
-    register_child_agent(SPECIALIST_KIND, run_specialist)
 
 
 def await_specialists(state: DiagnosisState, runtime: Runtime[AgentContext]) -> dict[str, Any]:
