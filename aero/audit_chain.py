@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -24,10 +25,16 @@ CHAIN_LOCK = 0x4145524F
 
 
 def audit_key() -> bytes:
-    configured = getattr(settings, "AERO_AUDIT_KEY", "")
+    return _key_of(getattr(settings, "AERO_AUDIT_KEY", ""), settings.SECRET_KEY)
+
+
+@lru_cache(maxsize=4)
+def _key_of(configured: str, secret_key: str) -> bytes:
+    # Read for every event a job writes (diagnosis.chain): derived once per setting,
+    # not an HMAC per call; keyed by the settings' values, which tests override.
     if configured:
         return configured.encode()
-    return hmac.new(settings.SECRET_KEY.encode(), b"aero-audit-chain", hashlib.sha256).digest()
+    return hmac.new(secret_key.encode(), b"aero-audit-chain", hashlib.sha256).digest()
 
 
 def canonical(entry: dict[str, Any]) -> bytes:

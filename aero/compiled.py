@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, cast
 
+import orjson
 from django.apps import apps
 from django.db import DatabaseError, connections, router, transaction
 from django.db.models import BooleanField, F, Field, ForeignObjectRel, JSONField, Model, QuerySet
@@ -375,7 +376,13 @@ def insert_values(
     if len(rows) == 1 and not many:
         return rows[0]
     columns = [f.column for f in fields]
-    return [json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=_json_value)]
+    records = [dict(zip(columns, row, strict=True)) for row in rows]
+    try:
+        # orjson: several times faster than json for the events' payloads a job writes,
+        # and any JSON of the same values is the same rows to jsonb_to_recordset.
+        return [orjson.dumps(records, default=_json_value, option=orjson.OPT_NON_STR_KEYS).decode()]
+    except TypeError:  # what orjson refuses (an int over 64 bits): as json writes it
+        return [json.dumps(records, default=_json_value)]
 
 
 def _json_value(value: Any) -> Any:

@@ -236,20 +236,26 @@ class _LeaseKeeper:
         self.changed = threading.Condition()
         self.beats: list[Heartbeat] = []
         self.beating: Heartbeat | None = None
+        self.wake_at = 0.0  # monotonic time the keeper sleeps until (0: awake)
+        self.idle = 1.0  # how long it sleeps with no beat: the shortest interval seen
         self.thread = threading.Thread(target=self._run, daemon=True, name="aero-lease-keeper")
         self.thread.start()
 
     def add(self, beat: Heartbeat) -> None:
         with self.changed:
             self.beats.append(beat)
-            self.changed.notify_all()
+            self.idle = min(self.idle, beat.interval)
+            # Woken only if it would sleep past this beat: a job's start is not a hand-off
+            # to the keeper's thread (the GIL's and the OS's), most jobs end before it.
+            if beat.due < self.wake_at:
+                self.changed.notify_all()
 
     def remove(self, beat: Heartbeat) -> None:
         with self.changed:
             while self.beating is beat:
                 self.changed.wait()
+            # Not woken: sleeping until a removed beat's time, it then finds none due.
             self.beats = [known for known in self.beats if known is not beat]
-            self.changed.notify_all()
 
     def _next(self) -> Heartbeat:
         """The first heartbeat due, once it is (marked as being beaten)."""
@@ -259,11 +265,15 @@ class _LeaseKeeper:
                 if self.beats:
                     beat = min(self.beats, key=lambda known: known.due)
                     if beat.due <= now:
+                        self.wake_at = now
                         self.beating = beat
                         return beat
-                    self.changed.wait(beat.due - now)
+                    self.wake_at = beat.due
                 else:
-                    self.changed.wait()
+                    # Idle: a look every shortest interval seen, so that a job's beat,
+                    # due an interval after it starts, needs no wake-up call.
+                    self.wake_at = now + self.idle
+                self.changed.wait(self.wake_at - now)
 
     def _run(self) -> None:
         while True:
