@@ -26,6 +26,7 @@ from typing import Any
 
 from django.conf import settings
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.runnables import RunnableBinding
 from pydantic import ValidationError
 
 from aero.text import MAX_MODEL_TEXT, cut_generated
@@ -82,7 +83,18 @@ def ask_model(
     provider: OpenAICompatibleProvider, messages: list[BaseMessage], tools: list[dict[str, Any]]
 ) -> tuple[AIMessage, Usage]:
     try:
-        reply = client_for(provider.config).bind_tools(tools).invoke(messages)
+        bound = client_for(provider.config).bind_tools(tools)
+        scope = waits.current_scope()
+        if (
+            scope is not None
+            and scope.missing == scope.peek_key()
+            and isinstance(bound, RunnableBinding)
+        ):
+            # Its reply is known to be missing (`stored_reply` just looked): the call is
+            # a wait. Its request as LangChain's call path would hand it to the client
+            # (the bound tools), without that path's callbacks and copies.
+            waits.answer(scope, messages, dict(bound.kwargs))  # raises ModelWait
+        reply = bound.invoke(messages)
     except Exception as exc:
         raise classify(exc, [provider.config.api_key()]) from None
     assert isinstance(reply, AIMessage)
