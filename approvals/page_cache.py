@@ -18,16 +18,18 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.http import HttpRequest
 from django.utils import timezone, translation
 from django.utils.html import escape
 
 from aero import stamps
 from aero.release import release
+from aero.session_store import read_stamp
 from aero.shared_caches import shared_cache
 from approvals import cards
 
@@ -40,16 +42,17 @@ USER_MARK = "\x00user\x00"
 _MARKS = re.compile("(\x00(?:csrf|user|dl:[^\x00]+)\x00)")
 _CSRF = cards.CSRF_MARK.encode()
 _USER = USER_MARK.encode()
+_REQUEST_MARKS = re.compile(b"(" + re.escape(_CSRF) + b"|" + re.escape(_USER) + b")")
 
 
 @dataclass
 class Page:
     """A page's text cut at its marks (odd places), and its deadlines filled in as of
-    `second` (the CSRF and user marks left for the request)."""
+    `second`, cut at the CSRF and user marks left for the request (odd places)."""
 
     parts: list[str]
     second: int = -1
-    filled: bytes = b""
+    filled: list[bytes] = field(default_factory=list)
 
 
 class MarkedUser:
@@ -71,18 +74,18 @@ _local: OrderedDict[str, Page] = OrderedDict()
 _lock = threading.Lock()
 
 
-def page_key(variant: str, path: str, roles: frozenset[str], user: Any, notify_on: bool) -> str:
-    """The key of the page `variant` (the whole page or an htmx part) at `path` for
-    this viewer, under the queue's current stamp (read first: a page is never older
-    than the stamp it is kept under)."""
+def page_key(request: HttpRequest, variant: str, roles: frozenset[str], notify_on: bool) -> str:
+    """The key of the page `variant` (the whole page or an htmx part) at the request's
+    path for its viewer, under the queue's current stamp (read first, with the
+    sign-in's: a page is never older than the stamp it is kept under)."""
     body = repr(
         (
             release(),
-            stamps.read(stamps.QUEUE),
+            read_stamp(request, stamps.QUEUE),
             variant,
-            path,
+            request.get_full_path(),
             sorted(roles),
-            bool(user.is_staff),
+            bool(request.user.is_staff),
             notify_on,
             translation.get_language(),
             timezone.get_current_timezone_name(),
@@ -121,12 +124,18 @@ def body(page: Page, csrf_token: str, username: str) -> bytes:
     second = int(now.timestamp())
     filled = page.filled
     if page.second != second:
-        filled = _fill_deadlines(page.parts, now)
+        # Cut once a second: a join per request, not two searches of the whole page
+        # (bytes.replace took ~0.2 ms of a ~1.5 ms page).
+        filled = _REQUEST_MARKS.split(_fill_deadlines(page.parts, now))
         # Two threads may both fill a second: the same bytes, whichever stays.
         page.filled, page.second = filled, second
     # The token is letters and digits; the name is escaped here (the page's text was
     # escaped by the template engine).
-    return filled.replace(_CSRF, csrf_token.encode()).replace(_USER, escape(username).encode())
+    own = {_CSRF: csrf_token.encode(), _USER: escape(username).encode()}
+    out = filled.copy()
+    for i in range(1, len(out), 2):
+        out[i] = own[out[i]]
+    return b"".join(out)
 
 
 def _fill_deadlines(parts: list[str], now: datetime) -> bytes:

@@ -51,7 +51,7 @@ def approval_queue(request: HtmxHttpRequest) -> HttpResponse:
         context = _queue_page(request, csrf_token, marks=False)
         context["notify_on"] = notify_on
         return render(request, template, context)
-    key = page_cache.page_key(template, request.get_full_path(), user_roles(user), user, notify_on)
+    key = page_cache.page_key(request, template, user_roles(user), notify_on)
     page = page_cache.find(key)
     if page is None:
         context = _queue_page(request, CSRF_MARK, marks=True)
@@ -118,7 +118,7 @@ def _cached_part(
     changed since: `context` (template, context; Http404 for what is not there) runs
     only when none is kept. The role check is the view's, on every request."""
     user = request.user
-    key = page_cache.page_key(variant, request.get_full_path(), user_roles(user), user, False)
+    key = page_cache.page_key(request, variant, user_roles(user), False)
     page = page_cache.find(key)
     if page is None:
         template, found = context()

@@ -23,6 +23,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from aero import stamps
 from approvals import page_cache, presenters
 from approvals.actions import do_decide, sweep_expired_approvals
 from approvals.models import Approval
@@ -79,6 +80,25 @@ def test_a_cached_page_costs_the_sign_in_alone(
     )
     assert "<span>abel</span>" in first and "<span>bea</span>" in again
     assert ">abel<" not in again
+
+
+def test_a_cached_page_reads_its_stamps_in_one_round_trip(
+    stand_leak: Session, abel: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sign-in's stamps and the queue's are read together (aero.session_store)."""
+    as_abel = login(abel)
+    counted(as_abel, monkeypatch)
+    counted(as_abel, monkeypatch)  # the page and the sign-in are held from here on
+    round_trips: list[tuple[str, ...]] = []
+    read_many = stamps.read_many
+
+    def counting(*names: str) -> list[str]:
+        round_trips.append(names)
+        return read_many(*names)
+
+    monkeypatch.setattr(stamps, "read_many", counting)
+    assert counted(as_abel, monkeypatch)[1:] == (0, 0)
+    assert len(round_trips) == 1 and stamps.QUEUE in round_trips[0]
 
 
 def test_each_viewer_gets_their_own_token_and_name(
