@@ -84,8 +84,8 @@ URLS: dict[str, tuple[str, dict[str, Any]]] = {
     "approvals:decide": ("POST", row(LOGIN, 403, 302, 403, 302)),
     "approvals:edit-args": ("POST", row(LOGIN, 403, 302, 403, 302)),  # empty: refused
     # a queue card's folded parts, loaded when opened: the queue's role; the editor of
-    # an open approval only, and the walk's session was closed before (its approvals too)
-    "approvals:edit-form": ("GET", row(LOGIN, 403, 404, 403, 404)),
+    # an open approval only (the walk reaches /approvals/ first, its session still open)
+    "approvals:edit-form": ("GET", row(LOGIN, 403, 200, 403, 200)),
     "approvals:incident-map": ("GET", row(LOGIN, 403, 200, 403, 200)),
     "approvals:bulk-decide": ("POST", row(LOGIN, 403, 302, 403, 302)),  # empty: refused
     "approvals:notify": ("POST", row(LOGIN, 403, 302, 403, 302)),
