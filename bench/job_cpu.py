@@ -94,17 +94,18 @@ class Timed:
     def __init__(self) -> None:
         from django.db import connection
 
-        import diagnosis.jobs.enqueue as enqueue
+        # The inline backend imports the job function from its module at each dispatch.
+        import diagnosis.jobs.job as job
 
-        self.enqueue, self.connection = enqueue, connection
-        self.job = enqueue.advance_session
+        self.connection = connection
+        self.job = job.advance_session
         self.recording = False
         self.statements = 0
         self.per_session: dict[str, int] = defaultdict(int)
         self.samples: dict[int, list[tuple[float, int, str, float]]] = defaultdict(list)
         self.profile: Any = None
         self.show_sql = False
-        enqueue.advance_session = self  # type: ignore[assignment]
+        job.advance_session = self  # type: ignore[assignment]
 
     def count(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.statements += 1
