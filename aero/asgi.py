@@ -22,3 +22,6 @@ application = ProtocolTypeRouter(
     {"http": django_asgi_app, "websocket": serving.websocket(page_websocket)}
 )
 serving.started("asgi")
+if settings.ASGI_PROCESS:
+    # The server itself, not a test importing the app: its start-up is frozen.
+    serving.freeze_start_up()

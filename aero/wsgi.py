@@ -11,3 +11,4 @@ from aero import serving  # noqa: E402
 
 # Each gunicorn worker imports this module after the fork: its start hooks run in it.
 serving.started("wsgi")
+serving.freeze_start_up()
