@@ -98,7 +98,7 @@ def freeze_start_up() -> None:
     the first request's), then what start-up made moved out of the cyclic collector's
     reach (gc.freeze). Its full collections walked all of it, ~180,000 objects in a
     gunicorn worker, ~100 ms of CPU with the GIL held: every thread of the process
-    stalled, 120-590 ms at 50 clients (issue 37 item 2's p99). What requests make is
+    stalled, 90-590 ms at 50 clients (issue 37 item 2's p99). What requests make is
     collected as before; only cycles among the start-up's objects are never freed."""
     from django.urls import get_resolver
 
