@@ -10,7 +10,8 @@ in pg_stat_activity.
 
   .venv/bin/python bench/approval_queue.py [--approvals 10000] [--incidents 500]
       [--clients 50] [--seconds 10] [--servers gunicorn,daphne] [--wrk]
-      [--code BASE_CHECKOUT] [--web-workers 3] [--web-threads 4] [--keep | --reuse]
+      [--code BASE_CHECKOUT] [--web-workers 3] [--web-threads 4] [--access-log]
+      [--keep | --reuse]
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ def start_server(
     code: Path = ROOT,
     workers: int = 3,
     threads: int = 4,
+    access_log: bool = False,
 ) -> subprocess.Popen[bytes]:
     if kind == "gunicorn":
         # As `make run` starts it (scripts/run.sh): AERO_WEB_WORKERS processes x
@@ -214,6 +216,8 @@ def start_server(
         args = [str(BIN / "gunicorn"), "aero.wsgi:application", "--bind", f"127.0.0.1:{port}",
                 "--worker-class", "gthread", "--workers", str(workers), "--threads", str(threads),
                 "--backlog", "1024", "--env", f"AERO_DB_POOL_SIZE={threads + 1}"]  # fmt: skip
+        if access_log:
+            args += ["--access-logfile", "-"]  # as scripts/run.sh: a line a request
     else:
         args = [str(BIN / "daphne"), "-e", f"tcp:port={port}:interface=127.0.0.1:backlog=1024",
                 "aero.asgi:application"]  # fmt: skip
@@ -385,6 +389,9 @@ def main() -> None:
     parser.add_argument(
         "--wrk", action="store_true", help="many clients from wrk (apt-get install wrk)"
     )
+    parser.add_argument(
+        "--access-log", action="store_true", help="gunicorn logs each request, as run.sh's"
+    )
     args = parser.parse_args()
 
     db_url = (
@@ -439,6 +446,7 @@ def main() -> None:
                 args.code,
                 args.web_workers,
                 args.web_threads,
+                args.access_log,
             )
             servers.append(server)
             wait_up(port, server, log)
