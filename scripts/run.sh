@@ -146,8 +146,10 @@ stderr_logfile=/dev/stderr
 stderr_logfile_maxbytes=0
 
 CONF
-  # A web server gets 3 tries to stay up 10 s (gunicorn itself retries its bind for 5 s,
-  # as a killed predecessor's children may hold the port a moment): then FATAL.
+  # A web server gets 3 tries (AERO_WEB_START_RETRIES) to stay up 10 s (gunicorn itself
+  # retries its bind for 5 s, as a killed predecessor's children may hold the port a
+  # moment): then FATAL.
+  WEB_RETRIES=${AERO_WEB_START_RETRIES:-3}
   if [ -n "${REDIS_URL:-}" ]; then
     # Each process's database pool (aero/settings.py): a gunicorn process its threads
     # plus the web ticker's, daphne its database threads plus one, workers 8.
@@ -162,11 +164,11 @@ CONF
     # opens (an fcgi-program hands it to each as fd 0): the kernel spreads the browsers'
     # sockets over them, and a live fragment rendered by one is fetched by the others
     # from Redis (diagnosis/live_shared.py), so the push scales past one process's CPU.
-    program daphne ".venv/bin/daphne --fd 0 --websocket_connect_timeout $WS_CONNECT_TIMEOUT aero.asgi:application" "${AERO_WS_PROCESSES:-2}" 10 3 |
+    program daphne ".venv/bin/daphne --fd 0 --websocket_connect_timeout $WS_CONNECT_TIMEOUT aero.asgi:application" "${AERO_WS_PROCESSES:-2}" 10 "$WEB_RETRIES" |
       sed "s|^\[program:daphne\]|[fcgi-program:daphne]\nsocket=tcp://$HOST:$WS_PORT\nsocket_backlog=$BACKLOG|"
-    program gunicorn ".venv/bin/gunicorn aero.wsgi:application --bind $HOST:$PORT --backlog $BACKLOG --worker-class gthread --workers ${AERO_WEB_WORKERS:-3} --threads ${AERO_WEB_THREADS:-4} --env AERO_DB_POOL_SIZE=${AERO_WEB_DB_POOL_SIZE:-$((${AERO_WEB_THREADS:-4} + 1))} --access-logfile -" 1 10 3
+    program gunicorn ".venv/bin/gunicorn aero.wsgi:application --bind $HOST:$PORT --backlog $BACKLOG --worker-class gthread --workers ${AERO_WEB_WORKERS:-3} --threads ${AERO_WEB_THREADS:-4} --env AERO_DB_POOL_SIZE=${AERO_WEB_DB_POOL_SIZE:-$((${AERO_WEB_THREADS:-4} + 1))} --access-logfile -" 1 10 "$WEB_RETRIES"
   else
-    program daphne ".venv/bin/daphne -e tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG --websocket_connect_timeout $WS_CONNECT_TIMEOUT aero.asgi:application" 1 10 3
+    program daphne ".venv/bin/daphne -e tcp:port=$PORT:interface=$HOST:backlog=$BACKLOG --websocket_connect_timeout $WS_CONNECT_TIMEOUT aero.asgi:application" 1 10 "$WEB_RETRIES"
   fi
 } >"$CONF"
 
