@@ -15,6 +15,7 @@ database `aero_bench_jobcpu<--db-suffix>` is dropped and created). No Redis.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -105,7 +106,23 @@ class Timed:
         self.samples: dict[int, list[tuple[float, int, str, float]]] = defaultdict(list)
         self.profile: Any = None
         self.show_sql = False
+        # The cyclic garbage collector's passes inside the counted jobs: their CPU is in
+        # the jobs' figures, charged to whichever line allocated when one began.
+        self.in_job = False
+        self.gc_started = 0.0
+        self.gc_cpu: dict[int, float] = defaultdict(float)
+        self.gc_passes: dict[int, int] = defaultdict(int)
+        gc.callbacks.append(self.on_gc)
         job.advance_session = self  # type: ignore[assignment]
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if not self.in_job:
+            return
+        if phase == "start":
+            self.gc_started = time.thread_time()
+        else:
+            self.gc_cpu[info["generation"]] += time.thread_time() - self.gc_started
+            self.gc_passes[info["generation"]] += 1
 
     def count(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         self.statements += 1
@@ -119,14 +136,17 @@ class Timed:
         if self.show_sql:
             print(f"job {self.per_session[session_id] + 1} of {session_id}:", file=sys.stderr)
         self.statements = 0
+        counted = self.per_session[session_id] > 0  # see `jobs` in main()
         with self.connection.execute_wrapper(self.count):
-            if self.profile is not None:
+            if self.profile is not None and counted:
                 self.profile.enable()
+            self.in_job = counted
             started, process = time.thread_time(), time.process_time()
             outcome = str(self.job(session_id))
             cpu = time.thread_time() - started
             process = time.process_time() - process
-            if self.profile is not None:
+            self.in_job = False
+            if self.profile is not None and counted:
                 self.profile.disable()
         self.per_session[session_id] += 1
         self.samples[self.per_session[session_id]].append((cpu, self.statements, outcome, process))
@@ -186,6 +206,9 @@ def main() -> None:
         "thread_cpu_ms_per_job": round(1000 * sum(s[0] for s in jobs) / count, 2),
         "process_cpu_ms_per_job": round(1000 * sum(s[3] for s in jobs) / count, 2),
         "statements_per_job": round(sum(s[1] for s in jobs) / count, 1),
+        # The collector's CPU in the counted jobs, per job, and its passes by generation.
+        "gc_ms_per_job": round(1000 * sum(timed.gc_cpu.values()) / count, 2),
+        "gc_passes": {g: timed.gc_passes[g] for g in sorted(timed.gc_passes)},
         "by_place": {
             place: {
                 "jobs": len(samples),
