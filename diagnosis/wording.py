@@ -236,6 +236,10 @@ def step_summary_words(summary: Any) -> str:
     "state RISK_ASSESSED") in the reader's language; any other text as logged. The tool
     and field codes it names stay (tooltips and the lines around them word those)."""
     text = str(summary or "")
+    if "; " in text:
+        # A step that did the work of two ("5 call(s) handled; state RISK_ASSESSED"): each
+        # part in the reader's words.
+        return "; ".join(step_summary_words(part) for part in text.split("; "))
     for pattern, kind in summaries.PATTERNS:
         found = pattern.match(text)
         if found is None:

@@ -255,7 +255,7 @@ def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_not
     notices: list[tuple[str, int, bool]],
     settings: Any,
 ) -> None:
-    """The ~14 steps to the first wait are a few transactions, not one each,
+    """The 11 steps to the first wait are a few transactions, not one each,
     each with one notice after commit. The impact analysis fails on its first try, in
     the middle of a group: the steps before it (the lookups, the risk) stay committed,
     the failed step leaves no row and no event but its failure, and the job's retry
@@ -298,13 +298,15 @@ def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_not
     assert not runs.filter(status="running").exists()
     assert runs.filter(status="failed").count() == 1
     assert_projections_match(session)
-    # Far fewer notices than the 14 steps (one per commit: creation, running, the group
+    # Fewer notices than the 11 steps (one per commit: creation, running, the group
     # up to the failure, the failure, retrying, running, the group up to the proposals,
     # the R0 action's result, the group up to the wait, waiting), each after its
-    # commit, the last carrying the session's last seq. One per step would be 25+.
+    # commit, the last carrying the session's last seq. One per step and per status
+    # move would be 20+. (The three tool steps that propose nothing check compliance
+    # in their own step: 14 steps before that.)
     mine = [(seq, open_tx) for sid, seq, open_tx in notices if sid == str(session.pk)]
     steps = types.count("agent.node_started")
-    assert steps >= 14 and len(mine) <= 10, (steps, len(mine))
+    assert steps == 11 and len(mine) <= 10, (steps, len(mine))
     assert all(not open_tx for _, open_tx in mine)
     assert mine[-1][0] == session.last_seq
 
@@ -312,32 +314,31 @@ def test_the_steps_between_two_waits_commit_together_and_a_failed_one_leaves_not
 def test_a_step_without_a_savepoint_that_fails_leaves_its_run_marked_failed(
     builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
-    """The validator and the reasoning write no row but their run, so they join their
-    group without a savepoint. The second validation fails once, mid-group:
+    """The reasoning and the validator write no row but their run, so they join their
+    group without a savepoint. The second reasoning step fails once, mid-group:
     its events are dropped, its run row (kept with the group) is the failed run, and
     the retry carries on with nothing logged twice."""
-    import packs.airport.agent.fsm as fsm_module
     from diagnosis.models import AgentRun
+    from packs.airport.agent.nodes import reasoning
     from tests.log_helpers import assert_projections_match
 
     settings.AERO_JOB_BACKOFF = 0
-    original = fsm_module.state_index
+    original = reasoning.PLANNER["plan"]
     calls = {"n": 0}
 
-    def fail_second(*args: Any) -> Any:
-        if sys._getframe(1).f_code.co_name == "compliance_validator":
-            calls["n"] += 1
-            if calls["n"] == 2:  # the second validation: in the middle of a group
-                raise RuntimeError("validator crashed")
-        return original(*args)
+    def fail_second(state: Any, ctx: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second reasoning step: in the middle of a group
+            raise RuntimeError("reasoning crashed")
+        return original(state, ctx)
 
-    monkeypatch.setattr(fsm_module, "state_index", fail_second)
+    monkeypatch.setitem(reasoning.PLANNER, "plan", fail_second)
     session = make_session(make_user("olga", "operator"))
     assert session.status == "waiting_user"
     events = Event.objects.filter(session=session)
     failed = events.get(type="agent.node_failed")
-    assert failed.payload["node"] == "compliance_validator"
-    assert "validator crashed" in failed.payload["error"]
+    assert failed.payload["node"] == "reasoning"
+    assert "reasoning crashed" in failed.payload["error"]
     runs = AgentRun.objects.filter(session=session, parent__isnull=False)
     assert not runs.filter(status="running").exists()
     assert list(runs.filter(status="failed").values_list("pk", flat=True)) == [
@@ -347,6 +348,50 @@ def test_a_step_without_a_savepoint_that_fails_leaves_its_run_marked_failed(
     assert not events.filter(type="agent.node_started", payload__run=failed.payload["run"])
     types = typed(events)
     assert types.count("finding:risk") == 1 and types.count("finding:impact") == 1
+    assert verify_chain(session.pk).ok
+    assert_projections_match(session)
+
+
+def test_a_compliance_check_that_fails_in_the_tool_step_rolls_the_step_back_whole(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """A tool step that proposes nothing checks compliance in the same step (one
+    savepoint). The check of the risk's step fails once: the step's calls roll back with
+    it (no half of a step is committed for the retry to write again under other keys),
+    its failure is logged, and the retry runs the calls and the check once more; every
+    fact logged once, the chain intact."""
+    import packs.airport.agent.fsm as fsm_module
+    from diagnosis.models import AgentRun, ToolCall
+    from tests.log_helpers import assert_projections_match
+
+    settings.AERO_JOB_BACKOFF = 0
+    original = fsm_module.state_index
+    calls = {"n": 0}
+
+    def fail_second(*args: Any) -> Any:
+        if sys._getframe(1).f_code.co_name == "validate":
+            calls["n"] += 1
+            if calls["n"] == 2:  # the check inside the risk's tool step
+                raise RuntimeError("validator crashed")
+        return original(*args)
+
+    monkeypatch.setattr(fsm_module, "state_index", fail_second)
+    session = make_session(make_user("olga", "operator"))
+    assert session.status == "waiting_user"
+    events = Event.objects.filter(session=session)
+    failed = events.get(type="agent.node_failed")
+    assert failed.payload["node"] == "tool_executor"
+    assert "validator crashed" in failed.payload["error"]
+    types = typed(events)
+    # The risk was assessed by the retry only: the failed step left nothing of it.
+    assert types.count("finding:risk") == 1 and types.count("finding:impact") == 1
+    assert types.index("agent.node_failed") < types.index("finding:risk")
+    assert ToolCall.objects.filter(session=session, tool_name="assess_risk").count() == 1
+    transitions = [e.payload["to"] for e in events.filter(type="fsm.transition").order_by("seq")]
+    assert transitions == ["FIELDS_COLLECTED", "RISK_ASSESSED", "IMPACT_ANALYZED"]
+    runs = AgentRun.objects.filter(session=session, parent__isnull=False)
+    assert not runs.filter(status="running").exists()
+    assert runs.filter(status="failed").count() == 1
     assert verify_chain(session.pk).ok
     assert_projections_match(session)
 
@@ -414,7 +459,10 @@ def test_a_groups_node_runs_are_written_at_its_commit_each_with_its_own_times(
         .order_by("seq")
         .values_list("payload__run", "payload__node")
     )
-    assert len(children) >= 14
+    # The parser, then reasoning and a tool step four times, the validator after the
+    # proposals, the reasoning that waits: 11 (the other tool steps check compliance
+    # themselves).
+    assert len(children) == 11
     assert [(run.pk, run.agent_name) for run in children] == started
     assert all(run.status == "completed" for run in children)
     for run, following in pairwise(children):

@@ -29,6 +29,11 @@ EVENTS: list[tuple[str, dict[str, Any]]] = [
     ("session.status_changed", {"from": "running", "to": "waiting_user"}),
     ("fsm.transition", {"from": "FIELDS_COLLECTED", "to": "RISK_ASSESSED"}),
     ("agent.node_completed", {"node": "tool_executor", "summary": "3 call(s) handled"}),
+    # A tool step that checked compliance itself (nodes.execution): both parts worded.
+    (
+        "agent.node_completed",
+        {"node": "tool_executor", "summary": "5 call(s) handled; state IMPACT_ANALYZED"},
+    ),
     (
         "llm.call",
         {
@@ -47,6 +52,7 @@ ENGLISH = [
     "status Running → Waiting for people",
     "Facts collected → Risk assessed",
     "running tools 3 calls handled",
+    "running tools 5 calls handled; compliance state: Impact analysed",
     "offline react ok, tokens in/out 12/3",
     "close_taxiway [R2] by bob",
     "to-do resolved bob 清理 完成",

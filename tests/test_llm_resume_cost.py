@@ -85,9 +85,10 @@ SCRIPT: dict[str, Any] = {
 # root run, the model request one fenced statement and the provider configs read only
 # when their stamp changed each save a statement, and so does the answered request
 # read with the job's known keys, and a step group's node runs inserted by its events'
-# statement, which needs no locking read of the session row before it: any of them
-# coming undone fails here.
-RESUME_TO_NEXT_MODEL_WAIT = 19
+# statement, which needs no locking read of the session row before it, and the
+# compliance check run inside the tool step before it (no savepoint of its own): any of
+# them coming undone fails here.
+RESUME_TO_NEXT_MODEL_WAIT = 18
 # The job that ends at the human wait (the proposals, the R0 action's effect, the
 # approvals): its move to waiting_user is written with its last group, its state is
 # not read again after the run, its start and end are one statement each, and each

@@ -142,8 +142,8 @@ def _record(
             name,
             state,
             ctx,
-            task_key(ctx, name),
-            _wait_key(runtime, ctx, name),
+            task_key(ctx, name, state),
+            _wait_key(runtime, ctx, name, state),
             lean=not rows and group.is_open and not reasons(ctx),
         )
     except waits.ModelWait as wait:
@@ -316,33 +316,56 @@ def _record_failure(
         )
 
 
-def task_key(ctx: AgentContext, name: str) -> str:
+def task_key(
+    ctx: AgentContext, name: str, state: AgentState | None = None, *, ahead: int = 0
+) -> str:
     """The same for a re-run of the task, new for any other. Not LangGraph's task id:
     checkpoints are saved only when the graph exits, so after a crash mid-run the steps
     after the first get new task ids (their checkpoints were never saved). What does not
     change: the checkpoint the run started from (in a child context, the enclosing
     task's key), the step number (counted from the thread's start) and the task's path
     in the step: its node, and for a node sent several times in one step (Send) its
-    index. Parallel branches of one step have keys of their own."""
+    index. Parallel branches of one step have keys of their own.
+
+    The step number counts the steps an older graph ran on their own and this one runs
+    inside another (the state's `steps_merged`, see `merged_step`): a step group that a
+    worker of the older graph committed, killed before its checkpoint, is re-run by a
+    newer one under the same keys. `ahead`: the key of the step that many after this one
+    (a merged step's)."""
     metadata = get_config()["metadata"]
-    key = f"task:{ctx.origin or 'start'}:{metadata['langgraph_step']}:{name}"
+    step = metadata["langgraph_step"] + int((state or {}).get("steps_merged") or 0) + ahead
+    key = f"task:{ctx.origin or 'start'}:{step}:{name}"
     path: tuple[Any, ...] = tuple(metadata.get("langgraph_path") or ())
     if len(path) > 1 and isinstance(path[1], int):  # (push, index): a Send's task
         key += f":{path[1]}"
     return key
 
 
-def _wait_key(runtime: Runtime[AgentContext], ctx: AgentContext, name: str) -> str:
+def _wait_key(
+    runtime: Runtime[AgentContext], ctx: AgentContext, name: str, state: AgentState
+) -> str:
     """The key of a node's model calls: it must survive the interrupt a model wait ends
     the job with, and `task_key` does not (the resumed run starts from the checkpoint
     saved at that interrupt: a new origin). LangGraph's task id does: the interrupted
     task is pending in that checkpoint and keeps its id when it re-runs on resume."""
     if ctx.child_job:
-        return task_key(ctx, name)  # no checkpoint: its task ids are new at every run
+        return task_key(ctx, name, state)  # no checkpoint: its task ids are new at every run
     info = runtime.execution_info
     if info is not None and info.task_id:
         return f"task:{info.task_id}"
-    return task_key(ctx, name)
+    return task_key(ctx, name, state)
+
+
+@contextmanager
+def merged_step(ctx: AgentContext, name: str, state: AgentState) -> Iterator[dict[str, Any]]:
+    """Inside a node's step, the work of the step `name` that an older graph ran on its
+    own right after it (the apron agent's compliance check after its tool step): its
+    events keyed as that step keyed them, so a step group an older worker committed and
+    a newer one re-runs writes nothing twice. Yields the update that counts it in the
+    state's `steps_merged`, for the node to return: the steps after it keep their keys
+    (see `task_key`)."""
+    with step_scope(task_key(ctx, name, state, ahead=1)):
+        yield {"steps_merged": int(state.get("steps_merged") or 0) + 1}
 
 
 def _start_node(

@@ -22,6 +22,10 @@ class AgentState(TypedDict, total=False):
     reported: bool
     # Operator input arrived while the agent waited for approvals (a correction).
     new_input: bool
+    # Steps an older graph ran on their own that this one runs inside the step before
+    # (recording.merged_step): added to LangGraph's step number in the steps' keys, so
+    # a step keeps its key across the upgrade.
+    steps_merged: int
 
 
 @dataclass

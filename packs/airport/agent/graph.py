@@ -1,5 +1,8 @@
-"""The incident agent: input parser -> reasoning -> tool executor -> compliance validator
--> output generator, with the ask-the-user and approval waits as interrupts.
+"""The incident agent: input parser -> reasoning -> tool executor (with the compliance
+check) -> output generator, with the ask-the-user and approval waits as interrupts. The
+compliance validator runs as a step of its own after the reasoning step's finish, after
+a tool step that handed actions to the outbox, and where a checkpoint saved by an older
+graph (one whose tool step always went on to it) says it is next.
 
 Nodes return partial state updates. A node that interrupts re-runs from its first line
 on resume, so the waiting nodes do nothing but interrupt; everything with an effect is
@@ -16,7 +19,11 @@ from packs.airport.agent.nodes.execution import tool_executor
 from packs.airport.agent.nodes.input import input_parser
 from packs.airport.agent.nodes.output import output_generator
 from packs.airport.agent.nodes.reasoning import reasoning, route_after_reasoning
-from packs.airport.agent.nodes.validation import compliance_validator, route_after_validation
+from packs.airport.agent.nodes.validation import (
+    compliance_validator,
+    route_after_tools,
+    route_after_validation,
+)
 from packs.airport.agent.state import ApronState
 
 
@@ -33,7 +40,7 @@ def build_graph() -> StateGraph[ApronState, AgentContext, ApronState, ApronState
     builder.add_edge("input_parser", "reasoning")
     builder.add_conditional_edges("reasoning", route_after_reasoning)
     builder.add_edge("ask_user", "input_parser")
-    builder.add_edge("tool_executor", "compliance_validator")
+    builder.add_conditional_edges("tool_executor", route_after_tools)
     builder.add_conditional_edges("await_approval", route_after_wait)
     builder.add_conditional_edges("compliance_validator", route_after_validation)
     builder.add_edge("output_generator", END)

@@ -35,6 +35,8 @@ class ApronState(AgentState, total=False):
     # made again as revision n; `replanning` holds what it was before.
     revision: int
     replanning: dict[str, Any] | None
+    # The tool step ran the compliance check itself (nodes.execution): routed on by it.
+    validated: bool
 
 
 def progress(state: ApronState) -> str:

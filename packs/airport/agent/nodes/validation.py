@@ -1,4 +1,10 @@
-"""The compliance validator: the plan checked against the compliance state machine."""
+"""The compliance validator: the plan checked against the compliance state machine.
+
+`validate` is the check; the `compliance_validator` node runs it as a step of its own
+after the reasoning step's finish (or stop) and after a tool step that handed actions to
+the outbox (it must see their results, committed with that step). After any other tool
+step the tool executor runs it inside its own step (nodes.execution): one graph step
+fewer."""
 
 from __future__ import annotations
 
@@ -17,6 +23,12 @@ from packs.airport.agent.state import ApronState
 
 @recorded("compliance_validator", rows=False)
 def compliance_validator(state: ApronState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    return validate(state, ctx, run)
+
+
+def validate(state: ApronState, ctx: AgentContext, run: AgentRun) -> dict[str, Any]:
+    """The check, its events recorded under `run`: the refusals as `fsm.violation`s, a
+    report asked for too early refused, the move of the compliance state."""
     corrections = list(state.get("corrections") or [])
     for refusal in state.get("refusals") or []:
         corrections.append(refusal["violation"])
@@ -71,3 +83,11 @@ def compliance_validator(state: ApronState, ctx: AgentContext, run: AgentRun) ->
 
 def route_after_validation(state: ApronState) -> Literal["output_generator", "reasoning"]:
     return "output_generator" if state["plan"].get("approved_finish") else "reasoning"
+
+
+def route_after_tools(
+    state: ApronState,
+) -> Literal["compliance_validator", "output_generator", "reasoning"]:
+    """After the tool step: on as the check it ran decides, or to the check as a step of
+    its own when the tool step left it (`validated` is False)."""
+    return route_after_validation(state) if state.get("validated") else "compliance_validator"
