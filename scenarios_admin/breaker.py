@@ -15,7 +15,8 @@ ProviderHealth row (PostgreSQL: web, workers and LLM runners see one state).
 
 Every write is one short transaction of its own, committed at once, also when the caller
 is inside a transaction (a job's step group): a breaker row locked until a step commits
-would hold every other process's report about the provider.
+would hold every other process's report about the provider. Embedded (SQLite, one
+writer, held by the step) the write rides the step's transaction instead.
 """
 
 from __future__ import annotations
@@ -174,9 +175,17 @@ def succeeded(provider_id: int, admission: Admission) -> str:
 
 def _own_transaction[T](write: Callable[[], T]) -> T:
     """`write` committed at once: directly in autocommit (the LLM runner's database
-    threads), else on a thread and connection of its own (a job's step group)."""
+    threads), else on a thread and connection of its own (a job's step group); on SQLite
+    within the caller's transaction."""
     if not connection.in_atomic_block:
         return write()
+    if connection.vendor == "sqlite":
+        # SQLite has one writer, and the step's transaction (IMMEDIATE) holds it: another
+        # connection waited out its 20 s timeout, then failed the step ("database is
+        # locked"; the README's simulated demo stalled 20 s at its first 429). Embedded,
+        # the count rides the step's transaction in a savepoint instead.
+        with transaction.atomic():
+            return write()
     result: list[T] = []
     errors: list[BaseException] = []
 
