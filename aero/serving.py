@@ -93,15 +93,20 @@ def started(server: Server) -> None:
         hook(server)
 
 
-def freeze_start_up() -> None:
+def freeze_start_up(young: int | None = None) -> None:
     """The server process's last start-up step: every view imported (the URLconf, else
     the first request's), then what start-up made moved out of the cyclic collector's
     reach (gc.freeze). Its full collections walked all of it, ~180,000 objects in a
     gunicorn worker, ~100 ms of CPU with the GIL held: every thread of the process
     stalled, 90-590 ms at 50 clients (issue 37 item 2's p99). What requests make is
-    collected as before; only cycles among the start-up's objects are never freed."""
+    collected as before; only cycles among the start-up's objects are never freed.
+
+    `young`: the youngest generation's threshold (allocations between its collections,
+    700 by default), for a process holding many sockets."""
     from django.urls import get_resolver
 
     get_resolver().url_patterns  # noqa: B018  # imports every view module
     gc.collect()
     gc.freeze()
+    if young is not None:
+        gc.set_threshold(young, *gc.get_threshold()[1:])

@@ -256,12 +256,14 @@ def live_push(
     logs: Path,
     processes: int = 1,
     clients: int = 1,
+    rate: float = 0,
 ) -> dict[str, Any]:
     """`viewers` sockets spread over `sessions` sessions and over `processes` daphne
     processes sharing one listening socket, as under `make run` (the kernel spreads the
     viewers over them), opened by `clients` client processes (round robin); `events`
-    rounds of one event per session, appended one after another, 0.5 s between rounds;
-    commit -> message latency for every (viewer, event). Each process's listening port
+    rounds of one event per session, appended one after another (back to back, or `rate`
+    events a second spread evenly over the round), 0.5 s between rounds; commit -> message
+    latency for every (viewer, event). Each process's listening port
     of its own (as here before) made the page's Origin another origin for all but the
     first: every viewer of the others was refused (half the handshakes at 2 processes)."""
     from urllib.parse import quote
@@ -329,12 +331,17 @@ def live_push(
         settle_cpu(servers)
         committed: dict[tuple[str, int], float] = {}
         cpu_before = sum(process_cpu_ms(server.pid) for server in servers)
+        rounds_s: list[float] = []
         for round_ in range(events):
-            for session in targets:
+            round_start = time.monotonic()
+            for n, session in enumerate(targets):
+                if rate > 0:  # paced: the n-th event of a round at n / rate seconds
+                    time.sleep(max(0.0, round_start + n / rate - time.monotonic()))
                 # From before the append (its commit and notice inside): an upper bound.
                 started = time.time()
                 event = append_event(session.pk, "agent.note", {"text": f"r{round_}"}, producer="b")
                 committed[(str(session.pk), event.seq)] = started
+            rounds_s.append(time.monotonic() - round_start)
             time.sleep(0.5)
         # (client, viewer, session, seq, arrival)
         received: list[tuple[int, int, str, int, float]] = []
@@ -397,6 +404,10 @@ def live_push(
         # The client processes' CPU per event (all its viewers): what the bench's own
         # client took from the cores daphne shares.
         "push_client_cpu_ms_per_event": clients_cpu_ms / max(1, events * sessions),
+        # How fast the events were committed: a round's events over its seconds (at many
+        # sessions a round back to back is a burst the daphnes may not keep up with).
+        "push_rate_asked": rate,
+        "push_events_per_s": events * sessions / max(1e-9, sum(rounds_s)),
     }
 
 

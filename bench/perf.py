@@ -56,7 +56,7 @@ def run_tree(tree: Path, mode: str, head: bool, db: str, args: argparse.Namespac
         "--diagnoses", str(args.diagnoses),
         "--push-sessions", str(args.push_sessions), "--events", str(args.events),
         "--viewers-per-session", str(args.viewers_per_session),
-        "--push-clients", str(args.push_clients),
+        "--push-clients", str(args.push_clients), "--push-rate", str(args.push_rate),
         # The base served WebSockets from one daphne; this change from several.
         "--ws-processes", str(args.ws_processes if head else 1),
         "--clients", str(args.clients), "--seconds", str(args.seconds),
@@ -142,6 +142,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=3)
     parser.add_argument(
         "--push-clients", type=int, default=1, help="client processes the viewers are spread over"
+    )
+    parser.add_argument(
+        "--push-rate",
+        type=float,
+        default=0,
+        help="events a second over all sessions, spread evenly (0: each round back to back)",
     )
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=5)
@@ -254,6 +260,8 @@ def main() -> None:
             " ms",
             False,
         ),
+        (f"  events committed a second, {v} viewers", "", "push_events_per_s", "", True),
+        (f"  events committed a second, {m}", "", "many_push_events_per_s", "", True),
         (
             f"session page, {args.clients} clients, as served",
             "",

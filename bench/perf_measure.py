@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--ws-processes", type=int, default=1, help="daphne processes")
     parser.add_argument("--events", type=int, default=5)
     parser.add_argument("--push-clients", type=int, default=1, help="viewer client processes")
+    parser.add_argument("--push-rate", type=float, default=0, help="events/s; 0: back to back")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--port", type=int, default=18500)
@@ -68,13 +69,15 @@ def main() -> None:
         if args.head:  # the base has no diagnosis pack
             out.update(diagnoses_at_once(args.diagnoses, args.at_once_timeout, logs))
     if args.mode == "services" and "push" in what:
-        processes, clients = args.ws_processes, args.push_clients
+        processes, clients, rate = args.ws_processes, args.push_clients, args.push_rate
         if args.viewers > 0:
-            out.update(live_push(args.viewers, 1, args.events, args.port, logs, processes, clients))
+            out.update(
+                live_push(args.viewers, 1, args.events, args.port, logs, processes, clients, rate)
+            )
         if args.push_sessions > 1:
             watching = args.push_sessions * args.viewers_per_session
             many = live_push(
-                watching, args.push_sessions, args.events, args.port, logs, processes, clients
+                watching, args.push_sessions, args.events, args.port, logs, processes, clients, rate
             )
             out.update({f"many_{k}": v for k, v in many.items()})
     if args.mode == "services" and "pages" in what:
