@@ -236,10 +236,19 @@ def step_summary_words(summary: Any) -> str:
     "state RISK_ASSESSED") in the reader's language; any other text as logged. The tool
     and field codes it names stay (tooltips and the lines around them word those)."""
     text = str(summary or "")
+    words = _summary_words(text)
+    if words is not None:
+        return words
     if "; " in text:
         # A step that did the work of two ("5 call(s) handled; state RISK_ASSESSED"): each
-        # part in the reader's words.
+        # part in the reader's words. Only after the whole text matched nothing: a pack's
+        # own summaries may hold "; " themselves.
         return "; ".join(step_summary_words(part) for part in text.split("; "))
+    return text
+
+
+def _summary_words(text: str) -> str | None:
+    """`text` worded by the first summary pattern, or a pack's words, that knows it."""
     for pattern, kind in summaries.PATTERNS:
         found = pattern.match(text)
         if found is None:
@@ -274,7 +283,7 @@ def step_summary_words(summary: Any) -> str:
     for pack_words in SUMMARY_WORDS:
         if (found_words := pack_words(text)) is not None:
             return str(found_words)
-    return text
+    return None
 
 
 def status_words(code: Any) -> str:
