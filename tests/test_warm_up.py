@@ -47,6 +47,17 @@ def no_clients() -> None:
     agent_clients._clients.clear()
 
 
+def printed_by(code: str) -> list[str]:
+    """What `code` prints, run in a new Python process on the test settings: a start-up
+    as a server process makes it, not this test process's."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
 def test_warm_up_builds_each_enabled_providers_client_the_first_call_then_uses(
     db: None,
 ) -> None:
@@ -188,12 +199,7 @@ def test_the_web_process_imports_the_model_client_at_its_start() -> None:
         "print('langchain_openai' in sys.modules, 'diagnosis.agent.react' in sys.modules); "
         "import diagnosis.worker; print('mcp.client.stdio' in sys.modules)"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False", "False", "False", "True", "True", "True"]
+    assert printed_by(code) == ["False", "False", "False", "True", "True", "True"]
 
 
 def test_a_websocket_only_daphne_imports_no_model_client() -> None:
@@ -205,12 +211,7 @@ def test_a_websocket_only_daphne_imports_no_model_client() -> None:
         "[t.join() for t in threading.enumerate() if t.name == 'aero-warm-up']; "
         "print('langchain_openai' in sys.modules)"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False"]
+    assert printed_by(code) == ["False"]
 
 
 def test_the_web_process_prepares_the_live_renders_at_its_start() -> None:
@@ -225,12 +226,7 @@ def test_the_web_process_prepares_the_live_renders_at_its_start() -> None:
         "cached = engines.all()[0].engine.template_loaders[0].get_template_cache; "
         "print(release.cache_info().currsize, all(n in cached for n in LIVE_TEMPLATES))"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["1", "True"]
+    assert printed_by(code) == ["1", "True"]
 
 
 @pytest.mark.parametrize(
@@ -250,12 +246,7 @@ def test_a_server_process_freezes_what_its_start_up_made(start: str, frozen: boo
         f"{start}; import gc; from approvals import views; "
         "print(all(o is not views.approval_queue for o in gc.get_objects()))"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(frozen)]
+    assert printed_by(code) == [str(frozen)]
 
 
 @pytest.mark.parametrize(
@@ -271,9 +262,4 @@ def test_daphne_collects_its_youngest_generation_less_often(start: str, young: i
     way, until a full collection fell due in the middle of the events: with 10,000
     sockets open it walked them all, 0.3-1.0 s with the GIL held (bench/RESULTS.md)."""
     code = f"{start}; import gc; print(gc.get_threshold()[0])"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(young)]
+    assert printed_by(code) == [str(young)]
