@@ -178,6 +178,13 @@ class _Plan:
         self.converters = self.compiler.get_converters(columns)
 
 
+class _Key:
+    """A statement's key among a connection's plans. Not id(statement): a statement
+    dropped (a test's) frees its id for the next one, which would then run its SQL."""
+
+    __slots__ = ()
+
+
 def _plans(connection: Any) -> dict[Any, Any]:
     """The compiled statements of this connection (a thread's own): the SQL text holds
     for the connection's vendor and settings, and survives its reconnects."""
@@ -194,6 +201,7 @@ class Compiled[T: Model]:
         # A model, or its "app_label.Model" for a module imported before the models are.
         self._model = model
         self.build = build
+        self._key = _Key()
 
     @property
     def model(self) -> type[T]:
@@ -203,9 +211,9 @@ class Compiled[T: Model]:
 
     def _plan(self, connection: Any) -> _Plan:
         plans = _plans(connection)
-        plan = plans.get(id(self))
+        plan = plans.get(self._key)
         if plan is None:
-            plan = plans[id(self)] = _Plan(self.build(), connection)
+            plan = plans[self._key] = _Plan(self.build(), connection)
         return cast(_Plan, plan)
 
     def rows(self, *args: Any) -> Iterator[Any]:
@@ -269,6 +277,7 @@ class CompiledUpdate:
         self.model = model
         self.build = build
         self.values = values
+        self._key = _Key()
 
     def run(self, *args: Any) -> int:
         alias = router.db_for_write(self.model)
@@ -281,7 +290,7 @@ class CompiledUpdate:
             query.annotations = {}
             return cast(tuple[str, Any], query.get_compiler(connection=connection).as_sql())
 
-        sql, params = cached_sql(connection, (id(self),), build)
+        sql, params = cached_sql(connection, (self._key,), build)
         with transaction.mark_for_rollback_on_error(alias), connection.cursor() as cursor:
             cursor.execute(sql, bind(params, args, connection))
             return int(cursor.rowcount)
@@ -296,10 +305,11 @@ class Statement:
     def __init__(self, build: Callable[[Any], tuple[str, Any]], *, using: str = "default") -> None:
         self.build = build
         self.using = using
+        self._key = _Key()
 
     def run(self, *args: Any) -> tuple[list[Any], int]:
         connection = connections[self.using]
-        sql, params = cached_sql(connection, (id(self),), lambda: self.build(connection))
+        sql, params = cached_sql(connection, (self._key,), lambda: self.build(connection))
         with transaction.mark_for_rollback_on_error(self.using), connection.cursor() as cursor:
             cursor.execute(sql, bind(params, args, connection))
             rows = cursor.fetchall() if cursor.description else []

@@ -297,6 +297,21 @@ def test_shapes_it_cannot_run_the_same_way_are_refused(build: Callable[[], Any])
         list(Compiled(WorkerBeat, build).rows("w1"))
 
 
+def test_a_statement_made_after_another_was_dropped_runs_its_own_sql(beats: None) -> None:
+    """A dropped statement's memory (and id) goes to the next one made: its plan must
+    not be the one that runs (CI ran the previous parametrised test's SQL once)."""
+    for i in range(20):
+        host, expected = ("h1", ["w1", "w2", "w3"]) if i % 2 else ("h2", ["w4"])
+        statement = Compiled(
+            WorkerBeat,
+            lambda host=host: (
+                WorkerBeat.objects.filter(host=host).order_by("name").values_list("name", flat=True)
+            ),
+        )
+        assert list(statement.rows()) == expected
+        del statement
+
+
 def test_model_rows_cannot_be_annotated() -> None:
     from django.db.models import Value
 
