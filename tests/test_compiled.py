@@ -300,14 +300,16 @@ def test_shapes_it_cannot_run_the_same_way_are_refused(build: Callable[[], Any])
 def test_a_statement_made_after_another_was_dropped_runs_its_own_sql(beats: None) -> None:
     """A dropped statement's memory (and id) goes to the next one made: its plan must
     not be the one that runs (CI ran the previous parametrised test's SQL once)."""
-    for i in range(20):
-        host, expected = ("h1", ["w1", "w2", "w3"]) if i % 2 else ("h2", ["w4"])
-        statement = Compiled(
-            WorkerBeat,
-            lambda host=host: (
-                WorkerBeat.objects.filter(host=host).order_by("name").values_list("name", flat=True)
-            ),
+
+    def of_host(host: str) -> Callable[[], Any]:
+        return lambda: (
+            WorkerBeat.objects.filter(host=host).order_by("name").values_list("name", flat=True)
         )
+
+    cases = [(of_host("h2"), ["w4"]), (of_host("h1"), ["w1", "w2", "w3"])]
+    for i in range(20):
+        build, expected = cases[i % 2]
+        statement = Compiled(WorkerBeat, build)
         assert list(statement.rows()) == expected
         del statement
 
