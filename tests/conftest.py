@@ -18,7 +18,7 @@ from aero.models import AuditLog
 from aero.roles import ALL_ROLES, ensure_role_groups
 from diagnosis.models import Session
 from scenarios_admin.builtin import load_builtin_data
-from tests import browser_helpers, static_scan
+from tests import browser_helpers, static_scan, xdist_groups
 from tests.web_helpers import STAND_FUEL_LEAK, waiting_session
 
 
@@ -37,7 +37,9 @@ def _uses_test_database(item: pytest.Item) -> bool:
     )
 
 
+@pytest.hookimpl(trylast=True)  # after xdist's own naming of the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    xdist_groups.name_groups(config, items)
     # The long tests that leave the test database alone first (a stable sort: everything
     # else keeps pytest-django's order, database tests before transactional ones before
     # the rest). xdist hands tests out in this order: last in it, the long subprocess
