@@ -35,23 +35,10 @@ done
 
 # A set-up step whose inputs are unchanged since it last succeeded is skipped
 # (scripts/setup_stamps.py: stamps in the data dir), so a restart with nothing changed
-# starts no Django process before the servers. AERO_SETUP_ALWAYS=1 runs every step.
-step() { # step NAME COMMAND...
-  local name=$1
-  shift
-  if [ "${AERO_SETUP_ALWAYS:-0}" != 1 ] && $PY scripts/setup_stamps.py check "$name"; then
-    echo "Set-up: $name skipped (inputs unchanged)"
-    return 0
-  fi
-  "$@"
-  $PY scripts/setup_stamps.py save "$name"
-}
+# starts no Django process before the servers; the steps that do run share one Django
+# process. AERO_SETUP_ALWAYS=1 runs every step.
+steps() { $PY scripts/setup_stamps.py run "$@"; }
 SEEDED=${AERO_DATA_DIR:-var}/stamps/seed_demo.out
-seed_demo() { # the demo users' table is printed again when the step is skipped
-  mkdir -p "$(dirname "$SEEDED")"
-  $PY manage.py seed_demo >"$SEEDED.new"
-  mv "$SEEDED.new" "$SEEDED"
-}
 
 if [ -n "${DATABASE_URL:-}" ]; then
   if [ -z "${DATABASE_OWNER_URL:-}" ]; then
@@ -60,25 +47,21 @@ if [ -n "${DATABASE_URL:-}" ]; then
     echo "DATABASE_URL to the app's role (e.g. postgres://aero_app:PASSWORD@127.0.0.1:5432/aero)." >&2
     exit 2
   fi
-  DATABASE_URL="$DATABASE_OWNER_URL" step migrate $PY manage.py migrate --noinput -v0
+  DATABASE_URL="$DATABASE_OWNER_URL" steps migrate
   # Served over https (real production): an owner with SUPERUSER is refused, as it could
   # switch the audit triggers off. A plain-http try-out (AERO_HTTPS=0) is only warned.
   # Never skipped: the roles' attributes and grants can change outside AERO.
   owner_check=(--require-unprivileged-owner)
   case "${AERO_HTTPS:-1}" in 0 | false | no | off) owner_check=() ;; esac
   DATABASE_URL="$DATABASE_OWNER_URL" $PY manage.py db_roles --app-url "$DATABASE_URL" "${owner_check[@]}"
-else
-  step migrate $PY manage.py migrate --noinput -v0
-fi
-step load_builtin $PY manage.py load_builtin
-if [ -z "${DATABASE_URL:-}" ]; then
-  [ -s "$SEEDED" ] || rm -f "${AERO_DATA_DIR:-var}/stamps/seed_demo"
-  step seed_demo seed_demo
-  cat "$SEEDED"
-else
+  steps load_builtin collectstatic
   echo "Production mode: no demo users are created (create an admin: .venv/bin/python manage.py createsuperuser)"
+else
+  # The demo users' table is printed again when the step is skipped: without it, run it.
+  [ -s "$SEEDED" ] || rm -f "${AERO_DATA_DIR:-var}/stamps/seed_demo"
+  steps migrate load_builtin seed_demo collectstatic
+  cat "$SEEDED"
 fi
-step collectstatic $PY manage.py collectstatic --noinput -v0
 
 # Prometheus multi-process files describe processes of this run only: start empty.
 METRICS_DIR=${PROMETHEUS_MULTIPROC_DIR:-${AERO_DATA_DIR:-var}/metrics}
