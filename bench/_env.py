@@ -51,3 +51,20 @@ def forget_keys(redis_url: str, name: str) -> None:
             client.delete(key)
     finally:
         client.close()
+
+
+def wait_listening(port: int, seconds: float = 120) -> None:
+    """Until something accepts connections on 127.0.0.1:`port` (a server the bench
+    started, its Django start running meanwhile beside the bench's own set-up)."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listening on port {port} after {seconds} s") from None
+            time.sleep(0.05)

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._env import SECRETS, clean_environment  # noqa: E402
+from bench._env import SECRETS, clean_environment, wait_listening  # noqa: E402
 from bench.llm_bound import (  # noqa: E402
     MESSAGE,
     free_port,
@@ -56,7 +56,7 @@ def start_fake_model() -> tuple[subprocess.Popen[bytes], str]:
         [PY, "manage.py", "fake_llm", "--port", str(port), "--script", str(script_file)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    time.sleep(3)
+    # Not waited for here: it starts while the bench sets its database up (main waits).
     return fake, f"http://127.0.0.1:{port}/v1"
 
 
@@ -171,6 +171,7 @@ def main() -> None:
     fake, fake_url = start_fake_model()
     try:
         setup(args.database_url, f"aero_bench_jobcpu{args.db_suffix}")
+        wait_listening(int(urlsplit(fake_url).port or 0))
         user = provider_and_user(fake_url)
         from diagnosis.actions import do_create_session
         from scenarios_admin.models import Scenario

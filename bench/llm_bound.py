@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._env import clean_environment, forget_keys  # noqa: E402
+from bench._env import clean_environment, forget_keys, wait_listening  # noqa: E402
 
 PY = sys.executable
 MESSAGE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
@@ -208,6 +208,7 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
     forget_keys(env["REDIS_URL"], env["AERO_QUEUE"])  # a run stopped earlier may have left some
     for command in (["migrate", "--noinput", "-v0"], ["load_builtin"]):
         subprocess.run([PY, "manage.py", *command], cwd=ROOT, env=env, check=True)
+    wait_listening(int(urlsplit(fake_url).port or 0))
     log = (Path(env["AERO_DATA_DIR"]) / "processes.log").open("w")
     processes = [
         subprocess.Popen(
@@ -456,7 +457,8 @@ def main() -> None:
         [PY, "manage.py", "fake_llm", "--port", str(port), "--script", str(script_file)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    time.sleep(3)
+    # Not waited for here: it starts while measure() sets the database up, and is waited
+    # for before the first session.
     args.fake_pid = fake.pid
     fake_url = f"http://127.0.0.1:{port}/v1"
     print(
