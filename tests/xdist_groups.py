@@ -33,7 +33,7 @@ def name_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
         from _pytest.nodeid import NodeId
 
         # pytest 9.2's structured id: the suffix goes after the params, as xdist's did.
-        item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
         if not item.nodeid.endswith(f"@{group}"):
             raise pytest.UsageError(
                 f"{item.nodeid}: cannot name its xdist_group {group!r} on this pytest; "
