@@ -44,7 +44,12 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._env import clean_environment, forget_keys, wait_listening  # noqa: E402
+from bench._env import (  # noqa: E402
+    clean_environment,
+    forget_keys,
+    migrate_and_load,
+    wait_listening,
+)
 
 PY = sys.executable
 MESSAGE = "CA1234 在105机位燃油泄漏，发动机仍在运转，还在持续漏"
@@ -206,8 +211,7 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
         check=True, capture_output=True,
     )  # fmt: skip
     forget_keys(env["REDIS_URL"], env["AERO_QUEUE"])  # a run stopped earlier may have left some
-    for command in (["migrate", "--noinput", "-v0"], ["load_builtin"]):
-        subprocess.run([PY, "manage.py", *command], cwd=ROOT, env=env, check=True)
+    migrate_and_load(PY, ROOT, env)
     wait_listening(int(urlsplit(fake_url).port or 0))
     log = (Path(env["AERO_DATA_DIR"]) / "processes.log").open("w")
     processes = [

@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._env import clean_environment, forget_keys  # noqa: E402
+from bench._env import clean_environment, forget_keys, migrate_and_load  # noqa: E402
 
 PY = sys.executable
 EXAMPLE = "ex-pool-inventory"
@@ -106,8 +106,7 @@ def measure(args: argparse.Namespace, latency: float) -> dict[str, Any]:
         check=True, capture_output=True,
     )  # fmt: skip
     forget_keys(env["REDIS_URL"], env["AERO_QUEUE"])
-    for command in (["migrate", "--noinput", "-v0"], ["load_builtin"]):
-        subprocess.run([PY, "manage.py", *command], cwd=ROOT, env=env, check=True)
+    migrate_and_load(PY, ROOT, env)
     log = (data_dir / "processes.log").open("w")
     workers = [
         subprocess.Popen(
