@@ -295,3 +295,84 @@ def test_a_burst_over_many_sessions_reads_their_masks_once_and_delivers_each_eve
     # Masks read at most once per batch, never one query per session of a batch.
     assert max(batches) > 1  # the burst did batch sessions together
     assert 1 <= len(mask_reads) <= len(batches)
+
+
+def test_notices_arriving_while_a_fan_out_runs_join_one_batch(
+    builtin: None, make_user: Callable[..., User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One fan-out batch at a time per process: the notices of four sessions that arrive
+    while the first session's batch is in its database call wait, and then cost one
+    batch together, with as many queries as the first batch's one session (not one
+    fan-out, and its queries, per session); every viewer still gets its event once."""
+    import threading
+    from urllib.parse import quote
+
+    from django.test.utils import CaptureQueriesContext
+
+    from diagnosis.presenters import composer_key
+
+    operator = make_user("olga", "operator")
+    sessions = [new_session(operator, WITH_APPROVAL) for _ in range(5)]
+    cookie = cookies_for([operator])[0]
+    batches: list[tuple[set[str], int]] = []  # (sessions, queries) of each checked batch
+    first_running, release = threading.Event(), threading.Event()
+    real_check = live_access.check_and_render
+
+    def counted_check(asks: list[live_access.Ask]) -> Any:
+        if not batches:
+            first_running.set()
+            release.wait(20)  # the database call is under way: the other notices arrive
+        with CaptureQueriesContext(connections["default"]) as queries:
+            answers = real_check(asks)
+        batches.append(({ask.session_id for ask in asks}, len(queries.captured_queries)))
+        return answers
+
+    async def note(session: Session) -> int:
+        # No panel changes and the page's answer box given: rows only, no panel reads.
+        event = await database_sync_to_async(append_event)(
+            session.pk, "agent.note", {"text": "t"}, producer="t"
+        )
+        return event.seq
+
+    async def watch() -> tuple[list[list[int]], list[int], bool]:
+        viewers = []
+        for session in sessions:
+            path = (
+                f"/ws/sessions/{session.pk}/?last_seq={session.last_seq}&lang=en"
+                f"&composer={quote(composer_key(session))}"
+            )
+            headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
+            viewer = WebsocketCommunicator(
+                page_websocket, path, headers=[*headers, (b"cookie", cookie)]
+            )
+            assert (await viewer.connect(timeout=10))[0]
+            viewers.append(viewer)
+        await asyncio.sleep(0.3)  # their catch-up pulls at connect are done
+        monkeypatch.setattr(live_access, "check_and_render", counted_check)
+        hub = live_hub.hub()
+        seqs = [await note(sessions[0])]
+        assert await asyncio.to_thread(first_running.wait, 10)
+        seqs += [await note(session) for session in sessions[1:]]
+
+        def waiting() -> int:
+            return len({ask.session_id for asks, _ in hub.pending_asks for ask in asks})
+
+        for _ in range(200):  # the four notices reached the hub and wait for the batch
+            if waiting() == 4:
+                break
+            await asyncio.sleep(0.02)
+        release.set()
+        got = []
+        for viewer in viewers:
+            got.append([int(s) for s in SEQ.findall(await viewer.receive_from(timeout=10))])
+        nothing_more = all([await viewer.receive_nothing(timeout=0.3) for viewer in viewers])
+        await close_all(viewers)
+        return got, seqs, nothing_more
+
+    got, seqs, nothing_more = run_in_fresh_loop(watch)
+    release.set()
+    assert got == [[seq] for seq in seqs] and nothing_more
+    ids = [str(session.pk) for session in sessions]
+    assert [found for found, _ in batches] == [{ids[0]}, set(ids[1:])]
+    (_, one), (_, four) = batches
+    assert four <= one  # four sessions' notices: one batch's queries at most
