@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,8 +23,9 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from diagnosis import jobs
 from diagnosis.actions import do_create_session
 from diagnosis.agent.fake_llm import FakeLLMServer
+from diagnosis.events import fenced
 from diagnosis.jobs import enqueue as job_enqueue
-from diagnosis.jobs import lease
+from diagnosis.jobs import job, lease
 from diagnosis.llm_runner import Runner
 from diagnosis.models import AgentRun, Event, LLMCall, LLMRequest, Session, SessionStatus
 from scenarios_admin.models import Scenario
@@ -232,6 +234,75 @@ def test_a_job_that_resumes_after_a_model_call_stays_within_budget(
     # The state read once; no prune: the maintenance loop's, once it has waited.
     assert calls == CHECKPOINTER_CALLS
     assert Session.objects.get(pk=session.pk).lease_token is None
+
+
+def test_a_job_at_a_model_wait_reads_its_state_without_a_snapshot(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    checkpointer_calls: Counter[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job that resumes at a model wait (or starts a new session) reads its state from
+    the checkpoint tuple (`first_state`): no LangGraph state snapshot, whose preparing of
+    the next tasks the run does again. What it reads is what the snapshot says (LangGraph's
+    writes, pinned here), and the checkpoint is still read from the database once."""
+    fake_llm.set_script(SCRIPT)
+    fake_provider(fake_llm)
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+    graph = jobs.agent_graph()
+    config = {"configurable": {"thread_id": str(session.pk)}}
+    snapshots: list[str] = []
+    get_state = type(graph).get_state
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        snapshots.append("get_state")
+        return get_state(self, *args, **kwargs)
+
+    resumed = 0
+    for _ in range(10):
+        if not run_the_runner():
+            break
+        # The light read and the snapshot agree: no state yet, or the same wait at the
+        # same checkpoint.
+        light = job.SavedState.of(graph.checkpointer.get_tuple(config), config)
+        snapshot = graph.get_state(config)
+        assert light is not None
+        if not snapshot.values:
+            assert light.values == {} and light.interrupts == () and not snapshot.interrupts
+        else:
+            assert light.values and snapshot.interrupts
+            assert light.interrupts[0].value == snapshot.interrupts[0].value
+            assert light.interrupts[0].value["kind"] == "model"
+            assert (
+                light.config["configurable"]["checkpoint_id"]
+                == (snapshot.config["configurable"]["checkpoint_id"])
+            )
+        checkpointer_calls.clear()
+        with monkeypatch.context() as patched:
+            patched.setattr(type(graph), "get_state", counted)
+            jobs.advance_session(str(session.pk))
+        assert snapshots == []
+        assert checkpointer_calls == CHECKPOINTER_CALLS
+        resumed += 1
+    assert resumed == 5
+    session.refresh_from_db()
+    assert session.status == SessionStatus.WAITING_USER
+
+    # At a human wait the job asks LangGraph, still reading the checkpoint once: the
+    # read it handed to the snapshot is kept for the run.
+    approval = graph.get_state(config)
+    assert approval.interrupts[0].value["kind"] == "approval"
+    assert job.SavedState.of(graph.checkpointer.get_tuple(config), config) is None
+    checkpointer_calls.clear()
+    with fenced(str(session.pk), uuid.uuid4()):
+        state = job.first_state(graph, config)
+        assert graph.checkpointer.get_tuple(config) is not None
+    assert state.interrupts[0].value == approval.interrupts[0].value
+    # Asked three times (the job, its snapshot, here the run's read), read once.
+    assert checkpointer_calls == Counter({"get_tuple": 3, "read": 1})
 
 
 # The bench's model (bench/llm_bound.py), without its latency: 3 calls per session, the

@@ -159,6 +159,18 @@ def _fenced_saver_class() -> type[Any]:
                 reads[key] = found
             return found
 
+        def keep(self, config: RunnableConfig, found: CheckpointTuple | None) -> None:
+            """Hand `found` (this job's read of the thread) to its next read, once: a
+            caller that passed the kept read on to another reader first (the job's
+            `first_state`) keeps it for the run."""
+            fence = active_fence()
+            if fence is None:
+                return
+            configurable = config.get("configurable", {})
+            key = (str(configurable["thread_id"]), str(configurable.get("checkpoint_ns", "")))
+            with self.kept_lock:
+                self.kept.setdefault(fence, {})[key] = found
+
         def _drop_kept(self, thread_id: Any) -> None:
             with self.kept_lock:
                 for reads in list(self.kept.values()):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +16,7 @@ from django.db import transaction
 from django.db.models import Exists
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.serde.types import INTERRUPT
 from langgraph.errors import GraphRecursionError
 from langgraph.types import Command
 
@@ -276,7 +278,7 @@ def _drive(
     # for its end (a cancel, noticed by the fence), so an unchanged status is not asked
     # for again under a row lock (a model wait leaves the session running).
     status = session.status
-    snapshot: Any = graph.get_state(config)
+    snapshot: Any = first_state(graph, config)
     while True:
         if not snapshot.values:
             graph_input: Any = initial_state(session, context.definition)
@@ -373,6 +375,59 @@ def _drive(
             # input that came meanwhile is seen by advance_session's re-check.
             return SessionStatus.WAITING_USER, Stopped(result)
         snapshot = graph.get_state(config)
+
+
+def first_state(graph: Any, config: RunnableConfig) -> Any:
+    """The state a job starts from. A new session's (no checkpoint yet), or a run waiting
+    for the model or a slow tool, as almost every job that resumes is: read from the
+    checkpoint tuple, its wait from the pending writes, without a state snapshot
+    (LangGraph's `get_state` prepares every next task for execution, ~0.3 ms a job, and
+    the run prepares them again). Otherwise the snapshot. The checkpoint is read once
+    either way: the saver keeps the read for the run."""
+    saver = graph.checkpointer
+    if not hasattr(saver, "keep"):
+        return graph.get_state(config)  # SQLite: no read kept for the run
+    saved = saver.get_tuple(config)
+    state = SavedState.of(saved, config)
+    if state is not None:
+        return state
+    snapshot = graph.get_state(config)  # hands over the kept read: no second query
+    saver.keep(config, saved)  # for the run's own read, as before
+    return snapshot
+
+
+class SavedState:
+    """What `_drive` reads of a state snapshot (values, interrupts, next, tasks, config)
+    for a thread with no checkpoint or a run interrupted at a request wait."""
+
+    def __init__(self, values: Any, interrupts: tuple[Any, ...], config: Any) -> None:
+        self.values = values
+        self.interrupts = interrupts
+        self.config = config
+        self.next: tuple[str, ...] = ()
+        self.tasks: tuple[Any, ...] = ()
+
+    @classmethod
+    def of(cls, saved: Any, config: Any) -> SavedState | None:
+        """The state if `saved` is none, or its pending writes say exactly this: one
+        task interrupted, at a request wait, nothing else written (no output, error,
+        answer or input); else None (the caller asks LangGraph). A task's interrupt is
+        pending while it has no output write (langgraph.pregel._task_status)."""
+        if saved is None:
+            return cls({}, (), config)
+        values = saved.checkpoint.get("channel_values")
+        writes = saved.pending_writes or []
+        if not values or len(writes) != 1 or writes[0][1] != INTERRUPT:
+            return None
+        interrupts = writes[0][2]
+        if not isinstance(interrupts, Sequence):
+            interrupts = [interrupts]
+        if len(interrupts) != 1:
+            return None
+        value = getattr(interrupts[0], "value", None)
+        if not isinstance(value, dict) or value.get("kind") not in REQUEST_WAIT_KINDS:
+            return None
+        return cls(values, (interrupts[0],), saved.config)
 
 
 def _interrupt_value(result: Any) -> dict[str, Any] | None:
