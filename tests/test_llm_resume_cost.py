@@ -14,10 +14,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from diagnosis import jobs
@@ -303,6 +305,60 @@ def test_a_job_at_a_model_wait_reads_its_state_without_a_snapshot(
     assert state.interrupts[0].value == approval.interrupts[0].value
     # Asked three times (the job, its snapshot, here the run's read), read once.
     assert checkpointer_calls == Counter({"get_tuple": 3, "read": 1})
+
+
+def test_a_runs_exit_checkpoint_and_its_pending_writes_are_one_transaction(
+    builtin: None,
+    fake_llm: FakeLLMServer,
+    make_user: Callable[..., User],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job's run saves its exit checkpoint and its pending writes in one transaction
+    with one check of the lease (`exit_writes`), and a pending write that fails leaves
+    the checkpoint unsaved too: the next job resumes from the one before."""
+    fake_llm.set_script(SCRIPT)
+    fake_provider(fake_llm)
+    session = do_create_session(
+        make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
+    )
+    checks: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counting(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "SELECT lease_token FROM diagnosis_session" in str(query):
+            checks.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counting)
+    statuses = []
+    for _ in range(10):
+        if not run_the_runner():
+            break
+        checks.clear()
+        statuses.append(jobs.advance_session(str(session.pk)))
+        assert len(checks) == 1  # the checkpoint, then its pending writes: one check
+    assert statuses[-1] == SessionStatus.WAITING_USER and len(statuses) == 5
+
+    # The checkpoint saved, its pending writes refused: neither is saved.
+    saver = jobs.agent_graph().checkpointer
+    config = {"configurable": {"thread_id": str(session.pk), "checkpoint_ns": ""}}
+    before = saver.get_tuple(config)
+    assert before is not None
+    token = lease.acquire_lease(session.pk)
+    assert token is not None
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("pending writes refused")
+
+    monkeypatch.setattr(saver, "_dump_writes", refused)
+    try:
+        with fenced(str(session.pk), token), pytest.raises(RuntimeError), saver.exit_writes():
+            saved = saver.put(config, empty_checkpoint(), {"source": "loop", "step": 9}, {})
+            saver.put_writes(saved, [("consumed_seq", 1)], "task")
+    finally:
+        lease.release_lease(session.pk, token)
+    after = saver.get_tuple(config)
+    assert after is not None and after.checkpoint["id"] == before.checkpoint["id"]
 
 
 # The bench's model (bench/llm_bound.py), without its latency: 3 calls per session, the

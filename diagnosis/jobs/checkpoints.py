@@ -12,7 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -143,6 +143,9 @@ def _fenced_saver_class() -> type[Any]:
             super().__init__(*args, **kwargs)
             self.kept = weakref.WeakKeyDictionary()
             self.kept_lock = threading.Lock()  # the embedded worker's job threads share it
+            # A run's exit writes on this thread (`exit_writes`): whether they share one
+            # transaction, and the transaction once the first of them opened it.
+            self.exit = threading.local()
 
         def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
             fence = active_fence()
@@ -195,32 +198,87 @@ def _fenced_saver_class() -> type[Any]:
             super().prune(thread_ids, **kwargs)
 
         @contextmanager
+        def exit_writes(self) -> Iterator[None]:
+            """The fenced writes made inside the block on this thread (a job's graph run:
+            at its exit, the checkpoint, then its pending writes) share one transaction
+            and one check of the lease, committed when the block ends, as soon as any
+            other use of the connection on this thread comes, or rolled back when one of
+            them fails. A checkpoint and its pending writes are saved together or not at
+            all; the job's CPU for a second transaction and lease check saved."""
+            exit = self.exit
+            exit.active, exit.held = True, None
+            try:
+                yield
+            finally:
+                exit.active = False
+                self._end_held(None)
+
+        def _end_held(self, exc: BaseException | None) -> None:
+            """Commit the held exit transaction (`exc` None) or roll it back."""
+            held, self.exit.held = getattr(self.exit, "held", None), None
+            if held is not None:
+                if exc is None:
+                    held.close()
+                else:
+                    held.__exit__(type(exc), exc, exc.__traceback__)
+
+        @contextmanager
         def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
             fence = active_fence()
             if pipeline and fence is not None and fence.steps_lost:
-                raise StepsLost(f"session {fence.session_id}: checkpoint refused, steps lost")
+                refused = StepsLost(f"session {fence.session_id}: checkpoint refused, steps lost")
+                self._end_held(refused)
+                raise refused
+            if not pipeline or fence is None or not getattr(self.exit, "active", False):
+                self._end_held(None)  # another use of the connection: the held writes first
             if not pipeline or fence is None:
                 with super()._cursor(pipeline=pipeline) as cur:
                     yield cur
                 return
-            with (
-                self.lock,
-                _internal.get_connection(self.conn) as conn,
-                conn.transaction(),
-                conn.cursor(binary=True, row_factory=dict_row) as cur,
-            ):
-                # Never wait long for the row: the connection's lock_timeout (set once
-                # when it was opened) makes a stuck lock this write's error.
-                cur.execute(
-                    "SELECT lease_token FROM diagnosis_session WHERE id = %s FOR SHARE",
-                    (fence.session_id,),
-                )
-                row = cur.fetchone()
-                if row is None or row["lease_token"] != fence.token:
-                    raise LeaseLost(f"session {fence.session_id}: checkpoint write refused")
-                yield cur
+            if not getattr(self.exit, "active", False):
+                with ExitStack() as stack:
+                    yield self._fenced_transaction(stack, fence)
+                return
+            if self.exit.held is None:
+                stack = ExitStack()
+                try:
+                    cur = self._fenced_transaction(stack, fence)
+                except BaseException as exc:
+                    stack.__exit__(type(exc), exc, exc.__traceback__)
+                    raise
+                self.exit.held, self.exit.cur = stack, cur
+            try:
+                yield self.exit.cur
+            except BaseException as exc:
+                self._end_held(exc)
+                raise
+
+        def _fenced_transaction(self, stack: ExitStack, fence: Fence) -> Any:
+            """The saver's lock, a transaction and a cursor on `stack`, the session row
+            share-locked and the job's lease checked in it."""
+            stack.enter_context(self.lock)
+            conn = stack.enter_context(_internal.get_connection(self.conn))
+            stack.enter_context(conn.transaction())
+            cur = stack.enter_context(conn.cursor(binary=True, row_factory=dict_row))
+            # Never wait long for the row: the connection's lock_timeout (set once
+            # when it was opened) makes a stuck lock this write's error.
+            cur.execute(
+                "SELECT lease_token FROM diagnosis_session WHERE id = %s FOR SHARE",
+                (fence.session_id,),
+            )
+            row = cur.fetchone()
+            if row is None or row["lease_token"] != fence.token:
+                raise LeaseLost(f"session {fence.session_id}: checkpoint write refused")
+            return cur
 
     return FencedPostgresSaver
+
+
+def exit_writes(saver: Any) -> AbstractContextManager[Any]:
+    """The saver's one transaction for a run's exit writes (the fenced PostgreSQL
+    saver's `exit_writes`); nothing for a saver without it (SQLite)."""
+    held = getattr(saver, "exit_writes", None)
+    return held() if held is not None else nullcontext()
 
 
 def _postgres_saver() -> tuple[Any, BaseCheckpointSaver[Any]]:

@@ -40,7 +40,7 @@ from diagnosis.events import (
     tracing,
     unfenced,
 )
-from diagnosis.jobs.checkpoints import agent_graph
+from diagnosis.jobs.checkpoints import agent_graph, exit_writes
 from diagnosis.jobs.child_jobs import record_wait
 from diagnosis.jobs.graph_executor import on_this_thread
 from diagnosis.jobs.lease import (
@@ -320,7 +320,9 @@ def _drive(
                 fence.steps_lost = False  # this run's checkpoint may be saved again
             context.waiting_written = False
             try:
-                with on_this_thread():  # its checkpoint writes too: no thread pool
+                # Its checkpoint writes on this thread too (no thread pool), the exit's
+                # checkpoint and pending writes in one transaction.
+                with on_this_thread(), exit_writes(graph.checkpointer):
                     result = graph.invoke(graph_input, config, context=context, durability="exit")
             finally:
                 # Steps commit before anything that ends the run; an error
