@@ -255,7 +255,7 @@ def test_a_job_at_a_model_wait_reads_its_state_without_a_snapshot(
         make_user("olga", "operator"), Scenario.objects.get(slug="oil_spill"), MESSAGE
     )
     graph = jobs.agent_graph()
-    config = {"configurable": {"thread_id": str(session.pk)}}
+    config: Any = {"configurable": {"thread_id": str(session.pk)}}
     snapshots: list[str] = []
     get_state = type(graph).get_state
 
@@ -350,15 +350,38 @@ def test_a_runs_exit_checkpoint_and_its_pending_writes_are_one_transaction(
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("pending writes refused")
 
-    monkeypatch.setattr(saver, "_dump_writes", refused)
     try:
-        with fenced(str(session.pk), token), pytest.raises(RuntimeError), saver.exit_writes():
+        with (
+            monkeypatch.context() as patched,
+            fenced(str(session.pk), token),
+            pytest.raises(RuntimeError),
+            saver.exit_writes(),
+        ):
+            patched.setattr(saver, "_dump_writes", refused)
             saved = saver.put(config, empty_checkpoint(), {"source": "loop", "step": 9}, {})
             saver.put_writes(saved, [("consumed_seq", 1)], "task")
     finally:
         lease.release_lease(session.pk, token)
     after = saver.get_tuple(config)
     assert after is not None and after.checkpoint["id"] == before.checkpoint["id"]
+
+    # Only the job's own graph's write holds its transaction: a subgraph's (its own
+    # namespace, written while the run goes on) commits at once, the saver's lock free.
+    token = lease.acquire_lease(session.pk)
+    assert token is not None
+    child = {"configurable": {"thread_id": str(session.pk), "checkpoint_ns": "child:1"}}
+    try:
+        with fenced(str(session.pk), token), saver.exit_writes():
+            saver.put(child, empty_checkpoint(), {"source": "loop", "step": 1}, {})
+            assert saver.lock.acquire(blocking=False)
+            saver.lock.release()
+            saver.put(config, empty_checkpoint(), {"source": "loop", "step": 9}, {})
+            assert not saver.lock.acquire(blocking=False)  # held until the block ends
+        assert saver.lock.acquire(blocking=False)
+        saver.lock.release()
+    finally:
+        lease.release_lease(session.pk, token)
+        saver.delete_thread(str(session.pk))
 
 
 # The bench's model (bench/llm_bound.py), without its latency: 3 calls per session, the

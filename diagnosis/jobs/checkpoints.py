@@ -182,11 +182,27 @@ def _fenced_saver_class() -> type[Any]:
 
         def put(self, config: RunnableConfig, *args: Any, **kwargs: Any) -> RunnableConfig:
             self._drop_kept(config["configurable"]["thread_id"])
-            return super().put(config, *args, **kwargs)
+            with self._may_hold(config):
+                return super().put(config, *args, **kwargs)
 
         def put_writes(self, config: RunnableConfig, *args: Any, **kwargs: Any) -> None:
             self._drop_kept(config["configurable"]["thread_id"])
-            super().put_writes(config, *args, **kwargs)
+            with self._may_hold(config):
+                super().put_writes(config, *args, **kwargs)
+
+        @contextmanager
+        def _may_hold(self, config: RunnableConfig) -> Iterator[None]:
+            """Inside `exit_writes`, the write of the job's own graph (the top namespace,
+            which with `durability="exit"` writes only at its run's exit) may hold its
+            transaction for the next; a subgraph's, written while the run goes on, never
+            does (it would hold the saver's lock and the session row through the steps)."""
+            exit = self.exit
+            top = not config["configurable"].get("checkpoint_ns")
+            exit.may_hold = top and getattr(exit, "active", False)
+            try:
+                yield
+            finally:
+                exit.may_hold = False
 
         def delete_thread(self, thread_id: str) -> None:
             self._drop_kept(thread_id)
@@ -206,7 +222,7 @@ def _fenced_saver_class() -> type[Any]:
             them fails. A checkpoint and its pending writes are saved together or not at
             all; the job's CPU for a second transaction and lease check saved."""
             exit = self.exit
-            exit.active, exit.held = True, None
+            exit.active, exit.held, exit.may_hold = True, None, False
             try:
                 yield
             finally:
@@ -229,13 +245,14 @@ def _fenced_saver_class() -> type[Any]:
                 refused = StepsLost(f"session {fence.session_id}: checkpoint refused, steps lost")
                 self._end_held(refused)
                 raise refused
-            if not pipeline or fence is None or not getattr(self.exit, "active", False):
+            hold = getattr(self.exit, "may_hold", False)
+            if not pipeline or fence is None or not hold:
                 self._end_held(None)  # another use of the connection: the held writes first
             if not pipeline or fence is None:
                 with super()._cursor(pipeline=pipeline) as cur:
                     yield cur
                 return
-            if not getattr(self.exit, "active", False):
+            if not hold:
                 with ExitStack() as stack:
                     yield self._fenced_transaction(stack, fence)
                 return
