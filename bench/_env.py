@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 # Not secret: a bench's scratch database holds nothing worth protecting. The encryption
 # key is a valid Fernet key (any would do).
@@ -70,21 +71,14 @@ def wait_listening(port: int, seconds: float = 120) -> None:
             time.sleep(0.05)
 
 
-def migrate_and_load(python: str, root: object, env: dict[str, str]) -> None:
-    """`manage.py migrate` then `load_builtin` on env's database, in one Django process
-    (a start is ~3 s of CPU; the tiny runs in the suite are mostly starts)."""
+def migrate_and_load(python: str, root: Path, env: dict[str, str]) -> None:
+    """Migrate env's database and load the built-in scenarios in one Django process, as
+    `scripts/run.sh` sets up (its stamps go to env's scratch data dir; every step runs)."""
     import subprocess
 
-    calls = "call_command('migrate', interactive=False, verbosity=0); call_command('load_builtin')"
     subprocess.run(
-        [
-            python,
-            "manage.py",
-            "shell",
-            "-c",
-            f"from django.core.management import call_command; {calls}",
-        ],
+        [python, "scripts/setup_stamps.py", "run", "migrate", "load_builtin"],
         cwd=root,
-        env=env,
+        env={**env, "AERO_SETUP_ALWAYS": "1"},
         check=True,
     )
