@@ -230,36 +230,30 @@ def test_the_web_process_prepares_the_live_renders_at_its_start() -> None:
 
 
 @pytest.mark.parametrize(
-    ("start", "frozen"),
+    ("start", "frozen", "young"),
     [
-        ("import aero.wsgi", True),  # a gunicorn worker
-        ("import aero.asgi", True),  # daphne
-        ("import django; django.setup(); import aero.asgi", False),  # a test's import
+        ("import aero.wsgi", True, 700),  # a gunicorn worker: Python's default threshold
+        ("import aero.asgi", True, 50_000),  # daphne, holding thousands of sockets
+        ("import django; django.setup(); import aero.asgi", False, 700),  # a test's import
     ],
 )
-def test_a_server_process_freezes_what_its_start_up_made(start: str, frozen: bool) -> None:
-    """A full collection walked everything start-up made (~180,000 objects, ~100 ms with
-    the GIL held in a gunicorn worker: the queue's p99 at 50 clients): the servers import
-    every view, then move it all out of the collector's reach at their start."""
+def test_a_server_process_freezes_its_start_up_and_daphne_collects_young_less_often(
+    start: str, frozen: bool, young: int
+) -> None:
+    """Two facts of one start-up, read from one process (each process start is ~3 s of
+    the suite's CPU). A full collection walked everything start-up made (~180,000
+    objects, ~100 ms with the GIL held in a gunicorn worker: the queue's p99 at 50
+    clients): the servers import every view, then move it all out of the collector's
+    reach at their start. At 700 allocations a young collection promoted the objects of
+    the fan-outs under way, until a full collection fell due in the middle of the
+    events: with 10,000 sockets open it walked them all, 0.3-1.0 s with the GIL held
+    (bench/RESULTS.md); daphne collects its youngest generation less often."""
     code = (
         # Frozen objects are in no generation the collector walks.
         f"{start}; import gc; from approvals import views; "
-        "print(all(o is not views.approval_queue for o in gc.get_objects()))"
+        "print(all(o is not views.approval_queue for o in gc.get_objects())); "
+        "print(gc.get_threshold()[0])"
     )
-    assert printed_by(code) == [str(frozen)]
-
-
-@pytest.mark.parametrize(
-    ("start", "young"),
-    [
-        ("import aero.wsgi", 700),  # a gunicorn worker: Python's default
-        ("import aero.asgi", 50_000),  # daphne, holding thousands of sockets
-        ("import django; django.setup(); import aero.asgi", 700),  # a test's import
-    ],
-)
-def test_daphne_collects_its_youngest_generation_less_often(start: str, young: int) -> None:
-    """At 700 allocations a young collection promoted the objects of the fan-outs under
-    way, until a full collection fell due in the middle of the events: with 10,000
-    sockets open it walked them all, 0.3-1.0 s with the GIL held (bench/RESULTS.md)."""
-    code = f"{start}; import gc; print(gc.get_threshold()[0])"
-    assert printed_by(code) == [str(young)]
+    printed = printed_by(code)
+    assert printed[0] == str(frozen), "frozen"
+    assert printed[1] == str(young), "young generation's threshold"
