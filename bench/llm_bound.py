@@ -241,7 +241,9 @@ def measure(args: argparse.Namespace, waits: bool, fake_url: str) -> dict[str, A
         for label, pid in named:
             out = Path(args.profile) / f"{'waits' if waits else 'blocking'}-{label}.txt"
             spies.append(subprocess.Popen(
-                [str(Path(PY).parent / "py-spy"), "record", "--pid", str(pid), "--rate", "50",
+                [str(Path(PY).parent / "py-spy"), "record", "--pid", str(pid),
+                 # AERO_PYSPY_ARGS: py-spy's options instead (`--gil --rate 200`)
+                 *(os.environ.get("AERO_PYSPY_ARGS") or "--rate 50").split(),
                  "--format", "raw", "--nonblocking", "--output", str(out)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             ))  # fmt: skip

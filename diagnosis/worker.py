@@ -39,9 +39,13 @@ import mcp.client.stdio  # noqa: F401  (the code tool's MCP client: imported at 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 from django.utils import timezone
-from rq.job import Job
+from rq.executions import Execution
+from rq.job import Job, JobStatus
 from rq.queue import Queue
-from rq.worker import SimpleWorker
+from rq.rate_limit import release_slot
+from rq.utils import now
+from rq.version import VERSION as RQ_VERSION
+from rq.worker import SimpleWorker, WorkerStatus
 
 from aero.compiled import Arg, CompiledUpdate
 from diagnosis import shutdown
@@ -240,8 +244,20 @@ class WorkerHeartbeat:
 REDIS_BEAT_SECONDS = 5.0
 
 
+# rq's start and end of a job in one transaction each (AeroWorker.prepare_execution,
+# handle_job_success) use rq's own calls in the order rq 3.0 makes them; another major
+# version gets rq's own handling. tests/test_worker_overhead.py compares what both leave
+# in Redis.
+LEAN_RQ = RQ_VERSION.split(".")[0] == "3"
+
+
 class AeroWorker(SimpleWorker):
     _redis_beat: tuple[int, float] = (0, -1e9)  # (the TTL it set, when)
+    _suspension_checked = -1e9  # when (monotonic)
+    # The job's start, queued by prepare_execution, sent by prepare_job_execution.
+    _starting: Any = None
+    # The job whose end's beat goes with its outcome (handle_execution_ended).
+    _ended: Job | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("maintenance_interval", settings.AERO_RECONCILE_SECONDS)
@@ -324,6 +340,113 @@ class AeroWorker(SimpleWorker):
         if pipeline is None and state == self._state:
             return
         super().set_state(state, pipeline=pipeline)
+
+    # rq 3.0 pays eleven Redis round trips around each job (the execution's record, the
+    # job marked started, the job's last beat, a WATCH and a read of its dependents
+    # before its end's transaction, the state back to idle, the worker's beat, the
+    # suspension check, the dequeue and the job's read): on the path of every session
+    # queued behind. AERO's jobs have no dependents, callbacks or repeats: a job's start
+    # is one transaction, its end another, the suspension is checked once per
+    # REDIS_BEAT_SECONDS; four round trips a job with the dequeue and the job's read.
+
+    def check_for_suspension(self, burst: bool) -> None:
+        # `rq suspend` is seen within REDIS_BEAT_SECONDS, not before the next job.
+        if time.monotonic() - self._suspension_checked < REDIS_BEAT_SECONDS:
+            return
+        super().check_for_suspension(burst)
+        self._suspension_checked = time.monotonic()
+
+    def prepare_execution(self, job: Job) -> Execution:
+        """The execution's record and the state "busy", queued for prepare_job_execution's
+        transaction (rq sends them in one of their own just before)."""
+        if not LEAN_RQ:
+            return super().prepare_execution(job)
+        self._ended = None  # a job's end is written before the next one starts
+        pipeline = self.connection.pipeline()
+        execution = Execution.create(
+            job, self.get_heartbeat_ttl(job), pipeline=pipeline, worker_name=self.name
+        )
+        self.executions[execution.id] = execution
+        self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
+        self._starting = pipeline
+        return execution
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        starting, self._starting = self._starting, None
+        if starting is None:
+            super().prepare_job_execution(job, remove_from_intermediate_queue)
+            return
+        with starting:  # rq's own commands for the job's start, in the same transaction
+            ttl = self.get_heartbeat_ttl(job)
+            self.heartbeat(ttl, pipeline=starting)
+            job.heartbeat(now(), ttl, pipeline=starting)
+            job.prepare_for_execution(self.name, pipeline=starting)
+            starting.persist(job.key)
+            if remove_from_intermediate_queue:
+                queue = Queue(job.origin, connection=self.connection)
+                starting.lrem(queue.intermediate_queue_key, 1, job.id)
+            starting.execute()
+
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        """The job's last beat goes with its outcome's transaction (below), not in a
+        round trip of its own."""
+        if not LEAN_RQ:
+            super().handle_execution_ended(job, queue, heartbeat_ttl)
+            return
+        job.ended_at = now()
+        self._ended = job
+
+    def _beat_ended(self, pipeline: Any) -> None:
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            ended.heartbeat(now(), 0, pipeline=pipeline)  # the TTL is not used (rq 3.0)
+
+    def increment_failed_job_count(self, pipeline: Any = None) -> None:
+        # In the failure's (or a retry's) transaction: the job's last beat with it.
+        if pipeline is not None:
+            self._beat_ended(pipeline)
+        super().increment_failed_job_count(pipeline)
+
+    def handle_job_success(
+        self, job: Job, queue: Queue, started_job_registry: Any, execution: Execution
+    ) -> None:
+        """rq's success handling in one transaction, without the WATCH and the read of
+        the job's dependents (AERO enqueues none), with the job's last beat, the state
+        back to idle and the worker's beat at its usual TTL (the next two rq asks for are
+        then unchanged: not sent)."""
+        if not LEAN_RQ or job.repeats_left:
+            self._beat_ended(self.connection)
+            super().handle_job_success(job, queue, started_job_registry, execution)
+            return
+        assert job.started_at is not None and job.ended_at is not None
+        with self.connection.pipeline() as pipeline:
+            self._beat_ended(pipeline)
+            self.increment_successful_job_count(pipeline=pipeline)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipeline)
+            result_ttl = job.get_result_ttl(self.default_result_ttl)
+            if result_ttl != 0:
+                job._handle_success(
+                    result_ttl,
+                    pipeline=pipeline,
+                    worker_name=self.name,
+                    execution_id=execution.id,
+                    execution_started_at=execution.created_at,
+                    execution_ended_at=job.ended_at,
+                )
+            job.cleanup(result_ttl, pipeline=pipeline, remove_from_queue=False)
+            job._status = JobStatus.FINISHED
+            self.cleanup_execution(job, pipeline=pipeline, execution=execution)
+            state, beat = self._state, self._redis_beat
+            self.set_state(WorkerStatus.IDLE, pipeline=pipeline)
+            self.heartbeat(pipeline=pipeline)
+            try:
+                pipeline.execute()
+            except BaseException:
+                # Not written: the state and the beat rq sends next go to Redis (with
+                # Redis gone, they raise and the worker waits for it: rq_retry).
+                self._state, self._redis_beat = state, beat
+                raise
+        release_slot(job)
 
     def run_maintenance_tasks(self) -> None:
         # rq's registry cleaning only: AERO's periodic tasks run in the heartbeat thread.
