@@ -351,7 +351,7 @@ class AeroWorker(SimpleWorker):
 
     def check_for_suspension(self, burst: bool) -> None:
         # `rq suspend` is seen within REDIS_BEAT_SECONDS, not before the next job.
-        if time.monotonic() - self._suspension_checked < REDIS_BEAT_SECONDS:
+        if LEAN_RQ and time.monotonic() - self._suspension_checked < REDIS_BEAT_SECONDS:
             return
         super().check_for_suspension(burst)
         self._suspension_checked = time.monotonic()
