@@ -24,6 +24,7 @@ from aero import metrics
 from aero.packs import pack_for
 from aero.templatetags.aero_text import when
 from diagnosis import live_shared, page_panels, presenters
+from diagnosis import timeline_rows as timeline_rows_cache
 from diagnosis.eventlog.masking import SessionMask, hidden_by_session, mask_of, masks_roles
 from diagnosis.models import Event, Session
 
@@ -213,7 +214,8 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
     rendered: dict[str, dict[str, Any]] = {}
     fetched: set[str] = set()  # the keys another process rendered
 
-    def render(n: int, pull: Pull, session: Session) -> None:
+    def shown(pull: Pull, session: Session) -> tuple[list[Event], list[Event]]:
+        """The pull's events, and as its viewers see them (masked or not)."""
         upto = ranges.get((pull.session_id, pull.after), pull.after)
         events = [e for e in found.get(pull.session_id, []) if pull.after < e.seq <= upto]
         if not events and upto > pull.after:
@@ -223,8 +225,12 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
                     session_id=pull.session_id, seq__gt=pull.after, seq__lte=session.last_seq
                 ).order_by("seq")[:BATCH]
             )
+        mask = contexts.mask(pull, session) if events else None
+        return events, mask.events(events) if mask is not None else events
+
+    def render(n: int, pull: Pull, session: Session, seen: tuple[list[Event], list[Event]]) -> None:
         with translation.override(pull.language or settings.LANGUAGE_CODE):
-            update = _render_updates(pull, session, events, contexts)
+            update = _render_updates(pull, session, *seen, contexts)
         updates[n] = update
         key = keys.get(pull)
         if key is not None:
@@ -233,6 +239,7 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
     # First what is stored or this process's to render (stored at once for the others),
     # then what other processes claimed: fetched if they stored it in time, else rendered.
     later: list[tuple[int, Pull, Session]] = []
+    here: list[tuple[int, Pull, Session]] = []
     for n, pull in enumerate(pulls):
         session = sessions.get(pull.session_id)
         key = keys.get(pull)
@@ -244,20 +251,33 @@ def render_batch(pulls: list[Pull]) -> list[Update | None]:
         elif key is not None and key in others:
             later.append((n, pull, session))
         else:
-            render(n, pull, session)
-    live_shared.put(rendered)
-    if later:
-        arrived = live_shared.wait_for(list(dict.fromkeys(keys[pull] for _, pull, _ in later)))
-        mine = len(rendered)
-        for n, pull, session in later:
-            if keys[pull] in arrived:
-                updates[n] = Update.load(arrived[keys[pull]])
-                fetched.add(keys[pull])
-            elif keys[pull] not in rendered:
-                render(n, pull, session)
-            else:  # a second pull with the same key, rendered here just before
-                updates[n] = Update.load(rendered[keys[pull]])
-        live_shared.put(dict(list(rendered.items())[mine:]))
+            here.append((n, pull, session))
+    # The timeline rows of every render here: read in one cache call, stored in one.
+    with timeline_rows_cache.batch() as rows_batch:
+        seen = {n: shown(pull, session) for n, pull, session in here}
+        wanted: list[str] = []
+        for n, pull, session in here:
+            if seen[n][1]:
+                with translation.override(pull.language or settings.LANGUAGE_CODE):
+                    definition = presenters.version_definition(session)
+                    wanted += timeline_rows_cache.keys_of(seen[n][1], definition)
+        rows_batch.read(wanted)
+        for n, pull, session in here:
+            render(n, pull, session, seen[n])
+        live_shared.put(rendered)
+        if later:
+            keys_later = list(dict.fromkeys(keys[pull] for _, pull, _ in later))
+            arrived = live_shared.wait_for(keys_later)
+            mine = len(rendered)
+            for n, pull, session in later:
+                if keys[pull] in arrived:
+                    updates[n] = Update.load(arrived[keys[pull]])
+                    fetched.add(keys[pull])
+                elif keys[pull] not in rendered:
+                    render(n, pull, session, shown(pull, session))
+                else:  # a second pull with the same key, rendered here just before
+                    updates[n] = Update.load(rendered[keys[pull]])
+            live_shared.put(dict(list(rendered.items())[mine:]))
     metrics.live_renders(len(rendered), len(fetched))
     return [updates[n] for n in range(len(pulls))]
 
@@ -320,13 +340,17 @@ class PanelContexts:
 
 
 def _render_updates(
-    pull: Pull, session: Session, events: list[Event], contexts: PanelContexts
+    pull: Pull,
+    session: Session,
+    events: list[Event],
+    shown: list[Event],
+    contexts: PanelContexts,
 ) -> Update:
     """HTML with hx-swap-oob fragments for `events` (at most one batch, the events after
-    `pull.after` up to the session's last_seq as read with `session`) and the panels they
-    change, for viewers holding `pull.roles`, as WebSocket messages of at most
-    FRAME_BYTES each. `contexts` holds the panels' context, shared by the pulls of one
-    batch.
+    `pull.after` up to the session's last_seq as read with `session`; `shown`: as the
+    pull's viewers see them, masked or not) and the panels they change, for viewers
+    holding `pull.roles`, as WebSocket messages of at most FRAME_BYTES each. `contexts`
+    holds the panels' context, shared by the pulls of one batch.
 
     Only events up to the session row's last_seq are sent: panels and timeline then
     describe the same moment, even while a job keeps appending.
@@ -340,7 +364,6 @@ def _render_updates(
     if not events:
         return Update((), pull.after, pull.composer_key, session.last_seq)
     mask = contexts.mask(pull, session)
-    shown = mask.events(events) if mask is not None else events
     rows, sent = timeline_rows(shown, presenters.version_definition(session))
     panels: set[str] = set()
     for event in sent:

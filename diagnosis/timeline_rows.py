@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
@@ -62,20 +64,82 @@ def row_key(event: Event, context: str) -> str:
     return "timeline-row:" + hashlib.blake2b(body.encode(), digest_size=20).hexdigest()
 
 
-def rows(events: Sequence[Event], definition: Any) -> list[SafeString]:
-    """Each event's timeline row (diagnosis/_event.html), in order: those rendered before
-    read from the cache in one call, the others rendered now and stored."""
-    if not events:
-        return []
+def keys_of(events: Iterable[Event], definition: Any) -> list[str]:
+    """The rows' keys, in the language active now."""
     context = f"{release()}|{get_language()}|{settings.TIME_ZONE}|{_definition_digest(definition)}"
-    keys = [row_key(event, context) for event in events]
-    cache = shared_cache(CACHE)
+    return [row_key(event, context) for event in events]
+
+
+def _read(keys: list[str]) -> dict[str, str]:
     try:
-        found: dict[str, str] = cache.get_many(keys)
+        found: dict[str, str] = shared_cache(CACHE).get_many(keys)
     except Exception:  # Redis unreachable: the rows are rendered here, as before
         logger.warning("timeline rows: cache unreachable, rendering", exc_info=True)
-        found = {}
-    rendered: dict[str, str] = {}
+        return {}
+    return found
+
+
+def _store(rendered: dict[str, str]) -> None:
+    try:
+        shared_cache(CACHE).set_many(rendered, timeout=ROW_TTL)
+    except Exception:
+        logger.warning("timeline rows: could not store", exc_info=True)
+
+
+class Batch:
+    """The rows of many renders in one thread (the live push's render_batch, a dozen
+    sessions a batch): read with one cache call for all of them (`read`, before they
+    render) and stored with one after (`batch`), where each session's rows cost a read
+    and a store of their own, two Redis round trips a session."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, str] = {}  # read, or rendered in this batch
+        self.rendered: dict[str, str] = {}  # rendered in this batch, stored at its end
+        self.asked: set[str] = set()  # read already (found or not)
+
+    def read(self, keys: Iterable[str]) -> None:
+        wanted = [key for key in dict.fromkeys(keys) if key not in self.asked]
+        if wanted:
+            self.asked.update(wanted)
+            self.found.update(_read(wanted))
+
+
+_local = threading.local()
+
+
+@contextmanager
+def batch() -> Iterator[Batch]:
+    """Within it, `rows` in this thread reads what `Batch.read` read (any other key
+    with one call of its own) and stores nothing until the end, then all in one call.
+    Nested: the outer batch."""
+    outer: Batch | None = getattr(_local, "batch", None)
+    if outer is not None:
+        yield outer
+        return
+    current = _local.batch = Batch()
+    try:
+        yield current
+    finally:
+        _local.batch = None
+        if current.rendered:
+            _store(current.rendered)
+
+
+def rows(events: Sequence[Event], definition: Any) -> list[SafeString]:
+    """Each event's timeline row (diagnosis/_event.html), in order: those rendered before
+    read from the cache in one call, the others rendered now and stored (in a `batch`:
+    read and stored with the batch's)."""
+    if not events:
+        return []
+    keys = keys_of(events, definition)
+    current: Batch | None = getattr(_local, "batch", None)
+    if current is not None:
+        current.read(keys)  # nothing to read when the batch read them all
+        found = current.found
+        rendered = current.rendered
+    else:
+        found = _read(keys)
+        rendered = {}
     out: list[SafeString] = []
     for event, key in zip(events, keys, strict=True):
         html = found.get(key) or rendered.get(key)
@@ -83,10 +147,9 @@ def rows(events: Sequence[Event], definition: Any) -> list[SafeString]:
             html = rendered[key] = str(
                 render_to_string(ROW_TEMPLATE, {"event": event, "definition": definition})
             )
+            if current is not None:
+                found[key] = html  # another pull of the batch showing it reuses it
         out.append(mark_safe(html))  # rendered by the template engine (escaped there)
-    if rendered:
-        try:
-            cache.set_many(rendered, timeout=ROW_TTL)
-        except Exception:
-            logger.warning("timeline rows: could not store", exc_info=True)
+    if rendered and current is None:
+        _store(rendered)
     return out

@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from diagnosis import timeline_rows
 from diagnosis.eventlog import names
 from diagnosis.events import append_event
-from diagnosis.live_render import render_updates
+from diagnosis.live_render import Pull, render_batch, render_updates
 from diagnosis.models import Session, ToolCall
 from tests.web_helpers import login, waiting_session
 
@@ -90,6 +90,45 @@ def test_the_live_fragment_reuses_the_rows_a_page_rendered(
     assert update is not None
     assert row_renders == []
     assert row(update.html, session.last_seq) == row(page, session.last_seq)
+
+
+def test_a_live_batch_reads_and_stores_its_rows_once_whatever_its_sessions(
+    builtin: None, olga: User, row_renders: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live push renders a dozen sessions a batch: their rows are read from the cache
+    in one call and stored in one (two Redis round trips a session before), and a row
+    two pulls of the batch show is rendered once."""
+    sessions = [waiting_session(olga) for _ in range(3)]
+    for n, each in enumerate(sessions):
+        append_event(each.pk, names.AGENT_NOTE, {"text": f"note {n}"}, producer="test")
+        each.refresh_from_db()
+    reads: list[list[str]] = []
+    stores: list[dict[str, str]] = []
+    read, store = timeline_rows._read, timeline_rows._store
+    monkeypatch.setattr(timeline_rows, "_read", lambda keys: reads.append(keys) or read(keys))
+    monkeypatch.setattr(
+        timeline_rows, "_store", lambda rendered: stores.append(rendered) or store(rendered)
+    )
+    operator = frozenset({"operator"})
+    pulls = [Pull(operator, str(each.pk), each.last_seq - 1, None, "en") for each in sessions]
+    # The same new event for a page with another answer box: another fragment, same row.
+    pulls.append(Pull(operator, str(sessions[0].pk), sessions[0].last_seq - 1, "other", "en"))
+    updates = render_batch(pulls)
+    assert len(reads) == 1 and len(reads[0]) == 3
+    assert len(stores) == 1 and len(stores[0]) == 3
+    assert sorted(row_renders) == sorted(each.last_seq for each in sessions)
+    for update, each in zip(updates, [*sessions, sessions[0]], strict=True):
+        assert update is not None
+        assert f'data-seq="{each.last_seq}"' in update.html
+    # Stored for the page and every other render: none rendered again.
+    row_renders.clear()
+    again = render_batch(
+        [Pull(operator, str(each.pk), each.last_seq - 1, "x", "en") for each in sessions]
+    )
+    assert row_renders == []
+    assert [row(u.html, e.last_seq) for u, e in zip(again, sessions, strict=True)] == [
+        row(u.html, e.last_seq) for u, e in zip(updates[:3], sessions, strict=True)
+    ]
 
 
 def test_an_auditor_is_never_shown_the_operators_row(
