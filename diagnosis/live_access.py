@@ -99,7 +99,12 @@ def check_and_render(asks: list[Ask]) -> list[tuple[frozenset[str] | None, Updat
     after (as the API stream does): an event committed after a
     role was taken away can only have been read before a check that sees it gone, so it
     is never sent. A viewer whose roles changed otherwise gets a render under the new
-    ones (its masks and forms follow them), checked again; after CHECK_ROUNDS, closed."""
+    ones (its masks and forms follow them), checked again; after CHECK_ROUNDS, closed.
+
+    Within live_render.leaving_claimed (the hub's fan-out), a render another process
+    claimed comes back a live_render.Claimed, the roles checked all the same: its key holds the
+    session's last_seq as read here, before the check, and the render holds no event
+    after it, so what it is fetched as was committed before the check too."""
     pulls = [Pull(a.roles, a.session_id, a.after, a.composer_key, a.language) for a in asks]
     answers: list[tuple[frozenset[str] | None, Update | None]] = [(None, None)] * len(asks)
     unsettled = list(range(len(asks)))

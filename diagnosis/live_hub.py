@@ -27,9 +27,9 @@ from django.conf import settings
 from aero import metrics
 from aero.db_async import Batched, db_call
 from aero.sessions import Viewer
-from diagnosis import live_access, live_render
+from diagnosis import live_access, live_render, live_shared
 from diagnosis.live_access import Ask
-from diagnosis.live_render import Pull, Update
+from diagnosis.live_render import Claimed, Pull, Update
 from diagnosis.live_write import Broadcast
 from diagnosis.push import session_group
 
@@ -254,20 +254,32 @@ class Hub:
                 for v in pages
             ]
             answers = await self.check_and_render(asks)
-            sent = 0
             # Each update's frames framed once for all the viewers it goes to.
             broadcast = Broadcast()
+            # Renders another process is making: fetched once stored, off the batch (its
+            # other sessions' viewers and this process's next batch do not wait for them).
+            claimed: dict[str, list[tuple[PageViewer, frozenset[str]]]] = {}
+            ready: list[tuple[PageViewer, frozenset[str] | None, Update | None]] = []
             for viewer, (roles, update) in zip(pages, answers, strict=True):
-                before = viewer.sent_seq
-                try:
-                    caught_up = await viewer.apply(roles, update, broadcast)
-                except Exception:  # this socket broke: the others still get theirs
-                    logger.debug("live push to a viewer of %s failed", session_id, exc_info=True)
-                    continue
-                finally:
-                    sent += viewer.sent_seq - before
-                if not caught_up:
-                    self.later(viewer)  # more than one batch behind: it pulls the rest
+                if isinstance(update, Claimed) and roles is not None:
+                    claimed.setdefault(update.key, []).append((viewer, roles))
+                else:
+                    ready.append((viewer, roles, None if isinstance(update, Claimed) else update))
+            sent = await self._apply(session_id, ready, broadcast)
+            if claimed:
+                arrived = await self.claimed_renders(list(claimed))
+                for key, viewers in claimed.items():
+                    found = arrived.get(key)
+                    if found is None:  # not stored in time: they pull, and render it, alone
+                        for viewer, _ in viewers:
+                            self.later(viewer)
+                        continue
+                    update = Update.load(found)
+                    sent += await self._apply(
+                        session_id,
+                        [(viewer, roles, update) for viewer, roles in viewers],
+                        broadcast,
+                    )
             if sent:
                 # Counted once per fan-out: a metric write per viewer (a lock and a
                 # shared-file write in multi-process mode) was paid a thousand times.
@@ -277,11 +289,41 @@ class Hub:
             for viewer in pages:
                 viewer.flushing.release()
 
+    async def _apply(
+        self,
+        session_id: str,
+        answers: list[tuple[PageViewer, frozenset[str] | None, Update | None]],
+        broadcast: Broadcast,
+    ) -> int:
+        """Each viewer its answer, one after another; the events sent."""
+        sent = 0
+        for viewer, roles, update in answers:
+            before = viewer.sent_seq
+            try:
+                caught_up = await viewer.apply(roles, update, broadcast)
+            except Exception:  # this socket broke: the others still get theirs
+                logger.debug("live push to a viewer of %s failed", session_id, exc_info=True)
+                continue
+            finally:
+                sent += viewer.sent_seq - before
+            if not caught_up:
+                self.later(viewer)  # more than one batch behind: it pulls the rest
+        return sent
+
+    async def claimed_renders(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """The renders other processes claimed, stored within
+        AERO_LIVE_SHARE_WAIT_SECONDS (live_shared.wait_for, on a thread of its own, so
+        the batches go on meanwhile); the ones that were not are left out."""
+        found = await db_call(live_shared.wait_for)(keys)
+        metrics.live_renders(0, len(found))
+        return found
+
     async def check_and_render(
         self, asks: list[Ask]
     ) -> list[tuple[frozenset[str] | None, Update | None]]:
         """`check_and_render` for `asks`, batched with the fan-outs of other sessions
-        that ask meanwhile: one database call (one thread hop) for all of them."""
+        that ask meanwhile: one database call (one thread hop) for all of them. A render
+        another process claimed comes back Claimed (live_render.leaving_claimed)."""
         future: asyncio.Future[list[tuple[frozenset[str] | None, Update | None]]]
         future = asyncio.get_running_loop().create_future()
         self.pending_asks.append((asks, future))
@@ -295,7 +337,7 @@ class Hub:
             while self.pending_asks:
                 batch, self.pending_asks = self.pending_asks, []
                 try:
-                    answers = await db_call(live_access.check_and_render)(
+                    answers = await db_call(_check_and_render_leaving_claimed)(
                         [ask for asks, _ in batch for ask in asks]
                     )
                 except Exception as exc:
@@ -389,6 +431,13 @@ class Hub:
                         batch[pull].set_result(update)
         finally:
             self.pulls_task = None
+
+
+def _check_and_render_leaving_claimed(
+    asks: list[Ask],
+) -> list[tuple[frozenset[str] | None, Update | None]]:
+    with live_render.leaving_claimed():
+        return live_access.check_and_render(asks)
 
 
 _hubs: dict[asyncio.AbstractEventLoop, Hub] = {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import channels.consumer
 import channels.generic.websocket
@@ -17,9 +18,10 @@ from django.contrib.auth.models import User
 from django.db import connections
 
 from aero.asgi import page_websocket
-from diagnosis import consumers, live_access, live_hub, live_render
+from diagnosis import consumers, live_access, live_hub, live_render, live_shared
 from diagnosis.events import append_event
 from diagnosis.models import Session
+from diagnosis.presenters import composer_key
 from tests.test_live_access import run_in_fresh_loop
 from tests.test_live_timeline import SEQ, cookie_for, new_session
 
@@ -305,11 +307,8 @@ def test_notices_arriving_while_a_fan_out_runs_join_one_batch(
     batch together, with as many queries as the first batch's one session (not one
     fan-out, and its queries, per session); every viewer still gets its event once."""
     import threading
-    from urllib.parse import quote
 
     from django.test.utils import CaptureQueriesContext
-
-    from diagnosis.presenters import composer_key
 
     operator = make_user("olga", "operator")
     sessions = [new_session(operator, WITH_APPROVAL) for _ in range(5)]
@@ -376,3 +375,98 @@ def test_notices_arriving_while_a_fan_out_runs_join_one_batch(
     assert [found for found, _ in batches] == [{ids[0]}, set(ids[1:])]
     (_, one), (_, four) = batches
     assert four <= one  # four sessions' notices: one batch's queries at most
+
+
+def claimed_by_another_process(session: Session, roles: frozenset[str]) -> str:
+    """Claim the render of `session`'s next event for the page viewers with `roles` (the
+    test stands for another daphne process rendering it: live_shared)."""
+    key = live_shared.key_of(
+        str(session.pk), session.last_seq, session.last_seq + 1, roles, composer_key(session), "en"
+    )
+    assert live_shared.claim([key]) == ({}, [])  # claimed here, not by the hub
+    return key
+
+
+async def page_viewer(session: Session, cookie: bytes) -> WebsocketCommunicator:
+    path = (
+        f"/ws/sessions/{session.pk}/?last_seq={session.last_seq}&lang=en"
+        f"&composer={quote(composer_key(session))}"
+    )
+    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver"), (b"cookie", cookie)]
+    viewer = WebsocketCommunicator(page_websocket, path, headers=headers)
+    assert (await viewer.connect(timeout=10))[0]
+    return viewer
+
+
+async def note(session: Session) -> int:
+    event = await database_sync_to_async(append_event)(
+        session.pk, "agent.note", {"text": "t"}, producer="t"
+    )
+    return event.seq
+
+
+def test_a_render_another_process_claimed_holds_back_no_other_session(
+    builtin: None, make_user: Callable[..., User], settings: Any
+) -> None:
+    """Two sessions' notices; the first's render is claimed by another process, which
+    stores it only once the second session's viewer has its event: the hub fetches it
+    then (not rendered here), and the second session's viewer did not wait for it (a
+    batch waited for another process's renders, up to AERO_LIVE_SHARE_WAIT_SECONDS,
+    before any of its viewers got theirs)."""
+    settings.AERO_LIVE_SHARE_WAIT_SECONDS = 5.0
+    operator = make_user("olga", "operator")
+    claimed, other = (new_session(operator, WITH_APPROVAL) for _ in range(2))
+    cookie = cookies_for([operator])[0]
+    key = claimed_by_another_process(claimed, frozenset({"operator"}))
+
+    async def watch() -> tuple[str, str, int, int]:
+        waiting, free = await page_viewer(claimed, cookie), await page_viewer(other, cookie)
+        await asyncio.sleep(0.3)  # their catch-up pulls at connect are done
+        claimed_seq = await note(claimed)
+        other_seq = await note(other)
+        got_other = await free.receive_from(timeout=10)
+        # Only now does the other process store its render (marked, to tell it apart).
+        stored = f'<div id="stored-elsewhere" data-seq="{claimed_seq}"></div>'
+        await database_sync_to_async(live_shared.put)(
+            {
+                key: {
+                    "frames": [stored],
+                    "seq": claimed_seq,
+                    "composer_key": composer_key(claimed),
+                    "as_of": claimed_seq,
+                }
+            }
+        )
+        got_claimed = await waiting.receive_from(timeout=10)
+        assert await waiting.receive_nothing(timeout=0.3)
+        assert await free.receive_nothing(timeout=0.3)
+        await close_all([waiting, free])
+        return got_claimed, got_other, claimed_seq, other_seq
+
+    got_claimed, got_other, claimed_seq, other_seq = run_in_fresh_loop(watch)
+    assert [int(s) for s in SEQ.findall(got_other)] == [other_seq]
+    assert got_claimed == f'<div id="stored-elsewhere" data-seq="{claimed_seq}"></div>'
+
+
+def test_a_render_another_process_never_stores_reaches_its_viewers_all_the_same(
+    builtin: None, make_user: Callable[..., User], settings: Any
+) -> None:
+    """The other process died after claiming the render: once the wait is over, the
+    viewers pull on their own and get the event, once."""
+    settings.AERO_LIVE_SHARE_WAIT_SECONDS = 0.5
+    operator = make_user("olga", "operator")
+    claimed = new_session(operator, WITH_APPROVAL)
+    cookie = cookies_for([operator])[0]
+    claimed_by_another_process(claimed, frozenset({"operator"}))
+
+    async def watch() -> tuple[list[int], int, bool]:
+        viewer = await page_viewer(claimed, cookie)
+        await asyncio.sleep(0.3)
+        seq = await note(claimed)
+        got = [int(s) for s in SEQ.findall(await viewer.receive_from(timeout=15))]
+        nothing_more = await viewer.receive_nothing(timeout=0.5)
+        await close_all([viewer])
+        return got, seq, nothing_more
+
+    got, seq, nothing_more = run_in_fresh_loop(watch)
+    assert got == [seq] and nothing_more
