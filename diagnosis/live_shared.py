@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable
@@ -81,11 +82,17 @@ def claim(keys: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
             return found, []
         pipe = client.pipeline(transaction=False)
         for key in missing:
-            pipe.set(f"{key}:claim", 1, nx=True, ex=CLAIM_SECONDS)
+            pipe.set(f"{key}:claim", 1, nx=True, ex=_claim_seconds())
         return found, [key for key, mine in zip(missing, pipe.execute(), strict=True) if not mine]
     except redis.RedisError:
         logger.warning("shared live renders: Redis unreachable, rendering here", exc_info=True)
         return {}, []
+
+
+def _claim_seconds() -> int:
+    """A claim lasts at least as long as the others wait for it: one expiring first would
+    let a third pull claim the key again and render it a second time."""
+    return max(CLAIM_SECONDS, math.ceil(float(settings.AERO_LIVE_SHARE_WAIT_SECONDS)))
 
 
 def wait_for(keys: list[str]) -> dict[str, dict[str, Any]]:
@@ -107,6 +114,10 @@ def wait_for(keys: list[str]) -> dict[str, dict[str, Any]]:
             time.sleep(POLL_SECONDS)
     except redis.RedisError:
         logger.warning("shared live renders: Redis unreachable, rendering here", exc_info=True)
+        return found
+    if waiting:
+        # Said in the log: a render made twice is sharing's fallback, never silent.
+        logger.info("shared live renders: %d not stored in time, rendered here", len(waiting))
     return found
 
 

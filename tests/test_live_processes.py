@@ -44,6 +44,16 @@ def renders(metrics_dir: Path) -> dict[str, float]:
     return counted(metrics_dir, "aero_live_renders_total", "source", ("rendered", "shared"))
 
 
+def sharing_fallbacks(*logs: Path) -> list[str]:
+    """The servers' log lines where a shared render fell back to rendering again."""
+    return [
+        line
+        for log in logs
+        for line in log.read_text(errors="replace").splitlines()
+        if "shared live renders:" in line
+    ]
+
+
 def frames(metrics_dir: Path) -> dict[str, float]:
     """aero_live_frames (written to the socket directly, or through the ASGI send)."""
     return counted(metrics_dir, "aero_live_frames_total", "path", ("direct", "buffered", "asgi"))
@@ -164,9 +174,14 @@ def test_two_daphne_processes_deliver_every_event_once_and_render_it_once(
         paced_end = start + paced
         assert all(v == list(range(start + 1, paced_end + 1)) for v in viewers.seqs)
         counted = renders(metrics_dir)
-        assert counted["rendered"] - before["rendered"] == paced
+        # A second render is only ever sharing's fallback (Redis slow or a claimer late,
+        # which a loaded machine can cause), and then the log says so.
+        fallbacks = sharing_fallbacks(tmp_path / "daphne1.log", tmp_path / "daphne2.log")
+        assert paced <= counted["rendered"] - before["rendered"] <= paced + len(fallbacks), (
+            fallbacks
+        )
         # the other process fetched each render (a fetch may repeat: never a render)
-        assert counted["shared"] - before["shared"] >= paced
+        assert counted["shared"] - before["shared"] >= paced - len(fallbacks)
 
         # Then as fast as they can be written: every viewer gets each once, in order.
         burst = 40
@@ -222,3 +237,21 @@ def test_a_process_stores_its_own_renders_before_waiting_for_another_s(
     other.join(90)
     assert seen_mine == [True]
     assert updates[1] is not None and updates[1].dump() == stored_by_them[0]
+
+
+def test_a_claim_lasts_as_long_as_the_others_wait_for_it(settings: Any) -> None:
+    """A claimer slower than CLAIM_SECONDS keeps its claim while others still wait for its
+    render: an expired claim let another pull claim the key again and render it twice."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs Redis")
+    settings.AERO_LIVE_SHARE_WAIT_SECONDS = 7.5
+    key = live_shared.key_of("claim-ttl-test", 0, 1, ["operator"], None, "en")
+    client = live_shared._redis()
+    assert client is not None
+    client.delete(f"{key}:claim", key)
+    try:
+        assert live_shared.claim([key]) == ({}, [])  # claimed here
+        assert 7 < client.ttl(f"{key}:claim") <= 8
+        assert live_shared.claim([key]) == ({}, [key])  # another pull: claimed already
+    finally:
+        client.delete(f"{key}:claim", key)
