@@ -313,8 +313,9 @@ class Hub:
     async def claimed_renders(self, keys: list[str]) -> dict[str, dict[str, Any]]:
         """The renders other processes claimed, stored within
         AERO_LIVE_SHARE_WAIT_SECONDS (live_shared.wait_for, on a thread of its own, so
-        the batches go on meanwhile); the ones that were not are left out."""
-        found = await db_call(live_shared.wait_for)(keys)
+        the batches go on meanwhile); the ones that were not are left out. It polls Redis
+        only: not on the database pool, whose threads bound the connections."""
+        found = await asyncio.to_thread(live_shared.wait_for, keys)
         metrics.live_renders(0, len(found))
         return found
 

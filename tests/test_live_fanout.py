@@ -5,6 +5,7 @@ of that set; a viewer that goes away mid-fan-out costs the others nothing."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -470,3 +471,24 @@ def test_a_render_another_process_never_stores_reaches_its_viewers_all_the_same(
 
     got, seq, nothing_more = run_in_fresh_loop(watch)
     assert got == [seq] and nothing_more
+
+
+def test_waiting_for_another_process_s_render_takes_no_database_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wait polls Redis for up to AERO_LIVE_SHARE_WAIT_SECONDS: on a database pool
+    thread (aero.db_async, AERO_ASGI_DB_THREADS) it held one of the few that run the
+    fan-outs' queries, and paid their connection handling for no query."""
+    threads: list[str] = []
+
+    def wait_for(keys: list[str]) -> dict[str, dict[str, Any]]:
+        threads.append(threading.current_thread().name)
+        return {key: {"frames": [], "seq": 1, "composer_key": None, "as_of": 1} for key in keys}
+
+    monkeypatch.setattr(live_shared, "wait_for", wait_for)
+
+    async def wait() -> dict[str, dict[str, Any]]:
+        return await live_hub.Hub().claimed_renders(["k"])
+
+    assert set(run_in_fresh_loop(wait)) == {"k"}
+    assert len(threads) == 1 and not threads[0].startswith("aero-db")
